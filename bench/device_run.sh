@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# One device call: build, run the C loader test, the GPU tests and the quick benchmark; logs under $OUT.
+# Usage on the device machine (repository root): bash bench/device_run.sh [pytest -k expression] [bench workloads...]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 FUSEDMLP_CACHE_DIR=/tmp/fusedmlp-cache
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -m pip install -q --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+python3 -m pytest -q -m gpu -rs ${1:+-k "$1"} tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+shift || true
+python3 bench/quick.py --json "$OUT/quick.json" "$@" 2>&1 | tee "$OUT/quick.log"

@@ -1,0 +1,441 @@
+/*
+ * cuda.c - the CUDA driver API, opened at run time from libcuda.so.1 (no CUDA headers, no link-time dependency).
+ *
+ * Entry points are resolved once by dlsym of their explicit versioned names (cuMemAlloc_v2, ...), the names
+ * cuda.h's macros expand to for the legacy default stream; a missing one is named in FM_ERR_LIBRARY. Work runs
+ * in the device's primary context, the one PyTorch and CuPy use, so their pointers and streams are valid here.
+ * The only mutable global is the table below, written once under a lock and read-only once published: every
+ * other function may be called from several threads at once (the driver itself is thread-safe).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr */
+#endif
+#include "fm.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The slice of cuda.h used here. Enum values as in cuda.h (CUdevice_attribute, CUfunction_attribute, CUresult). */
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+};
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_STUB_LIBRARY = 34,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+};
+
+/* Without opting in, a block gets at most 48 KiB of dynamic shared memory (CUDA C++ Programming Guide, "Shared
+ * Memory" of compute capability 7.x and later). */
+#define FM_SMEM_DEFAULT_LIMIT (48u * 1024u)
+
+typedef struct fm_cuda_api {
+    CUresult (*cuGetErrorName)(CUresult error, const char **str);
+    CUresult (*cuGetErrorString)(CUresult error, const char **str);
+    CUresult (*cuInit)(unsigned int flags);
+    CUresult (*cuDriverGetVersion)(int *version);
+    CUresult (*cuDeviceGetCount)(int *count);
+    CUresult (*cuDeviceGet)(CUdevice *device, int ordinal);
+    CUresult (*cuDeviceGetAttribute)(int *value, int attrib, CUdevice dev);
+    CUresult (*cuDeviceGetName)(char *name, int len, CUdevice dev);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *pctx, CUdevice dev);
+    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice dev);
+    CUresult (*cuCtxSetCurrent)(CUcontext ctx);
+    CUresult (*cuModuleLoadData)(CUmodule *module, const void *image);
+    CUresult (*cuModuleGetFunction)(CUfunction *hfunc, CUmodule hmod, const char *name);
+    CUresult (*cuModuleUnload)(CUmodule hmod);
+    CUresult (*cuFuncSetAttribute)(CUfunction hfunc, int attrib, int value);
+    CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *num_blocks, CUfunction func, int block_size,
+                                                            size_t dynamic_smem_size);
+    CUresult (*cuLaunchKernel)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                               unsigned block_y, unsigned block_z, unsigned smem_bytes, CUstream stream,
+                               void **params, void **extra);
+    CUresult (*cuMemAlloc)(CUdeviceptr *dptr, size_t bytes);
+    CUresult (*cuMemFree)(CUdeviceptr dptr);
+    CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+    CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+    CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream);
+    CUresult (*cuStreamSynchronize)(CUstream stream);
+} fm_cuda_api;
+
+/* Written once under g_lock, published through g_ready (release), read-only afterwards. */
+static fm_cuda_api g_api;
+static void *g_handle;
+static int g_driver_version; /* e.g. 13000 for CUDA 13.0 */
+static atomic_int g_ready;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define FM_NO_DRIVER_HINT "no NVIDIA driver found: install the NVIDIA driver, or use device='cpu'"
+
+/* Adds a hint for the results a user can do something about. */
+static void cu_hint(fm_error *err, CUresult r) {
+    switch (r) {
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        fm_error_hint(err, "the GPU is out of memory: free tensors (torch.cuda.empty_cache()) or use smaller batches");
+        break;
+    case CUDA_ERROR_NO_DEVICE:
+        fm_error_hint(err, "no CUDA GPU is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES, or use device='cpu'");
+        break;
+    case CUDA_ERROR_INVALID_CONTEXT:
+        fm_error_hint(err, "this thread has no current CUDA context: fm_gpu_activate must run on it first");
+        break;
+    case CUDA_ERROR_INVALID_IMAGE:
+    case CUDA_ERROR_NO_BINARY_FOR_GPU:
+    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+        fm_error_hint(err, "the CUBIN does not fit this GPU or driver (driver supports CUDA %d.%d): compile for the "
+                      "GPU's compute capability, or update the NVIDIA driver to at least NVRTC's CUDA version",
+                      g_driver_version / 1000, g_driver_version % 1000 / 10);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Records a failed driver call: "<call> failed: CUDA_ERROR_NAME: description (file:line)"; err->code = r. */
+static fm_status cu_failed(fm_error *err, fm_status st, CUresult r, const char *call, const char *file, int line) {
+    const char *name = NULL, *text = NULL;
+    if (g_api.cuGetErrorName == NULL || g_api.cuGetErrorName(r, &name) != CUDA_SUCCESS || name == NULL)
+        name = "CUDA_ERROR_UNKNOWN_CODE";
+    if (g_api.cuGetErrorString == NULL || g_api.cuGetErrorString(r, &text) != CUDA_SUCCESS || text == NULL)
+        text = "no description";
+    if (err != NULL && err->status == FM_OK)
+        err->code = r;
+    fm_fail(err, st, "%s failed: %s: %s (CUresult %d) (%s:%d)", call, name, text, r, file, line);
+    cu_hint(err, r);
+    return st;
+}
+
+/* Every driver call goes through here: on failure record it and jump to cleanup (`st` must be in scope). The
+ * recorded text is the call as written, e.g. "cuMemAlloc(&p, bytes)". */
+#define CU_CHECK(fn, args)                                                                                      \
+    do {                                                                                                        \
+        CUresult r_ = g_api.fn args;                                                                            \
+        if (r_ != CUDA_SUCCESS) {                                                                               \
+            st = cu_failed(err, FM_ERR_CUDA, r_, #fn #args, __FILE__, __LINE__);                                \
+            goto cleanup;                                                                                       \
+        }                                                                                                       \
+    } while (0)
+
+/* Fills api from handle; returns the first missing symbol's name, or NULL when all resolved. */
+static const char *resolve_all(void *handle, fm_cuda_api *api) {
+#define FM_RESOLVE(field, sym)                                                                                  \
+    do {                                                                                                        \
+        *(void **)&api->field = dlsym(handle, sym);                                                            \
+        if (api->field == NULL)                                                                                 \
+            return sym;                                                                                         \
+    } while (0)
+    FM_RESOLVE(cuGetErrorName, "cuGetErrorName");
+    FM_RESOLVE(cuGetErrorString, "cuGetErrorString");
+    FM_RESOLVE(cuInit, "cuInit");
+    FM_RESOLVE(cuDriverGetVersion, "cuDriverGetVersion");
+    FM_RESOLVE(cuDeviceGetCount, "cuDeviceGetCount");
+    FM_RESOLVE(cuDeviceGet, "cuDeviceGet");
+    FM_RESOLVE(cuDeviceGetAttribute, "cuDeviceGetAttribute");
+    FM_RESOLVE(cuDeviceGetName, "cuDeviceGetName");
+    FM_RESOLVE(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    FM_RESOLVE(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+    FM_RESOLVE(cuCtxSetCurrent, "cuCtxSetCurrent");
+    FM_RESOLVE(cuModuleLoadData, "cuModuleLoadData");
+    FM_RESOLVE(cuModuleGetFunction, "cuModuleGetFunction");
+    FM_RESOLVE(cuModuleUnload, "cuModuleUnload");
+    FM_RESOLVE(cuFuncSetAttribute, "cuFuncSetAttribute");
+    FM_RESOLVE(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+    FM_RESOLVE(cuLaunchKernel, "cuLaunchKernel");
+    FM_RESOLVE(cuMemAlloc, "cuMemAlloc_v2");
+    FM_RESOLVE(cuMemFree, "cuMemFree_v2");
+    FM_RESOLVE(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    FM_RESOLVE(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    FM_RESOLVE(cuMemsetD8Async, "cuMemsetD8Async");
+    FM_RESOLVE(cuStreamSynchronize, "cuStreamSynchronize");
+#undef FM_RESOLVE
+    return NULL;
+}
+
+/* Called with g_lock held and g_ready == 0: opens the driver, resolves the table, runs cuInit. */
+static fm_status load_locked(fm_error *err) {
+    fm_status st = FM_OK;
+    void *h = NULL;
+    CUresult r;
+
+    dlerror();
+    h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        const char *why = dlerror();
+        st = fm_fail(err, FM_ERR_LIBRARY, "libcuda.so.1 (the NVIDIA driver's CUDA library) could not be loaded: %s",
+                     why ? why : "dlopen failed");
+        fm_error_hint(err, FM_NO_DRIVER_HINT);
+        goto cleanup;
+    }
+    const char *missing = resolve_all(h, &g_api);
+    if (missing != NULL) {
+        Dl_info info;
+        const char *file = "libcuda.so.1";
+        if (g_api.cuGetErrorName != NULL && dladdr(*(void **)&g_api.cuGetErrorName, &info) != 0 &&
+            info.dli_fname != NULL)
+            file = info.dli_fname;
+        st = fm_fail(err, FM_ERR_LIBRARY, "%s lacks the symbol %s: the NVIDIA driver is too old", file, missing);
+        fm_error_hint(err, "update the NVIDIA driver (CUDA 12 or newer), or use device='cpu'");
+        goto cleanup;
+    }
+    r = g_api.cuInit(0);
+    if (r == CUDA_ERROR_STUB_LIBRARY) {
+        /* The toolkit's stub libcuda.so.1 links but has no driver behind it: to the user, no driver. */
+        st = cu_failed(err, FM_ERR_LIBRARY, r, "cuInit(0)", __FILE__, __LINE__);
+        fm_error_hint(err, FM_NO_DRIVER_HINT);
+        goto cleanup;
+    }
+    if (r != CUDA_SUCCESS) {
+        st = cu_failed(err, FM_ERR_CUDA, r, "cuInit(0)", __FILE__, __LINE__);
+        goto cleanup;
+    }
+    CU_CHECK(cuDriverGetVersion, (&g_driver_version));
+    g_handle = h;
+    h = NULL;
+    atomic_store_explicit(&g_ready, 1, memory_order_release);
+
+cleanup:
+    if (h != NULL) {
+        memset(&g_api, 0, sizeof g_api); /* failures are not cached: the next call starts afresh */
+        dlclose(h);
+    }
+    return st;
+}
+
+fm_status fm_cuda_load(fm_error *err) {
+    if (atomic_load_explicit(&g_ready, memory_order_acquire))
+        return FM_OK;
+    fm_status st = FM_OK;
+    pthread_mutex_lock(&g_lock);
+    if (!atomic_load_explicit(&g_ready, memory_order_relaxed))
+        st = load_locked(err);
+    pthread_mutex_unlock(&g_lock);
+    return st;
+}
+
+static int cu_is_ready(void) { return atomic_load_explicit(&g_ready, memory_order_acquire); }
+
+fm_status fm_cuda_device_count(int *count, fm_error *err) {
+    fm_status st = fm_cuda_load(err);
+    *count = 0;
+    if (st != FM_OK)
+        return st;
+    CU_CHECK(cuDeviceGetCount, (count));
+cleanup:
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------------ devices */
+
+static fm_status read_attr(CUdevice dev, int attrib, int *value, fm_error *err) {
+    fm_status st = FM_OK;
+    CU_CHECK(cuDeviceGetAttribute, (value, attrib, dev));
+cleanup:
+    return st;
+}
+
+fm_status fm_gpu_open(int ordinal, fm_gpu *gpu, fm_error *err) {
+    fm_gpu g;
+    CUcontext ctx = NULL;
+    int count = 0, major = 0, minor = 0, sms = 0, optin = 0, per_sm = 0;
+    fm_status st;
+
+    memset(&g, 0, sizeof g);
+    memset(gpu, 0, sizeof *gpu);
+    st = fm_cuda_load(err);
+    if (st != FM_OK)
+        return st;
+    CU_CHECK(cuDeviceGetCount, (&count));
+    if (ordinal < 0 || ordinal >= count) {
+        st = fm_fail(err, FM_ERR_VALUE, "GPU ordinal %d out of range: %d CUDA device%s visible", ordinal, count,
+                     count == 1 ? " is" : "s are");
+        fm_error_hint(err, "pick a device in 0..%d, or check CUDA_VISIBLE_DEVICES", count - 1);
+        goto cleanup;
+    }
+    g.ordinal = ordinal;
+    CU_CHECK(cuDeviceGet, (&g.device, ordinal));
+    if ((st = read_attr(g.device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &major, err)) != FM_OK ||
+        (st = read_attr(g.device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &minor, err)) != FM_OK ||
+        (st = read_attr(g.device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &sms, err)) != FM_OK ||
+        (st = read_attr(g.device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &optin, err)) != FM_OK ||
+        (st = read_attr(g.device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, &per_sm, err)) != FM_OK)
+        goto cleanup;
+    g.arch = 10 * major + minor;
+    g.sm_count = sms;
+    g.smem_per_block_optin = (size_t)optin;
+    g.smem_per_sm = (size_t)per_sm;
+    CU_CHECK(cuDeviceGetName, (g.name, (int)sizeof g.name, g.device));
+    g.name[sizeof g.name - 1] = '\0';
+    CU_CHECK(cuDevicePrimaryCtxRetain, (&ctx, g.device));
+    g.ctx = ctx;
+    CU_CHECK(cuCtxSetCurrent, (ctx));
+    *gpu = g;
+    g.ctx = NULL; /* owned by *gpu now */
+
+cleanup:
+    if (g.ctx != NULL)
+        g_api.cuDevicePrimaryCtxRelease(g.device);
+    return st;
+}
+
+void fm_gpu_close(fm_gpu *gpu) {
+    if (gpu == NULL)
+        return;
+    if (gpu->ctx != NULL && cu_is_ready())
+        g_api.cuDevicePrimaryCtxRelease(gpu->device); /* a failure here leaves nothing the caller could do */
+    memset(gpu, 0, sizeof *gpu);
+}
+
+fm_status fm_gpu_activate(const fm_gpu *gpu, fm_error *err) {
+    fm_status st = FM_OK;
+    if (gpu == NULL || gpu->ctx == NULL || !cu_is_ready())
+        return fm_fail(err, FM_ERR_VALUE, "fm_gpu_activate: the GPU is not open (call fm_gpu_open first)");
+    CU_CHECK(cuCtxSetCurrent, ((CUcontext)gpu->ctx));
+cleanup:
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------------ kernels */
+
+fm_status fm_kernel_load(const fm_gpu *gpu, const void *cubin, const char *name, size_t smem_bytes, int threads,
+                         fm_kernel *k, fm_error *err) {
+    CUmodule mod = NULL;
+    CUfunction fn = NULL;
+    int blocks = 0;
+    fm_status st;
+
+    memset(k, 0, sizeof *k);
+    if (cubin == NULL || name == NULL || threads < 1 || threads > 1024 || smem_bytes > (size_t)INT_MAX)
+        return fm_fail(err, FM_ERR_VALUE, "fm_kernel_load: needs a CUBIN, a kernel name, 1..1024 threads (got %d) "
+                       "and shared memory below 2 GiB (got %zu bytes)", threads, smem_bytes);
+    if (gpu != NULL && gpu->smem_per_block_optin > 0 && smem_bytes > gpu->smem_per_block_optin) {
+        st = fm_fail(err, FM_ERR_LIMIT, "kernel '%s' needs %zu bytes of shared memory per block, %s (sm_%d) allows "
+                     "at most %zu", name, smem_bytes, gpu->name, gpu->arch, gpu->smem_per_block_optin);
+        fm_error_hint(err, "use fewer warps or m_tiles, or stream the weights (resident=0)");
+        return st;
+    }
+    st = fm_gpu_activate(gpu, err);
+    if (st != FM_OK)
+        return st;
+
+    CU_CHECK(cuModuleLoadData, (&mod, cubin));
+    CU_CHECK(cuModuleGetFunction, (&fn, mod, name));
+    if (smem_bytes > FM_SMEM_DEFAULT_LIMIT)
+        CU_CHECK(cuFuncSetAttribute, (fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem_bytes));
+    CU_CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor, (&blocks, fn, threads, smem_bytes));
+    if (blocks < 1) {
+        /* Registers x threads or shared memory exceed one SM: every launch would fail, so say so now. */
+        st = fm_fail(err, FM_ERR_LIMIT, "kernel '%s' fits no block on an SM of %s with %d threads and %zu bytes of "
+                     "shared memory (occupancy 0)", name, gpu->name, threads, smem_bytes);
+        fm_error_hint(err, "use fewer warps per block or less shared memory");
+        goto cleanup;
+    }
+    k->module = mod;
+    k->function = fn;
+    k->smem_bytes = smem_bytes;
+    k->threads = threads;
+    k->blocks_per_sm = blocks;
+    mod = NULL; /* owned by *k now */
+
+cleanup:
+    if (mod != NULL)
+        g_api.cuModuleUnload(mod);
+    return st;
+}
+
+void fm_kernel_unload(fm_kernel *k) {
+    if (k == NULL)
+        return;
+    if (k->module != NULL && cu_is_ready())
+        g_api.cuModuleUnload((CUmodule)k->module);
+    memset(k, 0, sizeof *k);
+}
+
+fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, fm_error *err) {
+    fm_status st = FM_OK;
+    if (k == NULL || k->function == NULL || !cu_is_ready())
+        return fm_fail(err, FM_ERR_VALUE, "fm_kernel_launch: the kernel is not loaded (call fm_kernel_load first)");
+    if (grid == 0)
+        return FM_OK; /* an empty batch: nothing to launch (the driver would call a zero grid invalid) */
+    CU_CHECK(cuLaunchKernel, ((CUfunction)k->function, grid, 1, 1, (unsigned)k->threads, 1, 1,
+                              (unsigned)k->smem_bytes, (CUstream)stream, params, NULL));
+cleanup:
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------------ memory */
+
+fm_status fm_mem_alloc(fm_devptr *p, size_t bytes, fm_error *err) {
+    CUdeviceptr d = 0;
+    fm_status st = fm_cuda_load(err);
+    *p = 0;
+    if (st != FM_OK || bytes == 0)
+        return st; /* zero bytes: the null pointer, which fm_mem_free accepts */
+    CU_CHECK(cuMemAlloc, (&d, bytes));
+    *p = (fm_devptr)d;
+cleanup:
+    return st;
+}
+
+void fm_mem_free(fm_devptr p) {
+    if (p != 0 && cu_is_ready())
+        g_api.cuMemFree((CUdeviceptr)p);
+}
+
+fm_status fm_memcpy_htod(fm_devptr dst, const void *src, size_t bytes, fm_stream stream, fm_error *err) {
+    fm_status st = fm_cuda_load(err);
+    if (st != FM_OK || bytes == 0)
+        return st;
+    CU_CHECK(cuMemcpyHtoDAsync, ((CUdeviceptr)dst, src, bytes, (CUstream)stream));
+cleanup:
+    return st;
+}
+
+fm_status fm_memcpy_dtoh(void *dst, fm_devptr src, size_t bytes, fm_stream stream, fm_error *err) {
+    fm_status st = fm_cuda_load(err);
+    if (st != FM_OK || bytes == 0)
+        return st;
+    CU_CHECK(cuMemcpyDtoHAsync, (dst, (CUdeviceptr)src, bytes, (CUstream)stream));
+cleanup:
+    return st;
+}
+
+fm_status fm_memset_d8(fm_devptr dst, unsigned char value, size_t bytes, fm_stream stream, fm_error *err) {
+    fm_status st = fm_cuda_load(err);
+    if (st != FM_OK || bytes == 0)
+        return st;
+    CU_CHECK(cuMemsetD8Async, ((CUdeviceptr)dst, value, bytes, (CUstream)stream));
+cleanup:
+    return st;
+}
+
+fm_status fm_stream_sync(fm_stream stream, fm_error *err) {
+    fm_status st = fm_cuda_load(err);
+    if (st != FM_OK)
+        return st;
+    CU_CHECK(cuStreamSynchronize, ((CUstream)stream));
+cleanup:
+    return st;
+}

@@ -1,0 +1,882 @@
+/* module.c - the CPython binding: NumPy arrays in, fusedmlp.errors exceptions out. The only file with Python.h.
+ *
+ * Types: Network (validated spec + float32 weights; the CPU forward), Plan (one fm_plan: renders the source and
+ * later fills the launch, so the two cannot drift), Gpu (a device's retained primary context), Kernel (a loaded
+ * CUBIN with the weights on the device). The GIL is released around compiles, the CPU forward and GPU work. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "fm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------------ errors */
+
+/* Raises the fusedmlp.errors class for err's status. The classes are looked up when an error happens (not cached
+ * in globals): errors are rare, and this keeps the module free of state. */
+static PyObject *fm_raise(const fm_error *err) {
+    if (err->status == FM_ERR_NOMEM)
+        return PyErr_NoMemory();
+    const char *cls_name = "FusedMLPError";
+    switch (err->status) {
+    case FM_ERR_VALUE: cls_name = "ArgumentError"; break;
+    case FM_ERR_SHAPE: cls_name = "ShapeError"; break;
+    case FM_ERR_EXPR: cls_name = "ExpressionError"; break;
+    case FM_ERR_LIMIT: cls_name = "LimitError"; break;
+    case FM_ERR_LIBRARY: cls_name = "LibraryNotFoundError"; break;
+    case FM_ERR_COMPILE: cls_name = "CompileError"; break;
+    case FM_ERR_CUDA: cls_name = "CudaError"; break;
+    case FM_ERR_TEMPLATE: cls_name = "TemplateError"; break;
+    default: break;
+    }
+    PyObject *mod = PyImport_ImportModule("fusedmlp.errors");
+    if (mod == NULL)
+        return NULL;
+    PyObject *cls = PyObject_GetAttrString(mod, cls_name);
+    Py_DECREF(mod);
+    if (cls == NULL)
+        return NULL;
+    PyObject *kwargs = NULL;
+    if (err->status == FM_ERR_COMPILE)
+        kwargs = Py_BuildValue("{s:s}", "log", err->log ? err->log : "");
+    else if (err->status == FM_ERR_CUDA) {
+        /* The driver's error name is the CUDA_ERROR_* word in the message. */
+        const char *name = strstr(err->message, "CUDA_ERROR_");
+        size_t len = 0;
+        while (name && (name[len] == '_' || (name[len] >= 'A' && name[len] <= 'Z') || (name[len] >= '0' && name[len] <= '9')))
+            ++len;
+        kwargs = Py_BuildValue("{s:i,s:s#}", "code", err->code, "name", name ? name : "", (Py_ssize_t)len);
+    } else if (err->status == FM_ERR_EXPR)
+        kwargs = Py_BuildValue("{s:i}", "column", err->column);
+    else
+        kwargs = PyDict_New();
+    PyObject *args = kwargs ? Py_BuildValue("(ss)", err->message, err->hint) : NULL;
+    PyObject *exc = args ? PyObject_Call(cls, args, kwargs) : NULL;
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_DECREF(cls);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+static PyObject *fm_raise_clear(fm_error *err) {
+    fm_raise(err);
+    fm_error_clear(err);
+    return NULL;
+}
+
+static int fm_dtype_from_str(const char *s, fm_dtype *d) {
+    if (strcmp(s, "float32") == 0)
+        *d = FM_F32;
+    else if (strcmp(s, "float16") == 0)
+        *d = FM_F16;
+    else {
+        PyErr_Format(PyExc_ValueError, "dtype '%s' is not one of float32, float16", s);
+        return -1;
+    }
+    return 0;
+}
+
+/* Returns a new reference to `obj` as an aligned C-contiguous array of `type` with `ndim` dimensions; no casting:
+ * the Python layer converts, this only guards the boundary. */
+static PyArrayObject *fm_array(PyObject *obj, int type, int ndim, const char *what) {
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != type ||
+        PyArray_NDIM((PyArrayObject *)obj) != ndim ||
+        !PyArray_ISCARRAY_RO((PyArrayObject *)obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous %d-D %s array", what, ndim,
+                     type == NPY_FLOAT32 ? "float32" : type == NPY_FLOAT16 ? "float16" : "float64");
+        return NULL;
+    }
+    Py_INCREF(obj);
+    return (PyArrayObject *)obj;
+}
+
+/* UTF-8 of a str without embedded NULs: the C core sees text up to the first NUL, so "x\0; asm(...)" must be an error
+ * here rather than silently parse as "x". */
+static const char *fm_text(PyObject *obj, const char *what) {
+    Py_ssize_t size = 0;
+    const char *text = PyUnicode_Check(obj) ? PyUnicode_AsUTF8AndSize(obj, &size) : NULL;
+    if (text == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "%s must be a str, not %.100s", what, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    if ((size_t)size != strlen(text)) {
+        PyErr_Format(PyExc_ValueError, "%s contains a NUL character at position %zd", what, (Py_ssize_t)strlen(text));
+        return NULL;
+    }
+    return text;
+}
+
+/* ------------------------------------------------------------------------------------------------ expressions */
+
+static PyObject *py_parse_expr(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *text = fm_text(arg, "expression");
+    if (text == NULL)
+        return NULL;
+    fm_error err = {0};
+    fm_expr *e = NULL;
+    if (fm_expr_parse(text, &e, &err) != FM_OK)
+        return fm_raise_clear(&err);
+    fm_str canon = {0}, cuda = {0};
+    fm_expr_to_string(e, &canon);
+    fm_status st = fm_expr_emit_cuda(e, "x", &cuda, &err);
+    fm_expr_free(e);
+    PyObject *res = st == FM_OK ? Py_BuildValue("(ss)", canon.data, cuda.data) : fm_raise(&err);
+    fm_str_free(&canon);
+    fm_str_free(&cuda);
+    fm_error_clear(&err);
+    return res;
+}
+
+static PyObject *py_eval_expr(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *text;
+    PyObject *xobj;
+    if (!PyArg_ParseTuple(args, "sO", &text, &xobj))
+        return NULL;
+    PyArrayObject *x = fm_array(xobj, NPY_FLOAT64, 1, "x");
+    if (x == NULL)
+        return NULL;
+    fm_error err = {0};
+    fm_expr *e = NULL;
+    PyArrayObject *y = NULL;
+    if (fm_expr_parse(text, &e, &err) != FM_OK)
+        goto fail;
+    y = (PyArrayObject *)PyArray_SimpleNew(1, PyArray_DIMS(x), NPY_FLOAT64);
+    if (y == NULL)
+        goto done;
+    if (fm_expr_eval(e, PyArray_DATA(x), PyArray_DATA(y), (size_t)PyArray_SIZE(x), &err) != FM_OK) {
+        Py_CLEAR(y);
+        goto fail;
+    }
+    goto done;
+fail:
+    fm_raise(&err);
+done:
+    fm_expr_free(e);
+    fm_error_clear(&err);
+    Py_DECREF(x);
+    return (PyObject *)y;
+}
+
+static PyObject *py_expr_functions(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    PyObject *list = PyList_New(0);
+    for (const char *const *f = fm_expr_functions(); list && *f; ++f) {
+        PyObject *s = PyUnicode_FromString(*f);
+        if (s == NULL || PyList_Append(list, s) < 0) {
+            Py_XDECREF(s);
+            Py_CLEAR(list);
+            break;
+        }
+        Py_DECREF(s);
+    }
+    return list;
+}
+
+/* ------------------------------------------------------------------------------------------------ NVRTC */
+
+static PyObject *py_nvrtc_load(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *hint = arg == Py_None ? NULL : PyUnicode_AsUTF8(arg);
+    if (hint == NULL && arg != Py_None)
+        return NULL;
+    fm_error err = {0};
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS st = fm_nvrtc_load(hint, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
+    int major = 0, minor = 0;
+    if (fm_nvrtc_version(&major, &minor, &err) != FM_OK)
+        return fm_raise_clear(&err);
+    const char *path = fm_nvrtc_library_path();
+    return Py_BuildValue("(s(ii))", path ? path : "", major, minor);
+}
+
+static PyObject *py_nvrtc_compile(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *source, *name;
+    int arch, arch_a;
+    PyObject *opts_obj;
+    if (!PyArg_ParseTuple(args, "ssipO!", &source, &name, &arch, &arch_a, &PyTuple_Type, &opts_obj))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(opts_obj);
+    const char **opts = PyMem_Calloc((size_t)n + 1, sizeof *opts);
+    if (opts == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        opts[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(opts_obj, i));
+        if (opts[i] == NULL) {
+            PyMem_Free(opts);
+            return NULL;
+        }
+    }
+    fm_error err = {0};
+    void *cubin = NULL;
+    size_t size = 0;
+    char *log = NULL;
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS st = fm_nvrtc_compile(source, name, arch, arch_a, opts, (int)n, &cubin, &size, &log, &err);
+    Py_END_ALLOW_THREADS PyMem_Free(opts);
+    if (st != FM_OK) {
+        free(log);
+        return fm_raise_clear(&err);
+    }
+    PyObject *res = Py_BuildValue("(y#s)", (const char *)cubin, (Py_ssize_t)size, log ? log : "");
+    free(cubin);
+    free(log);
+    return res;
+}
+
+/* ------------------------------------------------------------------------------------------------ Gpu */
+
+typedef struct {
+    PyObject_HEAD fm_gpu gpu;
+    int open;
+} GpuObject;
+
+static PyObject *py_cuda_device_count(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    fm_error err = {0};
+    int count = 0;
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS st = fm_cuda_load(&err);
+    if (st == FM_OK)
+        st = fm_cuda_device_count(&count, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
+    return PyLong_FromLong(count);
+}
+
+static int Gpu_init(GpuObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"ordinal", NULL};
+    int ordinal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i", kwlist, &ordinal))
+        return -1;
+    if (self->open) {
+        PyErr_SetString(PyExc_RuntimeError, "Gpu is already initialised");
+        return -1;
+    }
+    fm_error err = {0};
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS st = fm_cuda_load(&err);
+    if (st == FM_OK)
+        st = fm_gpu_open(ordinal, &self->gpu, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) {
+        fm_raise_clear(&err);
+        return -1;
+    }
+    self->open = 1;
+    return 0;
+}
+
+static void Gpu_dealloc(GpuObject *self) {
+    if (self->open)
+        fm_gpu_close(&self->gpu);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Gpu_get_info(GpuObject *self, void *closure) {
+    (void)closure;
+    if (!self->open) {
+        PyErr_SetString(PyExc_RuntimeError, "Gpu is not initialised");
+        return NULL;
+    }
+    return Py_BuildValue("{s:i,s:s,s:i,s:i,s:n,s:n}", "ordinal", self->gpu.ordinal, "name", self->gpu.name, "arch",
+                         self->gpu.arch, "sm_count", self->gpu.sm_count, "smem_per_block",
+                         (Py_ssize_t)self->gpu.smem_per_block_optin, "smem_per_sm", (Py_ssize_t)self->gpu.smem_per_sm);
+}
+
+static PyGetSetDef Gpu_getset[] = {
+    {"info", (getter)Gpu_get_info, NULL, "dict: ordinal, name, arch, sm_count, smem_per_block, smem_per_sm", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject GpuType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Gpu",
+    .tp_basicsize = sizeof(GpuObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Gpu(ordinal): a CUDA device with its primary context retained.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Gpu_init,
+    .tp_dealloc = (destructor)Gpu_dealloc,
+    .tp_getset = Gpu_getset,
+};
+
+/* ------------------------------------------------------------------------------------------------ Network */
+
+typedef struct {
+    PyObject_HEAD fm_spec spec;
+    int has_spec;
+    float *w[FM_MAX_LAYERS]; /* owned copies, n x k row-major */
+    float *b[FM_MAX_LAYERS]; /* owned copies or NULL */
+} NetworkObject;
+
+static void Network_release(NetworkObject *self) {
+    for (int l = 0; l < FM_MAX_LAYERS; ++l) {
+        PyMem_RawFree(self->w[l]);
+        PyMem_RawFree(self->b[l]);
+        self->w[l] = self->b[l] = NULL;
+    }
+    if (self->has_spec)
+        fm_spec_free(&self->spec);
+    self->has_spec = 0;
+}
+
+/* Copies the float32 arrays into owned memory: later changes to the caller's arrays must not change the model. */
+static int Network_copy_arrays(NetworkObject *self, PyObject *weights, PyObject *biases, Py_ssize_t n) {
+    for (Py_ssize_t l = 0; l < n; ++l) {
+        PyArrayObject *w = fm_array(PyList_GET_ITEM(weights, l), NPY_FLOAT32, 2, "weights[l]");
+        if (w == NULL)
+            return -1;
+        size_t bytes = (size_t)PyArray_NBYTES(w);
+        self->w[l] = PyMem_RawMalloc(bytes ? bytes : 1);
+        if (self->w[l] != NULL)
+            memcpy(self->w[l], PyArray_DATA(w), bytes);
+        Py_DECREF(w);
+        if (self->w[l] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        PyObject *bobj = PyList_GET_ITEM(biases, l);
+        if (bobj == Py_None)
+            continue;
+        PyArrayObject *b = fm_array(bobj, NPY_FLOAT32, 1, "biases[l]");
+        if (b == NULL)
+            return -1;
+        bytes = (size_t)PyArray_NBYTES(b);
+        self->b[l] = PyMem_RawMalloc(bytes ? bytes : 1);
+        if (self->b[l] != NULL)
+            memcpy(self->b[l], PyArray_DATA(b), bytes);
+        Py_DECREF(b);
+        if (self->b[l] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"weights", "biases", "activations", NULL};
+    PyObject *weights, *biases, *acts;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
+                                     &PyList_Type, &acts))
+        return -1;
+    Network_release(self);
+    Py_ssize_t n = PyList_GET_SIZE(weights);
+    if (n < 1 || n > FM_MAX_LAYERS || PyList_GET_SIZE(biases) != n || PyList_GET_SIZE(acts) != n) {
+        PyErr_Format(PyExc_ValueError, "a network needs 1..%d layers and one bias and activation per layer", FM_MAX_LAYERS);
+        return -1;
+    }
+    int64_t shapes[2 * FM_MAX_LAYERS], bias_len[FM_MAX_LAYERS];
+    const char *act_text[FM_MAX_LAYERS];
+    for (Py_ssize_t l = 0; l < n; ++l) {
+        PyArrayObject *w = fm_array(PyList_GET_ITEM(weights, l), NPY_FLOAT32, 2, "weights[l]");
+        if (w == NULL)
+            return -1;
+        shapes[2 * l] = PyArray_DIM(w, 0);
+        shapes[2 * l + 1] = PyArray_DIM(w, 1);
+        Py_DECREF(w);
+        PyObject *b = PyList_GET_ITEM(biases, l);
+        bias_len[l] = b == Py_None ? -1 : (PyArray_Check(b) ? PyArray_SIZE((PyArrayObject *)b) : -2);
+        act_text[l] = fm_text(PyList_GET_ITEM(acts, l), "activation");
+        if (act_text[l] == NULL)
+            return -1;
+    }
+    fm_error err = {0};
+    if (fm_spec_init(&self->spec, (int)n, shapes, bias_len, act_text, &err) != FM_OK) {
+        fm_raise_clear(&err);
+        return -1;
+    }
+    self->has_spec = 1;
+    if (Network_copy_arrays(self, weights, biases, n) < 0) {
+        Network_release(self);
+        return -1;
+    }
+    return 0;
+}
+
+static void Network_dealloc(NetworkObject *self) {
+    Network_release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Network_ready(NetworkObject *self) {
+    if (!self->has_spec) {
+        PyErr_SetString(PyExc_RuntimeError, "Network is not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+/* forward_cpu(x: float32 (rows, in) array, any strides) -> float32 (rows, out) array */
+static PyObject *Network_forward_cpu(NetworkObject *self, PyObject *xobj) {
+    if (!Network_ready(self))
+        return NULL;
+    if (!PyArray_Check(xobj) || PyArray_TYPE((PyArrayObject *)xobj) != NPY_FLOAT32 ||
+        PyArray_NDIM((PyArrayObject *)xobj) != 2 || !PyArray_ISALIGNED((PyArrayObject *)xobj)) {
+        PyErr_SetString(PyExc_TypeError, "x must be an aligned 2-D float32 array");
+        return NULL;
+    }
+    PyArrayObject *x = (PyArrayObject *)xobj;
+    if (PyArray_DIM(x, 1) != self->spec.width[0]) {
+        PyErr_Format(PyExc_ValueError, "x has %zd features; the network takes %d", (Py_ssize_t)PyArray_DIM(x, 1),
+                     self->spec.width[0]);
+        return NULL;
+    }
+    npy_intp dims[2] = {PyArray_DIM(x, 0), self->spec.width[self->spec.num_layers]};
+    PyArrayObject *y = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (y == NULL)
+        return NULL;
+    fm_error err = {0};
+    fm_status st;
+    int64_t srow = PyArray_STRIDE(x, 0) / 4, scol = PyArray_STRIDE(x, 1) / 4;
+    Py_BEGIN_ALLOW_THREADS st = fm_ref_forward(&self->spec, (const float *const *)self->w,
+                                               (const float *const *)self->b, PyArray_DATA(x), dims[0], srow, scol,
+                                               PyArray_DATA(y), &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) {
+        Py_DECREF(y);
+        return fm_raise_clear(&err);
+    }
+    return (PyObject *)y;
+}
+
+static PyObject *Network_get_widths(NetworkObject *self, void *closure) {
+    (void)closure;
+    if (!Network_ready(self))
+        return NULL;
+    PyObject *t = PyTuple_New(self->spec.num_layers + 1);
+    for (int l = 0; t && l <= self->spec.num_layers; ++l)
+        PyTuple_SET_ITEM(t, l, PyLong_FromLong(self->spec.width[l]));
+    return t;
+}
+
+static PyObject *Network_get_activations(NetworkObject *self, void *closure) {
+    (void)closure;
+    if (!Network_ready(self))
+        return NULL;
+    PyObject *t = PyTuple_New(self->spec.num_layers);
+    for (int l = 0; t && l < self->spec.num_layers; ++l) {
+        fm_str s = {0};
+        fm_expr_to_string(self->spec.act[l], &s);
+        PyTuple_SET_ITEM(t, l, PyUnicode_FromString(s.data ? s.data : ""));
+        fm_str_free(&s);
+    }
+    return t;
+}
+
+static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds);
+
+static PyMethodDef Network_methods[] = {
+    {"forward_cpu", (PyCFunction)Network_forward_cpu, METH_O, "forward_cpu(x) -> y: the CPU forward (float64 accumulate)."},
+    {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
+     "plan(arch, smem_per_block=0, sm_count=0, in_dtype='float32', out_dtype='float32', warps=0, m_tiles=0, "
+     "n_chunk=0, resident=-1) -> Plan"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Network_getset[] = {
+    {"widths", (getter)Network_get_widths, NULL, "feature counts: input, then each layer's output", NULL},
+    {"activations", (getter)Network_get_activations, NULL, "canonical text of each layer's activation", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject NetworkType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Network",
+    .tp_basicsize = sizeof(NetworkObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Network(weights, biases, activations): a validated MLP with float32 weights (PyTorch layout).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Network_init,
+    .tp_dealloc = (destructor)Network_dealloc,
+    .tp_methods = Network_methods,
+    .tp_getset = Network_getset,
+};
+
+/* ------------------------------------------------------------------------------------------------ Plan */
+
+typedef struct {
+    PyObject_HEAD NetworkObject *net;
+    fm_plan plan;
+    fm_target target;
+} PlanObject;
+
+static PyTypeObject PlanType;
+
+static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
+                             "n_chunk", "resident", NULL};
+    int arch, sm_count = 0;
+    Py_ssize_t smem = 0;
+    const char *in_s = "float32", *out_s = "float32";
+    fm_plan_opts opts = {0, 0, 0, -1};
+    if (!Network_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
+                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident))
+        return NULL;
+    fm_dtype in_d, out_d;
+    if (fm_dtype_from_str(in_s, &in_d) < 0 || fm_dtype_from_str(out_s, &out_d) < 0)
+        return NULL;
+    PlanObject *p = PyObject_New(PlanObject, &PlanType);
+    if (p == NULL)
+        return NULL;
+    Py_INCREF(self);
+    p->net = self;
+    fm_error err = {0};
+    if (fm_target_for_arch(arch, &p->target, &err) != FM_OK)
+        goto fail;
+    if (smem > 0)
+        p->target.smem_per_block = (size_t)smem;
+    p->target.sm_count = sm_count;
+    if (fm_plan_make(&self->spec, &p->target, &opts, in_d, out_d, &p->plan, &err) != FM_OK)
+        goto fail;
+    return (PyObject *)p;
+fail:
+    Py_DECREF(p);
+    return fm_raise_clear(&err);
+}
+
+static void Plan_dealloc(PlanObject *self) {
+    Py_XDECREF(self->net);
+    PyObject_Free(self);
+}
+
+static PyObject *Plan_render(PlanObject *self, PyObject *args) {
+    const char *prelude, *tmpl, *name;
+    if (!PyArg_ParseTuple(args, "sss", &prelude, &tmpl, &name))
+        return NULL;
+    fm_error err = {0};
+    fm_str out = {0};
+    if (fm_render(&self->net->spec, &self->plan, prelude, tmpl, name, &out, &err) != FM_OK) {
+        fm_str_free(&out);
+        return fm_raise_clear(&err);
+    }
+    PyObject *res = PyUnicode_FromStringAndSize(out.data, (Py_ssize_t)out.len);
+    fm_str_free(&out);
+    return res;
+}
+
+static PyObject *Plan_get_info(PlanObject *self, void *closure) {
+    (void)closure;
+    const fm_plan *p = &self->plan;
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s}", "arch", p->arch, "warps", p->warps, "m_tiles",
+                         p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "smem_bytes",
+                         (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype),
+                         "out_dtype", fm_dtype_name(p->out_dtype));
+}
+
+static PyObject *Plan_load(PlanObject *self, PyObject *args);
+
+static PyMethodDef Plan_methods[] = {
+    {"render", (PyCFunction)Plan_render, METH_VARARGS, "render(prelude, template, kernel_name) -> CUDA source"},
+    {"load", (PyCFunction)Plan_load, METH_VARARGS, "load(gpu, cubin, kernel_name) -> Kernel"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Plan_getset[] = {
+    {"info", (getter)Plan_get_info, NULL, "dict describing the chosen tiles and budget", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Plan",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A kernel plan for one network, target and dtype pair (made by Network.plan).",
+    .tp_dealloc = (destructor)Plan_dealloc,
+    .tp_methods = Plan_methods,
+    .tp_getset = Plan_getset,
+};
+
+/* ------------------------------------------------------------------------------------------------ Kernel */
+
+typedef struct {
+    PyObject_HEAD PlanObject *plan;
+    GpuObject *gpu;
+    fm_kernel k;
+    int loaded;
+    fm_devptr w, b;          /* packed weights and biases on the device */
+    fm_devptr x_buf, y_buf;  /* staging for host arrays, grown on demand */
+    size_t x_cap, y_cap;
+    PyThread_type_lock lock; /* one launch at a time per kernel: the staging buffers are shared */
+} KernelObject;
+
+static PyTypeObject KernelType;
+
+static void Kernel_free_device(KernelObject *self) {
+    if (self->gpu != NULL && self->gpu->open) {
+        fm_error err = {0};
+        fm_gpu_activate(&self->gpu->gpu, &err); /* teardown: failures (driver already shut down) are ignored */
+        fm_error_clear(&err);
+    }
+    fm_mem_free(self->x_buf);
+    fm_mem_free(self->y_buf);
+    fm_mem_free(self->w);
+    fm_mem_free(self->b);
+    self->x_buf = self->y_buf = self->w = self->b = 0;
+    if (self->loaded)
+        fm_kernel_unload(&self->k);
+    self->loaded = 0;
+}
+
+/* Uploads the packed weights and loads the module; runs with the GIL released. */
+static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char *name, fm_error *err) {
+    const fm_plan *p = &self->plan->plan;
+    const NetworkObject *net = self->plan->net;
+    fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
+    if (st != FM_OK)
+        return st;
+    if ((st = fm_kernel_load(&self->gpu->gpu, cubin, name, p->smem_bytes, p->warps * 32, &self->k, err)) != FM_OK)
+        return st;
+    self->loaded = 1;
+    uint16_t *wh = malloc(p->w_halves * sizeof *wh);
+    float *bf = malloc((p->b_floats ? p->b_floats : 4) * sizeof *bf);
+    if (wh == NULL || bf == NULL)
+        st = fm_fail(err, FM_ERR_NOMEM, "out of host memory packing %zu weights", p->w_halves);
+    if (st == FM_OK) {
+        fm_plan_pack(p, (const float *const *)net->w, (const float *const *)net->b, wh, bf);
+        st = fm_mem_alloc(&self->w, p->w_halves * 2, err);
+    }
+    if (st == FM_OK)
+        st = fm_mem_alloc(&self->b, (p->b_floats ? p->b_floats : 4) * 4, err);
+    if (st == FM_OK)
+        st = fm_memcpy_htod(self->w, wh, p->w_halves * 2, NULL, err);
+    if (st == FM_OK && p->b_floats)
+        st = fm_memcpy_htod(self->b, bf, p->b_floats * 4, NULL, err);
+    if (st == FM_OK)
+        st = fm_stream_sync(NULL, err);
+    free(wh);
+    free(bf);
+    return st;
+}
+
+static PyObject *Plan_load(PlanObject *self, PyObject *args) {
+    GpuObject *gpu;
+    const char *cubin, *name;
+    Py_ssize_t cubin_len;
+    if (!PyArg_ParseTuple(args, "O!y#s", &GpuType, &gpu, &cubin, &cubin_len, &name))
+        return NULL;
+    if (!gpu->open) {
+        PyErr_SetString(PyExc_RuntimeError, "Gpu is not initialised");
+        return NULL;
+    }
+    KernelObject *k = PyObject_New(KernelObject, &KernelType);
+    if (k == NULL)
+        return NULL;
+    memset((char *)k + offsetof(KernelObject, plan), 0, sizeof *k - offsetof(KernelObject, plan));
+    Py_INCREF(self);
+    k->plan = self;
+    Py_INCREF(gpu);
+    k->gpu = gpu;
+    k->lock = PyThread_allocate_lock();
+    if (k->lock == NULL) {
+        Py_DECREF(k);
+        return PyErr_NoMemory();
+    }
+    fm_error err = {0};
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS st = Kernel_setup(k, cubin, name, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) {
+        Py_DECREF(k);
+        return fm_raise_clear(&err);
+    }
+    return (PyObject *)k;
+}
+
+static void Kernel_dealloc(KernelObject *self) {
+    Kernel_free_device(self);
+    if (self->lock)
+        PyThread_free_lock(self->lock);
+    Py_XDECREF(self->plan);
+    Py_XDECREF(self->gpu);
+    PyObject_Free(self);
+}
+
+static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
+    const fm_plan *p = &self->plan->plan;
+    int64_t tiles = (rows + p->rows_per_cta - 1) / p->rows_per_cta;
+    int64_t slots = (int64_t)self->gpu->gpu.sm_count * (self->k.blocks_per_sm > 0 ? self->k.blocks_per_sm : 1);
+    int64_t grid = tiles < slots ? tiles : slots;
+    return (unsigned)(grid > 0 ? grid : 1);
+}
+
+/* Grows a device staging buffer; called with the kernel lock held. */
+static fm_status Kernel_reserve(fm_devptr *buf, size_t *cap, size_t bytes, fm_error *err) {
+    if (bytes <= *cap)
+        return FM_OK;
+    fm_mem_free(*buf);
+    *buf = 0;
+    *cap = 0;
+    fm_status st = fm_mem_alloc(buf, bytes, err);
+    if (st == FM_OK)
+        *cap = bytes;
+    return st;
+}
+
+static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, int64_t rows, int poison,
+                                   fm_error *err) {
+    const fm_plan *p = &self->plan->plan;
+    size_t x_bytes = (size_t)rows * (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
+    size_t y_bytes = (size_t)rows * (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
+    fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
+    if (st == FM_OK)
+        st = Kernel_reserve(&self->x_buf, &self->x_cap, x_bytes, err);
+    if (st == FM_OK)
+        st = Kernel_reserve(&self->y_buf, &self->y_cap, y_bytes, err);
+    if (st == FM_OK)
+        st = fm_memcpy_htod(self->x_buf, x, x_bytes, NULL, err);
+    if (st == FM_OK && poison) /* 0xFF.. is NaN in float16 and float32: an unwritten element cannot pass */
+        st = fm_memset_d8(self->y_buf, 0xFF, y_bytes, NULL, err);
+    if (st == FM_OK) {
+        long long n = (long long)rows;
+        void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n};
+        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), NULL, params, err);
+    }
+    if (st == FM_OK)
+        st = fm_memcpy_dtoh(y, self->y_buf, y_bytes, NULL, err);
+    if (st == FM_OK)
+        st = fm_stream_sync(NULL, err);
+    return st;
+}
+
+/* run(x, poison=False) -> y: x a C-contiguous array of the plan's input dtype with >= 1 row. */
+static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"x", "poison", NULL};
+    PyObject *xobj;
+    int poison = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p", kwlist, &xobj, &poison))
+        return NULL;
+    const fm_plan *p = &self->plan->plan;
+    int in_type = p->in_dtype == FM_F32 ? NPY_FLOAT32 : NPY_FLOAT16;
+    int out_type = p->out_dtype == FM_F32 ? NPY_FLOAT32 : NPY_FLOAT16;
+    PyArrayObject *x = fm_array(xobj, in_type, 2, "x");
+    if (x == NULL)
+        return NULL;
+    if (PyArray_DIM(x, 1) != p->k_real[0] || PyArray_DIM(x, 0) < 1) {
+        PyErr_Format(PyExc_ValueError, "x has shape (%zd, %zd); the kernel takes (rows >= 1, %d)",
+                     (Py_ssize_t)PyArray_DIM(x, 0), (Py_ssize_t)PyArray_DIM(x, 1), p->k_real[0]);
+        Py_DECREF(x);
+        return NULL;
+    }
+    npy_intp dims[2] = {PyArray_DIM(x, 0), p->n_real[p->num_layers - 1]};
+    PyArrayObject *y = (PyArrayObject *)PyArray_SimpleNew(2, dims, out_type);
+    if (y == NULL) {
+        Py_DECREF(x);
+        return NULL;
+    }
+    fm_error err = {0};
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    st = Kernel_run_locked(self, PyArray_DATA(x), PyArray_DATA(y), dims[0], poison, &err);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS Py_DECREF(x);
+    if (st != FM_OK) {
+        Py_DECREF(y);
+        return fm_raise_clear(&err);
+    }
+    return (PyObject *)y;
+}
+
+/* launch(x_ptr, y_ptr, rows, stream=0): device pointers (16-byte aligned, C-contiguous), asynchronous. */
+static PyObject *Kernel_launch(KernelObject *self, PyObject *args) {
+    unsigned long long xp, yp, stream = 0;
+    long long rows;
+    if (!PyArg_ParseTuple(args, "KKL|K", &xp, &yp, &rows, &stream))
+        return NULL;
+    if (rows < 1 || (xp % 16) != 0 || (yp % 16) != 0) {
+        PyErr_Format(PyExc_ValueError, "launch needs rows >= 1 (got %lld) and 16-byte aligned pointers", rows);
+        return NULL;
+    }
+    fm_error err = {0};
+    fm_status st;
+    fm_devptr x = xp, y = yp;
+    Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&self->gpu->gpu, &err);
+    if (st == FM_OK) {
+        void *params[] = {&x, &y, &self->w, &self->b, &rows};
+        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), (fm_stream)(uintptr_t)stream, params, &err);
+    }
+    Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Kernel_get_info(KernelObject *self, void *closure) {
+    (void)closure;
+    return Py_BuildValue("{s:i,s:n,s:i}", "blocks_per_sm", self->k.blocks_per_sm, "smem_bytes",
+                         (Py_ssize_t)self->k.smem_bytes, "threads", self->k.threads);
+}
+
+static PyMethodDef Kernel_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Kernel_run, METH_VARARGS | METH_KEYWORDS,
+     "run(x, poison=False) -> y: copy x in, launch, copy y out (synchronous)."},
+    {"launch", (PyCFunction)Kernel_launch, METH_VARARGS, "launch(x_ptr, y_ptr, rows, stream=0): asynchronous."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Kernel_getset[] = {
+    {"info", (getter)Kernel_get_info, NULL, "dict: blocks_per_sm, smem_bytes, threads", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject KernelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Kernel",
+    .tp_basicsize = sizeof(KernelObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A loaded fused-MLP kernel with its weights on the device (made by Plan.load).",
+    .tp_dealloc = (destructor)Kernel_dealloc,
+    .tp_methods = Kernel_methods,
+    .tp_getset = Kernel_getset,
+};
+
+/* ------------------------------------------------------------------------------------------------ module */
+
+static PyMethodDef module_methods[] = {
+    {"parse_expr", py_parse_expr, METH_O, "parse_expr(text) -> (canonical, cuda): checks an activation expression."},
+    {"eval_expr", py_eval_expr, METH_VARARGS, "eval_expr(text, x: float64 1-D array) -> array (CPU, float64)."},
+    {"expr_functions", py_expr_functions, METH_NOARGS, "expr_functions() -> list of whitelisted function names."},
+    {"nvrtc_load", py_nvrtc_load, METH_O, "nvrtc_load(search_path or None) -> (library path, (major, minor))."},
+    {"nvrtc_compile", py_nvrtc_compile, METH_VARARGS,
+     "nvrtc_compile(source, name, arch, arch_a, options: tuple) -> (cubin, log)."},
+    {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "cuda_device_count() -> int (raises without a driver)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_exec(PyObject *m) {
+    if (PyArray_ImportNumPyAPI() < 0)
+        return -1;
+    PyTypeObject *types[] = {&GpuType, &NetworkType, &PlanType, &KernelType};
+    const char *names[] = {"Gpu", "Network", "Plan", "Kernel"};
+    for (size_t i = 0; i < 4; ++i) {
+        if (PyType_Ready(types[i]) < 0)
+            return -1;
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            return -1;
+        }
+    }
+    return PyModule_AddIntConstant(m, "MAX_FUSED_WIDTH", FM_MAX_FUSED_WIDTH) < 0 ||
+                   PyModule_AddIntConstant(m, "MAX_LAYERS", FM_MAX_LAYERS) < 0
+               ? -1
+               : 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, (void *)module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, .m_name = "fusedmlp._core", .m_doc = "fusedmlp's C core.", .m_size = 0,
+    .m_methods = module_methods, .m_slots = module_slots,
+};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&module_def); }

@@ -1,0 +1,137 @@
+/* render.c - fill a kernel template's {{NAME}} placeholders from the spec and plan.
+ *
+ * The renderer knows a fixed set of names; the template must use exactly that set. An unknown placeholder (a typo,
+ * or a template newer than this core) and an unused one (a value the kernel silently ignores) are both errors, so
+ * template and plan cannot drift apart unnoticed. */
+#include "fm.h"
+
+#include <string.h>
+
+typedef struct fm_subst {
+    const char *name;
+    fm_str value;
+    int used;
+} fm_subst;
+
+enum { FM_MAX_SUBST = 16 };
+
+typedef struct fm_substs {
+    fm_subst item[FM_MAX_SUBST];
+    int count;
+} fm_substs;
+
+static fm_str *fm_subst_add(fm_substs *t, const char *name) {
+    fm_subst *s = &t->item[t->count++];
+    s->name = name;
+    fm_str_append(&s->value, ""); /* an empty value is still a value */
+    return &s->value;
+}
+
+static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str *out, fm_error *err) {
+    for (int l = 0; l < p->num_layers; ++l) {
+        fm_str act = {0};
+        if (fm_expr_emit_cuda(spec->act[l], "x", &act, err) != FM_OK) {
+            fm_str_free(&act);
+            return err->status;
+        }
+        fm_str expr_text = {0};
+        fm_expr_to_string(spec->act[l], &expr_text);
+        fm_str_printf(out,
+                      "template <> struct Layer<%d> {  // %d -> %d, activation %s\n"
+                      "    static constexpr int K = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
+                      "    static constexpr bool BIAS = %s;\n"
+                      "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
+                      "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
+                      "};\n",
+                      l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", p->k_pad[l],
+                      p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l], p->has_bias[l] ? "true" : "false",
+                      p->w_offset[l], p->b_offset[l], act.data);
+        fm_str_free(&expr_text);
+        fm_str_free(&act);
+    }
+    return FM_OK;
+}
+
+static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const char *kernel_name, fm_substs *t,
+                                  fm_error *err) {
+    fm_str_append(fm_subst_add(t, "KERNEL_NAME"), kernel_name);
+    fm_str_printf(fm_subst_add(t, "NUM_LAYERS"), "%d", p->num_layers);
+    fm_str_printf(fm_subst_add(t, "WARPS"), "%d", p->warps);
+    fm_str_printf(fm_subst_add(t, "M_TILES"), "%d", p->m_tiles);
+    fm_str_printf(fm_subst_add(t, "RESIDENT"), "%d", p->resident);
+    fm_str_printf(fm_subst_add(t, "IN_FLOAT"), "%d", p->in_dtype == FM_F32);
+    fm_str_printf(fm_subst_add(t, "OUT_FLOAT"), "%d", p->out_dtype == FM_F32);
+    fm_str_printf(fm_subst_add(t, "ACT_STRIDE"), "%d", p->act_stride);
+    fm_str_printf(fm_subst_add(t, "W_SMEM_HALVES"), "%zu", p->resident ? p->w_halves : 2 * p->w_slot_halves);
+    fm_str_printf(fm_subst_add(t, "W_SLOT_HALVES"), "%zu", p->w_slot_halves);
+    fm_str_printf(fm_subst_add(t, "B_FLOATS"), "%zu", p->b_floats);
+
+    fm_str *c = fm_subst_add(t, "PLAN_COMMENT");
+    fm_str_printf(c, "widths %d", p->k_real[0]);
+    for (int l = 0; l < p->num_layers; ++l)
+        fm_str_printf(c, "-%d", p->n_real[l]);
+    fm_str_printf(c, "; sm_%d; %d warps x %d rows; %s weights; %zu B shared memory; x %s, y %s", p->arch, p->warps,
+                  p->m_tiles * 16, p->resident ? "resident" : "streamed", p->smem_bytes, fm_dtype_name(p->in_dtype),
+                  fm_dtype_name(p->out_dtype));
+    return fm_render_layers(spec, p, fm_subst_add(t, "LAYERS"), err);
+}
+
+static int fm_is_name_char(char ch) { return (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_'; }
+
+fm_status fm_render(const fm_spec *spec, const fm_plan *plan, const char *prelude, const char *tmpl,
+                    const char *kernel_name, fm_str *out, fm_error *err) {
+    fm_substs t;
+    memset(&t, 0, sizeof t);
+    fm_status st = fm_render_substs(spec, plan, kernel_name, &t, err);
+    if (st != FM_OK)
+        goto cleanup;
+
+    if (prelude != NULL) {
+        fm_str_append(out, prelude);
+        fm_str_append(out, "\n");
+    }
+    const char *p = tmpl;
+    int line = 1;
+    for (;;) {
+        const char *open = strstr(p, "{{");
+        if (open == NULL) {
+            fm_str_append(out, p);
+            break;
+        }
+        for (const char *q = p; q < open; ++q)
+            line += *q == '\n';
+        fm_str_appendn(out, p, (size_t)(open - p));
+        const char *name = open + 2, *end = name;
+        while (fm_is_name_char(*end))
+            ++end;
+        if (end == name || end[0] != '}' || end[1] != '}') {
+            st = fm_fail(err, FM_ERR_TEMPLATE, "kernel template line %d: '{{' not followed by NAME}}", line);
+            goto cleanup;
+        }
+        fm_subst *hit = NULL;
+        for (int i = 0; i < t.count; ++i)
+            if (strlen(t.item[i].name) == (size_t)(end - name) && memcmp(t.item[i].name, name, end - name) == 0)
+                hit = &t.item[i];
+        if (hit == NULL) {
+            st = fm_fail(err, FM_ERR_TEMPLATE, "kernel template line %d: unknown placeholder {{%.*s}}", line,
+                         (int)(end - name), name);
+            goto cleanup;
+        }
+        hit->used = 1;
+        fm_str_append(out, hit->value.data);
+        p = end + 2;
+    }
+    for (int i = 0; i < t.count; ++i) {
+        if (!t.item[i].used) {
+            st = fm_fail(err, FM_ERR_TEMPLATE, "kernel template never uses placeholder {{%s}}", t.item[i].name);
+            goto cleanup;
+        }
+    }
+    if (out->oom)
+        st = fm_fail(err, FM_ERR_NOMEM, "out of memory rendering the kernel source");
+
+cleanup:
+    for (int i = 0; i < t.count; ++i)
+        fm_str_free(&t.item[i].value);
+    return st;
+}

@@ -1,0 +1,112 @@
+/*
+ * spec.c - validates an MLP description: weight shapes that chain, bias lengths, one parsed activation per layer.
+ * Width limits are the plan's business (they depend on the GPU); this file checks only what is wrong anywhere.
+ */
+#include "fm.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The activation text for an error message: at most 60 bytes, non-printable bytes as '?', since the text is
+ * whatever the user passed and the message goes to a terminal. */
+static void fm_spec_quote(const char *text, char *buf, size_t size) {
+    size_t j = 0, i = 0;
+    for (; text[i] != '\0' && i < 60 && j + 4 < size; i++) {
+        unsigned char c = (unsigned char)text[i];
+        buf[j++] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+    }
+    if (text[i] != '\0' && j + 4 < size) {
+        memcpy(buf + j, "...", 3);
+        j += 3;
+    }
+    buf[j] = '\0';
+}
+
+static fm_status fm_spec_check_layer(int l, const int64_t *shapes, const int64_t *bias_len, fm_error *err) {
+    int64_t out = shapes[2 * l], in = shapes[2 * l + 1];
+    if (out < 1 || in < 1)
+        return fm_fail(err, FM_ERR_SHAPE,
+                       "weights[%d] has shape (%lld, %lld); every dimension must be >= 1", l, (long long)out,
+                       (long long)in);
+    if (out > INT_MAX || in > INT_MAX)
+        return fm_fail(err, FM_ERR_LIMIT, "weights[%d] has shape (%lld, %lld); dimensions above %d are not supported",
+                       l, (long long)out, (long long)in, INT_MAX);
+    if (l > 0 && in != shapes[2 * (l - 1)]) {
+        fm_fail(err, FM_ERR_SHAPE,
+                "weights[%d] has shape (%lld, %lld) but weights[%d] has shape (%lld, %lld): layer %d takes %lld input "
+                "features while layer %d produces %lld",
+                l, (long long)out, (long long)in, l - 1, (long long)shapes[2 * (l - 1)],
+                (long long)shapes[2 * (l - 1) + 1], l, (long long)in, l - 1, (long long)shapes[2 * (l - 1)]);
+        fm_error_hint(err, "weights use nn.Linear.weight's layout (out_features, in_features): each layer's "
+                           "in_features must equal the previous layer's out_features");
+        return FM_ERR_SHAPE;
+    }
+    if (bias_len != NULL && bias_len[l] != -1 && bias_len[l] != out)
+        return fm_fail(err, FM_ERR_SHAPE, "biases[%d] has %lld elements; layer %d has %lld outputs (weights[%d].shape[0])",
+                       l, (long long)bias_len[l], l, (long long)out, l);
+    return FM_OK;
+}
+
+/* Parses layer l's activation; a NULL text is the identity. On failure the parser's column is kept and its message
+ * gets the layer and the text in front. */
+static fm_status fm_spec_parse_act(int l, const char *text, fm_expr **act, fm_error *err) {
+    fm_error perr = {0};
+    fm_status st = fm_expr_parse(text != NULL ? text : "none", act, &perr);
+    if (st == FM_OK)
+        return FM_OK;
+    if (err != NULL && err->status == FM_OK) {
+        char quoted[80];
+        fm_spec_quote(text != NULL ? text : "none", quoted, sizeof quoted);
+        fm_fail(err, st, "activation of layer %d ('%s'): %s", l, quoted, perr.message);
+        err->column = perr.column;
+        if (perr.hint[0] != '\0')
+            fm_error_hint(err, "%s", perr.hint);
+    }
+    fm_error_clear(&perr);
+    return st;
+}
+
+fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, const int64_t *bias_len,
+                       const char *const *activations, fm_error *err) {
+    if (spec == NULL)
+        return fm_fail(err, FM_ERR_INTERNAL, "fm_spec_init: spec is NULL");
+    memset(spec, 0, sizeof *spec);
+    fm_status st = FM_OK;
+    if (num_layers < 1) {
+        st = fm_fail(err, FM_ERR_VALUE, "the network has %d layers; it needs at least 1", num_layers);
+        goto cleanup;
+    }
+    if (num_layers > FM_MAX_LAYERS) {
+        st = fm_fail(err, FM_ERR_LIMIT, "the network has %d layers; at most %d fit one fused kernel", num_layers,
+                     FM_MAX_LAYERS);
+        goto cleanup;
+    }
+    if (shapes == NULL) {
+        st = fm_fail(err, FM_ERR_INTERNAL, "fm_spec_init: shapes is NULL");
+        goto cleanup;
+    }
+    for (int l = 0; l < num_layers; l++)
+        if ((st = fm_spec_check_layer(l, shapes, bias_len, err)) != FM_OK)
+            goto cleanup;
+    for (int l = 0; l < num_layers; l++) {
+        if ((st = fm_spec_parse_act(l, activations != NULL ? activations[l] : NULL, &spec->act[l], err)) != FM_OK)
+            goto cleanup;
+        spec->width[l] = (int)shapes[2 * l + 1];
+        spec->has_bias[l] = bias_len != NULL && bias_len[l] != -1;
+    }
+    spec->width[num_layers] = (int)shapes[2 * (num_layers - 1)];
+    spec->num_layers = num_layers;
+    return FM_OK;
+cleanup:
+    fm_spec_free(spec);
+    return st;
+}
+
+void fm_spec_free(fm_spec *spec) {
+    if (spec == NULL)
+        return;
+    for (int l = 0; l < FM_MAX_LAYERS; l++)
+        fm_expr_free(spec->act[l]);
+    memset(spec, 0, sizeof *spec);
+}

@@ -1,0 +1,94 @@
+// activations.cuh - float32 device helpers that the activation expressions emitted by csrc/expr.c call.
+//
+// Compiled by NVRTC with no include path: only CUDA's built-in math functions (expf, tanhf, erff, log1pf, ...) are
+// used, the accurate ones rather than the __expf intrinsics, because tests compare against float64. Each formula is
+// PyTorch's CUDA kernel for the same activation (aten/src/ATen/native/cuda/Activation*.cu), with its order of
+// operations, and propagates NaN as PyTorch does. csrc/expr.c holds the float64 twin of every helper.
+
+__device__ __forceinline__ float fm_min(float a, float b) { return (a < b || a != a) ? a : b; }
+__device__ __forceinline__ float fm_max(float a, float b) { return (a > b || a != a) ? a : b; }
+
+// x^n for a constant small n (the emitter passes a literal, so after inlining the loop unrolls into n-1
+// multiplications, in the order the CPU evaluator uses).
+__device__ __forceinline__ float fm_powi(float b, int n) {
+    int m = n < 0 ? -n : n;
+    float r = m > 0 ? b : 1.0f;
+#pragma unroll
+    for (int i = 1; i < m; ++i)
+        r *= b;
+    return n < 0 ? 1.0f / r : r;
+}
+
+__device__ __forceinline__ float fm_square(float x) { return x * x; }
+
+// sin and cos: sinf/cosf inline a Payne-Hanek reduction for |x| > 105615 at every call site, which made a SIREN-like
+// network's kernel 1.6 MB and its compile take a minute. Instead: a three-part Cody-Waite reduction by 2*pi (exact to
+// float rounding for |x| < 2^17 with a 32-bit integer quotient) and the hardware's sin/cos on [-pi, pi] (absolute
+// error 2^-21.4, CUDA C Programming Guide, "Intrinsic Functions"); larger |x| go to one out-of-line sinf/cosf.
+__device__ __noinline__ float fm_sin_far(float x) { return sinf(x); }
+__device__ __noinline__ float fm_cos_far(float x) { return cosf(x); }
+__device__ __forceinline__ float fm_reduce_2pi(float x) {
+    const float k = rintf(x * 0.159154943091895335768883763372514362f);  // x / (2 pi)
+    float r = fmaf(-k, 6.28318548202514648437500f, x);                  // 2 pi, first 24 bits
+    r = fmaf(-k, -1.7484555314695172e-7f, r);                            // next 24 bits
+    return fmaf(-k, -6.8604980400235275e-15f, r);                        // and the rest
+}
+__device__ __forceinline__ float fm_sin(float x) {
+    return fabsf(x) < 131072.0f ? __sinf(fm_reduce_2pi(x)) : fm_sin_far(x);
+}
+__device__ __forceinline__ float fm_cos(float x) {
+    return fabsf(x) < 131072.0f ? __cosf(fm_reduce_2pi(x)) : fm_cos_far(x);
+}
+
+__device__ __forceinline__ float fm_relu(float x) { return x < 0.0f ? 0.0f : x; }
+
+__device__ __forceinline__ float fm_leaky_relu(float x, float slope) { return x > 0.0f ? x : x * slope; }
+
+__device__ __forceinline__ float fm_elu(float x, float alpha) { return x <= 0.0f ? expm1f(x) * alpha : x; }
+
+// alpha and scale from Klambauer et al. 2017; PyTorch multiplies them once, in float, into the negative slope.
+__device__ __forceinline__ float fm_selu(float x) {
+    const float alpha = 1.67326324235437728481704f;
+    const float scale = 1.05070098735548049341933f;
+    return x <= 0.0f ? expm1f(x) * (alpha * scale) : x * scale;
+}
+
+__device__ __forceinline__ float fm_gelu(float x) { return x * 0.5f * (1.0f + erff(x * 0.707106781186547524f)); }
+
+__device__ __forceinline__ float fm_gelu_tanh(float x) {
+    const float beta = 0.797884560802865355879f; // sqrt(2/pi)
+    const float kappa = 0.044715f;
+    float inner = beta * (x + kappa * (x * x * x));
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+// Two branches so that expf never overflows: 1/(1+e^-x) for x >= 0, e^x/(1+e^x) below. No inf/inf, and full
+// relative precision for very negative x, where the one-branch form rounds to 0 early.
+__device__ __forceinline__ float fm_sigmoid(float x) {
+    if (x >= 0.0f)
+        return 1.0f / (1.0f + expf(-x));
+    float t = expf(x);
+    return t / (1.0f + t);
+}
+
+// PyTorch's silu: x / (1 + e^-x). For x < -88, e^-x is inf and the quotient is -0, not NaN.
+__device__ __forceinline__ float fm_silu(float x) { return x / (1.0f + expf(-x)); }
+
+// torch.nn.functional.softplus: linear above the threshold, where log1p(exp) would only round to x anyway.
+__device__ __forceinline__ float fm_softplus(float x, float beta, float threshold) {
+    return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
+}
+
+// PyTorch's mish: x * tanh(log1p(exp(x))); for x > 88 exp is inf, log1p(inf) = inf and tanh(inf) = 1, so it is x.
+__device__ __forceinline__ float fm_mish(float x) { return x * tanhf(log1pf(expf(x))); }
+
+__device__ __forceinline__ float fm_hardtanh(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+__device__ __forceinline__ float fm_relu6(float x) { return x < 0.0f ? 0.0f : (x > 6.0f ? 6.0f : x); }
+
+// PyTorch's CUDA kernels multiply by 1/6 where its CPU kernels divide by 6: both are within an ulp.
+__device__ __forceinline__ float fm_hardsigmoid(float x) { return fm_relu6(x + 3.0f) * (1.0f / 6.0f); }
+
+__device__ __forceinline__ float fm_hardswish(float x) { return x * fm_relu6(x + 3.0f) * (1.0f / 6.0f); }
+
+__device__ __forceinline__ float fm_softsign(float x) { return x / (1.0f + fabsf(x)); }

@@ -1,0 +1,39 @@
+"""fusedmlp: run a trained MLP as one fused, NVRTC-compiled Tensor Core kernel.
+
+>>> import numpy as np, fusedmlp
+>>> y = fusedmlp.evaluate_fused_mlp(x, weights, biases, activation="relu")   # weights: [(out, in), ...]
+>>> mlp = fusedmlp.FusedMLP(weights, biases, activation="silu"); y = mlp(x)
+
+Importing needs neither the CUDA driver nor NVRTC: they are loaded on first GPU use.
+"""
+
+from ._api import CHECK_TOLERANCE, FusedMLP, __version__, evaluate_fused_mlp
+from .errors import (
+    ArgumentError,
+    CompileError,
+    CudaError,
+    DTypeError,
+    ExpressionError,
+    FusedMLPError,
+    LibraryNotFoundError,
+    LimitError,
+    ShapeError,
+    TemplateError,
+)
+
+__all__ = [
+    "FusedMLP",
+    "evaluate_fused_mlp",
+    "CHECK_TOLERANCE",
+    "FusedMLPError",
+    "ArgumentError",
+    "ShapeError",
+    "ExpressionError",
+    "LimitError",
+    "DTypeError",
+    "LibraryNotFoundError",
+    "CompileError",
+    "CudaError",
+    "TemplateError",
+    "__version__",
+]

@@ -1,0 +1,399 @@
+"""The public API: FusedMLP and evaluate_fused_mlp."""
+
+import logging
+import re
+import threading
+import time
+import warnings
+from importlib import resources
+
+import numpy as np
+
+from . import _env
+from ._cache import KernelCache
+from .errors import ArgumentError, CompileError, DTypeError, ExpressionError, ShapeError
+
+__version__ = "0.1.0"
+
+log = logging.getLogger("fusedmlp")
+
+KERNEL_NAME = "fusedmlp_forward"
+TEMPLATE = "fused_mlp.cu"
+PRELUDE = "activations.cuh"
+
+#: Relative L2 error that ``check=True`` accepts between the GPU result and the CPU float64 reference. fp16
+#: activations carry a relative rounding error of 2**-11 (4.9e-4) per layer; measured errors on PyTorch-initialised
+#: networks are listed in the README.
+CHECK_TOLERANCE = 2e-3
+
+_ACCEPTED_X = (np.float32, np.float16, np.float64)
+
+
+def _core():
+    # Imported on first use so `import fusedmlp` works (and says what is wrong) even when the extension is missing.
+    from . import _core as core
+
+    return core
+
+
+# ------------------------------------------------------------------------------------------------ shared state
+
+_lock = threading.Lock()
+_nvrtc = None  # (library path, (major, minor)) once loaded
+_gpus = {}  # ordinal -> _core.Gpu (retains the primary context for the process lifetime)
+_cpu_warned = False
+
+
+def _nvrtc_info():
+    global _nvrtc
+    with _lock:
+        if _nvrtc is None:
+            _nvrtc = _core().nvrtc_load(_env.nvrtc_search_path())
+        return _nvrtc
+
+
+def _gpu(ordinal):
+    with _lock:
+        gpu = _gpus.get(ordinal)
+        if gpu is None:
+            gpu = _core().Gpu(ordinal)
+            _gpus[ordinal] = gpu
+        return gpu
+
+
+def _template(name):
+    return (resources.files("fusedmlp") / "kernel_templates" / name).read_text(encoding="utf-8")
+
+
+def _parse_arch(arch):
+    """Accepts 'sm_90', 'sm_90a', 'compute_90', 90 or '9.0'; returns (90, False) or (90, True)."""
+    if isinstance(arch, (int, np.integer)) and not isinstance(arch, bool):
+        return int(arch), False
+    if isinstance(arch, str):
+        m = re.fullmatch(r"(?:sm_|compute_)?(\d)\.?(\d+)(a?)", arch.strip())
+        if m:
+            return int(m.group(1) + m.group(2)), bool(m.group(3))
+    raise ArgumentError(f"arch={arch!r} is not an architecture; write it as 'sm_90' (or 90)")
+
+
+def compile_cubin(source, arch, cache=None):
+    """Compiles a rendered kernel through the on-disk cache.
+
+    Args:
+        source: CUDA source text.
+        arch: compute capability as an int (e.g. 90).
+        cache: a KernelCache (default: the one at FUSEDMLP_CACHE_DIR or its fallbacks).
+
+    Returns:
+        The cache entry (with ``.cubin`` and ``.path``).
+    """
+    cache = cache or KernelCache()
+    path, version = _nvrtc_info()
+    options = ("-std=c++17", "--fmad=true", f"--gpu-architecture=sm_{arch}")
+    key = cache.key(source, options, tuple(version), f"sm_{arch}", __version__)
+    entry = cache.get(key)
+    if entry is not None:
+        return entry
+    with cache.compile_lock(key):
+        entry = cache.get(key)  # another process may have compiled it while we waited
+        if entry is not None:
+            return entry
+        start = time.perf_counter()
+        try:
+            cubin, compile_log = _core().nvrtc_compile(source, TEMPLATE, arch, False, ())
+        except CompileError as e:
+            raise CompileError(e.message, e.hint, source=source, options=options, log=e.log) from None
+        seconds = time.perf_counter() - start
+        log.info("compiled %s for sm_%d in %.2f s with NVRTC %d.%d", KERNEL_NAME, arch, seconds, *version)
+        if compile_log.strip():
+            log.debug("NVRTC log:\n%s", compile_log)
+        meta = {"arch": f"sm_{arch}", "nvrtc": list(version), "options": list(options), "package_version": __version__,
+                "kernel": KERNEL_NAME, "compile_seconds": round(seconds, 4)}
+        return cache.put(key, source, cubin, meta)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+def _as_float_array(value, field, ndim):
+    """Returns value as a float32 C-contiguous array of rank ndim, or raises naming the field and the rule."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor: the documented export path
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value)
+    except Exception as e:  # ragged lists and the like
+        raise DTypeError(f"{field} could not be read as an array: {e}") from None
+    if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
+        raise DTypeError(f"{field} has dtype {arr.dtype}; weights and biases must be real numbers (float32 usual)")
+    if arr.ndim != ndim:
+        raise ShapeError(f"{field} has shape {arr.shape}; it must have {ndim} dimension{'s' * (ndim > 1)}"
+                         + (" (out_features, in_features), as nn.Linear.weight" if ndim == 2 else " (out_features,)"))
+    out = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.all(np.isfinite(out)):
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(out))[0])
+        raise ArgumentError(f"{field} holds a non-finite value {out[bad]} at index {bad} (after conversion to "
+                            "float32); weights and biases must be finite")
+    return out
+
+
+def _layer_activations(num_layers, activation, output_activation):
+    """One activation text per layer from a hidden-layer activation (or list) and an output activation."""
+    def text(value, field):
+        if not isinstance(value, str):
+            raise ArgumentError(f"{field}={value!r} must be a string: a built-in name such as 'relu' or an "
+                                "expression over x such as 'x * tanh(softplus(x))'")
+        return value
+
+    if isinstance(activation, (list, tuple)):
+        acts = [text(a, f"activation[{i}]") for i, a in enumerate(activation)]
+        if len(acts) == num_layers and output_activation is None:
+            return acts
+        if len(acts) != num_layers - 1:
+            raise ArgumentError(f"activation has {len(acts)} entries; the network has {num_layers} layers, so give "
+                                f"{num_layers - 1} (hidden layers, plus output_activation) or {num_layers} (every "
+                                "layer, without output_activation)")
+    else:
+        acts = [text(activation, "activation")] * (num_layers - 1)
+    out = "none" if output_activation is None else text(output_activation, "output_activation")
+    return acts + [out]
+
+
+def _check_expressions(acts):
+    core = _core()
+    for i, a in enumerate(acts):
+        try:
+            core.parse_expr(a)
+        except ExpressionError as e:
+            raise ExpressionError(f"activation of layer {i}: {e.message}", e.hint, expression=a,
+                                  column=e.column) from None
+
+
+def _parse_device(device):
+    if device in ("auto", "cpu", "cuda"):
+        return device, 0
+    if isinstance(device, str):
+        m = re.fullmatch(r"cuda:(\d+)", device)
+        if m:
+            return "cuda", int(m.group(1))
+    if hasattr(device, "type") and hasattr(device, "index"):  # torch.device
+        return _parse_device(str(device))
+    raise ArgumentError(f"device={device!r} is not one of 'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+
+def _gpu_available():
+    from .errors import LibraryNotFoundError, CudaError
+
+    try:
+        return _core().cuda_device_count() > 0
+    except (LibraryNotFoundError, CudaError):
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ FusedMLP
+
+
+class FusedMLP:
+    """An MLP compiled into one fused Tensor Core kernel.
+
+    Args:
+        weights: one (out_features, in_features) array per layer, as ``nn.Linear.weight`` stores it.
+        biases: None, or one (out_features,) array or None per layer.
+        activation: the activation of every hidden layer (a name or an expression over ``x``), or a list with one
+            per hidden layer, or one per layer (then leave output_activation None).
+        output_activation: the activation of the last layer; None means "none".
+        device: 'auto' (the GPU when one exists, else the CPU path with a warning), 'cuda', 'cuda:N' or 'cpu'.
+        check: also run the CPU reference on every call and raise if the GPU result's relative L2 error exceeds
+            CHECK_TOLERANCE.
+        cache_dir: kernel cache directory (default FUSEDMLP_CACHE_DIR, $XDG_CACHE_HOME/fusedmlp, ~/.cache/fusedmlp).
+    """
+
+    def __init__(self, weights, biases=None, activation="relu", output_activation=None, *, device="auto",
+                 check=False, cache_dir=None):
+        if isinstance(weights, np.ndarray) or not isinstance(weights, (list, tuple)):
+            raise ArgumentError("weights must be a list of (out_features, in_features) arrays, one per layer")
+        if len(weights) == 0:
+            raise ArgumentError("weights is empty; a network needs at least one layer")
+        n = len(weights)
+        if biases is None:
+            biases = [None] * n
+        if not isinstance(biases, (list, tuple)) or len(biases) != n:
+            raise ArgumentError(f"biases must be None or a list of {n} entries (an array or None per layer)")
+        w = [_as_float_array(wi, f"weights[{i}]", 2) for i, wi in enumerate(weights)]
+        b = [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)]
+        acts = _layer_activations(n, activation, output_activation)
+        _check_expressions(acts)
+        self._net = _core().Network(w, b, acts)
+        self._has_bias = [bi is not None for bi in b]
+        self._kind, self._ordinal = _parse_device(device)
+        self._check = bool(check)
+        self._cache = KernelCache(cache_dir)
+        self._kernels = {}  # (in dtype, out dtype) -> _core.Kernel
+        self._entries = {}  # (in dtype, out dtype) -> cache entry
+        self._lock = threading.Lock()
+        self._source = None
+        self._cache_path = None
+        if self._kind == "auto":
+            self._kind = "cuda" if _gpu_available() else "cpu"
+            if self._kind == "cpu":
+                _warn_cpu_once()
+
+    @classmethod
+    def from_npz(cls, path, activation="relu", output_activation=None, **kwargs):
+        """Loads a model saved as ``np.savez(path, **{k: v.cpu().numpy() for k, v in state_dict.items()})``.
+
+        Layers are the ``<prefix>.weight`` arrays in natural order of their prefix (so '2' < '10'); each takes the
+        ``<prefix>.bias`` beside it if present.
+        """
+        with np.load(path) as data:
+            arrays = {k: data[k] for k in data.files}
+        prefixes = [k[: -len(".weight")] for k in arrays if k.endswith(".weight") and arrays[k].ndim == 2]
+        if not prefixes:
+            raise ShapeError(f"{path} holds no '<name>.weight' 2-D arrays (keys: {sorted(arrays)})")
+
+        def natural(s):
+            return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+
+        prefixes.sort(key=natural)
+        weights = [arrays[p + ".weight"] for p in prefixes]
+        biases = [arrays.get(p + ".bias") for p in prefixes]
+        return cls(weights, biases, activation, output_activation, **kwargs)
+
+    # -------------------------------------------------------------------------------------------- properties
+
+    @property
+    def widths(self):
+        """Feature counts: the input, then each layer's output."""
+        return self._net.widths
+
+    @property
+    def activations(self):
+        """The canonical text of each layer's activation."""
+        return self._net.activations
+
+    @property
+    def device(self):
+        return "cpu" if self._kind == "cpu" else f"cuda:{self._ordinal}"
+
+    @property
+    def source(self):
+        """The generated CUDA source of the most recently built kernel (rendered for sm_90 if none was built)."""
+        if self._source is None:
+            self._source = self._render(90, 0, 0, "float32", "float32")[1]
+        return self._source
+
+    @property
+    def cache_path(self):
+        """Path of the most recently used kernel cache entry, or None before the first compile."""
+        return self._cache_path
+
+    def __repr__(self):
+        widths = "-".join(str(w) for w in self.widths)
+        acts = ", ".join(self.activations)
+        bias = "all" if all(self._has_bias) else ("none" if not any(self._has_bias) else
+                                                  ",".join("y" if h else "n" for h in self._has_bias))
+        device = self.device
+        if self._kind == "cuda" and self._ordinal in _gpus:
+            device += f" ({_gpus[self._ordinal].info['name']})"
+        return (f"FusedMLP(widths={widths}, activations=[{acts}], bias={bias}, compute=float16 mma / float32 "
+                f"accumulate, device={device}, cache_entry={self._cache_path})")
+
+    # -------------------------------------------------------------------------------------------- kernels
+
+    def _render(self, arch, smem_per_block, sm_count, in_dtype, out_dtype):
+        plan = self._net.plan(arch, smem_per_block, sm_count, in_dtype, out_dtype)
+        return plan, plan.render(_template(PRELUDE), _template(TEMPLATE), KERNEL_NAME)
+
+    def compile(self, arch="sm_90", dtype="float32"):
+        """Renders and compiles the kernel for a named GPU, no GPU needed; returns the cache entry's path.
+
+        Args:
+            arch: the target, e.g. 'sm_80' or 'sm_90'.
+            dtype: the input/output dtype the kernel will serve ('float32' or 'float16').
+        """
+        number, _ = _parse_arch(arch)
+        dtype = np.dtype(dtype).name
+        if dtype not in ("float32", "float16"):
+            raise DTypeError(f"dtype={dtype!r}: a kernel serves float32 or float16 inputs")
+        _, source = self._render(number, 0, 0, dtype, dtype)
+        entry = compile_cubin(source, number, self._cache)
+        self._source, self._cache_path = source, _entry_path(entry)
+        return self._cache_path
+
+    def _kernel(self, dtype):
+        key = (dtype, dtype)
+        kernel = self._kernels.get(key)
+        if kernel is not None:
+            return kernel
+        with self._lock:
+            kernel = self._kernels.get(key)
+            if kernel is None:
+                gpu = _gpu(self._ordinal)
+                info = gpu.info
+                plan, source = self._render(info["arch"], info["smem_per_block"], info["sm_count"], dtype, dtype)
+                entry = compile_cubin(source, info["arch"], self._cache)
+                kernel = plan.load(gpu, entry.cubin, KERNEL_NAME)
+                self._source, self._cache_path = source, _entry_path(entry)
+                self._entries[key] = entry
+                self._kernels[key] = kernel
+        return kernel
+
+    # -------------------------------------------------------------------------------------------- calls
+
+    def __call__(self, x):
+        """Runs the network on x, a (batch, in_features) float32/float16/float64 array (1-D: one row).
+
+        Returns:
+            A (batch, out_features) array of x's dtype.
+        """
+        arr = np.asarray(x)
+        if arr.dtype not in _ACCEPTED_X:
+            raise DTypeError(f"x has dtype {arr.dtype}; it must be float32, float16 or float64")
+        squeeze = arr.ndim == 1
+        if squeeze:
+            arr = arr[None, :]
+        n_in, n_out = self.widths[0], self.widths[-1]
+        if arr.ndim != 2 or arr.shape[1] != n_in:
+            raise ShapeError(f"x has shape {np.shape(x)}; the network takes (batch, {n_in}) (or ({n_in},) for one row)")
+        if arr.shape[0] == 0:
+            y = np.empty((0, n_out), dtype=arr.dtype)
+        elif self._kind == "cpu":
+            y = self._net.forward_cpu(arr.astype(np.float32, copy=False)).astype(arr.dtype, copy=False)
+        else:
+            dtype = "float16" if arr.dtype == np.float16 else "float32"
+            xin = np.ascontiguousarray(arr, dtype=dtype)
+            y = self._kernel(dtype).run(xin).astype(arr.dtype, copy=False)
+            if self._check:
+                self._verify(arr, y)
+        return y[0] if squeeze else y
+
+    def _verify(self, x, y):
+        ref = self._net.forward_cpu(np.asarray(x, dtype=np.float32)).astype(np.float64)
+        err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+        if not err <= CHECK_TOLERANCE:  # also catches NaN
+            from .errors import FusedMLPError
+
+            raise FusedMLPError(f"check=True: GPU result differs from the CPU reference by relative L2 error "
+                                f"{err:.3g} > {CHECK_TOLERANCE}", "see the README's precision notes")
+
+
+def _entry_path(entry):
+    # An entry held in memory (the cache directory was not writable) has no path.
+    return None if entry.path is None else str(entry.path)
+
+
+def _warn_cpu_once():
+    global _cpu_warned
+    if not _cpu_warned:
+        _cpu_warned = True
+        warnings.warn("fusedmlp: no CUDA GPU found; running on the CPU path (pass device='cpu' to silence this)",
+                      RuntimeWarning, stacklevel=3)
+
+
+def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activation=None, *, device="auto",
+                       check=False):
+    """Runs an MLP given as PyTorch-layout weights on x in one fused kernel; see FusedMLP for the arguments.
+
+    Returns:
+        The (batch, out_features) outputs, with x's dtype.
+    """
+    return FusedMLP(weights, biases, activation, output_activation, device=device, check=check)(x)

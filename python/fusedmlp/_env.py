@@ -1,0 +1,125 @@
+"""The one place fusedmlp reads environment variables.
+
+Every ``FUSEDMLP_*`` setting (and the standard variables the defaults derive from) is read here, at call time, so a
+test can change ``os.environ`` and see the effect without reloading anything.
+
+==========================  ==================================================================================
+``FUSEDMLP_CACHE_DIR``      kernel cache folder (default ``$XDG_CACHE_HOME/fusedmlp``, else ``~/.cache/fusedmlp``)
+``FUSEDMLP_NVRTC``          NVRTC library file or folder tried before any other location
+``FUSEDMLP_AUTOTUNE``       ``0``/``false``/``no``/``off`` disables tile autotuning (default on)
+``FUSEDMLP_CACHE_MAX_BYTES`` size the kernel cache may grow to, e.g. ``2147483648`` or ``512M`` (default 2 GiB)
+==========================  ==================================================================================
+"""
+
+import os
+import pathlib
+import re
+import sys
+
+__all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "cache_max_bytes"]
+
+# Folders (relative to a site-packages entry) where NVIDIA's pip wheels put libnvrtc, newest CUDA first:
+# nvidia-cuda-nvrtc 13.x installs nvidia/cu13/lib/libnvrtc.so.13; the 12.x wheels use nvidia/cuda_nvrtc/lib
+# (nvidia-cuda-nvrtc-cu12) and, in their newest releases, nvidia/cu12/lib.
+_NVRTC_WHEEL_DIRS = (
+    ("nvidia", "cu13", "lib"),
+    ("nvidia", "cuda_nvrtc", "lib"),
+    ("nvidia", "cu12", "lib"),
+)
+
+_DEFAULT_CACHE_MAX_BYTES = 2 * 1024**3
+
+_TRUE_WORDS = ("1", "true", "yes", "on")
+_FALSE_WORDS = ("0", "false", "no", "off")
+
+_SIZE_SUFFIXES = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def cache_dir():
+    """Returns the kernel cache folder (it may not exist yet).
+
+    Returns:
+        ``$FUSEDMLP_CACHE_DIR`` if set and non-empty, else ``$XDG_CACHE_HOME/fusedmlp`` if ``XDG_CACHE_HOME`` is set
+        and non-empty, else ``~/.cache/fusedmlp``; as an absolute, user-expanded :class:`pathlib.Path`.
+    """
+    explicit = os.environ.get("FUSEDMLP_CACHE_DIR")
+    if explicit:
+        return pathlib.Path(explicit).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return (pathlib.Path(xdg).expanduser() / "fusedmlp").absolute()
+    return (pathlib.Path.home() / ".cache" / "fusedmlp").absolute()
+
+
+def nvrtc_search_path():
+    """Returns the NVRTC locations the C loader tries, in order, before the system ones.
+
+    The C core (``fm_nvrtc_load``) tries each entry as a library file, or as a folder holding ``libnvrtc.so.*``,
+    and then falls back to ``CUDA_PATH``/``CUDA_HOME``, ``/usr/local/cuda/lib64`` and the plain sonames.
+
+    Returns:
+        A colon-separated string: the value of ``FUSEDMLP_NVRTC`` if set and non-empty, then every existing
+        ``nvidia/cu13/lib``, ``nvidia/cuda_nvrtc/lib`` and ``nvidia/cu12/lib`` folder under the entries of
+        ``sys.path`` (all ``cu13`` folders first, so CUDA 13 wins over 12; within a kind, ``sys.path`` order).
+        Duplicates (the same folder reached twice) are dropped. Empty if nothing was found.
+    """
+    entries = []
+    explicit = os.environ.get("FUSEDMLP_NVRTC")
+    if explicit:
+        entries.append(explicit)
+    seen = set()
+    for parts in _NVRTC_WHEEL_DIRS:
+        for base in sys.path:
+            if not base:
+                continue  # "" is the current folder: never load a library from wherever the user happens to be
+            candidate = os.path.join(base, *parts)
+            if os.pathsep in candidate or not os.path.isdir(candidate):
+                continue  # a folder with ':' in its name cannot be represented in the list
+            real = os.path.realpath(candidate)
+            if real in seen:
+                continue
+            seen.add(real)
+            entries.append(candidate)
+    return os.pathsep.join(entries)
+
+
+def autotune_enabled():
+    """Tells whether tile autotuning is on.
+
+    Returns:
+        ``False`` if ``FUSEDMLP_AUTOTUNE`` is ``0``, ``false``, ``no`` or ``off`` (any case); ``True`` if it is unset,
+        empty, ``1``, ``true``, ``yes`` or ``on``.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    raw = os.environ.get("FUSEDMLP_AUTOTUNE")
+    if raw is None:
+        return True
+    word = raw.strip().lower()
+    if word == "" or word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise ValueError(f"FUSEDMLP_AUTOTUNE={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+
+
+def cache_max_bytes():
+    """Returns how large the kernel cache may grow, in bytes.
+
+    Returns:
+        The value of ``FUSEDMLP_CACHE_MAX_BYTES``: a non-negative integer, optionally followed by a binary suffix
+        ``K``, ``M``, ``G`` or ``T`` (with or without ``iB``/``B``; ``512M`` is 512 * 2**20). 2 GiB if unset or empty.
+
+    Raises:
+        ValueError: a value that is not such a size, naming the variable and the value.
+    """
+    raw = os.environ.get("FUSEDMLP_CACHE_MAX_BYTES")
+    if raw is None or raw.strip() == "":
+        return _DEFAULT_CACHE_MAX_BYTES
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", raw, flags=re.IGNORECASE)
+    if match is None:
+        raise ValueError(
+            f"FUSEDMLP_CACHE_MAX_BYTES={raw!r} is not a size; use a non-negative byte count such as 2147483648 or 512M"
+        )
+    return int(match.group(1)) * _SIZE_SUFFIXES[match.group(2).lower()]

@@ -1,0 +1,66 @@
+"""Shared helpers: PyTorch-default initialisation, the float64 reference forward, the GPU skip."""
+
+import numpy as np
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not gpu_available():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU with a CUDA driver")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+_gpu = None
+
+
+def gpu_available():
+    global _gpu
+    if _gpu is None:
+        from fusedmlp._api import _gpu_available
+
+        _gpu = _gpu_available()
+    return _gpu
+
+
+def torch_init(rng, widths, bias=True):
+    """nn.Linear's default initialisation: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias; weights (out, in)."""
+    ws, bs = [], []
+    for i, o in zip(widths[:-1], widths[1:]):
+        bound = 1.0 / np.sqrt(i)
+        ws.append(rng.uniform(-bound, bound, (o, i)).astype(np.float32))
+        has = bias if isinstance(bias, bool) else bias[len(bs)]
+        bs.append(rng.uniform(-bound, bound, o).astype(np.float32) if has else None)
+    return ws, bs
+
+
+def reference(x, weights, biases, activations):
+    """Float64 forward: x @ W.T + b, then each layer's activation evaluated by the core's float64 evaluator.
+
+    Returns the output and the largest |value| seen in any layer (to tell draws that leave fp16's range).
+    """
+    from fusedmlp import _core
+
+    h = np.asarray(x, dtype=np.float64)
+    peak = float(np.max(np.abs(h))) if h.size else 0.0
+    for w, b, act in zip(weights, biases, activations):
+        h = h @ np.asarray(w, dtype=np.float64).T
+        if b is not None:
+            h = h + np.asarray(b, dtype=np.float64)
+        h = _core.eval_expr(act, np.ascontiguousarray(h.ravel())).reshape(h.shape)
+        peak = max(peak, float(np.max(np.abs(h))) if h.size else 0.0)
+    return h, peak
+
+
+def rel_l2(y, ref):
+    y = np.asarray(y, dtype=np.float64)
+    denom = np.linalg.norm(ref)
+    return float(np.linalg.norm(y - ref) / denom) if denom > 0 else float(np.linalg.norm(y))
+
+
+@pytest.fixture
+def rng(request):
+    # A fresh but reproducible stream per test: the seed comes from the test's name.
+    seed = abs(hash(request.node.nodeid)) % (2**32)
+    return np.random.default_rng(seed)
