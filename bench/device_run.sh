@@ -9,4 +9,4 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 python3 -m pip install -q --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 python3 -m pytest -q -m gpu -rs ${1:+-k "$1"} tests/test_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 shift || true
-python3 bench/quick.py --json "$OUT/quick.json" "$@" 2>&1 | tee "$OUT/quick.log"
+python3 bench/quick.py --sweep --json "$OUT/quick.json" "$@" 2>&1 | tee "$OUT/quick.log"

@@ -24,6 +24,7 @@ WORKLOADS = {
     "pinn50": ([2, 50, 50, 50, 50, 50, 1], "tanh", True),
     "siren256": ([2, 256, 256, 256, 3], "sin", True),
 }
+SWEEP = []  # (warps, m_tiles) tile shapes to time besides the plan's choice (--sweep)
 TORCH_ACT = {"relu": torch.nn.ReLU, "silu": torch.nn.SiLU, "tanh": torch.nn.Tanh}
 
 
@@ -74,8 +75,9 @@ def bench(name, rows, reps):
 
     with torch.no_grad():
         fused(xs[0])
-        ref = model(xs[0].float().half()).float()
-        err = ((y.float() - ref).norm() / ref.norm()).item()
+        ref = model.double()(xs[0].double())
+        model.half()
+        err = ((y.double() - ref).norm() / ref.norm()).item()  # vs float64 on the same fp16-rounded weights
         eager_ms = time_ms(model, xs, reps)
         static_x = xs[0].clone()
         graph = torch.cuda.CUDAGraph()
@@ -92,11 +94,23 @@ def bench(name, rows, reps):
 
         graph_ms = time_ms(graphed, xs, reps)
     fused_ms = time_ms(fused, xs, reps)
+    sweep = {}
+    for warps, m_tiles in SWEEP:
+        try:
+            variant = mlp._build("float16", warps=warps, m_tiles=m_tiles)[0]
+        except fusedmlp.FusedMLPError as e:  # does not fit
+            sweep[f"w{warps}m{m_tiles}"] = str(e).split(";")[0]
+            continue
+
+        def run_variant(x, variant=variant):
+            variant.launch(x.data_ptr(), y.data_ptr(), rows, stream)
+
+        sweep[f"w{warps}m{m_tiles}"] = time_ms(run_variant, xs, reps)
     io_bytes = rows * (widths[0] + widths[-1]) * 2
     flops = 2 * rows * sum(a * b for a, b in zip(widths[:-1], widths[1:]))
     return {"workload": name, "rows": rows, "fusedmlp_ms": fused_ms, "torch_eager_ms": eager_ms,
             "torch_graph_ms": graph_ms, "rel_l2_vs_torch": err, "io_bytes": io_bytes, "flops": flops,
-            "plan": mlp._net.plan(90, 0, 0, "float16", "float16").info}
+            "plan": mlp._net.plan(90, 0, 0, "float16", "float16").info, "sweep_ms": sweep}
 
 
 def main():
@@ -104,8 +118,11 @@ def main():
     ap.add_argument("--rows", type=int, default=2**21)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json")
+    ap.add_argument("--sweep", action="store_true", help="also time warps x m_tiles in {4, 8} x {1, 2}")
     ap.add_argument("workloads", nargs="*", default=list(WORKLOADS))
     args = ap.parse_args()
+    if args.sweep:
+        SWEEP.extend([(4, 1), (4, 2), (8, 1), (8, 2)])
     results = []
     print(f"{torch.cuda.get_device_name()}  rows={args.rows}")
     print(f"{'workload':10s} {'fusedmlp ms':>12s} {'eager ms':>10s} {'graph ms':>10s} {'vs graph':>9s} "
@@ -115,7 +132,9 @@ def main():
         results.append(r)
         print(f"{name:10s} {r['fusedmlp_ms']:12.4f} {r['torch_eager_ms']:10.4f} {r['torch_graph_ms']:10.4f} "
               f"{r['torch_graph_ms'] / r['fusedmlp_ms']:8.2f}x {r['flops'] / r['fusedmlp_ms'] / 1e9:8.1f} "
-              f"{r['io_bytes'] / r['fusedmlp_ms'] / 1e6:7.0f} {r['rel_l2_vs_torch']:8.2e}")
+              f"{r['io_bytes'] / r['fusedmlp_ms'] / 1e6:7.0f} {r['rel_l2_vs_torch']:8.2e}  plan {r['plan']['warps']}w"
+              f"x{r['plan']['m_tiles']}m/{r['plan']['blocks_per_sm']}cta  sweep "
+              + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}=n/a" for k, v in r["sweep_ms"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

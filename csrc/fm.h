@@ -157,6 +157,8 @@ typedef struct fm_plan {
     int warps, m_tiles, rows_per_cta; /* rows_per_cta = warps * m_tiles * 16 */
     int resident;                    /* 1 when every layer's weights live in shared memory for the whole kernel */
     int act_stride;                  /* halves per row of a warp's activation buffers */
+    int buffers;                     /* activation buffers per warp: 1 (in place) when every layer is one chunk */
+    int blocks_per_sm;               /* CTAs the plan expects per SM (the kernel's __launch_bounds__ minimum) */
     size_t w_slot_halves;            /* streamed mode: halves per weight slot (two slots) */
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */

@@ -514,14 +514,14 @@ static PyTypeObject PlanType;
 
 static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
-                             "n_chunk", "resident", NULL};
+                             "n_chunk", "resident", "smem_per_sm", NULL};
     int arch, sm_count = 0;
-    Py_ssize_t smem = 0;
+    Py_ssize_t smem = 0, smem_sm = 0;
     const char *in_s = "float32", *out_s = "float32";
     fm_plan_opts opts = {0, 0, 0, -1};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
-                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiin", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
+                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm))
         return NULL;
     fm_dtype in_d, out_d;
     if (fm_dtype_from_str(in_s, &in_d) < 0 || fm_dtype_from_str(out_s, &out_d) < 0)
@@ -536,6 +536,8 @@ static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwd
         goto fail;
     if (smem > 0)
         p->target.smem_per_block = (size_t)smem;
+    if (smem_sm > 0)
+        p->target.smem_per_sm = (size_t)smem_sm;
     p->target.sm_count = sm_count;
     if (fm_plan_make(&self->spec, &p->target, &opts, in_d, out_d, &p->plan, &err) != FM_OK)
         goto fail;
@@ -568,10 +570,11 @@ static PyObject *Plan_render(PlanObject *self, PyObject *args) {
 static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s}", "arch", p->arch, "warps", p->warps, "m_tiles",
-                         p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "smem_bytes",
-                         (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype),
-                         "out_dtype", fm_dtype_name(p->out_dtype));
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s}", "arch", p->arch, "warps", p->warps,
+                         "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "buffers",
+                         p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes,
+                         "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
+                         fm_dtype_name(p->out_dtype));
 }
 
 static PyObject *Plan_load(PlanObject *self, PyObject *args);

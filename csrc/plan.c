@@ -51,17 +51,20 @@ static int fm_act_stride(const fm_plan *p) {
 }
 
 /* Fills the tile-dependent fields for one candidate and returns its shared-memory bytes. */
-static size_t fm_plan_layout(fm_plan *p, int warps, int m_tiles, int n_chunk, int resident) {
+static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_tiles, int n_chunk, int resident) {
     p->warps = warps;
     p->m_tiles = m_tiles;
     p->rows_per_cta = warps * m_tiles * 16;
     p->resident = resident;
     p->w_slot_halves = 0;
+    p->buffers = 1;
     for (int l = 0; l < p->num_layers; ++l) {
         /* Balanced chunks (96 columns at most 64 wide: 48 + 48, not 64 + 32), so a layer usually needs one
          * instantiation of the chunk code rather than two. */
         int chunks = (p->n_pad[l] + n_chunk - 1) / n_chunk;
         p->n_chunk[l] = fm_round_up((p->n_pad[l] + chunks - 1) / chunks, 16);
+        if (chunks > 1) /* a later chunk still reads the input the first one would overwrite */
+            p->buffers = 2;
         size_t chunk_halves = (size_t)p->n_chunk[l] * (size_t)(p->k_pad[l] + 8);
         if (chunk_halves > p->w_slot_halves)
             p->w_slot_halves = chunk_halves;
@@ -70,9 +73,29 @@ static size_t fm_plan_layout(fm_plan *p, int warps, int m_tiles, int n_chunk, in
     size_t w_region = resident ? p->w_halves : 2 * p->w_slot_halves;
     if (resident)
         p->w_slot_halves = 0;
-    size_t act = (size_t)warps * 2 * (size_t)(m_tiles * 16) * (size_t)p->act_stride;
+    size_t act = (size_t)warps * (size_t)p->buffers * (size_t)(m_tiles * 16) * (size_t)p->act_stride;
     p->smem_bytes = 2 * w_region + 4 * p->b_floats + 2 * act;
+    /* CTAs per SM: as shared memory allows (the driver reserves 1 KiB per CTA on sm_80+), up to 16 warps per SM;
+     * more would leave under 128 registers per thread for 64 accumulators plus fragments. */
+    size_t per_sm = t->smem_per_sm ? t->smem_per_sm : t->smem_per_block;
+    int blocks = (int)(per_sm / (p->smem_bytes + 1024));
+    if (blocks > 16 / warps)
+        blocks = 16 / warps;
+    p->blocks_per_sm = blocks < 1 ? 1 : blocks;
     return p->smem_bytes;
+}
+
+/* Candidate order: resident weights (loaded once per CTA) beat streaming them per row tile; then more warps per SM
+ * (each warp runs its layers serially, so the SM needs several in flight to hide latency); then more rows per CTA
+ * (streamed weights are re-read from L2 once per tile); then more rows per warp and wider chunks (fewer ldmatrix per
+ * mma). Returns 1 when a beats b. */
+static int fm_plan_better(const fm_plan *a, const fm_plan *b) {
+    int ka[5] = {a->resident, a->blocks_per_sm * a->warps, a->rows_per_cta, a->m_tiles, a->n_chunk[0]};
+    int kb[5] = {b->resident, b->blocks_per_sm * b->warps, b->rows_per_cta, b->m_tiles, b->n_chunk[0]};
+    for (int i = 0; i < 5; ++i)
+        if (ka[i] != kb[i])
+            return ka[i] > kb[i];
+    return 0;
 }
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_dtype in_dtype,
@@ -114,17 +137,17 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     }
     plan->b_floats = (plan->b_floats + 3) / 4 * 4;
 
-    /* Candidates in order of preference: resident weights (loaded once per CTA) beat streaming them per row tile;
-     * then more rows per warp (more mma per ldmatrix of weights); then wider accumulator chunks (fewer re-reads of
-     * the activation tile). Accumulators cost m_tiles * n_chunk / 2 registers per thread: 64 at the defaults; layers
-     * wider than 128 get 32, since their unrolled k loop keeps more fragments live (256x8 gelu spilled at 64). */
-    static const int warp_choices[] = {4, 2, 1};
+    /* Accumulators cost m_tiles * n_chunk / 2 registers per thread: at most 64, and 32 for layers wider than 128,
+     * whose longer k loop keeps more fragments live (a 256x8 gelu network spilled at 64). */
+    static const int warp_choices[] = {8, 4, 2, 1};
     static const int mt_choices[] = {2, 1};
     static const int nc_choices[] = {128, 64, 32, 16};
+    fm_plan best, cand = *plan;
+    int found = 0;
     for (int resident = 1; resident >= 0; --resident) {
         if (opts->resident >= 0 && opts->resident != resident)
             continue;
-        for (size_t wi = 0; wi < 3; ++wi) {
+        for (size_t wi = 0; wi < 4; ++wi) {
             int warps = warp_choices[wi];
             if (opts->warps && opts->warps != warps)
                 continue;
@@ -136,11 +159,18 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                     int nc = nc_choices[ni];
                     if (opts->n_chunk ? opts->n_chunk != nc : mt * nc > (widest > 128 ? 64 : 128))
                         continue;
-                    if (fm_plan_layout(plan, warps, mt, nc, resident) <= target->smem_per_block)
-                        return FM_OK;
+                    if (fm_plan_layout(&cand, target, warps, mt, nc, resident) > target->smem_per_block)
+                        continue;
+                    if (!found || fm_plan_better(&cand, &best))
+                        best = cand;
+                    found = 1;
                 }
             }
         }
+    }
+    if (found) {
+        *plan = best;
+        return FM_OK;
     }
     if (opts->warps || opts->m_tiles || opts->n_chunk || opts->resident >= 0)
         fm_fail(err, FM_ERR_LIMIT,

@@ -62,6 +62,8 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(fm_subst_add(t, "IN_FLOAT"), "%d", p->in_dtype == FM_F32);
     fm_str_printf(fm_subst_add(t, "OUT_FLOAT"), "%d", p->out_dtype == FM_F32);
     fm_str_printf(fm_subst_add(t, "ACT_STRIDE"), "%d", p->act_stride);
+    fm_str_printf(fm_subst_add(t, "BUFFERS"), "%d", p->buffers);
+    fm_str_printf(fm_subst_add(t, "BLOCKS_PER_SM"), "%d", p->blocks_per_sm);
     fm_str_printf(fm_subst_add(t, "W_SMEM_HALVES"), "%zu", p->resident ? p->w_halves : 2 * p->w_slot_halves);
     fm_str_printf(fm_subst_add(t, "W_SLOT_HALVES"), "%zu", p->w_slot_halves);
     fm_str_printf(fm_subst_add(t, "B_FLOATS"), "%zu", p->b_floats);
@@ -70,8 +72,9 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(c, "widths %d", p->k_real[0]);
     for (int l = 0; l < p->num_layers; ++l)
         fm_str_printf(c, "-%d", p->n_real[l]);
-    fm_str_printf(c, "; sm_%d; %d warps x %d rows; %s weights; %zu B shared memory; x %s, y %s", p->arch, p->warps,
-                  p->m_tiles * 16, p->resident ? "resident" : "streamed", p->smem_bytes, fm_dtype_name(p->in_dtype),
+    fm_str_printf(c, "; sm_%d; %d warps x %d rows, %d CTAs/SM; %s weights; %d activation buffer(s); %zu B shared "
+                  "memory; x %s, y %s", p->arch, p->warps, p->m_tiles * 16, p->blocks_per_sm,
+                  p->resident ? "resident" : "streamed", p->buffers, p->smem_bytes, fm_dtype_name(p->in_dtype),
                   fm_dtype_name(p->out_dtype));
     return fm_render_layers(spec, p, fm_subst_add(t, "LAYERS"), err);
 }

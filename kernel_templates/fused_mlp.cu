@@ -6,8 +6,9 @@
 //
 // Shape of the work:
 // - A CTA of WARPS warps owns ROWS_CTA consecutive rows of the batch; a persistent grid loops over row tiles.
-// - Each warp owns a private strip of ROWS_W = 16 * M_TILES rows and two fp16 activation buffers for it (ping-pong):
-//   layer l reads one and writes the other, so layers inside a strip need only __syncwarp, never a CTA barrier.
+// - Each warp owns a private strip of ROWS_W = 16 * M_TILES rows and its fp16 activation buffer(s), so layers inside
+//   a strip need only __syncwarp, never a CTA barrier. When every layer is one accumulator chunk, a layer has read
+//   all its input before its epilogue writes: one buffer, updated in place. Otherwise two (ping-pong).
 // - Weights sit in shared memory in the layout the host packed them in (row n of layer l: K + 8 halves, the 16-byte
 //   pad makes the 8 rows an ldmatrix touches fall in 8 different bank groups). RESIDENT: all layers are loaded once
 //   per CTA. Otherwise each (layer, column chunk) stage is streamed with cp.async into one of two slots while the
@@ -27,6 +28,8 @@ struct alignas(8) fm_v2 { fm_u32 x, y; };
 #define FM_WARPS {{WARPS}}
 #define FM_M_TILES {{M_TILES}}
 #define FM_RESIDENT {{RESIDENT}}
+#define FM_BUFFERS {{BUFFERS}}          // activation buffers per warp: 1 = in place (every layer is one chunk)
+#define FM_BLOCKS_PER_SM {{BLOCKS_PER_SM}} // the plan's occupancy: caps registers at 64K / (threads * this)
 #define FM_NUM_LAYERS {{NUM_LAYERS}}
 #define FM_IN_FLOAT {{IN_FLOAT}}    // 1: x is float32, 0: float16
 #define FM_OUT_FLOAT {{OUT_FLOAT}}  // 1: y is float32, 0: float16
@@ -185,6 +188,8 @@ __device__ __forceinline__ void fm_layer_chunk(const fm_half *in, fm_half *out, 
         }
     }
 
+    if constexpr (FM_BUFFERS == 1)
+        __syncwarp();  // in place: every lane's reads of the input precede any lane's write of the output
     // Epilogue. Accumulator fragment: c0,c1 at (row g, cols 2t, 2t+1), c2,c3 at (row g+8, same cols).
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -287,7 +292,7 @@ __device__ __forceinline__ void fm_store_output(out_t *__restrict__ y, const fm_
 
 // ------------------------------------------------------------------------------------------------ the network
 
-// Shared memory: [weights | biases | per-warp activation buffers (2 x ROWS_W x ACT_STRIDE halves each)].
+// Shared memory: [weights | biases | per-warp activation buffers (FM_BUFFERS x ROWS_W x ACT_STRIDE halves each)].
 struct fm_smem {
     fm_half *w;
     float *bias;
@@ -367,7 +372,7 @@ __device__ __forceinline__ void fm_network(const fm_smem &s, const fm_half *__re
 // Which buffer the last layer writes: layer l writes buffer (l + 1) % 2.
 constexpr int OUT_BUF = FM_NUM_LAYERS % 2;
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
 {{KERNEL_NAME}}(const in_t *__restrict__ x,       // rows x IN_REAL, row-major, 16-byte aligned
                 out_t *__restrict__ y,            // rows x OUT_REAL, row-major, 16-byte aligned
                 const fm_half *__restrict__ w,    // packed weights: W_OFF/K/N of each Layer<l>
@@ -380,8 +385,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     s.bias = (float *)(s.w + W_SMEM_HALVES);
     s.act = (fm_half *)(s.bias + B_FLOATS);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    fm_half *buf0 = s.act + warp * 2 * ROWS_W * ACT_STRIDE;
-    fm_half *buf1 = buf0 + ROWS_W * ACT_STRIDE;
+    fm_half *buf0 = s.act + warp * FM_BUFFERS * ROWS_W * ACT_STRIDE;
+    fm_half *buf1 = buf0 + (FM_BUFFERS - 1) * ROWS_W * ACT_STRIDE;
 
     for (int i = threadIdx.x; i < B_FLOATS; i += THREADS)
         s.bias[i] = bias[i];

@@ -60,9 +60,11 @@ def check_case(rng, widths, bias, acts, batch, dtype, mlp=None):
     kernel = mlp._kernel("float16" if dtype == np.float16 else "float32")
     y = kernel.run(np.ascontiguousarray(x), poison=True)
     assert y.shape == (batch, widths[-1]) and y.dtype == dtype
-    assert not np.isnan(y).any(), "unwritten (poisoned) or NaN outputs"
     # The reference sees exactly what the kernel saw: x as given (fp16 inputs are exact in float64).
     ref, peak = reference(x, ws, bs, mlp.activations)
+    if peak > 6e4:  # the reference leaves fp16's range (exp of exp...): overflow to inf/NaN is the right answer
+        return None, peak
+    assert not np.isnan(y).any(), "unwritten (poisoned) or NaN outputs"
     return rel_l2(y, ref), peak
 
 
@@ -102,7 +104,7 @@ def test_three_hundred_random_architectures():
     failures, checked, skipped = [], 0, 0
     for i, ((widths, bias, acts, batch, dtype), mlp) in enumerate(zip(cases, mlps)):
         err, peak = check_case(np.random.default_rng(i), widths, bias, acts, batch, dtype, mlp)
-        if peak > 6e4:  # the reference left fp16's range: not a meaningful fp16 comparison
+        if err is None:  # the reference left fp16's range: not a meaningful fp16 comparison
             skipped += 1
             continue
         checked += 1

@@ -228,7 +228,6 @@ class FusedMLP:
         self._check = bool(check)
         self._cache = KernelCache(cache_dir)
         self._kernels = {}  # (in dtype, out dtype) -> _core.Kernel
-        self._entries = {}  # (in dtype, out dtype) -> cache entry
         self._lock = threading.Lock()
         self._source = None
         self._cache_path = None
@@ -299,8 +298,8 @@ class FusedMLP:
 
     # -------------------------------------------------------------------------------------------- kernels
 
-    def _render(self, arch, smem_per_block, sm_count, in_dtype, out_dtype):
-        plan = self._net.plan(arch, smem_per_block, sm_count, in_dtype, out_dtype)
+    def _render(self, arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=0):
+        plan = self._net.plan(arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=smem_per_sm)
         return plan, plan.render(_template(PRELUDE), _template(TEMPLATE), KERNEL_NAME)
 
     def compile(self, arch="sm_90", dtype="float32"):
@@ -319,6 +318,24 @@ class FusedMLP:
         self._source, self._cache_path = source, _entry_path(entry)
         return self._cache_path
 
+    def _build(self, dtype, **plan_options):
+        """Plans, renders, compiles (through the cache) and loads a kernel for this model's GPU.
+
+        Args:
+            dtype: 'float32' or 'float16', the input and output dtype.
+            plan_options: warps, m_tiles, n_chunk, resident: force a tile shape (the tuner's candidates).
+
+        Returns:
+            (kernel, plan, source, cache entry).
+        """
+        gpu = _gpu(self._ordinal)
+        info = gpu.info
+        plan = self._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], dtype, dtype,
+                              smem_per_sm=info["smem_per_sm"], **plan_options)
+        source = plan.render(_template(PRELUDE), _template(TEMPLATE), KERNEL_NAME)
+        entry = compile_cubin(source, info["arch"], self._cache)
+        return plan.load(gpu, entry.cubin, KERNEL_NAME), plan, source, entry
+
     def _kernel(self, dtype):
         key = (dtype, dtype)
         kernel = self._kernels.get(key)
@@ -327,13 +344,8 @@ class FusedMLP:
         with self._lock:
             kernel = self._kernels.get(key)
             if kernel is None:
-                gpu = _gpu(self._ordinal)
-                info = gpu.info
-                plan, source = self._render(info["arch"], info["smem_per_block"], info["sm_count"], dtype, dtype)
-                entry = compile_cubin(source, info["arch"], self._cache)
-                kernel = plan.load(gpu, entry.cubin, KERNEL_NAME)
+                kernel, _, source, entry = self._build(dtype)
                 self._source, self._cache_path = source, _entry_path(entry)
-                self._entries[key] = entry
                 self._kernels[key] = kernel
         return kernel
 
