@@ -84,7 +84,7 @@ static double fm_d_softsign(double x) { return x / (1.0 + fabs(x)); }
     X(atan, 1, 1, 0.0, 0.0, "atanf", atan(x))                              \
     X(sinh, 1, 1, 0.0, 0.0, "sinhf", sinh(x))                              \
     X(cosh, 1, 1, 0.0, 0.0, "coshf", cosh(x))                              \
-    X(tanh, 1, 1, 0.0, 0.0, "tanhf", tanh(x))                              \
+    X(tanh, 1, 1, 0.0, 0.0, "fm_tanh", tanh(x))                              \
     X(erf, 1, 1, 0.0, 0.0, "erff", erf(x))                                 \
     X(floor, 1, 1, 0.0, 0.0, "floorf", floor(x))                           \
     X(ceil, 1, 1, 0.0, 0.0, "ceilf", ceil(x))                              \

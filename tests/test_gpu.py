@@ -180,3 +180,20 @@ def test_cuda_error_names_the_driver_error(rng):
     with pytest.raises(fusedmlp.CudaError) as info:
         plan.load(gpu, b"\x7fELF not a cubin", "fusedmlp_forward")
     assert info.value.name.startswith("CUDA_ERROR_")
+
+
+@pytest.mark.parametrize("act", BUILTINS + EXPRESSIONS + ["sin(30*x)", "cos", "erf", "softplus(x, 2, 10)", "elu(x, 0.5)"])
+def test_activation_accuracy_in_float32(act):
+    # A 1 -> 1 layer with weight 1 and float32 output computes act(fp16(x)) and stores it unrounded, so this sees the
+    # device helper's own error: it must stay far below fp16's 4.9e-4 (the fast exp/reciprocal paths give ~1e-6).
+    x = np.concatenate([np.linspace(-30, 30, 20001), np.geomspace(1e-6, 30, 4000), -np.geomspace(1e-6, 30, 4000)])
+    x = x.astype(np.float16).astype(np.float32)[:, None]
+    mlp = fusedmlp.FusedMLP([np.ones((1, 1), np.float32)], None, activation=[act], device="cuda")
+    y = mlp._kernel("float32").run(x, poison=True)[:, 0].astype(np.float64)
+    ref = _core.eval_expr(mlp.activations[0], x[:, 0].astype(np.float64))
+    finite = np.isfinite(ref) & (np.abs(ref) < 3e38)
+    assert np.array_equal(np.isnan(y), np.isnan(ref))
+    # Relative 2e-5 plus absolute 1e-5: near zeros reached by cancellation (gelu at -4, 2*cos(x) - 1 near pi/3) and for
+    # arguments float32 itself rounds (30*x) the float32 formula has absolute, not relative, error, as in PyTorch.
+    excess = np.abs(y[finite] - ref[finite]) - (2e-5 * np.abs(ref[finite]) + 1e-5)
+    assert excess.max() <= 0, (act, float(x[finite][np.argmax(excess)][0]), float(excess.max()))

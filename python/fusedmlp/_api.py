@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _env
 from ._cache import KernelCache
-from .errors import ArgumentError, CompileError, DTypeError, ExpressionError, ShapeError
+from .errors import ArgumentError, CompileError, DTypeError, ExpressionError, LimitError, ShapeError
 
 __version__ = "0.1.0"
 
@@ -121,14 +121,17 @@ def _as_float_array(value, field, ndim):
         value = value.detach().cpu().numpy()
     try:
         arr = np.asarray(value)
-    except Exception as e:  # ragged lists and the like
+    except ValueError as e:  # ragged nested lists: a shape problem
+        raise ShapeError(f"{field} could not be read as an array: {e}") from None
+    except Exception as e:  # objects NumPy cannot convert at all
         raise DTypeError(f"{field} could not be read as an array: {e}") from None
     if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
         raise DTypeError(f"{field} has dtype {arr.dtype}; weights and biases must be real numbers (float32 usual)")
     if arr.ndim != ndim:
         raise ShapeError(f"{field} has shape {arr.shape}; it must have {ndim} dimension{'s' * (ndim > 1)}"
                          + (" (out_features, in_features), as nn.Linear.weight" if ndim == 2 else " (out_features,)"))
-    out = np.ascontiguousarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore"):  # a value past float32's range becomes inf, reported just below
+        out = np.ascontiguousarray(arr, dtype=np.float32)
     if not np.all(np.isfinite(out)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(out))[0])
         raise ArgumentError(f"{field} holds a non-finite value {out[bad]} at index {bad} (after conversion to "
@@ -142,6 +145,10 @@ def _layer_activations(num_layers, activation, output_activation):
         if not isinstance(value, str):
             raise ArgumentError(f"{field}={value!r} must be a string: a built-in name such as 'relu' or an "
                                 "expression over x such as 'x * tanh(softplus(x))'")
+        if "\0" in value:  # the C core reads text up to the first NUL: "x\0; ..." must not pass as "x"
+            at = value.index("\0") + 1
+            raise ExpressionError(f"{field} holds a NUL character at column {at}; an activation is plain text",
+                                  expression=value.replace("\0", "?"), column=at)
         return value
 
     if isinstance(activation, (list, tuple)):
@@ -214,6 +221,9 @@ class FusedMLP:
         if len(weights) == 0:
             raise ArgumentError("weights is empty; a network needs at least one layer")
         n = len(weights)
+        if n > _core().MAX_LAYERS:
+            raise LimitError(f"weights has {n} layers; at most {_core().MAX_LAYERS} fit one fused kernel (and the "
+                             "CPU path, which shares its network description)")
         if biases is None:
             biases = [None] * n
         if not isinstance(biases, (list, tuple)) or len(biases) != n:
@@ -369,10 +379,11 @@ class FusedMLP:
         if arr.shape[0] == 0:
             y = np.empty((0, n_out), dtype=arr.dtype)
         elif self._kind == "cpu":
-            y = self._net.forward_cpu(arr.astype(np.float32, copy=False)).astype(arr.dtype, copy=False)
+            # aligned: the C forward reads float32 elements in place (any strides, but not at odd addresses)
+            y = self._net.forward_cpu(np.require(arr, np.float32, ["A"])).astype(arr.dtype, copy=False)
         else:
             dtype = "float16" if arr.dtype == np.float16 else "float32"
-            xin = np.ascontiguousarray(arr, dtype=dtype)
+            xin = np.require(arr, dtype, ["C", "A"])
             y = self._kernel(dtype).run(xin).astype(arr.dtype, copy=False)
             if self._check:
                 self._verify(arr, y)

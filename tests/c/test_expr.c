@@ -470,7 +470,7 @@ static void test_cuda_text(void) {
         {"min(max(x, -1), 1)", "fm_min(fm_max(v, (-1.0f)), 1.0f)"},
         {"-x", "(-v)"},
         {"x - -1", "(v - (-1.0f))"},
-        {"x * tanh(softplus(x))", "(v * tanhf(fm_softplus(v, 1.0f, 20.0f)))"},
+        {"x * tanh(softplus(x))", "(v * fm_tanh(fm_softplus(v, 1.0f, 20.0f)))"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *s = emit(cases[i].in);
