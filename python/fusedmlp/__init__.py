@@ -8,6 +8,15 @@ Importing needs neither the CUDA driver nor NVRTC: they are loaded on first GPU 
 """
 
 from ._api import CHECK_TOLERANCE, FusedMLP, __version__, evaluate_fused_mlp
+
+
+def from_torch(module, activations=None, device=None, **kwargs):
+    """Builds a FusedMLP from a PyTorch MLP (nn.Sequential, nested ones, torchvision.ops.MLP): see fusedmlp.torch."""
+    from .torch import from_torch as _from_torch  # torch is optional: imported only here
+
+    return _from_torch(module, activations, device, **kwargs)
+
+
 from .errors import (
     ArgumentError,
     CompileError,
@@ -24,6 +33,7 @@ from .errors import (
 __all__ = [
     "FusedMLP",
     "evaluate_fused_mlp",
+    "from_torch",
     "CHECK_TOLERANCE",
     "FusedMLPError",
     "ArgumentError",

@@ -1,6 +1,7 @@
 """The public API: FusedMLP and evaluate_fused_mlp."""
 
 import logging
+import os
 import re
 import threading
 import time
@@ -67,10 +68,10 @@ def _template(name):
 
 def _parse_arch(arch):
     """Accepts 'sm_90', 'sm_90a', 'compute_90', 90 or '9.0'; returns (90, False) or (90, True)."""
-    if isinstance(arch, (int, np.integer)) and not isinstance(arch, bool):
-        return int(arch), False
+    if isinstance(arch, (int, np.integer)) and not isinstance(arch, bool) and 0 <= arch < 10000:
+        return int(arch), False  # the range keeps it a C int; the plan says which architectures are supported
     if isinstance(arch, str):
-        m = re.fullmatch(r"(?:sm_|compute_)?(\d)\.?(\d+)(a?)", arch.strip())
+        m = re.fullmatch(r"(?:sm_|compute_)?(\d)\.?(\d{1,3})(a?)", arch.strip(), flags=re.ASCII)
         if m:
             return int(m.group(1) + m.group(2)), bool(m.group(3))
     raise ArgumentError(f"arch={arch!r} is not an architecture; write it as 'sm_90' (or 90)")
@@ -115,16 +116,23 @@ def compile_cubin(source, arch, cache=None):
 # ------------------------------------------------------------------------------------------------ validation
 
 
-def _as_float_array(value, field, ndim):
-    """Returns value as a float32 C-contiguous array of rank ndim, or raises naming the field and the rule."""
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor: the documented export path
-        value = value.detach().cpu().numpy()
+def _as_array(value, field):
+    """np.asarray(value), or raises ShapeError (ragged nesting) or DTypeError (anything else) naming the field."""
     try:
-        arr = np.asarray(value)
+        if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor: the documented export path
+            value = value.detach().cpu().numpy()
+        return np.asarray(value)
+    except MemoryError:
+        raise
     except ValueError as e:  # ragged nested lists: a shape problem
         raise ShapeError(f"{field} could not be read as an array: {e}") from None
     except Exception as e:  # objects NumPy cannot convert at all
         raise DTypeError(f"{field} could not be read as an array: {e}") from None
+
+
+def _as_float_array(value, field, ndim):
+    """Returns value as a float32 C-contiguous array of rank ndim, or raises naming the field and the rule."""
+    arr = _as_array(value, field)
     if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
         raise DTypeError(f"{field} has dtype {arr.dtype}; weights and biases must be real numbers (float32 usual)")
     if arr.ndim != ndim:
@@ -149,6 +157,14 @@ def _layer_activations(num_layers, activation, output_activation):
             at = value.index("\0") + 1
             raise ExpressionError(f"{field} holds a NUL character at column {at}; an activation is plain text",
                                   expression=value.replace("\0", "?"), column=at)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate (from a mis-decoded file name, say): no text to parse
+            at = e.start + 1
+            raise ExpressionError(f"{field} holds the character {value[e.start]!r} at column {at}, which has no UTF-8 "
+                                  "encoding", "an expression holds only numbers, x, pi, e, function names, "
+                                  "+ - * / ^ ( ) , and spaces", expression=value.encode("utf-8", "replace").decode(),
+                                  column=at) from None
         return value
 
     if isinstance(activation, (list, tuple)):
@@ -160,31 +176,60 @@ def _layer_activations(num_layers, activation, output_activation):
                                 f"{num_layers - 1} (hidden layers, plus output_activation) or {num_layers} (every "
                                 "layer, without output_activation)")
     else:
-        acts = [text(activation, "activation")] * (num_layers - 1)
+        hidden = text(activation, "activation")
+        if num_layers == 1:  # no layer uses it, but a typo must not wait for the day the network grows a layer
+            _check_expression(hidden, "activation (unused: the network has one layer)")
+        acts = [hidden] * (num_layers - 1)
     out = "none" if output_activation is None else text(output_activation, "output_activation")
     return acts + [out]
 
 
+def _check_expression(text, what):
+    try:
+        _core().parse_expr(text)
+    except ExpressionError as e:
+        # The C parser counts columns in UTF-8 bytes; the caller counts characters. They differ only past a non-ASCII
+        # character, which is itself an error, so only for the length limit (reported at byte 4097).
+        column = len(text.encode("utf-8")[: max(e.column - 1, 0)].decode("utf-8", "ignore")) + 1
+        raise ExpressionError(f"{what}: {e.message}", e.hint, expression=text, column=column) from None
+
+
 def _check_expressions(acts):
-    core = _core()
     for i, a in enumerate(acts):
-        try:
-            core.parse_expr(a)
-        except ExpressionError as e:
-            raise ExpressionError(f"activation of layer {i}: {e.message}", e.hint, expression=a,
-                                  column=e.column) from None
+        _check_expression(a, f"activation of layer {i}")
 
 
 def _parse_device(device):
-    if device in ("auto", "cpu", "cuda"):
-        return device, 0
-    if isinstance(device, str):
-        m = re.fullmatch(r"cuda:(\d+)", device)
+    text = device
+    if not isinstance(device, str) and hasattr(device, "type") and hasattr(device, "index"):  # torch.device
+        text = str(device)
+    if isinstance(text, str):  # first: `in` or `==` on an array compares elementwise
+        if text in ("auto", "cpu", "cuda"):
+            return str(text), 0
+        m = re.fullmatch(r"cuda:(\d{1,9})", text, flags=re.ASCII)  # an ordinal the C int holds
         if m:
             return "cuda", int(m.group(1))
-    if hasattr(device, "type") and hasattr(device, "index"):  # torch.device
-        return _parse_device(str(device))
     raise ArgumentError(f"device={device!r} is not one of 'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+
+def _parse_check(check):
+    if isinstance(check, (bool, np.bool_)):
+        return bool(check)
+    raise ArgumentError(f"check={check!r} must be True or False")
+
+
+def _parse_cache_dir(cache_dir):
+    """None, or cache_dir (str, bytes or os.PathLike) as a str; raises ArgumentError naming it otherwise."""
+    if cache_dir is None:
+        return None
+    try:
+        path = os.fsdecode(os.fspath(cache_dir))
+    except TypeError:
+        raise ArgumentError(f"cache_dir={cache_dir!r} must be a folder path (str or os.PathLike) or None") from None
+    if path == "" or "\0" in path:
+        raise ArgumentError(f"cache_dir={cache_dir!r} is not a folder path: it is empty or holds a NUL character",
+                            "pass None to use FUSEDMLP_CACHE_DIR (or its fallbacks)")
+    return path
 
 
 def _gpu_available():
@@ -235,8 +280,8 @@ class FusedMLP:
         self._net = _core().Network(w, b, acts)
         self._has_bias = [bi is not None for bi in b]
         self._kind, self._ordinal = _parse_device(device)
-        self._check = bool(check)
-        self._cache = KernelCache(cache_dir)
+        self._check = _parse_check(check)
+        self._cache = KernelCache(_parse_cache_dir(cache_dir))
         self._kernels = {}  # (in dtype, out dtype) -> _core.Kernel
         self._lock = threading.Lock()
         self._source = None
@@ -320,7 +365,10 @@ class FusedMLP:
             dtype: the input/output dtype the kernel will serve ('float32' or 'float16').
         """
         number, _ = _parse_arch(arch)
-        dtype = np.dtype(dtype).name
+        try:
+            dtype = np.dtype(dtype).name
+        except (TypeError, ValueError):
+            raise DTypeError(f"dtype={dtype!r} is not a dtype; a kernel serves float32 or float16 inputs") from None
         if dtype not in ("float32", "float16"):
             raise DTypeError(f"dtype={dtype!r}: a kernel serves float32 or float16 inputs")
         _, source = self._render(number, 0, 0, dtype, dtype)
@@ -328,11 +376,12 @@ class FusedMLP:
         self._source, self._cache_path = source, _entry_path(entry)
         return self._cache_path
 
-    def _build(self, dtype, **plan_options):
+    def _build(self, dtype, out_dtype=None, **plan_options):
         """Plans, renders, compiles (through the cache) and loads a kernel for this model's GPU.
 
         Args:
-            dtype: 'float32' or 'float16', the input and output dtype.
+            dtype: 'float32' or 'float16', the input dtype.
+            out_dtype: the output dtype (default: dtype).
             plan_options: warps, m_tiles, n_chunk, resident: force a tile shape (the tuner's candidates).
 
         Returns:
@@ -340,34 +389,45 @@ class FusedMLP:
         """
         gpu = _gpu(self._ordinal)
         info = gpu.info
-        plan = self._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], dtype, dtype,
+        plan = self._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype or dtype,
                               smem_per_sm=info["smem_per_sm"], **plan_options)
         source = plan.render(_template(PRELUDE), _template(TEMPLATE), KERNEL_NAME)
         entry = compile_cubin(source, info["arch"], self._cache)
         return plan.load(gpu, entry.cubin, KERNEL_NAME), plan, source, entry
 
-    def _kernel(self, dtype):
-        key = (dtype, dtype)
+    def _kernel(self, dtype, out_dtype=None):
+        key = (dtype, out_dtype or dtype)
         kernel = self._kernels.get(key)
         if kernel is not None:
             return kernel
         with self._lock:
             kernel = self._kernels.get(key)
             if kernel is None:
-                kernel, _, source, entry = self._build(dtype)
+                kernel, _, source, entry = self._build(*key)
                 self._source, self._cache_path = source, _entry_path(entry)
                 self._kernels[key] = kernel
         return kernel
 
     # -------------------------------------------------------------------------------------------- calls
 
-    def __call__(self, x):
-        """Runs the network on x, a (batch, in_features) float32/float16/float64 array (1-D: one row).
+    def __call__(self, x, out_dtype=None):
+        """Runs the network on x: a (batch, in_features) NumPy array (float32/float16/float64; 1-D: one row), or a
+        torch tensor / CuPy array / DLPack object (..., in_features) on the CPU or a CUDA device.
+
+        Args:
+            x: the inputs.
+            out_dtype: the output dtype for tensors (default: x's dtype).
 
         Returns:
-            A (batch, out_features) array of x's dtype.
+            The outputs, of x's kind (array or tensor) and dtype (or out_dtype), on x's device.
         """
-        arr = np.asarray(x)
+        if not isinstance(x, np.ndarray) and _is_device_array(x):
+            from . import _dlpack
+
+            return _dlpack.call(self, x, out_dtype)
+        arr = _as_array(x, "x")
+        if arr.dtype.kind == "f" and not arr.dtype.isnative:  # big-endian data (from a file): same values, native
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         if arr.dtype not in _ACCEPTED_X:
             raise DTypeError(f"x has dtype {arr.dtype}; it must be float32, float16 or float64")
         squeeze = arr.ndim == 1
@@ -397,6 +457,13 @@ class FusedMLP:
 
             raise FusedMLPError(f"check=True: GPU result differs from the CPU reference by relative L2 error "
                                 f"{err:.3g} > {CHECK_TOLERANCE}", "see the README's precision notes")
+
+
+def _is_device_array(x):
+    # torch tensors (CPU ones too: they keep their type), CuPy arrays, and anything speaking DLPack or the CUDA array
+    # interface; NumPy arrays and plain sequences take the host path.
+    module = type(x).__module__.split(".")[0]
+    return module in ("torch", "cupy") or hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")
 
 
 def _entry_path(entry):

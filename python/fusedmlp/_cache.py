@@ -25,6 +25,10 @@ else can write is a way to run their code. Folders are created 0700 and files 06
 
 If the folder cannot be written (read-only, permission denied, disk full), the cache keeps entries in memory for the
 life of the :class:`KernelCache` object and warns once: results stay correct, compiles just don't persist.
+
+The cache is bounded by ``FUSEDMLP_CACHE_MAX_BYTES`` (default 2 GiB): after each :meth:`KernelCache.put` that takes it
+past the bound, the least recently used entries (by the entry file's mtime, which every hit touches) are removed until
+it is back under 90% of the bound (:meth:`KernelCache.evict`).
 """
 
 from __future__ import annotations
@@ -66,9 +70,17 @@ _MAX_HEADER_BYTES = 1 << 20
 # Fields put() computes; a caller's meta cannot set them.
 _COMPUTED_FIELDS = ("key", "created", "payload_length", "payload_sha256", "header_sha256")
 
+# Eviction goes down to this fraction of the bound, not just under it, so the puts that follow do not each scan and
+# evict again.
+_EVICT_TO_FRACTION = 0.9
+# A put renames its temp file into place within seconds of creating it; one an hour old belongs to a writer that died
+# (SIGKILL, power loss) and only takes space.
+_STALE_TEMP_S = 3600
+
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
 _SHARD_RE = re.compile(r"[0-9a-f]{2}")
 _FILE_RE = re.compile(r"([0-9a-f]{64})\.(cubin|cu|lock)")
+_TEMP_RE = re.compile(r"\.tmp-[A-Za-z0-9_]+")  # tempfile.mkstemp(prefix=".tmp-") names
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -355,14 +367,18 @@ class KernelCache:
                 ``package_version`` (the inputs of :meth:`key`); ``key``, ``created``, ``payload_length``,
                 ``payload_sha256`` and ``header_sha256`` are computed here and override any given.
 
+        Once the entry is on disk, older entries are evicted if the cache has outgrown ``FUSEDMLP_CACHE_MAX_BYTES``
+        (:meth:`evict`); the entry just written is never one of them.
+
         Returns:
             The stored entry (``path`` and ``source_path`` None if it went to memory only).
 
         Raises:
-            ValueError: a malformed key, or meta with NaN or infinity.
+            ValueError: a malformed key, meta with NaN or infinity, or a malformed ``FUSEDMLP_CACHE_MAX_BYTES``.
             TypeError: meta that is not JSON-serialisable.
         """
         _check_key(key)
+        max_bytes = _env.cache_max_bytes()  # a malformed FUSEDMLP_CACHE_MAX_BYTES fails here, before anything is written
         cubin = bytes(cubin)
         blob, header = _encode_entry(key, cubin, meta)
         source_path, cubin_path = self.paths(key)
@@ -387,6 +403,7 @@ class KernelCache:
             return entry
         with self._lock:
             self._memory.pop(key, None)
+        self.evict(max_bytes, keep=key)
         return CacheEntry(key=key, cubin=cubin, meta=header, path=cubin_path, source_path=source_path)
 
     def _make_shard(self, key):
@@ -524,11 +541,13 @@ class KernelCache:
     def clear(self) -> int:
         """Removes every entry, source and lock file, the emptied shard folders, and the memory-only entries.
 
-        Only names the cache itself makes are touched; anything else in the folder stays.
+        Only names the cache itself makes are touched (and temp files only when a dead writer left them, an hour
+        old); anything else in the folder stays.
 
         Returns:
             How many entry (``.cubin``) files were removed.
         """
+        self._remove_stale_temps()
         removed = 0
         for item, _key, kind in list(self._files()):
             try:
@@ -544,3 +563,108 @@ class KernelCache:
         with self._lock:
             self._memory.clear()
         return removed
+
+    # ------------------------------------------------------------------------------------------------ eviction
+
+    def evict(self, max_bytes: Optional[int] = None, keep: Optional[str] = None) -> int:
+        """Removes least recently used entries while the cache is larger than its bound.
+
+        Nothing is removed while the ``.cubin`` and ``.cu`` files total at most max_bytes (:meth:`total_bytes`). Past
+        it, keys go oldest first, by the entry file's mtime (every hit touches it; a key with no entry file goes by
+        its newest file), until the total is at most 90% of max_bytes. A key goes with its entry, source and lock
+        file; a lock that another process holds (it is compiling that key) stays. Files that another process removes
+        meanwhile are skipped, and shard folders stay (removing one could fail another process's put in it). Temp
+        files older than an hour, left by a writer that died, are removed whatever the total.
+
+        Args:
+            max_bytes: the bound; None reads ``FUSEDMLP_CACHE_MAX_BYTES`` (default 2 GiB).
+            keep: a key never to evict: :meth:`put` passes the one it just wrote, even if that alone is past the bound.
+
+        Returns:
+            How many entries (``.cubin`` files) were removed.
+        """
+        limit = _env.cache_max_bytes() if max_bytes is None else int(max_bytes)
+        self._remove_stale_temps()
+        keys: Dict[str, list] = {}  # key -> [last use (ns), bytes, {kind: path}]
+        for item, key, kind in list(self._files()):
+            try:
+                st = item.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone since the listing
+            record = keys.setdefault(key, [0, 0, {}])
+            record[2][kind] = item.path
+            if kind != "lock":
+                record[1] += st.st_size
+            if kind == "cubin":
+                record[0] = st.st_mtime_ns
+            elif "cubin" not in record[2]:
+                record[0] = max(record[0], st.st_mtime_ns)
+        total = sum(record[1] for record in keys.values())
+        if total <= limit:
+            return 0
+        target = int(limit * _EVICT_TO_FRACTION)
+        removed = freed = 0
+        for key, (_used, size, paths) in sorted(keys.items(), key=lambda pair: (pair[1][0], pair[0])):
+            if total <= target:
+                break
+            if key == keep:
+                continue
+            gone = True
+            for kind in ("cubin", "cu"):  # the entry first: a reader then misses rather than finds half a key
+                if kind in paths:
+                    gone = self._remove(paths[kind]) and gone
+            if "lock" in paths:
+                self._remove_idle_lock(paths["lock"])
+            if gone:
+                total -= size
+                freed += size
+                removed += int("cubin" in paths)
+        logger.debug("kernel cache %s: evicted %d entries (%d bytes) to stay under %d bytes", self.directory,
+                     removed, freed, limit)
+        return removed
+
+    @staticmethod
+    def _remove(path):
+        """Unlinks a file; returns False only if it is still there (another process removing it first is fine)."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.debug("cannot remove %s: %s", path, exc)
+            return False
+        return True
+
+    @staticmethod
+    def _remove_idle_lock(path):
+        """Removes a key's lock file unless a process holds it, that is, is compiling that key right now."""
+        try:
+            fd = os.open(path, os.O_RDWR | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        finally:
+            os.close(fd)
+
+    def _remove_stale_temps(self):
+        """Removes the temp files of writers that died before renaming them into place."""
+        cutoff = time.time() - _STALE_TEMP_S
+        for shard in self._shards():
+            try:
+                listing = list(os.scandir(shard.path))
+            except OSError:
+                continue
+            for item in listing:
+                if not _TEMP_RE.fullmatch(item.name):
+                    continue
+                with contextlib.suppress(OSError):
+                    st = item.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                        os.unlink(item.path)

@@ -46,9 +46,10 @@ class ExpressionError(FusedMLPError, ValueError):
     def __init__(self, message, hint="", expression=None, column=0):
         self.expression = expression
         self.column = column
-        if expression is not None and column > 0:
-            message = f"{message}\n    {expression}\n    {' ' * (column - 1)}^"
         super().__init__(message, hint)
+        if expression is not None and column > 0:
+            # The text and a caret under the failing column come last, after the hint, so nothing follows the caret.
+            self.args = (f"{self.args[0]}\n    {expression}\n    {' ' * (column - 1)}^",)
 
 
 class LimitError(FusedMLPError, ValueError):

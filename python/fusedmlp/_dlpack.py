@@ -1,0 +1,99 @@
+"""Device arrays in and out without host copies: torch tensors, CuPy arrays, and any DLPack producer (via torch).
+
+The kernel reads the caller's memory in place and writes into an output allocated by the caller's library (torch's
+caching allocator, CuPy's pool), on the caller's current stream, with no host synchronisation: the call orders with
+surrounding work and can be captured in a CUDA graph (after a first, warm-up call has built the kernel).
+"""
+
+import numpy as np
+
+from .errors import ArgumentError, DTypeError, ShapeError
+
+
+def call(mlp, x, out_dtype=None):
+    """Runs mlp on a device array x of shape (..., in_features); returns the same kind of array."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        return _call_cupy(mlp, x, out_dtype)
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        x = torch.from_dlpack(x)
+    return call_torch(mlp, x, out_dtype)
+
+
+def _kernel_dtype(name):
+    # The kernel reads and writes float32 or float16; bfloat16 goes through float32 (exact) until bf16 I/O exists.
+    return "float16" if name == "float16" else "float32"
+
+
+def _check_shape(mlp, shape):
+    n_in = mlp.widths[0]
+    if len(shape) < 1 or shape[-1] != n_in:
+        raise ShapeError(f"x has shape {tuple(shape)}; the network takes (..., {n_in})")
+
+
+def call_torch(mlp, x, out_dtype=None):
+    """The torch path: CPU tensors through the CPU/NumPy path, CUDA tensors through the kernel on torch's stream."""
+    import torch
+
+    accepted = (torch.float32, torch.float16, torch.bfloat16)
+    if x.dtype not in accepted:
+        raise DTypeError(f"x has dtype {x.dtype}; it must be torch.float32, torch.float16 or torch.bfloat16")
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if out_dtype not in accepted:
+        raise DTypeError(f"out_dtype={out_dtype}; it must be torch.float32, torch.float16 or torch.bfloat16")
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ArgumentError("x requires grad, but fusedmlp is inference-only (it has no backward): call it under "
+                            "torch.no_grad() or torch.inference_mode(), or pass x.detach()")
+    _check_shape(mlp, x.shape)
+    n_in, n_out = mlp.widths[0], mlp.widths[-1]
+    lead = tuple(x.shape[:-1])
+    if x.device.type != "cuda":
+        y = mlp(x.detach().to(torch.float32).reshape(-1, n_in).numpy())
+        return torch.from_numpy(y).reshape(*lead, n_out).to(out_dtype)
+    if mlp._kind != "cuda" or x.device.index != mlp._ordinal:
+        raise ArgumentError(f"x is on {x.device} but the model runs on {mlp.device}; move x there, or build the model "
+                            f"with device='{x.device}'")
+    rows = x.numel() // n_in
+    if rows == 0:
+        return torch.empty((*lead, n_out), device=x.device, dtype=out_dtype)
+    k_in, k_out = _kernel_dtype(str(x.dtype)[6:]), _kernel_dtype(str(out_dtype)[6:])
+    xin = x.reshape(rows, n_in)
+    if str(xin.dtype)[6:] != k_in:
+        xin = xin.to(torch.float32)
+    if not xin.is_contiguous() or xin.data_ptr() % 16:  # views: made contiguous once (a device copy, no host copy)
+        xin = xin.clone(memory_format=torch.contiguous_format)
+    y = torch.empty((rows, n_out), device=x.device, dtype=getattr(torch, k_out))
+    kernel = mlp._kernel(k_in, k_out)
+    kernel.launch(xin.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream(x.device).cuda_stream)
+    if mlp._check:
+        mlp._verify(x.detach().reshape(rows, n_in).float().cpu().numpy(), y.float().cpu().numpy())
+    if y.dtype != out_dtype:
+        y = y.to(out_dtype)
+    return y.reshape(*lead, n_out)
+
+
+def _call_cupy(mlp, x, out_dtype):
+    import cupy
+
+    if x.dtype not in (np.float32, np.float16):
+        raise DTypeError(f"x has dtype {x.dtype}; CuPy arrays must be float32 or float16")
+    out_dtype = np.dtype(x.dtype if out_dtype is None else out_dtype)
+    if out_dtype not in (np.float32, np.float16):
+        raise DTypeError(f"out_dtype={out_dtype}; it must be float32 or float16 for CuPy arrays")
+    _check_shape(mlp, x.shape)
+    if mlp._kind != "cuda" or x.device.id != mlp._ordinal:
+        raise ArgumentError(f"x is on cuda:{x.device.id} but the model runs on {mlp.device}")
+    n_in, n_out = mlp.widths[0], mlp.widths[-1]
+    lead = tuple(x.shape[:-1])
+    rows = x.size // n_in
+    with x.device:
+        y = cupy.empty((rows, n_out), dtype=out_dtype)
+        if rows == 0:
+            return y.reshape(*lead, n_out)
+        xin = cupy.ascontiguousarray(x.reshape(rows, n_in))
+        if xin.data.ptr % 16:
+            xin = xin.copy()
+        kernel = mlp._kernel(x.dtype.name, out_dtype.name)
+        kernel.launch(xin.data.ptr, y.data.ptr, rows, cupy.cuda.get_current_stream().ptr)
+    return y.reshape(*lead, n_out)

@@ -1,0 +1,933 @@
+"""fusedmlp against PyTorch on one GPU: ``python -m fusedmlp.bench [--out DIR | --save] [--quick]``.
+
+One process measures the device's two ceilings, then every (workload, rows) pair, and writes a table, a JSON file
+with every number and a plot of rows/s against batch size. Needs PyTorch with CUDA (and matplotlib for the plot);
+``import fusedmlp.bench`` itself needs neither.
+
+What each number is (all inputs and outputs fp16, weights fp16-rounded, inputs N(0, 1) from a fixed seed):
+
+- ``floor``: max(I/O bytes / copy rate, FLOPs / matmul rate). I/O bytes = rows * (in + out) * 2; FLOPs =
+  2 * rows * sum(in_l * out_l) over the real (unpadded) widths. The copy rate is bytes read + written per second of a
+  large device-to-device ``copy_``; the matmul rate is that of an 8192^3 fp16 ``torch.mm`` on random data.
+- ``ms`` of a method: the median over reps of (CUDA-event time of a group of back-to-back calls) / calls in the group.
+  Groups last >= 0.5 ms, so at small batches this is the steady-state cost per call, launch overhead included where
+  the host is the bottleneck. Calls rotate among >= 4 input buffers, more when they are small, so that together they
+  span twice the L2 cache where that takes at most 64 buffers.
+- ``fusedmlp``: ``Kernel.launch`` on preallocated tensors. ``fusedmlp_graph``: one CUDA graph holding one launch per
+  input buffer, time per launch (device time without host overhead). ``fusedmlp_call``: ``fused(x)`` on a CUDA tensor
+  (``FusedMLP.__call__`` if it accepts CUDA tensors, else a shim: check, allocate the output, launch).
+- ``torch_eager``: ``nn.Sequential`` in fp16 under ``torch.inference_mode``. ``torch_graph``: the same captured in
+  one CUDA graph holding one forward per input buffer, time per forward. ``torch_compile``:
+  ``torch.compile(model, mode="max-autotune-no-cudagraphs", dynamic=False)``, one compile per workload, recompiled
+  per row count.
+- ``call_us``: the median over up to 200 host-timed single calls, each followed by a stream synchronize.
+- ``cold_ms``: the first call of a new FusedMLP with an empty cache folder (render + NVRTC + load + launch);
+  ``warm_ms``: the first call of another new FusedMLP on the same folder (disk-cache hit + load + launch).
+
+Every method's output on the first buffer is compared with a float64 forward of the same model (relative L2) before
+it is timed; fusedmlp must be within CHECK_TOLERANCE, or the run exits with status 1. A method that fails is recorded
+with its error and the run goes on. torch.compile runs last, largest batches first, within the time budget.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import platform
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+__all__ = ["WORKLOADS", "Workload", "main", "floor_ms", "flops", "io_bytes", "format_table", "plot", "device_slug"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One network shape of the benchmark.
+
+    Attributes:
+        widths: input features, then each layer's output features.
+        activation: the hidden layers' activation ('relu', 'silu', 'tanh' or 'sin'); the last layer has none.
+        bias: whether every layer has a bias.
+        residual: whether hidden layers add their input (a residual epilogue).
+    """
+
+    widths: tuple
+    activation: str
+    bias: bool
+    residual: bool = False
+
+
+WORKLOADS = {
+    "tcnn64": Workload((32, 64, 64, 64, 64, 16), "relu", False),  # tiny-cuda-nn's README network
+    "tcnn128": Workload((64, 128, 128, 128, 128, 64), "relu", False),
+    "flex": Workload((3, 64, 128, 96, 64, 32, 16, 4), "silu", True),
+    "pinn50": Workload((2, 50, 50, 50, 50, 50, 1), "tanh", True),
+    "siren256": Workload((2, 256, 256, 256, 3), "sin", True),
+    "res128": Workload((128, 128, 128, 128, 128, 128), "relu", True, residual=True),
+}
+
+DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)
+METHODS = ("fusedmlp", "fusedmlp_graph", "fusedmlp_call", "torch_eager", "torch_graph", "torch_compile")
+PEERS = ("torch_eager", "torch_graph", "torch_compile")
+COMPILE_MODE = "max-autotune-no-cudagraphs"
+
+#: Where the torch side runs; the CPU smoke test sets "cpu" (with torch.cuda mocked).
+DEVICE = "cuda"
+#: Ceiling sizes: 1 GiB copied (far past any L2), and the 8192^3 product the brief names.
+COPY_BYTES = 1 << 30
+MATMUL_N = 8192
+
+GROUP_MS = 0.5  # a timed group lasts at least this long, so event resolution (~0.5 us) and launch gaps amortise
+MAX_INNER = 256  # calls per timed group at most
+MAX_METHOD_S = 2.0  # reps are cut (never below MIN_REPS) to keep one method of one case under this
+MIN_REPS = 10
+MAX_BUFFERS = 64
+HOST_CALL_S = 0.4  # host-timed calls of one method stop after about this long (at least 30 calls)
+SLOW_COMPILE_GUESS_S = 60.0  # what the first torch.compile of the run is assumed to take before one was seen
+FINAL_RESERVE_S = 20.0  # kept back from the budget for the plot and the files
+
+
+# ------------------------------------------------------------------------------------------------ pure arithmetic
+
+
+def flops(widths, rows):
+    """FLOPs of one forward: 2 * rows * sum(in_l * out_l) over the real widths (no padding, no activations)."""
+    return 2 * rows * sum(a * b for a, b in zip(widths[:-1], widths[1:]))
+
+
+def io_bytes(widths, rows, itemsize=2):
+    """Bytes one forward must move: each input read once, each output written once."""
+    return rows * (widths[0] + widths[-1]) * itemsize
+
+
+def floor_ms(widths, rows, ceilings):
+    """The fastest any version can be, from the measured ceilings.
+
+    Args:
+        widths: the network's widths.
+        rows: batch size.
+        ceilings: dict with 'copy_GBps' (bytes read + written, 1e9/s) and 'matmul_TFLOPs' (1e12 FLOP/s).
+
+    Returns:
+        (milliseconds, 'memory' or 'compute': the term that sets it).
+    """
+    memory = io_bytes(widths, rows) / (ceilings["copy_GBps"] * 1e9)
+    compute = flops(widths, rows) / (ceilings["matmul_TFLOPs"] * 1e12)
+    return max(memory, compute) * 1e3, ("memory" if memory >= compute else "compute")
+
+
+def parse_rows(text):
+    """'2^18', '2**18', '1<<18' or '262144' -> 262144."""
+    text = text.strip()
+    m = re.fullmatch(r"2\s*(?:\^|\*\*)\s*(\d+)|1\s*<<\s*(\d+)", text)
+    value = 2 ** int(m.group(1) or m.group(2)) if m else int(text)
+    if value < 1:
+        raise ValueError(f"rows={text!r}: a batch needs at least one row")
+    return value
+
+
+def rows_label(rows):
+    """2097152 -> '2^21'; other counts as digits."""
+    return f"2^{rows.bit_length() - 1}" if rows & (rows - 1) == 0 else str(rows)
+
+
+def device_slug(name):
+    """A folder name for a GPU: 'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
+    picked = []
+    for w in words:
+        picked.append(w)
+        if any(c.isdigit() for c in w):
+            break
+    return "-".join(picked) or "gpu"
+
+
+def summarize(result):
+    """Ratios of one (workload, rows) result.
+
+    Returns:
+        dict: fused_ms, best_peer (name or None), best_peer_ms, x_floor (fused / floor, >= 1 unless the ceilings are
+        off), x_peer (best peer / fused: > 1 means fusedmlp is faster), rows_per_s (of the fused kernel).
+    """
+    methods = result["methods"]
+    fused = methods.get("fusedmlp", {}).get("ms")
+    peers = [(methods[p]["ms"], p) for p in PEERS if methods.get(p, {}).get("ms") is not None]
+    best_ms, best = min(peers) if peers else (None, None)
+    return {
+        "fused_ms": fused,
+        "best_peer": best,
+        "best_peer_ms": best_ms,
+        "x_floor": fused / result["floor_ms"] if fused and result.get("floor_ms") else None,
+        "x_peer": best_ms / fused if fused and best_ms else None,
+        "rows_per_s": result["rows"] / (fused * 1e-3) if fused else None,
+    }
+
+
+def _si(value):
+    if value is None:
+        return "-"
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= div:
+            return f"{value / div:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _cell_ms(entry, key="ms", scale=1.0):
+    if entry is None:
+        return "-"
+    if entry.get("error"):
+        return "err"
+    value = entry.get(key)
+    if value is None:
+        return "skip" if entry.get("skipped") else "-"
+    flag = "!" if entry.get("check_ok") is False else ""
+    return f"{value * scale:.4g}{flag}"
+
+
+_TABLE = (  # header, width, cell(result, summary)
+    ("workload", 9, lambda r, s: r["workload"]),
+    ("rows", 5, lambda r, s: rows_label(r["rows"])),
+    ("fused", 9, lambda r, s: _cell_ms(r["methods"].get("fusedmlp"))),
+    ("f.graph", 9, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_graph"))),
+    ("call", 9, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_call"), "call_us", 1e-3)),
+    ("eager", 9, lambda r, s: _cell_ms(r["methods"].get("torch_eager"))),
+    ("graph", 9, lambda r, s: _cell_ms(r["methods"].get("torch_graph"))),
+    ("compile", 9, lambda r, s: _cell_ms(r["methods"].get("torch_compile"))),
+    ("floor", 9, lambda r, s: f"{r['floor_ms']:.4g}" + ("c" if r.get("floor_bound") == "compute" else "m")),
+    ("rows/s", 7, lambda r, s: _si(s["rows_per_s"])),
+    ("x floor", 7, lambda r, s: "-" if s["x_floor"] is None else f"{s['x_floor']:.2f}"),
+    ("x peer", 7, lambda r, s: "-" if s["x_peer"] is None else f"{s['x_peer']:.2f}"),
+)
+
+
+def format_table(report):
+    """The text table of a report (the dict main() writes as JSON): one line per (workload, rows), then notes."""
+    lines = []
+    head = report.get("device", {}).get("name", "?")
+    ceil = report.get("ceilings") or {}
+    if ceil:
+        head += f"  copy {ceil['copy_GBps']:.0f} GB/s  fp16 matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s"
+    lines.append(head + f"  torch {report.get('torch', '?')}  fusedmlp {report.get('fusedmlp', '?')}")
+    lines.append("  ".join(f"{h:>{w}}" if i > 0 else f"{h:<{w}}" for i, (h, w, _) in enumerate(_TABLE)))
+    lines.append("  ".join(f"{'ms':>{w}}" if 2 <= i <= 8 else " " * w for i, (_, w, _) in enumerate(_TABLE)).rstrip())
+    failures = []
+    for r in report.get("results", []):
+        s = summarize(r)
+        cells = [fn(r, s) for _, _, fn in _TABLE]
+        lines.append("  ".join(f"{c:>{w}}" if i > 0 else f"{c:<{w}}" for i, ((_, w, _), c) in
+                               enumerate(zip(_TABLE, cells))))
+        for name, entry in r["methods"].items():
+            if entry.get("error"):
+                failures.append(f"{r['workload']} {rows_label(r['rows'])} {name}: {entry['error']}")
+            elif entry.get("check_ok") is False:
+                failures.append(f"{r['workload']} {rows_label(r['rows'])} {name}: relative L2 error "
+                                f"{entry.get('rel_l2')} exceeds {report.get('tolerance')}")
+    for name, info in report.get("workloads", {}).items():
+        if info.get("skipped"):
+            lines.append(f"{name:<9}  skipped: {info['skipped']}")
+    for name, info in report.get("workloads", {}).items():
+        if info.get("cold_ms") is not None:
+            lines.append(f"{name:<9}  first call: cold {info['cold_ms']:.1f} ms (render + NVRTC + load), warm "
+                         f"{info['warm_ms']:.2f} ms (disk cache)")
+    lines.append("ms per call (median); call = host-timed fused(x) + sync; floor c/m = compute/memory bound; "
+                 "x floor = fused / floor; x peer = best of eager/graph/compile / fused (> 1: fusedmlp faster); "
+                 "! = failed the accuracy check")
+    lines.extend(f"error: {f}" for f in failures)
+    return "\n".join(lines)
+
+
+_PLOT_LINES = (  # method, label, style
+    ("fusedmlp", "fusedmlp kernel", dict(color="C3", marker="o", lw=2)),
+    ("fusedmlp_graph", "fusedmlp in a graph", dict(color="C3", marker="^", lw=1, ls=":")),
+    ("fusedmlp_call", "fusedmlp call (host)", dict(color="C1", marker="s", lw=1)),
+    ("torch_eager", "PyTorch eager", dict(color="C0", marker="o", lw=1)),
+    ("torch_graph", "PyTorch CUDA graph", dict(color="C2", marker="o", lw=1)),
+    ("torch_compile", "torch.compile max-autotune", dict(color="C4", marker="o", lw=1)),
+)
+
+
+def plot(report, path):
+    """Draws rows/s against batch size, log-log, one panel per workload, the floor dashed; writes a PNG.
+
+    Returns:
+        True if written, False when matplotlib is missing.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = list(report.get("workloads", {}))
+    cols = min(3, max(1, len(names)))
+    nrows = max(1, math.ceil(len(names) / cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names):
+        info = report["workloads"][name]
+        ax.set_title(f"{name}: {'-'.join(map(str, info['widths']))} {info['activation']}", fontsize=9)
+        results = sorted((r for r in report.get("results", []) if r["workload"] == name), key=lambda r: r["rows"])
+        if info.get("skipped") or not results:
+            ax.text(0.5, 0.5, "skipped: " + str(info.get("skipped") or "no results"), ha="center", va="center",
+                    wrap=True, fontsize=8, transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        for method, label, style in _PLOT_LINES:
+            key, scale = ("call_us", 1e-6) if method == "fusedmlp_call" else ("ms", 1e-3)
+            pts = [(r["rows"], r["rows"] / (r["methods"][method][key] * scale)) for r in results
+                   if r["methods"].get(method, {}).get(key)]
+            if pts:
+                ax.plot(*zip(*pts), label=label, ms=4, **style)
+        ax.plot([r["rows"] for r in results], [r["rows"] / (r["floor_ms"] * 1e-3) for r in results], "k--", lw=1,
+                label="floor (copy / matmul ceilings)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size (rows)")
+        ax.set_ylabel("rows / s")
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    for ax in axes.flat:  # the first panel may be a skipped one
+        h, l = ax.get_legend_handles_labels()
+        if len(h) > len(handles):
+            handles, labels = h, l
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    fig.suptitle(f"{report.get('device', {}).get('name', '?')}: fp16 inference, fusedmlp vs PyTorch "
+                 f"{report.get('torch', '?')}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _plain(obj):
+    """JSON-safe copy: non-finite floats become strings (json.dump would write bare NaN)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def write_outputs(report, out_dir, with_plot=True):
+    """Writes bench.json, bench.txt and (with_plot, matplotlib present) bench.png under out_dir."""
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "bench.json.tmp"  # renamed into place: a run killed mid-write leaves the previous file whole
+    tmp.write_text(json.dumps(_plain(report), indent=1) + "\n")
+    os.replace(tmp, out_dir / "bench.json")
+    (out_dir / "bench.txt").write_text(format_table(report) + "\n")
+    if with_plot:
+        plot(report, out_dir / "bench.png")
+
+
+# ------------------------------------------------------------------------------------------------ progress
+
+_t0 = time.perf_counter()
+
+
+def _elapsed():
+    return time.perf_counter() - _t0
+
+
+def _say(msg):
+    print(f"[{_elapsed():6.1f}s] {msg}", flush=True)
+
+
+def _error_text(e):
+    return f"{type(e).__name__}: {e}"[:600]
+
+
+class _OutOfTime(BaseException):
+    """Raised by the alarm when one torch.compile runs past the budget (a BaseException, so that inductor's own
+    ``except Exception`` handlers pass it through)."""
+
+
+@contextlib.contextmanager
+def _alarm(seconds):
+    # A safety net for a compile that hangs: without it the whole run would be killed from outside, files unwritten.
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread() and seconds > 0
+    if not usable:
+        yield
+        return
+
+    def fire(signum, frame):
+        raise _OutOfTime(f"stopped after {seconds:.0f} s: the run's --budget-s was spent")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# ------------------------------------------------------------------------------------------------ torch side
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise SystemExit(f"fusedmlp.bench needs PyTorch with CUDA ({e}); install it, e.g. pip install torch") from None
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("fusedmlp.bench needs a CUDA GPU that PyTorch can use (torch.cuda.is_available() is False)")
+    return torch
+
+
+def _median_ms(torch, fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure_ceilings(torch):
+    """The device's copy bandwidth and fp16 matmul rate, through torch (METHOD.md: measure, don't quote)."""
+    n = COPY_BYTES // 2
+    src = torch.randn(n, device=DEVICE, dtype=torch.float16)
+    dst = torch.empty_like(src)
+    copy_ms = _median_ms(torch, lambda: dst.copy_(src), 20)
+    del src, dst
+    a = torch.randn(MATMUL_N, MATMUL_N, device=DEVICE, dtype=torch.float16)
+    b = torch.randn(MATMUL_N, MATMUL_N, device=DEVICE, dtype=torch.float16)
+    c = torch.empty_like(a)
+    mm_ms = _median_ms(torch, lambda: torch.mm(a, b, out=c), 20)
+    del a, b, c
+    return {
+        "copy_GBps": 2 * COPY_BYTES / (copy_ms * 1e-3) / 1e9,
+        "copy_bytes": COPY_BYTES,
+        "copy_ms": copy_ms,
+        "matmul_TFLOPs": 2 * MATMUL_N**3 / (mm_ms * 1e-3) / 1e12,
+        "matmul_n": MATMUL_N,
+        "matmul_ms": mm_ms,
+    }
+
+
+def torch_model(torch, wl):
+    """nn.Sequential of Linear + activation (none after the last layer), PyTorch-default initialisation."""
+    nn = torch.nn
+
+    class Sin(nn.Module):
+        def forward(self, x):
+            return torch.sin(x)
+
+    acts = {"relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh, "sin": Sin}
+    layers = []
+    for i, (a, b) in enumerate(zip(wl.widths[:-1], wl.widths[1:])):
+        layers.append(nn.Linear(a, b, bias=wl.bias))
+        if i < len(wl.widths) - 2:
+            layers.append(acts[wl.activation]())
+    return nn.Sequential(*layers)
+
+
+def rel_l2(torch, y, ref):
+    """||y - ref|| / ||ref|| in float64; NaN if y holds a NaN (an unwritten, poisoned element)."""
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def _n_buffers(torch, wl, rows):
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    per_buffer = rows * wl.widths[0] * 2
+    return max(4, min(MAX_BUFFERS, math.ceil(2 * l2 / per_buffer)))
+
+
+def _time_events(torch, fn, calls_per_fn, reps):
+    """Median ms per call of fn (which runs calls_per_fn calls; fn(k) picks input k), over groups of >= GROUP_MS."""
+    for k in range(3):
+        fn(k)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for k in range(4):
+        fn(k)
+    end.record()
+    end.synchronize()
+    est_ms = max(start.elapsed_time(end) / 4, 1e-4)
+    inner = max(1, min(MAX_INNER, math.ceil(GROUP_MS / est_ms)))
+    reps = max(MIN_REPS, min(reps, int(MAX_METHOD_S * 1e3 / (est_ms * inner))))
+    times, k = [], 0
+    for _ in range(reps):
+        start.record()
+        for _ in range(inner):
+            fn(k)
+            k += 1
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / (inner * calls_per_fn))
+    return {"ms": statistics.median(times), "ms_min": min(times), "ms_max": max(times), "reps": reps,
+            "calls_per_group": inner * calls_per_fn}
+
+
+def _time_host(torch, fn, max_calls):
+    """Median microseconds of fn(k) + stream synchronize, timed on the host."""
+    stream = torch.cuda.current_stream()
+    times = []
+    budget_end = time.perf_counter() + HOST_CALL_S
+    for k in range(max_calls):
+        stream.synchronize()
+        t = time.perf_counter()
+        fn(k)
+        stream.synchronize()
+        times.append(time.perf_counter() - t)
+        if k >= 30 and time.perf_counter() > budget_end:
+            break
+    return {"call_us": statistics.median(times) * 1e6, "calls": len(times)}
+
+
+def _fused_shim(torch, mlp):
+    """fused(x) for a CUDA fp16 tensor: checks, allocates the output, launches on torch's current stream."""
+    n_in, n_out = mlp.widths[0], mlp.widths[-1]
+
+    def fused(x):
+        if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != n_in or x.device.type != DEVICE:
+            raise ValueError(f"x must be a ({DEVICE}) float16 tensor of shape (rows, {n_in})")
+        x = x.contiguous()
+        y = torch.empty((x.shape[0], n_out), device=x.device, dtype=x.dtype)
+        if x.shape[0]:
+            stream = torch.cuda.current_stream().cuda_stream
+            mlp._kernel("float16").launch(x.data_ptr(), y.data_ptr(), x.shape[0], stream)
+        return y
+
+    return fused
+
+
+def _fused_caller(torch, mlp, x):
+    """FusedMLP.__call__ where it takes CUDA tensors (returning one), else the shim; with the path's name."""
+    try:
+        y = mlp(x)
+        if isinstance(y, torch.Tensor) and y.device == x.device and tuple(y.shape) == (x.shape[0], mlp.widths[-1]):
+            return mlp, "FusedMLP.__call__"
+    except Exception:  # noqa: BLE001 - any refusal means "not supported yet"
+        pass
+    return _fused_shim(torch, mlp), "shim: check, torch.empty, Kernel.launch"
+
+
+def first_calls(torch, fusedmlp, wl, weights, biases, root):
+    """Cold and warm first-call times of one workload, and the FusedMLP to benchmark (its kernel then loaded)."""
+    folder = pathlib.Path(root)
+    x = torch.randn(1024, wl.widths[0], device=DEVICE, dtype=torch.float16)
+
+    def first_call(mlp):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        _fused_shim(torch, mlp)(x)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    make = dict(activation=wl.activation, device="cuda", cache_dir=folder)
+    t = time.perf_counter()
+    cold = fusedmlp.FusedMLP(weights, biases, **make)
+    construct_ms = (time.perf_counter() - t) * 1e3
+    cold_ms = first_call(cold)
+    warm = fusedmlp.FusedMLP(weights, biases, **make)
+    warm_ms = first_call(warm)
+    return warm, {"construct_ms": construct_ms, "cold_ms": cold_ms, "warm_ms": warm_ms}
+
+
+def _plan_info(mlp):
+    from . import _api
+
+    info = _api._gpu(0).info
+    plan = mlp._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], "float16", "float16",
+                         smem_per_sm=info["smem_per_sm"]).info
+    return {"plan": dict(plan), "kernel": dict(mlp._kernel("float16").info), "cache_entry": mlp.cache_path}
+
+
+class _Case:
+    """Inputs, reference and floor of one (workload, rows) pair."""
+
+    def __init__(self, torch, name, wl, rows, model, ref_model, ceilings):
+        self.name, self.wl, self.rows = name, wl, rows
+        gen = torch.Generator(device=DEVICE)
+        gen.manual_seed(_seed(name, rows))
+        n = _n_buffers(torch, wl, rows)
+        self.xs = [torch.randn(rows, wl.widths[0], device=DEVICE, dtype=torch.float16, generator=gen)
+                   for _ in range(n)]
+        self.ref = ref_model(self.xs[0].double())
+        self.model = model
+        ms, bound = floor_ms(wl.widths, rows, ceilings)
+        self.result = {"workload": name, "rows": rows, "n_buffers": n, "io_bytes": io_bytes(wl.widths, rows),
+                       "flops": flops(wl.widths, rows), "floor_ms": ms, "floor_bound": bound, "methods": {}}
+
+
+def _seed(name, rows):
+    # str hash() is salted per process; this is not
+    return (sum(ord(c) * 31**i for i, c in enumerate(name)) + rows) % (2**31)
+
+
+def _measure(torch, case, method, setup, tolerance, reps, host_calls):
+    """Runs one method of one case: setup() -> (fn, calls_per_fn, check, host_fn); check, time, record.
+
+    fn(k) runs calls_per_fn calls starting at input k; check() returns the output for input 0 (poisoned first where
+    the output buffer is reused); host_fn(k) is one call (None: no host timing).
+    """
+    entry = {}
+    case.result["methods"][method] = entry
+    try:
+        t = time.perf_counter()
+        fn, calls_per_fn, check, host_fn = setup()
+        y = check()
+        torch.cuda.synchronize()
+        entry["setup_s"] = time.perf_counter() - t
+        entry["rel_l2"] = rel_l2(torch, y, case.ref)
+        if method.startswith("fusedmlp"):
+            entry["check_ok"] = bool(entry["rel_l2"] <= tolerance)  # NaN fails
+        entry.update(_time_events(torch, fn, calls_per_fn, reps))
+        if host_fn is not None:
+            entry.update(_time_host(torch, host_fn, host_calls))
+    except _OutOfTime as e:
+        entry["error"] = str(e)
+        raise
+    except Exception as e:  # noqa: BLE001 - one method's failure is a result, not the end of the run
+        entry["error"] = _error_text(e)
+    extra = f"  call {entry['call_us']:.1f} us" if "call_us" in entry else ""
+    state = entry.get("error") or (f"{entry['ms']:.4g} ms{extra}  relL2 {entry['rel_l2']:.2e}"
+                                   + ("  CHECK FAILED" if entry.get("check_ok") is False else ""))
+    _say(f"{case.name:9s} {rows_label(case.rows):>5s} {method:15s} {state}")
+    return entry
+
+
+def _graph_of(torch, body, order):
+    """One CUDA graph that runs body(j) for j in order (after a warm-up on a side stream, as torch requires)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for j in order:
+            body(j)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    outs = []
+    with torch.cuda.graph(graph):
+        for j in order:
+            outs.append(body(j))
+    return graph, outs
+
+
+def _fused_methods(torch, case, mlp, caller):
+    kernel = mlp._kernel("float16")
+    xs, rows, n = case.xs, case.rows, len(case.xs)
+    y = torch.empty(rows, case.wl.widths[-1], device=DEVICE, dtype=torch.float16)
+    xp, yp = [x.data_ptr() for x in xs], y.data_ptr()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def poisoned(run):
+        y.fill_(float("nan"))
+        run()
+        return y
+
+    def kernel_setup():
+        def fn(k):
+            kernel.launch(xp[k % n], yp, rows, stream)
+
+        return fn, 1, lambda: poisoned(lambda: fn(0)), fn
+
+    def graph_setup():
+        order = list(range(1, n)) + [0]  # input 0 last: y then holds its output, for the check
+
+        def body(j):
+            kernel.launch(xp[j], yp, rows, torch.cuda.current_stream().cuda_stream)
+
+        graph, _ = _graph_of(torch, body, order)
+        return (lambda k: graph.replay()), n, lambda: poisoned(graph.replay), None
+
+    def call_setup():
+        def fn(k):
+            return caller(xs[k % n])
+
+        return fn, 1, lambda: fn(0), fn
+
+    return {"fusedmlp": kernel_setup, "fusedmlp_graph": graph_setup, "fusedmlp_call": call_setup}
+
+
+def _torch_methods(torch, case):
+    model, xs, n = case.model, case.xs, len(case.xs)
+
+    def eager_setup():
+        def fn(k):
+            return model(xs[k % n])
+
+        return fn, 1, lambda: fn(0), fn
+
+    def graph_setup():
+        order = list(range(1, n)) + [0]
+        graph, outs = _graph_of(torch, lambda j: model(xs[j]), order)
+
+        def check():
+            outs[-1].fill_(float("nan"))
+            graph.replay()
+            return outs[-1]
+
+        return (lambda k: graph.replay()), n, check, None
+
+    return {"torch_eager": eager_setup, "torch_graph": graph_setup}
+
+
+def _compile_setup(torch, case, compiled, entry_times):
+    xs, n = case.xs, len(case.xs)
+
+    def setup():
+        t = time.perf_counter()
+        compiled(xs[0])  # compiles for this shape (dynamic=False: every row count is its own graph)
+        torch.cuda.synchronize()
+        entry_times.append(time.perf_counter() - t)
+
+        def fn(k):
+            return compiled(xs[k % n])
+
+        return fn, 1, lambda: fn(0), fn
+
+    return setup
+
+
+def _set_recompile_limit(torch, limit):
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), limit))
+
+
+def _quiet_autotune(torch):
+    # max-autotune prints a table per matrix shape (~10 lines each, dozens of shapes); the log is read remotely
+    try:
+        import torch._inductor.select_algorithm as select_algorithm
+
+        select_algorithm.PRINT_AUTOTUNE = False
+        return True
+    except Exception:  # noqa: BLE001 - a private switch; keep the tables if it moved
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def _parse_args(argv):
+    ap = argparse.ArgumentParser(prog="python -m fusedmlp.bench", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", nargs="+", type=parse_rows, default=list(DEFAULT_ROWS),
+                    help="batch sizes (e.g. 1024 2^14 1<<18); default 2^10 2^14 2^18 2^21")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
+                    help=f"names, space- or comma-separated, from {', '.join(WORKLOADS)} (default: all)")
+    ap.add_argument("--quick", action="store_true", help="20 reps and 50 host calls instead of 100 and 200")
+    ap.add_argument("--reps", type=int, help="timed groups per method (default 100, --quick 20)")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="wall-clock seconds for the whole run; torch.compile measurements that would not fit are "
+                         "skipped (default 420)")
+    ap.add_argument("--show-autotune", action="store_true", help="let max-autotune print its choice tables")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--out", help="folder for bench.json, bench.txt and bench.png")
+    where.add_argument("--save", action="store_true", help="write them under bench/results/<device>/")
+    args = ap.parse_args(argv)
+    names = [n for item in args.workloads for n in item.split(",") if n]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    args.workloads = list(dict.fromkeys(names))
+    args.rows = sorted(set(args.rows))
+    if args.reps is None:
+        args.reps = 20 if args.quick else 100
+    args.host_calls = 50 if args.quick else 200
+    return args
+
+
+def _results_dir(args, device_name):
+    if args.out:
+        return pathlib.Path(args.out)
+    if not args.save:
+        return None
+    root = pathlib.Path(__file__).resolve().parents[2]  # the repository, for an editable install
+    if not (root / "bench").is_dir():
+        root = pathlib.Path.cwd()
+    return root / "bench" / "results" / device_slug(device_name)
+
+
+def _skip_reason(wl):
+    if wl.residual:
+        return "fusedmlp has no residual epilogue yet (the fused kernel computes act(W x + b) only)"
+    return None
+
+
+def main(argv=None):
+    """Runs the benchmark; returns 0, or 1 when fusedmlp failed a check or a run."""
+    global _t0
+    _t0 = time.perf_counter()
+    args = _parse_args(argv)
+    torch = _import_torch()
+    import torch._dynamo  # noqa: F401 - torch.compile's state, reset before phase 2
+
+    import fusedmlp
+    from . import _api
+
+    props = torch.cuda.get_device_properties(0)
+    name = torch.cuda.get_device_name(0)
+    out_dir = _results_dir(args, name)
+    report = {
+        "schema": 1,
+        "device": {"name": name, "sm_count": getattr(props, "multi_processor_count", None),
+                   "capability": f"{getattr(props, 'major', '?')}.{getattr(props, 'minor', '?')}",
+                   "l2_bytes": getattr(props, "L2_cache_size", None), "memory_bytes": getattr(props, "total_memory",
+                                                                                              None)},
+        "torch": torch.__version__, "torch_cuda": getattr(torch.version, "cuda", None),
+        "fusedmlp": fusedmlp.__version__, "python": platform.python_version(), "argv": sys.argv[1:] if argv is None
+        else list(argv), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tolerance": fusedmlp.CHECK_TOLERANCE,
+        "settings": {"rows": args.rows, "reps": args.reps, "host_calls": args.host_calls, "group_ms": GROUP_MS,
+                     "max_buffers": MAX_BUFFERS, "compile_mode": None if args.no_compile else COMPILE_MODE,
+                     "budget_s": args.budget_s},
+        "ceilings": None, "workloads": {}, "results": [],
+    }
+
+    def save(with_plot=False):
+        if out_dir is not None:
+            report["elapsed_s"] = _elapsed()
+            write_outputs(report, out_dir, with_plot)
+
+    _say(f"{name}, torch {torch.__version__} (CUDA {report['torch_cuda']}), fusedmlp {fusedmlp.__version__}; "
+         f"workloads {' '.join(args.workloads)}; rows {' '.join(rows_label(r) for r in args.rows)}")
+    report["ceilings"] = measure_ceilings(torch)
+    c = report["ceilings"]
+    _say(f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read + write), fp16 matmul {c['matmul_TFLOPs']:.0f} TFLOP/s")
+    t = time.perf_counter()
+    try:
+        nvrtc_path, nvrtc_version = _api._nvrtc_info()
+        _api._gpu(0)
+        report["nvrtc"] = {"path": nvrtc_path, "version": list(nvrtc_version)}
+    except Exception as e:  # noqa: BLE001 - every fusedmlp method will then record its own error
+        report["nvrtc"] = {"error": _error_text(e)}
+    report["process_init_ms"] = (time.perf_counter() - t) * 1e3
+
+    models, fused = {}, {}
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="fusedmlp-bench-") as cache_root, torch.inference_mode():
+        # ---- phase 1: everything but torch.compile, workload by workload
+        for wname in args.workloads:
+            wl = WORKLOADS[wname]
+            winfo = {"widths": list(wl.widths), "activation": wl.activation, "bias": wl.bias,
+                     "residual": wl.residual, "flops_per_row": flops(wl.widths, 1),
+                     "io_bytes_per_row": io_bytes(wl.widths, 1), "skipped": _skip_reason(wl)}
+            report["workloads"][wname] = winfo
+            if winfo["skipped"]:
+                _say(f"{wname:9s} skipped: {winfo['skipped']}")
+                continue
+            torch.manual_seed(0)
+            model = torch_model(torch, wl).to(DEVICE).half().eval()
+            models[wname] = model
+            ref_model = torch_model(torch, wl).to(DEVICE).double().eval()
+            ref_model.load_state_dict(model.state_dict())  # float64 copy of the fp16-rounded weights
+            linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+            weights = [m.weight.detach().float().cpu().numpy() for m in linears]
+            biases = [m.bias.detach().float().cpu().numpy() if wl.bias else None for m in linears]
+            try:
+                mlp, times = first_calls(torch, fusedmlp, wl, weights, biases, os.path.join(cache_root, wname))
+                winfo.update(times)
+                _say(f"{wname:9s} first call: cold {times['cold_ms']:.1f} ms, warm {times['warm_ms']:.2f} ms")
+                try:
+                    winfo.update(_plan_info(mlp))
+                except Exception as e:  # noqa: BLE001
+                    winfo["plan_error"] = _error_text(e)
+                fused[wname] = mlp
+            except Exception as e:  # noqa: BLE001
+                winfo["fusedmlp_error"] = _error_text(e)
+                _say(f"{wname:9s} fusedmlp failed: {winfo['fusedmlp_error']}")
+                failed = True
+                mlp = None
+            for rows in args.rows:
+                case = _Case(torch, wname, wl, rows, model, ref_model, report["ceilings"])
+                report["results"].append(case.result)
+                setups = {}
+                if mlp is not None:
+                    caller, path = _fused_caller(torch, mlp, case.xs[0])
+                    winfo["call_path"] = path
+                    setups.update(_fused_methods(torch, case, mlp, caller))
+                setups.update(_torch_methods(torch, case))
+                for method, setup in setups.items():
+                    entry = _measure(torch, case, method, setup, fusedmlp.CHECK_TOLERANCE, args.reps,
+                                     args.host_calls)
+                    if method.startswith("fusedmlp") and (entry.get("error") or entry.get("check_ok") is False):
+                        failed = True
+                del case, setups
+                save()
+        save(with_plot=True)
+
+        # ---- phase 2: torch.compile, largest batches first, while the budget lasts
+        stopped = False
+        if not args.no_compile and models:
+            torch._dynamo.reset()
+            _set_recompile_limit(torch, len(models) * len(args.rows) + 8)
+            report["settings"]["autotune_tables_quiet"] = (not args.show_autotune) and _quiet_autotune(torch)
+            compiled, compile_times = {}, []
+            by_key = {(r["workload"], r["rows"]): r for r in report["results"]}
+            for rows in sorted(args.rows, reverse=True):
+                for wname in models:
+                    result = by_key[(wname, rows)]
+                    left = args.budget_s - _elapsed() - FINAL_RESERVE_S
+                    guess = max(compile_times[-3:]) if compile_times else SLOW_COMPILE_GUESS_S
+                    if stopped or left < guess:
+                        why = "time budget spent (--budget-s)" if not stopped else "an earlier compile hit the budget"
+                        result["methods"]["torch_compile"] = {"skipped": why}
+                        _say(f"{wname:9s} {rows_label(rows):>5s} torch_compile   skipped: {why}")
+                        continue
+                    if wname not in compiled:
+                        compiled[wname] = torch.compile(models[wname], mode=COMPILE_MODE, dynamic=False)
+                    ref_model = torch_model(torch, WORKLOADS[wname]).to(DEVICE).double().eval()
+                    ref_model.load_state_dict(models[wname].state_dict())
+                    case = _Case(torch, wname, WORKLOADS[wname], rows, models[wname], ref_model, report["ceilings"])
+                    case.result = result
+                    times = []
+                    try:
+                        with _alarm(left + 30):
+                            entry = _measure(torch, case, "torch_compile",
+                                             _compile_setup(torch, case, compiled[wname], times),
+                                             fusedmlp.CHECK_TOLERANCE, args.reps, args.host_calls)
+                    except _OutOfTime:
+                        stopped = True
+                        entry = result["methods"]["torch_compile"]
+                        _say(f"{wname:9s} {rows_label(rows):>5s} torch_compile   {entry['error']}")
+                    if times:
+                        entry["compile_s"] = times[0]
+                        compile_times.append(times[0])
+                    del case, ref_model
+                    save()
+        elif models:
+            for r in report["results"]:
+                r["methods"]["torch_compile"] = {"skipped": "--no-compile"}
+
+    report["elapsed_s"] = _elapsed()
+    if out_dir is not None:
+        write_outputs(report, out_dir, with_plot=True)
+    table = format_table(report)
+    print(table, flush=True)
+    if out_dir is not None:
+        _say(f"wrote {out_dir}/bench.json, bench.txt" + (", bench.png" if (out_dir / "bench.png").exists() else
+                                                          " (no bench.png: matplotlib is missing)"))
+    if stopped:
+        # a compile interrupted by the alarm can leave inductor's worker pool waiting; the files are written
+        sys.stdout.flush()
+        os._exit(1 if failed else 0)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""PyTorch integration: read an nn.Module into a FusedMLP, wrap it as an nn.Module, and a torch.compile custom op.
+
+    mlp = fusedmlp.from_torch(model.mlp)                # nn.Sequential / torchvision.ops.MLP / nested Sequentials
+    y = mlp(x_cuda)                                     # CUDA tensor in -> CUDA tensor out, on torch's stream
+    model.mlp = fusedmlp.torch.FusedModule(model.mlp)   # an nn.Module; torch.compile(fullgraph=True) traces through it
+
+Inference only: fusedmlp has no backward, so a call that autograd would differentiate raises instead of returning a
+result without gradients (call it under torch.no_grad() / torch.inference_mode(), or freeze the parameters).
+"""
+
+import itertools
+from collections import OrderedDict
+import re
+import threading
+
+import torch
+from torch import nn
+
+from ._api import FusedMLP
+from ._dlpack import call_torch
+from .errors import ArgumentError, ShapeError
+
+__all__ = ["from_torch", "FusedModule", "mlp_forward"]
+
+
+def _activation_text(module):
+    """The expression for an activation module, or None when the module is not one fusedmlp knows."""
+    if isinstance(module, nn.ReLU):
+        return "relu"
+    if isinstance(module, nn.LeakyReLU):
+        return f"leaky_relu(x, {module.negative_slope!r})"
+    if isinstance(module, nn.ELU):
+        return f"elu(x, {module.alpha!r})"
+    if isinstance(module, nn.GELU):
+        return "gelu_tanh" if module.approximate == "tanh" else "gelu"
+    if isinstance(module, nn.Softplus):
+        return f"softplus(x, {float(module.beta)!r}, {float(module.threshold)!r})"
+    if isinstance(module, nn.ReLU6):
+        return "hardtanh(x, 0, 6)"
+    if isinstance(module, nn.Hardtanh):
+        return f"hardtanh(x, {float(module.min_val)!r}, {float(module.max_val)!r})"
+    simple = {nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.Mish: "mish", nn.SELU: "selu",
+              nn.Hardsigmoid: "hardsigmoid", nn.Hardswish: "hardswish", nn.Softsign: "softsign"}
+    for cls, text in simple.items():
+        if type(module) is cls:
+            return text
+    return None
+
+
+SUPPORTED = ("Linear, ReLU, LeakyReLU, ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Mish, SELU, ReLU6, Hardtanh, "
+             "Hardsigmoid, Hardswish, Softsign, Identity, Dropout (in eval mode), nested Sequential")
+
+
+def _compose(outer, inner):
+    """outer(inner(x)) as one expression: every whole-word x of outer becomes (inner)."""
+    inner_expr = inner if "(" in inner else f"{inner}(x)"
+    outer_expr = outer if "(" in outer else f"{outer}(x)"
+    return re.sub(r"\bx\b", f"({inner_expr})", outer_expr)
+
+
+def _flatten(module, prefix):
+    """(path, module) for every leaf in evaluation order, descending into Sequentials (torchvision's MLP is one)."""
+    if isinstance(module, nn.Sequential):
+        # _modules, not named_children(): the latter skips a module instance used twice (Sequential(l1, act, l2, act)),
+        # while Sequential's forward runs it twice.
+        for name, child in module._modules.items():
+            if child is not None:
+                yield from _flatten(child, f"{prefix}.{name}" if prefix else name)
+    else:
+        yield prefix, module
+
+
+def read_module(module, activations=None):
+    """Reads an MLP module into weights, biases and one activation per layer.
+
+    Args:
+        module: an nn.Linear, nn.Sequential (nested ones too) or torchvision.ops.MLP without norm layers.
+        activations: {module path: expression} for modules fusedmlp does not know (e.g. {"mlp.4": "x*tanh(x)"}).
+
+    Returns:
+        (weights, biases, activations) ready for FusedMLP.
+    """
+    activations = dict(activations or {})
+    weights, biases, acts = [], [], []
+    for path, leaf in _flatten(module, ""):
+        label = path or type(module).__name__
+        text = activations.pop(path, None)
+        if text is None and isinstance(leaf, nn.Linear):
+            weights.append(leaf.weight.detach().float().cpu().numpy())
+            biases.append(None if leaf.bias is None else leaf.bias.detach().float().cpu().numpy())
+            acts.append("none")
+            continue
+        if text is None and isinstance(leaf, (nn.Identity, nn.Flatten)):
+            continue
+        if text is None and isinstance(leaf, nn.Dropout):
+            if leaf.training and leaf.p > 0:
+                raise ArgumentError(f"{label}: Dropout(p={leaf.p}) is active because the model is in training mode; "
+                                    "call model.eval() first (fusedmlp runs inference)")
+            continue
+        if text is None:
+            text = _activation_text(leaf)
+        if text is None:
+            raise ArgumentError(f"{label}: {type(leaf).__name__} is not supported; supported: {SUPPORTED}; or map it "
+                                f"to an expression with activations={{'{label}': '...'}}")
+        if not weights:
+            raise ArgumentError(f"{label}: {type(leaf).__name__} comes before the first Linear; fusedmlp applies "
+                                "activations after a layer")
+        acts[-1] = text if acts[-1] == "none" else _compose(text, acts[-1])
+    if activations:
+        raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
+    if not weights:
+        raise ShapeError(f"{type(module).__name__} holds no nn.Linear layer")
+    return weights, biases, acts
+
+
+def from_torch(module, activations=None, device=None, **kwargs):
+    """Builds a FusedMLP from a PyTorch MLP.
+
+    Args:
+        module: nn.Sequential (nested ones too), torchvision.ops.MLP without norm layers, or one nn.Linear.
+        activations: {module path: expression} for activation modules fusedmlp does not know.
+        device: default: the module's device ('cuda:N' for CUDA parameters, else 'auto').
+        kwargs: passed to FusedMLP (check, cache_dir).
+
+    Returns:
+        A FusedMLP with the module's weights (copied: later changes to the module do not affect it).
+    """
+    weights, biases, acts = read_module(module, activations)
+    if device is None:
+        params = list(module.parameters())
+        device = str(params[0].device) if params and params[0].is_cuda else "auto"
+        if device == "cuda":
+            device = f"cuda:{torch.cuda.current_device()}"
+    return FusedMLP(weights, biases, activation=acts, device=device, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ the custom op
+
+_registry = {}  # handle -> FusedMLP; handles are what traced graphs carry
+_handles = itertools.count(1)
+_registry_lock = threading.Lock()
+
+
+def _register(mlp):
+    with _registry_lock:
+        handle = next(_handles)
+        _registry[handle] = mlp
+    return handle
+
+
+@torch.library.custom_op("fusedmlp::mlp_forward", mutates_args=())
+def mlp_forward(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """The fused forward of the registered model `handle` on x (..., in) -> (..., out), x's dtype and device."""
+    return call_torch(_registry[handle], x)
+
+
+@mlp_forward.register_fake
+def _(x, handle):
+    mlp = _registry[handle]
+    return x.new_empty((*x.shape[:-1], mlp.widths[-1]))
+
+
+class FusedModule(nn.Module):
+    """An nn.Module running a PyTorch MLP through fusedmlp's fused kernel.
+
+    It holds the wrapped module's own submodules under the same names, so ``state_dict`` keys are unchanged and a
+    state dict saved from the original loads into it (and back). The fused model is rebuilt eagerly whenever the
+    weights may have changed (construction, load_state_dict, .to()/.cuda()/.half()), never inside forward, so
+    forward stays a single custom-op call that torch.compile(fullgraph=True) traces without a break. Inference
+    only: forward raises if autograd would track it.
+
+    Args:
+        module: what from_torch accepts.
+        activations: {module path: expression} for activation modules fusedmlp does not know.
+        kwargs: passed to FusedMLP (check, cache_dir).
+    """
+
+    def __init__(self, module, activations=None, **kwargs):
+        super().__init__()
+        self._wraps_sequential = isinstance(module, nn.Sequential)
+        if self._wraps_sequential:
+            for name, child in module._modules.items():
+                self.add_module(name, child)
+        else:
+            self.add_module("module", module)
+        self._activations = activations
+        self._kwargs = kwargs
+        self._handle = None
+        self._rebuild()
+        self.register_load_state_dict_post_hook(lambda mod, keys: mod._rebuild())
+
+    def _wrapped(self):
+        return nn.Sequential(OrderedDict(self._modules)) if self._wraps_sequential else self.module
+
+    def _rebuild(self):
+        self._release()
+        weights, biases, texts = read_module(self._wrapped(), self._activations)
+        params = list(self.parameters())
+        device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
+        self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **self._kwargs))
+
+    def _release(self):
+        if self._handle is not None:
+            with _registry_lock:
+                _registry.pop(self._handle, None)
+            self._handle = None
+
+    def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .half(): the weights moved or changed
+        out = super()._apply(fn, *args, **kwargs)
+        self._rebuild()
+        return out
+
+    def forward(self, x):
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            raise ArgumentError("FusedModule is inference-only (no backward): call it under torch.no_grad() or "
+                                "torch.inference_mode(), or freeze the parameters with requires_grad_(False)")
+        return mlp_forward(x, self._handle)
+
+    def extra_repr(self):
+        return repr(_registry.get(self._handle))
+
+    def __del__(self):
+        try:
+            self._release()
+        except Exception:  # interpreter shutdown
+            pass

@@ -1,0 +1,314 @@
+"""fusedmlp.bench without a GPU: the floor arithmetic, the table, the plot, and a whole run on the CPU with the CUDA
+parts (events, graphs, the fused kernel) replaced by host stand-ins."""
+
+import contextlib
+import ctypes
+import json
+import math
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from fusedmlp import bench
+
+CEILINGS = {"copy_GBps": 3000.0, "matmul_TFLOPs": 600.0}
+
+
+def test_floor_is_the_slower_of_moving_the_io_and_doing_the_math():
+    widths = bench.WORKLOADS["tcnn64"].widths  # 32-64-64-64-64-16
+    rows = 2**21
+    assert bench.io_bytes(widths, rows) == rows * (32 + 16) * 2
+    assert bench.flops(widths, rows) == 2 * rows * (32 * 64 + 3 * 64 * 64 + 64 * 16)
+    ms, bound = bench.floor_ms(widths, rows, CEILINGS)
+    assert bound == "compute"
+    assert ms == pytest.approx(2 * rows * 15360 / 600e12 * 1e3)  # 0.1074 ms; the I/O alone takes 0.0671 ms
+    # one output feature and two inputs: memory is the larger term only when the math is tiny
+    ms, bound = bench.floor_ms((2, 1), rows, CEILINGS)
+    assert bound == "memory"
+    assert ms == pytest.approx(rows * 3 * 2 / 3000e9 * 1e3)
+
+
+def test_flops_count_real_widths_not_the_padded_ones():
+    # pinn50 pads 50 to 64 and 2 to 16 inside the kernel; the floor must not count that padding
+    assert bench.flops(bench.WORKLOADS["pinn50"].widths, 1) == 2 * (2 * 50 + 4 * 50 * 50 + 50 * 1)
+    assert bench.flops(bench.WORKLOADS["siren256"].widths, 3) == 3 * 2 * (2 * 256 + 2 * 256 * 256 + 256 * 3)
+
+
+def test_workload_set_is_the_issue_set():
+    assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128"]
+    flex = bench.WORKLOADS["flex"]
+    assert flex.widths == (3, 64, 128, 96, 64, 32, 16, 4) and flex.activation == "silu" and flex.bias
+    assert bench._skip_reason(bench.WORKLOADS["res128"]).startswith("fusedmlp has no residual epilogue")
+    assert all(bench._skip_reason(w) is None for n, w in bench.WORKLOADS.items() if n != "res128")
+
+
+@pytest.mark.parametrize("text, rows", [("1024", 1024), ("2^14", 16384), ("2**18", 262144), ("1<<21", 2097152)])
+def test_rows_accept_powers_written_three_ways(text, rows):
+    assert bench.parse_rows(text) == rows
+
+
+def test_rows_label_and_device_folder_names():
+    assert [bench.rows_label(r) for r in (1024, 2**21, 1000)] == ["2^10", "2^21", "1000"]
+    assert bench.device_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert bench.device_slug("NVIDIA H200") == "h200"
+    assert bench.device_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert bench.device_slug("NVIDIA GeForce RTX 4090") == "rtx-4090"
+    assert bench.device_slug("???") == "gpu"
+
+
+def fake_report():
+    """Two batch sizes of tcnn64 with made-up times, one failed peer, one skipped workload."""
+    widths = bench.WORKLOADS["tcnn64"].widths
+    results = []
+    for rows, fused, eager, graph, comp in ((2**10, 0.004, 0.05, 0.012, None), (2**21, 0.25, 1.66, 1.58, 1.2)):
+        floor, bound = bench.floor_ms(widths, rows, CEILINGS)
+        results.append({
+            "workload": "tcnn64", "rows": rows, "floor_ms": floor, "floor_bound": bound, "n_buffers": 4,
+            "methods": {
+                "fusedmlp": {"ms": fused, "rel_l2": 4.9e-4, "check_ok": True, "call_us": 12.0},
+                "fusedmlp_graph": {"ms": fused * 0.9, "rel_l2": 4.9e-4, "check_ok": True},
+                "fusedmlp_call": {"ms": fused * 1.2, "call_us": 30.0 + fused * 1e3, "rel_l2": 4.9e-4,
+                                  "check_ok": True},
+                "torch_eager": {"ms": eager, "call_us": 80.0, "rel_l2": 3e-4},
+                "torch_graph": {"ms": graph, "rel_l2": 3e-4},
+                "torch_compile": {"ms": comp, "rel_l2": 3e-4} if comp else {"error": "RuntimeError: no triton"},
+            },
+        })
+    return {
+        "device": {"name": "NVIDIA H100 80GB HBM3"}, "torch": "2.13.0", "fusedmlp": "0.1.0", "tolerance": 2e-3,
+        "ceilings": dict(CEILINGS),
+        "workloads": {
+            "tcnn64": {"widths": list(widths), "activation": "relu", "skipped": None, "cold_ms": 471.2, "warm_ms": 1.0},
+            "res128": {"widths": [128] * 6, "activation": "relu", "skipped": "fusedmlp has no residual epilogue yet"},
+        },
+        "results": results,
+    }
+
+
+def test_summary_ratios_use_the_best_peer_that_ran():
+    big = fake_report()["results"][1]
+    s = bench.summarize(big)
+    assert s["best_peer"] == "torch_compile" and s["best_peer_ms"] == 1.2
+    assert s["x_peer"] == pytest.approx(1.2 / 0.25)
+    assert s["x_floor"] == pytest.approx(0.25 / big["floor_ms"])
+    assert s["rows_per_s"] == pytest.approx(2**21 / 0.25e-3)
+    small = fake_report()["results"][0]  # compile failed: the best peer is the graph
+    assert bench.summarize(small)["best_peer"] == "torch_graph"
+    assert bench.summarize(small)["x_peer"] == pytest.approx(0.012 / 0.004)
+
+
+def test_table_has_a_line_per_result_with_ratios_and_notes():
+    text = bench.format_table(fake_report())
+    lines = text.splitlines()
+    assert "copy 3000 GB/s" in lines[0] and "600 TFLOP/s" in lines[0]
+    row21 = next(line for line in lines if line.startswith("tcnn64") and " 2^21 " in line)
+    cells = row21.split()
+    assert cells[:8] == ["tcnn64", "2^21", "0.25", "0.225", "0.28", "1.66", "1.58", "1.2"]  # call: 280 us
+    assert cells[8] == "0.1074c"  # compute-bound floor
+    assert cells[9] == "8.39G" and cells[10] == f"{0.25 / 0.1073741824:.2f}" and cells[11] == "4.80"
+    row10 = next(line for line in lines if line.startswith("tcnn64") and " 2^10 " in line)
+    assert row10.split()[7] == "err"
+    assert "res128     skipped: fusedmlp has no residual epilogue yet" in text
+    assert "cold 471.2 ms" in text and "warm 1.00 ms" in text
+    assert "error: tcnn64 2^10 torch_compile: RuntimeError: no triton" in text
+
+
+def test_table_flags_a_failed_accuracy_check():
+    report = fake_report()
+    report["results"][1]["methods"]["fusedmlp"].update(rel_l2=float("nan"), check_ok=False)
+    text = bench.format_table(report)
+    assert "0.25!" in text
+    assert "error: tcnn64 2^21 fusedmlp: relative L2 error nan exceeds 0.002" in text
+
+
+def test_json_output_keeps_nan_readable(tmp_path):
+    report = fake_report()
+    report["results"][0]["methods"]["fusedmlp"]["rel_l2"] = float("nan")
+    bench.write_outputs(report, tmp_path, with_plot=False)
+    back = json.loads((tmp_path / "bench.json").read_text())  # strict JSON: no bare NaN
+    assert back["results"][0]["methods"]["fusedmlp"]["rel_l2"] == "nan"
+    assert back["results"][1]["methods"]["torch_eager"]["ms"] == 1.66
+    assert (tmp_path / "bench.txt").read_text().startswith("NVIDIA H100")
+
+
+def test_plot_writes_a_png_with_a_panel_per_workload(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    assert bench.plot(fake_report(), path) is True
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (2 * 5 * 120, 3.8 * 120)  # two panels side by side at 120 dpi
+
+
+def test_module_imports_without_torch_and_main_says_what_is_missing():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import fusedmlp.bench as b\n"
+            "assert b.floor_ms((2, 1), 8, {'copy_GBps': 1.0, 'matmul_TFLOPs': 1.0})[1] == 'memory'\n"
+            "b.main(['--rows', '1024'])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "fusedmlp.bench needs PyTorch" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------ a run on the CPU
+
+
+class FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+class FakeStream:
+    cuda_stream = 0
+
+    def synchronize(self):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+
+class FakeGraph:
+    """What _graph_of builds: replay() reruns the captured calls, writing into the outputs of the capture."""
+
+    def __init__(self, body, order):
+        self.body, self.order = body, order
+        self.outs = [body(j) for j in order]
+
+    def replay(self):
+        for j, out in zip(self.order, self.outs):
+            y = self.body(j)
+            if out is not None:
+                out.copy_(y)
+
+
+class FakeKernel:
+    """Kernel.launch on host pointers: the C CPU forward of the same network, through ctypes views."""
+
+    scale = 1.0
+
+    def __init__(self, net):
+        self.net = net
+        self.info = {"blocks_per_sm": 1, "smem_bytes": 0, "threads": 256}
+
+    def launch(self, xp, yp, rows, stream=0):
+        n_in, n_out = self.net.widths[0], self.net.widths[-1]
+        x = np.ctypeslib.as_array((ctypes.c_uint16 * (rows * n_in)).from_address(xp)).view(np.float16)
+        y = np.ctypeslib.as_array((ctypes.c_uint16 * (rows * n_out)).from_address(yp)).view(np.float16)
+        out = self.net.forward_cpu(x.reshape(rows, n_in).astype(np.float32)) * self.scale
+        y[:] = out.astype(np.float16).ravel()
+
+
+class FakeGpu:
+    info = {"name": "Fake GPU", "arch": 90, "sm_count": 132, "smem_per_block": 232448, "smem_per_sm": 233472}
+
+
+@pytest.fixture
+def cpu_bench(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import fusedmlp
+    from fusedmlp import _api
+
+    props = type("Props", (), {"L2_cache_size": 1 << 20, "multi_processor_count": 132, "major": 9, "minor": 0,
+                               "total_memory": 80 << 30})()
+    stream = FakeStream()
+    for name, value in {
+        "is_available": lambda: True, "get_device_name": lambda i=0: "NVIDIA Fake 100", "get_device_properties":
+        lambda i=0: props, "synchronize": lambda: None, "Event": FakeEvent, "current_stream": lambda d=None: stream,
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(bench, "MATMUL_N", 64)
+    monkeypatch.setattr(bench, "HOST_CALL_S", 0.01)
+    monkeypatch.setattr(bench, "MAX_METHOD_S", 0.05)
+    monkeypatch.setattr(bench, "_graph_of", lambda torch, body, order: (g := FakeGraph(body, order), g.outs))
+    monkeypatch.setattr(_api, "_nvrtc_info", lambda: ("libnvrtc.so.13", (13, 0)))
+    monkeypatch.setattr(_api, "_gpu", lambda ordinal: FakeGpu())
+    kernels = {}
+
+    def fake_kernel(self, dtype):
+        if id(self) not in kernels:
+            time.sleep(0.002)  # a "compile", so cold > 0
+            kernels[id(self)] = (self, FakeKernel(self._net))
+        return kernels[id(self)][1]
+
+    monkeypatch.setattr(fusedmlp.FusedMLP, "_kernel", fake_kernel)
+
+    def fake_compile(model, mode=None, dynamic=None):
+        assert mode == "max-autotune-no-cudagraphs" and dynamic is False
+        if len(model) == 11:  # pinn50: a compile that fails must be recorded, not end the run
+
+            def broken(x):
+                raise RuntimeError("inductor: no triton")
+
+            return broken
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    return torch
+
+
+def test_a_whole_run_on_the_cpu_writes_every_number(cpu_bench, tmp_path, capsys):
+    code = bench.main(["--workloads", "tcnn64,pinn50", "res128", "--rows", "64", "1000", "--reps", "12",
+                       "--show-autotune", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["device"]["name"] == "NVIDIA Fake 100"
+    assert report["ceilings"]["copy_GBps"] > 0 and report["ceilings"]["matmul_TFLOPs"] > 0
+    assert report["workloads"]["res128"]["skipped"].startswith("fusedmlp has no residual epilogue")
+    assert [(r["workload"], r["rows"]) for r in report["results"]] == [
+        ("tcnn64", 64), ("tcnn64", 1000), ("pinn50", 64), ("pinn50", 1000)]
+    for name in ("tcnn64", "pinn50"):
+        info = report["workloads"][name]
+        assert info["cold_ms"] > 0 and info["warm_ms"] > 0
+        assert info["plan"]["in_dtype"] == "float16" and info["kernel"]["threads"] == 256
+        assert info["call_path"].startswith("shim")  # FusedMLP.__call__ does not take tensors yet
+    for r in report["results"]:
+        wl = bench.WORKLOADS[r["workload"]]
+        assert r["floor_ms"] == pytest.approx(bench.floor_ms(wl.widths, r["rows"], report["ceilings"])[0])
+        assert 4 <= r["n_buffers"] <= bench.MAX_BUFFERS
+        for method in ("fusedmlp", "fusedmlp_graph", "fusedmlp_call"):
+            entry = r["methods"][method]
+            assert entry["check_ok"] is True and entry["rel_l2"] < 2e-3, (method, entry)
+            assert entry["ms"] > 0 and entry["reps"] >= bench.MIN_REPS
+        for method in ("torch_eager", "torch_graph"):
+            assert r["methods"][method]["ms"] > 0 and r["methods"][method]["rel_l2"] < 1e-2
+        assert r["methods"]["fusedmlp_call"]["call_us"] > 0 and "call_us" not in r["methods"]["torch_graph"]
+        comp = r["methods"]["torch_compile"]
+        if r["workload"] == "pinn50":
+            assert comp["error"] == "RuntimeError: inductor: no triton"
+        else:
+            assert comp["ms"] > 0 and comp["compile_s"] >= 0
+    assert (tmp_path / "bench.txt").read_text().strip() in out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not (tmp_path / "bench.png").exists()
+    else:
+        assert (tmp_path / "bench.png").stat().st_size > 10000
+
+
+def test_a_wrong_fused_result_fails_the_run(cpu_bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(FakeKernel, "scale", 1.5)
+    code = bench.main(["--workloads", "tcnn64", "--rows", "256", "--reps", "10", "--no-compile",
+                       "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    entry = json.loads((tmp_path / "bench.json").read_text())["results"][0]["methods"]["fusedmlp"]
+    assert entry["check_ok"] is False and entry["rel_l2"] == pytest.approx(0.5, rel=1e-2)
+    assert "CHECK FAILED" in out and "error: tcnn64 256 fusedmlp: relative L2 error" in out

@@ -1,0 +1,178 @@
+"""PyTorch integration on the CPU path (CI): from_torch, FusedModule, the custom op, the notebook."""
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import fusedmlp  # noqa: E402
+from fusedmlp import torch as ft  # noqa: E402
+
+ACTIVATION_MODULES = [nn.ReLU(), nn.LeakyReLU(0.2), nn.ELU(0.5), nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU(),
+                      nn.Sigmoid(), nn.Tanh(), nn.Softplus(beta=2, threshold=10), nn.Mish(), nn.SELU(), nn.ReLU6(),
+                      nn.Hardtanh(-2, 2), nn.Hardsigmoid(), nn.Hardswish(), nn.Softsign(), nn.Identity()]
+
+
+def ref64(module, x):
+    """The module's own forward in float64 (on a copy, so the module keeps its dtype)."""
+    import copy
+
+    with torch.no_grad():
+        return copy.deepcopy(module).double()(x.double())
+
+
+def max_rel(y, ref):
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("act", ACTIVATION_MODULES, ids=lambda m: repr(m))
+def test_from_torch_matches_each_activation_module(act):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(7, 40), act, nn.Linear(40, 33), act, nn.Linear(33, 2)).eval()
+    x = torch.randn(300, 7)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    with torch.no_grad():
+        y = mlp(x)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.shape == (300, 2)
+    assert max_rel(y, ref64(model, x)) <= 1e-6
+
+
+def test_nested_sequentials_dropout_and_linear_without_bias():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Sequential(nn.Linear(3, 16, bias=False), nn.Tanh()), nn.Dropout(0.3),
+                          nn.Sequential(nn.Sequential(nn.Linear(16, 16), nn.Softplus())), nn.Linear(16, 4)).eval()
+    x = torch.randn(64, 3)
+    y = fusedmlp.from_torch(model, device="cpu")(x)
+    assert max_rel(y, ref64(model, x)) <= 1e-6
+
+
+def test_consecutive_activations_compose():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Softplus(), nn.Tanh(), nn.Linear(8, 1)).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.activations[0] == "tanh(softplus(x, 1, 20))"
+    x = torch.randn(50, 4)
+    assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+def test_torchvision_mlp():
+    tv = pytest.importorskip("torchvision")
+    try:
+        model = tv.ops.MLP(6, [32, 32, 3], activation_layer=nn.SiLU, dropout=0.1).eval()
+    except Exception as e:  # torchvision's ops may fail to import beside this torch build
+        pytest.skip(f"torchvision unusable here: {e}")
+    x = torch.randn(20, 6)
+    assert max_rel(fusedmlp.from_torch(model, device="cpu")(x), ref64(model, x)) <= 1e-6
+
+
+def test_unsupported_module_names_its_path():
+    model = nn.Sequential(nn.Linear(3, 8), nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)), nn.Linear(8, 1))
+    with pytest.raises(fusedmlp.ArgumentError, match=r"1\.1: BatchNorm1d is not supported; supported: Linear"):
+        fusedmlp.from_torch(model)
+
+
+def test_an_unknown_module_can_be_mapped_to_an_expression():
+    class MyMish(nn.Module):
+        def forward(self, x):
+            return x * torch.tanh(nn.functional.softplus(x))
+
+    model = nn.Sequential(nn.Linear(5, 24), MyMish(), nn.Linear(24, 2)).eval()
+    mlp = fusedmlp.from_torch(model, activations={"1": "x * tanh(softplus(x))"}, device="cpu")
+    x = torch.randn(40, 5)
+    assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
+    with pytest.raises(fusedmlp.ArgumentError, match="not modules of the model"):
+        fusedmlp.from_torch(model, activations={"1": "x", "7": "x"}, device="cpu")
+
+
+def test_training_mode_with_active_dropout_is_an_error():
+    model = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 1))  # training mode by default
+    with pytest.raises(fusedmlp.ArgumentError, match="2: Dropout.*training mode.*model.eval"):
+        fusedmlp.from_torch(model)
+
+
+def test_activation_before_first_linear_is_an_error():
+    with pytest.raises(fusedmlp.ArgumentError, match="0: ReLU comes before the first Linear"):
+        fusedmlp.from_torch(nn.Sequential(nn.ReLU(), nn.Linear(3, 2)))
+
+
+def test_tensor_dtypes_shapes_and_requires_grad():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 5)).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    x = torch.randn(3, 4, 6)
+    ref = ref64(model, x)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        y = mlp(x.to(dtype))
+        assert y.dtype == dtype and y.shape == (3, 4, 5)
+        assert max_rel(y, ref64(model, x.to(dtype).float())) <= (1e-6 if dtype == torch.float32 else 1e-2)
+    assert mlp(x, out_dtype=torch.float16).dtype == torch.float16
+    assert mlp(x[:, ::2, :]).shape == (3, 2, 5)  # a non-contiguous view
+    assert max_rel(mlp(x), ref) <= 1e-6
+    with pytest.raises(fusedmlp.ArgumentError, match="requires grad.*no_grad"):
+        mlp(x.requires_grad_())
+    with torch.no_grad():
+        assert mlp(x).shape == (3, 4, 5)
+    with pytest.raises(fusedmlp.DTypeError, match="int64"):
+        mlp(torch.ones(2, 6, dtype=torch.int64))
+    with pytest.raises(fusedmlp.ShapeError, match=r"\(\.\.\., 6\)"):
+        mlp(torch.ones(2, 7))
+
+
+def test_fused_module_state_dict_round_trip_and_reload():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4, 32), nn.SiLU(), nn.Linear(32, 3)).eval()
+    fused = ft.FusedModule(model)
+    assert list(fused.state_dict()) == list(model.state_dict())
+    x = torch.randn(30, 4)
+    with torch.no_grad():
+        before = fused(x)
+        assert max_rel(before, ref64(model, x)) <= 1e-6
+        other = nn.Sequential(nn.Linear(4, 32), nn.SiLU(), nn.Linear(32, 3)).eval()
+        fused.load_state_dict(other.state_dict())  # new weights: the fused model must follow
+        assert max_rel(fused(x), ref64(other, x)) <= 1e-6
+        model.load_state_dict(fused.state_dict())  # and back into a plain module
+        assert max_rel(model(x), ref64(other, x)) <= 1e-6
+
+
+def test_fused_module_is_inference_only():
+    fused = ft.FusedModule(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).eval())
+    with pytest.raises(fusedmlp.ArgumentError, match="inference-only"):
+        fused(torch.randn(2, 4))
+    with torch.inference_mode():
+        assert fused(torch.randn(2, 4)).shape == (2, 1)
+
+
+def test_custom_op_opcheck_and_torch_compile_fullgraph():
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    fused = ft.FusedModule(model)
+    x = torch.randn(17, 8)
+    torch.library.opcheck(torch.ops.fusedmlp.mlp_forward.default, (x, fused._handle))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pre = nn.Linear(8, 8)
+            self.mlp = fused
+
+        def forward(self, x):
+            return self.mlp(torch.relu(self.pre(x))) * 2
+
+    net = Net().eval()
+    with torch.no_grad():
+        eager = net(x)
+        compiled = torch.compile(net, fullgraph=True)(x)
+    assert torch.allclose(eager, compiled, rtol=1e-5, atol=1e-6)
+
+
+def test_quickstart_notebook_executes(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "quickstart.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
+                            ).execute()  # raises CellExecutionError if a cell raises
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "max abs difference" in outputs
