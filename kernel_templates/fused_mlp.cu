@@ -69,17 +69,32 @@ __device__ __forceinline__ float fm_h2f(fm_half h) {
     return f;
 }
 __device__ __forceinline__ fm_u32 fm_pack2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    fm_u32 r;  // one instruction instead of two conversions, a shift and an or
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
     return (fm_u32)fm_f2h(lo) | ((fm_u32)fm_f2h(hi) << 16);
+#endif
 }
 __device__ __forceinline__ fm_u32 fm_smem_addr(const void *p) {
     unsigned long long a;
     asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
     return (fm_u32)a;
 }
-__device__ __forceinline__ void fm_ldmatrix_x4(fm_u32 r[4], const fm_half *p) {
+// Shared-memory accesses of the hot loop take 32-bit shared-window addresses, computed once per lane: generic
+// 64-bit pointers cost a cvta and two-instruction adds per access, and kept the integer pipe the busiest one
+// (ncu, tcnn64 on H100: ALU 46%, tensor pipe far behind). ptxas folds the constant offsets into immediates.
+__device__ __forceinline__ void fm_ldmatrix_x4(fm_u32 r[4], fm_u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fm_smem_addr(p)));
+                 : "r"(addr));
+}
+__device__ __forceinline__ void fm_st_shared(fm_u32 addr, fm_u32 v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fm_st_shared(fm_u32 addr, float lo, float hi) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
 }
 // D += A(16x16, row) * B(16x8, col), fp16 in, fp32 accumulate.
 __device__ __forceinline__ void fm_mma(float c[4], const fm_u32 a[4], fm_u32 b0, fm_u32 b1) {
@@ -124,8 +139,6 @@ __device__ __forceinline__ void fm_copy_block(fm_half *dst, const fm_half *src, 
 template <typename T> __device__ __forceinline__ float fm_load_f(const T *p);
 template <> __device__ __forceinline__ float fm_load_f<float>(const float *p) { return *p; }
 template <> __device__ __forceinline__ float fm_load_f<fm_half>(const fm_half *p) { return fm_h2f(*p); }
-__device__ __forceinline__ void fm_store_f(float *p, float v) { *p = v; }
-__device__ __forceinline__ void fm_store_f(fm_half *p, float v) { *p = fm_f2h(v); }
 
 // ------------------------------------------------------------------------------------------------ the layers
 
@@ -145,11 +158,11 @@ constexpr int OUT_PAD = Layer<LAST>::N;
 constexpr int STAGE_STRIDE = FM_OUT_FLOAT ? OUT_PAD + 4 : OUT_PAD + 8;  // in out_t elements
 static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ACT_STRIDE * 2, "output staging must fit an activation row");
 
-// Accumulates columns [n0, n0 + NCC) of layer L for this warp's strip and runs the epilogue. Row n of the layer's
-// weights is at w + n * (K + 8).
+// Accumulates columns [n0, n0 + NCC) of layer L for this warp's strip and runs the epilogue. Addresses are shared
+// window byte addresses: in/out of the warp's activation buffers, w of row 0 of the layer's weights (row n at
+// w + 2 n (K + 8)).
 template <int L, int NCC>
-__device__ __forceinline__ void fm_layer_chunk(const fm_half *in, fm_half *out, const fm_half *w, const float *bias,
-                                               int n0, int lane) {
+__device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, const float *bias, int n0, int lane) {
     typedef Layer<L> Ly;
     constexpr int NT = NCC / 8;  // n8 tiles, even because NCC is a multiple of 16
     constexpr int WS = Ly::K + 8;
@@ -164,6 +177,10 @@ __device__ __forceinline__ void fm_layer_chunk(const fm_half *in, fm_half *out, 
             for (int i = 0; i < 4; ++i)
                 acc[mt][nt][i] = 0.0f;
 
+    // ldmatrix lane roles. A (16x16, row-major activations): lane l gives row l % 16, columns 8 * (l / 16).
+    // B (weights W[n][k] are B^T, i.e. B column-major): lane l gives row n = 8 * (l / 16) + l % 8, k = 8 * (l / 8 % 2).
+    const fm_u32 a_lane = in + 2 * ((lane & 15) * ACT_STRIDE + (lane >> 4) * 8);
+    const fm_u32 b_lane = w + 2 * ((n0 + (lane >> 4) * 8 + (lane & 7)) * WS + ((lane >> 3) & 1) * 8);
     // K in blocks of at most 64, unrolled inside a rolled loop: a fully unrolled 256-wide K kept too many fragments
     // live (255 registers and spills) and made a deep network's compile take tens of seconds.
     constexpr int KB = Ly::K < 64 ? Ly::K : 64;
@@ -175,11 +192,11 @@ __device__ __forceinline__ void fm_layer_chunk(const fm_half *in, fm_half *out, 
         fm_u32 a[FM_M_TILES][4];
 #pragma unroll
         for (int mt = 0; mt < FM_M_TILES; ++mt)
-            fm_ldmatrix_x4(a[mt], in + (mt * 16 + (lane & 15)) * ACT_STRIDE + k0 + (lane >> 4) * 8);
+            fm_ldmatrix_x4(a[mt], a_lane + 2 * (mt * 16 * ACT_STRIDE + k0));
 #pragma unroll
         for (int nt = 0; nt < NT; nt += 2) {
             fm_u32 b[4];
-            fm_ldmatrix_x4(b, w + (n0 + nt * 8 + (lane >> 4) * 8 + (lane & 7)) * WS + k0 + ((lane >> 3) & 1) * 8);
+            fm_ldmatrix_x4(b, b_lane + 2 * (nt * 8 * WS + k0));
 #pragma unroll
             for (int mt = 0; mt < FM_M_TILES; ++mt) {
                 fm_mma(acc[mt][nt], a[mt], b[0], b[1]);
@@ -192,6 +209,9 @@ __device__ __forceinline__ void fm_layer_chunk(const fm_half *in, fm_half *out, 
         __syncwarp();  // in place: every lane's reads of the input precede any lane's write of the output
     // Epilogue. Accumulator fragment: c0,c1 at (row g, cols 2t, 2t+1), c2,c3 at (row g+8, same cols).
     const int g = lane >> 2, t = lane & 3;
+    constexpr int ROW_BYTES = L == LAST ? STAGE_STRIDE * (int)sizeof(out_t) : 2 * ACT_STRIDE;
+    constexpr int COL_BYTES = L == LAST ? (int)sizeof(out_t) : 2;
+    const fm_u32 e_lane = out + g * ROW_BYTES + (n0 + 2 * t) * COL_BYTES;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int col = n0 + nt * 8 + 2 * t;
@@ -204,18 +224,15 @@ __device__ __forceinline__ void fm_layer_chunk(const fm_half *in, fm_half *out, 
         for (int mt = 0; mt < FM_M_TILES; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int row = mt * 16 + g + 8 * h;
                 float v0 = Ly::act(acc[mt][nt][2 * h] + b0);
                 float v1 = Ly::act(acc[mt][nt][2 * h + 1] + b1);
                 if (col >= Ly::NR) v0 = 0.0f;
                 if (col + 1 >= Ly::NR) v1 = 0.0f;
-                if constexpr (L == LAST) {
-                    out_t *stage = (out_t *)out;
-                    fm_store_f(stage + row * STAGE_STRIDE + col, v0);
-                    fm_store_f(stage + row * STAGE_STRIDE + col + 1, v1);
-                } else {
-                    *(fm_u32 *)(out + row * ACT_STRIDE + col) = fm_pack2(v0, v1);
-                }
+                const fm_u32 addr = e_lane + (mt * 16 + 8 * h) * ROW_BYTES + nt * 8 * COL_BYTES;
+                if constexpr (L == LAST && FM_OUT_FLOAT)
+                    fm_st_shared(addr, v0, v1);
+                else
+                    fm_st_shared(addr, fm_pack2(v0, v1));
             }
         }
     }
@@ -297,6 +314,7 @@ struct fm_smem {
     fm_half *w;
     float *bias;
     fm_half *act;
+    fm_u32 w_addr;  // shared-window address of w
 };
 
 // Layer L for this warp's strip: NCH chunks of NC columns, the last one TAIL columns wide. Streamed mode: every chunk
@@ -310,12 +328,12 @@ template <int L> struct fm_chunks {
 };
 
 template <int L>
-__device__ __forceinline__ void fm_layer(const fm_smem &s, const fm_half *__restrict__ wg, const fm_half *in,
-                                         fm_half *out, int &slot, bool more_tiles, int lane) {
+__device__ __forceinline__ void fm_layer(const fm_smem &s, const fm_half *__restrict__ wg, fm_u32 in, fm_u32 out,
+                                         int &slot, bool more_tiles, int lane) {
     typedef Layer<L> Ly;
     typedef fm_chunks<L> C;
 #if FM_RESIDENT
-    const fm_half *w = s.w + Ly::W_OFF;
+    const fm_u32 w = s.w_addr + 2 * Ly::W_OFF;
 #pragma unroll 1
     for (int c = 0; c < C::NCH - 1; ++c)
         fm_layer_chunk<L, Ly::NC>(in, out, w, s.bias, c * Ly::NC, lane);
@@ -343,7 +361,7 @@ __device__ __forceinline__ void fm_layer(const fm_smem &s, const fm_half *__rest
         fm_copy_wait<1>();
         __syncthreads();
         // The slot holds only this chunk's rows: shift the base back so row n of the layer is at w + n * WS.
-        const fm_half *w = s.w + slot * W_SLOT_HALVES - c * Ly::NC * C::WS;
+        const fm_u32 w = s.w_addr + 2 * (slot * W_SLOT_HALVES - c * Ly::NC * C::WS);
         if constexpr (C::TAIL == Ly::NC) {
             fm_layer_chunk<L, Ly::NC>(in, out, w, s.bias, c * Ly::NC, lane);
         } else {
@@ -360,7 +378,7 @@ __device__ __forceinline__ void fm_layer(const fm_smem &s, const fm_half *__rest
 
 // Layers L.. of the network; layer l reads buffer l % 2 and writes the other.
 template <int L>
-__device__ __forceinline__ void fm_network(const fm_smem &s, const fm_half *__restrict__ wg, fm_half *in, fm_half *out,
+__device__ __forceinline__ void fm_network(const fm_smem &s, const fm_half *__restrict__ wg, fm_u32 in, fm_u32 out,
                                            int &slot, bool more_tiles, int lane) {
     fm_layer<L>(s, wg, in, out, slot, more_tiles, lane);
     if constexpr (L < LAST) {
@@ -384,6 +402,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
     s.w = (fm_half *)fm_smem_raw;
     s.bias = (float *)(s.w + W_SMEM_HALVES);
     s.act = (fm_half *)(s.bias + B_FLOATS);
+    s.w_addr = fm_smem_addr(s.w);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     fm_half *buf0 = s.act + warp * FM_BUFFERS * ROWS_W * ACT_STRIDE;
     fm_half *buf1 = buf0 + (FM_BUFFERS - 1) * ROWS_W * ACT_STRIDE;
@@ -408,7 +427,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
         const int nrows = left <= 0 ? 0 : (left < ROWS_W ? (int)left : ROWS_W);
         fm_load_input(buf0, x, r0, nrows, lane);
         __syncwarp();
-        fm_network<0>(s, w, buf0, buf1, slot, tile + gridDim.x < tiles, lane);
+        fm_network<0>(s, w, fm_smem_addr(buf0), fm_smem_addr(buf1), slot, tile + gridDim.x < tiles, lane);
         __syncwarp();
         if (nrows > 0)
             fm_store_output(y, OUT_BUF ? buf1 : buf0, r0, nrows, lane);

@@ -1,0 +1,32 @@
+"""Runs one workload's fused kernel a few times, for ncu / compute-sanitizer to observe.
+
+    ncu --kernel-name fusedmlp_forward --launch-skip 2 --launch-count 1 python bench/profile.py tcnn64 2097152
+    python bench/profile.py tcnn64 2097152 warps=4 m_tiles=2       # a forced tile shape
+"""
+
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quick import WORKLOADS  # noqa: E402  (widths, activation, bias) by name
+
+import fusedmlp  # noqa: E402
+
+name = sys.argv[1] if len(sys.argv) > 1 else "tcnn64"
+rows = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 21
+options = {k: int(v) for k, v in (kv.split("=") for kv in sys.argv[3:])}
+widths, act, bias = WORKLOADS[name]
+rng = np.random.default_rng(0)
+ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
+bs = [rng.uniform(-1, 1, o).astype(np.float32) / np.sqrt(i) if bias else None for i, o in zip(widths[:-1], widths[1:])]
+mlp = fusedmlp.FusedMLP(ws, bs, activation=act, device="cuda")
+kernel, plan = mlp._build("float16", **options)[:2] if options else (mlp._kernel("float16"), None)
+x = torch.randn(rows, widths[0], device="cuda", dtype=torch.float16)
+y = torch.empty(rows, widths[-1], device="cuda", dtype=torch.float16)
+for _ in range(5):
+    kernel.launch(x.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream().cuda_stream)
+torch.cuda.synchronize()
+print(name, rows, options, kernel.info, "mean |y|", float(y.float().abs().mean()))
