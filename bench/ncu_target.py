@@ -1,7 +1,8 @@
-"""Runs one workload's fused kernel a few times, for ncu / compute-sanitizer to observe.
+"""Runs one workload's fused kernel a few times, for ncu / compute-sanitizer to observe (not named profile.py: that
+shadows the standard library module when scripts run from bench/).
 
-    ncu --kernel-name fusedmlp_forward --launch-skip 2 --launch-count 1 python bench/profile.py tcnn64 2097152
-    python bench/profile.py tcnn64 2097152 warps=4 m_tiles=2       # a forced tile shape
+    ncu --kernel-name fusedmlp_forward --launch-skip 2 --launch-count 1 python bench/ncu_target.py tcnn64 2097152
+    python bench/ncu_target.py tcnn64 2097152 warps=4 m_tiles=2       # a forced tile shape
 """
 
 import os
