@@ -226,8 +226,10 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, 
             for (int h = 0; h < 2; ++h) {
                 float v0 = Ly::act(acc[mt][nt][2 * h] + b0);
                 float v1 = Ly::act(acc[mt][nt][2 * h + 1] + b1);
-                if (col >= Ly::NR) v0 = 0.0f;
-                if (col + 1 >= Ly::NR) v1 = 0.0f;
+                if constexpr (Ly::NR < Ly::N) {  // only layers with padded columns pay for the mask
+                    if (col >= Ly::NR) v0 = 0.0f;
+                    if (col + 1 >= Ly::NR) v1 = 0.0f;
+                }
                 const fm_u32 addr = e_lane + (mt * 16 + 8 * h) * ROW_BYTES + nt * 8 * COL_BYTES;
                 if constexpr (L == LAST && FM_OUT_FLOAT)
                     fm_st_shared(addr, v0, v1);
