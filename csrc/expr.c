@@ -17,7 +17,11 @@
 #include <string.h>
 
 #define FM_EXPR_MAX_LEN 4096  /* characters of one expression */
-#define FM_EXPR_MAX_DEPTH 64  /* nesting levels (parentheses, calls, operators); bounds every recursion here */
+#define FM_EXPR_MAX_DEPTH 64  /* tree height (operations nested in operations); bounds every tree walk here */
+/* Parser frames (parentheses, unary signs, calls, powers): twice the tree height plus slack, because the canonical
+ * text spends two frames on each unary minus and power ("(-(...))"); with the same limit for both, the canonical
+ * text of an accepted 33-deep "-(-(...x))" did not parse back. */
+#define FM_EXPR_MAX_SYNTAX_DEPTH (2 * FM_EXPR_MAX_DEPTH + 2)
 #define FM_EXPR_MAX_ARGS 3    /* softplus(x, beta, threshold) and hardtanh(x, min, max) take the most */
 #define FM_EXPR_MAX_POWI 16   /* x^n with integer |n| <= 16 becomes multiplications: exact for small n, no powf */
 #define FM_EXPR_CHUNK 256     /* values per evaluation pass: 256 doubles per temporary keeps them all in L1 */
@@ -605,8 +609,8 @@ static fm_node *fm_parse_power(fm_parser *p) {
 
 /* Every cycle of the grammar's recursion passes through here, so counting frames here bounds the C stack. */
 static fm_node *fm_parse_unary(fm_parser *p) {
-    if (++p->depth > FM_EXPR_MAX_DEPTH + 1) {
-        fm_syntax(p, p->start, "expression nests more than %d levels deep at column %d", FM_EXPR_MAX_DEPTH,
+    if (++p->depth > FM_EXPR_MAX_SYNTAX_DEPTH + 1) {
+        fm_syntax(p, p->start, "expression nests more than %d levels deep at column %d", FM_EXPR_MAX_SYNTAX_DEPTH,
                   fm_col(p->start));
         p->depth--;
         return NULL;
