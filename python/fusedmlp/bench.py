@@ -180,6 +180,13 @@ def _si(value):
     return f"{value:.3g}"
 
 
+def _fixed(value):
+    """4 significant digits in fixed point: 0.0040, 0.00005243, 1.660, 4.865 (no exponents: columns stay aligned)."""
+    if value <= 0 or not math.isfinite(value):
+        return str(value)
+    return f"{value:.{max(0, 3 - math.floor(math.log10(value)))}f}"
+
+
 def _cell_ms(entry, key="ms", scale=1.0):
     if entry is None:
         return "-"
@@ -189,19 +196,19 @@ def _cell_ms(entry, key="ms", scale=1.0):
     if value is None:
         return "skip" if entry.get("skipped") else "-"
     flag = "!" if entry.get("check_ok") is False else ""
-    return f"{value * scale:.4g}{flag}"
+    return _fixed(value * scale) + flag
 
 
 _TABLE = (  # header, width, cell(result, summary)
     ("workload", 9, lambda r, s: r["workload"]),
     ("rows", 5, lambda r, s: rows_label(r["rows"])),
-    ("fused", 9, lambda r, s: _cell_ms(r["methods"].get("fusedmlp"))),
-    ("f.graph", 9, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_graph"))),
-    ("call", 9, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_call"), "call_us", 1e-3)),
-    ("eager", 9, lambda r, s: _cell_ms(r["methods"].get("torch_eager"))),
-    ("graph", 9, lambda r, s: _cell_ms(r["methods"].get("torch_graph"))),
-    ("compile", 9, lambda r, s: _cell_ms(r["methods"].get("torch_compile"))),
-    ("floor", 9, lambda r, s: f"{r['floor_ms']:.4g}" + ("c" if r.get("floor_bound") == "compute" else "m")),
+    ("fused", 10, lambda r, s: _cell_ms(r["methods"].get("fusedmlp"))),
+    ("f.graph", 10, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_graph"))),
+    ("call", 10, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_call"), "call_us", 1e-3)),
+    ("eager", 10, lambda r, s: _cell_ms(r["methods"].get("torch_eager"))),
+    ("graph", 10, lambda r, s: _cell_ms(r["methods"].get("torch_graph"))),
+    ("compile", 10, lambda r, s: _cell_ms(r["methods"].get("torch_compile"))),
+    ("floor", 11, lambda r, s: _fixed(r["floor_ms"]) + ("c" if r.get("floor_bound") == "compute" else "m")),
     ("rows/s", 7, lambda r, s: _si(s["rows_per_s"])),
     ("x floor", 7, lambda r, s: "-" if s["x_floor"] is None else f"{s['x_floor']:.2f}"),
     ("x peer", 7, lambda r, s: "-" if s["x_peer"] is None else f"{s['x_peer']:.2f}"),
@@ -406,23 +413,25 @@ def _median_ms(torch, fn, reps, warmup=3):
 
 def measure_ceilings(torch):
     """The device's copy bandwidth and fp16 matmul rate, through torch (METHOD.md: measure, don't quote)."""
-    n = COPY_BYTES // 2
-    src = torch.randn(n, device=DEVICE, dtype=torch.float16)
-    dst = torch.empty_like(src)
-    copy_ms = _median_ms(torch, lambda: dst.copy_(src), 20)
-    del src, dst
-    a = torch.randn(MATMUL_N, MATMUL_N, device=DEVICE, dtype=torch.float16)
-    b = torch.randn(MATMUL_N, MATMUL_N, device=DEVICE, dtype=torch.float16)
-    c = torch.empty_like(a)
-    mm_ms = _median_ms(torch, lambda: torch.mm(a, b, out=c), 20)
-    del a, b, c
+
+    def copy_ms():
+        src = torch.randn(COPY_BYTES // 2, device=DEVICE, dtype=torch.float16)
+        dst = torch.empty_like(src)
+        return _median_ms(torch, lambda: dst.copy_(src), 20)
+
+    def matmul_ms():
+        a, b = (torch.randn(MATMUL_N, MATMUL_N, device=DEVICE, dtype=torch.float16) for _ in range(2))
+        c = torch.empty_like(a)
+        return _median_ms(torch, lambda: torch.mm(a, b, out=c), 20)
+
+    copy, mm = copy_ms(), matmul_ms()
     return {
-        "copy_GBps": 2 * COPY_BYTES / (copy_ms * 1e-3) / 1e9,
+        "copy_GBps": 2 * COPY_BYTES / (copy * 1e-3) / 1e9,
         "copy_bytes": COPY_BYTES,
-        "copy_ms": copy_ms,
-        "matmul_TFLOPs": 2 * MATMUL_N**3 / (mm_ms * 1e-3) / 1e12,
+        "copy_ms": copy,
+        "matmul_TFLOPs": 2 * MATMUL_N**3 / (mm * 1e-3) / 1e12,
         "matmul_n": MATMUL_N,
-        "matmul_ms": mm_ms,
+        "matmul_ms": mm,
     }
 
 
@@ -770,45 +779,34 @@ def _skip_reason(wl):
     return None
 
 
-def main(argv=None):
-    """Runs the benchmark; returns 0, or 1 when fusedmlp failed a check or a run."""
-    global _t0
-    _t0 = time.perf_counter()
-    args = _parse_args(argv)
-    torch = _import_torch()
-    import torch._dynamo  # noqa: F401 - torch.compile's state, reset before phase 2
-
-    import fusedmlp
-    from . import _api
-
+def _new_report(torch, fusedmlp, args, argv):
     props = torch.cuda.get_device_properties(0)
-    name = torch.cuda.get_device_name(0)
-    out_dir = _results_dir(args, name)
-    report = {
+    return {
         "schema": 1,
-        "device": {"name": name, "sm_count": getattr(props, "multi_processor_count", None),
+        "device": {"name": torch.cuda.get_device_name(0), "sm_count": getattr(props, "multi_processor_count", None),
                    "capability": f"{getattr(props, 'major', '?')}.{getattr(props, 'minor', '?')}",
-                   "l2_bytes": getattr(props, "L2_cache_size", None), "memory_bytes": getattr(props, "total_memory",
-                                                                                              None)},
-        "torch": torch.__version__, "torch_cuda": getattr(torch.version, "cuda", None),
-        "fusedmlp": fusedmlp.__version__, "python": platform.python_version(), "argv": sys.argv[1:] if argv is None
-        else list(argv), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tolerance": fusedmlp.CHECK_TOLERANCE,
+                   "l2_bytes": getattr(props, "L2_cache_size", None),
+                   "memory_bytes": getattr(props, "total_memory", None)},
+        "torch": torch.__version__,
+        "torch_cuda": getattr(torch.version, "cuda", None),
+        "fusedmlp": fusedmlp.__version__,
+        "python": platform.python_version(),
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "tolerance": fusedmlp.CHECK_TOLERANCE,
         "settings": {"rows": args.rows, "reps": args.reps, "host_calls": args.host_calls, "group_ms": GROUP_MS,
                      "max_buffers": MAX_BUFFERS, "compile_mode": None if args.no_compile else COMPILE_MODE,
                      "budget_s": args.budget_s},
-        "ceilings": None, "workloads": {}, "results": [],
+        "ceilings": None,
+        "workloads": {},
+        "results": [],
     }
 
-    def save(with_plot=False):
-        if out_dir is not None:
-            report["elapsed_s"] = _elapsed()
-            write_outputs(report, out_dir, with_plot)
 
-    _say(f"{name}, torch {torch.__version__} (CUDA {report['torch_cuda']}), fusedmlp {fusedmlp.__version__}; "
-         f"workloads {' '.join(args.workloads)}; rows {' '.join(rows_label(r) for r in args.rows)}")
-    report["ceilings"] = measure_ceilings(torch)
-    c = report["ceilings"]
-    _say(f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read + write), fp16 matmul {c['matmul_TFLOPs']:.0f} TFLOP/s")
+def _init_fusedmlp(report):
+    """Loads NVRTC and opens the GPU once, so that no workload's cold first call pays for the process's."""
+    from . import _api
+
     t = time.perf_counter()
     try:
         nvrtc_path, nvrtc_version = _api._nvrtc_info()
@@ -818,112 +816,155 @@ def main(argv=None):
         report["nvrtc"] = {"error": _error_text(e)}
     report["process_init_ms"] = (time.perf_counter() - t) * 1e3
 
-    models, fused = {}, {}
-    failed = False
-    with tempfile.TemporaryDirectory(prefix="fusedmlp-bench-") as cache_root, torch.inference_mode():
-        # ---- phase 1: everything but torch.compile, workload by workload
-        for wname in args.workloads:
-            wl = WORKLOADS[wname]
-            winfo = {"widths": list(wl.widths), "activation": wl.activation, "bias": wl.bias,
-                     "residual": wl.residual, "flops_per_row": flops(wl.widths, 1),
-                     "io_bytes_per_row": io_bytes(wl.widths, 1), "skipped": _skip_reason(wl)}
-            report["workloads"][wname] = winfo
-            if winfo["skipped"]:
-                _say(f"{wname:9s} skipped: {winfo['skipped']}")
-                continue
-            torch.manual_seed(0)
-            model = torch_model(torch, wl).to(DEVICE).half().eval()
-            models[wname] = model
-            ref_model = torch_model(torch, wl).to(DEVICE).double().eval()
-            ref_model.load_state_dict(model.state_dict())  # float64 copy of the fp16-rounded weights
-            linears = [m for m in model if isinstance(m, torch.nn.Linear)]
-            weights = [m.weight.detach().float().cpu().numpy() for m in linears]
-            biases = [m.bias.detach().float().cpu().numpy() if wl.bias else None for m in linears]
-            try:
-                mlp, times = first_calls(torch, fusedmlp, wl, weights, biases, os.path.join(cache_root, wname))
-                winfo.update(times)
-                _say(f"{wname:9s} first call: cold {times['cold_ms']:.1f} ms, warm {times['warm_ms']:.2f} ms")
-                try:
-                    winfo.update(_plan_info(mlp))
-                except Exception as e:  # noqa: BLE001
-                    winfo["plan_error"] = _error_text(e)
-                fused[wname] = mlp
-            except Exception as e:  # noqa: BLE001
-                winfo["fusedmlp_error"] = _error_text(e)
-                _say(f"{wname:9s} fusedmlp failed: {winfo['fusedmlp_error']}")
-                failed = True
-                mlp = None
-            for rows in args.rows:
-                case = _Case(torch, wname, wl, rows, model, ref_model, report["ceilings"])
-                report["results"].append(case.result)
-                setups = {}
-                if mlp is not None:
-                    caller, path = _fused_caller(torch, mlp, case.xs[0])
-                    winfo["call_path"] = path
-                    setups.update(_fused_methods(torch, case, mlp, caller))
-                setups.update(_torch_methods(torch, case))
-                for method, setup in setups.items():
-                    entry = _measure(torch, case, method, setup, fusedmlp.CHECK_TOLERANCE, args.reps,
-                                     args.host_calls)
-                    if method.startswith("fusedmlp") and (entry.get("error") or entry.get("check_ok") is False):
-                        failed = True
-                del case, setups
-                save()
-        save(with_plot=True)
 
-        # ---- phase 2: torch.compile, largest batches first, while the budget lasts
-        stopped = False
-        if not args.no_compile and models:
-            torch._dynamo.reset()
-            _set_recompile_limit(torch, len(models) * len(args.rows) + 8)
-            report["settings"]["autotune_tables_quiet"] = (not args.show_autotune) and _quiet_autotune(torch)
-            compiled, compile_times = {}, []
-            by_key = {(r["workload"], r["rows"]): r for r in report["results"]}
-            for rows in sorted(args.rows, reverse=True):
-                for wname in models:
-                    result = by_key[(wname, rows)]
-                    left = args.budget_s - _elapsed() - FINAL_RESERVE_S
-                    guess = max(compile_times[-3:]) if compile_times else SLOW_COMPILE_GUESS_S
-                    if stopped or left < guess:
-                        why = "time budget spent (--budget-s)" if not stopped else "an earlier compile hit the budget"
-                        result["methods"]["torch_compile"] = {"skipped": why}
-                        _say(f"{wname:9s} {rows_label(rows):>5s} torch_compile   skipped: {why}")
-                        continue
-                    if wname not in compiled:
-                        compiled[wname] = torch.compile(models[wname], mode=COMPILE_MODE, dynamic=False)
-                    ref_model = torch_model(torch, WORKLOADS[wname]).to(DEVICE).double().eval()
-                    ref_model.load_state_dict(models[wname].state_dict())
-                    case = _Case(torch, wname, WORKLOADS[wname], rows, models[wname], ref_model, report["ceilings"])
-                    case.result = result
-                    times = []
-                    try:
-                        with _alarm(left + 30):
-                            entry = _measure(torch, case, "torch_compile",
-                                             _compile_setup(torch, case, compiled[wname], times),
-                                             fusedmlp.CHECK_TOLERANCE, args.reps, args.host_calls)
-                    except _OutOfTime:
-                        stopped = True
-                        entry = result["methods"]["torch_compile"]
-                        _say(f"{wname:9s} {rows_label(rows):>5s} torch_compile   {entry['error']}")
-                    if times:
-                        entry["compile_s"] = times[0]
-                        compile_times.append(times[0])
-                    del case, ref_model
-                    save()
-        elif models:
+def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
+    """Phase 1 for one workload: first-call times, then every method but torch.compile at every row count.
+
+    Returns:
+        (fp16 model or None when the workload is skipped, whether a fusedmlp method failed).
+    """
+    wl = WORKLOADS[wname]
+    winfo = {"widths": list(wl.widths), "activation": wl.activation, "bias": wl.bias, "residual": wl.residual,
+             "flops_per_row": flops(wl.widths, 1), "io_bytes_per_row": io_bytes(wl.widths, 1),
+             "skipped": _skip_reason(wl)}
+    report["workloads"][wname] = winfo
+    if winfo["skipped"]:
+        _say(f"{wname:9s} skipped: {winfo['skipped']}")
+        return None, False
+    model, ref_model = _models(torch, wl)
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    weights = [m.weight.detach().float().cpu().numpy() for m in linears]
+    biases = [m.bias.detach().float().cpu().numpy() if wl.bias else None for m in linears]
+    failed = False
+    try:
+        mlp, times = first_calls(torch, fusedmlp, wl, weights, biases, os.path.join(cache_root, wname))
+        winfo.update(times)
+        _say(f"{wname:9s} first call: cold {times['cold_ms']:.1f} ms, warm {times['warm_ms']:.2f} ms")
+        try:
+            winfo.update(_plan_info(mlp))
+        except Exception as e:  # noqa: BLE001
+            winfo["plan_error"] = _error_text(e)
+    except Exception as e:  # noqa: BLE001 - the torch methods still run, for the record
+        winfo["fusedmlp_error"] = _error_text(e)
+        _say(f"{wname:9s} fusedmlp failed: {winfo['fusedmlp_error']}")
+        failed, mlp = True, None
+    for rows in args.rows:
+        case = _Case(torch, wname, wl, rows, model, ref_model, report["ceilings"])
+        report["results"].append(case.result)
+        setups = {}
+        if mlp is not None:
+            caller, winfo["call_path"] = _fused_caller(torch, mlp, case.xs[0])
+            setups.update(_fused_methods(torch, case, mlp, caller))
+        setups.update(_torch_methods(torch, case))
+        for method, setup in setups.items():
+            entry = _measure(torch, case, method, setup, fusedmlp.CHECK_TOLERANCE, args.reps, args.host_calls)
+            if method.startswith("fusedmlp") and (entry.get("error") or entry.get("check_ok") is False):
+                failed = True
+        del case, setups
+        save()
+    return model, failed
+
+
+def _models(torch, wl):
+    """The fp16 model (seed 0) and a float64 copy of its fp16-rounded weights, on DEVICE."""
+    torch.manual_seed(0)
+    model = torch_model(torch, wl).to(DEVICE).half().eval()
+    ref_model = torch_model(torch, wl).to(DEVICE).double().eval()
+    ref_model.load_state_dict(model.state_dict())
+    return model, ref_model
+
+
+def _run_compiles(torch, fusedmlp, args, report, models, save):
+    """Phase 2: torch.compile per workload, largest batches first, while the budget lasts.
+
+    Returns:
+        True when the alarm stopped a compile (inductor's state is then not to be trusted).
+    """
+    torch._dynamo.reset()
+    # nn.Sequential.forward is one code object for every workload, and every row count is a recompile
+    _set_recompile_limit(torch, len(models) * len(args.rows) + 8)
+    report["settings"]["autotune_tables_quiet"] = (not args.show_autotune) and _quiet_autotune(torch)
+    compiled, compile_times, stopped = {}, [], False
+    by_key = {(r["workload"], r["rows"]): r for r in report["results"]}
+    for rows in sorted(args.rows, reverse=True):
+        for wname, model in models.items():
+            result = by_key[(wname, rows)]
+            left = args.budget_s - _elapsed() - FINAL_RESERVE_S
+            guess = max(compile_times[-3:]) if compile_times else SLOW_COMPILE_GUESS_S
+            if stopped or left < guess:
+                why = "an earlier compile ran out of time" if stopped else "time budget spent (--budget-s)"
+                result["methods"]["torch_compile"] = {"skipped": why}
+                _say(f"{wname:9s} {rows_label(rows):>5s} torch_compile   skipped: {why}")
+                continue
+            if wname not in compiled:
+                compiled[wname] = torch.compile(model, mode=COMPILE_MODE, dynamic=False)
+            _, ref_model = _models(torch, WORKLOADS[wname])
+            case = _Case(torch, wname, WORKLOADS[wname], rows, model, ref_model, report["ceilings"])
+            case.result = result
+            times = []
+            try:
+                with _alarm(left + 30):
+                    entry = _measure(torch, case, "torch_compile", _compile_setup(torch, case, compiled[wname], times),
+                                     fusedmlp.CHECK_TOLERANCE, args.reps, args.host_calls)
+            except _OutOfTime:
+                stopped = True
+                entry = result["methods"]["torch_compile"]
+                _say(f"{wname:9s} {rows_label(rows):>5s} torch_compile   {entry['error']}")
+            if times:
+                entry["compile_s"] = times[0]
+                compile_times.append(times[0])
+            del case, ref_model
+            save()
+    return stopped
+
+
+def main(argv=None):
+    """Runs the benchmark; returns 0, or 1 when fusedmlp failed a check or a run."""
+    global _t0
+    _t0 = time.perf_counter()
+    args = _parse_args(argv)
+    torch = _import_torch()
+    import torch._dynamo  # noqa: F401 - reset before phase 2
+
+    import fusedmlp
+
+    report = _new_report(torch, fusedmlp, args, argv)
+    name = report["device"]["name"]
+    out_dir = _results_dir(args, name)
+
+    def save(with_plot=False):
+        report["elapsed_s"] = _elapsed()
+        for r in report["results"]:
+            r["summary"] = summarize(r)
+        if out_dir is not None:
+            write_outputs(report, out_dir, with_plot)
+
+    _say(f"{name}, torch {torch.__version__} (CUDA {report['torch_cuda']}), fusedmlp {fusedmlp.__version__}; "
+         f"workloads {' '.join(args.workloads)}; rows {' '.join(rows_label(r) for r in args.rows)}")
+    report["ceilings"] = c = measure_ceilings(torch)
+    _say(f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read + write), fp16 matmul {c['matmul_TFLOPs']:.0f} TFLOP/s")
+    _init_fusedmlp(report)
+    models, failed, stopped = {}, False, False
+    with tempfile.TemporaryDirectory(prefix="fusedmlp-bench-") as cache_root, torch.inference_mode():
+        for wname in args.workloads:
+            model, workload_failed = _run_workload(torch, fusedmlp, args, report, wname, cache_root, save)
+            failed |= workload_failed
+            if model is not None:
+                models[wname] = model
+        save(with_plot=True)
+        if args.no_compile:
             for r in report["results"]:
                 r["methods"]["torch_compile"] = {"skipped": "--no-compile"}
+        elif models:
+            stopped = _run_compiles(torch, fusedmlp, args, report, models, save)
 
-    report["elapsed_s"] = _elapsed()
+    save(with_plot=True)
+    print(format_table(report), flush=True)
     if out_dir is not None:
-        write_outputs(report, out_dir, with_plot=True)
-    table = format_table(report)
-    print(table, flush=True)
-    if out_dir is not None:
-        _say(f"wrote {out_dir}/bench.json, bench.txt" + (", bench.png" if (out_dir / "bench.png").exists() else
-                                                          " (no bench.png: matplotlib is missing)"))
+        png = (out_dir / "bench.png").exists()
+        _say(f"wrote {out_dir}/bench.json, bench.txt" + (", bench.png" if png else " (no plot: matplotlib missing)"))
     if stopped:
-        # a compile interrupted by the alarm can leave inductor's worker pool waiting; the files are written
+        # a compile interrupted by the alarm can leave inductor's worker pool waiting forever; the files are written
         sys.stdout.flush()
         os._exit(1 if failed else 0)
     return 1 if failed else 0
