@@ -243,7 +243,7 @@ def cpu_bench(monkeypatch):
     monkeypatch.setattr(_api, "_gpu", lambda ordinal: FakeGpu())
     kernels = {}
 
-    def fake_kernel(self, dtype):
+    def fake_kernel(self, dtype, out_dtype=None, rows=None):
         if id(self) not in kernels:
             time.sleep(0.002)  # a "compile", so cold > 0
             kernels[id(self)] = (self, FakeKernel(self._net))

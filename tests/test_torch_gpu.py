@@ -154,3 +154,20 @@ def test_cupy_arrays_if_available():
     y = mlp(x)
     assert isinstance(y, cupy.ndarray) and y.shape == (777, 10)
     assert rel(torch.from_dlpack(y), model, torch.from_dlpack(x)) <= FP16_TOL
+
+
+def test_capture_after_a_warm_up_of_the_same_size_builds_nothing():
+    # The warm-up must build exactly the kernel the captured call uses (small batches get a small-tile variant).
+    mlp = fusedmlp.from_torch(make_model(9))
+    for rows in (100, 20_000):
+        x = torch.randn(rows, 24, device="cuda")
+        mlp(x)
+        torch.cuda.synchronize()
+        built = dict(mlp._kernels)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = mlp(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert mlp._kernels == built
+        assert rel(y, make_model(9), x) <= FP16_TOL

@@ -10,7 +10,7 @@ from importlib import resources
 
 import numpy as np
 
-from . import _env
+from . import _dlpack, _env
 from ._cache import KernelCache
 from .errors import ArgumentError, CompileError, DTypeError, ExpressionError, LimitError, ShapeError
 
@@ -278,6 +278,8 @@ class FusedMLP:
         acts = _layer_activations(n, activation, output_activation)
         _check_expressions(acts)
         self._net = _core().Network(w, b, acts)
+        self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
+        self._small_rows = 0  # batches below this use the small-tile kernel (set once the GPU is known)
         self._has_bias = [bi is not None for bi in b]
         self._kind, self._ordinal = _parse_device(device)
         self._check = _parse_check(check)
@@ -395,15 +397,27 @@ class FusedMLP:
         entry = compile_cubin(source, info["arch"], self._cache)
         return plan.load(gpu, entry.cubin, KERNEL_NAME), plan, source, entry
 
-    def _kernel(self, dtype, out_dtype=None):
-        key = (dtype, out_dtype or dtype)
+    def _kernel(self, dtype, out_dtype=None, rows=None):
+        # Batches too small to give every SM a large tile get a 64-row tile variant (4 warps x 16 rows): at 2^10 rows
+        # the default 256-row tiles ran on 4 of an H100's 132 SMs.
+        if rows is not None and not self._small_rows:  # known before the first build: a warm-up call must build
+            self._small_rows = _gpu(self._ordinal).info["sm_count"] * 128  # what later calls use (graph capture)
+        small = rows is not None and rows < self._small_rows
+        key = (dtype, out_dtype or dtype, small)
         kernel = self._kernels.get(key)
         if kernel is not None:
             return kernel
         with self._lock:
             kernel = self._kernels.get(key)
             if kernel is None:
-                kernel, _, source, entry = self._build(*key)
+                kernel, source, entry = None, None, None
+                if small:
+                    try:
+                        kernel, _, source, entry = self._build(*key[:2], warps=4, m_tiles=1)
+                    except LimitError:  # that shape does not fit this network: the default one does
+                        pass
+                if kernel is None:
+                    kernel, _, source, entry = self._build(*key[:2])
                 self._source, self._cache_path = source, _entry_path(entry)
                 self._kernels[key] = kernel
         return kernel
@@ -422,8 +436,6 @@ class FusedMLP:
             The outputs, of x's kind (array or tensor) and dtype (or out_dtype), on x's device.
         """
         if not isinstance(x, np.ndarray) and _is_device_array(x):
-            from . import _dlpack
-
             return _dlpack.call(self, x, out_dtype)
         arr = _as_array(x, "x")
         if arr.dtype.kind == "f" and not arr.dtype.isnative:  # big-endian data (from a file): same values, native
@@ -444,7 +456,7 @@ class FusedMLP:
         else:
             dtype = "float16" if arr.dtype == np.float16 else "float32"
             xin = np.require(arr, dtype, ["C", "A"])
-            y = self._kernel(dtype).run(xin).astype(arr.dtype, copy=False)
+            y = self._kernel(dtype, rows=len(xin)).run(xin).astype(arr.dtype, copy=False)
             if self._check:
                 self._verify(arr, y)
         return y[0] if squeeze else y

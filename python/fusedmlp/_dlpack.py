@@ -32,9 +32,37 @@ def _check_shape(mlp, shape):
         raise ShapeError(f"x has shape {tuple(shape)}; the network takes (..., {n_in})")
 
 
+_fast = None  # torch dtype -> kernel dtype name, and the raw current-stream getter, once torch is imported
+
+
+def _fast_tables(torch):
+    global _fast
+    if _fast is None:
+        raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's launcher uses
+        if raw_stream is None:
+            def raw_stream(index):
+                return torch.cuda.current_stream(index).cuda_stream
+        _fast = ({torch.float32: "float32", torch.float16: "float16"}, raw_stream)
+    return _fast
+
+
 def call_torch(mlp, x, out_dtype=None):
     """The torch path: CPU tensors through the CPU/NumPy path, CUDA tensors through the kernel on torch's stream."""
     import torch
+
+    # The common case first, with nothing re-derived per call (36 us -> see bench call_us): a C-contiguous, aligned
+    # float32/float16 CUDA tensor on the model's device, output in the same dtype, autograd not tracking it.
+    kinds, raw_stream = _fast_tables(torch)
+    kind = kinds.get(x.dtype)
+    if (kind is not None and out_dtype is None and x.is_cuda and mlp._kind == "cuda" and not x.requires_grad
+            and x.dim() == 2 and x.shape[1] == mlp._n_in and x.shape[0] > 0 and x.is_contiguous()
+            and x.data_ptr() % 16 == 0 and x.get_device() == mlp._ordinal):
+        rows = x.shape[0]
+        y = torch.empty((rows, mlp._n_out), device=x.device, dtype=x.dtype)
+        mlp._kernel(kind, rows=rows).launch(x.data_ptr(), y.data_ptr(), rows, raw_stream(mlp._ordinal))
+        if mlp._check:
+            mlp._verify(x.float().cpu().numpy(), y.float().cpu().numpy())
+        return y
 
     accepted = (torch.float32, torch.float16, torch.bfloat16)
     if x.dtype not in accepted:
@@ -64,7 +92,7 @@ def call_torch(mlp, x, out_dtype=None):
     if not xin.is_contiguous() or xin.data_ptr() % 16:  # views: made contiguous once (a device copy, no host copy)
         xin = xin.clone(memory_format=torch.contiguous_format)
     y = torch.empty((rows, n_out), device=x.device, dtype=getattr(torch, k_out))
-    kernel = mlp._kernel(k_in, k_out)
+    kernel = mlp._kernel(k_in, k_out, rows)
     kernel.launch(xin.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream(x.device).cuda_stream)
     if mlp._check:
         mlp._verify(x.detach().reshape(rows, n_in).float().cpu().numpy(), y.float().cpu().numpy())
@@ -94,6 +122,6 @@ def _call_cupy(mlp, x, out_dtype):
         xin = cupy.ascontiguousarray(x.reshape(rows, n_in))
         if xin.data.ptr % 16:
             xin = xin.copy()
-        kernel = mlp._kernel(x.dtype.name, out_dtype.name)
+        kernel = mlp._kernel(x.dtype.name, out_dtype.name, rows)
         kernel.launch(xin.data.ptr, y.data.ptr, rows, cupy.cuda.get_current_stream().ptr)
     return y.reshape(*lead, n_out)

@@ -517,7 +517,7 @@ def _fused_shim(torch, mlp):
         y = torch.empty((x.shape[0], n_out), device=x.device, dtype=x.dtype)
         if x.shape[0]:
             stream = torch.cuda.current_stream().cuda_stream
-            mlp._kernel("float16").launch(x.data_ptr(), y.data_ptr(), x.shape[0], stream)
+            mlp._kernel("float16", rows=x.shape[0]).launch(x.data_ptr(), y.data_ptr(), x.shape[0], stream)
         return y
 
     return fused
@@ -637,7 +637,7 @@ def _graph_of(torch, body, order):
 
 
 def _fused_methods(torch, case, mlp, caller):
-    kernel = mlp._kernel("float16")
+    kernel = mlp._kernel("float16", rows=case.rows)  # the kernel a call of this size gets (small batches: small tiles)
     xs, rows, n = case.xs, case.rows, len(case.xs)
     y = torch.empty(rows, case.wl.widths[-1], device=DEVICE, dtype=torch.float16)
     xp, yp = [x.data_ptr() for x in xs], y.data_ptr()
