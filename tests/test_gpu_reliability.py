@@ -1,0 +1,88 @@
+"""GPU reliability: flat memory over many calls and many models, a GPU fault as CudaError. Marked `gpu`."""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import fusedmlp
+from conftest import torch_init
+
+pytestmark = pytest.mark.gpu
+
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def device_used_mib():
+    torch = pytest.importorskip("torch")
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**20
+
+
+def test_ten_thousand_calls_keep_memory_flat(rng):
+    torch = pytest.importorskip("torch")
+    ws, bs = torch_init(rng, [16, 64, 64, 8], True)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="silu", device="cuda")
+    x_np = rng.standard_normal((1000, 16)).astype(np.float32)
+    x_t = torch.from_numpy(x_np).cuda()
+    for _ in range(200):  # warm-up: kernels built, staging buffers grown, allocator pools settled
+        mlp(x_np), mlp(x_t)
+    torch.cuda.synchronize()
+    rss0, dev0 = rss_mib(), device_used_mib()
+    for i in range(10_000):
+        y = mlp(x_np) if i % 2 else mlp(x_t)
+    torch.cuda.synchronize()
+    rss1, dev1 = rss_mib(), device_used_mib()
+    print(f"\n10,000 calls: host RSS {rss0:.1f} -> {rss1:.1f} MiB, device used {dev0:.1f} -> {dev1:.1f} MiB")
+    assert rss1 - rss0 < 8 and abs(dev1 - dev0) < 4
+    assert y.shape == (1000, 8)
+
+
+def test_thousand_models_created_and_destroyed_keep_memory_flat(rng, tmp_path):
+    pytest.importorskip("torch")
+    ws, bs = torch_init(rng, [16, 64, 64, 8], True)
+    x = rng.standard_normal((300, 16)).astype(np.float32)
+
+    def cycle():
+        mlp = fusedmlp.FusedMLP(ws, bs, activation="tanh", device="cuda", cache_dir=tmp_path)
+        y = mlp(x)
+        del mlp
+        return y
+
+    for _ in range(20):
+        cycle()
+    gc.collect()
+    rss0, dev0 = rss_mib(), device_used_mib()
+    for _ in range(1000):
+        cycle()
+    gc.collect()
+    rss1, dev1 = rss_mib(), device_used_mib()
+    print(f"\n1,000 create/destroy cycles: host RSS {rss0:.1f} -> {rss1:.1f} MiB, device used {dev0:.1f} -> "
+          f"{dev1:.1f} MiB")
+    assert rss1 - rss0 < 16 and abs(dev1 - dev0) < 4
+
+
+def test_a_gpu_fault_is_a_cuda_error_with_the_driver_name(tmp_path):
+    # In a child process: a fault poisons the CUDA context for the rest of that process (documented).
+    script = textwrap.dedent("""
+        import numpy as np, fusedmlp
+        ws = [np.ones((8, 8), np.float32)]
+        mlp = fusedmlp.FusedMLP(ws, None, device="cuda")
+        mlp(np.ones((4, 8), np.float32))
+        kernel = mlp._kernel("float32", rows=1 << 20)
+        kernel.launch(0x10, 0x20, 1 << 20)          # unmapped addresses: the kernel faults
+        try:
+            mlp(np.ones((4, 8), np.float32))        # the next synchronising call reports it
+        except fusedmlp.CudaError as e:
+            print("CAUGHT", e.name)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, FUSEDMLP_CACHE_DIR=str(tmp_path)))
+    assert "CAUGHT CUDA_ERROR_ILLEGAL_ADDRESS" in out.stdout, out.stdout + out.stderr
