@@ -13,13 +13,22 @@ CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(CC is None or not sys.platform.startswith("linux"), reason="needs a C compiler")
 
 
-def build_and_run(tmp_path, sources, test, *args, env=None):
+SANITIZE = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+PLAN_SOURCES = ["util.c", "expr.c", "spec.c", "plan.c", "render.c", "ref.c"]
+
+
+def build(tmp_path, sources, test, flags=SANITIZE):
     exe = tmp_path / test
-    cmd = [CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-g", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=undefined", "-I", os.path.join(ROOT, "csrc")]
+    cmd = [CC, "-std=c11", "-Wall", "-Wextra", "-Werror", *flags, "-I", os.path.join(ROOT, "csrc")]
     cmd += [os.path.join(ROOT, "csrc", s) for s in sources] + [os.path.join(ROOT, "tests", "c", test + ".c")]
     cmd += ["-ldl", "-lpthread", "-lm", "-o", str(exe)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    built = subprocess.run(cmd, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-4000:]
+    return exe
+
+
+def build_and_run(tmp_path, sources, test, *args, env=None):
+    exe = build(tmp_path, sources, test)
     run_env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:protect_shadow_gap=0", **(env or {}))
     result = subprocess.run([str(exe), *args], capture_output=True, text=True, env=run_env, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -36,3 +45,21 @@ def test_nvrtc_and_driver_loaders(tmp_path):
 
     out = build_and_run(tmp_path, ["util.c", "nvrtc.c", "cuda.c"], "test_loaders", _env.nvrtc_search_path())
     assert "PASSED" in out
+
+
+def test_plan_render_and_cpu_forward(tmp_path):
+    out = build_and_run(tmp_path, PLAN_SOURCES, "test_plan", ROOT)
+    assert " 0 failed" in out
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_plan_render_and_cpu_forward_under_valgrind(tmp_path):
+    # The CPU path must be valgrind-clean: built without sanitizers (they and valgrind exclude each other), run with
+    # definite and indirect leaks counted as errors. --quick shrinks the CPU-forward batches to keep this near 10 s.
+    exe = build(tmp_path, PLAN_SOURCES, "test_plan", flags=["-O1", "-g"])
+    cmd = ["valgrind", "--error-exitcode=1", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect",
+           str(exe), ROOT, "--quick"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert " 0 failed" in result.stdout
+    assert "ERROR SUMMARY: 0 errors" in result.stderr

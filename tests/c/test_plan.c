@@ -1,0 +1,798 @@
+/*
+ * test_plan.c - pins down the plan (padding, tiles, shared-memory budget, forced options, limits), fm_plan_pack's
+ * blob layout, the renderer (placeholders in, placeholders out, template errors) and the CPU forward (against a
+ * naive float64 forward written here). No NVRTC, no GPU.
+ *
+ *   gcc -std=c11 -Wall -Wextra -Werror -fsanitize=address,undefined -g -Icsrc csrc/util.c csrc/expr.c csrc/spec.c \
+ *       csrc/plan.c csrc/render.c csrc/ref.c tests/c/test_plan.c -lm -o /tmp/test_plan && /tmp/test_plan .
+ *
+ * argv[1] is the repository root (for kernel_templates/). An optional "--quick" after it shrinks the CPU-forward
+ * batches (1000 rows -> 200), for runs under valgrind.
+ */
+#include "fm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_checks, g_failures;
+static int g_quick;
+
+#define CHECK(cond, ...)                                                                                            \
+    do {                                                                                                            \
+        g_checks++;                                                                                                 \
+        if (!(cond)) {                                                                                              \
+            g_failures++;                                                                                           \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                             \
+            printf(__VA_ARGS__);                                                                                    \
+            printf("\n");                                                                                           \
+        }                                                                                                           \
+    } while (0)
+
+/* ------------------------------------------------------------------------------------------------ helpers */
+
+static const int g_archs[] = {75, 80, 86, 89, 90};
+enum { NUM_ARCHS = sizeof g_archs / sizeof g_archs[0] };
+
+/* A network: widths[0..num_layers]. */
+typedef struct net {
+    const char *name;
+    int num_layers;
+    int widths[FM_MAX_LAYERS + 1];
+} net;
+
+static const net g_nets[] = {
+    {"32-64-64-64-64-16", 5, {32, 64, 64, 64, 64, 16}},
+    {"3-64-128-96-64-32-16-4", 7, {3, 64, 128, 96, 64, 32, 16, 4}},
+    {"2-50-50-50-50-50-1", 6, {2, 50, 50, 50, 50, 50, 1}},
+    {"2-256-256-256-3", 4, {2, 256, 256, 256, 3}},
+    {"256x8", 8, {256, 256, 256, 256, 256, 256, 256, 256, 256}},
+    {"1-1", 1, {1, 1}},
+    {"17-33-129-255-7", 4, {17, 33, 129, 255, 7}},
+    {"100-200-31", 2, {100, 200, 31}},
+    {"1-256-1-256-1", 4, {1, 256, 1, 256, 1}},
+    {"255-255", 1, {255, 255}},
+    {"16-16", 1, {16, 16}},
+    {"5-97-113-3-241-64-2-9-1", 8, {5, 97, 113, 3, 241, 64, 2, 9, 1}},
+};
+enum { NUM_NETS = sizeof g_nets / sizeof g_nets[0] };
+
+static const char *const g_acts[] = {"relu", "tanh", "x * sigmoid(x)", "none"};
+
+/* Builds a spec from widths; layer l has a bias when (l + bias_phase) is even; activations cycle through g_acts. */
+static int make_spec(fm_spec *spec, const int *widths, int num_layers, int bias_phase) {
+    int64_t shapes[2 * FM_MAX_LAYERS], bias[FM_MAX_LAYERS];
+    const char *acts[FM_MAX_LAYERS];
+    for (int l = 0; l < num_layers; ++l) {
+        shapes[2 * l] = widths[l + 1];
+        shapes[2 * l + 1] = widths[l];
+        bias[l] = (l + bias_phase) % 2 == 0 ? widths[l + 1] : -1;
+        acts[l] = g_acts[l % 4];
+    }
+    fm_error err = {0};
+    fm_status st = fm_spec_init(spec, num_layers, shapes, bias, acts, &err);
+    CHECK(st == FM_OK, "fm_spec_init failed: %s", err.message);
+    fm_error_clear(&err);
+    return st == FM_OK;
+}
+
+static int is_mult16(int v) { return v > 0 && v % 16 == 0; }
+
+/* xorshift64*: deterministic, identical everywhere. */
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double uniform(void) { /* [0, 1) */
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return (double)((g_rng * 0x2545f4914f6cdd1dull) >> 11) / 9007199254740992.0;
+}
+static float sym(double scale) { return (float)((2.0 * uniform() - 1.0) * scale); }
+
+static char *read_text(const char *root, const char *rel) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)size + 1);
+    size_t got = size > 0 ? fread(buf, 1, (size_t)size, f) : 0;
+    buf[got] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Copy of text with the first occurrence of `find` replaced by `with` (caller frees). */
+static char *replace_first(const char *text, const char *find, const char *with) {
+    const char *at = strstr(text, find);
+    size_t n = strlen(text), nf = strlen(find), nw = strlen(with);
+    char *out = malloc(n + nw + 1);
+    if (at == NULL) {
+        memcpy(out, text, n + 1);
+        return out;
+    }
+    size_t pre = (size_t)(at - text);
+    memcpy(out, text, pre);
+    memcpy(out + pre, with, nw);
+    memcpy(out + pre + nw, at + nf, n - pre - nf + 1);
+    return out;
+}
+
+static int count_occurrences(const char *text, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(text, needle); p != NULL; p = strstr(p + 1, needle))
+        ++n;
+    return n;
+}
+
+/* ------------------------------------------------------------------------------------------------ plan */
+
+/* Every invariant the kernel relies on. `auto_opts`: the plan chose everything, so its register rules apply too. */
+static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, int auto_opts, const char *what) {
+    int L = spec->num_layers, widest = 0;
+    CHECK(p->num_layers == L, "%s: num_layers %d", what, p->num_layers);
+    CHECK(p->arch == t->arch, "%s: arch %d", what, p->arch);
+    size_t w_expect = 0, b_expect = 0;
+    int multi_chunk = 0;
+    for (int l = 0; l < L; ++l) {
+        int kr = spec->width[l], nr = spec->width[l + 1];
+        widest = kr > widest ? kr : widest;
+        widest = nr > widest ? nr : widest;
+        CHECK(p->k_real[l] == kr && p->n_real[l] == nr, "%s: layer %d real %dx%d", what, l, p->k_real[l],
+              p->n_real[l]);
+        CHECK(is_mult16(p->k_pad[l]) && p->k_pad[l] >= kr && p->k_pad[l] < kr + 16, "%s: layer %d k_pad %d (k %d)",
+              what, l, p->k_pad[l], kr);
+        CHECK(is_mult16(p->n_pad[l]) && p->n_pad[l] >= nr && p->n_pad[l] < nr + 16, "%s: layer %d n_pad %d (n %d)",
+              what, l, p->n_pad[l], nr);
+        if (l > 0)
+            CHECK(p->k_pad[l] == p->n_pad[l - 1], "%s: layer %d k_pad %d != previous n_pad %d", what, l, p->k_pad[l],
+                  p->n_pad[l - 1]);
+        int nc = p->n_chunk[l];
+        CHECK(is_mult16(nc) && nc <= p->n_pad[l] && nc <= 128, "%s: layer %d n_chunk %d (n_pad %d)", what, l, nc,
+              p->n_pad[l]);
+        if (is_mult16(nc)) {
+            int chunks = (p->n_pad[l] + nc - 1) / nc;
+            CHECK(chunks * nc >= p->n_pad[l] && (chunks - 1) * nc < p->n_pad[l], "%s: layer %d chunks", what, l);
+            multi_chunk |= chunks > 1;
+        }
+        CHECK(p->has_bias[l] == spec->has_bias[l], "%s: layer %d has_bias", what, l);
+        CHECK(p->w_offset[l] == w_expect, "%s: layer %d w_offset %zu, want %zu", what, l, p->w_offset[l], w_expect);
+        CHECK(p->b_offset[l] == b_expect, "%s: layer %d b_offset %zu, want %zu", what, l, p->b_offset[l], b_expect);
+        CHECK(p->w_offset[l] % 8 == 0, "%s: layer %d w_offset %zu not 16-byte aligned", what, l, p->w_offset[l]);
+        CHECK(p->b_offset[l] % 4 == 0, "%s: layer %d b_offset %zu not 16-byte aligned", what, l, p->b_offset[l]);
+        w_expect += (size_t)p->n_pad[l] * (size_t)(p->k_pad[l] + 8);
+        b_expect += (size_t)p->n_pad[l];
+    }
+    if (auto_opts) {
+        for (int l = 0; l < L; ++l)
+            CHECK(p->m_tiles * p->n_chunk[l] <= (widest > 128 ? 64 : 128),
+                  "%s: layer %d m_tiles %d x n_chunk %d over the accumulator budget", what, l, p->m_tiles,
+                  p->n_chunk[l]);
+        CHECK(widest <= 128 || p->m_tiles == 1, "%s: m_tiles %d with a %d-wide layer", what, p->m_tiles,
+              widest);
+    }
+    CHECK(p->w_halves == w_expect, "%s: w_halves %zu, want %zu", what, p->w_halves, w_expect);
+    CHECK(p->b_floats >= b_expect && p->b_floats < b_expect + 4 && p->b_floats % 4 == 0, "%s: b_floats %zu (sum %zu)",
+          what, p->b_floats, b_expect);
+    CHECK(p->warps == 1 || p->warps == 2 || p->warps == 4 || p->warps == 8, "%s: warps %d", what, p->warps);
+    CHECK(p->m_tiles == 1 || p->m_tiles == 2, "%s: m_tiles %d", what, p->m_tiles);
+    CHECK(p->rows_per_cta == p->warps * p->m_tiles * 16, "%s: rows_per_cta %d", what, p->rows_per_cta);
+    CHECK(p->resident == 0 || p->resident == 1, "%s: resident %d", what, p->resident);
+    CHECK(p->smem_bytes <= t->smem_per_block, "%s: smem %zu > %zu", what, p->smem_bytes, t->smem_per_block);
+
+    /* activation rows: 16-byte units, an odd count of them, wide enough for every input and the staged output */
+    CHECK(p->act_stride % 8 == 0 && (p->act_stride / 8) % 2 == 1, "%s: act_stride %d", what, p->act_stride);
+    for (int l = 0; l < L; ++l)
+        CHECK(p->act_stride >= p->k_pad[l] + 8, "%s: act_stride %d < layer %d input %d", what, p->act_stride, l,
+              p->k_pad[l] + 8);
+    int n_out = p->n_pad[L - 1];
+    CHECK(p->act_stride >= (p->out_dtype == FM_F32 ? 2 * (n_out + 4) : n_out + 8), "%s: act_stride %d too narrow for "
+          "the staged output (%d columns)", what, p->act_stride, n_out);
+
+    CHECK(p->buffers == (multi_chunk ? 2 : 1), "%s: buffers %d, multi-chunk %d", what, p->buffers, multi_chunk);
+
+    /* streamed slots hold the largest (layer, chunk) stage */
+    size_t slot = 0;
+    for (int l = 0; l < L; ++l) {
+        size_t s = (size_t)p->n_chunk[l] * (size_t)(p->k_pad[l] + 8);
+        slot = s > slot ? s : slot;
+    }
+    CHECK(p->resident ? p->w_slot_halves == 0 : p->w_slot_halves == slot, "%s: w_slot_halves %zu (resident %d, "
+          "largest stage %zu)", what, p->w_slot_halves, p->resident, slot);
+    size_t w_region = p->resident ? p->w_halves : 2 * p->w_slot_halves;
+    size_t act = (size_t)p->warps * (size_t)p->buffers * (size_t)(p->m_tiles * 16) * (size_t)p->act_stride;
+    CHECK(p->smem_bytes == 2 * w_region + 4 * p->b_floats + 2 * act, "%s: smem_bytes %zu != %zu", what,
+          p->smem_bytes, 2 * w_region + 4 * p->b_floats + 2 * act);
+
+    CHECK(p->blocks_per_sm >= 1 && p->blocks_per_sm * p->warps <= 16, "%s: blocks_per_sm %d with %d warps", what,
+          p->blocks_per_sm, p->warps);
+    size_t per_sm = t->smem_per_sm ? t->smem_per_sm : t->smem_per_block;
+    CHECK(p->blocks_per_sm == 1 || (size_t)p->blocks_per_sm * (p->smem_bytes + 1024) <= per_sm,
+          "%s: %d blocks of %zu bytes overflow %zu per SM", what, p->blocks_per_sm, p->smem_bytes, per_sm);
+}
+
+static void test_targets(void) {
+    fm_error err = {0};
+    fm_target t;
+    for (int i = 0; i < NUM_ARCHS; ++i) {
+        CHECK(fm_target_for_arch(g_archs[i], &t, &err) == FM_OK, "arch %d: %s", g_archs[i], err.message);
+        CHECK(t.arch == g_archs[i] && t.sm_count == 0 && t.smem_per_block >= 64 * 1024 &&
+                  t.smem_per_sm >= t.smem_per_block,
+              "arch %d: target %d %zu %zu", g_archs[i], t.arch, t.smem_per_block, t.smem_per_sm);
+        fm_error_clear(&err);
+    }
+    CHECK(fm_target_for_arch(90, &t, &err) == FM_OK && t.smem_per_block == 227 * 1024, "sm_90 opt-in limit");
+    fm_error_clear(&err);
+    static const int bad[] = {61, 70, 0, -1, 91};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char want[32];
+        snprintf(want, sizeof want, "sm_%d", bad[i]);
+        fm_status st = fm_target_for_arch(bad[i], &t, &err);
+        CHECK(st == FM_ERR_VALUE && err.status == FM_ERR_VALUE && strstr(err.message, want) != NULL &&
+                  strstr(err.message, "sm_75") != NULL,
+              "arch %d: status %d message \"%s\"", bad[i], (int)st, err.message);
+        fm_error_clear(&err);
+    }
+}
+
+static int g_plans_made;
+
+static void test_plan_networks(void) {
+    static const fm_dtype dtypes[][2] = {{FM_F32, FM_F32}, {FM_F16, FM_F16}, {FM_F32, FM_F16}, {FM_F16, FM_F32}};
+    for (int a = 0; a < NUM_ARCHS; ++a) {
+        fm_target t;
+        fm_error err = {0};
+        CHECK(fm_target_for_arch(g_archs[a], &t, &err) == FM_OK, "target %d", g_archs[a]);
+        for (int n = 0; n < NUM_NETS; ++n) {
+            fm_spec spec;
+            if (!make_spec(&spec, g_nets[n].widths, g_nets[n].num_layers, n % 2))
+                continue;
+            for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; ++d) {
+                char what[128];
+                snprintf(what, sizeof what, "%s sm_%d %s->%s", g_nets[n].name, g_archs[a], fm_dtype_name(dtypes[d][0]),
+                         fm_dtype_name(dtypes[d][1]));
+                fm_plan plan;
+                fm_status st = fm_plan_make(&spec, &t, NULL, dtypes[d][0], dtypes[d][1], &plan, &err);
+                CHECK(st == FM_OK && err.status == FM_OK, "%s: fm_plan_make: %s", what, err.message);
+                fm_error_clear(&err);
+                if (st != FM_OK)
+                    continue;
+                ++g_plans_made;
+                CHECK(plan.in_dtype == dtypes[d][0] && plan.out_dtype == dtypes[d][1], "%s: dtypes", what);
+                check_plan(&plan, &spec, &t, 1, what);
+
+                /* Forced tile shape: honoured, or a limit error that names the options. */
+                fm_plan_opts opts = {4, 1, 0, -1};
+                fm_plan forced;
+                st = fm_plan_make(&spec, &t, &opts, dtypes[d][0], dtypes[d][1], &forced, &err);
+                if (st == FM_OK) {
+                    CHECK(forced.warps == 4 && forced.m_tiles == 1, "%s: forced warps=4 m_tiles=1 gave %d, %d", what,
+                          forced.warps, forced.m_tiles);
+                    check_plan(&forced, &spec, &t, 0, what);
+                } else {
+                    CHECK(st == FM_ERR_LIMIT && strstr(err.message, "warps=4, m_tiles=1") != NULL,
+                          "%s: forced warps=4: status %d \"%s\"", what, (int)st, err.message);
+                }
+                fm_error_clear(&err);
+
+                /* Forced streaming. */
+                fm_plan_opts stream = {0, 0, 0, 0};
+                st = fm_plan_make(&spec, &t, &stream, dtypes[d][0], dtypes[d][1], &forced, &err);
+                if (st == FM_OK) {
+                    CHECK(forced.resident == 0 && forced.w_slot_halves > 0, "%s: resident=0 gave resident %d", what,
+                          forced.resident);
+                    check_plan(&forced, &spec, &t, 1, what);
+                } else {
+                    CHECK(st == FM_ERR_LIMIT && strstr(err.message, "resident=0") != NULL,
+                          "%s: forced resident=0: status %d \"%s\"", what, (int)st, err.message);
+                }
+                fm_error_clear(&err);
+
+                /* Forced residency and chunk width. */
+                fm_plan_opts res = {0, 0, 32, 1};
+                st = fm_plan_make(&spec, &t, &res, dtypes[d][0], dtypes[d][1], &forced, &err);
+                if (st == FM_OK) {
+                    CHECK(forced.resident == 1, "%s: resident=1 gave %d", what, forced.resident);
+                    for (int l = 0; l < forced.num_layers; ++l)
+                        CHECK(forced.n_chunk[l] <= 32, "%s: n_chunk=32 gave layer %d chunk %d", what, l,
+                              forced.n_chunk[l]);
+                    check_plan(&forced, &spec, &t, 0, what);
+                } else {
+                    CHECK(st == FM_ERR_LIMIT && strstr(err.message, "n_chunk=32, resident=1") != NULL,
+                          "%s: forced resident=1: status %d \"%s\"", what, (int)st, err.message);
+                }
+                fm_error_clear(&err);
+            }
+            fm_spec_free(&spec);
+        }
+    }
+}
+
+static void test_plan_choices(void) {
+    fm_error err = {0};
+    fm_target t90, t75;
+    fm_target_for_arch(90, &t90, &err);
+    fm_target_for_arch(75, &t75, &err);
+    fm_plan p;
+
+    /* 1-1: a single 16x16 tile, one chunk, in place, everything resident. */
+    fm_spec spec;
+    int w11[] = {1, 1};
+    if (make_spec(&spec, w11, 1, 0)) {
+        CHECK(fm_plan_make(&spec, &t90, NULL, FM_F32, FM_F32, &p, &err) == FM_OK, "1-1: %s", err.message);
+        CHECK(p.k_pad[0] == 16 && p.n_pad[0] == 16 && p.n_chunk[0] == 16 && p.w_halves == 16 * 24 &&
+                  p.b_floats == 16 && p.buffers == 1 && p.resident == 1 && p.w_offset[0] == 0 && p.b_offset[0] == 0,
+              "1-1: k_pad %d n_pad %d nc %d w %zu b %zu buffers %d resident %d", p.k_pad[0], p.n_pad[0], p.n_chunk[0],
+              p.w_halves, p.b_floats, p.buffers, p.resident);
+        fm_spec_free(&spec);
+    }
+    fm_error_clear(&err);
+
+    /* 256x8 on sm_75 (64 KiB): 8 * 256 * 264 halves cannot stay resident; streaming must fit. */
+    if (make_spec(&spec, g_nets[4].widths, 8, 0)) {
+        CHECK(fm_plan_make(&spec, &t75, NULL, FM_F32, FM_F32, &p, &err) == FM_OK, "256x8 sm_75: %s", err.message);
+        CHECK(p.resident == 0 && p.buffers == 2, "256x8 sm_75: resident %d buffers %d", p.resident, p.buffers);
+        fm_error_clear(&err);
+
+        fm_plan_opts res = {0, 0, 0, 1};
+        fm_status st = fm_plan_make(&spec, &t75, &res, FM_F32, FM_F32, &p, &err);
+        CHECK(st == FM_ERR_LIMIT && strstr(err.message, "resident=1") != NULL && strstr(err.message, "65536") != NULL &&
+                  strstr(err.message, "sm_75") != NULL,
+              "256x8 sm_75 resident=1: status %d \"%s\"", (int)st, err.message);
+        fm_error_clear(&err);
+
+        fm_plan_opts big = {8, 2, 128, -1};
+        st = fm_plan_make(&spec, &t75, &big, FM_F32, FM_F32, &p, &err);
+        CHECK(st == FM_ERR_LIMIT && strstr(err.message, "warps=8, m_tiles=2, n_chunk=128") != NULL,
+              "256x8 sm_75 8x2x128: status %d \"%s\"", (int)st, err.message);
+        fm_error_clear(&err);
+        fm_spec_free(&spec);
+    }
+
+    /* bfloat16 is refused by name. */
+    if (make_spec(&spec, w11, 1, 0)) {
+        fm_status st = fm_plan_make(&spec, &t90, NULL, FM_BF16, FM_F32, &p, &err);
+        CHECK(st == FM_ERR_VALUE && strstr(err.message, "bfloat16") != NULL, "bf16 in: %d \"%s\"", (int)st,
+              err.message);
+        fm_error_clear(&err);
+        st = fm_plan_make(&spec, &t90, NULL, FM_F32, FM_BF16, &p, &err);
+        CHECK(st == FM_ERR_VALUE && strstr(err.message, "bfloat16") != NULL, "bf16 out: %d \"%s\"", (int)st,
+              err.message);
+        fm_error_clear(&err);
+        fm_spec_free(&spec);
+    }
+
+    /* Width 257 anywhere: a limit error naming 257 and the 256 maximum, with a hint. */
+    static const struct {
+        int num_layers;
+        int widths[4];
+    } wide[] = {{2, {8, 257, 4}}, {1, {257, 4}}, {1, {4, 257}}, {3, {16, 256, 257, 1}}, {1, {1000, 1}}};
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; ++i) {
+        if (!make_spec(&spec, wide[i].widths, wide[i].num_layers, 0))
+            continue;
+        int w = 0;
+        for (int l = 0; l <= wide[i].num_layers; ++l)
+            w = wide[i].widths[l] > 256 ? wide[i].widths[l] : w;
+        char num[16];
+        snprintf(num, sizeof num, "%d", w);
+        for (int a = 0; a < NUM_ARCHS; ++a) {
+            fm_target t;
+            fm_target_for_arch(g_archs[a], &t, &err);
+            fm_status st = fm_plan_make(&spec, &t, NULL, FM_F32, FM_F32, &p, &err);
+            CHECK(st == FM_ERR_LIMIT && err.status == FM_ERR_LIMIT && strstr(err.message, num) != NULL &&
+                      strstr(err.message, "256") != NULL && err.hint[0] != '\0',
+                  "width %d on sm_%d: status %d \"%s\"", w, g_archs[a], (int)st, err.message);
+            fm_error_clear(&err);
+        }
+        fm_spec_free(&spec);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ pack */
+
+static void test_pack(void) {
+    fm_error err = {0};
+    fm_target t;
+    fm_target_for_arch(80, &t, &err);
+    for (int n = 0; n < NUM_NETS; ++n) {
+        const net *nt = &g_nets[n];
+        for (int bias_mode = 0; bias_mode < 3; ++bias_mode) { /* 0, 1: alternating biases; 2: b == NULL */
+            fm_spec spec;
+            if (!make_spec(&spec, nt->widths, nt->num_layers, bias_mode & 1))
+                continue;
+            fm_plan p;
+            if (fm_plan_make(&spec, &t, NULL, FM_F32, FM_F32, &p, &err) != FM_OK) {
+                CHECK(0, "%s: plan: %s", nt->name, err.message);
+                fm_error_clear(&err);
+                fm_spec_free(&spec);
+                continue;
+            }
+            float *w[FM_MAX_LAYERS], *b[FM_MAX_LAYERS];
+            for (int l = 0; l < p.num_layers; ++l) {
+                size_t nw = (size_t)p.n_real[l] * (size_t)p.k_real[l];
+                w[l] = malloc(nw * sizeof(float));
+                b[l] = malloc((size_t)p.n_real[l] * sizeof(float));
+                for (size_t i = 0; i < nw; ++i) /* wide range: subnormal halves, overflow to inf, exact zeros */
+                    w[l][i] = i % 97 == 0 ? 0.0f : sym(1.0) * (float)pow(2.0, 40.0 * uniform() - 28.0);
+                for (int i = 0; i < p.n_real[l]; ++i)
+                    b[l][i] = sym(3.0) + 0.5f; /* never 0: padding shows */
+            }
+            uint16_t *wb = malloc(p.w_halves * sizeof *wb);
+            float *bb = malloc(p.b_floats * sizeof *bb);
+            memset(wb, 0xab, p.w_halves * sizeof *wb); /* garbage the pack must overwrite */
+            memset(bb, 0xab, p.b_floats * sizeof *bb);
+            char *real = calloc(p.w_halves, 1);
+            char *breal = calloc(p.b_floats, 1);
+            fm_plan_pack(&p, (const float *const *)w, bias_mode == 2 ? NULL : (const float *const *)b, wb, bb);
+
+            int bad_w = 0, bad_pad = 0, bad_b = 0, bad_bpad = 0;
+            for (int l = 0; l < p.num_layers; ++l) {
+                int stride = p.k_pad[l] + 8;
+                for (int r = 0; r < p.n_real[l]; ++r)
+                    for (int k = 0; k < p.k_real[l]; ++k) {
+                        size_t at = p.w_offset[l] + (size_t)r * (size_t)stride + (size_t)k;
+                        if (at >= p.w_halves) {
+                            bad_w++;
+                            continue;
+                        }
+                        real[at] = 1;
+                        bad_w += wb[at] != fm_float_to_half(w[l][(size_t)r * (size_t)p.k_real[l] + (size_t)k]);
+                    }
+                int has = bias_mode != 2 && p.has_bias[l];
+                for (int r = 0; r < p.n_real[l] && has; ++r) {
+                    size_t at = p.b_offset[l] + (size_t)r;
+                    breal[at] = 1;
+                    bad_b += memcmp(&bb[at], &b[l][r], sizeof(float)) != 0;
+                }
+            }
+            for (size_t i = 0; i < p.w_halves; ++i)
+                bad_pad += !real[i] && wb[i] != 0;
+            for (size_t i = 0; i < p.b_floats; ++i)
+                bad_bpad += !breal[i] && bb[i] != 0.0f;
+            CHECK(bad_w == 0, "%s bias mode %d: %d packed weights differ", nt->name, bias_mode, bad_w);
+            CHECK(bad_pad == 0, "%s bias mode %d: %d padding halves not zero", nt->name, bias_mode, bad_pad);
+            CHECK(bad_b == 0, "%s bias mode %d: %d biases differ", nt->name, bias_mode, bad_b);
+            CHECK(bad_bpad == 0, "%s bias mode %d: %d bias padding floats not zero", nt->name, bias_mode, bad_bpad);
+
+            free(real);
+            free(breal);
+            free(wb);
+            free(bb);
+            for (int l = 0; l < p.num_layers; ++l) {
+                free(w[l]);
+                free(b[l]);
+            }
+            fm_spec_free(&spec);
+        }
+    }
+    /* The packer's conversion itself, on values whose rounding is known. */
+    CHECK(fm_float_to_half(1.0f) == 0x3c00 && fm_float_to_half(-2.0f) == 0xc000 && fm_float_to_half(65504.0f) == 0x7bff &&
+              fm_float_to_half(65520.0f) == 0x7c00 && fm_float_to_half(5.9604645e-8f) == 0x0001 &&
+              fm_float_to_half(1.0f + 1.0f / 2048.0f) == 0x3c00 && fm_float_to_half(1.0f + 3.0f / 2048.0f) == 0x3c02,
+          "fm_float_to_half on known values");
+}
+
+/* ------------------------------------------------------------------------------------------------ render */
+
+static void expect_render_error(int line, const fm_spec *spec, const fm_plan *p, const char *tmpl, const char *needle) {
+    fm_error err = {0};
+    fm_str out = {0};
+    fm_status st = fm_render(spec, p, NULL, tmpl, "k", &out, &err);
+    g_checks++;
+    if (st != FM_ERR_TEMPLATE || err.status != FM_ERR_TEMPLATE || strstr(err.message, needle) == NULL) {
+        g_failures++;
+        printf("FAIL line %d: render gave status %d \"%s\"; wanted FM_ERR_TEMPLATE with \"%s\"\n", line, (int)st,
+               err.message, needle);
+    }
+    fm_str_free(&out);
+    fm_error_clear(&err);
+}
+#define EXPECT_RENDER_ERROR(spec, p, tmpl, needle) expect_render_error(__LINE__, spec, p, tmpl, needle)
+
+static void test_render(const char *root) {
+    char *tmpl = read_text(root, "kernel_templates/fused_mlp.cu");
+    char *prelude = read_text(root, "kernel_templates/activations.cuh");
+    CHECK(tmpl != NULL && prelude != NULL, "cannot read kernel_templates/ under %s", root);
+    if (tmpl == NULL || prelude == NULL) {
+        free(tmpl);
+        free(prelude);
+        return;
+    }
+    fm_error err = {0};
+    int rendered = 0;
+    for (int a = 0; a < NUM_ARCHS; ++a) {
+        fm_target t;
+        fm_target_for_arch(g_archs[a], &t, &err);
+        for (int n = 0; n < NUM_NETS; ++n) {
+            fm_spec spec;
+            if (!make_spec(&spec, g_nets[n].widths, g_nets[n].num_layers, n % 2))
+                continue;
+            fm_plan p;
+            fm_dtype out_dtype = (a + n) % 2 ? FM_F16 : FM_F32;
+            if (fm_plan_make(&spec, &t, NULL, FM_F32, out_dtype, &p, &err) != FM_OK) {
+                CHECK(0, "%s sm_%d: plan: %s", g_nets[n].name, g_archs[a], err.message);
+                fm_error_clear(&err);
+                fm_spec_free(&spec);
+                continue;
+            }
+            char kname[64];
+            snprintf(kname, sizeof kname, "fm_test_kernel_%d_%d", g_archs[a], n);
+            fm_str out = {0};
+            fm_status st = fm_render(&spec, &p, prelude, tmpl, kname, &out, &err);
+            CHECK(st == FM_OK && err.status == FM_OK && out.data != NULL && !out.oom, "%s sm_%d: render: %s",
+                  g_nets[n].name, g_archs[a], err.message);
+            if (st == FM_OK && out.data != NULL) {
+                ++rendered;
+                const char *s = out.data;
+                CHECK(strncmp(s, prelude, strlen(prelude)) == 0, "%s: output does not start with the prelude",
+                      g_nets[n].name);
+                CHECK(strstr(s, "{{") == NULL && strstr(s, "}}") == NULL, "%s: a placeholder survived",
+                      g_nets[n].name);
+                CHECK(strstr(s, kname) != NULL, "%s: kernel name missing", g_nets[n].name);
+                CHECK(count_occurrences(s, "template <> struct Layer<") == p.num_layers, "%s: %d Layer<> "
+                      "specialisations, want %d", g_nets[n].name, count_occurrences(s, "template <> struct Layer<"),
+                      p.num_layers);
+                for (int l = 0; l < p.num_layers; ++l) {
+                    char want[256];
+                    snprintf(want, sizeof want, "template <> struct Layer<%d> {  // %d -> %d, activation ", l,
+                             p.k_real[l], p.n_real[l]);
+                    CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
+                    snprintf(want, sizeof want, "static constexpr int K = %d, KR = %d, N = %d, NR = %d, NC = %d;",
+                             p.k_pad[l], p.k_real[l], p.n_pad[l], p.n_real[l], p.n_chunk[l]);
+                    CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
+                    snprintf(want, sizeof want, "static constexpr int W_OFF = %zu, B_OFF = %zu;", p.w_offset[l],
+                             p.b_offset[l]);
+                    CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
+                }
+                char want[128];
+                snprintf(want, sizeof want, "#define FM_WARPS %d\n", p.warps);
+                CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
+                snprintf(want, sizeof want, "constexpr int ACT_STRIDE = %d;", p.act_stride);
+                CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
+                snprintf(want, sizeof want, "#define FM_OUT_FLOAT %d ", out_dtype == FM_F32);
+                CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
+            }
+            fm_str_free(&out);
+            fm_error_clear(&err);
+
+            /* Without a prelude the output starts with the template itself. */
+            if (a == 0 && n == 0) {
+                st = fm_render(&spec, &p, NULL, tmpl, "k0", &out, &err);
+                CHECK(st == FM_OK && out.data != NULL && strncmp(out.data, tmpl, 20) == 0, "render without prelude");
+                fm_str_free(&out);
+                fm_error_clear(&err);
+            }
+
+            if (a == 0 && n == 1) { /* template errors, on one real spec and plan */
+                char *bad = malloc(strlen(tmpl) + 64);
+                sprintf(bad, "%s\n{{NOPE}}\n", tmpl);
+                EXPECT_RENDER_ERROR(&spec, &p, bad, "unknown placeholder {{NOPE}}");
+                free(bad);
+                EXPECT_RENDER_ERROR(&spec, &p, "line one\nline two {{NOPE}}", "line 2: unknown placeholder {{NOPE}}");
+                EXPECT_RENDER_ERROR(&spec, &p, "{{warps}}", "line 1: '{{' not followed by NAME}}");
+
+                char *no_warps = replace_first(tmpl, "{{WARPS}}", "4");
+                CHECK(strstr(no_warps, "{{WARPS}}") == NULL, "replace_first");
+                EXPECT_RENDER_ERROR(&spec, &p, no_warps, "never uses placeholder {{WARPS}}");
+                free(no_warps);
+                char *no_layers = replace_first(tmpl, "{{LAYERS}}", "");
+                EXPECT_RENDER_ERROR(&spec, &p, no_layers, "never uses placeholder {{LAYERS}}");
+                free(no_layers);
+                EXPECT_RENDER_ERROR(&spec, &p, "", "never uses placeholder {{KERNEL_NAME}}");
+
+                static const char *const malformed[] = {"{{",          "x {{",       "{{}}",     "{{ WARPS}}",
+                                                        "{{WARPS }}", "{{WARPS}",   "{{WARPS",  "{{WARPS}x}",
+                                                        "{{WAR-PS}}", "{{{WARPS}}}"};
+                for (size_t i = 0; i < sizeof malformed / sizeof malformed[0]; ++i) {
+                    char *m = replace_first(tmpl, "{{WARPS}}", malformed[i]);
+                    EXPECT_RENDER_ERROR(&spec, &p, m, "'{{' not followed by NAME}}");
+                    free(m);
+                }
+                /* line numbers count the template's own lines: {{WARPS}} sits on a known line */
+                const char *at = strstr(tmpl, "{{WARPS}}");
+                int line = 1;
+                for (const char *q = tmpl; q < at; ++q)
+                    line += *q == '\n';
+                char *m = replace_first(tmpl, "{{WARPS}}", "{{WARPZ}}");
+                char needle[96];
+                snprintf(needle, sizeof needle, "line %d: unknown placeholder {{WARPZ}}", line);
+                EXPECT_RENDER_ERROR(&spec, &p, m, needle);
+                free(m);
+                /* a placeholder used twice is fine */
+                char *twice = malloc(strlen(tmpl) + 32);
+                sprintf(twice, "%s\n// {{WARPS}}\n", tmpl);
+                st = fm_render(&spec, &p, NULL, twice, "k", &out, &err);
+                CHECK(st == FM_OK, "placeholder used twice: %s", err.message);
+                fm_str_free(&out);
+                fm_error_clear(&err);
+                free(twice);
+            }
+            fm_spec_free(&spec);
+        }
+    }
+    CHECK(rendered == NUM_ARCHS * NUM_NETS, "rendered %d of %d", rendered, NUM_ARCHS * NUM_NETS);
+    free(tmpl);
+    free(prelude);
+}
+
+/* ------------------------------------------------------------------------------------------------ ref */
+
+/* The activations of g_acts, written out here (not through fm_expr_eval). */
+static double oracle_act(int which, double x) {
+    switch (which) {
+    case 0: return x < 0.0 ? 0.0 : x;
+    case 1: return tanh(x);
+    case 2: return x * (1.0 / (1.0 + exp(-x)));
+    default: return x;
+    }
+}
+
+/* Naive forward: for each row, each layer, each output, a float64 dot product, then the activation, then rounding
+ * to float32 (ref.c keeps float32 between layers). */
+static void oracle_forward(const int *widths, int L, const int *acts, const int *has_bias, float *const *w,
+                           float *const *b, const float *x, int64_t rows, int64_t x_row, int64_t x_col, double *y) {
+    int widest = 0;
+    for (int l = 0; l <= L; ++l)
+        widest = widths[l] > widest ? widths[l] : widest;
+    double *cur = malloc(sizeof(double) * (size_t)widest), *next = malloc(sizeof(double) * (size_t)widest);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int k = 0; k < widths[0]; ++k)
+            cur[k] = x[r * x_row + k * x_col];
+        for (int l = 0; l < L; ++l) {
+            for (int n = 0; n < widths[l + 1]; ++n) {
+                double s = 0.0;
+                for (int k = 0; k < widths[l]; ++k)
+                    s += cur[k] * (double)w[l][(size_t)n * (size_t)widths[l] + (size_t)k];
+                if (has_bias[l])
+                    s += (double)b[l][n];
+                next[n] = (double)(float)oracle_act(acts[l], s);
+            }
+            double *tmp = cur;
+            cur = next;
+            next = tmp;
+        }
+        for (int n = 0; n < widths[L]; ++n)
+            y[r * widths[L] + n] = cur[n];
+    }
+    free(cur);
+    free(next);
+}
+
+static double g_ref_max_err;
+static long g_ref_values;
+
+static void test_ref_case(const int *widths, int L, int act_offset, int64_t rows, int layout) {
+    int64_t shapes[2 * FM_MAX_LAYERS], bias_len[FM_MAX_LAYERS];
+    const char *act_text[FM_MAX_LAYERS];
+    int acts[FM_MAX_LAYERS], has_bias[FM_MAX_LAYERS];
+    float *w[FM_MAX_LAYERS], *b[FM_MAX_LAYERS];
+    for (int l = 0; l < L; ++l) {
+        shapes[2 * l] = widths[l + 1];
+        shapes[2 * l + 1] = widths[l];
+        has_bias[l] = (l + act_offset) % 3 != 2;
+        bias_len[l] = has_bias[l] ? widths[l + 1] : -1;
+        acts[l] = (l + act_offset) % 4;
+        act_text[l] = g_acts[acts[l]];
+        size_t nw = (size_t)widths[l] * (size_t)widths[l + 1];
+        w[l] = malloc(nw * sizeof(float));
+        b[l] = has_bias[l] ? malloc((size_t)widths[l + 1] * sizeof(float)) : NULL;
+        double scale = 1.7 / sqrt((double)widths[l]);
+        for (size_t i = 0; i < nw; ++i)
+            w[l][i] = sym(scale);
+        for (int i = 0; i < widths[l + 1] && has_bias[l]; ++i)
+            b[l][i] = sym(0.5);
+    }
+    fm_spec spec;
+    fm_error err = {0};
+    fm_status st = fm_spec_init(&spec, L, shapes, bias_len, act_text, &err);
+    CHECK(st == FM_OK, "ref spec: %s", err.message);
+    fm_error_clear(&err);
+
+    /* x with strides: 0 C order, 1 Fortran order, 2 every other row of a C array, 3 Fortran with padded columns */
+    int k0 = widths[0], nL = widths[L];
+    int64_t x_row, x_col, x_size;
+    switch (layout) {
+    case 0: x_row = k0, x_col = 1, x_size = rows * k0; break;
+    case 1: x_row = 1, x_col = rows, x_size = rows * k0; break;
+    case 2: x_row = 2 * (int64_t)k0, x_col = 1, x_size = 2 * rows * k0; break;
+    default: x_row = 1, x_col = rows + 3, x_size = (rows + 3) * k0; break;
+    }
+    float *x = malloc(sizeof(float) * (size_t)(x_size > 0 ? x_size : 1));
+    for (int64_t i = 0; i < x_size; ++i)
+        x[i] = sym(2.0);
+    enum { CANARY = 16 };
+    size_t ny = (size_t)rows * (size_t)nL;
+    float *y = malloc(sizeof(float) * (ny + CANARY));
+    for (size_t i = 0; i < ny + CANARY; ++i)
+        y[i] = -12345.0f;
+    double *want = malloc(sizeof(double) * (ny > 0 ? ny : 1));
+
+    if (st == FM_OK) {
+        st = fm_ref_forward(&spec, (const float *const *)w, (const float *const *)b, x, rows, x_row, x_col, y, &err);
+        CHECK(st == FM_OK && err.status == FM_OK, "fm_ref_forward: %s", err.message);
+        fm_error_clear(&err);
+        oracle_forward(widths, L, acts, has_bias, w, b, x, rows, x_row, x_col, want);
+        double max_err = 0.0;
+        int nonfinite = 0;
+        for (size_t i = 0; i < ny; ++i) {
+            double got = y[i], ref = want[i];
+            if (!isfinite(got) || !isfinite(ref)) {
+                nonfinite++;
+                continue;
+            }
+            double e = fabs(got - ref) / fmax(fabs(ref), 1e-30);
+            if (got == ref)
+                e = 0.0;
+            max_err = e > max_err ? e : max_err;
+        }
+        int canary_ok = 1;
+        for (size_t i = ny; i < ny + CANARY; ++i)
+            canary_ok &= y[i] == -12345.0f;
+        CHECK(nonfinite == 0, "%d-layer net, %lld rows, layout %d: %d non-finite outputs", L, (long long)rows, layout,
+              nonfinite);
+        CHECK(max_err < 1e-6, "%d-layer net (%d -> %d), %lld rows, layout %d: max relative error %.3g", L, k0, nL,
+              (long long)rows, layout, max_err);
+        CHECK(canary_ok, "%d-layer net, %lld rows: wrote past y", L, (long long)rows);
+        g_ref_max_err = max_err > g_ref_max_err ? max_err : g_ref_max_err;
+        g_ref_values += (long)ny;
+    }
+    fm_spec_free(&spec);
+    free(x);
+    free(y);
+    free(want);
+    for (int l = 0; l < L; ++l) {
+        free(w[l]);
+        free(b[l]);
+    }
+}
+
+static void test_ref(void) {
+    static const net nets[] = {
+        {"7-33-1-17", 3, {7, 33, 1, 17}},
+        {"32-64-64-16", 3, {32, 64, 64, 16}},
+        {"1-1", 1, {1, 1}},
+        {"3-64-128-96-4", 4, {3, 64, 128, 96, 4}},
+        {"2-50-50-50-1", 4, {2, 50, 50, 50, 1}},
+        {"65-256-3", 2, {65, 256, 3}},
+        {"5x8", 8, {5, 9, 11, 13, 15, 17, 19, 21, 23}},
+    };
+    const int64_t rows_list[] = {0, 1, 63, 64, 65, g_quick ? 200 : 1000};
+    for (size_t n = 0; n < sizeof nets / sizeof nets[0]; ++n)
+        for (size_t r = 0; r < sizeof rows_list / sizeof rows_list[0]; ++r)
+            for (int layout = 0; layout < 4; ++layout)
+                test_ref_case(nets[n].widths, nets[n].num_layers, (int)(n + r + (size_t)layout), rows_list[r], layout);
+
+    /* Hand-checked values on 1-1 (relu, no bias), and rows 0 with NULL x and y: a no-op. */
+    fm_spec spec;
+    int w11[] = {1, 1};
+    if (make_spec(&spec, w11, 1, 1)) {
+        float w0 = 2.0f;
+        const float *wp[1] = {&w0};
+        fm_error err = {0};
+        CHECK(fm_ref_forward(&spec, wp, NULL, NULL, 0, 1, 1, NULL, &err) == FM_OK, "rows 0 with NULL buffers");
+        float x = -3.0f, y = 0.0f;
+        CHECK(fm_ref_forward(&spec, wp, NULL, &x, 1, 1, 1, &y, &err) == FM_OK && y == 0.0f, "relu(2 * -3) = %g", y);
+        x = 3.0f;
+        CHECK(fm_ref_forward(&spec, wp, NULL, &x, 1, 1, 1, &y, &err) == FM_OK && y == 6.0f, "relu(2 * 3) = %g", y);
+        fm_error_clear(&err);
+        fm_spec_free(&spec);
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *root = argc > 1 ? argv[1] : ".";
+    g_quick = argc > 2 && strcmp(argv[2], "--quick") == 0;
+    test_targets();
+    test_plan_networks();
+    test_plan_choices();
+    test_pack();
+    test_render(root);
+    test_ref();
+    printf("plans: %d made and checked; ref: %ld values, max relative error %.3g\n", g_plans_made, g_ref_values,
+           g_ref_max_err);
+    printf("%s: %d checks, %d failed\n", g_failures ? "FAILED" : "ok", g_checks, g_failures);
+    return g_failures != 0;
+}
