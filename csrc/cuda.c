@@ -79,6 +79,11 @@ typedef struct fm_cuda_api {
     CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream);
     CUresult (*cuStreamSynchronize)(CUstream stream);
+    CUresult (*cuEventCreate)(void **event, unsigned int flags);
+    CUresult (*cuEventRecord)(void *event, CUstream stream);
+    CUresult (*cuEventSynchronize)(void *event);
+    CUresult (*cuEventElapsedTime)(float *ms, void *start, void *end);
+    CUresult (*cuEventDestroy)(void *event);
 } fm_cuda_api;
 
 /* Written once under g_lock, published through g_ready (release), read-only afterwards. */
@@ -170,6 +175,11 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     FM_RESOLVE(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     FM_RESOLVE(cuMemsetD8Async, "cuMemsetD8Async");
     FM_RESOLVE(cuStreamSynchronize, "cuStreamSynchronize");
+    FM_RESOLVE(cuEventCreate, "cuEventCreate");
+    FM_RESOLVE(cuEventRecord, "cuEventRecord");
+    FM_RESOLVE(cuEventSynchronize, "cuEventSynchronize");
+    FM_RESOLVE(cuEventElapsedTime, "cuEventElapsedTime");
+    FM_RESOLVE(cuEventDestroy, "cuEventDestroy_v2");
 #undef FM_RESOLVE
     return NULL;
 }
@@ -382,6 +392,32 @@ fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, 
     CU_CHECK(cuLaunchKernel, ((CUfunction)k->function, grid, 1, 1, (unsigned)k->threads, 1, 1,
                               (unsigned)k->smem_bytes, (CUstream)stream, params, NULL));
 cleanup:
+    return st;
+}
+
+fm_status fm_kernel_time(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, int launches, float *ms,
+                         fm_error *err) {
+    fm_status st = FM_OK;
+    void *start = NULL, *end = NULL;
+    *ms = 0.0f;
+    if (launches < 1)
+        return fm_fail(err, FM_ERR_VALUE, "fm_kernel_time: launches is %d; it must be >= 1", launches);
+    CU_CHECK(cuEventCreate, (&start, 0));
+    CU_CHECK(cuEventCreate, (&end, 0));
+    CU_CHECK(cuEventRecord, (start, (CUstream)stream));
+    for (int i = 0; i < launches && st == FM_OK; ++i)
+        st = fm_kernel_launch(k, grid, stream, params, err);
+    if (st != FM_OK)
+        goto cleanup;
+    CU_CHECK(cuEventRecord, (end, (CUstream)stream));
+    CU_CHECK(cuEventSynchronize, (end));
+    CU_CHECK(cuEventElapsedTime, (ms, start, end));
+    *ms /= (float)launches;
+cleanup:
+    if (end != NULL)
+        g_api.cuEventDestroy(end);
+    if (start != NULL)
+        g_api.cuEventDestroy(start);
     return st;
 }
 

@@ -230,6 +230,9 @@ fm_status fm_kernel_load(const fm_gpu *gpu, const void *cubin, const char *name,
 void fm_kernel_unload(fm_kernel *k);
 /* Launches k with a 1-D grid; params as for cuLaunchKernel. */
 fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, fm_error *err);
+/* Times `launches` back-to-back launches between two events on stream (synchronises); *ms is per launch. */
+fm_status fm_kernel_time(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, int launches, float *ms,
+                         fm_error *err);
 
 fm_status fm_mem_alloc(fm_devptr *p, size_t bytes, fm_error *err);
 void fm_mem_free(fm_devptr p);

@@ -2,8 +2,14 @@
 
 import zlib
 
+import os
+
 import numpy as np
 import pytest
+
+# The suites pin the untuned plan (and must not time kernels on every first call); test_tune*.py and the GPU tuning
+# test turn autotuning on themselves. Subprocesses inherit this.
+os.environ.setdefault("FUSEDMLP_AUTOTUNE", "0")
 
 
 def pytest_collection_modifyitems(config, items):

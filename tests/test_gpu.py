@@ -197,3 +197,24 @@ def test_activation_accuracy_in_float32(act):
     # arguments float32 itself rounds (30*x) the float32 formula has absolute, not relative, error, as in PyTorch.
     excess = np.abs(y[finite] - ref[finite]) - (2e-5 * np.abs(ref[finite]) + 1e-5)
     assert excess.max() <= 0, (act, float(x[finite][np.argmax(excess)][0]), float(excess.max()))
+
+
+def test_tune_keeps_the_fastest_candidate_and_later_processes_reuse_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEDMLP_AUTOTUNE", "1")
+    rng = np.random.default_rng(7)
+    ws, bs = torch_init(rng, [2, 50, 50, 50, 50, 1], True)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="tanh", device="cuda", cache_dir=tmp_path)
+    results = fusedmlp.tune(mlp, batch_sizes=[1000, 300_000], dtype="float32")
+    for rows, record in results.items():
+        ms = record["ms"]
+        assert len(ms) >= 2 and all(v > 0 for v in ms.values())
+        chosen = f"w{record['options']['warps']}m{record['options']['m_tiles']}"
+        assert ms[chosen] == min(ms.values()), (rows, record)
+    print(f"\ntuned pinn-like 2-50x4-1: {results}")
+    x = rng.standard_normal((300_000, 2)).astype(np.float32)
+    ref, _ = reference(x, ws, bs, mlp.activations)
+    assert rel_l2(mlp(x), ref) <= FP16_TOL
+    # A new object (as in a new process) reads the stored choice: timing again would be a bug.
+    monkeypatch.setattr(fusedmlp._tune, "tune_bucket", lambda *a, **k: pytest.fail("re-tuned a stored bucket"))
+    again = fusedmlp.FusedMLP(ws, bs, activation="tanh", device="cuda", cache_dir=tmp_path)
+    assert rel_l2(again(x), ref) <= FP16_TOL

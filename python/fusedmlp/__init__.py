@@ -7,7 +7,7 @@
 Importing needs neither the CUDA driver nor NVRTC: they are loaded on first GPU use.
 """
 
-from ._api import CHECK_TOLERANCE, FusedMLP, __version__, evaluate_fused_mlp
+from ._api import CHECK_TOLERANCE, FusedMLP, __version__, evaluate_fused_mlp, tune
 
 
 def from_torch(module, activations=None, device=None, **kwargs):
@@ -34,6 +34,7 @@ __all__ = [
     "FusedMLP",
     "evaluate_fused_mlp",
     "from_torch",
+    "tune",
     "CHECK_TOLERANCE",
     "FusedMLPError",
     "ArgumentError",

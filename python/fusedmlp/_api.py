@@ -10,7 +10,7 @@ from importlib import resources
 
 import numpy as np
 
-from . import _dlpack, _env
+from . import _dlpack, _env, _tune
 from ._cache import KernelCache
 from .errors import ArgumentError, CompileError, DTypeError, ExpressionError, LimitError, ShapeError
 
@@ -280,11 +280,13 @@ class FusedMLP:
         self._net = _core().Network(w, b, acts)
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
         self._small_rows = 0  # batches below this use the small-tile kernel (set once the GPU is known)
+        self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
         self._has_bias = [bi is not None for bi in b]
         self._kind, self._ordinal = _parse_device(device)
         self._check = _parse_check(check)
         self._cache = KernelCache(_parse_cache_dir(cache_dir))
-        self._kernels = {}  # (in dtype, out dtype) -> _core.Kernel
+        self._tuning = _tune.TuningStore(self._cache.directory)
+        self._kernels = {}  # (in dtype, out dtype, plan options) -> _core.Kernel
         self._lock = threading.Lock()
         self._source = None
         self._cache_path = None
@@ -398,12 +400,26 @@ class FusedMLP:
         return plan.load(gpu, entry.cubin, KERNEL_NAME), plan, source, entry
 
     def _kernel(self, dtype, out_dtype=None, rows=None):
-        # Batches too small to give every SM a large tile get a 64-row tile variant (4 warps x 16 rows): at 2^10 rows
-        # the default 256-row tiles ran on 4 of an H100's 132 SMs.
+        """The loaded kernel a call of `rows` rows uses (rows=None: the default plan).
+
+        With autotuning on (FUSEDMLP_AUTOTUNE, default), the first call in a new batch-size bucket times the tile
+        candidates and keeps the fastest (see _tune.py); otherwise batches too small to give every SM a large tile
+        get a 64-row tile variant (4 warps x 16 rows): at 2^10 rows the default 256-row tiles ran on 4 of 132 SMs.
+        """
+        out_dtype = out_dtype or dtype
         if rows is not None and not self._small_rows:  # known before the first build: a warm-up call must build
             self._small_rows = _gpu(self._ordinal).info["sm_count"] * 128  # what later calls use (graph capture)
-        small = rows is not None and rows < self._small_rows
-        key = (dtype, out_dtype or dtype, small)
+        if rows is None:
+            options = None
+        elif _env.autotune_enabled():
+            options = self._tuned.get((dtype, out_dtype, _tune.bucket(rows)))
+            if options is None:
+                with self._lock:
+                    options = _tune.choose(self, dtype, out_dtype, rows, _gpu(self._ordinal).info, self._tuning)
+                self._tuned[(dtype, out_dtype, _tune.bucket(rows))] = options
+        else:
+            options = {"warps": 4, "m_tiles": 1} if rows < self._small_rows else None
+        key = (dtype, out_dtype, tuple(sorted(options.items())) if options else None)
         kernel = self._kernels.get(key)
         if kernel is not None:
             return kernel
@@ -411,13 +427,13 @@ class FusedMLP:
             kernel = self._kernels.get(key)
             if kernel is None:
                 kernel, source, entry = None, None, None
-                if small:
+                if options:
                     try:
-                        kernel, _, source, entry = self._build(*key[:2], warps=4, m_tiles=1)
+                        kernel, _, source, entry = self._build(dtype, out_dtype, **options)
                     except LimitError:  # that shape does not fit this network: the default one does
                         pass
                 if kernel is None:
-                    kernel, _, source, entry = self._build(*key[:2])
+                    kernel, _, source, entry = self._build(dtype, out_dtype)
                 self._source, self._cache_path = source, _entry_path(entry)
                 self._kernels[key] = kernel
         return kernel
@@ -476,6 +492,35 @@ def _is_device_array(x):
     # interface; NumPy arrays and plain sequences take the host path.
     module = type(x).__module__.split(".")[0]
     return module in ("torch", "cupy") or hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")
+
+
+def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), dtype="float16"):
+    """Times the tile candidates for each batch size on the model's GPU and keeps the fastest for later calls.
+
+    Choices persist beside the kernel cache (keyed by GPU, widths, activations and dtype), so later processes start
+    tuned. Calls do this by themselves for new batch-size buckets unless FUSEDMLP_AUTOTUNE=0.
+
+    Args:
+        mlp: a FusedMLP on a CUDA device.
+        batch_sizes: the batch sizes to tune for (one record per power-of-4 bucket).
+        dtype: 'float16' or 'float32', the input and output dtype.
+
+    Returns:
+        {batch size: {"options": chosen plan options, "ms": {candidate: kernel ms}}}.
+    """
+    if mlp._kind != "cuda":
+        raise ArgumentError(f"tune needs a model on a CUDA device; this one runs on {mlp.device}")
+    dtype = np.dtype(dtype).name
+    if dtype not in ("float32", "float16"):
+        raise DTypeError(f"dtype={dtype!r}: a kernel serves float32 or float16")
+    info = _gpu(mlp._ordinal).info
+    results = {}
+    for rows in batch_sizes:
+        options = _tune.choose(mlp, dtype, dtype, int(rows), info, mlp._tuning, force=True)
+        mlp._tuned[(dtype, dtype, _tune.bucket(int(rows)))] = options
+        key = _tune._model_key(mlp, dtype, dtype, info)
+        results[int(rows)] = mlp._tuning.load(key)[str(_tune.bucket(int(rows)))]
+    return results
 
 
 def _entry_path(entry):

@@ -1,0 +1,110 @@
+"""Profile-then-generate tile selection, the way TVM's CUTLASS backend does it.
+
+For a model, a dtype and a batch-size bucket: build each candidate tile shape (warps per CTA x 16-row tiles per warp;
+the plan fills in chunking and weight residency), time it on the real device with the real batch size, and keep the
+fastest. The choice is persisted beside the kernel cache, keyed by GPU name, compute capability, SM count, widths,
+activations, biases and dtype, so a later process starts with it. The kernels are the full ones (epilogue included):
+compiling the real kernel is as cheap as a skeleton here, and times what will run.
+"""
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import os
+import tempfile
+
+from .errors import LimitError
+
+log = logging.getLogger("fusedmlp")
+
+FORMAT = 1
+#: Tile shapes tried, as plan options. The plan picks chunk widths and residency for each.
+CANDIDATES = ({"warps": 8, "m_tiles": 2}, {"warps": 8, "m_tiles": 1}, {"warps": 4, "m_tiles": 2},
+              {"warps": 4, "m_tiles": 1})
+
+
+def bucket(rows):
+    """The batch-size bucket of rows: the power of 4 at or above it (one record covers sizes within a factor 4)."""
+    b = 1
+    while b < rows:
+        b *= 4
+    return b
+
+
+def _model_key(mlp, dtype, out_dtype, gpu_info):
+    desc = [FORMAT, gpu_info["name"], gpu_info["arch"], gpu_info["sm_count"], list(mlp.widths), list(mlp.activations),
+            list(mlp._has_bias), dtype, out_dtype]
+    return hashlib.sha256(json.dumps(desc).encode()).hexdigest()
+
+
+class TuningStore:
+    """Tuning records as small JSON files under <cache dir>/tuning/, written atomically; unreadable ones are misses."""
+
+    def __init__(self, cache_directory):
+        self.directory = os.path.join(str(cache_directory), "tuning")
+        self._memory = {}
+
+    def load(self, key):
+        if key in self._memory:
+            return self._memory[key]
+        try:
+            with open(os.path.join(self.directory, key + ".json")) as f:
+                data = json.load(f)
+            record = data["buckets"] if data.get("format") == FORMAT else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # missing, damaged, or not our format
+            record = {}
+        self._memory[key] = record
+        return record
+
+    def save(self, key, record):
+        self._memory[key] = record
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"format": FORMAT, "buckets": record}, f, indent=1)
+                os.replace(tmp, os.path.join(self.directory, key + ".json"))
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        except OSError as e:  # a read-only cache: the choice lives for this process only
+            log.debug("fusedmlp: tuning record not saved (%s)", e)
+
+
+def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
+    """Times every candidate for rows and returns (best options, {candidate: ms})."""
+    def build(options):
+        try:
+            return options, mlp._build(dtype, out_dtype, **options)[0]
+        except LimitError:  # this tile shape does not fit the network
+            return options, None
+
+    with concurrent.futures.ThreadPoolExecutor(len(CANDIDATES)) as pool:  # NVRTC releases the GIL
+        built = list(pool.map(build, CANDIDATES))
+    timings = {}
+    for options, kernel in built:
+        if kernel is not None:
+            timings[f"w{options['warps']}m{options['m_tiles']}"] = kernel.time(rows, reps)
+    if not timings:
+        return None, timings
+    best = min(timings, key=timings.get)
+    return next(o for o, _ in built if f"w{o['warps']}m{o['m_tiles']}" == best), timings
+
+
+def choose(mlp, dtype, out_dtype, rows, gpu_info, store, force=False):
+    """The tuned options for this call's bucket: from the store, else measured now (and stored)."""
+    key = _model_key(mlp, dtype, out_dtype, gpu_info)
+    record = store.load(key)
+    b = str(bucket(rows))
+    if b not in record or force:
+        options, timings = tune_bucket(mlp, dtype, out_dtype, min(rows, int(b)))
+        if options is None:
+            return None
+        record = dict(record)
+        record[b] = {"options": options, "ms": timings}
+        store.save(key, record)
+        log.info("fusedmlp: tuned %s for %s rows (%s): %s; candidates %s ms", "-".join(map(str, mlp.widths)), b,
+                 dtype, options, {k: round(v, 5) for k, v in timings.items()})
+    return record[b]["options"]

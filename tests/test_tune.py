@@ -1,0 +1,50 @@
+"""The tuner's bookkeeping (no GPU): buckets, the persisted store, and its failure modes."""
+
+import json
+import os
+
+import pytest
+
+from fusedmlp import _tune
+
+
+@pytest.mark.parametrize("rows, expected", [(1, 1), (2, 4), (4, 4), (5, 16), (1000, 1024), (1024, 1024),
+                                            (1025, 4096), (2**21, 2**22)])
+def test_buckets_are_powers_of_four_at_or_above(rows, expected):
+    assert _tune.bucket(rows) == expected
+
+
+def test_store_round_trip_and_a_new_store_reads_it(tmp_path):
+    store = _tune.TuningStore(tmp_path)
+    record = {"1024": {"options": {"warps": 8, "m_tiles": 1}, "ms": {"w8m1": 0.01, "w4m1": 0.02}}}
+    store.save("k" * 64, record)
+    assert store.load("k" * 64) == record
+    assert _tune.TuningStore(tmp_path).load("k" * 64) == record
+    assert not [f for f in os.listdir(tmp_path / "tuning") if f.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 999, "buckets": {"1": {}}}), "[]", ""])
+def test_a_damaged_or_foreign_record_is_a_miss(tmp_path, content):
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "tuning" / ("a" * 64 + ".json")).write_text(content)
+    assert _tune.TuningStore(tmp_path).load("a" * 64) == {}
+
+
+def test_an_unwritable_store_keeps_the_choice_in_memory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    store = _tune.TuningStore(blocker)  # <file>/tuning cannot be created
+    store.save("b" * 64, {"16": {"options": {"warps": 4, "m_tiles": 1}, "ms": {"w4m1": 1.0}}})
+    assert store.load("b" * 64)["16"]["options"] == {"warps": 4, "m_tiles": 1}
+
+
+def test_model_key_depends_on_everything_that_changes_the_best_tile():
+    class Model:
+        widths, activations, _has_bias = (3, 64, 1), ("relu(x)", "none(x)"), [True, True]
+
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "arch": 90, "sm_count": 132}
+    base = _tune._model_key(Model, "float16", "float16", gpu)
+    assert base != _tune._model_key(Model, "float32", "float32", gpu)
+    assert base != _tune._model_key(Model, "float16", "float16", dict(gpu, sm_count=114))
+    other = type("Other", (), {"widths": (3, 64, 1), "activations": ("tanh(x)", "none(x)"), "_has_bias": [True, True]})
+    assert base != _tune._model_key(other, "float16", "float16", gpu)
