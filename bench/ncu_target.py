@@ -11,15 +11,15 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quick import WORKLOADS  # noqa: E402  (widths, activation, bias) by name
+from fusedmlp.bench import WORKLOADS  # noqa: E402  name -> Workload(widths, activation, bias)
 
 import fusedmlp  # noqa: E402
 
 name = sys.argv[1] if len(sys.argv) > 1 else "tcnn64"
 rows = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 21
 options = {k: int(v) for k, v in (kv.split("=") for kv in sys.argv[3:])}
-widths, act, bias = WORKLOADS[name]
+wl = WORKLOADS[name]
+widths, act, bias = wl.widths, wl.activation, wl.bias
 rng = np.random.default_rng(0)
 ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
 bs = [rng.uniform(-1, 1, o).astype(np.float32) / np.sqrt(i) if bias else None for i, o in zip(widths[:-1], widths[1:])]

@@ -18,8 +18,7 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quick import WORKLOADS  # noqa: E402
+from fusedmlp.bench import WORKLOADS  # noqa: E402
 
 import fusedmlp  # noqa: E402
 from fusedmlp import _api, _core  # noqa: E402
@@ -44,7 +43,10 @@ def main():
     env = dict(os.environ, PATH=os.path.dirname(find_tool("nvdisasm")) + os.pathsep + os.environ.get("PATH", ""))
     _api._nvrtc_info()
     rng = np.random.default_rng(0)
-    for name, (widths, act, bias) in WORKLOADS.items():
+    for name, wl in WORKLOADS.items():
+        if wl.residual:  # needs the residual epilogue, not there yet
+            continue
+        widths, act, bias = wl.widths, wl.activation, wl.bias
         ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
         bs = [rng.uniform(-1, 1, o).astype(np.float32) if bias else None for o in widths[1:]]
         mlp = fusedmlp.FusedMLP(ws, bs, activation=act, device="cpu")

@@ -725,18 +725,26 @@ static fm_status Kernel_reserve(fm_devptr *buf, size_t *cap, size_t bytes, fm_er
     return st;
 }
 
-static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, int64_t rows, int poison,
-                                   fm_error *err) {
+/* Makes the context current, sizes the staging buffers for rows and copies the host input x into them (on the
+ * legacy default stream); *y_bytes receives the output's size. Called with the kernel lock held. */
+static fm_status Kernel_stage(KernelObject *self, const void *x, int64_t rows, size_t *y_bytes, fm_error *err) {
     const fm_plan *p = &self->plan->plan;
     size_t x_bytes = (size_t)rows * (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
-    size_t y_bytes = (size_t)rows * (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
+    *y_bytes = (size_t)rows * (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st == FM_OK)
         st = Kernel_reserve(&self->x_buf, &self->x_cap, x_bytes, err);
     if (st == FM_OK)
-        st = Kernel_reserve(&self->y_buf, &self->y_cap, y_bytes, err);
+        st = Kernel_reserve(&self->y_buf, &self->y_cap, *y_bytes, err);
     if (st == FM_OK)
         st = fm_memcpy_htod(self->x_buf, x, x_bytes, NULL, err);
+    return st;
+}
+
+static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, int64_t rows, int poison,
+                                   fm_error *err) {
+    size_t y_bytes = 0;
+    fm_status st = Kernel_stage(self, x, rows, &y_bytes, err);
     if (st == FM_OK && poison) /* 0xFF.. is NaN in float16 and float32: an unwritten element cannot pass */
         st = fm_memset_d8(self->y_buf, 0xFF, y_bytes, NULL, err);
     if (st == FM_OK) {
@@ -830,20 +838,14 @@ static void Kernel_fill_random(void *x, size_t count, fm_dtype dtype) {
 
 static fm_status Kernel_time_locked(KernelObject *self, int64_t rows, int reps, float *best_ms, fm_error *err) {
     const fm_plan *p = &self->plan->plan;
-    size_t x_count = (size_t)rows * (size_t)p->k_real[0];
-    size_t x_bytes = x_count * fm_dtype_size(p->in_dtype);
-    size_t y_bytes = (size_t)rows * (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
-    void *host = malloc(x_bytes ? x_bytes : 1);
+    size_t x_count = (size_t)rows * (size_t)p->k_real[0], y_bytes = 0;
+    void *host = malloc(x_count ? x_count * fm_dtype_size(p->in_dtype) : 1);
     if (host == NULL)
-        return fm_fail(err, FM_ERR_NOMEM, "out of host memory for a %zu-byte tuning input", x_bytes);
+        return fm_fail(err, FM_ERR_NOMEM, "out of host memory for a %zu-value tuning input", x_count);
     Kernel_fill_random(host, x_count, p->in_dtype);
-    fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
-    if (st == FM_OK)
-        st = Kernel_reserve(&self->x_buf, &self->x_cap, x_bytes, err);
-    if (st == FM_OK)
-        st = Kernel_reserve(&self->y_buf, &self->y_cap, y_bytes, err);
-    if (st == FM_OK)
-        st = fm_memcpy_htod(self->x_buf, host, x_bytes, NULL, err);
+    fm_status st = Kernel_stage(self, host, rows, &y_bytes, err);
+    if (st == FM_OK) /* the copy reads host asynchronously: finish it before host can be freed on any path */
+        st = fm_stream_sync(NULL, err);
     long long n = (long long)rows;
     void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n};
     /* Enough launches per measurement to cover ~1 ms, so event resolution and launch gaps do not decide. */

@@ -71,7 +71,8 @@ WORKLOADS = {
     "flex": Workload((3, 64, 128, 96, 64, 32, 16, 4), "silu", True),
     "pinn50": Workload((2, 50, 50, 50, 50, 50, 1), "tanh", True),
     "siren256": Workload((2, 256, 256, 256, 3), "sin", True),
-    "res128": Workload((128, 128, 128, 128, 128, 128), "relu", True, residual=True),
+    # issue 4's res128: 64-128, four blocks x + gelu(Linear128(x)), -64 (runs once residual epilogues exist)
+    "res128": Workload((64, 128, 128, 128, 128, 128, 64), "gelu", True, residual=True),
 }
 
 DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)
