@@ -256,3 +256,17 @@ def test_unwritable_cache_dir_falls_back_to_memory_with_one_warning(tmp_path, rn
     assert first is None and second is None and mlp.cache_path is None
     assert "// Plan: widths 5-40-2; sm_89; " in mlp.source
     assert blocker.read_text() == "not a folder"
+
+
+def test_compile_error_shows_message_hint_then_the_log_once(tmp_path):
+    from fusedmlp import _api
+    from fusedmlp.errors import CompileError
+
+    _api._nvrtc_info()
+    source = 'extern "C" __global__ void k() { undefined_thing(); }'
+    with pytest.raises(CompileError) as info:
+        _api.compile_cubin(source, 80, _api.KernelCache(tmp_path))
+    text = str(info.value)
+    assert "undefined_thing" in info.value.log and text.count(info.value.log.strip()) == 1
+    assert text.index("NVRTC_ERROR_COMPILATION") < text.index(info.value.log.strip())
+    assert info.value.source == source and any(o.startswith("--gpu-architecture=sm_80") for o in info.value.options)

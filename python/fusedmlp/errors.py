@@ -77,7 +77,9 @@ class CompileError(FusedMLPError, RuntimeError):
         self.source = source
         self.options = tuple(options)
         self.log = log or ""
-        super().__init__(message + ("\n" + self.log if self.log else ""), hint)
+        super().__init__(message, hint)
+        if self.log:  # the log last: it can be long, and message and hint should not scroll away behind it
+            self.args = (f"{self.args[0]}\n{self.log}",)
 
     def dump(self, stream):
         """Writes the options, the numbered source and the log to a text stream."""
