@@ -213,18 +213,20 @@ def _compile_in_process(cache_dir, barrier, results):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a fallback to memory would warn: make it a failure
         path = mlp.compile("sm_80", "float16")
-    results.put(path)
+    x = np.random.default_rng(6).standard_normal((64, PROCESS_WIDTHS[0])).astype(np.float32)
+    results.put((path, mlp(x).tobytes()))
 
 
 def test_processes_compiling_one_new_model_share_one_entry(tmp_path):
     cache_dir = tmp_path / "shared"
     context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(4), context.Queue()
+    barrier, results = context.Barrier(8), context.Queue()  # 8 processes, as the reliability issue asks
     processes = [context.Process(target=_compile_in_process, args=(str(cache_dir), barrier, results))
-                 for _ in range(4)]
+                 for _ in range(8)]
     for process in processes:
         process.start()
-    paths = [results.get(timeout=180) for _ in processes]
+    returned = [results.get(timeout=300) for _ in processes]
+    paths = [path for path, _ in returned]
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0
@@ -238,6 +240,8 @@ def test_processes_compiling_one_new_model_share_one_entry(tmp_path):
     ws, bs = torch_init(np.random.default_rng(5), PROCESS_WIDTHS, True)
     mlp = fusedmlp.FusedMLP(ws, bs, activation="mish", device="cpu", cache_dir=cache_dir)
     assert mlp.compile("sm_80", "float16") == paths[0]
+    x = np.random.default_rng(6).standard_normal((64, PROCESS_WIDTHS[0])).astype(np.float32)
+    assert all(y == mlp(x).tobytes() for _, y in returned)  # every process computed the right result
 
 
 def test_unwritable_cache_dir_falls_back_to_memory_with_one_warning(tmp_path, rng):
