@@ -114,13 +114,22 @@ typedef struct fm_spec {
     int width[FM_MAX_LAYERS + 1];     /* real (unpadded) feature counts, all >= 1 */
     int has_bias[FM_MAX_LAYERS];      /* 1 when layer l adds a bias */
     fm_expr *act[FM_MAX_LAYERS];      /* activation applied after layer l (owned) */
+    /* Residual epilogue of layer l (CUTLASS's LinearCombinationResidualBlock): y = post(op(act(W x + b), r)) with r
+     * the layer's own input (width[l] == width[l + 1]). res_op: FM_RES_NONE, FM_RES_ADD or FM_RES_MUL. */
+    int res_op[FM_MAX_LAYERS];
+    fm_expr *res_post[FM_MAX_LAYERS]; /* the unary after the binary op (owned; NULL when res_op is FM_RES_NONE) */
 } fm_spec;
+
+enum { FM_RES_NONE = 0, FM_RES_ADD = 1, FM_RES_MUL = 2 };
 
 /* Checks that weight shapes chain and parses every activation; shapes[2*l] = out_l, shapes[2*l+1] = in_l
  * (PyTorch's nn.Linear.weight layout), bias_len[l] = -1 for no bias. On failure nothing needs freeing. */
 fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, const int64_t *bias_len,
                        const char *const *activations, fm_error *err);
 void fm_spec_free(fm_spec *spec);
+/* Gives layer l a residual epilogue: op FM_RES_ADD or FM_RES_MUL with the layer's own input, then post (an activation
+ * text; NULL or "none" for identity). The layer's input and output widths must be equal. */
+fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, fm_error *err);
 
 /* ------------------------------------------------------------------------------------------------ plan */
 
@@ -149,6 +158,7 @@ typedef struct fm_plan {
     int k_pad[FM_MAX_LAYERS], n_pad[FM_MAX_LAYERS];     /* padded to multiples of 16 for m16n8k16 */
     int n_chunk[FM_MAX_LAYERS];                         /* columns accumulated at once in layer l */
     int has_bias[FM_MAX_LAYERS];
+    int res_op[FM_MAX_LAYERS];       /* the spec's residual op per layer (FM_RES_NONE when absent) */
     size_t w_offset[FM_MAX_LAYERS];  /* layer l's first half in the packed weight blob: n_pad rows of k_pad + 8
                                         halves, the kernel's shared-memory layout, so loading it is a flat copy */
     size_t b_offset[FM_MAX_LAYERS];  /* layer l's first float in the packed bias blob (n_pad floats) */

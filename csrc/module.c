@@ -365,11 +365,37 @@ static int Network_copy_arrays(NetworkObject *self, PyObject *weights, PyObject 
     return 0;
 }
 
+/* residuals: a list with, per layer, None or (op, post): op 1 = add, 2 = mul with the layer's own input. */
+static int Network_set_residuals(NetworkObject *self, PyObject *residuals, Py_ssize_t n) {
+    if (!PyList_Check(residuals) || PyList_GET_SIZE(residuals) != n) {
+        PyErr_Format(PyExc_TypeError, "residuals must be a list with one entry per layer (%zd)", n);
+        return -1;
+    }
+    for (Py_ssize_t l = 0; l < n; ++l) {
+        PyObject *item = PyList_GET_ITEM(residuals, l);
+        if (item == Py_None)
+            continue;
+        int op;
+        PyObject *post_obj;
+        if (!PyArg_ParseTuple(item, "iU", &op, &post_obj))
+            return -1;
+        const char *post = fm_text(post_obj, "residual activation");
+        if (post == NULL)
+            return -1;
+        fm_error err = {0};
+        if (fm_spec_set_residual(&self->spec, (int)l, op, post, &err) != FM_OK) {
+            fm_raise_clear(&err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"weights", "biases", "activations", NULL};
-    PyObject *weights, *biases, *acts;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
-                                     &PyList_Type, &acts))
+    static char *kwlist[] = {"weights", "biases", "activations", "residuals", NULL};
+    PyObject *weights, *biases, *acts, *residuals = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|O", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
+                                     &PyList_Type, &acts, &residuals))
         return -1;
     Network_release(self);
     Py_ssize_t n = PyList_GET_SIZE(weights);
@@ -398,6 +424,10 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->has_spec = 1;
+    if (residuals != Py_None && Network_set_residuals(self, residuals, n) < 0) {
+        Network_release(self);
+        return -1;
+    }
     if (Network_copy_arrays(self, weights, biases, n) < 0) {
         Network_release(self);
         return -1;

@@ -65,6 +65,12 @@ static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_ti
         p->n_chunk[l] = fm_round_up((p->n_pad[l] + chunks - 1) / chunks, 16);
         if (chunks > 1) /* a later chunk still reads the input the first one would overwrite */
             p->buffers = 2;
+    }
+    /* The last layer stages its output in another layout (STAGE_STRIDE): in place, one lane's staged store could
+     * overwrite an input element another lane still has to read as its residual. */
+    if (p->res_op[p->num_layers - 1] != FM_RES_NONE)
+        p->buffers = 2;
+    for (int l = 0; l < p->num_layers; ++l) {
         size_t chunk_halves = (size_t)p->n_chunk[l] * (size_t)(p->k_pad[l] + 8);
         if (chunk_halves > p->w_slot_halves)
             p->w_slot_halves = chunk_halves;
@@ -116,6 +122,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         plan->k_real[l] = spec->width[l];
         plan->n_real[l] = spec->width[l + 1];
         plan->has_bias[l] = spec->has_bias[l];
+        plan->res_op[l] = spec->res_op[l];
         for (int side = 0; side < 2; ++side) {
             int w = spec->width[l + side];
             if (w > FM_MAX_FUSED_WIDTH) {

@@ -67,6 +67,12 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
             fm_ref_linear(cur, nr, k_in, w[l], spec->has_bias[l] ? b[l] : NULL, n_out, next);
             if ((st = fm_expr_eval(spec->act[l], next, next, count, err)) != FM_OK)
                 goto cleanup;
+            if (spec->res_op[l] != FM_RES_NONE) { /* r is this layer's own input: cur, of the same width */
+                for (size_t i = 0; i < count; ++i)
+                    next[i] = spec->res_op[l] == FM_RES_ADD ? next[i] + cur[i] : next[i] * cur[i];
+                if ((st = fm_expr_eval(spec->res_post[l], next, next, count, err)) != FM_OK)
+                    goto cleanup;
+            }
             for (size_t i = 0; i < count; ++i) /* float32 storage between layers */
                 next[i] = (double)(float)next[i];
             double *swap = cur;

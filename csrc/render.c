@@ -34,6 +34,12 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
             fm_str_free(&act);
             return err->status;
         }
+        fm_str post = {0};
+        if (spec->res_post[l] != NULL && fm_expr_emit_cuda(spec->res_post[l], "x", &post, err) != FM_OK) {
+            fm_str_free(&act);
+            fm_str_free(&post);
+            return err->status;
+        }
         fm_str expr_text = {0};
         fm_expr_to_string(spec->act[l], &expr_text);
         fm_str_printf(out,
@@ -41,13 +47,16 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       "    static constexpr int K = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
                       "    static constexpr bool BIAS = %s;\n"
                       "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
+                      "    static constexpr int RES = %d;  // residual with the layer's input: 0 none, 1 add, 2 mul\n"
                       "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
+                      "    static __device__ __forceinline__ float post(float x) { return %s; }\n"
                       "};\n",
                       l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", p->k_pad[l],
                       p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l], p->has_bias[l] ? "true" : "false",
-                      p->w_offset[l], p->b_offset[l], act.data);
+                      p->w_offset[l], p->b_offset[l], spec->res_op[l], act.data, post.data ? post.data : "x");
         fm_str_free(&expr_text);
         fm_str_free(&act);
+        fm_str_free(&post);
     }
     return FM_OK;
 }

@@ -50,7 +50,7 @@ static fm_status fm_spec_check_layer(int l, const int64_t *shapes, const int64_t
 
 /* Parses layer l's activation; a NULL text is the identity. On failure the parser's column is kept and its message
  * gets the layer and the text in front. */
-static fm_status fm_spec_parse_act(int l, const char *text, fm_expr **act, fm_error *err) {
+static fm_status fm_spec_parse_labelled(const char *label, int l, const char *text, fm_expr **act, fm_error *err) {
     fm_error perr = {0};
     fm_status st = fm_expr_parse(text != NULL ? text : "none", act, &perr);
     if (st == FM_OK)
@@ -58,13 +58,17 @@ static fm_status fm_spec_parse_act(int l, const char *text, fm_expr **act, fm_er
     if (err != NULL && err->status == FM_OK) {
         char quoted[80];
         fm_spec_quote(text != NULL ? text : "none", quoted, sizeof quoted);
-        fm_fail(err, st, "activation of layer %d ('%s'): %s", l, quoted, perr.message);
+        fm_fail(err, st, "%s of layer %d ('%s'): %s", label, l, quoted, perr.message);
         err->column = perr.column;
         if (perr.hint[0] != '\0')
             fm_error_hint(err, "%s", perr.hint);
     }
     fm_error_clear(&perr);
     return st;
+}
+
+static fm_status fm_spec_parse_act(int l, const char *text, fm_expr **act, fm_error *err) {
+    return fm_spec_parse_labelled("activation", l, text, act, err);
 }
 
 fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, const int64_t *bias_len,
@@ -106,7 +110,31 @@ cleanup:
 void fm_spec_free(fm_spec *spec) {
     if (spec == NULL)
         return;
-    for (int l = 0; l < FM_MAX_LAYERS; l++)
+    for (int l = 0; l < FM_MAX_LAYERS; l++) {
         fm_expr_free(spec->act[l]);
+        fm_expr_free(spec->res_post[l]);
+    }
     memset(spec, 0, sizeof *spec);
+}
+
+fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, fm_error *err) {
+    if (layer < 0 || layer >= spec->num_layers)
+        return fm_fail(err, FM_ERR_VALUE, "residual layer %d does not exist; the network has layers 0..%d", layer,
+                       spec->num_layers - 1);
+    if (op != FM_RES_ADD && op != FM_RES_MUL)
+        return fm_fail(err, FM_ERR_VALUE, "residual op %d of layer %d is not add (%d) or mul (%d)", op, layer,
+                       FM_RES_ADD, FM_RES_MUL);
+    if (spec->width[layer] != spec->width[layer + 1])
+        return fm_fail(err, FM_ERR_SHAPE,
+                       "layer %d has %d input and %d output features; a residual with the layer's own input needs "
+                       "equal widths",
+                       layer, spec->width[layer], spec->width[layer + 1]);
+    fm_expr *e = NULL;
+    fm_status st = fm_spec_parse_labelled("residual activation", layer, post, &e, err);
+    if (st != FM_OK)
+        return st;
+    fm_expr_free(spec->res_post[layer]);
+    spec->res_post[layer] = e;
+    spec->res_op[layer] = op;
+    return FM_OK;
 }

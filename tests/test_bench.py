@@ -40,8 +40,9 @@ def test_workload_set_is_the_issue_set():
     assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128"]
     flex = bench.WORKLOADS["flex"]
     assert flex.widths == (3, 64, 128, 96, 64, 32, 16, 4) and flex.activation == "silu" and flex.bias
-    assert bench._skip_reason(bench.WORKLOADS["res128"]).startswith("fusedmlp has no residual epilogue")
-    assert all(bench._skip_reason(w) is None for n, w in bench.WORKLOADS.items() if n != "res128")
+    res = bench.WORKLOADS["res128"]  # 64-128, four blocks x + gelu(Linear128(x)), -64
+    assert res.widths == (64, 128, 128, 128, 128, 128, 64) and res.activation == "gelu" and res.residual
+    assert bench.fused_options(res) == {"activation": "gelu", "residual": {1: "add", 2: "add", 3: "add", 4: "add"}}
 
 
 @pytest.mark.parametrize("text, rows", [("1024", 1024), ("2^14", 16384), ("2**18", 262144), ("1<<21", 2097152)])
@@ -274,10 +275,10 @@ def test_a_whole_run_on_the_cpu_writes_every_number(cpu_bench, tmp_path, capsys)
     report = json.loads((tmp_path / "bench.json").read_text())
     assert report["device"]["name"] == "NVIDIA Fake 100"
     assert report["ceilings"]["copy_GBps"] > 0 and report["ceilings"]["matmul_TFLOPs"] > 0
-    assert report["workloads"]["res128"]["skipped"].startswith("fusedmlp has no residual epilogue")
+    assert report["workloads"]["res128"]["skipped"] is None and report["workloads"]["res128"]["residual"]
     assert [(r["workload"], r["rows"]) for r in report["results"]] == [
-        ("tcnn64", 16), ("tcnn64", 48), ("pinn50", 16), ("pinn50", 48)]
-    for name in ("tcnn64", "pinn50"):
+        ("tcnn64", 16), ("tcnn64", 48), ("pinn50", 16), ("pinn50", 48), ("res128", 16), ("res128", 48)]
+    for name in ("tcnn64", "pinn50", "res128"):
         info = report["workloads"][name]
         assert info["cold_ms"] > 0 and info["warm_ms"] > 0
         assert info["plan"]["in_dtype"] == "float16" and info["kernel"]["threads"] == 256

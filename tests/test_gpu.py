@@ -218,3 +218,68 @@ def test_tune_keeps_the_fastest_candidate_and_later_processes_reuse_it(tmp_path,
     monkeypatch.setattr(fusedmlp._tune, "tune_bucket", lambda *a, **k: pytest.fail("re-tuned a stored bucket"))
     again = fusedmlp.FusedMLP(ws, bs, activation="tanh", device="cuda", cache_dir=tmp_path)
     assert rel_l2(again(x), ref) <= FP16_TOL
+
+
+def test_resnet_mlp_with_four_residual_gelu_blocks(rng):
+    # issue 5's ResNet-MLP: 64-128, four blocks x + gelu(Linear128(x)), -64, against float64
+    widths = [64, 128, 128, 128, 128, 128, 64]
+    ws, bs = torch_init(rng, widths, True)
+    residual = {1: "add", 2: "add", 3: "add", 4: "add"}
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="gelu", residual=residual, device="cuda")
+    for batch, dtype in [(1, np.float32), (129, np.float16), (65537, np.float32)]:
+        x = rng.standard_normal((batch, 64)).astype(dtype)
+        y = mlp._kernel(np.dtype(dtype).name).run(x, poison=True)
+        ref = residual_reference(x, ws, bs, mlp.activations, mlp._residual)
+        assert not np.isnan(y).any() and rel_l2(y, ref) <= FP16_TOL, (batch, dtype)
+
+
+def residual_reference(x, ws, bs, acts, residual, rms=None):
+    """Float64 forward with residual epilogues; appends each layer's output RMS to `rms` when given."""
+    from fusedmlp import _core as core
+
+    h = np.asarray(x, dtype=np.float64)
+    for w, b, act, res in zip(ws, bs, acts, residual):
+        y = h @ w.astype(np.float64).T + (0 if b is None else b)
+        y = core.eval_expr(act, np.ascontiguousarray(y.ravel())).reshape(y.shape)
+        if res is not None:
+            y = y + h if res[0] == 1 else y * h
+            y = core.eval_expr(res[1], np.ascontiguousarray(y.ravel())).reshape(y.shape)
+        h = y
+        if rms is not None:
+            rms.append(float(np.sqrt(np.mean(h * h))) if h.size else 0.0)
+    return h
+
+
+def test_random_residual_architectures():
+    rng = np.random.default_rng(5)
+    failures, checked, skipped = [], 0, 0
+    for i in range(60):
+        depth = int(rng.integers(2, 7))
+        width = int(rng.choice([3, 16, 40, 64, 96, 128, 200, 256]))
+        widths = [int(rng.integers(1, 60))] + [width] * depth + [int(rng.integers(1, 30))]
+        acts = [str(rng.choice(["relu", "gelu", "tanh", "silu", "none"])) for _ in range(depth)] + ["none"]
+        # hidden layers 1..depth-1 map width -> width; the last one (depth) takes a residual only when its output
+        # width happens to equal its input width, which then exercises the two-buffer staged case
+        residual = {l: (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])))
+                    for l in range(1, depth) if rng.random() < 0.7}
+        if i % 4 == 0:
+            widths[-1] = width
+            residual[depth] = "add"
+        ws, bs = torch_init(rng, widths, bool(i % 2))
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, device="cuda")
+        dtype = np.float16 if i % 3 == 0 else np.float32
+        x = rng.standard_normal((int(rng.choice([1, 127, 129, 5000])), widths[0])).astype(dtype)
+        y = mlp._kernel(np.dtype(dtype).name).run(x, poison=True)
+        rms = []
+        ref = residual_reference(x, ws, bs, mlp.activations, mlp._residual, rms)
+        # Outside fp16's range either way: past 6e4 it overflows; chained 'mul' residuals can shrink a layer's
+        # activations to RMS ~1e-6 (seen: draw 20), below fp16's smallest normal 6.1e-5, where few bits remain.
+        if np.max(np.abs(ref)) > 6e4 or min(rms) < 1e-3:
+            skipped += 1
+            continue
+        checked += 1
+        err = rel_l2(y, ref)
+        if np.isnan(y).any() or not err <= FP16_TOL:
+            failures.append((i, widths, acts, residual, err))
+    print(f"\nresidual architectures: {checked} checked, {skipped} outside fp16's range, {len(failures)} failures")
+    assert checked >= 45 and not failures, failures[:5]

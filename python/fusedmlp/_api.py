@@ -194,6 +194,59 @@ def _check_expression(text, what):
         raise ExpressionError(f"{what}: {e.message}", e.hint, expression=text, column=column) from None
 
 
+_RESIDUAL_OPS = {"add": 1, "mul": 2}
+
+
+def _layer_residuals(num_layers, residual):
+    """Per layer None or (op code, then-activation text), from FusedMLP's residual argument.
+
+    residual: None; a dict {layer index: spec}; or a list with one spec or None per layer. A spec is "add" or "mul"
+    (y = act(W x + b) op x, x the layer's input), (op, then) or {"op": op, "then": activation} for
+    y = then(act(W x + b) op x), e.g. ("add", "relu") for relu(x + f(x)).
+    """
+    if residual is None:
+        return [None] * num_layers
+    if isinstance(residual, dict):
+        entries = [None] * num_layers
+        for layer, spec in residual.items():
+            if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not 0 <= layer < num_layers:
+                raise ArgumentError(f"residual names layer {layer!r}; the network has layers 0..{num_layers - 1}")
+            entries[int(layer)] = spec
+    elif isinstance(residual, (list, tuple)):
+        if len(residual) != num_layers:
+            raise ArgumentError(f"residual has {len(residual)} entries; the network has {num_layers} layers (give "
+                                "one per layer, None where there is none, or a dict {layer: spec})")
+        entries = list(residual)
+    else:
+        raise ArgumentError(f"residual={residual!r} must be None, a dict {{layer: spec}} or a list with one spec per "
+                            "layer")
+    out = []
+    for layer, spec in enumerate(entries):
+        if spec is None:
+            out.append(None)
+            continue
+        if isinstance(spec, str):
+            op, then = spec, "none"
+        elif isinstance(spec, dict) and set(spec) <= {"op", "then"}:
+            op, then = spec.get("op", "add"), spec.get("then", "none")
+        elif isinstance(spec, (list, tuple)) and len(spec) == 2:
+            op, then = spec
+        else:
+            raise ArgumentError(f"residual of layer {layer} is {spec!r}; write 'add', 'mul', (op, then) or "
+                                "{'op': ..., 'then': ...}")
+        if op not in _RESIDUAL_OPS:
+            raise ArgumentError(f"residual op of layer {layer} is {op!r}; it must be 'add' or 'mul'")
+        if not isinstance(then, str):
+            raise ArgumentError(f"residual 'then' of layer {layer} is {then!r}; it must be an activation string")
+        try:
+            _core().parse_expr(then)
+        except ExpressionError as e:
+            raise ExpressionError(f"residual activation of layer {layer}: {e.message}", e.hint, expression=then,
+                                  column=e.column) from None
+        out.append((_RESIDUAL_OPS[op], then))
+    return out
+
+
 def _check_expressions(acts):
     for i, a in enumerate(acts):
         _check_expression(a, f"activation of layer {i}")
@@ -259,8 +312,8 @@ class FusedMLP:
         cache_dir: kernel cache directory (default FUSEDMLP_CACHE_DIR, $XDG_CACHE_HOME/fusedmlp, ~/.cache/fusedmlp).
     """
 
-    def __init__(self, weights, biases=None, activation="relu", output_activation=None, *, device="auto",
-                 check=False, cache_dir=None):
+    def __init__(self, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
+                 device="auto", check=False, cache_dir=None):
         if isinstance(weights, np.ndarray) or not isinstance(weights, (list, tuple)):
             raise ArgumentError("weights must be a list of (out_features, in_features) arrays, one per layer")
         if len(weights) == 0:
@@ -277,7 +330,8 @@ class FusedMLP:
         b = [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)]
         acts = _layer_activations(n, activation, output_activation)
         _check_expressions(acts)
-        self._net = _core().Network(w, b, acts)
+        self._residual = _layer_residuals(n, residual)
+        self._net = _core().Network(w, b, acts, self._residual)
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
         self._small_rows = 0  # batches below this use the small-tile kernel (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
@@ -352,7 +406,9 @@ class FusedMLP:
         device = self.device
         if self._kind == "cuda" and self._ordinal in _gpus:
             device += f" ({_gpus[self._ordinal].info['name']})"
-        return (f"FusedMLP(widths={widths}, activations=[{acts}], bias={bias}, compute=float16 mma / float32 "
+        res = [f"{i}: {'add' if r[0] == 1 else 'mul'} then {r[1]}" for i, r in enumerate(self._residual) if r]
+        res = f", residual={{{', '.join(res)}}}" if res else ""
+        return (f"FusedMLP(widths={widths}, activations=[{acts}], bias={bias}{res}, compute=float16 mma / float32 "
                 f"accumulate, device={device}, cache_entry={self._cache_path})")
 
     # -------------------------------------------------------------------------------------------- kernels
@@ -536,11 +592,12 @@ def _warn_cpu_once():
                       RuntimeWarning, stacklevel=3)
 
 
-def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activation=None, *, device="auto",
-                       check=False):
+def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
+                       device="auto", check=False):
     """Runs an MLP given as PyTorch-layout weights on x in one fused kernel; see FusedMLP for the arguments.
 
     Returns:
         The (batch, out_features) outputs, with x's dtype.
     """
-    return FusedMLP(weights, biases, activation, output_activation, device=device, check=check)(x)
+    return FusedMLP(weights, biases, activation, output_activation, residual=residual, device=device,
+                    check=check)(x)

@@ -71,7 +71,7 @@ WORKLOADS = {
     "flex": Workload((3, 64, 128, 96, 64, 32, 16, 4), "silu", True),
     "pinn50": Workload((2, 50, 50, 50, 50, 50, 1), "tanh", True),
     "siren256": Workload((2, 256, 256, 256, 3), "sin", True),
-    # issue 4's res128: 64-128, four blocks x + gelu(Linear128(x)), -64 (runs once residual epilogues exist)
+    # issue 4's res128: 64-128, four blocks x + gelu(Linear128(x)), -64
     "res128": Workload((64, 128, 128, 128, 128, 128, 64), "gelu", True, residual=True),
 }
 
@@ -444,13 +444,35 @@ def torch_model(torch, wl):
         def forward(self, x):
             return torch.sin(x)
 
-    acts = {"relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh, "sin": Sin}
+    acts = {"relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh, "sin": Sin, "gelu": nn.GELU}
+
+    class Residual(nn.Module):  # x + act(Linear(x)): the hidden layers of a residual workload
+        def __init__(self, width):
+            super().__init__()
+            self.linear = nn.Linear(width, width, bias=wl.bias)
+            self.act = acts[wl.activation]()
+
+        def forward(self, x):
+            return x + self.act(self.linear(x))
+
     layers = []
+    last = len(wl.widths) - 2
     for i, (a, b) in enumerate(zip(wl.widths[:-1], wl.widths[1:])):
+        if wl.residual and 0 < i < last:
+            layers.append(Residual(a))
+            continue
         layers.append(nn.Linear(a, b, bias=wl.bias))
-        if i < len(wl.widths) - 2:
+        if i < last:
             layers.append(acts[wl.activation]())
     return nn.Sequential(*layers)
+
+
+def fused_options(wl):
+    """FusedMLP keyword arguments matching torch_model(wl)."""
+    options = {"activation": wl.activation}
+    if wl.residual:
+        options["residual"] = {i: "add" for i in range(1, len(wl.widths) - 2)}
+    return options
 
 
 def rel_l2(torch, y, ref):
@@ -547,7 +569,7 @@ def first_calls(torch, fusedmlp, wl, weights, biases, root):
         torch.cuda.synchronize()
         return (time.perf_counter() - t) * 1e3
 
-    make = dict(activation=wl.activation, device="cuda", cache_dir=folder)
+    make = dict(fused_options(wl), device="cuda", cache_dir=folder)
     t = time.perf_counter()
     cold = fusedmlp.FusedMLP(weights, biases, **make)
     construct_ms = (time.perf_counter() - t) * 1e3
@@ -774,12 +796,6 @@ def _results_dir(args, device_name):
     return root / "bench" / "results" / device_slug(device_name)
 
 
-def _skip_reason(wl):
-    if wl.residual:
-        return "fusedmlp has no residual epilogue yet (the fused kernel computes act(W x + b) only)"
-    return None
-
-
 def _new_report(torch, fusedmlp, args, argv):
     props = torch.cuda.get_device_properties(0)
     return {
@@ -822,18 +838,15 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
     """Phase 1 for one workload: first-call times, then every method but torch.compile at every row count.
 
     Returns:
-        (fp16 model or None when the workload is skipped, whether a fusedmlp method failed).
+        (fp16 model, whether a fusedmlp method failed).
     """
     wl = WORKLOADS[wname]
+    # "skipped" stays in the report format (readers of older results, where res128 was skipped, rely on it).
     winfo = {"widths": list(wl.widths), "activation": wl.activation, "bias": wl.bias, "residual": wl.residual,
-             "flops_per_row": flops(wl.widths, 1), "io_bytes_per_row": io_bytes(wl.widths, 1),
-             "skipped": _skip_reason(wl)}
+             "flops_per_row": flops(wl.widths, 1), "io_bytes_per_row": io_bytes(wl.widths, 1), "skipped": None}
     report["workloads"][wname] = winfo
-    if winfo["skipped"]:
-        _say(f"{wname:9s} skipped: {winfo['skipped']}")
-        return None, False
     model, ref_model = _models(torch, wl)
-    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     weights = [m.weight.detach().float().cpu().numpy() for m in linears]
     biases = [m.bias.detach().float().cpu().numpy() if wl.bias else None for m in linears]
     failed = False
