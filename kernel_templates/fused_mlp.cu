@@ -90,6 +90,11 @@ __device__ __forceinline__ void fm_ldmatrix_x4(fm_u32 r[4], fm_u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+__device__ __forceinline__ fm_u32 fm_ld_shared(fm_u32 addr) {
+    fm_u32 v;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
 __device__ __forceinline__ void fm_st_shared(fm_u32 addr, fm_u32 v) {
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
@@ -145,7 +150,8 @@ template <> __device__ __forceinline__ float fm_load_f<fm_half>(const fm_half *p
 // Layer<l>: compile-time description of layer l, rendered from the plan.
 //   K, KR: padded / real input width; N, NR: padded / real output width; NC: output columns accumulated at once;
 //   BIAS: adds a bias; W_OFF: first half of the layer in the weight blob (N rows of K + 8 halves);
-//   B_OFF: first float of its bias; act: the activation, emitted from the checked expression AST.
+//   B_OFF: first float of its bias; act: the activation, emitted from the checked expression AST;
+//   RES, post: the residual epilogue y = post(act(.) op r), r the layer's own input (RES 1: add, 2: mul; 0: none).
 template <int L> struct Layer;
 {{LAYERS}}
 
@@ -212,6 +218,9 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, 
     constexpr int ROW_BYTES = L == LAST ? STAGE_STRIDE * (int)sizeof(out_t) : 2 * ACT_STRIDE;
     constexpr int COL_BYTES = L == LAST ? (int)sizeof(out_t) : 2;
     const fm_u32 e_lane = out + g * ROW_BYTES + (n0 + 2 * t) * COL_BYTES;
+    // The residual operand: this lane's two elements of the layer's input, same (row, col) as its outputs. In place
+    // (one buffer) each element is read here before this same lane overwrites it; no other lane writes it.
+    const fm_u32 r_lane = in + 2 * (g * ACT_STRIDE + n0 + 2 * t);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int col = n0 + nt * 8 + 2 * t;
@@ -226,6 +235,12 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, 
             for (int h = 0; h < 2; ++h) {
                 float v0 = Ly::act(acc[mt][nt][2 * h] + b0);
                 float v1 = Ly::act(acc[mt][nt][2 * h + 1] + b1);
+                if constexpr (Ly::RES != 0) {
+                    const fm_u32 r = fm_ld_shared(r_lane + 2 * ((mt * 16 + 8 * h) * ACT_STRIDE + nt * 8));
+                    const float r0 = fm_h2f((fm_half)(r & 0xffffu)), r1 = fm_h2f((fm_half)(r >> 16));
+                    v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
+                    v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
+                }
                 if constexpr (Ly::NR < Ly::N) {  // only layers with padded columns pay for the mask
                     if (col >= Ly::NR) v0 = 0.0f;
                     if (col + 1 >= Ly::NR) v1 = 0.0f;
