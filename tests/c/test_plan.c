@@ -16,19 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_checks, g_failures;
-static int g_quick;
+#include "check.h"
 
-#define CHECK(cond, ...)                                                                                            \
-    do {                                                                                                            \
-        g_checks++;                                                                                                 \
-        if (!(cond)) {                                                                                              \
-            g_failures++;                                                                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                             \
-            printf(__VA_ARGS__);                                                                                    \
-            printf("\n");                                                                                           \
-        }                                                                                                           \
-    } while (0)
+static int g_quick;
 
 /* ------------------------------------------------------------------------------------------------ helpers */
 
