@@ -176,3 +176,93 @@ def test_quickstart_notebook_executes(tmp_path):
                             ).execute()  # raises CellExecutionError if a cell raises
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "max abs difference" in outputs
+
+
+# ------------------------------------------------------------------------------------------------ torch.fx graphs
+
+
+class ResBlock(nn.Module):
+    def __init__(self, width, post_relu=False):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.post_relu = post_relu
+
+    def forward(self, x):
+        y = x + nn.functional.gelu(self.linear(x))
+        return torch.relu(y) if self.post_relu else y
+
+
+class ResNetMLP(nn.Module):
+    """issue 5's shape: 64-128, four residual gelu blocks, -64 (smaller here), plus functional pieces."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(12, 48)
+        self.blocks = nn.ModuleList([ResBlock(48, post_relu=i % 2 == 1) for i in range(4)])
+        self.gate = nn.Parameter(torch.randn(48, 48) / 7)
+        self.out = nn.Linear(48, 6)
+
+    def forward(self, x):
+        h = nn.functional.silu(self.inp(x))
+        for block in self.blocks:
+            h = block(h)
+        h = h * torch.tanh(nn.functional.linear(h, self.gate))  # a multiplicative residual, functional linear
+        return self.out(nn.functional.dropout(h, 0.1, training=False))
+
+
+def test_traced_resnet_mlp_matches_torch():
+    torch.manual_seed(5)
+    model = ResNetMLP().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert [r if r is None else r[0] for r in mlp._residual] == [None, 1, 1, 1, 1, 2, None]
+    assert mlp._residual[2] == (1, "relu") and mlp._residual[1] == (1, "none")
+    x = torch.randn(100, 12)
+    assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+def test_traced_module_in_fused_module_compiles_fullgraph():
+    torch.manual_seed(6)
+    model = ResNetMLP().eval()
+    fused = ft.FusedModule(model)
+    assert list(fused.state_dict()) == ["module." + k for k in model.state_dict()]
+    x = torch.randn(33, 12)
+    with torch.no_grad():
+        assert max_rel(fused(x), ref64(model, x)) <= 1e-6
+        assert torch.allclose(torch.compile(fused, fullgraph=True)(x), fused(x), rtol=1e-5, atol=1e-6)
+
+
+class _Concat(nn.Module):  # NeRF-style input re-injection: not supported yet
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(12, 2)
+
+    def forward(self, x):
+        return self.b(torch.cat([torch.relu(self.a(x)), x], dim=-1))
+
+
+class _SkipTwo(nn.Module):  # a residual over two layers: not supported yet
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+class _Softmax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.softmax(self.a(x), dim=-1)
+
+
+@pytest.mark.parametrize("model, match", [
+    (_Concat(), r"cat.*is not supported; supported: Linear / F\.linear"),
+    (_SkipTwo(), r"add.*a residual from an earlier layer than the current layer's own input is not supported"),
+    (_Softmax(), r"softmax.*is not supported"),
+])
+def test_traced_graphs_name_the_unsupported_node(model, match):
+    with pytest.raises(fusedmlp.ArgumentError, match=match):
+        fusedmlp.from_torch(model.eval(), device="cpu")

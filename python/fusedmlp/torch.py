@@ -9,6 +9,7 @@ result without gradients (call it under torch.no_grad() / torch.inference_mode()
 """
 
 import itertools
+import operator
 from collections import OrderedDict
 import re
 import threading
@@ -71,15 +72,18 @@ def _flatten(module, prefix):
 
 
 def read_module(module, activations=None):
-    """Reads an MLP module into weights, biases and one activation per layer.
+    """Reads an MLP module into weights, biases, one activation per layer and residual epilogues.
 
     Args:
-        module: an nn.Linear, nn.Sequential (nested ones too) or torchvision.ops.MLP without norm layers.
+        module: an nn.Linear, nn.Sequential (nested ones too), torchvision.ops.MLP without norm layers, or any module
+            whose forward torch.fx can trace into Linear / F.linear, activations, and x + f(x) / x * f(x) residuals.
         activations: {module path: expression} for modules fusedmlp does not know (e.g. {"mlp.4": "x*tanh(x)"}).
 
     Returns:
-        (weights, biases, activations) ready for FusedMLP.
+        (weights, biases, activations, residuals) ready for FusedMLP.
     """
+    if not isinstance(module, (nn.Sequential, nn.Linear)):
+        return _read_traced(module, activations)
     activations = dict(activations or {})
     weights, biases, acts = [], [], []
     for path, leaf in _flatten(module, ""):
@@ -110,7 +114,137 @@ def read_module(module, activations=None):
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
     if not weights:
         raise ShapeError(f"{type(module).__name__} holds no nn.Linear layer")
-    return weights, biases, acts
+    return weights, biases, acts, [None] * len(weights)
+
+
+# ------------------------------------------------------------------------------------------------ traced graphs
+
+F = nn.functional
+_FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid",
+              F.sigmoid: "sigmoid", F.silu: "silu", F.mish: "mish", F.selu: "selu", F.softsign: "softsign",
+              F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.relu6: "hardtanh(x, 0, 6)", torch.sin: "sin",
+              torch.cos: "cos", torch.exp: "exp", torch.erf: "erf", torch.abs: "abs"}
+_METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "sin": "sin", "cos": "cos", "exp": "exp",
+            "abs": "abs"}
+_ADD = {operator.add, operator.iadd, torch.add}
+_MUL = {operator.mul, operator.imul, torch.mul}
+TRACED_SUPPORTED = ("Linear / F.linear, activation modules and functions (relu, gelu, silu, tanh, sigmoid, softplus, "
+                    "leaky_relu, elu, ...), x + f(x) and x * f(x) with the layer's own input, Dropout in eval mode")
+
+
+def _arg(node, index, name, default):
+    return node.kwargs.get(name, node.args[index] if len(node.args) > index else default)
+
+
+def _functional_text(node):
+    """The expression for an activation call_function / call_method node, or None."""
+    if node.op == "call_method":
+        return _METHODS.get(node.target)
+    target = node.target
+    if target in _FUNCTIONS:
+        return _FUNCTIONS[target]
+    if target is F.gelu:
+        return "gelu_tanh" if _arg(node, 1, "approximate", "none") == "tanh" else "gelu"
+    if target is F.leaky_relu:
+        return f"leaky_relu(x, {float(_arg(node, 1, 'negative_slope', 0.01))!r})"
+    if target is F.elu:
+        return f"elu(x, {float(_arg(node, 1, 'alpha', 1.0))!r})"
+    if target is F.softplus:
+        return f"softplus(x, {float(_arg(node, 1, 'beta', 1.0))!r}, {float(_arg(node, 2, 'threshold', 20.0))!r})"
+    if target is F.hardtanh:
+        return f"hardtanh(x, {float(_arg(node, 1, 'min_val', -1.0))!r}, {float(_arg(node, 2, 'max_val', 1.0))!r})"
+    return None
+
+
+def _read_traced(module, activations):
+    """Walks module's torch.fx graph as a chain: each Linear starts a layer, activations before a residual op are the
+    layer's activation, the op with the layer's own input is its residual, activations after it the residual's."""
+    activations = dict(activations or {})
+    try:
+        gm = torch.fx.symbolic_trace(module)
+    except Exception as e:  # data-dependent control flow and the like
+        raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: {e}") from None
+    weights, biases, acts, residual = [], [], [], []
+    cur = layer_input = None
+    for node in gm.graph.nodes:
+        label = f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})"
+        if node.op == "placeholder":
+            if cur is not None:
+                raise ArgumentError(f"{label}: a second input; fusedmlp models take one input tensor")
+            cur = node
+            continue
+        if node.op == "get_attr":
+            continue
+        if node.op == "output":
+            if node.args[0] is not cur:
+                raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: {TRACED_SUPPORTED}")
+            break
+        inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        leaf = gm.get_submodule(node.target) if node.op == "call_module" else None
+        text = activations.pop(node.target, None) if node.op == "call_module" else None
+        is_linear = (leaf is not None and isinstance(leaf, nn.Linear) and text is None) or (
+            node.op == "call_function" and node.target is F.linear)
+        if is_linear:
+            if not inputs or inputs[0] is not cur:
+                raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
+            if leaf is not None:
+                w, b = leaf.weight, leaf.bias
+            else:
+                w_node, b_node = node.args[1], _arg(node, 2, "bias", None)
+                w = gm.get_parameter(w_node.target) if isinstance(w_node, torch.fx.Node) else w_node
+                b = gm.get_parameter(b_node.target) if isinstance(b_node, torch.fx.Node) else b_node
+            weights.append(w.detach().float().cpu().numpy())
+            biases.append(None if b is None else b.detach().float().cpu().numpy())
+            acts.append("none")
+            residual.append(None)
+            layer_input, cur = cur, node
+            continue
+        if leaf is not None and text is None and isinstance(leaf, (nn.Identity, nn.Dropout)):
+            if isinstance(leaf, nn.Dropout) and leaf.training and leaf.p > 0:
+                raise ArgumentError(f"{node.target}: Dropout(p={leaf.p}) is active because the model is in training "
+                                    "mode; call model.eval() first")
+            cur = node
+            continue
+        if node.op == "call_function" and node.target is F.dropout:
+            if _arg(node, 2, "training", False) and _arg(node, 1, "p", 0.5) > 0:
+                raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
+            cur = node
+            continue
+        if node.op in ("call_function", "call_method") and (node.target in _ADD or node.target in _MUL
+                                                            or node.target in ("add", "mul", "add_", "mul_")):
+            if not weights or len(inputs) != 2 or cur not in inputs:
+                raise ArgumentError(f"{label}: only a residual of the current layer with its own input is supported")
+            other = inputs[0] if inputs[1] is cur else inputs[1]
+            if other is not layer_input:
+                raise ArgumentError(f"{label}: a residual from an earlier layer than the current layer's own input is "
+                                    "not supported yet (only x + f(x) and x * f(x))")
+            if residual[-1] is not None:
+                raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
+            is_add = node.target in _ADD or node.target in ("add", "add_")
+            residual[-1] = ["add" if is_add else "mul", "none"]
+            cur = node
+            continue
+        if text is None:
+            text = _activation_text(leaf) if leaf is not None else (
+                _functional_text(node) if node.op in ("call_function", "call_method") else None)
+        if text is None or not inputs or inputs[0] is not cur:
+            what = type(leaf).__name__ if leaf is not None else label
+            raise ArgumentError(f"{node.target if leaf is not None else label}: {what} is not supported; supported: "
+                                f"{TRACED_SUPPORTED}" + (f"; or map it with activations={{'{node.target}': '...'}}"
+                                                          if leaf is not None else ""))
+        if not weights:
+            raise ArgumentError(f"{label}: an activation before the first Linear; fusedmlp applies activations after a "
+                                "layer")
+        if residual[-1] is None:
+            acts[-1] = text if acts[-1] == "none" else _compose(text, acts[-1])
+        else:
+            residual[-1][1] = text if residual[-1][1] == "none" else _compose(text, residual[-1][1])
+        cur = node
+    if activations:
+        raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
+    if not weights:
+        raise ShapeError(f"{type(module).__name__} holds no Linear layer")
+    return weights, biases, acts, [tuple(r) if r else None for r in residual]
 
 
 def from_torch(module, activations=None, device=None, **kwargs):
@@ -125,13 +259,13 @@ def from_torch(module, activations=None, device=None, **kwargs):
     Returns:
         A FusedMLP with the module's weights (copied: later changes to the module do not affect it).
     """
-    weights, biases, acts = read_module(module, activations)
+    weights, biases, acts, residual = read_module(module, activations)
     if device is None:
         params = list(module.parameters())
         device = str(params[0].device) if params and params[0].is_cuda else "auto"
         if device == "cuda":
             device = f"cuda:{torch.cuda.current_device()}"
-    return FusedMLP(weights, biases, activation=acts, device=device, **kwargs)
+    return FusedMLP(weights, biases, activation=acts, residual=residual, device=device, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ the custom op
@@ -194,10 +328,11 @@ class FusedModule(nn.Module):
 
     def _rebuild(self):
         self._release()
-        weights, biases, texts = read_module(self._wrapped(), self._activations)
+        weights, biases, texts, residual = read_module(self._wrapped(), self._activations)
         params = list(self.parameters())
         device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
-        self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **self._kwargs))
+        self._handle = _register(FusedMLP(weights, biases, activation=texts, residual=residual, device=device,
+                                          **self._kwargs))
 
     def _release(self):
         if self._handle is not None:
