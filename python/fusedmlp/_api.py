@@ -238,11 +238,7 @@ def _layer_residuals(num_layers, residual):
             raise ArgumentError(f"residual op of layer {layer} is {op!r}; it must be 'add' or 'mul'")
         if not isinstance(then, str):
             raise ArgumentError(f"residual 'then' of layer {layer} is {then!r}; it must be an activation string")
-        try:
-            _core().parse_expr(then)
-        except ExpressionError as e:
-            raise ExpressionError(f"residual activation of layer {layer}: {e.message}", e.hint, expression=then,
-                                  column=e.column) from None
+        _check_expression(then, f"residual activation of layer {layer}")
         out.append((_RESIDUAL_OPS[op], then))
     return out
 
@@ -413,8 +409,9 @@ class FusedMLP:
 
     # -------------------------------------------------------------------------------------------- kernels
 
-    def _render(self, arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=0):
-        plan = self._net.plan(arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=smem_per_sm)
+    def _render(self, arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=0, **plan_options):
+        plan = self._net.plan(arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=smem_per_sm,
+                              **plan_options)
         return plan, plan.render(_template(PRELUDE), _template(TEMPLATE), KERNEL_NAME)
 
     def compile(self, arch="sm_90", dtype="float32"):
@@ -449,9 +446,8 @@ class FusedMLP:
         """
         gpu = _gpu(self._ordinal)
         info = gpu.info
-        plan = self._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype or dtype,
-                              smem_per_sm=info["smem_per_sm"], **plan_options)
-        source = plan.render(_template(PRELUDE), _template(TEMPLATE), KERNEL_NAME)
+        plan, source = self._render(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype or dtype,
+                                    info["smem_per_sm"], **plan_options)
         entry = compile_cubin(source, info["arch"], self._cache)
         return plan.load(gpu, entry.cubin, KERNEL_NAME), plan, source, entry
 
