@@ -1,8 +1,8 @@
 // fused_mlp.cu - the fused MLP forward: one launch runs every layer, activations never leave the chip.
 //
-// Rendered by csrc/render.c: every double-brace placeholder below is filled from the plan (csrc/plan.c); an unknown or unused
-// placeholder is an error. Compiled by NVRTC with no include path, so Tensor Core, ldmatrix, cp.async and fp16
-// conversions are inline PTX and halves are raw 16-bit patterns.
+// Rendered by csrc/render.c: every double-brace placeholder below is filled from the plan (csrc/plan.c); an unknown
+// or unused placeholder is an error. Compiled by NVRTC with no include path, so Tensor Core, ldmatrix, cp.async and
+// fp16 conversions are inline PTX and halves are raw 16-bit patterns.
 //
 // Shape of the work:
 // - A CTA of WARPS warps owns ROWS_CTA consecutive rows of the batch; a persistent grid loops over row tiles.
@@ -13,8 +13,10 @@
 //   pad makes the 8 rows an ldmatrix touches fall in 8 different bank groups). RESIDENT: all layers are loaded once
 //   per CTA. Otherwise each (layer, column chunk) stage is streamed with cp.async into one of two slots while the
 //   previous stage computes.
-// - Each layer: mma.sync m16n8k16 (fp32 accumulate) fed by ldmatrix, bias + activation in registers, padded output
-//   columns forced to zero (act(0) need not be 0, e.g. sigmoid), fp16 result written to the other buffer.
+// - Each layer: mma.sync m16n8k16 (fp32 accumulate) fed by ldmatrix; in registers: bias, activation, an optional
+//   residual with the layer's own input (y = post(act(.) op x)), padded output columns forced to zero (act(0) need
+//   not be 0, e.g. sigmoid); the fp16 result goes back in place or to the other buffer. The last layer stages its
+//   output (as out_t) for coalesced stores; with a residual there, that forces two buffers (another layout).
 // - Input and output are read and written once, converting in the kernel; 16-byte accesses where the row width
 //   allows, otherwise contiguous coalesced scalars. Rows past the batch are zero-filled and never stored.
 //
