@@ -65,16 +65,14 @@ static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_ti
         p->n_chunk[l] = fm_round_up((p->n_pad[l] + chunks - 1) / chunks, 16);
         if (chunks > 1) /* a later chunk still reads the input the first one would overwrite */
             p->buffers = 2;
+        size_t chunk_halves = (size_t)p->n_chunk[l] * (size_t)(p->k_pad[l] + 8);
+        if (chunk_halves > p->w_slot_halves)
+            p->w_slot_halves = chunk_halves;
     }
     /* The last layer stages its output in another layout (STAGE_STRIDE): in place, one lane's staged store could
      * overwrite an input element another lane still has to read as its residual. */
     if (p->res_op[p->num_layers - 1] != FM_RES_NONE)
         p->buffers = 2;
-    for (int l = 0; l < p->num_layers; ++l) {
-        size_t chunk_halves = (size_t)p->n_chunk[l] * (size_t)(p->k_pad[l] + 8);
-        if (chunk_halves > p->w_slot_halves)
-            p->w_slot_halves = chunk_halves;
-    }
     p->act_stride = fm_act_stride(p);
     size_t w_region = resident ? p->w_halves : 2 * p->w_slot_halves;
     if (resident)
