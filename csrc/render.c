@@ -18,9 +18,15 @@ enum { FM_MAX_SUBST = 16 };
 typedef struct fm_substs {
     fm_subst item[FM_MAX_SUBST];
     int count;
+    fm_subst spill; /* takes values past FM_MAX_SUBST, so adding a placeholder cannot write out of bounds */
+    int overflow;   /* set when the table was too small: fm_render reports it */
 } fm_substs;
 
 static fm_str *fm_subst_add(fm_substs *t, const char *name) {
+    if (t->count == FM_MAX_SUBST) {
+        t->overflow = 1;
+        return &t->spill.value;
+    }
     fm_subst *s = &t->item[t->count++];
     s->name = name;
     fm_str_append(&s->value, ""); /* an empty value is still a value */
@@ -95,6 +101,9 @@ fm_status fm_render(const fm_spec *spec, const fm_plan *plan, const char *prelud
     fm_substs t;
     memset(&t, 0, sizeof t);
     fm_status st = fm_render_substs(spec, plan, kernel_name, &t, err);
+    if (st == FM_OK && t.overflow)
+        st = fm_fail(err, FM_ERR_INTERNAL, "render.c: more placeholders than FM_MAX_SUBST (%d); raise it",
+                     FM_MAX_SUBST);
     if (st != FM_OK)
         goto cleanup;
 
@@ -145,5 +154,6 @@ fm_status fm_render(const fm_spec *spec, const fm_plan *plan, const char *prelud
 cleanup:
     for (int i = 0; i < t.count; ++i)
         fm_str_free(&t.item[i].value);
+    fm_str_free(&t.spill.value);
     return st;
 }
