@@ -108,28 +108,51 @@ typedef enum fm_dtype { FM_F32 = 0, FM_F16 = 1, FM_BF16 = 2 } fm_dtype;
 const char *fm_dtype_name(fm_dtype d);
 size_t fm_dtype_size(fm_dtype d);
 
-/* A validated MLP: layer l maps width[l] features to width[l + 1]. */
+/* Tensor Core compute precision: what the weights and the activations between layers are stored as on chip; every
+ * path accumulates in float32. TF32 keeps float32's range (and storage) with fp16's 10-bit mantissa per product. */
+typedef enum fm_prec { FM_PREC_F16 = 0, FM_PREC_BF16 = 1, FM_PREC_TF32 = 2 } fm_prec;
+const char *fm_prec_name(fm_prec p);
+size_t fm_prec_size(fm_prec p); /* bytes per stored element: 2, 2, 4 */
+int fm_prec_min_arch(fm_prec p); /* 75 for fp16 (m16n8k8 pairs), 80 for bf16 and tf32 mma */
+
+/* Rounds f to the precision (nearest even) and returns the stored bits: binary16, bfloat16 (16 bits) or the float32
+ * bits of the nearest TF32 value (the low 13 mantissa bits zero). */
+uint32_t fm_round_bits(float f, fm_prec p);
+/* The float value of those bits. */
+float fm_bits_value(uint32_t bits, fm_prec p);
+
+/* A validated MLP. Values: v = -1 is the network input x, v = l the output of layer l; width[v + 1] is value v's
+ * feature count. Layer l reads value l - 1 (its hidden input h), or with an input concat torch.cat([h, x]) /
+ * torch.cat([x, h]) (NeRF's skip), and writes value l. */
 typedef struct fm_spec {
     int num_layers;                   /* 1..FM_MAX_LAYERS */
-    int width[FM_MAX_LAYERS + 1];     /* real (unpadded) feature counts, all >= 1 */
+    int width[FM_MAX_LAYERS + 1];     /* real (unpadded) feature counts of the values, all >= 1 */
+    int cat[FM_MAX_LAYERS];           /* FM_CAT_NONE, or where x joins layer l's input: FM_CAT_AFTER / FM_CAT_BEFORE h */
     int has_bias[FM_MAX_LAYERS];      /* 1 when layer l adds a bias */
     fm_expr *act[FM_MAX_LAYERS];      /* activation applied after layer l (owned) */
     /* Residual epilogue of layer l (CUTLASS's LinearCombinationResidualBlock): y = post(op(act(W x + b), r)) with r
-     * the layer's own input (width[l] == width[l + 1]). res_op: FM_RES_NONE, FM_RES_ADD or FM_RES_MUL. */
+     * value res_src[l] (the layer's own input h = value l - 1, an earlier layer's output, or x = -1), as wide as the
+     * layer's output. res_op: FM_RES_NONE, FM_RES_ADD or FM_RES_MUL. */
     int res_op[FM_MAX_LAYERS];
+    int res_src[FM_MAX_LAYERS];       /* value index -1..l-1 (meaningful when res_op is not FM_RES_NONE) */
     fm_expr *res_post[FM_MAX_LAYERS]; /* the unary after the binary op (owned; NULL when res_op is FM_RES_NONE) */
 } fm_spec;
 
 enum { FM_RES_NONE = 0, FM_RES_ADD = 1, FM_RES_MUL = 2 };
+enum { FM_CAT_NONE = 0, FM_CAT_AFTER = 1, FM_CAT_BEFORE = 2 };
 
 /* Checks that weight shapes chain and parses every activation; shapes[2*l] = out_l, shapes[2*l+1] = in_l
- * (PyTorch's nn.Linear.weight layout), bias_len[l] = -1 for no bias. On failure nothing needs freeing. */
+ * (PyTorch's nn.Linear.weight layout), bias_len[l] = -1 for no bias, concat[l] an FM_CAT_* (NULL: none; layer 0
+ * cannot have one: its input is x). A concat layer's in_l is width(h) + width(x). On failure nothing needs freeing. */
 fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, const int64_t *bias_len,
-                       const char *const *activations, fm_error *err);
+                       const char *const *activations, const int *concat, fm_error *err);
 void fm_spec_free(fm_spec *spec);
-/* Gives layer l a residual epilogue: op FM_RES_ADD or FM_RES_MUL with the layer's own input, then post (an activation
- * text; NULL or "none" for identity). The layer's input and output widths must be equal. */
-fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, fm_error *err);
+/* Layer l's input features: width(h), plus width(x) with a concat. */
+int fm_spec_in_features(const fm_spec *spec, int l);
+/* Gives layer l a residual epilogue: op FM_RES_ADD or FM_RES_MUL with value src (-1: the network input, l - 1: the
+ * layer's own input h, k < l - 1: layer k's output), then post (an activation text; NULL or "none" for identity).
+ * The value must be as wide as the layer's output. */
+fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, int src, fm_error *err);
 
 /* ------------------------------------------------------------------------------------------------ plan */
 
@@ -154,33 +177,47 @@ typedef struct fm_plan_opts {
 
 typedef struct fm_plan {
     int num_layers;
+    fm_prec prec;                    /* stored type of weights and activations on chip */
+    int elem_bytes;                  /* fm_prec_size(prec) */
     int k_real[FM_MAX_LAYERS], n_real[FM_MAX_LAYERS];   /* real widths of layer l's input and output */
-    int k_pad[FM_MAX_LAYERS], n_pad[FM_MAX_LAYERS];     /* padded to multiples of 16 for m16n8k16 */
-    int n_chunk[FM_MAX_LAYERS];                         /* columns accumulated at once in layer l */
+    int k_pad[FM_MAX_LAYERS], n_pad[FM_MAX_LAYERS];     /* padded to multiples of 16 (each concat part separately) */
+    int k0_real[FM_MAX_LAYERS];      /* real width of the first part of layer l's input (k_real without a concat) */
+    int k0_pad[FM_MAX_LAYERS];       /* its padded width: the second part starts at this k (k_pad without a concat) */
+    int n_chunk[FM_MAX_LAYERS];      /* columns accumulated at once in layer l */
     int has_bias[FM_MAX_LAYERS];
     int res_op[FM_MAX_LAYERS];       /* the spec's residual op per layer (FM_RES_NONE when absent) */
-    size_t w_offset[FM_MAX_LAYERS];  /* layer l's first half in the packed weight blob: n_pad rows of k_pad + 8
-                                        halves, the kernel's shared-memory layout, so loading it is a flat copy */
+    int res_src[FM_MAX_LAYERS];      /* the spec's residual operand (value index) per layer */
+    int cat[FM_MAX_LAYERS];          /* the spec's concat mode per layer */
+    /* Per-warp activation buffers (fm_plan_buffers): where layer l reads the first and second (concat; -1: none)
+     * part of its input, where it writes its output and where its residual operand lives (-1: none). x arrives in
+     * buffer 0; a layer writes in place when it is one chunk and its input dies with it. */
+    int a0_buf[FM_MAX_LAYERS], a1_buf[FM_MAX_LAYERS], out_buf[FM_MAX_LAYERS], res_buf[FM_MAX_LAYERS];
+    size_t w_offset[FM_MAX_LAYERS];  /* layer l's first element in the packed weight blob: n_pad rows of k_pad +
+                                        16 / elem_bytes elements, the kernel's shared-memory layout (a flat copy) */
     size_t b_offset[FM_MAX_LAYERS];  /* layer l's first float in the packed bias blob (n_pad floats) */
-    size_t w_halves;                 /* total halves in the packed weight blob */
+    size_t w_elems;                  /* total elements in the packed weight blob */
     size_t b_floats;                 /* total floats in the packed bias blob */
     int warps, m_tiles, rows_per_cta; /* rows_per_cta = warps * m_tiles * 16 */
     int resident;                    /* 1 when every layer's weights live in shared memory for the whole kernel */
-    int act_stride;                  /* halves per row of a warp's activation buffers */
-    int buffers;                     /* activation buffers per warp: 1 (in place) when every layer is one chunk */
+    int act_stride;                  /* elements per row of a warp's activation buffers */
+    int buffers;                     /* activation buffers per warp */
     int blocks_per_sm;               /* CTAs the plan expects per SM (the kernel's __launch_bounds__ minimum) */
-    size_t w_slot_halves;            /* streamed mode: halves per weight slot (two slots) */
+    size_t w_slot_elems;             /* streamed mode: elements per weight slot (two slots) */
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */
     int arch;                        /* target compute capability */
 } fm_plan;
 
-fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_dtype in_dtype,
-                       fm_dtype out_dtype, fm_plan *plan, fm_error *err);
+fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
+                       fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err);
+
+/* Elements per weight row of layer l in the blob and in shared memory: k_pad + one 16-byte pad. */
+int fm_plan_w_stride(const fm_plan *plan, int l);
 
 /* Packs PyTorch-layout float32 weights (w[l]: n_real x k_real, row-major) and biases (b[l] or NULL) into the
- * zero-padded fp16 blob (plan->w_halves) and float blob (plan->b_floats) that the kernel reads. */
-void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const *b, uint16_t *w_blob, float *b_blob);
+ * zero-padded blob of plan->w_elems elements of plan->elem_bytes (rounded to plan->prec) and the float blob
+ * (plan->b_floats) that the kernel reads. */
+void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const *b, void *w_blob, float *b_blob);
 
 /* ------------------------------------------------------------------------------------------------ render */
 

@@ -76,12 +76,27 @@ static int fm_dtype_from_str(const char *s, fm_dtype *d) {
         *d = FM_F32;
     else if (strcmp(s, "float16") == 0)
         *d = FM_F16;
+    else if (strcmp(s, "bfloat16") == 0)
+        *d = FM_BF16;
     else {
-        PyErr_Format(PyExc_ValueError, "dtype '%s' is not one of float32, float16", s);
+        PyErr_Format(PyExc_ValueError, "dtype '%s' is not one of float32, float16, bfloat16", s);
         return -1;
     }
     return 0;
 }
+
+static int fm_prec_from_str(const char *s, fm_prec *p) {
+    for (int i = FM_PREC_F16; i <= FM_PREC_TF32; ++i)
+        if (strcmp(s, fm_prec_name((fm_prec)i)) == 0) {
+            *p = (fm_prec)i;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "precision '%s' is not one of float16, bfloat16, tf32", s);
+    return -1;
+}
+
+/* NumPy type of a kernel's x or y: bfloat16 travels as its uint16 bits (NumPy has no bfloat16 of its own). */
+static int fm_npy_type(fm_dtype d) { return d == FM_F32 ? NPY_FLOAT32 : d == FM_F16 ? NPY_FLOAT16 : NPY_UINT16; }
 
 /* Returns a new reference to `obj` as an aligned C-contiguous array of `type` with `ndim` dimensions; no casting:
  * the Python layer converts, this only guards the boundary. */
@@ -90,7 +105,7 @@ static PyArrayObject *fm_array(PyObject *obj, int type, int ndim, const char *wh
         PyArray_NDIM((PyArrayObject *)obj) != ndim ||
         !PyArray_ISCARRAY_RO((PyArrayObject *)obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous %d-D %s array", what, ndim,
-                     type == NPY_FLOAT32 ? "float32" : type == NPY_FLOAT16 ? "float16" : "float64");
+                     type == NPY_FLOAT32 ? "float32" : type == NPY_FLOAT16 ? "float16" : type == NPY_UINT16 ? "uint16 (bfloat16 bits)" : "float64");
         return NULL;
     }
     Py_INCREF(obj);
@@ -365,7 +380,8 @@ static int Network_copy_arrays(NetworkObject *self, PyObject *weights, PyObject 
     return 0;
 }
 
-/* residuals: a list with, per layer, None or (op, post): op 1 = add, 2 = mul with the layer's own input. */
+/* residuals: a list with, per layer, None or (op, post, src): op 1 = add, 2 = mul with value src (-1: the network
+ * input, l - 1: the layer's own input, k: layer k's output). */
 static int Network_set_residuals(NetworkObject *self, PyObject *residuals, Py_ssize_t n) {
     if (!PyList_Check(residuals) || PyList_GET_SIZE(residuals) != n) {
         PyErr_Format(PyExc_TypeError, "residuals must be a list with one entry per layer (%zd)", n);
@@ -375,15 +391,15 @@ static int Network_set_residuals(NetworkObject *self, PyObject *residuals, Py_ss
         PyObject *item = PyList_GET_ITEM(residuals, l);
         if (item == Py_None)
             continue;
-        int op;
+        int op, src;
         PyObject *post_obj;
-        if (!PyArg_ParseTuple(item, "iU", &op, &post_obj))
+        if (!PyArg_ParseTuple(item, "iUi", &op, &post_obj, &src))
             return -1;
         const char *post = fm_text(post_obj, "residual activation");
         if (post == NULL)
             return -1;
         fm_error err = {0};
-        if (fm_spec_set_residual(&self->spec, (int)l, op, post, &err) != FM_OK) {
+        if (fm_spec_set_residual(&self->spec, (int)l, op, post, src, &err) != FM_OK) {
             fm_raise_clear(&err);
             return -1;
         }
@@ -392,10 +408,10 @@ static int Network_set_residuals(NetworkObject *self, PyObject *residuals, Py_ss
 }
 
 static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"weights", "biases", "activations", "residuals", NULL};
-    PyObject *weights, *biases, *acts, *residuals = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|O", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
-                                     &PyList_Type, &acts, &residuals))
+    static char *kwlist[] = {"weights", "biases", "activations", "residuals", "concat", NULL};
+    PyObject *weights, *biases, *acts, *residuals = Py_None, *concat = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|OO", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
+                                     &PyList_Type, &acts, &residuals, &concat))
         return -1;
     Network_release(self);
     Py_ssize_t n = PyList_GET_SIZE(weights);
@@ -404,7 +420,20 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     int64_t shapes[2 * FM_MAX_LAYERS], bias_len[FM_MAX_LAYERS];
+    int cat[FM_MAX_LAYERS] = {0};
     const char *act_text[FM_MAX_LAYERS];
+    if (concat != Py_None) { /* one FM_CAT_* per layer */
+        if (!PyList_Check(concat) || PyList_GET_SIZE(concat) != n) {
+            PyErr_Format(PyExc_TypeError, "concat must be a list with one mode per layer (%zd)", n);
+            return -1;
+        }
+        for (Py_ssize_t l = 0; l < n; ++l) {
+            long mode = PyLong_AsLong(PyList_GET_ITEM(concat, l));
+            if (mode == -1 && PyErr_Occurred())
+                return -1;
+            cat[l] = mode < 0 || mode > 2 ? 99 : (int)mode; /* fm_spec_init reports the bad mode */
+        }
+    }
     for (Py_ssize_t l = 0; l < n; ++l) {
         PyArrayObject *w = fm_array(PyList_GET_ITEM(weights, l), NPY_FLOAT32, 2, "weights[l]");
         if (w == NULL)
@@ -419,7 +448,7 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
             return -1;
     }
     fm_error err = {0};
-    if (fm_spec_init(&self->spec, (int)n, shapes, bias_len, act_text, &err) != FM_OK) {
+    if (fm_spec_init(&self->spec, (int)n, shapes, bias_len, act_text, cat, &err) != FM_OK) {
         fm_raise_clear(&err);
         return -1;
     }
@@ -544,17 +573,19 @@ static PyTypeObject PlanType;
 
 static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
-                             "n_chunk", "resident", "smem_per_sm", NULL};
+                             "n_chunk", "resident", "smem_per_sm", "precision", NULL};
     int arch, sm_count = 0;
     Py_ssize_t smem = 0, smem_sm = 0;
-    const char *in_s = "float32", *out_s = "float32";
+    const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
     fm_plan_opts opts = {0, 0, 0, -1};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiin", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
-                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiins", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
+                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm, &prec_s))
         return NULL;
     fm_dtype in_d, out_d;
-    if (fm_dtype_from_str(in_s, &in_d) < 0 || fm_dtype_from_str(out_s, &out_d) < 0)
+    fm_prec prec;
+    if (fm_dtype_from_str(in_s, &in_d) < 0 || fm_dtype_from_str(out_s, &out_d) < 0 ||
+        fm_prec_from_str(prec_s, &prec) < 0)
         return NULL;
     PlanObject *p = PyObject_New(PlanObject, &PlanType);
     if (p == NULL)
@@ -569,7 +600,7 @@ static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwd
     if (smem_sm > 0)
         p->target.smem_per_sm = (size_t)smem_sm;
     p->target.sm_count = sm_count;
-    if (fm_plan_make(&self->spec, &p->target, &opts, in_d, out_d, &p->plan, &err) != FM_OK)
+    if (fm_plan_make(&self->spec, &p->target, &opts, prec, in_d, out_d, &p->plan, &err) != FM_OK)
         goto fail;
     return (PyObject *)p;
 fail:
@@ -600,11 +631,11 @@ static PyObject *Plan_render(PlanObject *self, PyObject *args) {
 static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s}", "arch", p->arch, "warps", p->warps,
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "warps", p->warps,
                          "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "buffers",
                          p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes,
                          "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
-                         fm_dtype_name(p->out_dtype));
+                         fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
 }
 
 static PyObject *Plan_load(PlanObject *self, PyObject *args);
@@ -671,18 +702,19 @@ static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char 
     if ((st = fm_kernel_load(&self->gpu->gpu, cubin, name, p->smem_bytes, p->warps * 32, &self->k, err)) != FM_OK)
         return st;
     self->loaded = 1;
-    uint16_t *wh = malloc(p->w_halves * sizeof *wh);
+    size_t w_bytes = p->w_elems * (size_t)p->elem_bytes;
+    void *wh = malloc(w_bytes);
     float *bf = malloc((p->b_floats ? p->b_floats : 4) * sizeof *bf);
     if (wh == NULL || bf == NULL)
-        st = fm_fail(err, FM_ERR_NOMEM, "out of host memory packing %zu weights", p->w_halves);
+        st = fm_fail(err, FM_ERR_NOMEM, "out of host memory packing %zu weights", p->w_elems);
     if (st == FM_OK) {
         fm_plan_pack(p, (const float *const *)net->w, (const float *const *)net->b, wh, bf);
-        st = fm_mem_alloc(&self->w, p->w_halves * 2, err);
+        st = fm_mem_alloc(&self->w, w_bytes, err);
     }
     if (st == FM_OK)
         st = fm_mem_alloc(&self->b, (p->b_floats ? p->b_floats : 4) * 4, err);
     if (st == FM_OK)
-        st = fm_memcpy_htod(self->w, wh, p->w_halves * 2, NULL, err);
+        st = fm_memcpy_htod(self->w, wh, w_bytes, NULL, err);
     if (st == FM_OK && p->b_floats)
         st = fm_memcpy_htod(self->b, bf, p->b_floats * 4, NULL, err);
     if (st == FM_OK)
@@ -797,8 +829,7 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p", kwlist, &xobj, &poison))
         return NULL;
     const fm_plan *p = &self->plan->plan;
-    int in_type = p->in_dtype == FM_F32 ? NPY_FLOAT32 : NPY_FLOAT16;
-    int out_type = p->out_dtype == FM_F32 ? NPY_FLOAT32 : NPY_FLOAT16;
+    int in_type = fm_npy_type(p->in_dtype), out_type = fm_npy_type(p->out_dtype);
     PyArrayObject *x = fm_array(xobj, in_type, 2, "x");
     if (x == NULL)
         return NULL;
@@ -862,7 +893,7 @@ static void Kernel_fill_random(void *x, size_t count, fm_dtype dtype) {
         if (dtype == FM_F32)
             ((float *)x)[i] = v;
         else
-            ((uint16_t *)x)[i] = fm_float_to_half(v);
+            ((uint16_t *)x)[i] = (uint16_t)fm_round_bits(v, dtype == FM_F16 ? FM_PREC_F16 : FM_PREC_BF16);
     }
 }
 

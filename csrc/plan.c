@@ -33,52 +33,89 @@ fm_status fm_target_for_arch(int arch, fm_target *t, fm_error *err) {
 
 static int fm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-/* Halves per row of an activation buffer: wide enough for every layer input and the last layer's staged output,
- * and an odd number of 16-byte units so the 8 rows an ldmatrix reads hit 8 different bank groups. */
-static int fm_act_stride(const fm_plan *p) {
-    int need = 0;
-    for (int l = 0; l < p->num_layers; ++l)
-        if (p->k_pad[l] + 8 > need)
-            need = p->k_pad[l] + 8;
-    int n_out = p->n_pad[p->num_layers - 1];
-    int stage = p->out_dtype == FM_F32 ? 2 * (n_out + 4) : n_out + 8; /* staged output row, in halves */
+/* Elements per row of an activation buffer: wide enough for every value and the last layer's staged output (out_t,
+ * plus a 16-byte pad), and an odd number of 16-byte units so the 8 rows an ldmatrix reads hit 8 different bank
+ * groups. */
+static int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values) {
+    int need = 0; /* bytes */
+    for (int v = 0; v < num_values; ++v)
+        if (value_pad[v] * p->elem_bytes + 16 > need)
+            need = value_pad[v] * p->elem_bytes + 16;
+    int stage = p->n_pad[p->num_layers - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
     if (stage > need)
         need = stage;
-    need = fm_round_up(need, 8);
-    if ((need / 8) % 2 == 0)
-        need += 8;
-    return need;
+    need = fm_round_up(need, 16);
+    if ((need / 16) % 2 == 0)
+        need += 16;
+    return need / p->elem_bytes;
+}
+
+int fm_plan_w_stride(const fm_plan *plan, int l) { return plan->k_pad[l] + 16 / plan->elem_bytes; }
+
+/* Assigns the per-warp activation buffers (a register allocation over the values x, layer 0's output, ...): x
+ * arrives in buffer 0; layer l writes in place over its input h when it is one chunk (a later chunk would still
+ * read what an earlier one overwrote) and nothing after it reads h; otherwise into the lowest buffer whose value is
+ * dead. The last layer stages its output in another layout, so it never writes in place over its own residual
+ * operand. Returns the number of buffers. */
+static int fm_plan_buffers(fm_plan *p) {
+    const int L = p->num_layers;
+    int last_use[FM_MAX_LAYERS + 1], buf_of[FM_MAX_LAYERS + 1], holder[FM_MAX_LAYERS + 1], nbuf = 1;
+    for (int v = 0; v <= L; ++v)
+        last_use[v] = v; /* value v - 1 is read by layer v (the output of the last layer by the store, "layer L") */
+    for (int l = 0; l < L; ++l) {
+        if (p->res_op[l] != FM_RES_NONE && last_use[p->res_src[l] + 1] < l)
+            last_use[p->res_src[l] + 1] = l;
+        if (p->cat[l] != FM_CAT_NONE)
+            last_use[0] = l;
+    }
+    holder[0] = -1;
+    buf_of[0] = 0;
+    for (int l = 0; l < L; ++l) {
+        const int in = buf_of[l], x = buf_of[0];
+        p->a0_buf[l] = p->cat[l] == FM_CAT_BEFORE ? x : in;
+        p->a1_buf[l] = p->cat[l] == FM_CAT_NONE ? -1 : (p->cat[l] == FM_CAT_AFTER ? x : in);
+        p->res_buf[l] = p->res_op[l] != FM_RES_NONE ? buf_of[p->res_src[l] + 1] : -1;
+        int one_chunk = p->n_chunk[l] >= p->n_pad[l];
+        int staged_over_res = l == L - 1 && p->res_buf[l] == in;
+        int out = -1;
+        if (one_chunk && last_use[l] == l && !staged_over_res)
+            out = in;
+        for (int bi = 0; bi < nbuf && out < 0; ++bi)
+            if (last_use[holder[bi] + 1] < l)
+                out = bi;
+        if (out < 0)
+            out = nbuf++;
+        holder[out] = l;
+        buf_of[l + 1] = out;
+        p->out_buf[l] = out;
+    }
+    return nbuf;
 }
 
 /* Fills the tile-dependent fields for one candidate and returns its shared-memory bytes. */
-static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_tiles, int n_chunk, int resident) {
+static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_tiles, int n_chunk, int resident,
+                             const int *value_pad) {
     p->warps = warps;
     p->m_tiles = m_tiles;
     p->rows_per_cta = warps * m_tiles * 16;
     p->resident = resident;
-    p->w_slot_halves = 0;
-    p->buffers = 1;
+    p->w_slot_elems = 0;
     for (int l = 0; l < p->num_layers; ++l) {
         /* Balanced chunks (96 columns at most 64 wide: 48 + 48, not 64 + 32), so a layer usually needs one
          * instantiation of the chunk code rather than two. */
         int chunks = (p->n_pad[l] + n_chunk - 1) / n_chunk;
         p->n_chunk[l] = fm_round_up((p->n_pad[l] + chunks - 1) / chunks, 16);
-        if (chunks > 1) /* a later chunk still reads the input the first one would overwrite */
-            p->buffers = 2;
-        size_t chunk_halves = (size_t)p->n_chunk[l] * (size_t)(p->k_pad[l] + 8);
-        if (chunk_halves > p->w_slot_halves)
-            p->w_slot_halves = chunk_halves;
+        size_t chunk_elems = (size_t)p->n_chunk[l] * (size_t)fm_plan_w_stride(p, l);
+        if (chunk_elems > p->w_slot_elems)
+            p->w_slot_elems = chunk_elems;
     }
-    /* The last layer stages its output in another layout (STAGE_STRIDE): in place, one lane's staged store could
-     * overwrite an input element another lane still has to read as its residual. */
-    if (p->res_op[p->num_layers - 1] != FM_RES_NONE)
-        p->buffers = 2;
-    p->act_stride = fm_act_stride(p);
-    size_t w_region = resident ? p->w_halves : 2 * p->w_slot_halves;
+    p->buffers = fm_plan_buffers(p);
+    p->act_stride = fm_act_stride(p, value_pad, p->num_layers + 1);
+    size_t w_region = resident ? p->w_elems : 2 * p->w_slot_elems;
     if (resident)
-        p->w_slot_halves = 0;
+        p->w_slot_elems = 0;
     size_t act = (size_t)warps * (size_t)p->buffers * (size_t)(m_tiles * 16) * (size_t)p->act_stride;
-    p->smem_bytes = 2 * w_region + 4 * p->b_floats + 2 * act;
+    p->smem_bytes = (size_t)p->elem_bytes * (w_region + act) + 4 * p->b_floats;
     /* CTAs per SM: as shared memory allows (the driver reserves 1 KiB per CTA on sm_80+), up to 16 warps per SM;
      * more would leave under 128 registers per thread for 64 accumulators plus fragments. */
     size_t per_sm = t->smem_per_sm ? t->smem_per_sm : t->smem_per_block;
@@ -102,8 +139,8 @@ static int fm_plan_better(const fm_plan *a, const fm_plan *b) {
     return 0;
 }
 
-fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_dtype in_dtype,
-                       fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
+fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
+                       fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
     fm_plan_opts none = {0, 0, 0, -1};
     if (opts == NULL)
         opts = &none;
@@ -112,31 +149,54 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     plan->in_dtype = in_dtype;
     plan->out_dtype = out_dtype;
     plan->arch = target->arch;
-    if (in_dtype == FM_BF16 || out_dtype == FM_BF16)
-        return fm_fail(err, FM_ERR_VALUE, "bfloat16 input/output is not supported yet; use float32 or float16");
+    plan->prec = prec;
+    plan->elem_bytes = (int)fm_prec_size(prec);
+    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && prec != FM_PREC_TF32)
+        return fm_fail(err, FM_ERR_VALUE, "precision %d is not float16 (0), bfloat16 (1) or tf32 (2)", (int)prec);
+    if (target->arch < fm_prec_min_arch(prec)) {
+        fm_fail(err, FM_ERR_LIMIT, "dtype='%s' needs Tensor Cores of sm_%d or newer; the target is sm_%d",
+                fm_prec_name(prec), fm_prec_min_arch(prec), target->arch);
+        fm_error_hint(err, "use dtype='float16' on this GPU");
+        return FM_ERR_LIMIT;
+    }
+    if ((in_dtype == FM_BF16 || out_dtype == FM_BF16) && target->arch < 80) {
+        fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer (cvt.rn.bf16x2); the target is sm_%d",
+                target->arch);
+        fm_error_hint(err, "pass float32 or float16 arrays on this GPU");
+        return FM_ERR_LIMIT;
+    }
 
-    int widest = 0;
+    int widest = 0, value_pad[FM_MAX_LAYERS + 1];
+    for (int v = 0; v <= spec->num_layers; ++v) {
+        int w = spec->width[v];
+        if (w > FM_MAX_FUSED_WIDTH) {
+            if (v == 0)
+                fm_fail(err, FM_ERR_LIMIT, "layer 0 has %d input features; the fused kernel holds at most %d "
+                        "features per layer", w, FM_MAX_FUSED_WIDTH);
+            else
+                fm_fail(err, FM_ERR_LIMIT, "layer %d has %d output features; the fused kernel holds at most %d "
+                        "features per layer", v - 1, w, FM_MAX_FUSED_WIDTH);
+            fm_error_hint(err, "split the layer or use device='cpu'; wider layers are a planned feature");
+            return FM_ERR_LIMIT;
+        }
+        widest = w > widest ? w : widest;
+        value_pad[v] = fm_round_up(w, 16);
+    }
     for (int l = 0; l < spec->num_layers; ++l) {
-        plan->k_real[l] = spec->width[l];
+        plan->k_real[l] = fm_spec_in_features(spec, l);
         plan->n_real[l] = spec->width[l + 1];
         plan->has_bias[l] = spec->has_bias[l];
         plan->res_op[l] = spec->res_op[l];
-        for (int side = 0; side < 2; ++side) {
-            int w = spec->width[l + side];
-            if (w > FM_MAX_FUSED_WIDTH) {
-                fm_fail(err, FM_ERR_LIMIT,
-                        "layer %d has %d %s features; the fused kernel holds at most %d features per layer", l, w,
-                        side ? "output" : "input", FM_MAX_FUSED_WIDTH);
-                fm_error_hint(err, "split the layer or use device='cpu'; wider layers are a planned feature");
-                return FM_ERR_LIMIT;
-            }
-            if (w > widest)
-                widest = w;
-        }
-        plan->k_pad[l] = fm_round_up(plan->k_real[l], 16);
-        plan->n_pad[l] = fm_round_up(plan->n_real[l], 16);
-        plan->w_offset[l] = plan->w_halves;
-        plan->w_halves += (size_t)plan->n_pad[l] * (size_t)(plan->k_pad[l] + 8);
+        plan->res_src[l] = spec->res_src[l];
+        plan->cat[l] = spec->cat[l];
+        /* A concat input is two parts, each padded on its own: they live in different activation buffers. */
+        int first = spec->cat[l] == FM_CAT_BEFORE ? 0 : l, second = spec->cat[l] == FM_CAT_AFTER ? 0 : l;
+        plan->k0_real[l] = spec->width[first];
+        plan->k0_pad[l] = value_pad[first];
+        plan->k_pad[l] = plan->k0_pad[l] + (spec->cat[l] != FM_CAT_NONE ? value_pad[second] : 0);
+        plan->n_pad[l] = value_pad[l + 1];
+        plan->w_offset[l] = plan->w_elems;
+        plan->w_elems += (size_t)plan->n_pad[l] * (size_t)fm_plan_w_stride(plan, l);
         plan->b_offset[l] = plan->b_floats;
         plan->b_floats += (size_t)plan->n_pad[l];
     }
@@ -164,7 +224,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                     int nc = nc_choices[ni];
                     if (opts->n_chunk ? opts->n_chunk != nc : mt * nc > (widest > 128 ? 64 : 128))
                         continue;
-                    if (fm_plan_layout(&cand, target, warps, mt, nc, resident) > target->smem_per_block)
+                    if (fm_plan_layout(&cand, target, warps, mt, nc, resident, value_pad) > target->smem_per_block)
                         continue;
                     if (!found || fm_plan_better(&cand, &best))
                         best = cand;
@@ -190,17 +250,23 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     return FM_ERR_LIMIT;
 }
 
-void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const *b, uint16_t *w_blob,
-                  float *b_blob) {
-    /* Round-to-nearest-even float -> binary16, done on the host so the kernel reads ready fp16 weights. */
-    memset(w_blob, 0, plan->w_halves * sizeof *w_blob);
+void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const *b, void *w_blob, float *b_blob) {
+    /* Rounded (nearest even) to the compute precision on the host, so the kernel reads ready operands. */
+    memset(w_blob, 0, plan->w_elems * (size_t)plan->elem_bytes);
     memset(b_blob, 0, plan->b_floats * sizeof *b_blob);
     for (int l = 0; l < plan->num_layers; ++l) {
-        int kr = plan->k_real[l], nr = plan->n_real[l], stride = plan->k_pad[l] + 8;
-        uint16_t *dst = w_blob + plan->w_offset[l];
+        int kr = plan->k_real[l], nr = plan->n_real[l], stride = fm_plan_w_stride(plan, l);
+        /* Input column k of nn.Linear's weight: the first concat part's columns, then the second part's at k0_pad. */
+        int k0r = plan->k0_real[l], shift = plan->k0_pad[l] - k0r;
         for (int n = 0; n < nr; ++n)
-            for (int k = 0; k < kr; ++k)
-                dst[(size_t)n * stride + k] = fm_float_to_half(w[l][(size_t)n * kr + k]);
+            for (int k = 0; k < kr; ++k) {
+                size_t at = plan->w_offset[l] + (size_t)n * stride + (size_t)(k < k0r ? k : k + shift);
+                uint32_t bits = fm_round_bits(w[l][(size_t)n * kr + k], plan->prec);
+                if (plan->elem_bytes == 2)
+                    ((uint16_t *)w_blob)[at] = (uint16_t)bits;
+                else
+                    ((uint32_t *)w_blob)[at] = bits;
+            }
         if (b != NULL && b[l] != NULL && plan->has_bias[l])
             memcpy(b_blob + plan->b_offset[l], b[l], (size_t)nr * sizeof(float));
     }

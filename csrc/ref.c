@@ -42,39 +42,74 @@ static void fm_ref_linear(const double *in, int rows, int k_in, const float *w, 
     }
 }
 
+/* Layer l's input for rows r < nr: h (value l - 1, `cur`) or its concat with x (`x0`) in the spec's order. */
+static const double *fm_ref_input(const fm_spec *spec, int l, const double *cur, const double *x0, int nr,
+                                  double *cat) {
+    if (spec->cat[l] == FM_CAT_NONE)
+        return cur;
+    int hw = spec->width[l], xw = spec->width[0], k_in = hw + xw;
+    int h_at = spec->cat[l] == FM_CAT_AFTER ? 0 : xw, x_at = spec->cat[l] == FM_CAT_AFTER ? hw : 0;
+    for (int r = 0; r < nr; ++r) {
+        memcpy(cat + (size_t)r * k_in + h_at, cur + (size_t)r * hw, sizeof(double) * (size_t)hw);
+        memcpy(cat + (size_t)r * k_in + x_at, x0 + (size_t)r * xw, sizeof(double) * (size_t)xw);
+    }
+    return cat;
+}
+
 fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float *const *b, const float *x,
                          int64_t rows, int64_t x_row, int64_t x_col, float *y, fm_error *err) {
-    int widest = 0;
-    for (int l = 0; l <= spec->num_layers; ++l)
-        if (spec->width[l] > widest)
-            widest = spec->width[l];
+    const int L = spec->num_layers;
+    /* Values read again later (residual operands, x for a concat) are kept per row block: saved[v + 1]. */
+    int keep[FM_MAX_LAYERS + 1] = {0}, widest = 0, widest_in = 0;
+    for (int l = 0; l < L; ++l) {
+        if (spec->res_op[l] != FM_RES_NONE)
+            keep[spec->res_src[l] + 1] = 1;
+        if (spec->cat[l] != FM_CAT_NONE)
+            keep[0] = 1;
+        int k_in = fm_spec_in_features(spec, l);
+        widest_in = k_in > widest_in ? k_in : widest_in;
+    }
+    for (int v = 0; v <= L; ++v)
+        widest = spec->width[v] > widest ? spec->width[v] : widest;
+    double *saved[FM_MAX_LAYERS + 1] = {NULL};
     double *cur = malloc(sizeof(double) * FM_REF_ROWS * (size_t)widest);
     double *next = malloc(sizeof(double) * FM_REF_ROWS * (size_t)widest);
+    double *cat = malloc(sizeof(double) * FM_REF_ROWS * (size_t)widest_in);
     fm_status st = FM_OK;
-    if (cur == NULL || next == NULL) {
-        st = fm_fail(err, FM_ERR_NOMEM, "out of memory for the CPU forward (%d features wide)", widest);
+    int oom = cur == NULL || next == NULL || cat == NULL;
+    for (int v = 0; v <= L && !oom; ++v)
+        if (keep[v] && (saved[v] = malloc(sizeof(double) * FM_REF_ROWS * (size_t)spec->width[v])) == NULL)
+            oom = 1;
+    if (oom) {
+        st = fm_fail(err, FM_ERR_NOMEM, "out of memory for the CPU forward (%d features wide)", widest_in);
         goto cleanup;
     }
-    const int k0 = spec->width[0], n_last = spec->width[spec->num_layers];
+    const int k0 = spec->width[0], n_last = spec->width[L];
     for (int64_t r0 = 0; r0 < rows; r0 += FM_REF_ROWS) {
         int nr = rows - r0 < FM_REF_ROWS ? (int)(rows - r0) : FM_REF_ROWS;
         for (int r = 0; r < nr; ++r)
             for (int k = 0; k < k0; ++k)
                 cur[(size_t)r * k0 + k] = (double)x[(r0 + r) * x_row + (int64_t)k * x_col];
-        for (int l = 0; l < spec->num_layers; ++l) {
-            int k_in = spec->width[l], n_out = spec->width[l + 1];
+        if (keep[0])
+            memcpy(saved[0], cur, sizeof(double) * (size_t)nr * (size_t)k0);
+        for (int l = 0; l < L; ++l) {
+            int n_out = spec->width[l + 1];
             size_t count = (size_t)nr * (size_t)n_out;
-            fm_ref_linear(cur, nr, k_in, w[l], spec->has_bias[l] ? b[l] : NULL, n_out, next);
+            const double *in = fm_ref_input(spec, l, cur, saved[0], nr, cat);
+            fm_ref_linear(in, nr, fm_spec_in_features(spec, l), w[l], spec->has_bias[l] ? b[l] : NULL, n_out, next);
             if ((st = fm_expr_eval(spec->act[l], next, next, count, err)) != FM_OK)
                 goto cleanup;
-            if (spec->res_op[l] != FM_RES_NONE) { /* r is this layer's own input: cur, of the same width */
+            if (spec->res_op[l] != FM_RES_NONE) { /* r: the kept value, as wide as this output */
+                const double *r = saved[spec->res_src[l] + 1];
                 for (size_t i = 0; i < count; ++i)
-                    next[i] = spec->res_op[l] == FM_RES_ADD ? next[i] + cur[i] : next[i] * cur[i];
+                    next[i] = spec->res_op[l] == FM_RES_ADD ? next[i] + r[i] : next[i] * r[i];
                 if ((st = fm_expr_eval(spec->res_post[l], next, next, count, err)) != FM_OK)
                     goto cleanup;
             }
             for (size_t i = 0; i < count; ++i) /* float32 storage between layers */
                 next[i] = (double)(float)next[i];
+            if (keep[l + 1])
+                memcpy(saved[l + 1], next, sizeof(double) * count);
             double *swap = cur;
             cur = next;
             next = swap;
@@ -83,7 +118,10 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
             y[(size_t)r0 * n_last + i] = (float)cur[i];
     }
 cleanup:
+    for (int v = 0; v <= L; ++v)
+        free(saved[v]);
     free(cur);
     free(next);
+    free(cat);
     return st;
 }

@@ -13,7 +13,7 @@ typedef struct fm_subst {
     int used;
 } fm_subst;
 
-enum { FM_MAX_SUBST = 16 };
+enum { FM_MAX_SUBST = 24 };
 
 typedef struct fm_substs {
     fm_subst item[FM_MAX_SUBST];
@@ -50,16 +50,18 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
         fm_expr_to_string(spec->act[l], &expr_text);
         fm_str_printf(out,
                       "template <> struct Layer<%d> {  // %d -> %d, activation %s\n"
-                      "    static constexpr int K = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
+                      "    static constexpr int K = %d, K0 = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
                       "    static constexpr bool BIAS = %s;\n"
                       "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
-                      "    static constexpr int RES = %d;  // residual with the layer's input: 0 none, 1 add, 2 mul\n"
+                      "    static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;\n"
+                      "    static constexpr int RES = %d, RES_BUF = %d;  // residual: 0 none, 1 add, 2 mul\n"
                       "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n"
                       "};\n",
                       l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", p->k_pad[l],
-                      p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l], p->has_bias[l] ? "true" : "false",
-                      p->w_offset[l], p->b_offset[l], spec->res_op[l], act.data, post.data ? post.data : "x");
+                      p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
+                      p->has_bias[l] ? "true" : "false", p->w_offset[l], p->b_offset[l], p->a0_buf[l], p->a1_buf[l],
+                      p->out_buf[l], spec->res_op[l], p->res_buf[l], act.data, post.data ? post.data : "x");
         fm_str_free(&expr_text);
         fm_str_free(&act);
         fm_str_free(&post);
@@ -74,23 +76,24 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(fm_subst_add(t, "WARPS"), "%d", p->warps);
     fm_str_printf(fm_subst_add(t, "M_TILES"), "%d", p->m_tiles);
     fm_str_printf(fm_subst_add(t, "RESIDENT"), "%d", p->resident);
-    fm_str_printf(fm_subst_add(t, "IN_FLOAT"), "%d", p->in_dtype == FM_F32);
-    fm_str_printf(fm_subst_add(t, "OUT_FLOAT"), "%d", p->out_dtype == FM_F32);
+    fm_str_printf(fm_subst_add(t, "PREC"), "%d", (int)p->prec);
+    fm_str_printf(fm_subst_add(t, "IN_TYPE"), "%d", (int)p->in_dtype);
+    fm_str_printf(fm_subst_add(t, "OUT_TYPE"), "%d", (int)p->out_dtype);
     fm_str_printf(fm_subst_add(t, "ACT_STRIDE"), "%d", p->act_stride);
     fm_str_printf(fm_subst_add(t, "BUFFERS"), "%d", p->buffers);
     fm_str_printf(fm_subst_add(t, "BLOCKS_PER_SM"), "%d", p->blocks_per_sm);
-    fm_str_printf(fm_subst_add(t, "W_SMEM_HALVES"), "%zu", p->resident ? p->w_halves : 2 * p->w_slot_halves);
-    fm_str_printf(fm_subst_add(t, "W_SLOT_HALVES"), "%zu", p->w_slot_halves);
+    fm_str_printf(fm_subst_add(t, "W_SMEM_ELEMS"), "%zu", p->resident ? p->w_elems : 2 * p->w_slot_elems);
+    fm_str_printf(fm_subst_add(t, "W_SLOT_ELEMS"), "%zu", p->w_slot_elems);
     fm_str_printf(fm_subst_add(t, "B_FLOATS"), "%zu", p->b_floats);
 
     fm_str *c = fm_subst_add(t, "PLAN_COMMENT");
     fm_str_printf(c, "widths %d", p->k_real[0]);
     for (int l = 0; l < p->num_layers; ++l)
         fm_str_printf(c, "-%d", p->n_real[l]);
-    fm_str_printf(c, "; sm_%d; %d warps x %d rows, %d CTAs/SM; %s weights; %d activation buffer(s); %zu B shared "
-                  "memory; x %s, y %s", p->arch, p->warps, p->m_tiles * 16, p->blocks_per_sm,
-                  p->resident ? "resident" : "streamed", p->buffers, p->smem_bytes, fm_dtype_name(p->in_dtype),
-                  fm_dtype_name(p->out_dtype));
+    fm_str_printf(c, "; sm_%d; %s mma; %d warps x %d rows, %d CTAs/SM; %s weights; %d activation buffer(s); %zu B "
+                  "shared memory; x %s, y %s", p->arch, fm_prec_name(p->prec), p->warps, p->m_tiles * 16,
+                  p->blocks_per_sm, p->resident ? "resident" : "streamed", p->buffers, p->smem_bytes,
+                  fm_dtype_name(p->in_dtype), fm_dtype_name(p->out_dtype));
     return fm_render_layers(spec, p, fm_subst_add(t, "LAYERS"), err);
 }
 

@@ -23,7 +23,8 @@ static void fm_spec_quote(const char *text, char *buf, size_t size) {
     buf[j] = '\0';
 }
 
-static fm_status fm_spec_check_layer(int l, const int64_t *shapes, const int64_t *bias_len, fm_error *err) {
+/* Checks layer l's shapes; x_width is the network input's (for a concat layer), cat its FM_CAT_* mode. */
+static fm_status fm_spec_check_layer(int l, const int64_t *shapes, const int64_t *bias_len, int cat, fm_error *err) {
     int64_t out = shapes[2 * l], in = shapes[2 * l + 1];
     if (out < 1 || in < 1)
         return fm_fail(err, FM_ERR_SHAPE,
@@ -32,14 +33,28 @@ static fm_status fm_spec_check_layer(int l, const int64_t *shapes, const int64_t
     if (out > INT_MAX || in > INT_MAX)
         return fm_fail(err, FM_ERR_LIMIT, "weights[%d] has shape (%lld, %lld); dimensions above %d are not supported",
                        l, (long long)out, (long long)in, INT_MAX);
-    if (l > 0 && in != shapes[2 * (l - 1)]) {
-        fm_fail(err, FM_ERR_SHAPE,
-                "weights[%d] has shape (%lld, %lld) but weights[%d] has shape (%lld, %lld): layer %d takes %lld input "
-                "features while layer %d produces %lld",
-                l, (long long)out, (long long)in, l - 1, (long long)shapes[2 * (l - 1)],
-                (long long)shapes[2 * (l - 1) + 1], l, (long long)in, l - 1, (long long)shapes[2 * (l - 1)]);
+    if (cat != FM_CAT_NONE && cat != FM_CAT_AFTER && cat != FM_CAT_BEFORE)
+        return fm_fail(err, FM_ERR_VALUE, "concat mode %d of layer %d is not none (0), after (1) or before (2)", cat, l);
+    if (cat != FM_CAT_NONE && l == 0)
+        return fm_fail(err, FM_ERR_VALUE, "layer 0 has an input concat; its input already is the network input x, "
+                                          "so only layers 1.. can concatenate x to their input");
+    int64_t x_width = shapes[1], want = l == 0 ? in : shapes[2 * (l - 1)] + (cat != FM_CAT_NONE ? x_width : 0);
+    if (in != want) {
+        if (cat != FM_CAT_NONE)
+            fm_fail(err, FM_ERR_SHAPE,
+                    "weights[%d] has shape (%lld, %lld), but layer %d's input is the concat of layer %d's %lld outputs "
+                    "and the network's %lld inputs: %lld features",
+                    l, (long long)out, (long long)in, l, l - 1, (long long)shapes[2 * (l - 1)], (long long)x_width,
+                    (long long)want);
+        else
+            fm_fail(err, FM_ERR_SHAPE,
+                    "weights[%d] has shape (%lld, %lld) but weights[%d] has shape (%lld, %lld): layer %d takes %lld "
+                    "input features while layer %d produces %lld",
+                    l, (long long)out, (long long)in, l - 1, (long long)shapes[2 * (l - 1)],
+                    (long long)shapes[2 * (l - 1) + 1], l, (long long)in, l - 1, (long long)shapes[2 * (l - 1)]);
         fm_error_hint(err, "weights use nn.Linear.weight's layout (out_features, in_features): each layer's "
-                           "in_features must equal the previous layer's out_features");
+                           "in_features must equal the previous layer's out_features (plus the network's "
+                           "in_features where the layer concatenates the input)");
         return FM_ERR_SHAPE;
     }
     if (bias_len != NULL && bias_len[l] != -1 && bias_len[l] != out)
@@ -72,7 +87,7 @@ static fm_status fm_spec_parse_act(int l, const char *text, fm_expr **act, fm_er
 }
 
 fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, const int64_t *bias_len,
-                       const char *const *activations, fm_error *err) {
+                       const char *const *activations, const int *concat, fm_error *err) {
     if (spec == NULL)
         return fm_fail(err, FM_ERR_INTERNAL, "fm_spec_init: spec is NULL");
     memset(spec, 0, sizeof *spec);
@@ -91,12 +106,13 @@ fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, con
         goto cleanup;
     }
     for (int l = 0; l < num_layers; l++)
-        if ((st = fm_spec_check_layer(l, shapes, bias_len, err)) != FM_OK)
+        if ((st = fm_spec_check_layer(l, shapes, bias_len, concat ? concat[l] : FM_CAT_NONE, err)) != FM_OK)
             goto cleanup;
     for (int l = 0; l < num_layers; l++) {
         if ((st = fm_spec_parse_act(l, activations != NULL ? activations[l] : NULL, &spec->act[l], err)) != FM_OK)
             goto cleanup;
-        spec->width[l] = (int)shapes[2 * l + 1];
+        spec->width[l] = l == 0 ? (int)shapes[1] : (int)shapes[2 * (l - 1)];
+        spec->cat[l] = concat ? concat[l] : FM_CAT_NONE;
         spec->has_bias[l] = bias_len != NULL && bias_len[l] != -1;
     }
     spec->width[num_layers] = (int)shapes[2 * (num_layers - 1)];
@@ -117,18 +133,33 @@ void fm_spec_free(fm_spec *spec) {
     memset(spec, 0, sizeof *spec);
 }
 
-fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, fm_error *err) {
+int fm_spec_in_features(const fm_spec *spec, int l) {
+    return spec->width[l] + (spec->cat[l] != FM_CAT_NONE ? spec->width[0] : 0);
+}
+
+fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, int src, fm_error *err) {
     if (layer < 0 || layer >= spec->num_layers)
         return fm_fail(err, FM_ERR_VALUE, "residual layer %d does not exist; the network has layers 0..%d", layer,
                        spec->num_layers - 1);
     if (op != FM_RES_ADD && op != FM_RES_MUL)
         return fm_fail(err, FM_ERR_VALUE, "residual op %d of layer %d is not add (%d) or mul (%d)", op, layer,
                        FM_RES_ADD, FM_RES_MUL);
-    if (spec->width[layer] != spec->width[layer + 1])
+    if (src < -1 || src >= layer)
+        return fm_fail(err, FM_ERR_VALUE,
+                       "residual of layer %d reads value %d; it must be -1 (the network input) or an earlier layer's "
+                       "output, 0..%d (%d: the layer's own input)",
+                       layer, src, layer - 1, layer - 1);
+    if (spec->width[src + 1] != spec->width[layer + 1]) {
+        char what[64];
+        if (src == -1)
+            snprintf(what, sizeof what, "the network input");
+        else
+            snprintf(what, sizeof what, "layer %d's output%s", src, src == layer - 1 ? " (its own input)" : "");
         return fm_fail(err, FM_ERR_SHAPE,
-                       "layer %d has %d input and %d output features; a residual with the layer's own input needs "
-                       "equal widths",
-                       layer, spec->width[layer], spec->width[layer + 1]);
+                       "layer %d has %d output features but its residual operand, %s, has %d; a residual needs equal "
+                       "widths",
+                       layer, spec->width[layer + 1], what, spec->width[src + 1]);
+    }
     fm_expr *e = NULL;
     fm_status st = fm_spec_parse_labelled("residual activation", layer, post, &e, err);
     if (st != FM_OK)
@@ -136,5 +167,6 @@ fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *pos
     fm_expr_free(spec->res_post[layer]);
     spec->res_post[layer] = e;
     spec->res_op[layer] = op;
+    spec->res_src[layer] = src;
     return FM_OK;
 }

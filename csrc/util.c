@@ -156,3 +156,47 @@ float fm_half_to_float(uint16_t h) {
     memcpy(&f, &x, sizeof f);
     return f;
 }
+
+const char *fm_prec_name(fm_prec p) {
+    switch (p) {
+    case FM_PREC_F16: return "float16";
+    case FM_PREC_BF16: return "bfloat16";
+    case FM_PREC_TF32: return "tf32";
+    }
+    return "?";
+}
+
+size_t fm_prec_size(fm_prec p) { return p == FM_PREC_TF32 ? 4 : 2; }
+
+/* bf16 and tf32 mma.sync shapes arrived with Ampere (PTX ISA, "Matrix shape" table: .bf16/.tf32 need sm_80). */
+int fm_prec_min_arch(fm_prec p) { return p == FM_PREC_F16 ? 75 : 80; }
+
+/* float32 bits with the low `drop` mantissa bits rounded off to nearest even; NaN stays a quiet NaN, values past
+ * the largest finite result round to inf through the exponent carry, as the hardware's cvt.rn does. */
+static uint32_t fm_round_mantissa(uint32_t x, int drop) {
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return x | (1u << 22);
+    uint32_t lsb = (x >> drop) & 1u;
+    x += (1u << (drop - 1)) - 1u + lsb;
+    return x & ~((1u << drop) - 1u);
+}
+
+uint32_t fm_round_bits(float f, fm_prec p) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    switch (p) {
+    case FM_PREC_F16: return fm_float_to_half(f);
+    case FM_PREC_BF16: return fm_round_mantissa(x, 16) >> 16;
+    case FM_PREC_TF32: return fm_round_mantissa(x, 13);
+    }
+    return 0;
+}
+
+float fm_bits_value(uint32_t bits, fm_prec p) {
+    if (p == FM_PREC_F16)
+        return fm_half_to_float((uint16_t)bits);
+    uint32_t x = p == FM_PREC_BF16 ? bits << 16 : bits;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}

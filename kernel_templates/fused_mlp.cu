@@ -6,23 +6,28 @@
 //
 // Shape of the work:
 // - A CTA of WARPS warps owns ROWS_CTA consecutive rows of the batch; a persistent grid loops over row tiles.
-// - Each warp owns a private strip of ROWS_W = 16 * M_TILES rows and its fp16 activation buffer(s), so layers inside
-//   a strip need only __syncwarp, never a CTA barrier. When every layer is one accumulator chunk, a layer has read
-//   all its input before its epilogue writes: one buffer, updated in place. Otherwise two (ping-pong).
-// - Weights sit in shared memory in the layout the host packed them in (row n of layer l: K + 8 halves, the 16-byte
-//   pad makes the 8 rows an ldmatrix touches fall in 8 different bank groups). RESIDENT: all layers are loaded once
-//   per CTA. Otherwise each (layer, column chunk) stage is streamed with cp.async into one of two slots while the
-//   previous stage computes.
-// - Each layer: mma.sync m16n8k16 (fp32 accumulate) fed by ldmatrix; in registers: bias, activation, an optional
-//   residual with the layer's own input (y = post(act(.) op x)), padded output columns forced to zero (act(0) need
-//   not be 0, e.g. sigmoid); the fp16 result goes back in place or to the other buffer. The last layer stages its
-//   output (as out_t) for coalesced stores; with a residual there, that forces two buffers (another layout).
+// - Each warp owns a private strip of ROWS_W = 16 * M_TILES rows and BUFFERS activation buffers for it, so layers
+//   inside a strip need only __syncwarp, never a CTA barrier. The plan assigns the buffers like registers (plan.c,
+//   fm_plan_buffers): x arrives in buffer 0; a layer that is one accumulator chunk and whose input nobody reads
+//   later is updated in place; values read again later (a residual operand, x for a concat) keep their buffer.
+// - Activations and weights on chip are act_t: fp16 or bf16 bits, or float32 rounded to TF32 (PREC). The mma
+//   fragments of all three come from the same ldmatrix byte offsets (a 16-byte row of 8 halves or 4 floats), so only
+//   the mma instruction and the conversions differ; k advances 32 bytes per mma (k16 halves, k8 floats).
+// - Weights sit in shared memory in the layout the host packed them in (row n of layer l: K elements + 16 bytes,
+//   the pad makes the 8 rows an ldmatrix touches fall in 8 different bank groups). RESIDENT: all layers are loaded
+//   once per CTA. Otherwise each (layer, column chunk) stage is streamed with cp.async into one of two slots while
+//   the previous stage computes.
+// - Each layer: mma.sync (fp32 accumulate) fed by ldmatrix, over one input buffer or, for an input concat, two (the
+//   weight columns of the second part start at K0); in registers: bias, activation, an optional residual
+//   y = post(act(.) op r) with r read from its buffer at the same (row, col), padded output columns forced to zero
+//   (act(0) need not be 0, e.g. sigmoid); the result goes to the layer's output buffer. The last layer stages its
+//   output (as out_t) for coalesced stores.
 // - Input and output are read and written once, converting in the kernel; 16-byte accesses where the row width
 //   allows, otherwise contiguous coalesced scalars. Rows past the batch are zero-filled and never stored.
 //
 // Plan: {{PLAN_COMMENT}}
 
-typedef unsigned short fm_half;  // IEEE binary16 bits
+typedef unsigned short fm_half;  // IEEE binary16 or bfloat16 bits
 typedef unsigned int fm_u32;
 struct alignas(16) fm_v4 { fm_u32 x, y, z, w; };  // no CUDA headers: our own 16- and 8-byte vectors
 struct alignas(8) fm_v2 { fm_u32 x, y; };
@@ -30,54 +35,73 @@ struct alignas(8) fm_v2 { fm_u32 x, y; };
 #define FM_WARPS {{WARPS}}
 #define FM_M_TILES {{M_TILES}}
 #define FM_RESIDENT {{RESIDENT}}
-#define FM_BUFFERS {{BUFFERS}}          // activation buffers per warp: 1 = in place (every layer is one chunk)
+#define FM_BUFFERS {{BUFFERS}}          // activation buffers per warp
 #define FM_BLOCKS_PER_SM {{BLOCKS_PER_SM}} // the plan's occupancy: caps registers at 64K / (threads * this)
 #define FM_NUM_LAYERS {{NUM_LAYERS}}
-#define FM_IN_FLOAT {{IN_FLOAT}}    // 1: x is float32, 0: float16
-#define FM_OUT_FLOAT {{OUT_FLOAT}}  // 1: y is float32, 0: float16
+#define FM_PREC {{PREC}}          // on-chip weights and activations: 0 fp16, 1 bf16, 2 tf32
+#define FM_IN_TYPE {{IN_TYPE}}    // x in global memory: 0 float32, 1 float16, 2 bfloat16
+#define FM_OUT_TYPE {{OUT_TYPE}}  // y in global memory: same codes
 
 constexpr int THREADS = FM_WARPS * 32;
 constexpr int ROWS_W = 16 * FM_M_TILES;          // rows per warp strip
 constexpr int ROWS_CTA = ROWS_W * FM_WARPS;      // rows per CTA tile
-constexpr int ACT_STRIDE = {{ACT_STRIDE}};       // halves per row of an activation buffer
-constexpr int W_SMEM_HALVES = {{W_SMEM_HALVES}}; // weight region: whole blob (resident) or two slots (streamed)
-constexpr int W_SLOT_HALVES = {{W_SLOT_HALVES}}; // one streamed slot (0 when resident)
-static_assert(FM_RESIDENT || W_SLOT_HALVES > 0, "streamed weights need a slot");
+constexpr int ACT_STRIDE = {{ACT_STRIDE}};       // act_t elements per row of an activation buffer
+constexpr int W_SMEM_ELEMS = {{W_SMEM_ELEMS}};   // weight region: whole blob (resident) or two slots (streamed)
+constexpr int W_SLOT_ELEMS = {{W_SLOT_ELEMS}};   // one streamed slot (0 when resident)
+static_assert(FM_RESIDENT || W_SLOT_ELEMS > 0, "streamed weights need a slot");
 constexpr int B_FLOATS = {{B_FLOATS}};           // all layers' padded biases
-static_assert(ACT_STRIDE % 8 == 0, "activation rows must keep 16-byte alignment for ldmatrix");
-static_assert(W_SMEM_HALVES % 8 == 0 && B_FLOATS % 4 == 0, "regions must keep 16-byte alignment");
 
-#if FM_IN_FLOAT
+#if FM_PREC == 2
+typedef float act_t;
+#else
+typedef fm_half act_t;
+#endif
+#if FM_IN_TYPE == 0
 typedef float in_t;
 #else
 typedef fm_half in_t;
 #endif
-#if FM_OUT_FLOAT
+#if FM_OUT_TYPE == 0
 typedef float out_t;
 #else
 typedef fm_half out_t;
 #endif
+constexpr int EB = (int)sizeof(act_t);                   // bytes per on-chip element
+constexpr int ROW_B = ACT_STRIDE * EB;                   // bytes per activation buffer row
+constexpr int BUF_B = ROWS_W * ROW_B;                    // bytes per activation buffer
+static_assert(ROW_B % 16 == 0, "activation rows must keep 16-byte alignment for ldmatrix");
+static_assert((W_SMEM_ELEMS * EB) % 16 == 0 && B_FLOATS % 4 == 0, "regions must keep 16-byte alignment");
 
 // ------------------------------------------------------------------------------------------------ PTX helpers
 
-__device__ __forceinline__ fm_half fm_f2h(float f) {
-    fm_half h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
 __device__ __forceinline__ float fm_h2f(fm_half h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
-__device__ __forceinline__ fm_u32 fm_pack2(float lo, float hi) {
+__device__ __forceinline__ float fm_bf2f(fm_half h) { return __uint_as_float((fm_u32)h << 16); }
+// float of 16-bit storage bits of type T (1: float16, 2: bfloat16)
+template <int T> __device__ __forceinline__ float fm_16_to_f(fm_half h) { return T == 2 ? fm_bf2f(h) : fm_h2f(h); }
+// Two floats as 16-bit type T, lo in the low half.
+template <int T> __device__ __forceinline__ fm_u32 fm_pack2(float lo, float hi) {
+    fm_u32 r;
 #if __CUDA_ARCH__ >= 800
-    fm_u32 r;  // one instruction instead of two conversions, a shift and an or
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return (fm_u32)fm_f2h(lo) | ((fm_u32)fm_f2h(hi) << 16);
+    if constexpr (T == 2)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else  // one instruction instead of two conversions, a shift and an or
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else  // sm_75: float16 only (the plan refuses bfloat16 there)
+    fm_half l, h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
+    r = (fm_u32)l | ((fm_u32)h << 16);
 #endif
+    return r;
+}
+__device__ __forceinline__ fm_u32 fm_tf32(float f) {  // nearest TF32, as float32 bits (the mma's operand format)
+    fm_u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
+    return r;
 }
 __device__ __forceinline__ fm_u32 fm_smem_addr(const void *p) {
     unsigned long long a;
@@ -92,20 +116,52 @@ __device__ __forceinline__ void fm_ldmatrix_x4(fm_u32 r[4], fm_u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
-__device__ __forceinline__ fm_u32 fm_ld_shared(fm_u32 addr) {
-    fm_u32 v;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-    return v;
-}
 __device__ __forceinline__ void fm_st_shared(fm_u32 addr, fm_u32 v) {
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ void fm_st_shared(fm_u32 addr, float lo, float hi) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
+__device__ __forceinline__ void fm_st_shared(fm_u32 addr, fm_u32 lo, fm_u32 hi) {
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(lo), "r"(hi) : "memory");
 }
-// D += A(16x16, row) * B(16x8, col), fp16 in, fp32 accumulate.
+// Two act_t elements at a shared address, as floats (a residual operand), and back (an epilogue result).
+__device__ __forceinline__ void fm_ld_act2(fm_u32 addr, float &v0, float &v1) {
+#if FM_PREC == 2
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v0), "=f"(v1) : "r"(addr) : "memory");
+#else
+    fm_u32 r;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr) : "memory");
+    v0 = fm_16_to_f<FM_PREC + 1>((fm_half)(r & 0xffffu));
+    v1 = fm_16_to_f<FM_PREC + 1>((fm_half)(r >> 16));
+#endif
+}
+__device__ __forceinline__ void fm_st_act2(fm_u32 addr, float v0, float v1) {
+#if FM_PREC == 2
+    fm_st_shared(addr, fm_tf32(v0), fm_tf32(v1));
+#else
+    fm_st_shared(addr, fm_pack2<FM_PREC + 1>(v0, v1));
+#endif
+}
+// Two out_t elements of the staged output.
+__device__ __forceinline__ void fm_st_out2(fm_u32 addr, float v0, float v1) {
+#if FM_OUT_TYPE == 0
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+#else
+    fm_st_shared(addr, fm_pack2<FM_OUT_TYPE>(v0, v1));
+#endif
+}
+// D += A * B with fp32 accumulate: A 16 x 32 bytes of k (row-major), B 32 bytes of k x 8 (column-major), i.e. one
+// m16n8k16 for fp16/bf16 and one m16n8k8 for tf32; the fragments are what fm_ldmatrix_x4 returns for both.
 __device__ __forceinline__ void fm_mma(float c[4], const fm_u32 a[4], fm_u32 b0, fm_u32 b1) {
-#if __CUDA_ARCH__ >= 800
+#if FM_PREC == 2
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif FM_PREC == 1
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#elif __CUDA_ARCH__ >= 800
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -137,23 +193,40 @@ template <int N> __device__ __forceinline__ void fm_copy_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 #endif
 }
-// Copies `halves` (a multiple of 8) contiguous halves from global to shared memory with the whole CTA.
-__device__ __forceinline__ void fm_copy_block(fm_half *dst, const fm_half *src, int halves) {
-    for (int i = threadIdx.x * 8; i < halves; i += THREADS * 8)
+// Copies `elems` (a multiple of 16 bytes' worth) contiguous act_t from global to shared memory with the whole CTA.
+__device__ __forceinline__ void fm_copy_block(act_t *dst, const act_t *src, int elems) {
+    constexpr int E16 = 16 / EB;
+    for (int i = threadIdx.x * E16; i < elems; i += THREADS * E16)
         fm_copy16(dst + i, src + i);
 }
 
-template <typename T> __device__ __forceinline__ float fm_load_f(const T *p);
-template <> __device__ __forceinline__ float fm_load_f<float>(const float *p) { return *p; }
-template <> __device__ __forceinline__ float fm_load_f<fm_half>(const fm_half *p) { return fm_h2f(*p); }
+// One element of x as a float, and a float as act_t.
+__device__ __forceinline__ float fm_in_to_f(in_t v) {
+#if FM_IN_TYPE == 0
+    return v;
+#else
+    return fm_16_to_f<FM_IN_TYPE>(v);
+#endif
+}
+__device__ __forceinline__ act_t fm_f_to_act(float f) {
+#if FM_PREC == 2
+    return __uint_as_float(fm_tf32(f));
+#else
+    return (act_t)(fm_pack2<FM_PREC + 1>(f, 0.0f) & 0xffffu);
+#endif
+}
+// x's 16-bit type is the on-chip one: the input is copied, not converted.
+constexpr bool IN_RAW = FM_IN_TYPE != 0 && FM_PREC != 2 && FM_IN_TYPE == FM_PREC + 1;
 
 // ------------------------------------------------------------------------------------------------ the layers
 
 // Layer<l>: compile-time description of layer l, rendered from the plan.
-//   K, KR: padded / real input width; N, NR: padded / real output width; NC: output columns accumulated at once;
-//   BIAS: adds a bias; W_OFF: first half of the layer in the weight blob (N rows of K + 8 halves);
-//   B_OFF: first float of its bias; act: the activation, emitted from the checked expression AST;
-//   RES, post: the residual epilogue y = post(act(.) op r), r the layer's own input (RES 1: add, 2: mul; 0: none).
+//   K, KR: padded / real input width (elements); K0: padded width of the input's first part (K without a concat);
+//   N, NR: padded / real output width; NC: output columns accumulated at once; BIAS: adds a bias;
+//   W_OFF: first element of the layer in the weight blob (N rows of K + 16 bytes); B_OFF: first float of its bias;
+//   A0_BUF, A1_BUF: activation buffers holding input columns [0, K0) and [K0, K) (-1: no second part);
+//   OUT_BUF: where the output goes; RES (0 none, 1 add, 2 mul) and RES_BUF: the residual y = post(act(.) op r);
+//   act, post: emitted from the checked expression ASTs.
 template <int L> struct Layer;
 {{LAYERS}}
 
@@ -162,18 +235,49 @@ constexpr int IN_REAL = Layer<0>::KR;
 constexpr int IN_PAD = Layer<0>::K;
 constexpr int OUT_REAL = Layer<LAST>::NR;
 constexpr int OUT_PAD = Layer<LAST>::N;
-// The last layer stages its output in the buffer it would write, as out_t with a bank-breaking pad.
-constexpr int STAGE_STRIDE = FM_OUT_FLOAT ? OUT_PAD + 4 : OUT_PAD + 8;  // in out_t elements
-static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ACT_STRIDE * 2, "output staging must fit an activation row");
+// The last layer stages its output in the buffer it writes, as out_t rows with a bank-breaking 16-byte pad.
+constexpr int STAGE_STRIDE = OUT_PAD + 16 / (int)sizeof(out_t);  // in out_t elements
+static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ROW_B, "output staging must fit an activation row");
 
-// Accumulates columns [n0, n0 + NCC) of layer L for this warp's strip and runs the epilogue. Addresses are shared
-// window byte addresses: in/out of the warp's activation buffers, w of row 0 of the layer's weights (row n at
-// w + 2 n (K + 8)).
+// acc += this warp's strip of an input part (KLEN elements, row-major at a_lane's buffer) times its weight columns
+// (rows of WSB bytes from b_lane). Addresses are this lane's ldmatrix addresses (shared window, bytes).
+template <int KLEN, int NT, int WSB>
+__device__ __forceinline__ void fm_accumulate(float (&acc)[FM_M_TILES][NT][4], fm_u32 a_lane, fm_u32 b_lane) {
+    // K in blocks of at most 128 bytes, unrolled inside a rolled loop: a fully unrolled 256-wide K kept too many
+    // fragments live (255 registers and spills) and made a deep network's compile take tens of seconds.
+    constexpr int KB = KLEN * EB;
+    constexpr int BLOCK = KB < 128 ? KB : 128;
+    static_assert(KB % 32 == 0, "input parts are whole 32-byte mma steps");
+#pragma unroll 1
+    for (int kb = 0; kb < KB; kb += BLOCK)
+#pragma unroll
+    for (int kk = 0; kk < BLOCK && kb + kk < KB; kk += 32) {
+        const int k0 = kb + kk;
+        fm_u32 a[FM_M_TILES][4];
+#pragma unroll
+        for (int mt = 0; mt < FM_M_TILES; ++mt)
+            fm_ldmatrix_x4(a[mt], a_lane + mt * 16 * ROW_B + k0);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            fm_u32 b[4];
+            fm_ldmatrix_x4(b, b_lane + nt * 8 * WSB + k0);
+#pragma unroll
+            for (int mt = 0; mt < FM_M_TILES; ++mt) {
+                fm_mma(acc[mt][nt], a[mt], b[0], b[1]);
+                fm_mma(acc[mt][nt + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Accumulates columns [n0, n0 + NCC) of layer L for this warp's strip and runs the epilogue. act: the warp's
+// buffer 0 (shared window byte address; buffer i at act + i * BUF_B); w: row 0 of the layer's weights (row n at
+// w + n * WSB).
 template <int L, int NCC>
-__device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, const float *bias, int n0, int lane) {
+__device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float *bias, int n0, int lane) {
     typedef Layer<L> Ly;
     constexpr int NT = NCC / 8;  // n8 tiles, even because NCC is a multiple of 16
-    constexpr int WS = Ly::K + 8;
+    constexpr int WSB = Ly::K * EB + 16;
     static_assert(NCC % 16 == 0 && NCC > 0, "chunks are whole 16-column groups");
 
     float acc[FM_M_TILES][NT][4];
@@ -185,44 +289,26 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, 
             for (int i = 0; i < 4; ++i)
                 acc[mt][nt][i] = 0.0f;
 
-    // ldmatrix lane roles. A (16x16, row-major activations): lane l gives row l % 16, columns 8 * (l / 16).
-    // B (weights W[n][k] are B^T, i.e. B column-major): lane l gives row n = 8 * (l / 16) + l % 8, k = 8 * (l / 8 % 2).
-    const fm_u32 a_lane = in + 2 * ((lane & 15) * ACT_STRIDE + (lane >> 4) * 8);
-    const fm_u32 b_lane = w + 2 * ((n0 + (lane >> 4) * 8 + (lane & 7)) * WS + ((lane >> 3) & 1) * 8);
-    // K in blocks of at most 64, unrolled inside a rolled loop: a fully unrolled 256-wide K kept too many fragments
-    // live (255 registers and spills) and made a deep network's compile take tens of seconds.
-    constexpr int KB = Ly::K < 64 ? Ly::K : 64;
-#pragma unroll 1
-    for (int kb = 0; kb < Ly::K; kb += KB)
-#pragma unroll
-    for (int kk = 0; kk < KB && kb + kk < Ly::K; kk += 16) {
-        const int k0 = kb + kk;
-        fm_u32 a[FM_M_TILES][4];
-#pragma unroll
-        for (int mt = 0; mt < FM_M_TILES; ++mt)
-            fm_ldmatrix_x4(a[mt], a_lane + 2 * (mt * 16 * ACT_STRIDE + k0));
-#pragma unroll
-        for (int nt = 0; nt < NT; nt += 2) {
-            fm_u32 b[4];
-            fm_ldmatrix_x4(b, b_lane + 2 * (nt * 8 * WS + k0));
-#pragma unroll
-            for (int mt = 0; mt < FM_M_TILES; ++mt) {
-                fm_mma(acc[mt][nt], a[mt], b[0], b[1]);
-                fm_mma(acc[mt][nt + 1], a[mt], b[2], b[3]);
-            }
-        }
-    }
+    // ldmatrix lane roles (byte offsets, the same for 2- and 4-byte elements). A (16 rows x 32 bytes, row-major
+    // activations): lane l gives row l % 16, bytes 16 * (l / 16). B (weights W[n][k] are B^T, i.e. B column-major):
+    // lane l gives row n = 8 * (l / 16) + l % 8, bytes 16 * (l / 8 % 2).
+    const fm_u32 a_off = (lane & 15) * ROW_B + (lane >> 4) * 16;
+    const fm_u32 b_lane = w + (n0 + (lane >> 4) * 8 + (lane & 7)) * WSB + ((lane >> 3) & 1) * 16;
+    fm_accumulate<Ly::K0, NT, WSB>(acc, act + Ly::A0_BUF * BUF_B + a_off, b_lane);
+    if constexpr (Ly::A1_BUF >= 0)  // the concat's second part: weight columns from K0 on
+        fm_accumulate<Ly::K - Ly::K0, NT, WSB>(acc, act + Ly::A1_BUF * BUF_B + a_off, b_lane + Ly::K0 * EB);
 
-    if constexpr (FM_BUFFERS == 1)
+    if constexpr (Ly::OUT_BUF == Ly::A0_BUF || Ly::OUT_BUF == Ly::A1_BUF)
         __syncwarp();  // in place: every lane's reads of the input precede any lane's write of the output
     // Epilogue. Accumulator fragment: c0,c1 at (row g, cols 2t, 2t+1), c2,c3 at (row g+8, same cols).
     const int g = lane >> 2, t = lane & 3;
-    constexpr int ROW_BYTES = L == LAST ? STAGE_STRIDE * (int)sizeof(out_t) : 2 * ACT_STRIDE;
-    constexpr int COL_BYTES = L == LAST ? (int)sizeof(out_t) : 2;
-    const fm_u32 e_lane = out + g * ROW_BYTES + (n0 + 2 * t) * COL_BYTES;
-    // The residual operand: this lane's two elements of the layer's input, same (row, col) as its outputs. In place
-    // (one buffer) each element is read here before this same lane overwrites it; no other lane writes it.
-    const fm_u32 r_lane = in + 2 * (g * ACT_STRIDE + n0 + 2 * t);
+    constexpr int OUT_ROW_B = L == LAST ? STAGE_STRIDE * (int)sizeof(out_t) : ROW_B;
+    constexpr int OUT_COL_B = L == LAST ? (int)sizeof(out_t) : EB;
+    const fm_u32 e_lane = act + Ly::OUT_BUF * BUF_B + g * OUT_ROW_B + (n0 + 2 * t) * OUT_COL_B;
+    // The residual operand: this lane's two elements of value r, at the same (row, col) as its outputs. When r is
+    // also the buffer written (in place), each element is read here before this same lane overwrites it; no other
+    // lane writes it (the plan never stages the last layer's output over its residual operand).
+    const fm_u32 r_lane = act + (Ly::RES_BUF < 0 ? 0 : Ly::RES_BUF) * BUF_B + g * ROW_B + (n0 + 2 * t) * EB;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int col = n0 + nt * 8 + 2 * t;
@@ -238,8 +324,8 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, 
                 float v0 = Ly::act(acc[mt][nt][2 * h] + b0);
                 float v1 = Ly::act(acc[mt][nt][2 * h + 1] + b1);
                 if constexpr (Ly::RES != 0) {
-                    const fm_u32 r = fm_ld_shared(r_lane + 2 * ((mt * 16 + 8 * h) * ACT_STRIDE + nt * 8));
-                    const float r0 = fm_h2f((fm_half)(r & 0xffffu)), r1 = fm_h2f((fm_half)(r >> 16));
+                    float r0, r1;
+                    fm_ld_act2(r_lane + (mt * 16 + 8 * h) * ROW_B + nt * 8 * EB, r0, r1);
                     v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
                     v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
                 }
@@ -247,11 +333,11 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, 
                     if (col >= Ly::NR) v0 = 0.0f;
                     if (col + 1 >= Ly::NR) v1 = 0.0f;
                 }
-                const fm_u32 addr = e_lane + (mt * 16 + 8 * h) * ROW_BYTES + nt * 8 * COL_BYTES;
-                if constexpr (L == LAST && FM_OUT_FLOAT)
-                    fm_st_shared(addr, v0, v1);
+                const fm_u32 addr = e_lane + (mt * 16 + 8 * h) * OUT_ROW_B + nt * 8 * OUT_COL_B;
+                if constexpr (L == LAST)
+                    fm_st_out2(addr, v0, v1);
                 else
-                    fm_st_shared(addr, fm_pack2(v0, v1));
+                    fm_st_act2(addr, v0, v1);
             }
         }
     }
@@ -259,56 +345,77 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 in, fm_u32 out, fm_u32 w, 
 
 // ------------------------------------------------------------------------------------------------ input, output
 
-// Loads this warp's strip of x (rows [r0, r0 + nrows)) into `buf` as fp16, zero-filling padded rows and columns.
-__device__ __forceinline__ void fm_load_input(fm_half *buf, const in_t *__restrict__ x, long long r0, int nrows,
+// Stores NW 32-bit words at a shared address aligned to 4 * NW bytes (NW = 2, 4 or 8).
+template <int NW> __device__ __forceinline__ void fm_st_words(act_t *dst, const fm_u32 (&w)[NW]) {
+    if constexpr (NW == 2) {
+        *(fm_v2 *)dst = fm_v2{w[0], w[1]};
+    } else {
+#pragma unroll
+        for (int i = 0; i < NW; i += 4)
+            *(fm_v4 *)((char *)dst + 4 * i) = fm_v4{w[i], w[i + 1], w[i + 2], w[i + 3]};
+    }
+}
+
+// Loads this warp's strip of x (rows [r0, r0 + nrows)) into `buf` as act_t, zero-filling padded rows and columns.
+__device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict__ x, long long r0, int nrows,
                                               int lane) {
-    constexpr int VEC = 16 / (int)sizeof(in_t);
+    constexpr int VEC = 16 / (int)sizeof(in_t);  // elements per 16-byte load
+    constexpr int NW = VEC * EB / 4;              // 32-bit words they become on chip
     if constexpr (IN_REAL % VEC == 0) {  // every row starts 16-byte aligned: vector loads
         constexpr int CHUNKS = IN_REAL / VEC;
         for (int i = lane; i < ROWS_W * CHUNKS; i += 32) {
             const int row = i / CHUNKS, c = (i % CHUNKS) * VEC;
-            fm_u32 packed[VEC / 2];
+            fm_u32 words[NW];
             if (row < nrows) {
                 fm_v4 raw = *(const fm_v4 *)(x + (r0 + row) * IN_REAL + c);
-                if constexpr (FM_IN_FLOAT) {
-                    const float *f = (const float *)&raw;
-#pragma unroll
-                    for (int j = 0; j < VEC / 2; ++j)
-                        packed[j] = fm_pack2(f[2 * j], f[2 * j + 1]);
-                } else {
+                if constexpr (IN_RAW) {
                     const fm_u32 *u = (const fm_u32 *)&raw;
 #pragma unroll
-                    for (int j = 0; j < VEC / 2; ++j)
-                        packed[j] = u[j];
+                    for (int j = 0; j < NW; ++j)
+                        words[j] = u[j];
+                } else {
+                    const in_t *e = (const in_t *)&raw;
+#pragma unroll
+                    for (int j = 0; j < VEC; j += 2) {
+#if FM_PREC == 2
+                        words[j] = fm_tf32(fm_in_to_f(e[j]));
+                        words[j + 1] = fm_tf32(fm_in_to_f(e[j + 1]));
+#else
+                        words[j / 2] = fm_pack2<FM_PREC + 1>(fm_in_to_f(e[j]), fm_in_to_f(e[j + 1]));
+#endif
+                    }
                 }
             } else {
 #pragma unroll
-                for (int j = 0; j < VEC / 2; ++j)
-                    packed[j] = 0u;
+                for (int j = 0; j < NW; ++j)
+                    words[j] = 0u;
             }
-            fm_half *dst = buf + row * ACT_STRIDE + c;
-            if constexpr (VEC == 8)
-                *(fm_v4 *)dst = fm_v4{packed[0], packed[1], packed[2 % (VEC / 2)], packed[3 % (VEC / 2)]};
-            else
-                *(fm_v2 *)dst = fm_v2{packed[0], packed[1 % (VEC / 2)]};
+            fm_st_words<NW>(buf + row * ACT_STRIDE + c, words);
         }
     } else {  // odd row widths: a contiguous, coalesced element walk over the strip
         const long long base = r0 * IN_REAL;
         const int count = nrows * IN_REAL;
         for (int e = lane; e < ROWS_W * IN_REAL; e += 32) {
             const int row = e / IN_REAL, col = e % IN_REAL;
-            buf[row * ACT_STRIDE + col] = e < count ? fm_f2h(fm_load_f(x + base + e)) : (fm_half)0;
+            act_t v = (act_t)0;
+            if (e < count) {
+                if constexpr (IN_RAW)
+                    v = x[base + e];
+                else
+                    v = fm_f_to_act(fm_in_to_f(x[base + e]));
+            }
+            buf[row * ACT_STRIDE + col] = v;
         }
     }
     if constexpr (IN_PAD > IN_REAL) {  // padded input columns meet zero weights, but must not hold NaN/Inf garbage
         constexpr int PADC = IN_PAD - IN_REAL;
         for (int i = lane; i < ROWS_W * PADC; i += 32)
-            buf[(i / PADC) * ACT_STRIDE + IN_REAL + i % PADC] = (fm_half)0;
+            buf[(i / PADC) * ACT_STRIDE + IN_REAL + i % PADC] = (act_t)0;
     }
 }
 
 // Writes the staged output of this warp's strip to y.
-__device__ __forceinline__ void fm_store_output(out_t *__restrict__ y, const fm_half *buf, long long r0, int nrows,
+__device__ __forceinline__ void fm_store_output(out_t *__restrict__ y, const act_t *buf, long long r0, int nrows,
                                                 int lane) {
     const out_t *stage = (const out_t *)buf;
     constexpr int VEC = 16 / (int)sizeof(out_t);
@@ -328,11 +435,11 @@ __device__ __forceinline__ void fm_store_output(out_t *__restrict__ y, const fm_
 
 // ------------------------------------------------------------------------------------------------ the network
 
-// Shared memory: [weights | biases | per-warp activation buffers (FM_BUFFERS x ROWS_W x ACT_STRIDE halves each)].
+// Shared memory: [weights | biases | per-warp activation buffers (FM_BUFFERS x ROWS_W x ACT_STRIDE act_t each)].
 struct fm_smem {
-    fm_half *w;
+    act_t *w;
     float *bias;
-    fm_half *act;
+    act_t *act;
     fm_u32 w_addr;  // shared-window address of w
 };
 
@@ -342,52 +449,52 @@ struct fm_smem {
 template <int L> struct fm_chunks {
     static constexpr int NCH = (Layer<L>::N + Layer<L>::NC - 1) / Layer<L>::NC;
     static constexpr int TAIL = Layer<L>::N - (NCH - 1) * Layer<L>::NC;
-    static constexpr int WS = Layer<L>::K + 8;
-    static constexpr int FIRST_HALVES = (NCH > 1 ? Layer<L>::NC : TAIL) * WS;  // halves of the first stage
+    static constexpr int WS = Layer<L>::K + 16 / EB;                           // elements per weight row
+    static constexpr int FIRST_ELEMS = (NCH > 1 ? Layer<L>::NC : TAIL) * WS;  // elements of the first stage
 };
 
 template <int L>
-__device__ __forceinline__ void fm_layer(const fm_smem &s, const fm_half *__restrict__ wg, fm_u32 in, fm_u32 out,
-                                         int &slot, bool more_tiles, int lane) {
+__device__ __forceinline__ void fm_layer(const fm_smem &s, const act_t *__restrict__ wg, fm_u32 act, int &slot,
+                                         bool more_tiles, int lane) {
     typedef Layer<L> Ly;
     typedef fm_chunks<L> C;
 #if FM_RESIDENT
-    const fm_u32 w = s.w_addr + 2 * Ly::W_OFF;
+    const fm_u32 w = s.w_addr + EB * Ly::W_OFF;
 #pragma unroll 1
     for (int c = 0; c < C::NCH - 1; ++c)
-        fm_layer_chunk<L, Ly::NC>(in, out, w, s.bias, c * Ly::NC, lane);
-    fm_layer_chunk<L, C::TAIL>(in, out, w, s.bias, (C::NCH - 1) * Ly::NC, lane);
+        fm_layer_chunk<L, Ly::NC>(act, w, s.bias, c * Ly::NC, lane);
+    fm_layer_chunk<L, C::TAIL>(act, w, s.bias, (C::NCH - 1) * Ly::NC, lane);
 #else
 #pragma unroll 1
     for (int c = 0; c < C::NCH; ++c) {
         // Prefetch the next stage into the other slot; the barrier that ended the previous stage freed it.
-        const fm_half *src = nullptr;
-        int halves = 0;
+        const act_t *src = nullptr;
+        int elems = 0;
         if (c + 1 < C::NCH) {
             src = wg + Ly::W_OFF + (c + 1) * Ly::NC * C::WS;
-            halves = (c + 2 < C::NCH ? Ly::NC : C::TAIL) * C::WS;
+            elems = (c + 2 < C::NCH ? Ly::NC : C::TAIL) * C::WS;
         } else if (L < LAST) {
             constexpr int L2 = L < LAST ? L + 1 : 0;
             src = wg + Layer<L2>::W_OFF;
-            halves = fm_chunks<L2>::FIRST_HALVES;
+            elems = fm_chunks<L2>::FIRST_ELEMS;
         } else if (more_tiles) {
             src = wg + Layer<0>::W_OFF;
-            halves = fm_chunks<0>::FIRST_HALVES;
+            elems = fm_chunks<0>::FIRST_ELEMS;
         }
         if (src != nullptr)
-            fm_copy_block(s.w + (slot ^ 1) * W_SLOT_HALVES, src, halves);
+            fm_copy_block(s.w + (slot ^ 1) * W_SLOT_ELEMS, src, elems);
         fm_copy_commit();
         fm_copy_wait<1>();
         __syncthreads();
         // The slot holds only this chunk's rows: shift the base back so row n of the layer is at w + n * WS.
-        const fm_u32 w = s.w_addr + 2 * (slot * W_SLOT_HALVES - c * Ly::NC * C::WS);
+        const fm_u32 w = s.w_addr + EB * (slot * W_SLOT_ELEMS - c * Ly::NC * C::WS);
         if constexpr (C::TAIL == Ly::NC) {
-            fm_layer_chunk<L, Ly::NC>(in, out, w, s.bias, c * Ly::NC, lane);
+            fm_layer_chunk<L, Ly::NC>(act, w, s.bias, c * Ly::NC, lane);
         } else {
             if (c + 1 < C::NCH)
-                fm_layer_chunk<L, Ly::NC>(in, out, w, s.bias, c * Ly::NC, lane);
+                fm_layer_chunk<L, Ly::NC>(act, w, s.bias, c * Ly::NC, lane);
             else
-                fm_layer_chunk<L, C::TAIL>(in, out, w, s.bias, c * Ly::NC, lane);
+                fm_layer_chunk<L, C::TAIL>(act, w, s.bias, c * Ly::NC, lane);
         }
         __syncthreads();
         slot ^= 1;
@@ -395,45 +502,44 @@ __device__ __forceinline__ void fm_layer(const fm_smem &s, const fm_half *__rest
 #endif
 }
 
-// Layers L.. of the network; layer l reads buffer l % 2 and writes the other.
+// Layers L.. of the network, each reading and writing the buffers the plan gave it.
 template <int L>
-__device__ __forceinline__ void fm_network(const fm_smem &s, const fm_half *__restrict__ wg, fm_u32 in, fm_u32 out,
-                                           int &slot, bool more_tiles, int lane) {
-    fm_layer<L>(s, wg, in, out, slot, more_tiles, lane);
+__device__ __forceinline__ void fm_network(const fm_smem &s, const act_t *__restrict__ wg, fm_u32 act, int &slot,
+                                           bool more_tiles, int lane) {
+    fm_layer<L>(s, wg, act, slot, more_tiles, lane);
     if constexpr (L < LAST) {
         __syncwarp();
-        fm_network<L + 1>(s, wg, out, in, slot, more_tiles, lane);
+        fm_network<L + 1>(s, wg, act, slot, more_tiles, lane);
     }
 }
 
-// Which buffer the last layer writes: layer l writes buffer (l + 1) % 2.
-constexpr int OUT_BUF = FM_NUM_LAYERS % 2;
+static_assert(Layer<0>::A0_BUF == 0 && Layer<0>::A1_BUF < 0, "x arrives in buffer 0 and layer 0 reads only x");
 
 extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
 {{KERNEL_NAME}}(const in_t *__restrict__ x,       // rows x IN_REAL, row-major, 16-byte aligned
                 out_t *__restrict__ y,            // rows x OUT_REAL, row-major, 16-byte aligned
-                const fm_half *__restrict__ w,    // packed weights: W_OFF/K/N of each Layer<l>
+                const act_t *__restrict__ w,      // packed weights: W_OFF/K/N of each Layer<l>
                 const float *__restrict__ bias,   // packed biases: B_OFF/N of each Layer<l>
                 long long rows)                   // batch size, >= 1
 {
     extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
     fm_smem s;
-    s.w = (fm_half *)fm_smem_raw;
-    s.bias = (float *)(s.w + W_SMEM_HALVES);
-    s.act = (fm_half *)(s.bias + B_FLOATS);
+    s.w = (act_t *)fm_smem_raw;
+    s.bias = (float *)(s.w + W_SMEM_ELEMS);
+    s.act = (act_t *)(s.bias + B_FLOATS);
     s.w_addr = fm_smem_addr(s.w);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    fm_half *buf0 = s.act + warp * FM_BUFFERS * ROWS_W * ACT_STRIDE;
-    fm_half *buf1 = buf0 + (FM_BUFFERS - 1) * ROWS_W * ACT_STRIDE;
+    act_t *buf0 = s.act + warp * FM_BUFFERS * ROWS_W * ACT_STRIDE;
+    const act_t *out_buf = buf0 + Layer<LAST>::OUT_BUF * ROWS_W * ACT_STRIDE;
 
     for (int i = threadIdx.x; i < B_FLOATS; i += THREADS)
         s.bias[i] = bias[i];
 #if FM_RESIDENT
-    fm_copy_block(s.w, w, W_SMEM_HALVES);
+    fm_copy_block(s.w, w, W_SMEM_ELEMS);
     fm_copy_commit();
     fm_copy_wait<0>();
 #else
-    fm_copy_block(s.w, w + Layer<0>::W_OFF, fm_chunks<0>::FIRST_HALVES);
+    fm_copy_block(s.w, w + Layer<0>::W_OFF, fm_chunks<0>::FIRST_ELEMS);
     fm_copy_commit();
 #endif
     __syncthreads();
@@ -446,10 +552,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
         const int nrows = left <= 0 ? 0 : (left < ROWS_W ? (int)left : ROWS_W);
         fm_load_input(buf0, x, r0, nrows, lane);
         __syncwarp();
-        fm_network<0>(s, w, fm_smem_addr(buf0), fm_smem_addr(buf1), slot, tile + gridDim.x < tiles, lane);
+        fm_network<0>(s, w, fm_smem_addr(buf0), slot, tile + gridDim.x < tiles, lane);
         __syncwarp();
         if (nrows > 0)
-            fm_store_output(y, OUT_BUF ? buf1 : buf0, r0, nrows, lane);
+            fm_store_output(y, out_buf, r0, nrows, lane);
         __syncwarp();
     }
 #if !FM_RESIDENT

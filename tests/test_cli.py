@@ -39,7 +39,7 @@ def filled(tmp_path_factory, nvrtc):
     rng = np.random.default_rng(7)
     weights = [rng.uniform(-0.3, 0.3, (16, 8)).astype(np.float32), rng.uniform(-0.25, 0.25, (4, 16)).astype(np.float32)]
     mlp = fusedmlp.FusedMLP(weights, None, activation="tanh", device="cpu", cache_dir=folder)
-    paths = {"sm_80": mlp.compile("sm_80"), "sm_90": mlp.compile("sm_90", dtype="float16")}
+    paths = {"sm_80": mlp.compile("sm_80"), "sm_90": mlp.compile("sm_90", io_dtype="float16")}
     return folder, paths
 
 

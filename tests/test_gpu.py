@@ -204,7 +204,7 @@ def test_tune_keeps_the_fastest_candidate_and_later_processes_reuse_it(tmp_path,
     rng = np.random.default_rng(7)
     ws, bs = torch_init(rng, [2, 50, 50, 50, 50, 1], True)
     mlp = fusedmlp.FusedMLP(ws, bs, activation="tanh", device="cuda", cache_dir=tmp_path)
-    results = fusedmlp.tune(mlp, batch_sizes=[1000, 300_000], dtype="float32")
+    results = fusedmlp.tune(mlp, batch_sizes=[1000, 300_000], io_dtype="float32")
     for rows, record in results.items():
         ms = record["ms"]
         assert len(ms) >= 2 and all(v > 0 for v in ms.values())
@@ -229,25 +229,36 @@ def test_resnet_mlp_with_four_residual_gelu_blocks(rng):
     for batch, dtype in [(1, np.float32), (129, np.float16), (65537, np.float32)]:
         x = rng.standard_normal((batch, 64)).astype(dtype)
         y = mlp._kernel(np.dtype(dtype).name).run(x, poison=True)
-        ref = residual_reference(x, ws, bs, mlp.activations, mlp._residual)
+        ref = residual_reference(x, ws, bs, mlp)
         assert not np.isnan(y).any() and rel_l2(y, ref) <= FP16_TOL, (batch, dtype)
 
 
-def residual_reference(x, ws, bs, acts, residual, rms=None):
-    """Float64 forward with residual epilogues; appends each layer's output RMS to `rms` when given."""
+def graph_reference(x, ws, bs, mlp, rms=None):
+    """float64 forward of mlp's graph (activations, residual sources, input concats) with exact activations; appends
+    each layer's output RMS to `rms` when given."""
     from fusedmlp import _core as core
 
-    h = np.asarray(x, dtype=np.float64)
-    for w, b, act, res in zip(ws, bs, acts, residual):
-        y = h @ w.astype(np.float64).T + (0 if b is None else b)
-        y = core.eval_expr(act, np.ascontiguousarray(y.ravel())).reshape(y.shape)
+    def act(text, y):
+        return core.eval_expr(text, np.ascontiguousarray(y.ravel())).reshape(y.shape)
+
+    x0 = np.asarray(x, dtype=np.float64)
+    values, h = {-1: x0}, x0
+    for l, (w, b, text) in enumerate(zip(ws, bs, mlp.activations)):
+        cat = mlp._concat[l]
+        inp = h if not cat else np.concatenate([h, x0] if cat == 1 else [x0, h], 1)
+        y = act(text, inp @ w.astype(np.float64).T + (0 if b is None else b))
+        res = mlp._residual[l]
         if res is not None:
-            y = y + h if res[0] == 1 else y * h
-            y = core.eval_expr(res[1], np.ascontiguousarray(y.ravel())).reshape(y.shape)
-        h = y
+            r = values[res[2]]
+            y = act(res[1], y + r if res[0] == 1 else y * r)
+        h = values[l] = y
         if rms is not None:
             rms.append(float(np.sqrt(np.mean(h * h))) if h.size else 0.0)
     return h
+
+
+def residual_reference(x, ws, bs, mlp, rms=None):
+    return graph_reference(x, ws, bs, mlp, rms)
 
 
 def test_random_residual_architectures():
@@ -271,7 +282,7 @@ def test_random_residual_architectures():
         x = rng.standard_normal((int(rng.choice([1, 127, 129, 5000])), widths[0])).astype(dtype)
         y = mlp._kernel(np.dtype(dtype).name).run(x, poison=True)
         rms = []
-        ref = residual_reference(x, ws, bs, mlp.activations, mlp._residual, rms)
+        ref = residual_reference(x, ws, bs, mlp, rms)
         # Outside fp16's range either way: past 6e4 it overflows; chained 'mul' residuals can shrink a layer's
         # activations to RMS ~1e-6 (seen: draw 20), below fp16's smallest normal 6.1e-5, where few bits remain.
         if np.max(np.abs(ref)) > 6e4 or min(rms) < 1e-3:
@@ -283,3 +294,143 @@ def test_random_residual_architectures():
             failures.append((i, widths, acts, residual, err))
     print(f"\nresidual architectures: {checked} checked, {skipped} outside fp16's range, {len(failures)} failures")
     assert checked >= 45 and not failures, failures[:5]
+
+
+# ------------------------------------------------------------------------------------------------ graphs, precisions
+
+#: Relative L2 bound per compute dtype (fusedmlp.CHECK_TOLERANCES): bf16 keeps 8 mantissa bits to fp16's 10 (and
+#: tf32's), so its rounding error per layer is 8x larger.
+PREC_TOL = fusedmlp.CHECK_TOLERANCES
+
+
+def to_bf16_bits(a):
+    """float32 -> bfloat16 bits, round to nearest even (what the kernel reads for bfloat16 I/O)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def run_io(mlp, x32, io):
+    """Runs mlp's kernel with io-typed input and output; returns (the input as the kernel saw it, output float64)."""
+    if io == "bfloat16":
+        bits = to_bf16_bits(x32)
+        y = mlp._kernel("bfloat16").run(bits, poison=True)
+        return from_bf16_bits(bits), from_bf16_bits(y).astype(np.float64)
+    x = x32.astype(io)
+    return x, mlp._kernel(io).run(x, poison=True).astype(np.float64)
+
+
+def random_graph_case(rng):
+    depth = int(rng.integers(1, 8))
+    common = int(rng.choice([3, 16, 32, 48, 64, 100, 128, 200, 256]))
+    widths = [common if rng.random() < 0.4 else int(rng.integers(1, 64))]
+    widths += [common if rng.random() < 0.75 else int(rng.integers(1, 257)) for _ in range(depth)]
+    concat = {l: str(rng.choice(["after", "before"])) for l in range(1, depth) if rng.random() < 0.3}
+    acts = [str(rng.choice(["relu", "gelu", "tanh", "silu", "sigmoid", "none", "x * tanh(softplus(x))"]))
+            for _ in range(depth - 1)] + [str(rng.choice(["none", "tanh"]))]
+    residual = {}
+    for l in range(depth):
+        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
+        if sources and rng.random() < 0.6:
+            src = int(rng.choice(sources))
+            residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
+                           "input" if src < 0 else src)
+    ws, bs = [], []
+    for l in range(depth):
+        fan_in = widths[l] + (widths[0] if l in concat else 0)
+        bound = 1 / np.sqrt(fan_in)
+        ws.append(rng.uniform(-bound, bound, (widths[l + 1], fan_in)).astype(np.float32) * 1.7)
+        bs.append(rng.uniform(-bound, bound, widths[l + 1]).astype(np.float32) if rng.random() < 0.7 else None)
+    batch = int(rng.choice([1, 127, 129, 2049, 4099]))
+    return ws, bs, acts, residual, concat, batch
+
+
+def test_random_graphs_in_every_precision():
+    """>= 200 random graphs (residuals from the layer's input, earlier layers and the network input; input concats
+    before and after), each in float16, bfloat16 and tf32 with float32, float16 and bfloat16 I/O, vs float64."""
+    rng = np.random.default_rng(20261123)
+    n = int(os.environ.get("FUSEDMLP_GPU_GRAPHS", "240"))
+    cases = [random_graph_case(rng) for _ in range(n)]
+    runs = []  # (case index, compute dtype, io dtype, model)
+    for i, (ws, bs, acts, residual, concat, batch) in enumerate(cases):
+        for j, prec in enumerate(fusedmlp.PRECISIONS):
+            io = ("float32", "float16", "bfloat16")[(i + j) % 3]
+            runs.append((i, prec, io, fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat,
+                                                        dtype=prec, device="cuda")))
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
+        list(pool.map(lambda r: r[3]._kernel(r[2]), runs))
+    print(f"\nbuilt {len(runs)} graph kernels in {time.perf_counter() - start:.1f} s")
+    errors = {p: [] for p in fusedmlp.PRECISIONS}
+    failures, skipped = [], 0
+    for i, prec, io, mlp in runs:
+        ws, bs, acts, residual, concat, batch = cases[i]
+        x32 = np.random.default_rng(i).standard_normal((batch, ws[0].shape[1])).astype(np.float32)
+        x, y = run_io(mlp, x32, io)
+        rms = []
+        ref = graph_reference(x, ws, bs, mlp, rms)
+        # fp16 storage (compute or I/O) leaves its range past 6e4, and loses bits below RMS 1e-3 (chained 'mul'
+        # residuals); bf16 and tf32 keep float32's range.
+        if (prec == "float16" or io == "float16") and (np.max(np.abs(ref)) > 6e4 or min(rms) < 1e-3):
+            skipped += 1
+            continue
+        err = rel_l2(y, ref)
+        tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+        errors[prec].append(err)
+        if np.isnan(y).any() or not err <= tol:
+            failures.append((i, prec, io, [w.shape for w in ws], acts, residual, concat, batch, err))
+    for prec, errs in errors.items():
+        e = np.array(errs)
+        print(f"{prec}: {len(e)} graphs, relative L2 median {np.median(e):.2e}, p99 {np.quantile(e, 0.99):.2e}, "
+              f"max {e.max():.2e}")
+    print(f"{skipped} float16 runs outside float16's range, {len(failures)} failures")
+    assert all(len(e) >= 200 for p, e in errors.items() if p != "float16") and len(errors["float16"]) >= 180
+    assert not failures, failures[:5]
+
+
+NERF_WIDTHS = [63] + [256] * 8 + [4]
+
+
+@pytest.mark.parametrize("prec", fusedmlp.PRECISIONS)
+def test_nerf_mlp_in_every_precision(rng, prec):
+    """The 8 x 256 NeRF trunk with the 63-wide encoded input concatenated before layer 5 (torch.cat([x, h]))."""
+    ws, bs = [], []
+    for l in range(9):
+        fan_in = NERF_WIDTHS[l] + (63 if l == 5 else 0)
+        bound = 1 / np.sqrt(fan_in)
+        ws.append(rng.uniform(-bound, bound, (NERF_WIDTHS[l + 1], fan_in)).astype(np.float32))
+        bs.append(rng.uniform(-bound, bound, NERF_WIDTHS[l + 1]).astype(np.float32))
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", concat={5: "before"}, dtype=prec, device="cuda")
+    for batch, io in [(1, "float32"), (1000, "float16"), (65537, "float32"), (4097, "bfloat16")]:
+        x, y = run_io(mlp, rng.standard_normal((batch, 63)).astype(np.float32), io)
+        ref = graph_reference(x, ws, bs, mlp)
+        tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+        assert not np.isnan(y).any() and rel_l2(y, ref) <= tol, (batch, io, rel_l2(y, ref))
+
+
+@pytest.mark.parametrize("prec", fusedmlp.PRECISIONS)
+def test_resnet_mlp_in_every_precision(rng, prec):
+    widths = [64, 128, 128, 128, 128, 128, 64]
+    ws, bs = torch_init(rng, widths, True)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="gelu", residual={1: "add", 2: "add", 3: "add", 4: "add"}, dtype=prec,
+                            device="cuda")
+    for batch, io in [(129, "float32"), (65537, "bfloat16"), (3000, "float16")]:
+        x, y = run_io(mlp, rng.standard_normal((batch, 64)).astype(np.float32), io)
+        ref = graph_reference(x, ws, bs, mlp)
+        tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+        assert not np.isnan(y).any() and rel_l2(y, ref) <= tol, (batch, io, rel_l2(y, ref))
+
+
+def test_tf32_keeps_float32_range_where_float16_overflows(rng):
+    """Activations past 65504 are inf in fp16 storage; tf32 stores float32 and gets them right."""
+    ws = [rng.standard_normal((32, 8)).astype(np.float32) * 300, rng.standard_normal((4, 32)).astype(np.float32)]
+    x = rng.standard_normal((500, 8)).astype(np.float32) * 100
+    tf32 = fusedmlp.FusedMLP(ws, None, activation="none", dtype="tf32", device="cuda")
+    ref = graph_reference(x, ws, [None, None], tf32)
+    assert np.abs(ref).max() > 1e5
+    assert rel_l2(tf32._kernel("float32").run(x, poison=True), ref) <= PREC_TOL["tf32"]
+    fp16 = fusedmlp.FusedMLP(ws, None, activation="none", device="cuda")
+    assert not np.isfinite(fp16._kernel("float32").run(x, poison=True)).all()

@@ -74,7 +74,8 @@ def test_resnet_mlp_matches_the_torch_module():
 
 
 @pytest.mark.parametrize("residual, error, match", [
-    ({0: "add"}, fusedmlp.ShapeError, "layer 0 has 4 input and 8 output features; a residual .* needs equal widths"),
+    ({0: "add"}, fusedmlp.ShapeError, "layer 0 has 8 output features but its residual operand, the network input, has "
+                                      "4; a residual needs equal widths"),
     ({5: "add"}, fusedmlp.ArgumentError, "residual names layer 5; the network has layers 0..2"),
     ({1: "sub"}, fusedmlp.ArgumentError, "residual op of layer 1 is 'sub'; it must be 'add' or 'mul'"),
     ({1: ("add", "nope")}, fusedmlp.ExpressionError, "residual activation of layer 1: unknown name 'nope'"),
@@ -100,5 +101,5 @@ def test_residual_kernels_compile(arch, tmp_path):
         with open(path, "rb") as f:
             assert b"\x7fELF" in f.read()
         ops = {1 if (r if isinstance(r, str) else r[0]) == "add" else 2 for r in residual.values()}
-        assert all(f"RES = {op};" in mlp.source for op in ops)
+        assert all(f"RES = {op}, RES_BUF = " in mlp.source for op in ops)
         assert "static __device__ __forceinline__ float post(float x)" in mlp.source

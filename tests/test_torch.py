@@ -215,7 +215,7 @@ def test_traced_resnet_mlp_matches_torch():
     model = ResNetMLP().eval()
     mlp = fusedmlp.from_torch(model, device="cpu")
     assert [r if r is None else r[0] for r in mlp._residual] == [None, 1, 1, 1, 1, 2, None]
-    assert mlp._residual[2] == (1, "relu") and mlp._residual[1] == (1, "none")
+    assert mlp._residual[2] == (1, "relu", 1) and mlp._residual[1] == (1, "none", 0)
     x = torch.randn(100, 12)
     assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
 
@@ -231,7 +231,7 @@ def test_traced_module_in_fused_module_compiles_fullgraph():
         assert torch.allclose(torch.compile(fused, fullgraph=True)(x), fused(x), rtol=1e-5, atol=1e-6)
 
 
-class _Concat(nn.Module):  # NeRF-style input re-injection: not supported yet
+class _Concat(nn.Module):  # NeRF-style input re-injection
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Linear(4, 8), nn.Linear(12, 2)
@@ -240,7 +240,7 @@ class _Concat(nn.Module):  # NeRF-style input re-injection: not supported yet
         return self.b(torch.cat([torch.relu(self.a(x)), x], dim=-1))
 
 
-class _SkipTwo(nn.Module):  # a residual over two layers: not supported yet
+class _SkipTwo(nn.Module):  # a residual over two layers: the network input added to layer 1's output
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
@@ -258,9 +258,17 @@ class _Softmax(nn.Module):
         return torch.softmax(self.a(x), dim=-1)
 
 
+@pytest.mark.parametrize("model, concat, residual", [(_Concat(), [0, 1], [None, None]),
+                                                     (_SkipTwo(), [0, 0], [None, (1, "none", -1)])])
+def test_traced_concat_and_skip_graphs_match_torch(model, concat, residual):
+    model = model.double().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp._concat == concat and mlp._residual == residual
+    x = torch.randn(64, model.a.in_features, dtype=torch.float64)
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())).double(), ref64(model, x)) <= 1e-6
+
+
 @pytest.mark.parametrize("model, match", [
-    (_Concat(), r"cat.*is not supported; supported: Linear / F\.linear"),
-    (_SkipTwo(), r"add.*a residual from an earlier layer than the current layer's own input is not supported"),
     (_Softmax(), r"softmax.*is not supported"),
 ])
 def test_traced_graphs_name_the_unsupported_node(model, match):

@@ -44,6 +44,21 @@ def test_cuda_tensors_in_and_out(dtype):
     assert rel(mlp(x[::3]), model, x[::3].float()) <= (FP16_TOL if dtype != torch.bfloat16 else 6e-3)
 
 
+@pytest.mark.parametrize("compute", fusedmlp.PRECISIONS)
+def test_compute_dtypes_on_bf16_tensors(compute):
+    """bf16 tensors in and out without a float32 detour, in each compute dtype; the error is the dtype's."""
+    model = make_model(2)
+    mlp = fusedmlp.from_torch(model, dtype=compute)
+    x = torch.randn(5000, 24, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = mlp(x)
+        y32 = mlp(x, out_dtype=torch.float32)
+    assert y.dtype == torch.bfloat16 and y32.dtype == torch.float32
+    assert rel(y32, model, x.float()) <= fusedmlp.CHECK_TOLERANCES[compute]
+    assert rel(y, model, x.float()) <= max(fusedmlp.CHECK_TOLERANCES[compute], 6e-3)
+    assert f"compute={compute} mma" in repr(mlp)
+
+
 def test_non_default_stream_orders_with_surrounding_work():
     model = make_model(1)
     mlp = fusedmlp.from_torch(model)

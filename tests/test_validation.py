@@ -296,8 +296,8 @@ def test_x_of_the_wrong_rank(net, rng, shape):
 def test_x_of_a_dtype_that_is_not_float(net, rng, dtype):
     mlp = make(*net)
     x = np.asarray(rng.standard_normal((4, 3))).astype(dtype)
-    with pytest.raises(DTypeError, match=re.escape(f"x has dtype {np.dtype(dtype)}; it must be float32, float16 or "
-                                                   "float64")):
+    with pytest.raises(DTypeError, match=re.escape(f"x has dtype {np.dtype(dtype)}; it must be float32, float16, "
+                                                   "bfloat16 (ml_dtypes) or float64")):
         mlp(x)
 
 
@@ -379,7 +379,7 @@ def test_compile_for_something_that_is_not_an_arch(net, arch):
 
 @pytest.mark.parametrize("dtype", ["float64", "int8", np.float64])
 def test_compile_for_a_dtype_the_kernel_does_not_serve(net, dtype):
-    with pytest.raises(DTypeError, match=rf"dtype='{np.dtype(dtype).name}': a kernel serves float32 or float16"):
+    with pytest.raises(DTypeError, match=rf"io_dtype=.*: a kernel reads and writes float32, float16 or bfloat16"):
         make(*net).compile("sm_90", dtype)
 
 

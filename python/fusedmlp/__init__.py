@@ -7,7 +7,7 @@
 Importing needs neither the CUDA driver nor NVRTC: they are loaded on first GPU use.
 """
 
-from ._api import CHECK_TOLERANCE, FusedMLP, __version__, evaluate_fused_mlp, tune
+from ._api import CHECK_TOLERANCE, CHECK_TOLERANCES, PRECISIONS, FusedMLP, __version__, evaluate_fused_mlp, tune
 
 
 def from_torch(module, activations=None, device=None, **kwargs):
@@ -36,6 +36,8 @@ __all__ = [
     "from_torch",
     "tune",
     "CHECK_TOLERANCE",
+    "CHECK_TOLERANCES",
+    "PRECISIONS",
     "FusedMLPError",
     "ArgumentError",
     "ShapeError",

@@ -197,12 +197,27 @@ def _check_expression(text, what):
 _RESIDUAL_OPS = {"add": 1, "mul": 2}
 
 
+def _residual_source(layer, source):
+    """The value index a residual of `layer` reads: -1 the network input, k layer k's output."""
+    if source is None:
+        return layer - 1
+    if source == "input":
+        return -1
+    if isinstance(source, (int, np.integer)) and not isinstance(source, bool) and 0 <= source < layer:
+        return int(source)
+    raise ArgumentError(f"residual 'from' of layer {layer} is {source!r}; it must be 'input' (the network input) or "
+                        f"an earlier layer's index 0..{layer - 1} (that layer's output; {layer - 1} is this layer's "
+                        "own input, the default)" if layer > 0 else
+                        f"residual 'from' of layer 0 is {source!r}; layer 0 can only use its own input, 'input'")
+
+
 def _layer_residuals(num_layers, residual):
-    """Per layer None or (op code, then-activation text), from FusedMLP's residual argument.
+    """Per layer None or (op code, then-activation text, source value index), from FusedMLP's residual argument.
 
     residual: None; a dict {layer index: spec}; or a list with one spec or None per layer. A spec is "add" or "mul"
-    (y = act(W x + b) op x, x the layer's input), (op, then) or {"op": op, "then": activation} for
-    y = then(act(W x + b) op x), e.g. ("add", "relu") for relu(x + f(x)).
+    (y = act(W h + b) op h, h the layer's input), (op, then), (op, then, from) or {"op": op, "then": activation,
+    "from": source} for y = then(act(W h + b) op r), e.g. ("add", "relu") for relu(h + f(h)). r is the layer's own
+    input h unless "from" names an earlier layer (its output) or "input" (the network input).
     """
     if residual is None:
         return [None] * num_layers
@@ -225,22 +240,64 @@ def _layer_residuals(num_layers, residual):
         if spec is None:
             out.append(None)
             continue
+        source = None
         if isinstance(spec, str):
             op, then = spec, "none"
-        elif isinstance(spec, dict) and set(spec) <= {"op", "then"}:
-            op, then = spec.get("op", "add"), spec.get("then", "none")
-        elif isinstance(spec, (list, tuple)) and len(spec) == 2:
-            op, then = spec
+        elif isinstance(spec, dict) and set(spec) <= {"op", "then", "from"}:
+            op, then, source = spec.get("op", "add"), spec.get("then", "none"), spec.get("from")
+        elif isinstance(spec, (list, tuple)) and len(spec) in (2, 3):
+            op, then, source = (*spec, None) if len(spec) == 2 else spec
         else:
-            raise ArgumentError(f"residual of layer {layer} is {spec!r}; write 'add', 'mul', (op, then) or "
-                                "{'op': ..., 'then': ...}")
+            raise ArgumentError(f"residual of layer {layer} is {spec!r}; write 'add', 'mul', (op, then), "
+                                "(op, then, from) or {'op': ..., 'then': ..., 'from': ...}")
         if op not in _RESIDUAL_OPS:
             raise ArgumentError(f"residual op of layer {layer} is {op!r}; it must be 'add' or 'mul'")
         if not isinstance(then, str):
             raise ArgumentError(f"residual 'then' of layer {layer} is {then!r}; it must be an activation string")
         _check_expression(then, f"residual activation of layer {layer}")
-        out.append((_RESIDUAL_OPS[op], then))
+        out.append((_RESIDUAL_OPS[op], then, _residual_source(layer, source)))
     return out
+
+
+_CONCAT_MODES = {"after": 1, "before": 2}
+
+
+def _layer_concat(num_layers, concat):
+    """Per layer 0 (none), 1 (input torch.cat([h, x])) or 2 (torch.cat([x, h])) from FusedMLP's concat argument:
+    None or a dict {layer index: 'after' | 'before'} saying where the network input x goes beside h."""
+    if concat is None:
+        return [0] * num_layers
+    if not isinstance(concat, dict):
+        raise ArgumentError(f"concat={concat!r} must be None or a dict {{layer: 'after' | 'before'}}: the layer's input "
+                            "is torch.cat([h, x]) ('after') or torch.cat([x, h]) ('before'), x the network input")
+    out = [0] * num_layers
+    for layer, mode in concat.items():
+        if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not 1 <= layer < num_layers:
+            raise ArgumentError(f"concat names layer {layer!r}; it must be one of the layers 1..{num_layers - 1} "
+                                "(layer 0's input is the network input already)")
+        if mode not in _CONCAT_MODES:
+            raise ArgumentError(f"concat mode of layer {layer} is {mode!r}; it must be 'after' (torch.cat([h, x])) or "
+                                "'before' (torch.cat([x, h]))")
+        out[int(layer)] = _CONCAT_MODES[mode]
+    return out
+
+
+#: Tensor Core compute dtypes: what weights and activations are stored as on chip (float32 accumulation always).
+PRECISIONS = ("float16", "bfloat16", "tf32")
+
+#: Relative L2 error that ``check=True`` accepts per compute dtype (see the README's precision table: bfloat16 keeps
+#: 8 mantissa bits, so its rounding error is 8x float16's; tf32 keeps float16's 10 bits with float32's range).
+CHECK_TOLERANCES = {"float16": CHECK_TOLERANCE, "bfloat16": 1.6e-2, "tf32": CHECK_TOLERANCE}
+
+
+def _parse_precision(dtype):
+    text = str(dtype) if dtype is not None else ""
+    text = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "half": "float16", "bf16": "bfloat16",
+            "fp16": "float16"}.get(text, text)
+    if text not in PRECISIONS:
+        raise DTypeError(f"dtype={dtype!r} is not a compute dtype; it must be one of {', '.join(PRECISIONS)} (the "
+                         "Tensor Core inputs; accumulation is float32 in each)")
+    return text
 
 
 def _check_expressions(acts):
@@ -302,6 +359,16 @@ class FusedMLP:
         activation: the activation of every hidden layer (a name or an expression over ``x``), or a list with one
             per hidden layer, or one per layer (then leave output_activation None).
         output_activation: the activation of the last layer; None means "none".
+        residual: residual epilogues y = then(act(W h + b) op r), fused: a dict {layer: spec} (or a list with one
+            spec or None per layer). A spec is 'add' or 'mul' (r = h, the layer's input), (op, then),
+            (op, then, from) or {'op': ..., 'then': ..., 'from': ...}; ``from`` names an earlier layer (r is its
+            output, as wide as this layer's) or 'input' (the network input).
+        concat: NeRF-style input re-injection: a dict {layer: 'after' | 'before'}; that layer's input is
+            torch.cat([h, x], -1) ('after') or torch.cat([x, h], -1) ('before'), x the network input, and its weight
+            has h's plus x's features as in_features.
+        dtype: the Tensor Core compute dtype, 'float16' (default), 'bfloat16' or 'tf32' (sm_80+): what weights and
+            the activations between layers are stored as on chip; every path accumulates in float32. Inputs and
+            outputs keep the caller's dtype (float32, float16 or bfloat16) and are converted in the kernel.
         device: 'auto' (the GPU when one exists, else the CPU path with a warning), 'cuda', 'cuda:N' or 'cpu'.
         check: also run the CPU reference on every call and raise if the GPU result's relative L2 error exceeds
             CHECK_TOLERANCE.
@@ -309,7 +376,7 @@ class FusedMLP:
     """
 
     def __init__(self, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
-                 device="auto", check=False, cache_dir=None):
+                 concat=None, dtype="float16", device="auto", check=False, cache_dir=None):
         if isinstance(weights, np.ndarray) or not isinstance(weights, (list, tuple)):
             raise ArgumentError("weights must be a list of (out_features, in_features) arrays, one per layer")
         if len(weights) == 0:
@@ -327,7 +394,9 @@ class FusedMLP:
         acts = _layer_activations(n, activation, output_activation)
         _check_expressions(acts)
         self._residual = _layer_residuals(n, residual)
-        self._net = _core().Network(w, b, acts, self._residual)
+        self._concat = _layer_concat(n, concat)
+        self._precision = _parse_precision(dtype)
+        self._net = _core().Network(w, b, acts, self._residual, self._concat)
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
         self._small_rows = 0  # batches below this use the small-tile kernel (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
@@ -402,33 +471,32 @@ class FusedMLP:
         device = self.device
         if self._kind == "cuda" and self._ordinal in _gpus:
             device += f" ({_gpus[self._ordinal].info['name']})"
-        res = [f"{i}: {'add' if r[0] == 1 else 'mul'} then {r[1]}" for i, r in enumerate(self._residual) if r]
+        res = [f"{i}: {'add' if r[0] == 1 else 'mul'} then {r[1]} from {'input' if r[2] < 0 else r[2]}"
+               for i, r in enumerate(self._residual) if r]
         res = f", residual={{{', '.join(res)}}}" if res else ""
-        return (f"FusedMLP(widths={widths}, activations=[{acts}], bias={bias}{res}, compute=float16 mma / float32 "
-                f"accumulate, device={device}, cache_entry={self._cache_path})")
+        cat = [f"{i}: {'after' if c == 1 else 'before'}" for i, c in enumerate(self._concat) if c]
+        cat = f", concat={{{', '.join(cat)}}}" if cat else ""
+        return (f"FusedMLP(widths={widths}, activations=[{acts}], bias={bias}{res}{cat}, compute={self._precision} mma "
+                f"/ float32 accumulate, device={device}, cache_entry={self._cache_path})")
 
     # -------------------------------------------------------------------------------------------- kernels
 
     def _render(self, arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=0, **plan_options):
         plan = self._net.plan(arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=smem_per_sm,
-                              **plan_options)
+                              precision=self._precision, **plan_options)
         return plan, plan.render(_template(PRELUDE), _template(TEMPLATE), KERNEL_NAME)
 
-    def compile(self, arch="sm_90", dtype="float32"):
+    def compile(self, arch="sm_90", io_dtype="float32"):
         """Renders and compiles the kernel for a named GPU, no GPU needed; returns the cache entry's path.
 
         Args:
             arch: the target, e.g. 'sm_80' or 'sm_90'.
-            dtype: the input/output dtype the kernel will serve ('float32' or 'float16').
+            io_dtype: the input/output dtype the kernel will serve ('float32', 'float16' or 'bfloat16'); the compute
+                dtype is the model's.
         """
         number, _ = _parse_arch(arch)
-        try:
-            dtype = np.dtype(dtype).name
-        except (TypeError, ValueError):
-            raise DTypeError(f"dtype={dtype!r} is not a dtype; a kernel serves float32 or float16 inputs") from None
-        if dtype not in ("float32", "float16"):
-            raise DTypeError(f"dtype={dtype!r}: a kernel serves float32 or float16 inputs")
-        _, source = self._render(number, 0, 0, dtype, dtype)
+        io_dtype = _io_dtype_name(io_dtype, "io_dtype")
+        _, source = self._render(number, 0, 0, io_dtype, io_dtype)
         entry = compile_cubin(source, number, self._cache)
         self._source, self._cache_path = source, _entry_path(entry)
         return self._cache_path
@@ -437,7 +505,7 @@ class FusedMLP:
         """Plans, renders, compiles (through the cache) and loads a kernel for this model's GPU.
 
         Args:
-            dtype: 'float32' or 'float16', the input dtype.
+            dtype: 'float32', 'float16' or 'bfloat16', the input dtype.
             out_dtype: the output dtype (default: dtype).
             plan_options: warps, m_tiles, n_chunk, resident: force a tile shape (the tuner's candidates).
 
@@ -508,8 +576,9 @@ class FusedMLP:
         arr = _as_array(x, "x")
         if arr.dtype.kind == "f" and not arr.dtype.isnative:  # big-endian data (from a file): same values, native
             arr = arr.astype(arr.dtype.newbyteorder("="))
-        if arr.dtype not in _ACCEPTED_X:
-            raise DTypeError(f"x has dtype {arr.dtype}; it must be float32, float16 or float64")
+        bf16 = arr.dtype.name == "bfloat16"  # ml_dtypes' bfloat16 (what JAX and others hand NumPy users)
+        if arr.dtype not in _ACCEPTED_X and not bf16:
+            raise DTypeError(f"x has dtype {arr.dtype}; it must be float32, float16, bfloat16 (ml_dtypes) or float64")
         squeeze = arr.ndim == 1
         if squeeze:
             arr = arr[None, :]
@@ -521,6 +590,11 @@ class FusedMLP:
         elif self._kind == "cpu":
             # aligned: the C forward reads float32 elements in place (any strides, but not at odd addresses)
             y = self._net.forward_cpu(np.require(arr, np.float32, ["A"])).astype(arr.dtype, copy=False)
+        elif bf16:  # the kernel reads and writes the bits; NumPy itself has no bfloat16
+            xin = np.ascontiguousarray(arr).view(np.uint16)
+            y = self._kernel("bfloat16", rows=len(xin)).run(xin).view(arr.dtype)
+            if self._check:
+                self._verify(arr.astype(np.float32), y.astype(np.float32))
         else:
             dtype = "float16" if arr.dtype == np.float16 else "float32"
             xin = np.require(arr, dtype, ["C", "A"])
@@ -532,11 +606,13 @@ class FusedMLP:
     def _verify(self, x, y):
         ref = self._net.forward_cpu(np.asarray(x, dtype=np.float32)).astype(np.float64)
         err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
-        if not err <= CHECK_TOLERANCE:  # also catches NaN
+        tolerance = CHECK_TOLERANCES[self._precision]
+        if not err <= tolerance:  # also catches NaN
             from .errors import FusedMLPError
 
             raise FusedMLPError(f"check=True: GPU result differs from the CPU reference by relative L2 error "
-                                f"{err:.3g} > {CHECK_TOLERANCE}", "see the README's precision notes")
+                                f"{err:.3g} > {tolerance} (dtype={self._precision})",
+                                "see the README's precision notes")
 
 
 def _is_device_array(x):
@@ -546,7 +622,7 @@ def _is_device_array(x):
     return module in ("torch", "cupy") or hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")
 
 
-def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), dtype="float16"):
+def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), io_dtype="float16"):
     """Times the tile candidates for each batch size on the model's GPU and keeps the fastest for later calls.
 
     Choices persist beside the kernel cache (keyed by GPU, widths, activations and dtype), so later processes start
@@ -555,16 +631,14 @@ def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), dtype="float16"):
     Args:
         mlp: a FusedMLP on a CUDA device.
         batch_sizes: the batch sizes to tune for (one record per power-of-4 bucket).
-        dtype: 'float16' or 'float32', the input and output dtype.
+        io_dtype: 'float16', 'float32' or 'bfloat16', the input and output dtype of the calls to tune for.
 
     Returns:
         {batch size: {"options": chosen plan options, "ms": {candidate: kernel ms}}}.
     """
     if mlp._kind != "cuda":
         raise ArgumentError(f"tune needs a model on a CUDA device; this one runs on {mlp.device}")
-    dtype = np.dtype(dtype).name
-    if dtype not in ("float32", "float16"):
-        raise DTypeError(f"dtype={dtype!r}: a kernel serves float32 or float16")
+    dtype = _io_dtype_name(io_dtype, "io_dtype")
     info = _gpu(mlp._ordinal).info
     results = {}
     for rows in batch_sizes:
@@ -573,6 +647,20 @@ def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), dtype="float16"):
         key = _tune._model_key(mlp, dtype, dtype, info)
         results[int(rows)] = mlp._tuning.load(key)[str(_tune.bucket(int(rows)))]
     return results
+
+
+def _io_dtype_name(dtype, field):
+    """'float32', 'float16' or 'bfloat16' from a dtype-like, or DTypeError naming the field."""
+    text = str(dtype)
+    if text in ("bfloat16", "torch.bfloat16"):
+        return "bfloat16"
+    try:
+        name = np.dtype(dtype).name
+    except (TypeError, ValueError):
+        name = None
+    if name not in ("float32", "float16", "bfloat16"):
+        raise DTypeError(f"{field}={dtype!r}: a kernel reads and writes float32, float16 or bfloat16")
+    return name
 
 
 def _entry_path(entry):
@@ -589,11 +677,11 @@ def _warn_cpu_once():
 
 
 def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
-                       device="auto", check=False):
+                       concat=None, dtype="float16", device="auto", check=False):
     """Runs an MLP given as PyTorch-layout weights on x in one fused kernel; see FusedMLP for the arguments.
 
     Returns:
         The (batch, out_features) outputs, with x's dtype.
     """
-    return FusedMLP(weights, biases, activation, output_activation, residual=residual, device=device,
-                    check=check)(x)
+    return FusedMLP(weights, biases, activation, output_activation, residual=residual, concat=concat, dtype=dtype,
+                    device=device, check=check)(x)

@@ -34,7 +34,8 @@ def bucket(rows):
 
 def _model_key(mlp, dtype, out_dtype, gpu_info):
     desc = [FORMAT, gpu_info["name"], gpu_info["arch"], gpu_info["sm_count"], list(mlp.widths), list(mlp.activations),
-            list(mlp._has_bias), dtype, out_dtype]
+            list(mlp._has_bias), dtype, out_dtype, mlp._precision, [list(r) if r else None for r in mlp._residual],
+            list(mlp._concat)]
     return hashlib.sha256(json.dumps(desc).encode()).hexdigest()
 
 

@@ -80,7 +80,8 @@ def read_module(module, activations=None):
         activations: {module path: expression} for modules fusedmlp does not know (e.g. {"mlp.4": "x*tanh(x)"}).
 
     Returns:
-        (weights, biases, activations, residuals) ready for FusedMLP.
+        (weights, biases, activations, edges) ready for FusedMLP(weights, biases, activation=activations, **edges);
+        edges holds the residual and concat arguments.
     """
     if not isinstance(module, (nn.Sequential, nn.Linear)):
         return _read_traced(module, activations)
@@ -114,7 +115,7 @@ def read_module(module, activations=None):
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
     if not weights:
         raise ShapeError(f"{type(module).__name__} holds no nn.Linear layer")
-    return weights, biases, acts, [None] * len(weights)
+    return weights, biases, acts, {"residual": None, "concat": None}
 
 
 # ------------------------------------------------------------------------------------------------ traced graphs
@@ -129,7 +130,9 @@ _METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "sin": "sin", 
 _ADD = {operator.add, operator.iadd, torch.add}
 _MUL = {operator.mul, operator.imul, torch.mul}
 TRACED_SUPPORTED = ("Linear / F.linear, activation modules and functions (relu, gelu, silu, tanh, sigmoid, softplus, "
-                    "leaky_relu, elu, ...), x + f(x) and x * f(x) with the layer's own input, Dropout in eval mode")
+                    "leaky_relu, elu, ...), residuals h + f(h) and h * f(h) with the layer's own input, an earlier "
+                    "layer's output or the network input, torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden "
+                    "state with the network input before a Linear, Dropout in eval mode")
 
 
 def _arg(node, index, name, default):
@@ -158,25 +161,29 @@ def _functional_text(node):
 
 def _read_traced(module, activations):
     """Walks module's torch.fx graph as a chain: each Linear starts a layer, activations before a residual op are the
-    layer's activation, the op with the layer's own input is its residual, activations after it the residual's."""
+    layer's activation, the op with a kept value (the layer's input, an earlier layer's output, the network input) is
+    its residual, activations after it the residual's; torch.cat of the hidden state with the network input right
+    before a Linear is that layer's input concat."""
     activations = dict(activations or {})
     try:
         gm = torch.fx.symbolic_trace(module)
     except Exception as e:  # data-dependent control flow and the like
         raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: {e}") from None
-    weights, biases, acts, residual = [], [], [], []
-    cur = layer_input = None
+    weights, biases, acts, residual, concat = [], [], [], [], {}
+    cur = x_node = pending_cat = None
+    value_of = {}  # graph node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
     for node in gm.graph.nodes:
         label = f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})"
         if node.op == "placeholder":
             if cur is not None:
                 raise ArgumentError(f"{label}: a second input; fusedmlp models take one input tensor")
-            cur = node
+            cur = x_node = node
+            value_of[node] = -1
             continue
         if node.op == "get_attr":
             continue
         if node.op == "output":
-            if node.args[0] is not cur:
+            if node.args[0] is not cur or pending_cat is not None:
                 raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: {TRACED_SUPPORTED}")
             break
         inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
@@ -184,9 +191,16 @@ def _read_traced(module, activations):
         text = activations.pop(node.target, None) if node.op == "call_module" else None
         is_linear = (leaf is not None and isinstance(leaf, nn.Linear) and text is None) or (
             node.op == "call_function" and node.target is F.linear)
+        if pending_cat is not None and not is_linear:
+            raise ArgumentError(f"{label}: torch.cat of the hidden state with the input must feed a Linear directly")
         if is_linear:
             if not inputs or inputs[0] is not cur:
                 raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
+            if pending_cat is not None:
+                concat[len(weights)] = pending_cat
+                pending_cat = None
+            else:
+                value_of.setdefault(cur, len(weights) - 1)
             if leaf is not None:
                 w, b = leaf.weight, leaf.bias
             else:
@@ -197,7 +211,17 @@ def _read_traced(module, activations):
             biases.append(None if b is None else b.detach().float().cpu().numpy())
             acts.append("none")
             residual.append(None)
-            layer_input, cur = cur, node
+            cur = node
+            continue
+        if node.op == "call_function" and node.target is torch.cat:
+            parts, dim = node.args[0], _arg(node, 1, "dim", 0)
+            if (not isinstance(parts, (list, tuple)) or len(parts) != 2 or set(parts) != {cur, x_node}
+                    or cur is x_node or dim not in (-1, 1)):
+                raise ArgumentError(f"{label}: only torch.cat([h, x], -1) or torch.cat([x, h], -1) of the hidden state "
+                                    "h with the network input x is supported")
+            value_of.setdefault(cur, len(weights) - 1)
+            pending_cat = "after" if parts[0] is cur else "before"
+            cur = node
             continue
         if leaf is not None and text is None and isinstance(leaf, (nn.Identity, nn.Dropout)):
             if isinstance(leaf, nn.Dropout) and leaf.training and leaf.p > 0:
@@ -213,15 +237,16 @@ def _read_traced(module, activations):
         if node.op in ("call_function", "call_method") and (node.target in _ADD or node.target in _MUL
                                                             or node.target in ("add", "mul", "add_", "mul_")):
             if not weights or len(inputs) != 2 or cur not in inputs:
-                raise ArgumentError(f"{label}: only a residual of the current layer with its own input is supported")
+                raise ArgumentError(f"{label}: only a residual of the current layer with a kept value is supported")
             other = inputs[0] if inputs[1] is cur else inputs[1]
-            if other is not layer_input:
-                raise ArgumentError(f"{label}: a residual from an earlier layer than the current layer's own input is "
-                                    "not supported yet (only x + f(x) and x * f(x))")
+            if other not in value_of:
+                raise ArgumentError(f"{label}: the residual operand {other.name} is neither the network input nor a "
+                                    "layer's output (the tensor a Linear or torch.cat consumed)")
             if residual[-1] is not None:
                 raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
             is_add = node.target in _ADD or node.target in ("add", "add_")
-            residual[-1] = ["add" if is_add else "mul", "none"]
+            src = value_of[other]
+            residual[-1] = ["add" if is_add else "mul", "none", "input" if src < 0 else src]
             cur = node
             continue
         if text is None:
@@ -244,7 +269,7 @@ def _read_traced(module, activations):
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
     if not weights:
         raise ShapeError(f"{type(module).__name__} holds no Linear layer")
-    return weights, biases, acts, [tuple(r) if r else None for r in residual]
+    return weights, biases, acts, {"residual": [tuple(r) if r else None for r in residual], "concat": concat or None}
 
 
 def from_torch(module, activations=None, device=None, **kwargs):
@@ -259,13 +284,13 @@ def from_torch(module, activations=None, device=None, **kwargs):
     Returns:
         A FusedMLP with the module's weights (copied: later changes to the module do not affect it).
     """
-    weights, biases, acts, residual = read_module(module, activations)
+    weights, biases, acts, edges = read_module(module, activations)
     if device is None:
         params = list(module.parameters())
         device = str(params[0].device) if params and params[0].is_cuda else "auto"
         if device == "cuda":
             device = f"cuda:{torch.cuda.current_device()}"
-    return FusedMLP(weights, biases, activation=acts, residual=residual, device=device, **kwargs)
+    return FusedMLP(weights, biases, activation=acts, device=device, **edges, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ the custom op
@@ -328,11 +353,10 @@ class FusedModule(nn.Module):
 
     def _rebuild(self):
         self._release()
-        weights, biases, texts, residual = read_module(self._wrapped(), self._activations)
+        weights, biases, texts, edges = read_module(self._wrapped(), self._activations)
         params = list(self.parameters())
         device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
-        self._handle = _register(FusedMLP(weights, biases, activation=texts, residual=residual, device=device,
-                                          **self._kwargs))
+        self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs))
 
     def _release(self):
         if self._handle is not None:

@@ -573,7 +573,7 @@ static void expect_spec_error(int line, int layers, const int64_t *shapes, const
     fm_spec spec;
     memset(&spec, 0x5a, sizeof spec);
     fm_error err = {0};
-    fm_status st = fm_spec_init(&spec, layers, shapes, bias, acts, &err);
+    fm_status st = fm_spec_init(&spec, layers, shapes, bias, acts, NULL, &err);
     int zeroed = spec.num_layers == 0 && spec.width[0] == 0;
     for (int l = 0; l < FM_MAX_LAYERS; l++)
         zeroed &= spec.act[l] == NULL;
@@ -594,7 +594,7 @@ static void test_spec(void) {
     const char *const acts[] = {"relu", " x * sigmoid(1.702 * x) ", NULL};
     fm_spec spec;
     fm_error err = {0};
-    CHECK(fm_spec_init(&spec, 3, shapes, bias, acts, &err) == FM_OK, "valid spec refused: %s", err.message);
+    CHECK(fm_spec_init(&spec, 3, shapes, bias, acts, NULL, &err) == FM_OK, "valid spec refused: %s", err.message);
     CHECK(spec.num_layers == 3 && spec.width[0] == 32 && spec.width[1] == 64 && spec.width[2] == 64 &&
               spec.width[3] == 10, "widths %d %d %d %d", spec.width[0], spec.width[1], spec.width[2], spec.width[3]);
     CHECK(spec.has_bias[0] == 1 && spec.has_bias[1] == 0 && spec.has_bias[2] == 1, "has_bias");
@@ -604,7 +604,7 @@ static void test_spec(void) {
     CHECK(y == -1.5, "NULL activation should be the identity, got %g", y);
     fm_spec_free(&spec);
     CHECK(spec.act[0] == NULL && spec.num_layers == 0, "fm_spec_free should zero the spec");
-    CHECK(fm_spec_init(&spec, 3, shapes, NULL, NULL, &err) == FM_OK, "NULL biases and activations refused");
+    CHECK(fm_spec_init(&spec, 3, shapes, NULL, NULL, NULL, &err) == FM_OK, "NULL biases and activations refused");
     CHECK(spec.has_bias[0] == 0, "NULL bias_len means no biases");
     fm_spec_free(&spec);
 
@@ -628,10 +628,10 @@ static void test_spec(void) {
     const int64_t huge[] = {(int64_t)1 << 40, 8};
     EXPECT_SPEC_ERROR(1, huge, NULL, NULL, FM_ERR_LIMIT, 0, "weights[0] has shape (1099511627776, 8)");
 
-    fm_spec_init(&spec, 2, chain, NULL, NULL, &err);
+    fm_spec_init(&spec, 2, chain, NULL, NULL, NULL, &err);
     printf("example: %s (hint: %s)\n", err.message, err.hint);
     fm_error_clear(&err);
-    fm_spec_init(&spec, 2, shapes, bias, bad, &err);
+    fm_spec_init(&spec, 2, shapes, bias, bad, NULL, &err);
     printf("example: %s [column %d]\n", err.message, err.column);
     fm_error_clear(&err);
 }

@@ -61,7 +61,7 @@ static int make_spec(fm_spec *spec, const int *widths, int num_layers, int bias_
         acts[l] = g_acts[l % 4];
     }
     fm_error err = {0};
-    fm_status st = fm_spec_init(spec, num_layers, shapes, bias, acts, &err);
+    fm_status st = fm_spec_init(spec, num_layers, shapes, bias, acts, NULL, &err);
     CHECK(st == FM_OK, "fm_spec_init failed: %s", err.message);
     fm_error_clear(&err);
     return st == FM_OK;
@@ -120,6 +120,54 @@ static int count_occurrences(const char *text, const char *needle) {
 
 /* ------------------------------------------------------------------------------------------------ plan */
 
+/* The buffer assignment, replayed: every value a layer reads is still in the buffer it was written to (no later
+ * write clobbered it while it was live), x starts in buffer 0, and a layer writes over its input only when it is
+ * one chunk, nothing later reads that input, and (last layer) it is not the residual operand. */
+static void check_buffers(const fm_plan *p, const fm_spec *spec, const char *what) {
+    const int L = p->num_layers;
+    int holds[FM_MAX_LAYERS + 2]; /* value index + 1 held by each buffer, -1: none */
+    int where[FM_MAX_LAYERS + 1];
+    for (int i = 0; i < FM_MAX_LAYERS + 2; ++i)
+        holds[i] = -1;
+    CHECK(p->buffers >= 1 && p->buffers <= L + 1, "%s: buffers %d", what, p->buffers);
+    holds[0] = 0;
+    where[0] = 0;
+    for (int l = 0; l < L; ++l) {
+        int h = where[l], x = where[0];
+        int want_a0 = spec->cat[l] == FM_CAT_BEFORE ? x : h;
+        int want_a1 = spec->cat[l] == FM_CAT_NONE ? -1 : (spec->cat[l] == FM_CAT_AFTER ? x : h);
+        CHECK(p->a0_buf[l] == want_a0 && p->a1_buf[l] == want_a1, "%s: layer %d reads buffers %d, %d; want %d, %d",
+              what, l, p->a0_buf[l], p->a1_buf[l], want_a0, want_a1);
+        CHECK(holds[h] == l && (spec->cat[l] == FM_CAT_NONE || holds[x] == 0), "%s: layer %d input clobbered", what, l);
+        if (spec->res_op[l] != FM_RES_NONE) {
+            int r = where[spec->res_src[l] + 1];
+            CHECK(p->res_buf[l] == r && holds[r] == spec->res_src[l] + 1, "%s: layer %d residual buffer %d (value %d)",
+                  what, l, p->res_buf[l], spec->res_src[l]);
+        } else {
+            CHECK(p->res_buf[l] == -1, "%s: layer %d res_buf %d without a residual", what, l, p->res_buf[l]);
+        }
+        int out = p->out_buf[l];
+        CHECK(out >= 0 && out < p->buffers, "%s: layer %d out_buf %d", what, l, out);
+        if (out < 0 || out >= p->buffers)
+            return;
+        if (holds[out] >= 0) { /* overwriting value holds[out] - 1: nobody may read it after this layer */
+            int v = holds[out] - 1, read_later = 0, read_here = out == p->a0_buf[l] || out == p->a1_buf[l];
+            for (int k = l + 1; k < L; ++k)
+                read_later |= k == v + 1 || (spec->cat[k] != FM_CAT_NONE && v == -1) ||
+                              (spec->res_op[k] != FM_RES_NONE && spec->res_src[k] == v);
+            CHECK(!read_later, "%s: layer %d overwrites value %d, read later", what, l, v);
+            if (read_here) {
+                CHECK(p->n_chunk[l] >= p->n_pad[l], "%s: layer %d in place with several chunks", what, l);
+                CHECK(!(l == L - 1 && p->res_buf[l] == out), "%s: last layer staged over its residual", what);
+            }
+            int res_here = p->res_buf[l] == out;
+            CHECK(!res_here || read_here, "%s: layer %d writes its residual operand's buffer", what, l);
+        }
+        holds[out] = l + 1;
+        where[l + 1] = out;
+    }
+}
+
 /* Every invariant the kernel relies on. `auto_opts`: the plan chose everything, so its register rules apply too. */
 static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, int auto_opts, const char *what) {
     int L = spec->num_layers, widest = 0;
@@ -128,16 +176,20 @@ static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t
     size_t w_expect = 0, b_expect = 0;
     int multi_chunk = 0;
     for (int l = 0; l < L; ++l) {
-        int kr = spec->width[l], nr = spec->width[l + 1];
-        widest = kr > widest ? kr : widest;
+        int kr = fm_spec_in_features(spec, l), nr = spec->width[l + 1], two = spec->cat[l] != FM_CAT_NONE;
+        widest = spec->width[l] > widest ? spec->width[l] : widest;
         widest = nr > widest ? nr : widest;
         CHECK(p->k_real[l] == kr && p->n_real[l] == nr, "%s: layer %d real %dx%d", what, l, p->k_real[l],
               p->n_real[l]);
-        CHECK(is_mult16(p->k_pad[l]) && p->k_pad[l] >= kr && p->k_pad[l] < kr + 16, "%s: layer %d k_pad %d (k %d)",
-              what, l, p->k_pad[l], kr);
+        CHECK(is_mult16(p->k_pad[l]) && p->k_pad[l] >= kr && p->k_pad[l] < kr + (two ? 32 : 16),
+              "%s: layer %d k_pad %d (k %d)", what, l, p->k_pad[l], kr);
+        int first = spec->cat[l] == FM_CAT_BEFORE ? spec->width[0] : spec->width[l];
+        CHECK(p->k0_real[l] == (two ? first : kr) && is_mult16(p->k0_pad[l]) && p->k0_pad[l] >= p->k0_real[l] &&
+                  p->k0_pad[l] < p->k0_real[l] + 16 && (two || p->k0_pad[l] == p->k_pad[l]),
+              "%s: layer %d first part %d padded %d", what, l, p->k0_real[l], p->k0_pad[l]);
         CHECK(is_mult16(p->n_pad[l]) && p->n_pad[l] >= nr && p->n_pad[l] < nr + 16, "%s: layer %d n_pad %d (n %d)",
               what, l, p->n_pad[l], nr);
-        if (l > 0)
+        if (l > 0 && spec->cat[l] == FM_CAT_NONE)
             CHECK(p->k_pad[l] == p->n_pad[l - 1], "%s: layer %d k_pad %d != previous n_pad %d", what, l, p->k_pad[l],
                   p->n_pad[l - 1]);
         int nc = p->n_chunk[l];
@@ -151,9 +203,12 @@ static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t
         CHECK(p->has_bias[l] == spec->has_bias[l], "%s: layer %d has_bias", what, l);
         CHECK(p->w_offset[l] == w_expect, "%s: layer %d w_offset %zu, want %zu", what, l, p->w_offset[l], w_expect);
         CHECK(p->b_offset[l] == b_expect, "%s: layer %d b_offset %zu, want %zu", what, l, p->b_offset[l], b_expect);
-        CHECK(p->w_offset[l] % 8 == 0, "%s: layer %d w_offset %zu not 16-byte aligned", what, l, p->w_offset[l]);
+        CHECK(p->w_offset[l] * (size_t)p->elem_bytes % 16 == 0, "%s: layer %d w_offset %zu not 16-byte aligned", what,
+              l, p->w_offset[l]);
         CHECK(p->b_offset[l] % 4 == 0, "%s: layer %d b_offset %zu not 16-byte aligned", what, l, p->b_offset[l]);
-        w_expect += (size_t)p->n_pad[l] * (size_t)(p->k_pad[l] + 8);
+        CHECK(fm_plan_w_stride(p, l) * p->elem_bytes == p->k_pad[l] * p->elem_bytes + 16, "%s: layer %d weight row",
+              what, l);
+        w_expect += (size_t)p->n_pad[l] * (size_t)fm_plan_w_stride(p, l);
         b_expect += (size_t)p->n_pad[l];
     }
     if (auto_opts) {
@@ -164,7 +219,7 @@ static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t
         CHECK(widest <= 128 || p->m_tiles == 1, "%s: m_tiles %d with a %d-wide layer", what, p->m_tiles,
               widest);
     }
-    CHECK(p->w_halves == w_expect, "%s: w_halves %zu, want %zu", what, p->w_halves, w_expect);
+    CHECK(p->w_elems == w_expect, "%s: w_elems %zu, want %zu", what, p->w_elems, w_expect);
     CHECK(p->b_floats >= b_expect && p->b_floats < b_expect + 4 && p->b_floats % 4 == 0, "%s: b_floats %zu (sum %zu)",
           what, p->b_floats, b_expect);
     CHECK(p->warps == 1 || p->warps == 2 || p->warps == 4 || p->warps == 8, "%s: warps %d", what, p->warps);
@@ -173,29 +228,32 @@ static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t
     CHECK(p->resident == 0 || p->resident == 1, "%s: resident %d", what, p->resident);
     CHECK(p->smem_bytes <= t->smem_per_block, "%s: smem %zu > %zu", what, p->smem_bytes, t->smem_per_block);
 
-    /* activation rows: 16-byte units, an odd count of them, wide enough for every input and the staged output */
-    CHECK(p->act_stride % 8 == 0 && (p->act_stride / 8) % 2 == 1, "%s: act_stride %d", what, p->act_stride);
-    for (int l = 0; l < L; ++l)
-        CHECK(p->act_stride >= p->k_pad[l] + 8, "%s: act_stride %d < layer %d input %d", what, p->act_stride, l,
-              p->k_pad[l] + 8);
+    /* activation rows: 16-byte units, an odd count of them, wide enough for every value and the staged output */
+    CHECK(p->elem_bytes == (int)fm_prec_size(p->prec), "%s: elem_bytes %d", what, p->elem_bytes);
+    int row_bytes = p->act_stride * p->elem_bytes;
+    CHECK(row_bytes % 16 == 0 && (row_bytes / 16) % 2 == 1, "%s: act_stride %d", what, p->act_stride);
+    for (int v = 0; v <= L; ++v)
+        CHECK(row_bytes >= (spec->width[v] + 15) / 16 * 16 * p->elem_bytes + 16, "%s: act_stride %d < value %d",
+              what, p->act_stride, v - 1);
     int n_out = p->n_pad[L - 1];
-    CHECK(p->act_stride >= (p->out_dtype == FM_F32 ? 2 * (n_out + 4) : n_out + 8), "%s: act_stride %d too narrow for "
-          "the staged output (%d columns)", what, p->act_stride, n_out);
+    CHECK(row_bytes >= n_out * (int)fm_dtype_size(p->out_dtype) + 16, "%s: act_stride %d too narrow for the staged "
+          "output (%d columns)", what, p->act_stride, n_out);
 
-    CHECK(p->buffers == (multi_chunk ? 2 : 1), "%s: buffers %d, multi-chunk %d", what, p->buffers, multi_chunk);
+    check_buffers(p, spec, what);
+    CHECK(!multi_chunk || p->buffers >= 2, "%s: buffers %d with a multi-chunk layer", what, p->buffers);
 
     /* streamed slots hold the largest (layer, chunk) stage */
     size_t slot = 0;
     for (int l = 0; l < L; ++l) {
-        size_t s = (size_t)p->n_chunk[l] * (size_t)(p->k_pad[l] + 8);
+        size_t s = (size_t)p->n_chunk[l] * (size_t)fm_plan_w_stride(p, l);
         slot = s > slot ? s : slot;
     }
-    CHECK(p->resident ? p->w_slot_halves == 0 : p->w_slot_halves == slot, "%s: w_slot_halves %zu (resident %d, "
-          "largest stage %zu)", what, p->w_slot_halves, p->resident, slot);
-    size_t w_region = p->resident ? p->w_halves : 2 * p->w_slot_halves;
+    CHECK(p->resident ? p->w_slot_elems == 0 : p->w_slot_elems == slot, "%s: w_slot_elems %zu (resident %d, "
+          "largest stage %zu)", what, p->w_slot_elems, p->resident, slot);
+    size_t w_region = p->resident ? p->w_elems : 2 * p->w_slot_elems;
     size_t act = (size_t)p->warps * (size_t)p->buffers * (size_t)(p->m_tiles * 16) * (size_t)p->act_stride;
-    CHECK(p->smem_bytes == 2 * w_region + 4 * p->b_floats + 2 * act, "%s: smem_bytes %zu != %zu", what,
-          p->smem_bytes, 2 * w_region + 4 * p->b_floats + 2 * act);
+    size_t want = (size_t)p->elem_bytes * (w_region + act) + 4 * p->b_floats;
+    CHECK(p->smem_bytes == want, "%s: smem_bytes %zu != %zu", what, p->smem_bytes, want);
 
     CHECK(p->blocks_per_sm >= 1 && p->blocks_per_sm * p->warps <= 16, "%s: blocks_per_sm %d with %d warps", what,
           p->blocks_per_sm, p->warps);
@@ -240,24 +298,27 @@ static void test_plan_networks(void) {
             fm_spec spec;
             if (!make_spec(&spec, g_nets[n].widths, g_nets[n].num_layers, n % 2))
                 continue;
-            for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; ++d) {
-                char what[128];
-                snprintf(what, sizeof what, "%s sm_%d %s->%s", g_nets[n].name, g_archs[a], fm_dtype_name(dtypes[d][0]),
-                         fm_dtype_name(dtypes[d][1]));
+            for (size_t d = 0; d < 3 * sizeof dtypes / sizeof dtypes[0]; ++d) {
+                const fm_prec prec = (fm_prec)(d / 4); /* every precision with every dtype pair */
+                if (g_archs[a] < fm_prec_min_arch(prec))
+                    continue;
+                char what[160];
+                snprintf(what, sizeof what, "%s sm_%d %s %s->%s", g_nets[n].name, g_archs[a], fm_prec_name(prec),
+                         fm_dtype_name(dtypes[d % 4][0]), fm_dtype_name(dtypes[d % 4][1]));
                 fm_plan plan;
-                fm_status st = fm_plan_make(&spec, &t, NULL, dtypes[d][0], dtypes[d][1], &plan, &err);
+                fm_status st = fm_plan_make(&spec, &t, NULL, prec, dtypes[d % 4][0], dtypes[d % 4][1], &plan, &err);
                 CHECK(st == FM_OK && err.status == FM_OK, "%s: fm_plan_make: %s", what, err.message);
                 fm_error_clear(&err);
                 if (st != FM_OK)
                     continue;
                 ++g_plans_made;
-                CHECK(plan.in_dtype == dtypes[d][0] && plan.out_dtype == dtypes[d][1], "%s: dtypes", what);
+                CHECK(plan.in_dtype == dtypes[d % 4][0] && plan.out_dtype == dtypes[d % 4][1] && plan.prec == prec, "%s: dtypes", what);
                 check_plan(&plan, &spec, &t, 1, what);
 
                 /* Forced tile shape: honoured, or a limit error that names the options. */
                 fm_plan_opts opts = {4, 1, 0, -1};
                 fm_plan forced;
-                st = fm_plan_make(&spec, &t, &opts, dtypes[d][0], dtypes[d][1], &forced, &err);
+                st = fm_plan_make(&spec, &t, &opts, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.warps == 4 && forced.m_tiles == 1, "%s: forced warps=4 m_tiles=1 gave %d, %d", what,
                           forced.warps, forced.m_tiles);
@@ -270,9 +331,9 @@ static void test_plan_networks(void) {
 
                 /* Forced streaming. */
                 fm_plan_opts stream = {0, 0, 0, 0};
-                st = fm_plan_make(&spec, &t, &stream, dtypes[d][0], dtypes[d][1], &forced, &err);
+                st = fm_plan_make(&spec, &t, &stream, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
-                    CHECK(forced.resident == 0 && forced.w_slot_halves > 0, "%s: resident=0 gave resident %d", what,
+                    CHECK(forced.resident == 0 && forced.w_slot_elems > 0, "%s: resident=0 gave resident %d", what,
                           forced.resident);
                     check_plan(&forced, &spec, &t, 1, what);
                 } else {
@@ -283,7 +344,7 @@ static void test_plan_networks(void) {
 
                 /* Forced residency and chunk width. */
                 fm_plan_opts res = {0, 0, 32, 1};
-                st = fm_plan_make(&spec, &t, &res, dtypes[d][0], dtypes[d][1], &forced, &err);
+                st = fm_plan_make(&spec, &t, &res, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 1, "%s: resident=1 gave %d", what, forced.resident);
                     for (int l = 0; l < forced.num_layers; ++l)
@@ -301,6 +362,68 @@ static void test_plan_networks(void) {
     }
 }
 
+/* Random graphs: residuals from any earlier value, input concats before and after; every buffer assignment is
+ * replayed by check_buffers under each precision and forced option set. */
+static void test_plan_graphs(void) {
+    static const int arch_list[] = {80, 90};
+    int planned = 0;
+    for (int trial = 0; trial < 400; ++trial) {
+        int L = 1 + (int)(uniform() * 7), widths[FM_MAX_LAYERS + 1], cat[FM_MAX_LAYERS] = {0};
+        int64_t shapes[2 * FM_MAX_LAYERS], bias[FM_MAX_LAYERS];
+        const char *acts[FM_MAX_LAYERS];
+        int common = 8 + 8 * (int)(uniform() * 20);
+        for (int v = 0; v <= L; ++v) /* mostly one width, so residual operands exist */
+            widths[v] = uniform() < 0.7 ? common : 1 + (int)(uniform() * 200);
+        for (int l = 0; l < L; ++l) {
+            cat[l] = l > 0 && uniform() < 0.25 ? 1 + (int)(uniform() * 2) : FM_CAT_NONE;
+            shapes[2 * l] = widths[l + 1];
+            shapes[2 * l + 1] = widths[l] + (cat[l] ? widths[0] : 0);
+            bias[l] = l % 2 ? widths[l + 1] : -1;
+            acts[l] = g_acts[l % 4];
+        }
+        fm_spec spec;
+        fm_error err = {0};
+        if (fm_spec_init(&spec, L, shapes, bias, acts, cat, &err) != FM_OK) {
+            CHECK(0, "graph %d: spec: %s", trial, err.message);
+            fm_error_clear(&err);
+            continue;
+        }
+        for (int l = 0; l < L; ++l) {
+            if (uniform() < 0.5)
+                continue;
+            int src = -1 + (int)(uniform() * (l + 1)); /* -1..l-1 */
+            if (spec.width[src + 1] != spec.width[l + 1])
+                continue;
+            CHECK(fm_spec_set_residual(&spec, l, 1 + (int)(uniform() * 2), "relu", src, &err) == FM_OK,
+                  "graph %d: residual %d from %d: %s", trial, l, src, err.message);
+            fm_error_clear(&err);
+        }
+        for (int a = 0; a < 2; ++a) {
+            fm_target t;
+            fm_target_for_arch(arch_list[a], &t, &err);
+            for (int prec = 0; prec < 3; ++prec) {
+                fm_plan_opts opts[] = {{0, 0, 0, -1}, {0, 0, 32, 1}, {4, 1, 16, 0}};
+                for (int o = 0; o < 3; ++o) {
+                    char what[96];
+                    snprintf(what, sizeof what, "graph %d sm_%d %s opts %d", trial, arch_list[a],
+                             fm_prec_name((fm_prec)prec), o);
+                    fm_plan p;
+                    fm_status st = fm_plan_make(&spec, &t, &opts[o], (fm_prec)prec, FM_F32, FM_F16, &p, &err);
+                    if (st == FM_OK) {
+                        ++planned;
+                        check_plan(&p, &spec, &t, o == 0, what);
+                    } else {
+                        CHECK(st == FM_ERR_LIMIT, "%s: status %d \"%s\"", what, (int)st, err.message);
+                    }
+                    fm_error_clear(&err);
+                }
+            }
+        }
+        fm_spec_free(&spec);
+    }
+    CHECK(planned > 4000, "only %d graph plans made", planned);
+}
+
 static void test_plan_choices(void) {
     fm_error err = {0};
     fm_target t90, t75;
@@ -312,45 +435,53 @@ static void test_plan_choices(void) {
     fm_spec spec;
     int w11[] = {1, 1};
     if (make_spec(&spec, w11, 1, 0)) {
-        CHECK(fm_plan_make(&spec, &t90, NULL, FM_F32, FM_F32, &p, &err) == FM_OK, "1-1: %s", err.message);
-        CHECK(p.k_pad[0] == 16 && p.n_pad[0] == 16 && p.n_chunk[0] == 16 && p.w_halves == 16 * 24 &&
+        CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK, "1-1: %s", err.message);
+        CHECK(p.k_pad[0] == 16 && p.n_pad[0] == 16 && p.n_chunk[0] == 16 && p.w_elems == 16 * 24 &&
                   p.b_floats == 16 && p.buffers == 1 && p.resident == 1 && p.w_offset[0] == 0 && p.b_offset[0] == 0,
               "1-1: k_pad %d n_pad %d nc %d w %zu b %zu buffers %d resident %d", p.k_pad[0], p.n_pad[0], p.n_chunk[0],
-              p.w_halves, p.b_floats, p.buffers, p.resident);
+              p.w_elems, p.b_floats, p.buffers, p.resident);
         fm_spec_free(&spec);
     }
     fm_error_clear(&err);
 
     /* 256x8 on sm_75 (64 KiB): 8 * 256 * 264 halves cannot stay resident; streaming must fit. */
     if (make_spec(&spec, g_nets[4].widths, 8, 0)) {
-        CHECK(fm_plan_make(&spec, &t75, NULL, FM_F32, FM_F32, &p, &err) == FM_OK, "256x8 sm_75: %s", err.message);
+        CHECK(fm_plan_make(&spec, &t75, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK, "256x8 sm_75: %s", err.message);
         CHECK(p.resident == 0 && p.buffers == 2, "256x8 sm_75: resident %d buffers %d", p.resident, p.buffers);
         fm_error_clear(&err);
 
         fm_plan_opts res = {0, 0, 0, 1};
-        fm_status st = fm_plan_make(&spec, &t75, &res, FM_F32, FM_F32, &p, &err);
+        fm_status st = fm_plan_make(&spec, &t75, &res, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "resident=1") != NULL && strstr(err.message, "65536") != NULL &&
                   strstr(err.message, "sm_75") != NULL,
               "256x8 sm_75 resident=1: status %d \"%s\"", (int)st, err.message);
         fm_error_clear(&err);
 
         fm_plan_opts big = {8, 2, 128, -1};
-        st = fm_plan_make(&spec, &t75, &big, FM_F32, FM_F32, &p, &err);
+        st = fm_plan_make(&spec, &t75, &big, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "warps=8, m_tiles=2, n_chunk=128") != NULL,
               "256x8 sm_75 8x2x128: status %d \"%s\"", (int)st, err.message);
         fm_error_clear(&err);
         fm_spec_free(&spec);
     }
 
-    /* bfloat16 is refused by name. */
+    /* bfloat16 I/O and bf16/tf32 compute need sm_80: refused on sm_75 by name, planned on sm_90. */
     if (make_spec(&spec, w11, 1, 0)) {
-        fm_status st = fm_plan_make(&spec, &t90, NULL, FM_BF16, FM_F32, &p, &err);
-        CHECK(st == FM_ERR_VALUE && strstr(err.message, "bfloat16") != NULL, "bf16 in: %d \"%s\"", (int)st,
-              err.message);
+        fm_status st = fm_plan_make(&spec, &t75, NULL, FM_PREC_F16, FM_BF16, FM_F32, &p, &err);
+        CHECK(st == FM_ERR_LIMIT && strstr(err.message, "bfloat16") != NULL && strstr(err.message, "sm_75") != NULL,
+              "bf16 in on sm_75: %d \"%s\"", (int)st, err.message);
         fm_error_clear(&err);
-        st = fm_plan_make(&spec, &t90, NULL, FM_F32, FM_BF16, &p, &err);
-        CHECK(st == FM_ERR_VALUE && strstr(err.message, "bfloat16") != NULL, "bf16 out: %d \"%s\"", (int)st,
-              err.message);
+        st = fm_plan_make(&spec, &t75, NULL, FM_PREC_TF32, FM_F32, FM_F32, &p, &err);
+        CHECK(st == FM_ERR_LIMIT && strstr(err.message, "tf32") != NULL && strstr(err.message, "sm_80") != NULL,
+              "tf32 on sm_75: %d \"%s\"", (int)st, err.message);
+        fm_error_clear(&err);
+        st = fm_plan_make(&spec, &t90, NULL, FM_PREC_BF16, FM_BF16, FM_BF16, &p, &err);
+        CHECK(st == FM_OK && p.in_dtype == FM_BF16 && p.prec == FM_PREC_BF16 && p.elem_bytes == 2,
+              "bf16 on sm_90: %d \"%s\"", (int)st, err.message);
+        fm_error_clear(&err);
+        st = fm_plan_make(&spec, &t90, NULL, FM_PREC_TF32, FM_F32, FM_F32, &p, &err);
+        CHECK(st == FM_OK && p.elem_bytes == 4 && p.w_elems == 16 * 20 && p.act_stride % 4 == 0,
+              "tf32 on sm_90: %d w_elems %zu \"%s\"", (int)st, p.w_elems, err.message);
         fm_error_clear(&err);
         fm_spec_free(&spec);
     }
@@ -371,7 +502,7 @@ static void test_plan_choices(void) {
         for (int a = 0; a < NUM_ARCHS; ++a) {
             fm_target t;
             fm_target_for_arch(g_archs[a], &t, &err);
-            fm_status st = fm_plan_make(&spec, &t, NULL, FM_F32, FM_F32, &p, &err);
+            fm_status st = fm_plan_make(&spec, &t, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
             CHECK(st == FM_ERR_LIMIT && err.status == FM_ERR_LIMIT && strstr(err.message, num) != NULL &&
                       strstr(err.message, "256") != NULL && err.hint[0] != '\0',
                   "width %d on sm_%d: status %d \"%s\"", w, g_archs[a], (int)st, err.message);
@@ -394,7 +525,7 @@ static void test_pack(void) {
             if (!make_spec(&spec, nt->widths, nt->num_layers, bias_mode & 1))
                 continue;
             fm_plan p;
-            if (fm_plan_make(&spec, &t, NULL, FM_F32, FM_F32, &p, &err) != FM_OK) {
+            if (fm_plan_make(&spec, &t, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) != FM_OK) {
                 CHECK(0, "%s: plan: %s", nt->name, err.message);
                 fm_error_clear(&err);
                 fm_spec_free(&spec);
@@ -410,21 +541,21 @@ static void test_pack(void) {
                 for (int i = 0; i < p.n_real[l]; ++i)
                     b[l][i] = sym(3.0) + 0.5f; /* never 0: padding shows */
             }
-            uint16_t *wb = malloc(p.w_halves * sizeof *wb);
+            uint16_t *wb = malloc(p.w_elems * sizeof *wb);
             float *bb = malloc(p.b_floats * sizeof *bb);
-            memset(wb, 0xab, p.w_halves * sizeof *wb); /* garbage the pack must overwrite */
+            memset(wb, 0xab, p.w_elems * sizeof *wb); /* garbage the pack must overwrite */
             memset(bb, 0xab, p.b_floats * sizeof *bb);
-            char *real = calloc(p.w_halves, 1);
+            char *real = calloc(p.w_elems, 1);
             char *breal = calloc(p.b_floats, 1);
             fm_plan_pack(&p, (const float *const *)w, bias_mode == 2 ? NULL : (const float *const *)b, wb, bb);
 
             int bad_w = 0, bad_pad = 0, bad_b = 0, bad_bpad = 0;
             for (int l = 0; l < p.num_layers; ++l) {
-                int stride = p.k_pad[l] + 8;
+                int stride = fm_plan_w_stride(&p, l);
                 for (int r = 0; r < p.n_real[l]; ++r)
                     for (int k = 0; k < p.k_real[l]; ++k) {
                         size_t at = p.w_offset[l] + (size_t)r * (size_t)stride + (size_t)k;
-                        if (at >= p.w_halves) {
+                        if (at >= p.w_elems) {
                             bad_w++;
                             continue;
                         }
@@ -438,7 +569,7 @@ static void test_pack(void) {
                     bad_b += memcmp(&bb[at], &b[l][r], sizeof(float)) != 0;
                 }
             }
-            for (size_t i = 0; i < p.w_halves; ++i)
+            for (size_t i = 0; i < p.w_elems; ++i)
                 bad_pad += !real[i] && wb[i] != 0;
             for (size_t i = 0; i < p.b_floats; ++i)
                 bad_bpad += !breal[i] && bb[i] != 0.0f;
@@ -502,7 +633,7 @@ static void test_render(const char *root) {
                 continue;
             fm_plan p;
             fm_dtype out_dtype = (a + n) % 2 ? FM_F16 : FM_F32;
-            if (fm_plan_make(&spec, &t, NULL, FM_F32, out_dtype, &p, &err) != FM_OK) {
+            if (fm_plan_make(&spec, &t, NULL, FM_PREC_F16, FM_F32, out_dtype, &p, &err) != FM_OK) {
                 CHECK(0, "%s sm_%d: plan: %s", g_nets[n].name, g_archs[a], err.message);
                 fm_error_clear(&err);
                 fm_spec_free(&spec);
@@ -530,8 +661,12 @@ static void test_render(const char *root) {
                     snprintf(want, sizeof want, "template <> struct Layer<%d> {  // %d -> %d, activation ", l,
                              p.k_real[l], p.n_real[l]);
                     CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
-                    snprintf(want, sizeof want, "static constexpr int K = %d, KR = %d, N = %d, NR = %d, NC = %d;",
-                             p.k_pad[l], p.k_real[l], p.n_pad[l], p.n_real[l], p.n_chunk[l]);
+                    snprintf(want, sizeof want,
+                             "static constexpr int K = %d, K0 = %d, KR = %d, N = %d, NR = %d, NC = %d;", p.k_pad[l],
+                             p.k0_pad[l], p.k_real[l], p.n_pad[l], p.n_real[l], p.n_chunk[l]);
+                    CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
+                    snprintf(want, sizeof want, "static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;",
+                             p.a0_buf[l], p.a1_buf[l], p.out_buf[l]);
                     CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
                     snprintf(want, sizeof want, "static constexpr int W_OFF = %zu, B_OFF = %zu;", p.w_offset[l],
                              p.b_offset[l]);
@@ -542,7 +677,7 @@ static void test_render(const char *root) {
                 CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
                 snprintf(want, sizeof want, "constexpr int ACT_STRIDE = %d;", p.act_stride);
                 CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
-                snprintf(want, sizeof want, "#define FM_OUT_FLOAT %d ", out_dtype == FM_F32);
+                snprintf(want, sizeof want, "#define FM_OUT_TYPE %d ", (int)out_dtype);
                 CHECK(strstr(s, want) != NULL, "%s: missing \"%s\"", g_nets[n].name, want);
             }
             fm_str_free(&out);
@@ -677,7 +812,7 @@ static void test_ref_case(const int *widths, int L, int act_offset, int64_t rows
     }
     fm_spec spec;
     fm_error err = {0};
-    fm_status st = fm_spec_init(&spec, L, shapes, bias_len, act_text, &err);
+    fm_status st = fm_spec_init(&spec, L, shapes, bias_len, act_text, NULL, &err);
     CHECK(st == FM_OK, "ref spec: %s", err.message);
     fm_error_clear(&err);
 
@@ -778,6 +913,7 @@ int main(int argc, char **argv) {
     test_targets();
     test_plan_networks();
     test_plan_choices();
+    test_plan_graphs();
     test_pack();
     test_render(root);
     test_ref();

@@ -1,0 +1,219 @@
+"""Residuals from any kept value and NeRF-style input concats, and the three compute dtypes, on the CPU path (CI):
+against a NumPy float64 forward and PyTorch modules (traced with torch.fx), plus their kernels' compiles."""
+
+import numpy as np
+import pytest
+
+import fusedmlp
+from conftest import rel_l2, torch_init
+from test_residual import NUMPY_ACTS
+
+
+def graph_forward(x, ws, bs, acts, residual, concat):
+    """float64 forward with float32 storage between layers; residual[l] = (op, then, source value), concat[l] a mode."""
+    x0 = x.astype(np.float64)
+    values, h = {-1: x0}, x0
+    for l, (w, b, act) in enumerate(zip(ws, bs, acts)):
+        mode = (concat or {}).get(l)
+        inp = np.concatenate([h, x0], 1) if mode == "after" else np.concatenate([x0, h], 1) if mode == "before" else h
+        y = NUMPY_ACTS[act](inp @ w.astype(np.float64).T + (0 if b is None else b.astype(np.float64)))
+        if residual[l] is not None:
+            op, then, src = residual[l]
+            r = values[-1 if src == "input" else src]
+            y = NUMPY_ACTS[then](y + r if op == "add" else y * r)
+        h = values[l] = y.astype(np.float32).astype(np.float64)
+    return h
+
+
+def random_graph(rng, max_depth=6):
+    """A random network whose layers may concat the input and take residuals from any equally wide kept value."""
+    depth = int(rng.integers(1, max_depth + 1))
+    common = int(rng.choice([3, 16, 24, 64, 100, 128]))
+    widths = [common if rng.random() < 0.5 else int(rng.integers(1, 40))]
+    widths += [common if rng.random() < 0.75 else int(rng.integers(1, 130)) for _ in range(depth)]
+    concat = {l: str(rng.choice(["after", "before"])) for l in range(1, depth) if rng.random() < 0.3}
+    acts = [str(rng.choice(list(NUMPY_ACTS))) for _ in range(depth)]
+    residual = []
+    for l in range(depth):
+        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
+        if not sources or rng.random() < 0.4:
+            residual.append(None)
+            continue
+        src = int(rng.choice(sources))
+        residual.append((str(rng.choice(["add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
+                         "input" if src < 0 else src))
+    ws, bs = [], []
+    for l in range(depth):
+        fan_in = widths[l] + (widths[0] if l in concat else 0)
+        bound = 1 / np.sqrt(fan_in)
+        ws.append(rng.uniform(-bound, bound, (widths[l + 1], fan_in)).astype(np.float32) * 1.5)
+        bs.append(rng.uniform(-bound, bound, widths[l + 1]).astype(np.float32) if rng.random() < 0.7 else None)
+    return widths, ws, bs, acts, residual, concat
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_cpu_path_matches_numpy_on_random_graphs(seed):
+    rng = np.random.default_rng(1000 + seed)
+    widths, ws, bs, acts, residual, concat = random_graph(rng)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, device="cpu")
+    x = rng.standard_normal((67, widths[0])).astype(np.float32)
+    ref = graph_forward(x, ws, bs, acts, residual, concat)
+    assert rel_l2(mlp(x), ref) <= 1e-6
+
+
+def test_nerf_mlp_traced_from_torch_matches_the_module():
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class NeRF(nn.Module):  # the original NeRF trunk: 8 x 256, the encoded input concatenated before layer 5
+        def __init__(self, d_in=63, width=256, skip=4):
+            super().__init__()
+            self.skip = skip
+            self.layers = nn.ModuleList([nn.Linear(d_in, width)] + [
+                nn.Linear(width + (d_in if i == skip + 1 else 0), width) for i in range(1, 8)])
+            self.out = nn.Linear(width, 4)
+
+        def forward(self, x):
+            h = x
+            for i, layer in enumerate(self.layers):
+                if i == self.skip + 1:
+                    h = torch.cat([x, h], -1)
+                h = torch.relu(layer(h))
+            return self.out(h)
+
+    torch.manual_seed(0)
+    model = NeRF().double().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp._concat == [0, 0, 0, 0, 0, 2, 0, 0, 0] and "concat={5: before}" in repr(mlp)
+    x = torch.randn(300, 63, dtype=torch.float64)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert rel_l2(mlp(x.float().numpy()), ref) <= 1e-6
+    fused = fusedmlp.torch.FusedModule(NeRF().eval())
+    with torch.no_grad():
+        assert rel_l2(fused(x.float()).double().numpy(), fused.module(x.float()).double().numpy()) <= 1e-5
+
+
+def test_dense_skip_residuals_traced_from_torch_match_the_module():
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Skips(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c, self.d = nn.Linear(24, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 24)
+
+        def forward(self, x):
+            h1 = torch.tanh(self.a(x))
+            h2 = nn.functional.silu(self.b(h1))
+            h3 = torch.relu(h1 + nn.functional.gelu(self.c(h2)))  # residual from two layers back
+            return x * torch.sigmoid(self.d(h3))  # residual with the network input
+
+    torch.manual_seed(1)
+    model = Skips().double()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert [r[2] if r else None for r in mlp._residual] == [None, None, 0, -1]
+    x = torch.randn(150, 24, dtype=torch.float64)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert rel_l2(mlp(x.float().numpy()), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("body, match", [
+    ("h = torch.cat([h, h], -1)", "only torch.cat\\(\\[h, x\\], -1\\) or torch.cat\\(\\[x, h\\], -1\\)"),
+    ("h = torch.cat([h, x], 0)", "only torch.cat"),
+    ("h = torch.relu(torch.cat([h, x], -1))", "must feed a Linear directly"),
+    ("h = h + torch.relu(h)", "the residual operand a is neither the network input nor a layer.s output"),
+])
+def test_unsupported_graph_edges_name_the_node(body, match):
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    namespace = {"torch": torch, "nn": nn}
+    exec(f"""
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        {body}
+        return self.b(h)
+""", namespace)
+    with pytest.raises(fusedmlp.ArgumentError, match=match):
+        fusedmlp.from_torch(namespace["M"](), device="cpu")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"concat": {0: "after"}}, fusedmlp.ArgumentError, "concat names layer 0; it must be one of the layers 1..2"),
+    ({"concat": {1: "middle"}}, fusedmlp.ArgumentError, "concat mode of layer 1 is 'middle'"),
+    ({"concat": [0, 1, 0]}, fusedmlp.ArgumentError, "concat=.* must be None or a dict"),
+    ({"concat": {2: "after"}}, fusedmlp.ShapeError, "layer 2's input is the concat of layer 1's 8 outputs and the "
+                                                     "network's 4 inputs: 12 features"),
+    ({"residual": {2: ("add", "none", 5)}}, fusedmlp.ArgumentError, "residual 'from' of layer 2 is 5"),
+    ({"residual": {2: ("add", "none", "input")}}, fusedmlp.ShapeError,
+     "layer 2 has 2 output features but its residual operand, the network input, has 4"),
+    ({"residual": {1: {"op": "add", "from": 0}}}, None, None),
+    ({"dtype": "float64"}, fusedmlp.DTypeError, "dtype='float64' is not a compute dtype; it must be one of float16, "
+                                                "bfloat16, tf32"),
+])
+def test_bad_graph_arguments_name_the_field_and_rule(kwargs, error, match):
+    ws, bs = torch_init(np.random.default_rng(0), [4, 8, 8, 2])
+    if error is None:
+        mlp = fusedmlp.FusedMLP(ws, bs, device="cpu", **kwargs)
+        x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+        ref = graph_forward(x, ws, bs, ["relu", "relu", "none"], [None, ("add", "none", 0), None], None)
+        assert rel_l2(mlp(x), ref) <= 1e-6
+        return
+    with pytest.raises(error, match=match):
+        fusedmlp.FusedMLP(ws, bs, device="cpu", **kwargs)
+
+
+GRAPHS = [  # (widths, residual, concat): in place, kept values, two-part inputs, streamed 256-wide layers
+    ([63, 256, 256, 256, 4], {2: ("add", "relu", 0)}, {2: "before"}),
+    ([3, 32, 32, 32, 8], {2: ("mul", "none", 0)}, {1: "after", 3: "after"}),
+    ([64, 128, 128, 128, 64], {1: "add", 2: ("add", "relu"), 3: ("add", "none", "input")}, None),
+]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("dtype", fusedmlp.PRECISIONS)
+def test_graph_kernels_compile_in_every_precision(arch, dtype, tmp_path):
+    for widths, residual, concat in GRAPHS:
+        rng = np.random.default_rng(2)
+        ws = [rng.standard_normal((n, k + (widths[0] if concat and l in concat else 0))).astype(np.float32)
+              for l, (k, n) in enumerate(zip(widths[:-1], widths[1:]))]
+        mlp = fusedmlp.FusedMLP(ws, None, activation="silu", residual=residual, concat=concat, dtype=dtype,
+                                device="cpu", cache_dir=tmp_path)
+        for io in ("float32", "bfloat16"):
+            path = mlp.compile(arch, io)
+            with open(path, "rb") as f:
+                assert b"\x7fELF" in f.read()
+            assert f"#define FM_PREC {fusedmlp.PRECISIONS.index(dtype)}" in mlp.source
+            assert f"#define FM_IN_TYPE {0 if io == 'float32' else 2}" in mlp.source
+        if concat:
+            assert "A1_BUF = -1" in mlp.source and any(f"A1_BUF = {b}," in mlp.source for b in range(4))
+
+
+def test_bf16_and_tf32_need_sm80():
+    ws, bs = torch_init(np.random.default_rng(0), [4, 8, 2])
+    for dtype in ("bfloat16", "tf32"):
+        with pytest.raises(fusedmlp.LimitError, match=f"dtype='{dtype}' needs Tensor Cores of sm_80 or newer; the "
+                                                      "target is sm_75"):
+            fusedmlp.FusedMLP(ws, bs, dtype=dtype, device="cpu").compile("sm_75")
+    with pytest.raises(fusedmlp.LimitError, match="bfloat16 input/output needs sm_80"):
+        fusedmlp.FusedMLP(ws, bs, device="cpu").compile("sm_75", "bfloat16")
+    with pytest.raises(fusedmlp.DTypeError, match="io_dtype='int8'"):
+        fusedmlp.FusedMLP(ws, bs, device="cpu").compile("sm_90", "int8")
+
+
+def test_bfloat16_numpy_arrays_through_ml_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(3)
+    ws, bs = torch_init(rng, [6, 16, 3])
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="gelu", dtype="bfloat16", device="cpu")
+    x = rng.standard_normal((9, 6)).astype(ml_dtypes.bfloat16)
+    y = mlp(x)
+    assert y.dtype == ml_dtypes.bfloat16 and y.shape == (9, 3)
+    ref = graph_forward(x.astype(np.float32), ws, bs, ["gelu", "none"], [None, None], None)
+    assert rel_l2(y.astype(np.float32), ref) <= 2 ** -8
