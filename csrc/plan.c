@@ -52,6 +52,12 @@ static int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values)
 
 int fm_plan_w_stride(const fm_plan *plan, int l) { return plan->k_pad[l] + 16 / plan->elem_bytes; }
 
+int fm_plan_fast_act(const fm_plan *plan, int l) {
+    if (l == plan->num_layers - 1)
+        return plan->out_dtype != FM_F32;
+    return plan->prec != FM_PREC_TF32;
+}
+
 /* Assigns the per-warp activation buffers (a register allocation over the values x, layer 0's output, ...): x
  * arrives in buffer 0; layer l writes in place over its input h when it is one chunk (a later chunk would still
  * read what an earlier one overwrote) and nothing after it reads h; otherwise into the lowest buffer whose value is

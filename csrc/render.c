@@ -55,13 +55,16 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
                       "    static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;\n"
                       "    static constexpr int RES = %d, RES_BUF = %d;  // residual: 0 none, 1 add, 2 mul\n"
+                      "%s"
                       "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n"
                       "};\n",
                       l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", p->k_pad[l],
                       p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
                       p->has_bias[l] ? "true" : "false", p->w_offset[l], p->b_offset[l], p->a0_buf[l], p->a1_buf[l],
-                      p->out_buf[l], spec->res_op[l], p->res_buf[l], act.data, post.data ? post.data : "x");
+                      p->out_buf[l], spec->res_op[l], p->res_buf[l],
+                      fm_plan_fast_act(p, l) ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
+                      act.data, post.data ? post.data : "x");
         fm_str_free(&expr_text);
         fm_str_free(&act);
         fm_str_free(&post);

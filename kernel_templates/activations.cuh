@@ -68,6 +68,19 @@ __device__ __forceinline__ float fm_tanh(float x) {
     return a < 0.05f ? small : big;
 }
 
+// tanh for layers whose result is rounded to 16 bits right after (fp16/bf16 storage, plan.c's fast_act): one MUFU op
+// (tanh.approx.f32, sm_75+, relative error ~2^-11, the size of fp16's own rounding) instead of exp + reciprocal +
+// the small-|x| polynomial; tanh networks (pinn50) were bound by the special-function units. A Layer<l> whose
+// result is stored that way declares FM_FAST_HELPERS, whose members shadow the accurate helpers inside its act() and
+// post() (class scope comes first in name lookup); float32-stored results keep the ~1e-6 forms above.
+__device__ __forceinline__ float fm_tanh_fast(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#define FM_FAST_HELPERS \
+    static __device__ __forceinline__ float fm_tanh(float x) { return fm_tanh_fast(x); }
+
 __device__ __forceinline__ float fm_gelu_tanh(float x) {
     const float beta = 0.797884560802865355879f; // sqrt(2/pi)
     const float kappa = 0.044715f;

@@ -317,21 +317,27 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
             b0 = bias[Ly::B_OFF + col];
             b1 = bias[Ly::B_OFF + col + 1];
         }
+        // An n8 tile wholly in the padding only writes zeros: its activations would be masked anyway (pinn50's 50
+        // columns pad to 64, so this saves an eighth of its tanh). Uniform across the warp; folded where n0 is known.
+        const bool live = Ly::NR == Ly::N || n0 + nt * 8 < Ly::NR;
 #pragma unroll
         for (int mt = 0; mt < FM_M_TILES; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float v0 = Ly::act(acc[mt][nt][2 * h] + b0);
-                float v1 = Ly::act(acc[mt][nt][2 * h + 1] + b1);
-                if constexpr (Ly::RES != 0) {
-                    float r0, r1;
-                    fm_ld_act2(r_lane + (mt * 16 + 8 * h) * ROW_B + nt * 8 * EB, r0, r1);
-                    v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
-                    v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
-                }
-                if constexpr (Ly::NR < Ly::N) {  // only layers with padded columns pay for the mask
-                    if (col >= Ly::NR) v0 = 0.0f;
-                    if (col + 1 >= Ly::NR) v1 = 0.0f;
+                float v0 = 0.0f, v1 = 0.0f;
+                if (live) {
+                    v0 = Ly::act(acc[mt][nt][2 * h] + b0);
+                    v1 = Ly::act(acc[mt][nt][2 * h + 1] + b1);
+                    if constexpr (Ly::RES != 0) {
+                        float r0, r1;
+                        fm_ld_act2(r_lane + (mt * 16 + 8 * h) * ROW_B + nt * 8 * EB, r0, r1);
+                        v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
+                        v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
+                    }
+                    if constexpr (Ly::NR < Ly::N) {  // only layers with padded columns pay for the mask
+                        if (col >= Ly::NR) v0 = 0.0f;
+                        if (col + 1 >= Ly::NR) v1 = 0.0f;
+                    }
                 }
                 const fm_u32 addr = e_lane + (mt * 16 + 8 * h) * OUT_ROW_B + nt * 8 * OUT_COL_B;
                 if constexpr (L == LAST)

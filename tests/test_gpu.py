@@ -434,3 +434,15 @@ def test_tf32_keeps_float32_range_where_float16_overflows(rng):
     assert rel_l2(tf32._kernel("float32").run(x, poison=True), ref) <= PREC_TOL["tf32"]
     fp16 = fusedmlp.FusedMLP(ws, None, activation="none", device="cuda")
     assert not np.isfinite(fp16._kernel("float32").run(x, poison=True)).all()
+
+
+@pytest.mark.parametrize("prec", fusedmlp.PRECISIONS)
+def test_pinn_tanh_network_with_fast_tanh_stays_within_the_bound(rng, prec):
+    """pinn50's shape: hidden tanh layers stored in 16 bits use tanh.approx; the network error stays the dtype's."""
+    ws, bs = torch_init(rng, [2, 50, 50, 50, 50, 50, 1], True)
+    mlp = fusedmlp.FusedMLP(ws, bs, "tanh", dtype=prec, device="cuda")
+    for batch, io in [(1000, "float32"), (70001, "float16"), (3000, "bfloat16")]:
+        x, y = run_io(mlp, rng.standard_normal((batch, 2)).astype(np.float32), io)
+        ref = graph_reference(x, ws, bs, mlp)
+        tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+        assert not np.isnan(y).any() and rel_l2(y, ref) <= tol, (batch, io, rel_l2(y, ref))

@@ -217,3 +217,14 @@ def test_bfloat16_numpy_arrays_through_ml_dtypes():
     assert y.dtype == ml_dtypes.bfloat16 and y.shape == (9, 3)
     ref = graph_forward(x.astype(np.float32), ws, bs, ["gelu", "none"], [None, None], None)
     assert rel_l2(y.astype(np.float32), ref) <= 2 ** -8
+
+
+@pytest.mark.parametrize("dtype, io, fast_layers", [("float16", "float32", 5), ("float16", "float16", 6),
+                                                     ("bfloat16", "float32", 5), ("tf32", "float32", 0),
+                                                     ("tf32", "float16", 1)])
+def test_fast_tanh_only_where_the_result_is_rounded_to_16_bits(dtype, io, fast_layers):
+    """tanh.approx (error ~2^-11) is used by layers whose output is stored in 16 bits next, never for a float32 one."""
+    ws, bs = torch_init(np.random.default_rng(4), [2, 50, 50, 50, 50, 50, 1], True)
+    mlp = fusedmlp.FusedMLP(ws, bs, "tanh", output_activation="tanh", dtype=dtype, device="cpu")
+    mlp.compile("sm_90", io)
+    assert mlp.source.count("    FM_FAST_HELPERS") == fast_layers
