@@ -591,6 +591,9 @@ def test_anything_either_works_correctly_or_raises_a_fusedmlp_error(data):
     biases = args["biases"] if args["biases"] is not None else [None] * depth
     ref = _reference_with_core_activations(x, args["weights"], biases, mlp.activations)
     tol = 2e-3 if y.dtype == np.float16 else 1e-4
+    if y.dtype == np.float16:  # the output dtype's own range: past 65504 the right float16 answer is inf
+        with np.errstate(over="ignore"):
+            ref = ref.astype(np.float16).astype(np.float64)
     finite = np.abs(ref[np.isfinite(ref)])
     np.testing.assert_allclose(np.atleast_2d(y).astype(np.float64), ref, rtol=tol,
                                atol=tol * (1 + finite.max(initial=0)), equal_nan=True)
