@@ -74,3 +74,15 @@ def rng(request):
     # are salted per process unless PYTHONHASHSEED is set, so a failure would not come back on the next run).
     seed = zlib.crc32(request.node.nodeid.encode("utf-8"))
     return np.random.default_rng(seed)
+
+
+def graph_weights(rng, widths, concat, gain):
+    """Uniform(+-1/sqrt(fan_in)) * gain weights for a graph whose layers in `concat` also take the network input, and
+    such biases on about 70% of the layers (one rng draw per layer decides)."""
+    ws, bs = [], []
+    for l in range(len(widths) - 1):
+        fan_in = widths[l] + (widths[0] if l in concat else 0)
+        bound = 1 / np.sqrt(fan_in)
+        ws.append(rng.uniform(-bound, bound, (widths[l + 1], fan_in)).astype(np.float32) * gain)
+        bs.append(rng.uniform(-bound, bound, widths[l + 1]).astype(np.float32) if rng.random() < 0.7 else None)
+    return ws, bs

@@ -12,7 +12,7 @@ import pytest
 
 import fusedmlp
 from fusedmlp import _core
-from conftest import reference, rel_l2, torch_init
+from conftest import graph_weights, reference, rel_l2, torch_init
 
 pytestmark = pytest.mark.gpu
 
@@ -338,12 +338,7 @@ def random_graph_case(rng):
             src = int(rng.choice(sources))
             residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
                            "input" if src < 0 else src)
-    ws, bs = [], []
-    for l in range(depth):
-        fan_in = widths[l] + (widths[0] if l in concat else 0)
-        bound = 1 / np.sqrt(fan_in)
-        ws.append(rng.uniform(-bound, bound, (widths[l + 1], fan_in)).astype(np.float32) * 1.7)
-        bs.append(rng.uniform(-bound, bound, widths[l + 1]).astype(np.float32) if rng.random() < 0.7 else None)
+    ws, bs = graph_weights(rng, widths, concat, 1.7)
     batch = int(rng.choice([1, 127, 129, 2049, 4099]))
     return ws, bs, acts, residual, concat, batch
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fusedmlp
-from conftest import rel_l2, torch_init
+from conftest import graph_weights, rel_l2, torch_init
 from test_residual import NUMPY_ACTS
 
 
@@ -42,12 +42,7 @@ def random_graph(rng, max_depth=6):
         src = int(rng.choice(sources))
         residual.append((str(rng.choice(["add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
                          "input" if src < 0 else src))
-    ws, bs = [], []
-    for l in range(depth):
-        fan_in = widths[l] + (widths[0] if l in concat else 0)
-        bound = 1 / np.sqrt(fan_in)
-        ws.append(rng.uniform(-bound, bound, (widths[l + 1], fan_in)).astype(np.float32) * 1.5)
-        bs.append(rng.uniform(-bound, bound, widths[l + 1]).astype(np.float32) if rng.random() < 0.7 else None)
+    ws, bs = graph_weights(rng, widths, concat, 1.5)
     return widths, ws, bs, acts, residual, concat
 
 
