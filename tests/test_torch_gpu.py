@@ -186,3 +186,17 @@ def test_capture_after_a_warm_up_of_the_same_size_builds_nothing():
         torch.cuda.synchronize()
         assert mlp._kernels == built
         assert rel(y, make_model(9), x) <= FP16_TOL
+
+
+def test_bf16_tensors_go_through_float32_where_the_gpu_lacks_bf16_io():
+    """On sm_75 the kernel cannot convert bfloat16; the tensor path then reads and writes float32 instead. Simulated
+    here by marking the H100 model as such: the results must be those of the float32 kernel."""
+    model = make_model(3)
+    mlp = fusedmlp.from_torch(model)
+    mlp._bf16_io = False
+    x = torch.randn(3000, 24, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = mlp(x)
+    assert y.dtype == torch.bfloat16 and mlp._kernels
+    assert all(key[:2] == ("float32", "float32") for key in mlp._kernels), list(mlp._kernels)
+    assert rel(y, model, x.float()) <= 6e-3

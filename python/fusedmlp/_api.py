@@ -401,6 +401,7 @@ class FusedMLP:
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
         self._small_rows = 0  # batches below this use the small-tile kernel (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
+        self._bf16_io = None  # whether the GPU takes bfloat16 I/O in the kernel (sm_80+), once known
         self._has_bias = [bi is not None for bi in b]
         self._kind, self._ordinal = _parse_device(device)
         self._check = _parse_check(check)

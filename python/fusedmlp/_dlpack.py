@@ -21,6 +21,16 @@ def call(mlp, x, out_dtype=None):
     return call_torch(mlp, x, out_dtype)
 
 
+def _bf16_native(mlp):
+    """Whether the model's GPU reads and writes bfloat16 in the kernel (sm_80+; the plan refuses it below)."""
+    native = mlp._bf16_io
+    if native is None:
+        from . import _api
+
+        native = mlp._bf16_io = _api._gpu(mlp._ordinal).info["arch"] >= 80
+    return native
+
+
 def _check_shape(mlp, shape):
     n_in = mlp.widths[0]
     if len(shape) < 1 or shape[-1] != n_in:
@@ -49,6 +59,8 @@ def call_torch(mlp, x, out_dtype=None):
     # float32/float16 CUDA tensor on the model's device, output in the same dtype, autograd not tracking it.
     kinds, raw_stream = _fast_tables(torch)
     kind = kinds.get(x.dtype)
+    if kind == "bfloat16" and mlp._kind == "cuda" and not _bf16_native(mlp):
+        kind = None  # the slow path converts through float32
     if (kind is not None and out_dtype is None and x.is_cuda and mlp._kind == "cuda" and not x.requires_grad
             and x.dim() == 2 and x.shape[1] == mlp._n_in and x.shape[0] > 0 and x.is_contiguous()
             and x.data_ptr() % 16 == 0 and x.get_device() == mlp._ordinal):
@@ -82,14 +94,18 @@ def call_torch(mlp, x, out_dtype=None):
         return torch.empty((*lead, n_out), device=x.device, dtype=out_dtype)
     k_in, k_out = kinds[x.dtype], kinds[out_dtype]  # the kernel converts between any of the three in registers
     xin = x.reshape(rows, n_in)
+    if not _bf16_native(mlp):  # sm_75 has no bfloat16 conversions: float32 in and out instead (exact for bf16 in)
+        k_in = "float32" if k_in == "bfloat16" else k_in
+        k_out = "float32" if k_out == "bfloat16" else k_out
+        xin = xin.to(getattr(torch, k_in))
     if not xin.is_contiguous() or xin.data_ptr() % 16:  # views: made contiguous once (a device copy, no host copy)
         xin = xin.clone(memory_format=torch.contiguous_format)
-    y = torch.empty((rows, n_out), device=x.device, dtype=out_dtype)
+    y = torch.empty((rows, n_out), device=x.device, dtype=getattr(torch, k_out))
     kernel = mlp._kernel(k_in, k_out, rows)
     kernel.launch(xin.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream(x.device).cuda_stream)
     if mlp._check:
         mlp._verify(x.detach().reshape(rows, n_in).float().cpu().numpy(), y.float().cpu().numpy())
-    return y.reshape(*lead, n_out)
+    return y.to(out_dtype).reshape(*lead, n_out)
 
 
 def _call_cupy(mlp, x, out_dtype):
