@@ -1,6 +1,7 @@
 """Builds and runs >= 20 generated kernels once each with few rows, for compute-sanitizer (memcheck, racecheck,
 synccheck) to observe: every template path (resident and streamed weights, one and two activation buffers,
-small- and large-tile variants), tail rows, odd widths, fp32 and fp16 I/O. Exits non-zero on a wrong result.
+small- and large-tile variants), tail rows, odd widths, fp32 and fp16 I/O, and graphs (kept residual buffers,
+concat inputs) in every compute dtype with bfloat16 I/O too. Exits non-zero on a wrong result.
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python bench/sanitize_target.py
 """
@@ -34,3 +35,37 @@ for widths, act in CASES:
 kernels = len({id(k) for k in KERNELS})
 print(f"ran {count} launches: {len(CASES)} networks x 2 dtypes x 2 tile variants, {kernels} distinct kernels (a variant "
       "that does not fit a network falls back to its default kernel): OK")
+
+# Graphs (issue 5): kept buffers for residual operands from earlier layers and the input, two-part concat inputs,
+# in-place layers next to out-of-place ones, a residual in the staged last layer, streamed 256-wide chunks; each in
+# the three compute dtypes, with float32, float16 and bfloat16 I/O (bf16 as its uint16 bits).
+GRAPHS = [  # widths, residual, concat
+    ([24, 64, 64, 64, 24], {1: "add", 2: ("mul", "none", 0), 3: ("add", "none", "input")}, None),
+    ([63, 256, 256, 256, 4], {2: ("add", "relu", 0)}, {2: "before"}),
+    ([3, 32, 32, 32, 32], {3: ("add", "tanh", 1)}, {1: "after", 3: "after"}),
+]
+graph_launches = 0
+for widths, residual, concat in GRAPHS:
+    ws, bs = [], []
+    for l, (i, o) in enumerate(zip(widths[:-1], widths[1:])):
+        k = i + (widths[0] if concat and l in concat else 0)
+        ws.append(rng.uniform(-1, 1, (o, k)).astype(np.float32) / np.sqrt(k))
+        bs.append(rng.uniform(-1, 1, o).astype(np.float32) / np.sqrt(k))
+    for prec in fusedmlp.PRECISIONS:
+        mlp = fusedmlp.FusedMLP(ws, bs, activation="silu", residual=residual, concat=concat, dtype=prec, device="cuda")
+        for io in ("float32", "float16", "bfloat16"):
+            x32 = rng.standard_normal((300, widths[0])).astype(np.float32)
+            if io == "bfloat16":
+                u = x32.view(np.uint32)
+                x = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+                x32 = (x.astype(np.uint32) << 16).view(np.float32)
+                y = (mlp._kernel(io).run(x, poison=True).astype(np.uint32) << 16).view(np.float32)
+            else:
+                x = x32.astype(io)
+                x32 = x.astype(np.float32)
+                y = mlp._kernel(io).run(x, poison=True).astype(np.float32)
+            ref = mlp._net.forward_cpu(x32)
+            err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+            assert np.isfinite(y).all() and err < 5e-2, (widths, prec, io, err)
+            graph_launches += 1
+print(f"ran {graph_launches} graph launches: {len(GRAPHS)} graphs x 3 compute dtypes x 3 I/O dtypes: OK")
