@@ -72,17 +72,13 @@ static PyObject *fm_raise_clear(fm_error *err) {
 }
 
 static int fm_dtype_from_str(const char *s, fm_dtype *d) {
-    if (strcmp(s, "float32") == 0)
-        *d = FM_F32;
-    else if (strcmp(s, "float16") == 0)
-        *d = FM_F16;
-    else if (strcmp(s, "bfloat16") == 0)
-        *d = FM_BF16;
-    else {
-        PyErr_Format(PyExc_ValueError, "dtype '%s' is not one of float32, float16, bfloat16", s);
-        return -1;
-    }
-    return 0;
+    for (int i = FM_F32; i <= FM_BF16; ++i)
+        if (strcmp(s, fm_dtype_name((fm_dtype)i)) == 0) {
+            *d = (fm_dtype)i;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "dtype '%s' is not one of float32, float16, bfloat16", s);
+    return -1;
 }
 
 static int fm_prec_from_str(const char *s, fm_prec *p) {

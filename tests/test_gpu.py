@@ -229,7 +229,7 @@ def test_resnet_mlp_with_four_residual_gelu_blocks(rng):
     for batch, dtype in [(1, np.float32), (129, np.float16), (65537, np.float32)]:
         x = rng.standard_normal((batch, 64)).astype(dtype)
         y = mlp._kernel(np.dtype(dtype).name).run(x, poison=True)
-        ref = residual_reference(x, ws, bs, mlp)
+        ref = graph_reference(x, ws, bs, mlp)
         assert not np.isnan(y).any() and rel_l2(y, ref) <= FP16_TOL, (batch, dtype)
 
 
@@ -257,10 +257,6 @@ def graph_reference(x, ws, bs, mlp, rms=None):
     return h
 
 
-def residual_reference(x, ws, bs, mlp, rms=None):
-    return graph_reference(x, ws, bs, mlp, rms)
-
-
 def test_random_residual_architectures():
     rng = np.random.default_rng(5)
     failures, checked, skipped = [], 0, 0
@@ -282,7 +278,7 @@ def test_random_residual_architectures():
         x = rng.standard_normal((int(rng.choice([1, 127, 129, 5000])), widths[0])).astype(dtype)
         y = mlp._kernel(np.dtype(dtype).name).run(x, poison=True)
         rms = []
-        ref = residual_reference(x, ws, bs, mlp, rms)
+        ref = graph_reference(x, ws, bs, mlp, rms)
         # Outside fp16's range either way: past 6e4 it overflows; chained 'mul' residuals can shrink a layer's
         # activations to RMS ~1e-6 (seen: draw 20), below fp16's smallest normal 6.1e-5, where few bits remain.
         if np.max(np.abs(ref)) > 6e4 or min(rms) < 1e-3:

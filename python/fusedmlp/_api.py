@@ -66,9 +66,14 @@ def _template(name):
     return (resources.files("fusedmlp") / "kernel_templates" / name).read_text(encoding="utf-8")
 
 
+def _is_index(value, lo, hi):
+    """Whether value is an int (NumPy's too, not bool) in [lo, hi)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and lo <= value < hi
+
+
 def _parse_arch(arch):
     """Accepts 'sm_90', 'sm_90a', 'compute_90', 90 or '9.0'; returns (90, False) or (90, True)."""
-    if isinstance(arch, (int, np.integer)) and not isinstance(arch, bool) and 0 <= arch < 10000:
+    if _is_index(arch, 0, 10000):
         return int(arch), False  # the range keeps it a C int; the plan says which architectures are supported
     if isinstance(arch, str):
         m = re.fullmatch(r"(?:sm_|compute_)?(\d)\.?(\d{1,3})(a?)", arch.strip(), flags=re.ASCII)
@@ -203,7 +208,7 @@ def _residual_source(layer, source):
         return layer - 1
     if source == "input":
         return -1
-    if isinstance(source, (int, np.integer)) and not isinstance(source, bool) and 0 <= source < layer:
+    if _is_index(source, 0, layer):
         return int(source)
     raise ArgumentError(f"residual 'from' of layer {layer} is {source!r}; it must be 'input' (the network input) or "
                         f"an earlier layer's index 0..{layer - 1} (that layer's output; {layer - 1} is this layer's "
@@ -224,7 +229,7 @@ def _layer_residuals(num_layers, residual):
     if isinstance(residual, dict):
         entries = [None] * num_layers
         for layer, spec in residual.items():
-            if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not 0 <= layer < num_layers:
+            if not _is_index(layer, 0, num_layers):
                 raise ArgumentError(f"residual names layer {layer!r}; the network has layers 0..{num_layers - 1}")
             entries[int(layer)] = spec
     elif isinstance(residual, (list, tuple)):
@@ -272,7 +277,7 @@ def _layer_concat(num_layers, concat):
                             "is torch.cat([h, x]) ('after') or torch.cat([x, h]) ('before'), x the network input")
     out = [0] * num_layers
     for layer, mode in concat.items():
-        if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool) or not 1 <= layer < num_layers:
+        if not _is_index(layer, 1, num_layers):
             raise ArgumentError(f"concat names layer {layer!r}; it must be one of the layers 1..{num_layers - 1} "
                                 "(layer 0's input is the network input already)")
         if mode not in _CONCAT_MODES:
