@@ -51,7 +51,7 @@ def main():
         bs = [rng.uniform(-1, 1, o).astype(np.float32) if bias else None for o in widths[1:]]
         mlp = fusedmlp.FusedMLP(ws, bs, activation=act, device="cpu")
         plan = mlp._net.plan(args.arch, 232448, 132, "float16", "float16", smem_per_sm=233472)
-        source = plan.render(_api._template(_api.PRELUDE), _api._template(_api.TEMPLATE), _api.KERNEL_NAME)
+        source = plan.render(_api._template(_api.PRELUDE), _api._template(_api.TEMPLATE_SM90 if plan.info["wgmma"] else _api.TEMPLATE), _api.KERNEL_NAME)
         cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, args.arch, False, ("--ptxas-options=-v",))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)

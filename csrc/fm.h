@@ -173,6 +173,7 @@ typedef struct fm_plan_opts {
     int m_tiles;      /* 16-row mma tiles per warp */
     int n_chunk;      /* output columns one warp accumulates at once (multiple of 16) */
     int resident;     /* 1: all weights stay in shared memory; 0: stream per layer; -1: auto */
+    int wgmma;        /* 1: the sm_90a warpgroup template (fused_mlp_sm90.cu); 0: the mma.sync one; -1: auto */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -206,6 +207,8 @@ typedef struct fm_plan {
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */
     int arch;                        /* target compute capability */
+    int wgmma;                       /* 1: sm_90a warpgroup kernel (wgmma, activations in registers, weights in
+                                        the core-matrix layout, fm_plan_w_index); 0: the mma.sync kernel */
 } fm_plan;
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
@@ -215,8 +218,17 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
  * output): its activation may use the fast helpers, whose error is the size of that rounding. */
 int fm_plan_fast_act(const fm_plan *plan, int l);
 
-/* Elements per weight row of layer l in the blob and in shared memory: k_pad + one 16-byte pad. */
+/* Elements per weight row of layer l in the mma.sync kernel's blob and shared memory: k_pad + one 16-byte pad. */
 int fm_plan_w_stride(const fm_plan *plan, int l);
+
+/* Where weight (n, k) of layer l (padded coordinates) sits in the blob, as an element index. mma.sync: row-major
+ * rows of fm_plan_w_stride. wgmma: wgmma's no-swizzle K-major layout, 8x16-byte core matrices of 128 contiguous
+ * bytes, the K direction fastest (core matrix (n/8, 16-byte chunk c of k) at (n/8 * k_pad*elem/16 + c) * 128 bytes). */
+size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k);
+
+/* The sm_90a kernel's per-thread register estimate for a plan (accumulators, the input and output fragments, and
+ * addressing), which sets how many warpgroups share an SM. */
+int fm_plan_wgmma_regs(const fm_plan *plan);
 
 /* Packs PyTorch-layout float32 weights (w[l]: n_real x k_real, row-major) and biases (b[l] or NULL) into the
  * zero-padded blob of plan->w_elems elements of plan->elem_bytes (rounded to plan->prec) and the float blob

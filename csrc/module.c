@@ -535,7 +535,7 @@ static PyMethodDef Network_methods[] = {
     {"forward_cpu", (PyCFunction)Network_forward_cpu, METH_O, "forward_cpu(x) -> y: the CPU forward (float64 accumulate)."},
     {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(arch, smem_per_block=0, sm_count=0, in_dtype='float32', out_dtype='float32', warps=0, m_tiles=0, "
-     "n_chunk=0, resident=-1) -> Plan"},
+     "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1) -> Plan"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -569,14 +569,15 @@ static PyTypeObject PlanType;
 
 static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
-                             "n_chunk", "resident", "smem_per_sm", "precision", NULL};
+                             "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", NULL};
     int arch, sm_count = 0;
     Py_ssize_t smem = 0, smem_sm = 0;
     const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
-    fm_plan_opts opts = {0, 0, 0, -1};
+    fm_plan_opts opts = {0, 0, 0, -1, -1};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiins", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
-                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm, &prec_s))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsi", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
+                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm, &prec_s,
+                                     &opts.wgmma))
         return NULL;
     fm_dtype in_d, out_d;
     fm_prec prec;
@@ -627,7 +628,8 @@ static PyObject *Plan_render(PlanObject *self, PyObject *args) {
 static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "warps", p->warps,
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma", p->wgmma,
+                         "warps", p->warps,
                          "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "buffers",
                          p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes,
                          "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",

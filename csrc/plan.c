@@ -52,6 +52,29 @@ static int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values)
 
 int fm_plan_w_stride(const fm_plan *plan, int l) { return plan->k_pad[l] + 16 / plan->elem_bytes; }
 
+size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
+    if (!plan->wgmma)
+        return plan->w_offset[l] + (size_t)n * (size_t)fm_plan_w_stride(plan, l) + (size_t)k;
+    const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */
+    const size_t chunks = (size_t)(plan->k_pad[l] / per16);
+    const size_t core = (size_t)(n / 8) * chunks + (size_t)(k / per16);
+    return plan->w_offset[l] + core * (size_t)(8 * per16) + (size_t)(n % 8) * (size_t)per16 + (size_t)(k % per16);
+}
+
+/* Registers layer l of the sm_90a kernel keeps live per thread: 64 x n fp32 accumulators over 128 threads, the input
+ * fragments (64 x k halves) and, but for the last layer (which stages its output), the output fragments. */
+static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
+    return p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4);
+}
+
+int fm_plan_wgmma_regs(const fm_plan *plan) {
+    int regs = 0;
+    for (int l = 0; l < plan->num_layers; ++l)
+        regs = fm_wgmma_layer_regs(plan, l) > regs ? fm_wgmma_layer_regs(plan, l) : regs;
+    regs += 40; /* addresses, bias, the activation's temporaries */
+    return regs > 255 ? 255 : regs;
+}
+
 int fm_plan_fast_act(const fm_plan *plan, int l) {
     if (l == plan->num_layers - 1)
         return plan->out_dtype != FM_F32;
@@ -132,6 +155,76 @@ static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_ti
     return p->smem_bytes;
 }
 
+/* Why the sm_90a warpgroup kernel cannot run this network (NULL: it can). It keeps activations in registers as wgmma
+ * A fragments, so every value but a layer's own input is gone once the next layer ran: no input concat and residual
+ * operands only from the layer's own input. Weights stay resident; fp16/bf16 (a tf32 accumulator does not map onto
+ * the next layer's A fragment). */
+static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
+    if (p->arch != 90)
+        return "wgmma needs sm_90 (sm_90a)";
+    if (p->prec == FM_PREC_TF32)
+        return "the wgmma kernel takes float16 or bfloat16";
+    if (widest > 256)
+        return "the wgmma kernel takes layers up to 256 wide";
+    for (int l = 0; l < p->num_layers; ++l) {
+        /* One wgmma group per layer (splitting N into separately waited groups came out wrong for equal halves on
+         * the H100 with NVRTC 13, bench/wgmma_diag.py), so a layer's accumulators, input and output fragments must
+         * fit the 255 registers: a 224- or 256-wide hidden layer runs on mma.sync. */
+        if (fm_wgmma_layer_regs(p, l) + 40 > 255)
+            return "a hidden layer this wide would not fit the wgmma kernel's registers";
+        if (p->cat[l] != FM_CAT_NONE)
+            return "the wgmma kernel has no input concat";
+        if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
+            return "the wgmma kernel takes residuals from a layer's own input only";
+    }
+    return NULL;
+}
+
+/* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, staged through one
+ * shared buffer per warp for input and output), all weights resident in the core-matrix layout, each layer one chunk.
+ * Returns the shared-memory bytes. */
+static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, const int *value_pad) {
+    p->warps = warps;
+    p->m_tiles = 1;
+    p->rows_per_cta = warps * 16;
+    p->resident = 1;
+    p->w_slot_elems = 0;
+    p->buffers = 1;
+    for (int l = 0; l < p->num_layers; ++l) {
+        p->n_chunk[l] = p->n_pad[l];
+        p->a0_buf[l] = 0;
+        p->a1_buf[l] = -1;
+        p->out_buf[l] = 0;
+        p->res_buf[l] = p->res_op[l] != FM_RES_NONE ? 0 : -1;
+    }
+    /* The stage buffer holds x (value 0) and the staged output. */
+    int in_only = value_pad[0];
+    p->act_stride = fm_act_stride(p, &in_only, 1);
+    p->smem_bytes = (size_t)p->elem_bytes * (p->w_elems + (size_t)warps * 16 * (size_t)p->act_stride) +
+                    4 * p->b_floats;
+    size_t per_sm = t->smem_per_sm ? t->smem_per_sm : t->smem_per_block;
+    int by_smem = (int)(per_sm / (p->smem_bytes + 1024));
+    int by_regs = 65536 / (fm_plan_wgmma_regs(p) * 32 * warps);
+    int blocks = by_smem < by_regs ? by_smem : by_regs;
+    if (blocks > 64 / warps) /* the SM's 64 warps */
+        blocks = 64 / warps;
+    p->blocks_per_sm = blocks < 1 ? 1 : blocks;
+    return p->smem_bytes;
+}
+
+/* Lays out the weight and bias blobs: per layer, n_pad rows of k_pad (plus the mma.sync row pad). */
+static void fm_plan_blobs(fm_plan *p) {
+    p->w_elems = 0;
+    p->b_floats = 0;
+    for (int l = 0; l < p->num_layers; ++l) {
+        p->w_offset[l] = p->w_elems;
+        p->w_elems += (size_t)p->n_pad[l] * (size_t)(p->wgmma ? p->k_pad[l] : fm_plan_w_stride(p, l));
+        p->b_offset[l] = p->b_floats;
+        p->b_floats += (size_t)p->n_pad[l];
+    }
+    p->b_floats = (p->b_floats + 3) / 4 * 4;
+}
+
 /* Candidate order: resident weights (loaded once per CTA) beat streaming them per row tile; then more warps per SM
  * (each warp runs its layers serially, so the SM needs several in flight to hide latency); then more rows per CTA
  * (streamed weights are re-read from L2 once per tile); then more rows per warp and wider chunks (fewer ldmatrix per
@@ -147,7 +240,7 @@ static int fm_plan_better(const fm_plan *a, const fm_plan *b) {
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
-    fm_plan_opts none = {0, 0, 0, -1};
+    fm_plan_opts none = {0, 0, 0, -1, -1};
     if (opts == NULL)
         opts = &none;
     memset(plan, 0, sizeof *plan);
@@ -201,12 +294,40 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         plan->k0_pad[l] = value_pad[first];
         plan->k_pad[l] = plan->k0_pad[l] + (spec->cat[l] != FM_CAT_NONE ? value_pad[second] : 0);
         plan->n_pad[l] = value_pad[l + 1];
-        plan->w_offset[l] = plan->w_elems;
-        plan->w_elems += (size_t)plan->n_pad[l] * (size_t)fm_plan_w_stride(plan, l);
-        plan->b_offset[l] = plan->b_floats;
-        plan->b_floats += (size_t)plan->n_pad[l];
     }
-    plan->b_floats = (plan->b_floats + 3) / 4 * 4;
+
+    /* sm_90a: the warpgroup kernel when the network fits it (and no mma.sync tile shape was asked for); the most
+     * warpgroups per CTA that the register estimate lets share an SM, up to 4. */
+    const char *unfit = fm_plan_wgmma_unfit(plan, widest);
+    int want_wgmma = opts->wgmma > 0 || (opts->wgmma < 0 && unfit == NULL && !opts->m_tiles && !opts->n_chunk &&
+                                         opts->resident != 0 && opts->warps % 4 == 0);
+    if (want_wgmma && unfit != NULL) {
+        fm_fail(err, FM_ERR_LIMIT, "wgmma=1 was asked for, but %s", unfit);
+        return FM_ERR_LIMIT;
+    }
+    if (want_wgmma) {
+        plan->wgmma = 1;
+        fm_plan_blobs(plan);
+        int warps = opts->warps;
+        if (warps == 0) {
+            fm_plan_wgmma_layout(plan, target, 4, value_pad);
+            int per_sm = 65536 / (fm_plan_wgmma_regs(plan) * 128);
+            warps = 4 * (per_sm < 1 ? 1 : (per_sm > 4 ? 4 : per_sm));
+        }
+        for (; warps >= 4; warps -= 4) /* fewer warpgroups when the stages do not fit, unless asked for */
+            if (fm_plan_wgmma_layout(plan, target, warps, value_pad) <= target->smem_per_block || opts->warps)
+                break;
+        if (plan->smem_bytes <= target->smem_per_block)
+            return FM_OK;
+        if (opts->wgmma > 0) {
+            fm_fail(err, FM_ERR_LIMIT, "wgmma=1 was asked for, but the resident weights (%zu bytes) and stage buffers "
+                    "do not fit in the %zu bytes of shared memory a block may use on sm_%d",
+                    plan->w_elems * (size_t)plan->elem_bytes, target->smem_per_block, target->arch);
+            return FM_ERR_LIMIT;
+        }
+        plan->wgmma = 0; /* weights too large to stay resident: the mma.sync kernel streams them */
+    }
+    fm_plan_blobs(plan);
 
     /* Accumulators cost m_tiles * n_chunk / 2 registers per thread: at most 64, and 32 for layers wider than 128,
      * whose longer k loop keeps more fragments live (a 256x8 gelu network spilled at 64). */
@@ -261,12 +382,12 @@ void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const
     memset(w_blob, 0, plan->w_elems * (size_t)plan->elem_bytes);
     memset(b_blob, 0, plan->b_floats * sizeof *b_blob);
     for (int l = 0; l < plan->num_layers; ++l) {
-        int kr = plan->k_real[l], nr = plan->n_real[l], stride = fm_plan_w_stride(plan, l);
+        int kr = plan->k_real[l], nr = plan->n_real[l];
         /* Input column k of nn.Linear's weight: the first concat part's columns, then the second part's at k0_pad. */
         int k0r = plan->k0_real[l], shift = plan->k0_pad[l] - k0r;
         for (int n = 0; n < nr; ++n)
             for (int k = 0; k < kr; ++k) {
-                size_t at = plan->w_offset[l] + (size_t)n * stride + (size_t)(k < k0r ? k : k + shift);
+                size_t at = fm_plan_w_index(plan, l, n, k < k0r ? k : k + shift);
                 uint32_t bits = fm_round_bits(w[l][(size_t)n * kr + k], plan->prec);
                 if (plan->elem_bytes == 2)
                     ((uint16_t *)w_blob)[at] = (uint16_t)bits;

@@ -27,127 +27,21 @@
 //
 // Plan: {{PLAN_COMMENT}}
 
-typedef unsigned short fm_half;  // IEEE binary16 or bfloat16 bits
-typedef unsigned int fm_u32;
-struct alignas(16) fm_v4 { fm_u32 x, y, z, w; };  // no CUDA headers: our own 16- and 8-byte vectors
-struct alignas(8) fm_v2 { fm_u32 x, y; };
-
 #define FM_WARPS {{WARPS}}
 #define FM_M_TILES {{M_TILES}}
 #define FM_RESIDENT {{RESIDENT}}
 #define FM_BUFFERS {{BUFFERS}}          // activation buffers per warp
-#define FM_BLOCKS_PER_SM {{BLOCKS_PER_SM}} // the plan's occupancy: caps registers at 64K / (threads * this)
-#define FM_NUM_LAYERS {{NUM_LAYERS}}
-#define FM_PREC {{PREC}}          // on-chip weights and activations: 0 fp16, 1 bf16, 2 tf32
-#define FM_IN_TYPE {{IN_TYPE}}    // x in global memory: 0 float32, 1 float16, 2 bfloat16
-#define FM_OUT_TYPE {{OUT_TYPE}}  // y in global memory: same codes
-
-constexpr int THREADS = FM_WARPS * 32;
 constexpr int ROWS_W = 16 * FM_M_TILES;          // rows per warp strip
+
+#include "fm_common.cuh"
+
 constexpr int ROWS_CTA = ROWS_W * FM_WARPS;      // rows per CTA tile
-constexpr int ACT_STRIDE = {{ACT_STRIDE}};       // act_t elements per row of an activation buffer
-constexpr int W_SMEM_ELEMS = {{W_SMEM_ELEMS}};   // weight region: whole blob (resident) or two slots (streamed)
 constexpr int W_SLOT_ELEMS = {{W_SLOT_ELEMS}};   // one streamed slot (0 when resident)
 static_assert(FM_RESIDENT || W_SLOT_ELEMS > 0, "streamed weights need a slot");
-constexpr int B_FLOATS = {{B_FLOATS}};           // all layers' padded biases
+constexpr int BUF_B = ROWS_W * ROW_B;            // bytes per activation buffer
 
-#if FM_PREC == 2
-typedef float act_t;
-#else
-typedef fm_half act_t;
-#endif
-#if FM_IN_TYPE == 0
-typedef float in_t;
-#else
-typedef fm_half in_t;
-#endif
-#if FM_OUT_TYPE == 0
-typedef float out_t;
-#else
-typedef fm_half out_t;
-#endif
-constexpr int EB = (int)sizeof(act_t);                   // bytes per on-chip element
-constexpr int ROW_B = ACT_STRIDE * EB;                   // bytes per activation buffer row
-constexpr int BUF_B = ROWS_W * ROW_B;                    // bytes per activation buffer
-static_assert(ROW_B % 16 == 0, "activation rows must keep 16-byte alignment for ldmatrix");
-static_assert((W_SMEM_ELEMS * EB) % 16 == 0 && B_FLOATS % 4 == 0, "regions must keep 16-byte alignment");
+// ------------------------------------------------------------------------------------------------ mma.sync
 
-// ------------------------------------------------------------------------------------------------ PTX helpers
-
-__device__ __forceinline__ float fm_h2f(fm_half h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ float fm_bf2f(fm_half h) { return __uint_as_float((fm_u32)h << 16); }
-// float of 16-bit storage bits of type T (1: float16, 2: bfloat16)
-template <int T> __device__ __forceinline__ float fm_16_to_f(fm_half h) { return T == 2 ? fm_bf2f(h) : fm_h2f(h); }
-// Two floats as 16-bit type T, lo in the low half.
-template <int T> __device__ __forceinline__ fm_u32 fm_pack2(float lo, float hi) {
-    fm_u32 r;
-#if __CUDA_ARCH__ >= 800
-    if constexpr (T == 2)
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    else  // one instruction instead of two conversions, a shift and an or
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else  // sm_75: float16 only (the plan refuses bfloat16 there)
-    fm_half l, h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
-    r = (fm_u32)l | ((fm_u32)h << 16);
-#endif
-    return r;
-}
-__device__ __forceinline__ fm_u32 fm_tf32(float f) {  // nearest TF32, as float32 bits (the mma's operand format)
-    fm_u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
-    return r;
-}
-__device__ __forceinline__ fm_u32 fm_smem_addr(const void *p) {
-    unsigned long long a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (fm_u32)a;
-}
-// Shared-memory accesses of the hot loop take 32-bit shared-window addresses, computed once per lane: generic
-// 64-bit pointers cost a cvta and two-instruction adds per access, and kept the integer pipe the busiest one
-// (ncu, tcnn64 on H100: ALU 46%, tensor pipe far behind). ptxas folds the constant offsets into immediates.
-__device__ __forceinline__ void fm_ldmatrix_x4(fm_u32 r[4], fm_u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void fm_st_shared(fm_u32 addr, fm_u32 v) {
-    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ void fm_st_shared(fm_u32 addr, fm_u32 lo, fm_u32 hi) {
-    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(lo), "r"(hi) : "memory");
-}
-// Two act_t elements at a shared address, as floats (a residual operand), and back (an epilogue result).
-__device__ __forceinline__ void fm_ld_act2(fm_u32 addr, float &v0, float &v1) {
-#if FM_PREC == 2
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v0), "=f"(v1) : "r"(addr) : "memory");
-#else
-    fm_u32 r;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr) : "memory");
-    v0 = fm_16_to_f<FM_PREC + 1>((fm_half)(r & 0xffffu));
-    v1 = fm_16_to_f<FM_PREC + 1>((fm_half)(r >> 16));
-#endif
-}
-__device__ __forceinline__ void fm_st_act2(fm_u32 addr, float v0, float v1) {
-#if FM_PREC == 2
-    fm_st_shared(addr, fm_tf32(v0), fm_tf32(v1));
-#else
-    fm_st_shared(addr, fm_pack2<FM_PREC + 1>(v0, v1));
-#endif
-}
-// Two out_t elements of the staged output.
-__device__ __forceinline__ void fm_st_out2(fm_u32 addr, float v0, float v1) {
-#if FM_OUT_TYPE == 0
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
-#else
-    fm_st_shared(addr, fm_pack2<FM_OUT_TYPE>(v0, v1));
-#endif
-}
 // D += A * B with fp32 accumulate: A 16 x 32 bytes of k (row-major), B 32 bytes of k x 8 (column-major), i.e. one
 // m16n8k16 for fp16/bf16 and one m16n8k8 for tf32; the fragments are what fm_ldmatrix_x4 returns for both.
 __device__ __forceinline__ void fm_mma(float c[4], const fm_u32 a[4], fm_u32 b0, fm_u32 b1) {
@@ -175,69 +69,6 @@ __device__ __forceinline__ void fm_mma(float c[4], const fm_u32 a[4], fm_u32 b0,
                  : "r"(a[2]), "r"(a[3]), "r"(b1));
 #endif
 }
-// 16-byte global -> shared copy; asynchronous where the hardware has cp.async (sm_80+).
-__device__ __forceinline__ void fm_copy16(void *smem, const void *gmem) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(fm_smem_addr(smem)), "l"(gmem));
-#else
-    *(fm_v4 *)smem = *(const fm_v4 *)gmem;
-#endif
-}
-__device__ __forceinline__ void fm_copy_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;");
-#endif
-}
-template <int N> __device__ __forceinline__ void fm_copy_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-#endif
-}
-// Copies `elems` (a multiple of 16 bytes' worth) contiguous act_t from global to shared memory with the whole CTA.
-__device__ __forceinline__ void fm_copy_block(act_t *dst, const act_t *src, int elems) {
-    constexpr int E16 = 16 / EB;
-    for (int i = threadIdx.x * E16; i < elems; i += THREADS * E16)
-        fm_copy16(dst + i, src + i);
-}
-
-// One element of x as a float, and a float as act_t.
-__device__ __forceinline__ float fm_in_to_f(in_t v) {
-#if FM_IN_TYPE == 0
-    return v;
-#else
-    return fm_16_to_f<FM_IN_TYPE>(v);
-#endif
-}
-__device__ __forceinline__ act_t fm_f_to_act(float f) {
-#if FM_PREC == 2
-    return __uint_as_float(fm_tf32(f));
-#else
-    return (act_t)(fm_pack2<FM_PREC + 1>(f, 0.0f) & 0xffffu);
-#endif
-}
-// x's 16-bit type is the on-chip one: the input is copied, not converted.
-constexpr bool IN_RAW = FM_IN_TYPE != 0 && FM_PREC != 2 && FM_IN_TYPE == FM_PREC + 1;
-
-// ------------------------------------------------------------------------------------------------ the layers
-
-// Layer<l>: compile-time description of layer l, rendered from the plan.
-//   K, KR: padded / real input width (elements); K0: padded width of the input's first part (K without a concat);
-//   N, NR: padded / real output width; NC: output columns accumulated at once; BIAS: adds a bias;
-//   W_OFF: first element of the layer in the weight blob (N rows of K + 16 bytes); B_OFF: first float of its bias;
-//   A0_BUF, A1_BUF: activation buffers holding input columns [0, K0) and [K0, K) (-1: no second part);
-//   OUT_BUF: where the output goes; RES (0 none, 1 add, 2 mul) and RES_BUF: the residual y = post(act(.) op r);
-//   act, post: emitted from the checked expression ASTs.
-template <int L> struct Layer;
-{{LAYERS}}
-
-constexpr int LAST = FM_NUM_LAYERS - 1;
-constexpr int IN_REAL = Layer<0>::KR;
-constexpr int IN_PAD = Layer<0>::K;
-constexpr int OUT_REAL = Layer<LAST>::NR;
-constexpr int OUT_PAD = Layer<LAST>::N;
-// The last layer stages its output in the buffer it writes, as out_t rows with a bank-breaking 16-byte pad.
-constexpr int STAGE_STRIDE = OUT_PAD + 16 / (int)sizeof(out_t);  // in out_t elements
-static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ROW_B, "output staging must fit an activation row");
 
 // acc += this warp's strip of an input part (KLEN elements, row-major at a_lane's buffer) times its weight columns
 // (rows of WSB bytes from b_lane). Addresses are this lane's ldmatrix addresses (shared window, bytes).
@@ -346,96 +177,6 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
                     fm_st_act2(addr, v0, v1);
             }
         }
-    }
-}
-
-// ------------------------------------------------------------------------------------------------ input, output
-
-// Stores NW 32-bit words at a shared address aligned to 4 * NW bytes (NW = 2, 4 or 8).
-template <int NW> __device__ __forceinline__ void fm_st_words(act_t *dst, const fm_u32 (&w)[NW]) {
-    if constexpr (NW == 2) {
-        *(fm_v2 *)dst = fm_v2{w[0], w[1]};
-    } else {
-#pragma unroll
-        for (int i = 0; i < NW; i += 4)
-            *(fm_v4 *)((char *)dst + 4 * i) = fm_v4{w[i], w[i + 1], w[i + 2], w[i + 3]};
-    }
-}
-
-// Loads this warp's strip of x (rows [r0, r0 + nrows)) into `buf` as act_t, zero-filling padded rows and columns.
-__device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict__ x, long long r0, int nrows,
-                                              int lane) {
-    constexpr int VEC = 16 / (int)sizeof(in_t);  // elements per 16-byte load
-    constexpr int NW = VEC * EB / 4;              // 32-bit words they become on chip
-    if constexpr (IN_REAL % VEC == 0) {  // every row starts 16-byte aligned: vector loads
-        constexpr int CHUNKS = IN_REAL / VEC;
-        for (int i = lane; i < ROWS_W * CHUNKS; i += 32) {
-            const int row = i / CHUNKS, c = (i % CHUNKS) * VEC;
-            fm_u32 words[NW];
-            if (row < nrows) {
-                fm_v4 raw = *(const fm_v4 *)(x + (r0 + row) * IN_REAL + c);
-                if constexpr (IN_RAW) {
-                    const fm_u32 *u = (const fm_u32 *)&raw;
-#pragma unroll
-                    for (int j = 0; j < NW; ++j)
-                        words[j] = u[j];
-                } else {
-                    const in_t *e = (const in_t *)&raw;
-#pragma unroll
-                    for (int j = 0; j < VEC; j += 2) {
-#if FM_PREC == 2
-                        words[j] = fm_tf32(fm_in_to_f(e[j]));
-                        words[j + 1] = fm_tf32(fm_in_to_f(e[j + 1]));
-#else
-                        words[j / 2] = fm_pack2<FM_PREC + 1>(fm_in_to_f(e[j]), fm_in_to_f(e[j + 1]));
-#endif
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < NW; ++j)
-                    words[j] = 0u;
-            }
-            fm_st_words<NW>(buf + row * ACT_STRIDE + c, words);
-        }
-    } else {  // odd row widths: a contiguous, coalesced element walk over the strip
-        const long long base = r0 * IN_REAL;
-        const int count = nrows * IN_REAL;
-        for (int e = lane; e < ROWS_W * IN_REAL; e += 32) {
-            const int row = e / IN_REAL, col = e % IN_REAL;
-            act_t v = (act_t)0;
-            if (e < count) {
-                if constexpr (IN_RAW)
-                    v = x[base + e];
-                else
-                    v = fm_f_to_act(fm_in_to_f(x[base + e]));
-            }
-            buf[row * ACT_STRIDE + col] = v;
-        }
-    }
-    if constexpr (IN_PAD > IN_REAL) {  // padded input columns meet zero weights, but must not hold NaN/Inf garbage
-        constexpr int PADC = IN_PAD - IN_REAL;
-        for (int i = lane; i < ROWS_W * PADC; i += 32)
-            buf[(i / PADC) * ACT_STRIDE + IN_REAL + i % PADC] = (act_t)0;
-    }
-}
-
-// Writes the staged output of this warp's strip to y.
-__device__ __forceinline__ void fm_store_output(out_t *__restrict__ y, const act_t *buf, long long r0, int nrows,
-                                                int lane) {
-    const out_t *stage = (const out_t *)buf;
-    constexpr int VEC = 16 / (int)sizeof(out_t);
-    if constexpr (OUT_REAL % VEC == 0) {
-        constexpr int CHUNKS = OUT_REAL / VEC;
-        for (int i = lane; i < nrows * CHUNKS; i += 32) {
-            const int row = i / CHUNKS, c = (i % CHUNKS) * VEC;
-            *(fm_v4 *)(y + (r0 + row) * OUT_REAL + c) = *(const fm_v4 *)(stage + row * STAGE_STRIDE + c);
-        }
-    } else {
-        const long long base = r0 * OUT_REAL;
-        const int count = nrows * OUT_REAL;
-        for (int e = lane; e < count; e += 32)
-            y[base + e] = stage[(e / OUT_REAL) * STAGE_STRIDE + e % OUT_REAL];
     }
 }
 

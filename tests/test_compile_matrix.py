@@ -9,6 +9,7 @@ import concurrent.futures
 import multiprocessing
 import os
 import pathlib
+import re
 import struct
 import time
 import warnings
@@ -123,7 +124,10 @@ def test_every_arch_compiles_every_network(tmp_path):
             assert resident, label
         plan_line = [line for line in source.splitlines() if line.startswith("// Plan: ")]
         assert len(plan_line) == 1, label
-        assert plan_line[0].startswith(f"// Plan: widths {'-'.join(map(str, widths))}; sm_{arch}; "), plan_line
+        wgmma = mlp._net.plan(arch, 0, 0, dtype, dtype).info["wgmma"]
+        assert wgmma == (arch == 90 and ("wgmma.mma_async" in source)), label  # sm_90: the warpgroup kernel
+        target = f"sm_{arch}a; float16 wgmma" if wgmma else f"sm_{arch}; float16 mma.sync"
+        assert plan_line[0].startswith(f"// Plan: widths {'-'.join(map(str, widths))}; {target}; "), plan_line
         assert ("resident weights" if resident else "streamed weights") in plan_line[0], plan_line
         assert plan_line[0].endswith(f"x {dtype}, y {dtype}"), plan_line
         for layer, text in enumerate(acts):
@@ -135,7 +139,8 @@ def test_every_arch_compiles_every_network(tmp_path):
     # One entry per (network, arch, dtype): no two collided, none went missing.
     entries = list(KernelCache(cache_dir).entries())
     assert len(entries) == len(tasks) == len({path for _, path in results})
-    assert all(entry.meta["arch"] == f"sm_{int(entry.meta['arch'][3:])}" for entry in entries)
+    assert all(re.fullmatch(r"sm_\d+a?", entry.meta["arch"]) for entry in entries)
+    assert "sm_90a" in {entry.meta["arch"] for entry in entries}
     assert temp_files(cache_dir) == []
 
 
@@ -172,7 +177,7 @@ def test_source_before_any_compile_is_rendered_for_sm_90(rng):
     mlp = fusedmlp.FusedMLP(ws, bs, activation="gelu", device="cpu")
     source = mlp.source
     assert "template <> struct Layer<0> " in source and "template <> struct Layer<1> " in source
-    assert "// Plan: widths 3-20-2; sm_90; " in source
+    assert "// Plan: widths 3-20-2; sm_90a; float16 wgmma; " in source
     assert mlp.cache_path is None  # rendering is not compiling
 
 

@@ -208,7 +208,7 @@ def test_tune_keeps_the_fastest_candidate_and_later_processes_reuse_it(tmp_path,
     for rows, record in results.items():
         ms = record["ms"]
         assert len(ms) >= 2 and all(v > 0 for v in ms.values())
-        chosen = f"w{record['options']['warps']}m{record['options']['m_tiles']}"
+        chosen = fusedmlp._tune.label(record["options"])
         assert ms[chosen] == min(ms.values()), (rows, record)
     print(f"\ntuned pinn-like 2-50x4-1: {results}")
     x = rng.standard_normal((300_000, 2)).astype(np.float32)
@@ -311,12 +311,17 @@ def from_bf16_bits(b):
 
 def run_io(mlp, x32, io):
     """Runs mlp's kernel with io-typed input and output; returns (the input as the kernel saw it, output float64)."""
+    return run_io_kernel(mlp._kernel(io), x32, io)
+
+
+def run_io_kernel(kernel, x32, io):
+    """run_io with a given kernel (built for io in and out)."""
     if io == "bfloat16":
         bits = to_bf16_bits(x32)
-        y = mlp._kernel("bfloat16").run(bits, poison=True)
+        y = kernel.run(bits, poison=True)
         return from_bf16_bits(bits), from_bf16_bits(y).astype(np.float64)
     x = x32.astype(io)
-    return x, mlp._kernel(io).run(x, poison=True).astype(np.float64)
+    return x, kernel.run(x, poison=True).astype(np.float64)
 
 
 def random_graph_case(rng):
@@ -457,3 +462,51 @@ def test_fast_activations_stay_within_16_bit_rounding(act):
     print(f"\n{act}: max abs error {err.max():.2e} at x = {x[np.argmax(err), 0]:.3f}; max error / bound "
           f"{(err / bound).max():.2f}")
     assert (err <= bound).all(), (act, float(x[np.argmax(err / bound), 0]), float((err / bound).max()))
+
+
+def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
+    """The sm_90a warpgroup kernel (where the GPU has it), forced at 1-4 warpgroups per CTA, on random chains with
+    own-input residuals, float16 and bfloat16, all I/O dtypes, odd batches, vs float64; the mma.sync kernel of the
+    same model must agree with the same reference."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"wgmma needs sm_90; this GPU is sm_{info['arch']}")
+    rng = np.random.default_rng(20261124)
+    failures, checked = [], 0
+    for i in range(48):
+        depth = int(rng.integers(1, 7))
+        widths = [random_width(rng) for _ in range(depth + 1)]
+        residual = {l: (str(rng.choice(["add", "mul"])), str(rng.choice(["none", "relu"])))
+                    for l in range(depth) if widths[l] == widths[l + 1] and rng.random() < 0.5}
+        acts = [str(rng.choice(BUILTINS + EXPRESSIONS)) for _ in range(depth - 1)] + ["none"]
+        prec = ("float16", "bfloat16")[i % 2]
+        io = ("float32", "float16", "bfloat16")[i % 3]
+        ws, bs = graph_weights(rng, widths, {}, 1.0)
+        batch = int(rng.choice([1, 63, 65, 1000, 4099, 70001]))
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, dtype=prec, device="cuda")
+        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+        warps = 4 * (1 + i % 4)
+        for wgmma in (1, 0):
+            options = {"wgmma": wgmma, "warps": warps} if wgmma else {"wgmma": 0}
+            try:
+                kernel, plan, _, _ = mlp._build(io, io, **options)
+            except fusedmlp.LimitError:  # that many warpgroups' stages do not fit: fewer may
+                try:
+                    kernel, plan, _, _ = mlp._build(io, io, wgmma=wgmma)
+                except fusedmlp.LimitError:  # the weights alone overflow shared memory: mma.sync streams them
+                    assert wgmma == 1 and sum(w.size for w in ws) * 2 > 200_000
+                    continue
+            assert plan.info["wgmma"] == wgmma
+            x, y = run_io_kernel(kernel, x32, io)
+            rms = []
+            ref = graph_reference(x, ws, bs, mlp, rms)
+            if (prec == "float16" or io == "float16") and (np.max(np.abs(ref)) > 6e4 or min(rms) < 1e-3):
+                continue
+            checked += 1
+            err = rel_l2(y, ref)
+            tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+            if np.isnan(y).any() or not err <= tol:
+                failures.append((i, wgmma, plan.info["warps"], widths, acts, residual, prec, io, batch, err))
+    print(f"\nwgmma vs mma.sync: {checked} runs checked, {len(failures)} failures")
+    assert checked >= 60
+    assert not failures, failures[:5]

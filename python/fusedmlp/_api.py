@@ -20,6 +20,7 @@ log = logging.getLogger("fusedmlp")
 
 KERNEL_NAME = "fusedmlp_forward"
 TEMPLATE = "fused_mlp.cu"
+TEMPLATE_SM90 = "fused_mlp_sm90.cu"  # the plan's wgmma kernel (sm_90a)
 PRELUDE = "activations.cuh"
 
 #: Relative L2 error that ``check=True`` accepts between the GPU result and the CPU float64 reference. fp16
@@ -63,7 +64,15 @@ def _gpu(ordinal):
 
 
 def _template(name):
-    return (resources.files("fusedmlp") / "kernel_templates" / name).read_text(encoding="utf-8")
+    """A kernel template's text, with each `#include "file"` of another template file pasted in its place (NVRTC
+    compiles one self-contained source; the cache key covers all of it)."""
+    text = (resources.files("fusedmlp") / "kernel_templates" / name).read_text(encoding="utf-8")
+    return re.sub(r'^#include "([\w.]+)"$', lambda m: _template(m.group(1)), text, flags=re.M)
+
+
+def _source_of(plan):
+    """CUDA source of a plan: the sm_90a warpgroup template where the plan chose wgmma, else the mma.sync one."""
+    return plan.render(_template(PRELUDE), _template(TEMPLATE_SM90 if plan.info["wgmma"] else TEMPLATE), KERNEL_NAME)
 
 
 def _is_index(value, lo, hi):
@@ -82,21 +91,23 @@ def _parse_arch(arch):
     raise ArgumentError(f"arch={arch!r} is not an architecture; write it as 'sm_90' (or 90)")
 
 
-def compile_cubin(source, arch, cache=None):
+def compile_cubin(source, arch, cache=None, arch_a=False):
     """Compiles a rendered kernel through the on-disk cache.
 
     Args:
         source: CUDA source text.
         arch: compute capability as an int (e.g. 90).
         cache: a KernelCache (default: the one at FUSEDMLP_CACHE_DIR or its fallbacks).
+        arch_a: compile for the arch-specific target (sm_90a: wgmma), which runs only on that architecture.
 
     Returns:
         The cache entry (with ``.cubin`` and ``.path``).
     """
     cache = cache or KernelCache()
     path, version = _nvrtc_info()
-    options = ("-std=c++17", "--fmad=true", f"--gpu-architecture=sm_{arch}")
-    key = cache.key(source, options, tuple(version), f"sm_{arch}", __version__)
+    target = f"sm_{arch}{'a' if arch_a else ''}"
+    options = ("-std=c++17", "--fmad=true", f"--gpu-architecture={target}")
+    key = cache.key(source, options, tuple(version), target, __version__)
     entry = cache.get(key)
     if entry is not None:
         return entry
@@ -106,14 +117,14 @@ def compile_cubin(source, arch, cache=None):
             return entry
         start = time.perf_counter()
         try:
-            cubin, compile_log = _core().nvrtc_compile(source, TEMPLATE, arch, False, ())
+            cubin, compile_log = _core().nvrtc_compile(source, TEMPLATE, arch, bool(arch_a), ())
         except CompileError as e:
             raise CompileError(e.message, e.hint, source=source, options=options, log=e.log) from None
         seconds = time.perf_counter() - start
-        log.info("compiled %s for sm_%d in %.2f s with NVRTC %d.%d", KERNEL_NAME, arch, seconds, *version)
+        log.info("compiled %s for %s in %.2f s with NVRTC %d.%d", KERNEL_NAME, target, seconds, *version)
         if compile_log.strip():
             log.debug("NVRTC log:\n%s", compile_log)
-        meta = {"arch": f"sm_{arch}", "nvrtc": list(version), "options": list(options), "package_version": __version__,
+        meta = {"arch": target, "nvrtc": list(version), "options": list(options), "package_version": __version__,
                 "kernel": KERNEL_NAME, "compile_seconds": round(seconds, 4)}
         return cache.put(key, source, cubin, meta)
 
@@ -491,7 +502,7 @@ class FusedMLP:
     def _render(self, arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=0, **plan_options):
         plan = self._net.plan(arch, smem_per_block, sm_count, in_dtype, out_dtype, smem_per_sm=smem_per_sm,
                               precision=self._precision, **plan_options)
-        return plan, plan.render(_template(PRELUDE), _template(TEMPLATE), KERNEL_NAME)
+        return plan, _source_of(plan)
 
     def compile(self, arch="sm_90", io_dtype="float32"):
         """Renders and compiles the kernel for a named GPU, no GPU needed; returns the cache entry's path.
@@ -503,8 +514,8 @@ class FusedMLP:
         """
         number, _ = _parse_arch(arch)
         io_dtype = _io_dtype_name(io_dtype, "io_dtype")
-        _, source = self._render(number, 0, 0, io_dtype, io_dtype)
-        entry = compile_cubin(source, number, self._cache)
+        plan, source = self._render(number, 0, 0, io_dtype, io_dtype)
+        entry = compile_cubin(source, number, self._cache, plan.info["wgmma"])
         self._source, self._cache_path = source, _entry_path(entry)
         return self._cache_path
 
@@ -523,7 +534,7 @@ class FusedMLP:
         info = gpu.info
         plan, source = self._render(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype or dtype,
                                     info["smem_per_sm"], **plan_options)
-        entry = compile_cubin(source, info["arch"], self._cache)
+        entry = compile_cubin(source, info["arch"], self._cache, plan.info["wgmma"])
         return plan.load(gpu, entry.cubin, KERNEL_NAME), plan, source, entry
 
     def _kernel(self, dtype, out_dtype=None, rows=None):

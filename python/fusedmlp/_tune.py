@@ -18,10 +18,19 @@ from .errors import LimitError
 
 log = logging.getLogger("fusedmlp")
 
-FORMAT = 1
+FORMAT = 2
 #: Tile shapes tried, as plan options. The plan picks chunk widths and residency for each.
 CANDIDATES = ({"warps": 8, "m_tiles": 2}, {"warps": 8, "m_tiles": 1}, {"warps": 4, "m_tiles": 2},
               {"warps": 4, "m_tiles": 1})
+#: On sm_90 also the warpgroup (wgmma) kernel at 1-4 warpgroups per CTA; networks it does not take skip these.
+CANDIDATES_SM90 = CANDIDATES + tuple({"wgmma": 1, "warps": w} for w in (16, 12, 8, 4))
+
+
+def label(options):
+    """A candidate's short name in timings: w8m2 (mma.sync, 8 warps x 32 rows) or wg16 (wgmma, 16 warps)."""
+    if options.get("wgmma"):
+        return f"wg{options['warps']}"
+    return f"w{options['warps']}m{options['m_tiles']}"
 
 
 def bucket(rows):
@@ -82,16 +91,22 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
         except LimitError:  # this tile shape does not fit the network
             return options, None
 
-    with concurrent.futures.ThreadPoolExecutor(len(CANDIDATES)) as pool:  # NVRTC releases the GIL
-        built = list(pool.map(build, CANDIDATES))
+    candidates = CANDIDATES_SM90 if _gpu_arch(mlp) == 90 else CANDIDATES
+    with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:  # NVRTC releases the GIL
+        built = list(pool.map(build, candidates))
     timings = {}
     for options, kernel in built:
         if kernel is not None:
-            timings[f"w{options['warps']}m{options['m_tiles']}"] = kernel.time(rows, reps)
+            timings[label(options)] = kernel.time(rows, reps)
     if not timings:
         return None, timings
     best = min(timings, key=timings.get)
-    return next(o for o, _ in built if f"w{o['warps']}m{o['m_tiles']}" == best), timings
+    return next(o for o, _ in built if label(o) == best), timings
+
+
+def _gpu_arch(mlp):
+    from ._api import _gpu
+    return _gpu(mlp._ordinal).info["arch"]
 
 
 def choose(mlp, dtype, out_dtype, rows, gpu_info, store, force=False):

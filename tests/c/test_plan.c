@@ -168,8 +168,49 @@ static void check_buffers(const fm_plan *p, const fm_spec *spec, const char *wha
     }
 }
 
+/* The sm_90a plan's invariants: whole warpgroups of 16-row warps, resident weights in the core-matrix layout (n_pad
+ * x k_pad per layer, no row pad), chunks of at most 128 columns, one stage buffer per warp wide enough for x and the
+ * staged output, and only networks the kernel takes (no concat, residuals from the own input). */
+static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, const char *what) {
+    const int L = spec->num_layers;
+    CHECK(t->arch == 90 && p->prec != FM_PREC_TF32, "%s: wgmma on sm_%d %s", what, t->arch, fm_prec_name(p->prec));
+    CHECK(p->warps % 4 == 0 && p->warps >= 4 && p->warps <= 16 && p->m_tiles == 1 && p->rows_per_cta == 16 * p->warps,
+          "%s: wgmma warps %d m_tiles %d rows %d", what, p->warps, p->m_tiles, p->rows_per_cta);
+    CHECK(p->resident == 1 && p->buffers == 1 && p->w_slot_elems == 0, "%s: wgmma resident/buffers", what);
+    size_t w = 0, b = 0;
+    for (int l = 0; l < L; ++l) {
+        CHECK(spec->cat[l] == FM_CAT_NONE && (spec->res_op[l] == FM_RES_NONE || spec->res_src[l] == l - 1),
+              "%s: layer %d concat/residual source in a wgmma plan", what, l);
+        CHECK(p->k_pad[l] == (l ? p->n_pad[l - 1] : (spec->width[0] + 15) / 16 * 16) && is_mult16(p->n_pad[l]) &&
+                  p->n_pad[l] >= spec->width[l + 1] && p->n_pad[l] < spec->width[l + 1] + 16,
+              "%s: layer %d pads %d x %d", what, l, p->k_pad[l], p->n_pad[l]);
+        CHECK(p->n_chunk[l] == p->n_pad[l] && p->n_pad[l] <= 256, "%s: layer %d n_chunk %d", what, l, p->n_chunk[l]);
+        int regs = p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l < L - 1 ? p->n_pad[l] / 4 : 0);
+        CHECK(regs + 40 <= 255 && regs + 40 <= fm_plan_wgmma_regs(p), "%s: layer %d needs %d registers", what, l,
+              regs);
+        CHECK(p->w_offset[l] == w && p->b_offset[l] == b && w * (size_t)p->elem_bytes % 128 == 0,
+              "%s: layer %d offsets %zu %zu", what, l, p->w_offset[l], p->b_offset[l]);
+        w += (size_t)p->n_pad[l] * (size_t)p->k_pad[l];
+        b += (size_t)p->n_pad[l];
+    }
+    CHECK(p->w_elems == w && p->b_floats >= b && p->b_floats < b + 4 && p->b_floats % 4 == 0, "%s: blob sizes", what);
+    int row_bytes = p->act_stride * p->elem_bytes;
+    CHECK(row_bytes % 16 == 0 && (row_bytes / 16) % 2 == 1 && row_bytes >= p->k_pad[0] * p->elem_bytes + 16 &&
+              row_bytes >= p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16,
+          "%s: stage stride %d", what, p->act_stride);
+    size_t want = (size_t)p->elem_bytes * (w + (size_t)p->warps * 16 * (size_t)p->act_stride) + 4 * p->b_floats;
+    CHECK(p->smem_bytes == want && p->smem_bytes <= t->smem_per_block, "%s: smem %zu, want %zu", what, p->smem_bytes,
+          want);
+    CHECK(p->blocks_per_sm == 1 || p->blocks_per_sm * p->warps * 32 * fm_plan_wgmma_regs(p) <= 65536,
+          "%s: %d blocks of %d warps at %d registers", what, p->blocks_per_sm, p->warps, fm_plan_wgmma_regs(p));
+}
+
 /* Every invariant the kernel relies on. `auto_opts`: the plan chose everything, so its register rules apply too. */
 static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, int auto_opts, const char *what) {
+    if (p->wgmma) {
+        check_wgmma_plan(p, spec, t, what);
+        return;
+    }
     int L = spec->num_layers, widest = 0;
     CHECK(p->num_layers == L, "%s: num_layers %d", what, p->num_layers);
     CHECK(p->arch == t->arch, "%s: arch %d", what, p->arch);
@@ -316,7 +357,7 @@ static void test_plan_networks(void) {
                 check_plan(&plan, &spec, &t, 1, what);
 
                 /* Forced tile shape: honoured, or a limit error that names the options. */
-                fm_plan_opts opts = {4, 1, 0, -1};
+                fm_plan_opts opts = {4, 1, 0, -1, 0};
                 fm_plan forced;
                 st = fm_plan_make(&spec, &t, &opts, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
@@ -330,7 +371,7 @@ static void test_plan_networks(void) {
                 fm_error_clear(&err);
 
                 /* Forced streaming. */
-                fm_plan_opts stream = {0, 0, 0, 0};
+                fm_plan_opts stream = {0, 0, 0, 0, 0};
                 st = fm_plan_make(&spec, &t, &stream, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 0 && forced.w_slot_elems > 0, "%s: resident=0 gave resident %d", what,
@@ -343,7 +384,7 @@ static void test_plan_networks(void) {
                 fm_error_clear(&err);
 
                 /* Forced residency and chunk width. */
-                fm_plan_opts res = {0, 0, 32, 1};
+                fm_plan_opts res = {0, 0, 32, 1, 0};
                 st = fm_plan_make(&spec, &t, &res, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 1, "%s: resident=1 gave %d", what, forced.resident);
@@ -402,7 +443,7 @@ static void test_plan_graphs(void) {
             fm_target t;
             fm_target_for_arch(arch_list[a], &t, &err);
             for (int prec = 0; prec < 3; ++prec) {
-                fm_plan_opts opts[] = {{0, 0, 0, -1}, {0, 0, 32, 1}, {4, 1, 16, 0}};
+                fm_plan_opts opts[] = {{0, 0, 0, -1, 0}, {0, 0, 32, 1, 0}, {4, 1, 16, 0, 0}};
                 for (int o = 0; o < 3; ++o) {
                     char what[96];
                     snprintf(what, sizeof what, "graph %d sm_%d %s opts %d", trial, arch_list[a],
@@ -436,6 +477,8 @@ static void test_plan_choices(void) {
     int w11[] = {1, 1};
     if (make_spec(&spec, w11, 1, 0)) {
         CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK, "1-1: %s", err.message);
+        CHECK(p.wgmma && p.w_elems == 16 * 16, "1-1 on sm_90: wgmma %d, %zu weight elements", p.wgmma, p.w_elems);
+        CHECK(fm_plan_make(&spec, &t75, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK, "1-1: %s", err.message);
         CHECK(p.k_pad[0] == 16 && p.n_pad[0] == 16 && p.n_chunk[0] == 16 && p.w_elems == 16 * 24 &&
                   p.b_floats == 16 && p.buffers == 1 && p.resident == 1 && p.w_offset[0] == 0 && p.b_offset[0] == 0,
               "1-1: k_pad %d n_pad %d nc %d w %zu b %zu buffers %d resident %d", p.k_pad[0], p.n_pad[0], p.n_chunk[0],
@@ -450,14 +493,14 @@ static void test_plan_choices(void) {
         CHECK(p.resident == 0 && p.buffers == 2, "256x8 sm_75: resident %d buffers %d", p.resident, p.buffers);
         fm_error_clear(&err);
 
-        fm_plan_opts res = {0, 0, 0, 1};
+        fm_plan_opts res = {0, 0, 0, 1, 0};
         fm_status st = fm_plan_make(&spec, &t75, &res, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "resident=1") != NULL && strstr(err.message, "65536") != NULL &&
                   strstr(err.message, "sm_75") != NULL,
               "256x8 sm_75 resident=1: status %d \"%s\"", (int)st, err.message);
         fm_error_clear(&err);
 
-        fm_plan_opts big = {8, 2, 128, -1};
+        fm_plan_opts big = {8, 2, 128, -1, 0};
         st = fm_plan_make(&spec, &t75, &big, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "warps=8, m_tiles=2, n_chunk=128") != NULL,
               "256x8 sm_75 8x2x128: status %d \"%s\"", (int)st, err.message);
@@ -596,6 +639,121 @@ static void test_pack(void) {
           "fm_float_to_half on known values");
 }
 
+/* The sm_90a plan: chosen for the networks it takes (fp16/bf16 chains, own-input residuals, resident weights), never
+ * elsewhere; forced shapes honoured or refused by name; the packed blob in wgmma's core-matrix layout (checked
+ * against the layout written out here, element by element, padding zero). */
+static void test_wgmma_plans(void) {
+    fm_error err = {0};
+    fm_target t90, t80;
+    fm_target_for_arch(90, &t90, &err);
+    fm_target_for_arch(80, &t80, &err);
+    int chosen = 0;
+    for (int n = 0; n < NUM_NETS; ++n) {
+        fm_spec spec;
+        if (!make_spec(&spec, g_nets[n].widths, g_nets[n].num_layers, n % 2))
+            continue;
+        int widest = 0;
+        for (int v = 0; v <= spec.num_layers; ++v)
+            widest = spec.width[v] > widest ? spec.width[v] : widest;
+        for (int prec = 0; prec < 3; ++prec) {
+            fm_plan p;
+            if (fm_plan_make(&spec, &t90, NULL, (fm_prec)prec, FM_F32, FM_F16, &p, &err) != FM_OK) {
+                fm_error_clear(&err);
+                continue;
+            }
+            CHECK(p.wgmma == 0 || (prec != FM_PREC_TF32 && widest <= 256), "%s %s: wgmma %d", g_nets[n].name,
+                  fm_prec_name((fm_prec)prec), p.wgmma);
+            chosen += p.wgmma;
+            if (prec == FM_PREC_TF32 || widest > 256)
+                continue;
+            fm_plan_opts any = {0, 0, 0, -1, 1};
+            if (fm_plan_make(&spec, &t90, &any, (fm_prec)prec, FM_F32, FM_F16, &p, &err) != FM_OK) {
+                CHECK(strstr(err.message, "registers") || strstr(err.message, "do not fit"), "%s: %s", g_nets[n].name,
+                      err.message);
+                fm_error_clear(&err);
+                continue;
+            }
+            for (int warps = 4; warps <= 16; warps += 4) {
+                fm_plan_opts o = {warps, 0, 0, -1, 1};
+                char what[96];
+                snprintf(what, sizeof what, "%s %s wgmma warps=%d", g_nets[n].name, fm_prec_name((fm_prec)prec),
+                         warps);
+                fm_status st = fm_plan_make(&spec, &t90, &o, (fm_prec)prec, FM_F16, FM_F32, &p, &err);
+                if (st != FM_OK) {
+                    CHECK(st == FM_ERR_LIMIT && strstr(err.message, "do not fit") != NULL, "%s: %s", what,
+                          err.message);
+                    fm_error_clear(&err);
+                    continue;
+                }
+                ++g_plans_made;
+                CHECK(p.wgmma == 1 && p.warps == warps, "%s: got wgmma %d warps %d", what, p.wgmma, p.warps);
+                check_plan(&p, &spec, &t90, 0, what);
+                if (warps != 8)
+                    continue;
+                /* pack: element (n, k) at core matrix (n / 8, k / 8) of 128 bytes, row n % 8, half k % 8 */
+                float *w[FM_MAX_LAYERS];
+                for (int l = 0; l < p.num_layers; ++l) {
+                    size_t nw = (size_t)p.n_real[l] * (size_t)p.k_real[l];
+                    w[l] = malloc(nw * sizeof(float));
+                    for (size_t i = 0; i < nw; ++i)
+                        w[l][i] = sym(2.0) + (i % 7 == 0 ? 3.0f : 0.0f);
+                }
+                uint16_t *wb = malloc(p.w_elems * sizeof *wb);
+                float *bb = malloc(p.b_floats * sizeof *bb);
+                char *real = calloc(p.w_elems, 1);
+                fm_plan_pack(&p, (const float *const *)w, NULL, wb, bb);
+                int bad = 0, twice = 0, pad = 0;
+                for (int l = 0; l < p.num_layers; ++l)
+                    for (int r = 0; r < p.n_real[l]; ++r)
+                        for (int k = 0; k < p.k_real[l]; ++k) {
+                            size_t core = (size_t)(r / 8) * (size_t)(p.k_pad[l] / 8) + (size_t)(k / 8);
+                            size_t at = p.w_offset[l] + core * 64 + (size_t)(r % 8) * 8 + (size_t)(k % 8);
+                            twice += real[at]++;
+                            uint16_t want = (uint16_t)fm_round_bits(w[l][(size_t)r * p.k_real[l] + k], p.prec);
+                            bad += wb[at] != want;
+                        }
+                for (size_t i = 0; i < p.w_elems; ++i)
+                    pad += !real[i] && wb[i] != 0;
+                CHECK(bad == 0 && twice == 0 && pad == 0, "%s: pack: %d wrong, %d aliased, %d padding not zero", what,
+                      bad, twice, pad);
+                free(real);
+                free(wb);
+                free(bb);
+                for (int l = 0; l < p.num_layers; ++l)
+                    free(w[l]);
+            }
+        }
+        /* never on sm_80, never for tf32; forcing it there names why */
+        fm_plan p;
+        fm_plan_opts force = {0, 0, 0, -1, 1};
+        if (fm_plan_make(&spec, &t80, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK)
+            CHECK(p.wgmma == 0, "%s: wgmma on sm_80", g_nets[n].name);
+        fm_error_clear(&err);
+        CHECK(fm_plan_make(&spec, &t80, &force, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_ERR_LIMIT &&
+                  strstr(err.message, "wgmma=1 was asked for, but wgmma needs sm_90") != NULL,
+              "%s: forced wgmma on sm_80: %s", g_nets[n].name, err.message);
+        fm_error_clear(&err);
+        CHECK(fm_plan_make(&spec, &t90, &force, FM_PREC_TF32, FM_F32, FM_F32, &p, &err) == FM_ERR_LIMIT &&
+                  strstr(err.message, "float16 or bfloat16") != NULL,
+              "%s: forced wgmma with tf32: %s", g_nets[n].name, err.message);
+        fm_error_clear(&err);
+        fm_spec_free(&spec);
+    }
+    CHECK(chosen >= NUM_NETS / 2, "the sm_90 plan chose wgmma for only %d network/precision pairs", chosen);
+
+    /* a concat network and a residual from an earlier layer stay on mma.sync */
+    static const int widths[] = {16, 32, 32, 32};
+    fm_spec spec;
+    if (make_spec(&spec, widths, 3, 0)) {
+        fm_plan p;
+        CHECK(fm_spec_set_residual(&spec, 2, FM_RES_ADD, NULL, 0, &err) == FM_OK, "residual: %s", err.message);
+        CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK && p.wgmma == 0,
+              "residual from layer 0 into layer 2: wgmma %d (%s)", p.wgmma, err.message);
+        fm_error_clear(&err);
+        fm_spec_free(&spec);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------ render */
 
 static void expect_render_error(int line, const fm_spec *spec, const fm_plan *p, const char *tmpl, const char *needle) {
@@ -613,15 +771,27 @@ static void expect_render_error(int line, const fm_spec *spec, const fm_plan *p,
 }
 #define EXPECT_RENDER_ERROR(spec, p, tmpl, needle) expect_render_error(__LINE__, spec, p, tmpl, needle)
 
+/* A kernel template with its #include "fm_common.cuh" pasted in, as python/fusedmlp/_api.py reads it. */
+static char *read_template(const char *root, const char *rel) {
+    char *tmpl = read_text(root, rel), *common = read_text(root, "kernel_templates/fm_common.cuh");
+    char *whole = tmpl && common ? replace_first(tmpl, "#include \"fm_common.cuh\"", common) : NULL;
+    free(tmpl);
+    free(common);
+    return whole;
+}
+
 static void test_render(const char *root) {
-    char *tmpl = read_text(root, "kernel_templates/fused_mlp.cu");
+    char *tmpl = read_template(root, "kernel_templates/fused_mlp.cu");
+    char *tmpl90 = read_template(root, "kernel_templates/fused_mlp_sm90.cu");
     char *prelude = read_text(root, "kernel_templates/activations.cuh");
-    CHECK(tmpl != NULL && prelude != NULL, "cannot read kernel_templates/ under %s", root);
-    if (tmpl == NULL || prelude == NULL) {
+    CHECK(tmpl != NULL && tmpl90 != NULL && prelude != NULL, "cannot read kernel_templates/ under %s", root);
+    if (tmpl == NULL || tmpl90 == NULL || prelude == NULL) {
         free(tmpl);
+        free(tmpl90);
         free(prelude);
         return;
     }
+    int rendered90 = 0;
     fm_error err = {0};
     int rendered = 0;
     for (int a = 0; a < NUM_ARCHS; ++a) {
@@ -642,9 +812,13 @@ static void test_render(const char *root) {
             char kname[64];
             snprintf(kname, sizeof kname, "fm_test_kernel_%d_%d", g_archs[a], n);
             fm_str out = {0};
-            fm_status st = fm_render(&spec, &p, prelude, tmpl, kname, &out, &err);
+            fm_status st = fm_render(&spec, &p, prelude, p.wgmma ? tmpl90 : tmpl, kname, &out, &err);
             CHECK(st == FM_OK && err.status == FM_OK && out.data != NULL && !out.oom, "%s sm_%d: render: %s",
                   g_nets[n].name, g_archs[a], err.message);
+            CHECK((!p.wgmma || g_archs[a] == 90) &&
+                      p.wgmma == (strstr(out.data ? out.data : "", "wgmma.mma_async") != NULL),
+                  "%s sm_%d: wgmma %d", g_nets[n].name, g_archs[a], p.wgmma);
+            rendered90 += p.wgmma;
             if (st == FM_OK && out.data != NULL) {
                 ++rendered;
                 const char *s = out.data;
@@ -739,7 +913,9 @@ static void test_render(const char *root) {
         }
     }
     CHECK(rendered == NUM_ARCHS * NUM_NETS, "rendered %d of %d", rendered, NUM_ARCHS * NUM_NETS);
+    CHECK(rendered90 >= NUM_NETS / 2, "only %d networks rendered the sm_90a template", rendered90);
     free(tmpl);
+    free(tmpl90);
     free(prelude);
 }
 
@@ -915,6 +1091,7 @@ int main(int argc, char **argv) {
     test_plan_choices();
     test_plan_graphs();
     test_pack();
+    test_wgmma_plans();
     test_render(root);
     test_ref();
     printf("plans: %d made and checked; ref: %ld values, max relative error %.3g\n", g_plans_made, g_ref_values,
