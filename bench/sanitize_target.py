@@ -69,3 +69,26 @@ for widths, residual, concat in GRAPHS:
             assert np.isfinite(y).all() and err < 5e-2, (widths, prec, io, err)
             graph_launches += 1
 print(f"ran {graph_launches} graph launches: {len(GRAPHS)} graphs x 3 compute dtypes x 3 I/O dtypes: OK")
+
+# The sm_90a warpgroup kernel (on an sm_90 GPU): every warpgroup count, own-input residuals, both 16-bit compute
+# dtypes, tail rows; built explicitly so tuning choices cannot leave it out.
+wg_launches = 0
+if fusedmlp._api._gpu(0).info["arch"] == 90:
+    for widths, residual in (([32, 64, 64, 64, 64, 16], {2: "mul"}), ([3, 64, 128, 96, 64, 32, 16, 4], None),
+                             ([64, 128, 128, 128, 64], {1: "add", 2: ("add", "relu")}), ([5, 256, 9], None)):
+        ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
+        bs = [rng.uniform(-1, 1, o).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
+        for prec, warps in (("float16", 4), ("bfloat16", 8), ("float16", 12), ("float16", 16)):
+            mlp = fusedmlp.FusedMLP(ws, bs, activation="gelu", residual=residual, dtype=prec, device="cuda")
+            try:
+                kernel, plan = mlp._build("float32", wgmma=1, warps=warps)[:2]
+            except fusedmlp.LimitError:
+                continue
+            x = rng.standard_normal((300, widths[0])).astype(np.float32)
+            y = kernel.run(x, poison=True)
+            ref = mlp._net.forward_cpu(x)
+            err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+            assert plan.info["wgmma"] == 1 and np.isfinite(y).all() and err < 5e-2, (widths, prec, warps, err)
+            wg_launches += 1
+    assert wg_launches >= 12, wg_launches
+print(f"ran {wg_launches} sm_90a wgmma launches: OK")

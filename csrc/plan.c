@@ -314,10 +314,22 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
             int per_sm = 65536 / (fm_plan_wgmma_regs(plan) * 128);
             warps = 4 * (per_sm < 1 ? 1 : (per_sm > 4 ? 4 : per_sm));
         }
-        for (; warps >= 4; warps -= 4) /* fewer warpgroups when the stages do not fit, unless asked for */
-            if (fm_plan_wgmma_layout(plan, target, warps, value_pad) <= target->smem_per_block || opts->warps)
+        /* Fewer warpgroups when the stages do not fit, or when the per-thread register share (64K / threads) is
+         * under the estimate: ptxas refuses a wgmma whose accumulators it cannot hold ("Insufficient registers"). */
+        int regs_ok = 0;
+        for (; warps >= 4; warps -= 4) {
+            size_t bytes = fm_plan_wgmma_layout(plan, target, warps, value_pad);
+            regs_ok = 65536 / (warps * 32) >= fm_plan_wgmma_regs(plan);
+            if ((bytes <= target->smem_per_block && regs_ok) || opts->warps)
                 break;
-        if (plan->smem_bytes <= target->smem_per_block)
+        }
+        if (opts->warps && !regs_ok) {
+            fm_fail(err, FM_ERR_LIMIT, "warps=%d leaves %d registers per thread; the wgmma kernel of this network "
+                    "needs about %d", opts->warps, 65536 / (opts->warps * 32), fm_plan_wgmma_regs(plan));
+            fm_error_hint(err, "use fewer warps (4 per warpgroup)");
+            return FM_ERR_LIMIT;
+        }
+        if (warps >= 4 && plan->smem_bytes <= target->smem_per_block)
             return FM_OK;
         if (opts->wgmma > 0) {
             fm_fail(err, FM_ERR_LIMIT, "wgmma=1 was asked for, but the resident weights (%zu bytes) and stage buffers "

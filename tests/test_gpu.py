@@ -472,7 +472,7 @@ def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
     if info["arch"] != 90:
         pytest.skip(f"wgmma needs sm_90; this GPU is sm_{info['arch']}")
     rng = np.random.default_rng(20261124)
-    failures, checked = [], 0
+    failures, checked, wgmma_runs = [], 0, 0
     for i in range(48):
         depth = int(rng.integers(1, 7))
         widths = [random_width(rng) for _ in range(depth + 1)]
@@ -493,9 +493,10 @@ def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
             except fusedmlp.LimitError:  # that many warpgroups' stages do not fit: fewer may
                 try:
                     kernel, plan, _, _ = mlp._build(io, io, wgmma=wgmma)
-                except fusedmlp.LimitError:  # the weights alone overflow shared memory: mma.sync streams them
-                    assert wgmma == 1 and sum(w.size for w in ws) * 2 > 200_000
+                except fusedmlp.LimitError:  # the weights overflow shared memory, or a hidden layer the registers
+                    assert wgmma == 1
                     continue
+            wgmma_runs += wgmma
             assert plan.info["wgmma"] == wgmma
             x, y = run_io_kernel(kernel, x32, io)
             rms = []
@@ -507,6 +508,6 @@ def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
             tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
             if np.isnan(y).any() or not err <= tol:
                 failures.append((i, wgmma, plan.info["warps"], widths, acts, residual, prec, io, batch, err))
-    print(f"\nwgmma vs mma.sync: {checked} runs checked, {len(failures)} failures")
-    assert checked >= 60
+    print(f"\nwgmma vs mma.sync: {checked} runs checked ({wgmma_runs} built with wgmma), {len(failures)} failures")
+    assert checked >= 60 and wgmma_runs >= 30
     assert not failures, failures[:5]

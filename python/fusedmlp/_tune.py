@@ -14,7 +14,7 @@ import logging
 import os
 import tempfile
 
-from .errors import LimitError
+from .errors import CompileError, LimitError
 
 log = logging.getLogger("fusedmlp")
 
@@ -89,6 +89,9 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
         try:
             return options, mlp._build(dtype, out_dtype, **options)[0]
         except LimitError:  # this tile shape does not fit the network
+            return options, None
+        except CompileError as e:  # a candidate the compiler refuses is skipped, not the call's failure
+            log.warning("fusedmlp: tuning candidate %s did not compile: %s", label(options), e.message)
             return options, None
 
     candidates = CANDIDATES_SM90 if _gpu_arch(mlp) == 90 else CANDIDATES

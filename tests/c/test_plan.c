@@ -680,13 +680,15 @@ static void test_wgmma_plans(void) {
                          warps);
                 fm_status st = fm_plan_make(&spec, &t90, &o, (fm_prec)prec, FM_F16, FM_F32, &p, &err);
                 if (st != FM_OK) {
-                    CHECK(st == FM_ERR_LIMIT && strstr(err.message, "do not fit") != NULL, "%s: %s", what,
-                          err.message);
+                    CHECK(st == FM_ERR_LIMIT && (strstr(err.message, "do not fit") || strstr(err.message, "registers")),
+                          "%s: %s", what, err.message);
                     fm_error_clear(&err);
                     continue;
                 }
                 ++g_plans_made;
                 CHECK(p.wgmma == 1 && p.warps == warps, "%s: got wgmma %d warps %d", what, p.wgmma, p.warps);
+                CHECK(65536 / (warps * 32) >= fm_plan_wgmma_regs(&p), "%s: %d registers per thread, needs %d", what,
+                      65536 / (warps * 32), fm_plan_wgmma_regs(&p));
                 check_plan(&p, &spec, &t90, 0, what);
                 if (warps != 8)
                     continue;
