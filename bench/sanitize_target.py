@@ -10,6 +10,12 @@ import numpy as np
 
 import fusedmlp
 
+
+def rel_err(y, ref):
+    """Relative L2 error of a kernel's output against the CPU forward."""
+    return np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
 CASES = [  # widths, activation
     ([32, 64, 64, 64, 64, 16], "relu"), ([3, 64, 128, 96, 64, 32, 16, 4], "silu"), ([2, 50, 50, 50, 1], "tanh"),
     ([2, 256, 256, 3], "sin"), ([1, 1], "none"), ([7, 13, 5], "gelu"), ([17, 33, 129, 255, 1], "sigmoid"),
@@ -17,6 +23,8 @@ CASES = [  # widths, activation
 ]
 rng = np.random.default_rng(0)
 count = 0
+
+
 KERNELS = []
 for widths, act in CASES:
     ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
@@ -29,7 +37,7 @@ for widths, act in CASES:
             x = rng.standard_normal((300, widths[0])).astype(dtype)  # 300 rows: partial last tile in both
             y = kernel.run(x, poison=True)
             ref = mlp._net.forward_cpu(x.astype(np.float32))
-            err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+            err = rel_err(y, ref)
             assert np.isfinite(y).all() and err < 5e-2, (widths, act, variant_rows, err)
             count += 1
 kernels = len({id(k) for k in KERNELS})
@@ -65,7 +73,7 @@ for widths, residual, concat in GRAPHS:
                 x32 = x.astype(np.float32)
                 y = mlp._kernel(io).run(x, poison=True).astype(np.float32)
             ref = mlp._net.forward_cpu(x32)
-            err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+            err = rel_err(y, ref)
             assert np.isfinite(y).all() and err < 5e-2, (widths, prec, io, err)
             graph_launches += 1
 print(f"ran {graph_launches} graph launches: {len(GRAPHS)} graphs x 3 compute dtypes x 3 I/O dtypes: OK")
@@ -87,7 +95,7 @@ if fusedmlp._api._gpu(0).info["arch"] == 90:
             x = rng.standard_normal((300, widths[0])).astype(np.float32)
             y = kernel.run(x, poison=True)
             ref = mlp._net.forward_cpu(x)
-            err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+            err = rel_err(y, ref)
             assert plan.info["wgmma"] == 1 and np.isfinite(y).all() and err < 5e-2, (widths, prec, warps, err)
             wg_launches += 1
     assert wg_launches >= 12, wg_launches

@@ -61,17 +61,19 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     return plan->w_offset[l] + core * (size_t)(8 * per16) + (size_t)(n % 8) * (size_t)per16 + (size_t)(k % per16);
 }
 
-/* Registers layer l of the sm_90a kernel keeps live per thread: 64 x n fp32 accumulators over 128 threads, the input
- * fragments (64 x k halves) and, but for the last layer (which stages its output), the output fragments. */
+/* Registers layer l of the sm_90a kernel needs per thread: 64 x n fp32 accumulators over 128 threads, the input
+ * fragments (64 x k halves) and, but for the last layer (which stages its output), the output fragments; plus 40 for
+ * addresses, bias and the activation's temporaries. */
 static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
-    return p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4);
+    return p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
 }
 
 int fm_plan_wgmma_regs(const fm_plan *plan) {
     int regs = 0;
-    for (int l = 0; l < plan->num_layers; ++l)
-        regs = fm_wgmma_layer_regs(plan, l) > regs ? fm_wgmma_layer_regs(plan, l) : regs;
-    regs += 40; /* addresses, bias, the activation's temporaries */
+    for (int l = 0; l < plan->num_layers; ++l) {
+        int r = fm_wgmma_layer_regs(plan, l);
+        regs = r > regs ? r : regs;
+    }
     return regs > 255 ? 255 : regs;
 }
 
@@ -170,7 +172,7 @@ static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
         /* One wgmma group per layer (splitting N into separately waited groups came out wrong for equal halves on
          * the H100 with NVRTC 13, bench/wgmma_diag.py), so a layer's accumulators, input and output fragments must
          * fit the 255 registers: a 224- or 256-wide hidden layer runs on mma.sync. */
-        if (fm_wgmma_layer_regs(p, l) + 40 > 255)
+        if (fm_wgmma_layer_regs(p, l) > 255)
             return "a hidden layer this wide would not fit the wgmma kernel's registers";
         if (p->cat[l] != FM_CAT_NONE)
             return "the wgmma kernel has no input concat";
@@ -309,8 +311,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         plan->wgmma = 1;
         fm_plan_blobs(plan);
         int warps = opts->warps;
-        if (warps == 0) {
-            fm_plan_wgmma_layout(plan, target, 4, value_pad);
+        if (warps == 0) { /* the register estimate needs only the padded widths, set above */
             int per_sm = 65536 / (fm_plan_wgmma_regs(plan) * 128);
             warps = 4 * (per_sm < 1 ? 1 : (per_sm > 4 ? 4 : per_sm));
         }

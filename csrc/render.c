@@ -72,37 +72,33 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
     return FM_OK;
 }
 
-/* One wgmma per accumulator chunk width the plan uses: m64n<NC>k16 with A (this warp's 16 rows x 16) from registers
- * and B (the layer's weights, K-major) from the shared-memory descriptor; scale-d 0 on a chunk's first k step. The
- * operand lists are spelled out because the instruction names its NC/2 accumulators one by one. */
+/* One wgmma per output width the plan uses (each layer is one group): m64n<N>k16 with A (this warp's 16 rows x 16)
+ * from registers and B (the layer's weights, K-major) from the shared-memory descriptor; scale-d 0 on the first k
+ * step. The operand lists are spelled out because the instruction names its N/2 accumulators one by one. */
 static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
     int done[257] = {0};
     const char *ty = p->prec == FM_PREC_BF16 ? "bf16" : "f16";
     for (int l = 0; l < p->num_layers; ++l) {
-        int nch = (p->n_pad[l] + p->n_chunk[l] - 1) / p->n_chunk[l];
-        int widths[2] = {p->n_chunk[l], p->n_pad[l] - (nch - 1) * p->n_chunk[l]};
-        for (int i = 0; i < 2; ++i) {
-            int nc = widths[i];
-            if (nc <= 0 || nc > 256 || done[nc])
-                continue;
-            done[nc] = 1;
-            int nd = nc / 2;
-            fm_str_printf(out,
-                          "template <> struct fm_wgmma<%d> {\n"
-                          "    static __device__ __forceinline__ void run(float (&d)[%d], const fm_u32 (&a)[4], "
-                          "unsigned long long desc, int scale_d) {\n"
-                          "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"\n"
-                          "                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {",
-                          nc, nd, nd + 5, nc, ty, ty);
-            for (int r = 0; r < nd; ++r)
-                fm_str_printf(out, "%s%%%d", r ? ", " : "", r);
-            fm_str_printf(out, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 0;\\n}\\n\"\n                     : ",
-                          nd, nd + 1, nd + 2, nd + 3, nd + 4);
-            for (int r = 0; r < nd; ++r)
-                fm_str_printf(out, "%s\"+f\"(d[%d])", r ? ", " : "", r);
-            fm_str_printf(out, "\n                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(desc), "
-                               "\"r\"(scale_d));\n    }\n};\n");
-        }
+        int nc = p->n_pad[l];
+        if (nc <= 0 || nc > 256 || done[nc])
+            continue;
+        done[nc] = 1;
+        int nd = nc / 2;
+        fm_str_printf(out,
+                      "template <> struct fm_wgmma<%d> {\n"
+                      "    static __device__ __forceinline__ void run(float (&d)[%d], const fm_u32 (&a)[4], "
+                      "unsigned long long desc, int scale_d) {\n"
+                      "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"\n"
+                      "                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {",
+                      nc, nd, nd + 5, nc, ty, ty);
+        for (int r = 0; r < nd; ++r)
+            fm_str_printf(out, "%s%%%d", r ? ", " : "", r);
+        fm_str_printf(out, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 0;\\n}\\n\"\n                     : ",
+                      nd, nd + 1, nd + 2, nd + 3, nd + 4);
+        for (int r = 0; r < nd; ++r)
+            fm_str_printf(out, "%s\"+f\"(d[%d])", r ? ", " : "", r);
+        fm_str_printf(out, "\n                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(desc), "
+                           "\"r\"(scale_d));\n    }\n};\n");
     }
 }
 

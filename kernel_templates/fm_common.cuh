@@ -89,6 +89,11 @@ __device__ __forceinline__ void fm_st_shared(fm_u32 addr, fm_u32 v) {
 __device__ __forceinline__ void fm_st_shared(fm_u32 addr, fm_u32 lo, fm_u32 hi) {
     asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(lo), "r"(hi) : "memory");
 }
+// The two 16-bit act_t halves of a 32-bit word (an mma fragment register), as floats, lo first.
+__device__ __forceinline__ void fm_unpack2(fm_u32 r, float &v0, float &v1) {
+    v0 = fm_16_to_f<FM_PREC + 1>((fm_half)(r & 0xffffu));
+    v1 = fm_16_to_f<FM_PREC + 1>((fm_half)(r >> 16));
+}
 // Two act_t elements at a shared address, as floats (a residual operand), and back (an epilogue result).
 __device__ __forceinline__ void fm_ld_act2(fm_u32 addr, float &v0, float &v1) {
 #if FM_PREC == 2
@@ -96,8 +101,7 @@ __device__ __forceinline__ void fm_ld_act2(fm_u32 addr, float &v0, float &v1) {
 #else
     fm_u32 r;
     asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr) : "memory");
-    v0 = fm_16_to_f<FM_PREC + 1>((fm_half)(r & 0xffffu));
-    v1 = fm_16_to_f<FM_PREC + 1>((fm_half)(r >> 16));
+    fm_unpack2(r, v0, v1);
 #endif
 }
 __device__ __forceinline__ void fm_st_act2(fm_u32 addr, float v0, float v1) {

@@ -39,7 +39,7 @@ constexpr int ROWS_CTA = 64 * WGS;     // rows per CTA tile
 
 // ------------------------------------------------------------------------------------------------ wgmma
 
-template <int NC> struct fm_wgmma;  // fm_wgmma<NC>::run(d, a, desc, scale_d): d (+)= A(64x16) * B(16xNC)
+template <int N> struct fm_wgmma;  // fm_wgmma<N>::run(d, a, desc, scale_d): d (+)= A(64x16) * B(16xN)
 {{WGMMA}}
 
 __device__ __forceinline__ void fm_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -59,39 +59,34 @@ template <int N> __device__ __forceinline__ void fm_fence_regs(fm_u32 (&a)[N][4]
             asm volatile("" : "+r"(a[i][j])::"memory");
 }
 
-// The shared-memory descriptor of B = rows [0, 8*g) of a K-major no-swizzle weight matrix starting at byte address
+// The shared-memory descriptor of B, the rows of a K-major no-swizzle weight matrix starting at byte address
 // `addr`: start address, LBO (next core matrix along k) and SBO (next 8 rows), each in 16-byte units.
 __device__ __forceinline__ unsigned long long fm_desc(fm_u32 addr, fm_u32 sbo) {
     return (unsigned long long)((addr >> 4) & 0x3FFFu) | ((unsigned long long)(128u >> 4) << 16) |
            ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32);
 }
 
-// Unpacks two act_t halves of a 32-bit fragment register.
-__device__ __forceinline__ void fm_unpack2(fm_u32 r, float &v0, float &v1) {
-    v0 = fm_16_to_f<FM_PREC + 1>((fm_half)(r & 0xffffu));
-    v1 = fm_16_to_f<FM_PREC + 1>((fm_half)(r >> 16));
-}
-
 // ------------------------------------------------------------------------------------------------ the layers
 
-// Layer L, output columns [N0, N0 + NCC) (the whole layer: N0 = 0, NCC = N): the MMAs over the whole input, then the
-// epilogue into the output fragments
-// (h: the next layer's A, one [4] per 16 columns) or, for the last layer, into the warp's output stage. a: the
-// layer's input fragments; w: the layer's first weight byte (shared window); stage: this lane's byte address in the
-// warp's stage at (row g, col 0).
-template <int L, int N0, int NCC>
-__device__ __forceinline__ void fm_chunk(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4], fm_u32 w,
+// Layer L for this warpgroup's 64 rows: one wgmma group over the whole input, then the epilogue into the output
+// fragments (h: the next layer's A, one [4] per 16 columns) or, for the last layer, into the warp's output stage.
+// a: the layer's input fragments; w: the layer's first weight byte (shared window); stage: this lane's byte address
+// in the warp's stage at (row g, col 0).
+template <int L>
+__device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4], fm_u32 w,
                                          const float *bias, fm_u32 stage, int lane) {
     typedef Layer<L> Ly;
+    static_assert(Ly::A1_BUF < 0 && (Ly::RES == 0 || Ly::K == Ly::N), "no concat; residuals from the own input");
+    static_assert(Ly::NC == Ly::N, "one wgmma group per layer");
     constexpr int KS = Ly::K / 16;               // k16 steps
     constexpr fm_u32 SBO = Ly::K * EB * 8;       // bytes from one 8-row group of weights to the next
-    float d[NCC / 2];
-    const unsigned long long desc = fm_desc(w + (N0 / 8) * SBO, SBO);
+    float d[Ly::N / 2];
+    const unsigned long long desc = fm_desc(w, SBO);
     fm_fence_regs(a);
     fm_wg_fence();
 #pragma unroll
     for (int s = 0; s < KS; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
-        fm_wgmma<NCC>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 ? 1 : 0);
+        fm_wgmma<Ly::N>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 ? 1 : 0);
     fm_wg_commit();
     fm_fence_regs(d);
     fm_wg_wait();
@@ -100,24 +95,23 @@ __device__ __forceinline__ void fm_chunk(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u3
 
     const int t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < NCC / 8; ++j) {
-        const int col = N0 + 8 * j + 2 * t;  // this lane's columns col, col + 1 in rows g and g + 8
-        const int tile = N0 / 8 + j;         // 8-column tile of the layer's output
+    for (int j = 0; j < Ly::N / 8; ++j) {  // 8-column tile j of the output
+        const int col = 8 * j + 2 * t;     // this lane's columns col, col + 1 in rows g and g + 8
         float b0 = 0.0f, b1 = 0.0f;
         if constexpr (Ly::BIAS) {
             b0 = bias[Ly::B_OFF + col];
             b1 = bias[Ly::B_OFF + col + 1];
         }
-        const bool live = Ly::NR == Ly::N || N0 + 8 * j < Ly::NR;  // compile-time: a padding tile writes zeros
+        const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;  // compile-time: a padding tile writes zeros
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float v0 = 0.0f, v1 = 0.0f;
             if (live) {
                 v0 = Ly::act(d[4 * j + 2 * hh] + b0);
                 v1 = Ly::act(d[4 * j + 2 * hh + 1] + b1);
-                if constexpr (Ly::RES != 0) {  // the own input at the same (row, col): fragment tile/2, half tile%2
+                if constexpr (Ly::RES != 0) {  // the own input at the same (row, col): fragment j/2, half j%2
                     float r0, r1;
-                    fm_unpack2(a[tile / 2][(tile % 2) * 2 + hh], r0, r1);
+                    fm_unpack2(a[j / 2][(j % 2) * 2 + hh], r0, r1);
                     v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
                     v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
                 }
@@ -129,7 +123,7 @@ __device__ __forceinline__ void fm_chunk(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u3
             if constexpr (L == LAST)
                 fm_st_out2(stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t), v0, v1);
             else
-                h[tile / 2][(tile % 2) * 2 + hh] = fm_pack2<FM_PREC + 1>(v0, v1);
+                h[j / 2][(j % 2) * 2 + hh] = fm_pack2<FM_PREC + 1>(v0, v1);
         }
     }
 }
@@ -138,13 +132,10 @@ __device__ __forceinline__ void fm_chunk(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u3
 template <int L>
 __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 w_base, const float *bias,
                                            fm_u32 stage, int lane) {
-    typedef Layer<L> Ly;
-    static_assert(Ly::A1_BUF < 0 && (Ly::RES == 0 || Ly::K == Ly::N), "no concat; residuals from the own input");
-    static_assert(Ly::NC == Ly::N, "one wgmma group per layer");
-    fm_u32 h[Ly::N / 16][4];
-    fm_chunk<L, 0, Ly::N>(a, h, w_base + EB * Ly::W_OFF, bias, stage, lane);
+    fm_u32 h[Layer<L>::N / 16][4];
+    fm_layer<L>(a, h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane);
     if constexpr (L < LAST) {
-        static_assert(Layer<L + 1>::K == Ly::N, "a layer's input is the previous layer's output");
+        static_assert(Layer<L + 1>::K == Layer<L>::N, "a layer's input is the previous layer's output");
         fm_network<L + 1>(h, w_base, bias, stage, lane);
     }
 }
