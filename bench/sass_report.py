@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from fusedmlp.bench import WORKLOADS  # noqa: E402
+from fusedmlp.bench import WORKLOADS, fused_options  # noqa: E402
 
 import fusedmlp  # noqa: E402
 from fusedmlp import _api, _core  # noqa: E402
@@ -44,15 +44,14 @@ def main():
     _api._nvrtc_info()
     rng = np.random.default_rng(0)
     for name, wl in WORKLOADS.items():
-        if wl.residual:  # needs the residual epilogue, not there yet
-            continue
-        widths, act, bias = wl.widths, wl.activation, wl.bias
+        widths, bias = wl.widths, wl.bias
         ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
         bs = [rng.uniform(-1, 1, o).astype(np.float32) if bias else None for o in widths[1:]]
-        mlp = fusedmlp.FusedMLP(ws, bs, activation=act, device="cpu")
+        mlp = fusedmlp.FusedMLP(ws, bs, device="cpu", **fused_options(wl))
         plan = mlp._net.plan(args.arch, 232448, 132, "float16", "float16", smem_per_sm=233472)
         source = plan.render(_api._template(_api.PRELUDE), _api._template(_api.TEMPLATE_SM90 if plan.info["wgmma"] else _api.TEMPLATE), _api.KERNEL_NAME)
-        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, args.arch, False, ("--ptxas-options=-v",))
+        wgmma = bool(plan.info["wgmma"])  # the warpgroup kernel targets sm_90a
+        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, args.arch, wgmma, ("--ptxas-options=-v",))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
             f.flush()
@@ -62,9 +61,10 @@ def main():
         usage = re.search(r"Used (\d+) registers", log)
         spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
         info = plan.info
-        print(f"{name:9s} sm_{args.arch} {info['warps']}w x {info['m_tiles'] * 16} rows, resident={info['resident']}: "
+        kind = "wgmma" if wgmma else "mma.sync"
+        print(f"{name:9s} sm_{args.arch} {kind} {info['warps']}w x {info['m_tiles'] * 16} rows, resident={info['resident']}: "
               f"{usage.group(1) if usage else '?'} registers, stack {spill.group(1)} B, spills {spill.group(2)}/"
-              f"{spill.group(3)} B | SASS {len(ops)}: HMMA {count('HMMA')}, LDSM {count('LDSM')}, "
+              f"{spill.group(3)} B | SASS {len(ops)}: HMMA {count('HMMA')}, HGMMA {count('HGMMA')}, LDSM {count('LDSM')}, "
               f"LDL {count('LDL')}, STL {count('STL')}, MUFU {count('MUFU')}")
 
 

@@ -818,6 +818,19 @@ void fm_expr_to_string(const fm_expr *e, fm_str *out) {
         fm_write_node(e->root, NULL, out);
 }
 
+const char *fm_expr_unary(const fm_expr *e) {
+    const fm_node *n = e != NULL ? e->root : NULL;
+    while (n != NULL && n->kind == FM_NODE_CALL && fm_funcs[n->func].cuda[0] == '\0') /* none(.), identity(.) */
+        n = n->arg[0];
+    if (n == NULL)
+        return NULL;
+    if (n->kind == FM_NODE_VAR)
+        return "";
+    if (n->kind == FM_NODE_CALL && n->nargs == 1 && n->arg[0]->kind == FM_NODE_VAR)
+        return fm_funcs[n->func].name;
+    return NULL;
+}
+
 /* ------------------------------------------------------------------------------------------------ eval */
 
 static void fm_fill(double *d, double v, size_t n) {

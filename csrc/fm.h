@@ -97,6 +97,9 @@ void fm_expr_free(fm_expr *e);
 fm_status fm_expr_emit_cuda(const fm_expr *e, const char *var, fm_str *out, fm_error *err);
 /* Appends a canonical, fully parenthesised text of e (for repr and cache keys). */
 void fm_expr_to_string(const fm_expr *e, fm_str *out);
+/* When e is one whitelisted function of x alone ("relu" for relu(x)): its name; "" for x itself (none, identity);
+ * NULL for anything else. The renderer gives such activations a two-column form. */
+const char *fm_expr_unary(const fm_expr *e);
 /* Evaluates e in double precision on n values; in and out may alias. Returns FM_ERR_NOMEM only. */
 fm_status fm_expr_eval(const fm_expr *e, const double *in, double *out, size_t n, fm_error *err);
 /* Whitelisted function names, NULL-terminated (for error messages and docs). */
@@ -229,6 +232,11 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k);
 /* The sm_90a kernel's per-thread register estimate for a plan (accumulators, the input and output fragments, and
  * addressing), which sets how many warpgroups share an SM. */
 int fm_plan_wgmma_regs(const fm_plan *plan);
+
+/* The sm_90a kernel's per-warp raw landing buffer for x, in bytes: 0 when x's rows are copied verbatim into the
+ * input buffer (x already in the compute dtype, rows a multiple of 16 bytes); else 16 rows of x as they are in
+ * global memory, rounded up to 16 bytes (fused_mlp_sm90.cu's RAW_B). */
+size_t fm_plan_wgmma_raw_bytes(const fm_plan *plan);
 
 /* Packs PyTorch-layout float32 weights (w[l]: n_real x k_real, row-major) and biases (b[l] or NULL) into the
  * zero-padded blob of plan->w_elems elements of plan->elem_bytes (rounded to plan->prec) and the float blob

@@ -182,6 +182,13 @@ static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
     return NULL;
 }
 
+size_t fm_plan_wgmma_raw_bytes(const fm_plan *p) {
+    int verbatim = (p->in_dtype == FM_F16 && p->prec == FM_PREC_F16) || (p->in_dtype == FM_BF16 && p->prec == FM_PREC_BF16);
+    if (verbatim && (p->k_real[0] * p->elem_bytes) % 16 == 0)
+        return 0;
+    return (size_t)fm_round_up(16 * p->k_real[0] * (int)fm_dtype_size(p->in_dtype), 16);
+}
+
 /* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, staged through one
  * shared buffer per warp for input and output), all weights resident in the core-matrix layout, each layer one chunk.
  * Returns the shared-memory bytes. */
@@ -199,11 +206,12 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
         p->out_buf[l] = 0;
         p->res_buf[l] = p->res_op[l] != FM_RES_NONE ? 0 : -1;
     }
-    /* The stage buffer holds x (value 0) and the staged output. */
+    /* Per warp: an input buffer (x as act_t rows, the next tile's arriving by cp.async while this one computes),
+     * an output stage, both ACT_STRIDE wide, and a raw landing buffer for x unless x's rows are copied in verbatim. */
     int in_only = value_pad[0];
     p->act_stride = fm_act_stride(p, &in_only, 1);
-    p->smem_bytes = (size_t)p->elem_bytes * (p->w_elems + (size_t)warps * 16 * (size_t)p->act_stride) +
-                    4 * p->b_floats;
+    size_t warp_bytes = 2 * 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + fm_plan_wgmma_raw_bytes(p);
+    p->smem_bytes = (size_t)p->elem_bytes * p->w_elems + 4 * p->b_floats + (size_t)warps * warp_bytes;
     size_t per_sm = t->smem_per_sm ? t->smem_per_sm : t->smem_per_block;
     int by_smem = (int)(per_sm / (p->smem_bytes + 1024));
     int by_regs = 65536 / (fm_plan_wgmma_regs(p) * 32 * warps);

@@ -33,6 +33,22 @@ static fm_str *fm_subst_add(fm_substs *t, const char *name) {
     return &s->value;
 }
 
+/* Layer l's two-column activation (fm_common.cuh, "pair activations"): the device helper computing act of two
+ * columns straight into the stored 16-bit pair, or NULL when the layer has none. *type: the stored type, 1 float16,
+ * 2 bfloat16 (FM_IN_TYPE's codes). */
+static const char *fm_render_pair(const fm_spec *spec, const fm_plan *p, int l, int *type) {
+    int last = l == p->num_layers - 1;
+    *type = last ? (int)p->out_dtype : (p->prec == FM_PREC_TF32 ? 0 : (int)p->prec + 1);
+    const char *name = fm_expr_unary(spec->act[l]);
+    if (*type == 0 || name == NULL)
+        return NULL;
+    if (strcmp(name, "") == 0)
+        return "fm_pack2";
+    if (strcmp(name, "relu") == 0)
+        return "fm_relu2";
+    return NULL;
+}
+
 static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str *out, fm_error *err) {
     for (int l = 0; l < p->num_layers; ++l) {
         fm_str act = {0};
@@ -46,8 +62,17 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
             fm_str_free(&post);
             return err->status;
         }
-        fm_str expr_text = {0};
+        fm_str expr_text = {0}, pair = {0};
         fm_expr_to_string(spec->act[l], &expr_text);
+        int pair_type = 0;
+        const char *pair_fn = fm_render_pair(spec, p, l, &pair_type);
+        if (pair_fn != NULL)
+            fm_str_printf(&pair,
+                          "    static constexpr int PAIR = %d;  // act2: two columns as the stored 16-bit pair\n"
+                          "    static __device__ __forceinline__ fm_u32 act2(float x0, float x1) { return %s<%d>(x0, x1); }\n",
+                          pair_type, pair_fn, pair_type);
+        else
+            fm_str_append(&pair, "    static constexpr int PAIR = 0;\n");
         fm_str_printf(out,
                       "template <> struct Layer<%d> {  // %d -> %d, activation %s\n"
                       "    static constexpr int K = %d, K0 = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
@@ -55,6 +80,7 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
                       "    static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;\n"
                       "    static constexpr int RES = %d, RES_BUF = %d;  // residual: 0 none, 1 add, 2 mul\n"
+                      "%s"
                       "%s"
                       "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n"
@@ -64,8 +90,10 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       p->has_bias[l] ? "true" : "false", p->w_offset[l], p->b_offset[l], p->a0_buf[l], p->a1_buf[l],
                       p->out_buf[l], spec->res_op[l], p->res_buf[l],
                       fm_plan_fast_act(p, l) ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
+                      pair.data,
                       act.data, post.data ? post.data : "x");
         fm_str_free(&expr_text);
+        fm_str_free(&pair);
         fm_str_free(&act);
         fm_str_free(&post);
     }
@@ -118,6 +146,7 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(fm_subst_add(t, "W_SMEM_ELEMS"), "%zu", p->resident ? p->w_elems : 2 * p->w_slot_elems);
     fm_str_printf(fm_subst_add(t, "W_SLOT_ELEMS"), "%zu", p->w_slot_elems);
     fm_str_printf(fm_subst_add(t, "B_FLOATS"), "%zu", p->b_floats);
+    fm_str_printf(fm_subst_add(t, "SMEM_BYTES"), "%zu", p->smem_bytes);
     if (p->wgmma)
         fm_render_wgmma(p, fm_subst_add(t, "WGMMA"));
 

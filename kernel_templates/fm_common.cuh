@@ -17,6 +17,7 @@ constexpr int THREADS = FM_WARPS * 32;
 constexpr int ACT_STRIDE = {{ACT_STRIDE}};       // act_t elements per row of an activation buffer
 constexpr int W_SMEM_ELEMS = {{W_SMEM_ELEMS}};   // weight region: whole blob (resident) or two slots (streamed)
 constexpr int B_FLOATS = {{B_FLOATS}};           // all layers' padded biases
+constexpr int SMEM_BYTES = {{SMEM_BYTES}};       // the dynamic shared memory the launch gives (the template checks)
 
 
 #if FM_PREC == 2
@@ -162,6 +163,29 @@ __device__ __forceinline__ act_t fm_f_to_act(float f) {
 // x's 16-bit type is the on-chip one: the input is copied, not converted.
 constexpr bool IN_RAW = FM_IN_TYPE != 0 && FM_PREC != 2 && FM_IN_TYPE == FM_PREC + 1;
 
+// ------------------------------------------------------------------------------------------------ pair activations
+
+// Layer<l>::PAIR = T (1 float16, 2 bfloat16) marks a layer whose activation has a pair form act2(x0, x1): two
+// columns' results straight as the stored 16-bit pair, in fewer instructions than two act() and a cvt (render.c
+// chooses it). Identity and relu are one cvt for both (cvt.rn.relu clamps as it rounds and keeps NaN, as torch.relu
+// does): tcnn64's relu epilogue was FADD + FSETP + FSEL per element and a cvt per pair, which kept the ALU pipe 64%
+// busy (ncu, H100), and the pair form took its kernel from 0.140 to 0.094 ms. (tanh.approx.f16x2 for float16 tanh
+// was tried and dropped: ptxas splits it into two MUFU.TANH.F16, no faster than the float32 form (pinn50 0.212 vs
+// 0.198 ms), and it evaluates tanh at the argument rounded to float16, 1.1x the rounding bound where the float32
+// form is at 0.4x: bench/act16_probe.py.)
+template <int T> __device__ __forceinline__ fm_u32 fm_relu2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    fm_u32 r;
+    if constexpr (T == 2)
+        asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return fm_pack2<T>(fm_relu(lo), fm_relu(hi));
+#endif
+}
+
 // ------------------------------------------------------------------------------------------------ the layers
 
 // Layer<l>: compile-time description of layer l, rendered from the plan.
@@ -182,6 +206,48 @@ constexpr int OUT_PAD = Layer<LAST>::N;
 // The last layer stages its output in the buffer it writes, as out_t rows with a bank-breaking 16-byte pad.
 constexpr int STAGE_STRIDE = OUT_PAD + 16 / (int)sizeof(out_t);  // in out_t elements
 static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ROW_B, "output staging must fit an activation row");
+// ------------------------------------------------------------------------------------------------ the epilogue
+
+// Layer L's epilogue for columns col, col + 1 of one row. v0, v1: the accumulators on entry, post(act(. + b) op r)
+// on return, with b0, b1 the bias (added only when Ly::BIAS: x + 0.0f is not x for x = -0, and costs an FADD) and
+// r0, r1 the residual operand (read only when Ly::RES), zero in padded columns.
+template <int L>
+__device__ __forceinline__ void fm_epilogue(float &v0, float &v1, float b0, float b1, float r0, float r1, int col) {
+    typedef Layer<L> Ly;
+    if constexpr (Ly::BIAS) {
+        v0 += b0;
+        v1 += b1;
+    }
+    v0 = Ly::act(v0);
+    v1 = Ly::act(v1);
+    if constexpr (Ly::RES != 0) {
+        v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
+        v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
+    }
+    if constexpr (Ly::NR < Ly::N) {  // only layers with padded columns pay for the mask
+        if (col >= Ly::NR) v0 = 0.0f;
+        if (col + 1 >= Ly::NR) v1 = 0.0f;
+    }
+}
+// The same as the stored pair of 16-bit type T (lo: col), through the layer's pair form where it has one.
+template <int L, int T>
+__device__ __forceinline__ fm_u32 fm_epilogue16(float v0, float v1, float b0, float b1, float r0, float r1, int col) {
+    typedef Layer<L> Ly;
+    if constexpr (Ly::PAIR == T && Ly::RES == 0) {
+        if constexpr (Ly::BIAS) {
+            v0 += b0;
+            v1 += b1;
+        }
+        fm_u32 w = Ly::act2(v0, v1);
+        if constexpr (Ly::NR < Ly::N)
+            w = col + 1 < Ly::NR ? w : (col < Ly::NR ? (w & 0xffffu) : 0u);
+        return w;
+    } else {
+        fm_epilogue<L>(v0, v1, b0, b1, r0, r1, col);
+        return fm_pack2<T>(v0, v1);
+    }
+}
+
 // ------------------------------------------------------------------------------------------------ input, output
 
 // Stores NW 32-bit words at a shared address aligned to 4 * NW bytes (NW = 2, 4 or 8).
@@ -195,7 +261,9 @@ template <int NW> __device__ __forceinline__ void fm_st_words(act_t *dst, const 
     }
 }
 
-// Loads this warp's strip of x (rows [r0, r0 + nrows)) into `buf` as act_t, zero-filling padded rows and columns.
+// Loads this warp's strip of x (rows [r0, r0 + nrows)) into `buf` as act_t, zero-filling padded rows and (unless
+// PAD_ZERO is false: a buffer whose padding columns nothing else writes) columns. x may be a shared-memory copy.
+template <bool PAD_ZERO = true>
 __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict__ x, long long r0, int nrows,
                                               int lane) {
     constexpr int VEC = 16 / (int)sizeof(in_t);  // elements per 16-byte load
@@ -246,7 +314,7 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
             buf[row * ACT_STRIDE + col] = v;
         }
     }
-    if constexpr (IN_PAD > IN_REAL) {  // padded input columns meet zero weights, but must not hold NaN/Inf garbage
+    if constexpr (PAD_ZERO && IN_PAD > IN_REAL) {  // padded columns meet zero weights, but must not hold NaN/Inf
         constexpr int PADC = IN_PAD - IN_REAL > 0 ? IN_PAD - IN_REAL : 1;  // (NVRTC warns on a zero divisor)
         for (int i = lane; i < ROWS_W * PADC; i += 32)
             buf[(i / PADC) * ACT_STRIDE + IN_REAL + i % PADC] = (act_t)0;

@@ -39,6 +39,8 @@ constexpr int ROWS_CTA = ROWS_W * FM_WARPS;      // rows per CTA tile
 constexpr int W_SLOT_ELEMS = {{W_SLOT_ELEMS}};   // one streamed slot (0 when resident)
 static_assert(FM_RESIDENT || W_SLOT_ELEMS > 0, "streamed weights need a slot");
 constexpr int BUF_B = ROWS_W * ROW_B;            // bytes per activation buffer
+static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * FM_BUFFERS * BUF_B == SMEM_BYTES,
+              "the layout below is the plan's (plan.c, fm_plan_layout)");
 
 // ------------------------------------------------------------------------------------------------ mma.sync
 
@@ -155,26 +157,27 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
         for (int mt = 0; mt < FM_M_TILES; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float v0 = 0.0f, v1 = 0.0f;
-                if (live) {
-                    v0 = Ly::act(acc[mt][nt][2 * h] + b0);
-                    v1 = Ly::act(acc[mt][nt][2 * h + 1] + b1);
-                    if constexpr (Ly::RES != 0) {
-                        float r0, r1;
+                float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1], r0 = 0.0f, r1 = 0.0f;
+                if constexpr (Ly::RES != 0) {
+                    if (live)
                         fm_ld_act2(r_lane + (mt * 16 + 8 * h) * ROW_B + nt * 8 * EB, r0, r1);
-                        v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
-                        v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
-                    }
-                    if constexpr (Ly::NR < Ly::N) {  // only layers with padded columns pay for the mask
-                        if (col >= Ly::NR) v0 = 0.0f;
-                        if (col + 1 >= Ly::NR) v1 = 0.0f;
-                    }
                 }
                 const fm_u32 addr = e_lane + (mt * 16 + 8 * h) * OUT_ROW_B + nt * 8 * OUT_COL_B;
-                if constexpr (L == LAST)
-                    fm_st_out2(addr, v0, v1);
-                else
-                    fm_st_act2(addr, v0, v1);
+                // The result's storage: out_t for the last layer, act_t for the others; 16-bit pairs take the
+                // layer's pair form where it has one.
+                constexpr int T = L == LAST ? FM_OUT_TYPE : (FM_PREC == 2 ? 0 : FM_PREC + 1);
+                if constexpr (T == 0) {
+                    if (live)
+                        fm_epilogue<L>(v0, v1, b0, b1, r0, r1, col);
+                    else
+                        v0 = v1 = 0.0f;
+                    if constexpr (L == LAST)
+                        fm_st_out2(addr, v0, v1);
+                    else
+                        fm_st_act2(addr, v0, v1);
+                } else {
+                    fm_st_shared(addr, live ? fm_epilogue16<L, T>(v0, v1, b0, b1, r0, r1, col) : 0u);
+                }
             }
         }
     }

@@ -20,15 +20,18 @@
 //   registers: bias, activation, the residual y = post(act(.) op r) with r the layer's
 //   own input (the same thread holds the same (row, col) of it), padded columns forced to zero, packed to the next
 //   layer's A fragments. The last layer writes out_t to a per-warp stage for coalesced stores.
-// - Input: each warp copies its 16 rows of x into its stage buffer (converting, zero-padding) and reads the first
-//   layer's A fragments with ldmatrix.
+// - Input: each warp's next 16 rows of x are in flight (cp.async) while it computes the current ones: straight into
+//   its input buffer's rows when x is already act_t in rows of whole 16-byte pieces (tcnn64, tcnn128 and res128 in
+//   float16), otherwise as raw bytes converted into the input buffer when they are needed. The first layer's A
+//   fragments come from the input buffer by ldmatrix. Without the prefetch, the wait for x was tcnn64's largest
+//   stall (ncu, H100: long scoreboard), with only 4 warps per scheduler to hide it.
 //
 // Plan: {{PLAN_COMMENT}}
 
 #define FM_WARPS {{WARPS}}
 constexpr int ROWS_W = 16;  // rows per warp
 static_assert({{M_TILES}} == 1 && {{RESIDENT}} == 1 && {{BUFFERS}} == 1 && {{W_SLOT_ELEMS}} == 0,
-              "the wgmma plan: 16 rows per warp, resident weights, one stage buffer per warp");
+              "the wgmma plan: 16 rows per warp, resident weights, its own per-warp buffers");
 
 #include "fm_common.cuh"
 
@@ -105,25 +108,23 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u3
         const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;  // compile-time: a padding tile writes zeros
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            float v0 = 0.0f, v1 = 0.0f;
-            if (live) {
-                v0 = Ly::act(d[4 * j + 2 * hh] + b0);
-                v1 = Ly::act(d[4 * j + 2 * hh + 1] + b1);
-                if constexpr (Ly::RES != 0) {  // the own input at the same (row, col): fragment j/2, half j%2
-                    float r0, r1;
-                    fm_unpack2(a[j / 2][(j % 2) * 2 + hh], r0, r1);
-                    v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
-                    v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
+            float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
+            if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment j/2, half j%2
+                fm_unpack2(a[j / 2][(j % 2) * 2 + hh], r0, r1);
+            if constexpr (L == LAST) {
+                const fm_u32 addr = stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
+                if constexpr (FM_OUT_TYPE == 0) {
+                    if (live)
+                        fm_epilogue<L>(v0, v1, b0, b1, r0, r1, col);
+                    else
+                        v0 = v1 = 0.0f;
+                    fm_st_out2(addr, v0, v1);
+                } else {
+                    fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, b0, b1, r0, r1, col) : 0u);
                 }
-                if constexpr (Ly::NR < Ly::N) {
-                    if (col >= Ly::NR) v0 = 0.0f;
-                    if (col + 1 >= Ly::NR) v1 = 0.0f;
-                }
+            } else {
+                h[j / 2][(j % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, b0, b1, r0, r1, col) : 0u;
             }
-            if constexpr (L == LAST)
-                fm_st_out2(stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t), v0, v1);
-            else
-                h[j / 2][(j % 2) * 2 + hh] = fm_pack2<FM_PREC + 1>(v0, v1);
         }
     }
 }
@@ -140,6 +141,50 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_
     }
 }
 
+// ------------------------------------------------------------------------------------------------ input
+
+// Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (as large),
+// and, unless x's rows land in the input buffer verbatim (IN_DIRECT), a raw buffer holding the warp's 16 rows of x
+// as they are in global memory (contiguous: a strip of x is one run of bytes).
+constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
+constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
+constexpr int BUF_B = ROWS_W * ROW_B;
+constexpr int WARP_B = 2 * BUF_B + RAW_B;
+static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B == SMEM_BYTES,
+              "the layout below is the plan's (plan.c, fm_plan_wgmma_layout and fm_plan_wgmma_raw_bytes)");
+
+// 16 bytes global -> shared, asynchronously, of which the first `bytes` (0..16) are read and the rest zero-filled.
+__device__ __forceinline__ void fm_copy16_fill(fm_u32 dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+
+// Starts this warp's copy of x rows [r0, r0 + 16) into its input buffer (IN_DIRECT: each row's 16-byte pieces to
+// its padded row; rows past the batch zero-filled) or raw buffer (the strip's bytes, zero-filled past the end of x),
+// as one cp.async group, so that it lands while the warp computes the tile before.
+__device__ __forceinline__ void fm_prefetch_x(fm_u32 in_buf, fm_u32 raw, const in_t *__restrict__ x, long long r0,
+                                              long long rows, int lane) {
+    if constexpr (IN_DIRECT) {
+        constexpr int PIECES = IN_REAL * EB / 16;  // per row
+#pragma unroll
+        for (int i = lane; i < ROWS_W * PIECES; i += 32) {
+            const int row = i / PIECES, c = i % PIECES;
+            const bool live = r0 + row < rows;
+            fm_copy16_fill(in_buf + row * ROW_B + 16 * c, x + (live ? r0 + row : 0) * IN_REAL + c * (16 / EB),
+                           live ? 16 : 0);
+        }
+    } else {
+        const long long first = r0 * IN_REAL * (long long)sizeof(in_t);
+        const long long end = rows * IN_REAL * (long long)sizeof(in_t);
+#pragma unroll
+        for (int i = lane; i < RAW_B / 16; i += 32) {
+            const long long at = first + 16 * i;
+            const int bytes = end - at >= 16 ? 16 : (end > at ? (int)(end - at) : 0);
+            fm_copy16_fill(raw + 16 * i, (const char *)x + (bytes > 0 ? at : 0), bytes);
+        }
+    }
+    fm_copy_commit();
+}
+
 // ------------------------------------------------------------------------------------------------ the network
 
 extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
@@ -149,44 +194,59 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
                 const float *__restrict__ bias,   // packed biases: B_OFF/N of each Layer<l>
                 long long rows)                   // batch size, >= 1
 {
-    // Shared memory: [weights | biases | one stage buffer per warp (ROWS_W x ACT_STRIDE act_t)].
+    // Shared memory: [weights | biases | per warp: input buffer, output stage, raw x (WARP_B bytes)].
     extern __shared__ __attribute__((aligned(128))) unsigned char fm_smem_raw[];
     act_t *s_w = (act_t *)fm_smem_raw;
     float *s_bias = (float *)(s_w + W_SMEM_ELEMS);
-    act_t *s_stage = (act_t *)(s_bias + B_FLOATS);
+    unsigned char *s_warps = (unsigned char *)(s_bias + B_FLOATS);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = warp >> 2, wq = warp & 3;  // warpgroup, and this warp's quarter (rows 16 * wq..) of its 64 rows
-    act_t *buf = s_stage + warp * ROWS_W * ACT_STRIDE;
-    const fm_u32 buf_addr = fm_smem_addr(buf);
+    act_t *in_buf = (act_t *)(s_warps + warp * WARP_B);
+    act_t *out_buf = (act_t *)(s_warps + warp * WARP_B + BUF_B);
+    const in_t *raw = (const in_t *)(s_warps + warp * WARP_B + 2 * BUF_B);
+    const fm_u32 in_addr = fm_smem_addr(in_buf), out_addr = fm_smem_addr(out_buf), raw_addr = in_addr + 2 * BUF_B;
 
     for (int i = threadIdx.x; i < B_FLOATS; i += THREADS)
         s_bias[i] = bias[i];
     fm_copy_block(s_w, w, W_SMEM_ELEMS);
     fm_copy_commit();
-    fm_copy_wait<0>();
+    // The input buffer's padding columns stay zero: only x's columns are ever written into it.
+    for (int i = lane; i < BUF_B / 16; i += 32)
+        *(fm_v4 *)((unsigned char *)in_buf + 16 * i) = fm_v4{0u, 0u, 0u, 0u};
+    __syncwarp();
+    const long long tiles = (rows + ROWS_CTA - 1) / ROWS_CTA;
+    const int strip = wg * 64 + wq * ROWS_W;  // this warp's first row in a tile
+    if ((long long)blockIdx.x < tiles)
+        fm_prefetch_x(in_addr, raw_addr, x, blockIdx.x * (long long)ROWS_CTA + strip, rows, lane);
+    fm_copy_wait<1>();  // the weights (the older group)
     // The weights were written through the generic proxy; wgmma reads them through the async proxy.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
 
     const fm_u32 w_base = fm_smem_addr(s_w);
-    const fm_u32 a_lane = buf_addr + (lane & 15) * ROW_B + (lane >> 4) * 16;  // ldmatrix roles, as in fused_mlp.cu
-    const fm_u32 stage = buf_addr + (lane >> 2) * STAGE_STRIDE * (int)sizeof(out_t);
-    const long long tiles = (rows + ROWS_CTA - 1) / ROWS_CTA;
+    const fm_u32 a_lane = in_addr + (lane & 15) * ROW_B + (lane >> 4) * 16;  // ldmatrix roles, as in fused_mlp.cu
+    const fm_u32 stage = out_addr + (lane >> 2) * STAGE_STRIDE * (int)sizeof(out_t);
     for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const long long r0 = tile * ROWS_CTA + wg * 64 + wq * ROWS_W;
+        const long long r0 = tile * ROWS_CTA + strip;
         const long long left = rows - r0;
         const int nrows = left <= 0 ? 0 : (left < ROWS_W ? (int)left : ROWS_W);
-        fm_load_input(buf, x, r0, nrows, lane);
-        __syncwarp();
+        fm_copy_wait<0>();  // this lane's part of the tile's x has landed
+        __syncwarp();       // and every lane's
+        if constexpr (!IN_DIRECT) {
+            fm_load_input<false>(in_buf, raw, 0, ROWS_W, lane);  // rows past x arrived as zeros
+            __syncwarp();
+        }
         fm_u32 a[IN_PAD / 16][4];
 #pragma unroll
         for (int s = 0; s < IN_PAD / 16; ++s)
             fm_ldmatrix_x4(a[s], a_lane + s * 32);
-        __syncwarp();  // every lane has its fragments before the output stage overwrites the input
+        __syncwarp();  // every lane has its fragments before the next tile's x lands over them
+        if (tile + gridDim.x < tiles)
+            fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)gridDim.x * ROWS_CTA, rows, lane);
         fm_network<0>(a, w_base, s_bias, stage, lane);
         __syncwarp();
         if (nrows > 0)
-            fm_store_output(y, buf, r0, nrows, lane);
-        __syncwarp();
+            fm_store_output(y, out_buf, r0, nrows, lane);
+        __syncwarp();  // the stage is read before the next tile's last layer writes it
     }
 }

@@ -464,6 +464,27 @@ def test_fast_activations_stay_within_16_bit_rounding(act):
     assert (err <= bound).all(), (act, float(x[np.argmax(err / bound), 0]), float((err / bound).max()))
 
 
+@pytest.mark.parametrize("act", ["tanh", "sigmoid", "silu", "gelu"])
+def test_fast_activations_of_float32_pre_activations(act):
+    """As above, with the pre-activations a kernel really sees: float32 sums, not float16 values (here w * x, the
+    product of two float16 values, exact in float32). The one-MUFU forms take the float32 argument as it is, so the
+    stored result stays within 1.25 float16 roundings of act at the exact pre-activation (a float16 MUFU, which
+    rounds the argument first, reached 1.1x: bench/act16_probe.py)."""
+    x = np.concatenate([np.linspace(-12, 12, 60001), np.geomspace(1e-4, 12, 3000), -np.geomspace(1e-4, 12, 3000)])
+    x = x.astype(np.float16).astype(np.float32)[:, None]
+    w = np.float32(np.float16(0.3))
+    mlp = fusedmlp.FusedMLP([np.full((1, 1), w, np.float32), np.ones((1, 1), np.float32)], None,
+                            activation=[act, "none"], device="cuda")
+    y = mlp._kernel("float32").run(x, poison=True)[:, 0].astype(np.float64)
+    assert "    FM_FAST_HELPERS" in mlp.source
+    z = np.float64(w) * x[:, 0].astype(np.float64)
+    ref = _core.eval_expr(act, z)
+    err = np.abs(y - ref)
+    bound = 1.25 * 2.0 ** -11 * np.maximum(np.abs(ref), 1.0)
+    print(f"\n{act}: max error / bound {(err / bound).max():.2f} at z = {z[np.argmax(err / bound)]:.4f}")
+    assert (err <= bound).all(), (act, float(z[np.argmax(err / bound)]), float((err / bound).max()))
+
+
 def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
     """The sm_90a warpgroup kernel (where the GPU has it), forced at 1-4 warpgroups per CTA, on random chains with
     own-input residuals, float16 and bfloat16, all I/O dtypes, odd batches, vs float64; the mma.sync kernel of the

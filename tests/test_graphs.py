@@ -1,6 +1,8 @@
 """Residuals from any kept value and NeRF-style input concats, and the three compute dtypes, on the CPU path (CI):
 against a NumPy float64 forward and PyTorch modules (traced with torch.fx), plus their kernels' compiles."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -223,3 +225,25 @@ def test_fast_tanh_only_where_the_result_is_rounded_to_16_bits(dtype, io, fast_l
     mlp = fusedmlp.FusedMLP(ws, bs, "tanh", output_activation="tanh", dtype=dtype, device="cpu")
     mlp.compile("sm_90", io)
     assert mlp.source.count("    FM_FAST_HELPERS") == fast_layers
+
+
+
+@pytest.mark.parametrize("dtype, io, hidden, last, want", [
+    ("float16", "float16", "relu", "none", ["fm_relu2<1>"] * 3 + ["fm_pack2<1>"]),
+    ("bfloat16", "bfloat16", "relu", "relu", ["fm_relu2<2>"] * 4),
+    ("float16", "float32", "relu", "none", ["fm_relu2<1>"] * 3 + [None]),        # float32 output: no pair
+    ("bfloat16", "float16", "tanh", "sigmoid", [None] * 4),                      # tanh keeps its float32 MUFU form
+    ("float16", "float16", "relu(x) + 1", "identity(x)", [None] * 3 + ["fm_pack2<1>"]),
+    ("tf32", "float16", "relu", "relu", [None] * 3 + ["fm_relu2<1>"]),           # tf32 keeps float32 activations
+])
+def test_pair_activations_only_for_their_functions_and_16_bit_results(dtype, io, hidden, last, want):
+    """Identity and relu results stored in 16 bits are computed two columns at a time straight into the stored pair
+    (fm_common.cuh, "pair activations"); every other layer keeps act()."""
+    ws, bs = torch_init(np.random.default_rng(5), [8, 24, 24, 24, 5], True)
+    mlp = fusedmlp.FusedMLP(ws, bs, hidden, output_activation=last, dtype=dtype, device="cpu")
+    for arch in ("sm_80", "sm_90"):  # the mma.sync and the wgmma kernel render the same Layer<l>
+        mlp.compile(arch, io)
+        layers = mlp.source.split("template <> struct Layer<")[1:]
+        got = [re.search(r"return (fm_\w+<\d>)\(x0, x1\)", layer) for layer in layers]
+        assert [m.group(1) if m else None for m in got] == want, arch
+        assert sum("static constexpr int PAIR = 0;" in layer for layer in layers) == want.count(None)

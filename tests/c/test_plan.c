@@ -198,7 +198,14 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
     CHECK(row_bytes % 16 == 0 && (row_bytes / 16) % 2 == 1 && row_bytes >= p->k_pad[0] * p->elem_bytes + 16 &&
               row_bytes >= p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16,
           "%s: stage stride %d", what, p->act_stride);
-    size_t want = (size_t)p->elem_bytes * (w + (size_t)p->warps * 16 * (size_t)p->act_stride) + 4 * p->b_floats;
+    /* Per warp: input buffer and output stage of 16 rows each, and a landing buffer for x's 16 rows as they are in
+     * global memory unless they are copied verbatim (x in the compute dtype, rows of whole 16-byte pieces). */
+    int in_bytes = spec->width[0] * (int)fm_dtype_size(p->in_dtype);
+    int verbatim = (int)p->in_dtype == (int)p->prec + 1 && in_bytes % 16 == 0;
+    size_t raw = verbatim ? 0 : (size_t)(16 * in_bytes + 15) / 16 * 16;
+    CHECK(fm_plan_wgmma_raw_bytes(p) == raw, "%s: raw x buffer %zu, want %zu", what, fm_plan_wgmma_raw_bytes(p), raw);
+    size_t want = (size_t)p->elem_bytes * w + 4 * p->b_floats +
+                  (size_t)p->warps * (2 * 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + raw);
     CHECK(p->smem_bytes == want && p->smem_bytes <= t->smem_per_block, "%s: smem %zu, want %zu", what, p->smem_bytes,
           want);
     CHECK(p->blocks_per_sm == 1 || p->blocks_per_sm * p->warps * 32 * fm_plan_wgmma_regs(p) <= 65536,
