@@ -210,6 +210,8 @@ def test_tune_keeps_the_fastest_candidate_and_later_processes_reuse_it(tmp_path,
         assert len(ms) >= 2 and all(v > 0 for v in ms.values())
         chosen = fusedmlp._tune.label(record["options"])
         assert ms[chosen] == min(ms.values()), (rows, record)
+        if fusedmlp._api._gpu(0).info["arch"] == 90:  # a network the warpgroup kernel takes: its warpgroup counts
+            assert all(name.startswith("wg") for name in ms), ms
     print(f"\ntuned pinn-like 2-50x4-1: {results}")
     x = rng.standard_normal((300_000, 2)).astype(np.float32)
     ref, _ = reference(x, ws, bs, mlp.activations)

@@ -51,3 +51,26 @@ def test_model_key_depends_on_everything_that_changes_the_best_tile():
     assert base != _tune._model_key(other, "float16", "float16", gpu)
     for field, value in [("_precision", "bfloat16"), ("_residual", [None, (1, "none", 0)]), ("_concat", [0, 1])]:
         assert base != _tune._model_key(type("Changed", (Model,), {field: value}), "float16", "float16", gpu), field
+
+
+@pytest.mark.parametrize("arch, dtype, concat, takes", [(90, "float16", None, True), (80, "float16", None, False),
+                                                        (90, "tf32", None, False), (90, "float16", {1: "after"}, False)])
+def test_sm90_candidates_are_the_warpgroup_kernel_where_it_takes_the_network(monkeypatch, arch, dtype, concat, takes):
+    """On sm_90 a network the warpgroup kernel takes is tuned over its warpgroup counts only; anything else (other
+    GPUs, tf32, concat graphs) over the mma.sync tiles."""
+    import numpy as np
+
+    import fusedmlp
+    from fusedmlp import _api
+
+    class Gpu:
+        info = {"arch": arch, "smem_per_block": 232448, "smem_per_sm": 233472, "sm_count": 132}
+
+    monkeypatch.setattr(_api, "_gpu", lambda ordinal: Gpu)
+    rng = np.random.default_rng(0)
+    widths = [32, 64, 64, 16]
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    if concat:
+        ws[1] = rng.standard_normal((64, 96)).astype(np.float32)
+    mlp = fusedmlp.FusedMLP(ws, None, "relu", dtype=dtype, concat=concat, device="cpu")
+    assert _tune._takes_wgmma(mlp, "float16", "float16") is takes

@@ -22,8 +22,11 @@ FORMAT = 2
 #: Tile shapes tried, as plan options. The plan picks chunk widths and residency for each.
 CANDIDATES = ({"warps": 8, "m_tiles": 2}, {"warps": 8, "m_tiles": 1}, {"warps": 4, "m_tiles": 2},
               {"warps": 4, "m_tiles": 1})
-#: On sm_90 also the warpgroup (wgmma) kernel at 1-4 warpgroups per CTA; networks it does not take skip these.
-CANDIDATES_SM90 = CANDIDATES + tuple({"wgmma": 1, "warps": w} for w in (16, 12, 8, 4))
+#: On sm_90, for a network the warpgroup (wgmma) kernel takes: that kernel at 1-4 warpgroups per CTA instead. On the
+#: H100 it beat every mma.sync tile for each benchmark workload and batch bucket from 2^10 to 2^21 rows (by 1.2x at
+#: 2^10 to 2.7x at 2^21; bench/results/h100-quick/bench.json, "tile"), so compiling and timing those too only made the
+#: first call slower.
+CANDIDATES_WGMMA = tuple({"wgmma": 1, "warps": w} for w in (16, 12, 8, 4))
 
 
 def label(options):
@@ -94,7 +97,7 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
             log.warning("fusedmlp: tuning candidate %s did not compile: %s", label(options), e.message)
             return options, None
 
-    candidates = CANDIDATES_SM90 if _gpu_arch(mlp) == 90 else CANDIDATES
+    candidates = CANDIDATES_WGMMA if _takes_wgmma(mlp, dtype, out_dtype) else CANDIDATES
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:  # NVRTC releases the GIL
         built = list(pool.map(build, candidates))
     timings = {}
@@ -107,9 +110,15 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
     return next(o for o, _ in built if label(o) == best), timings
 
 
-def _gpu_arch(mlp):
+def _takes_wgmma(mlp, dtype, out_dtype):
+    """Whether this GPU's default plan for the model is the warpgroup kernel (sm_90 and a network it fits)."""
     from ._api import _gpu
-    return _gpu(mlp._ordinal).info["arch"]
+    info = _gpu(mlp._ordinal).info
+    if info["arch"] != 90:
+        return False
+    plan = mlp._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype,
+                         smem_per_sm=info["smem_per_sm"], precision=mlp._precision)
+    return bool(plan.info["wgmma"])
 
 
 def choose(mlp, dtype, out_dtype, rows, gpu_info, store, force=False):

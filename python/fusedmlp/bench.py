@@ -213,6 +213,7 @@ _TABLE = (  # header, width, cell(result, summary)
     ("rows/s", 7, lambda r, s: _si(s["rows_per_s"])),
     ("x floor", 7, lambda r, s: "-" if s["x_floor"] is None else f"{s['x_floor']:.2f}"),
     ("x peer", 7, lambda r, s: "-" if s["x_peer"] is None else f"{s['x_peer']:.2f}"),
+    ("tile", 5, lambda r, s: (r.get("tile") or {}).get("choice", "-")),
 )
 
 
@@ -247,7 +248,8 @@ def format_table(report):
                          f"{info['warm_ms']:.2f} ms (disk cache)")
     lines.append("ms per call (median); call = host-timed fused(x) + sync; floor c/m = compute/memory bound; "
                  "x floor = fused / floor; x peer = best of eager/graph/compile / fused (> 1: fusedmlp faster); "
-                 "! = failed the accuracy check")
+                 "! = failed the accuracy check; tile = the tuner's choice (wgN: wgmma, N warps; wNmM: mma.sync, N warps "
+                 "x 16M rows; every candidate's time in the JSON)")
     lines.extend(f"error: {f}" for f in failures)
     return "\n".join(lines)
 
@@ -659,8 +661,19 @@ def _graph_of(torch, body, order):
     return graph, outs
 
 
+def _tuned_tile(mlp, rows):
+    """The tile the tuner chose for calls of `rows` rows and every candidate's time ({"choice": "wg16",
+    "candidates_ms": {...}}), or None where nothing was tuned (FUSEDMLP_AUTOTUNE=0)."""
+    from . import _api, _tune
+
+    key = _tune._model_key(mlp, "float16", "float16", _api._gpu(0).info)
+    record = mlp._tuning.load(key).get(str(_tune.bucket(rows)))
+    return {"choice": _tune.label(record["options"]), "candidates_ms": record["ms"]} if record else None
+
+
 def _fused_methods(torch, case, mlp, caller):
     kernel = mlp._kernel("float16", rows=case.rows)  # the kernel a call of this size gets (small batches: small tiles)
+    case.result["tile"] = _tuned_tile(mlp, case.rows)
     xs, rows, n = case.xs, case.rows, len(case.xs)
     y = torch.empty(rows, case.wl.widths[-1], device=DEVICE, dtype=torch.float16)
     xp, yp = [x.data_ptr() for x in xs], y.data_ptr()
