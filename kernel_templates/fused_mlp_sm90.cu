@@ -153,14 +153,30 @@ constexpr int WARP_B = 2 * BUF_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B == SMEM_BYTES,
               "the layout below is the plan's (plan.c, fm_plan_wgmma_layout and fm_plan_wgmma_raw_bytes)");
 
-// 16 bytes global -> shared, asynchronously, of which the first `bytes` (0..16) are read and the rest zero-filled.
-__device__ __forceinline__ void fm_copy16_fill(fm_u32 dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+__device__ __forceinline__ void fm_copy16_async(fm_u32 dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+// The 16 bytes at dst: the first n elements of src (in_t), then zeros; synchronous. For the piece that straddles the
+// end of x, where a cp.async would name bytes past it (its src-size form zero-fills them, but still names them, and
+// compute-sanitizer reports that as an out-of-bounds read).
+__device__ __forceinline__ void fm_copy16_tail(fm_u32 dst, const in_t *src, int n) {
+    fm_u32 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if constexpr (sizeof(in_t) == 4) {
+            w[k] = k < n ? __float_as_uint(src[k]) : 0u;
+        } else {
+            const fm_u32 lo = 2 * k < n ? (fm_u32)src[2 * k] : 0u, hi = 2 * k + 1 < n ? (fm_u32)src[2 * k + 1] : 0u;
+            w[k] = lo | (hi << 16);
+        }
+    }
+    fm_st_shared(dst, w[0], w[1]);
+    fm_st_shared(dst + 8, w[2], w[3]);
 }
 
 // Starts this warp's copy of x rows [r0, r0 + 16) into its input buffer (IN_DIRECT: each row's 16-byte pieces to
-// its padded row; rows past the batch zero-filled) or raw buffer (the strip's bytes, zero-filled past the end of x),
-// as one cp.async group, so that it lands while the warp computes the tile before.
+// its padded row) or raw buffer (the strip's bytes), as one cp.async group, so that it lands while the warp computes
+// the tile before. What lies past the end of x is written as zeros.
 __device__ __forceinline__ void fm_prefetch_x(fm_u32 in_buf, fm_u32 raw, const in_t *__restrict__ x, long long r0,
                                               long long rows, int lane) {
     if constexpr (IN_DIRECT) {
@@ -168,18 +184,24 @@ __device__ __forceinline__ void fm_prefetch_x(fm_u32 in_buf, fm_u32 raw, const i
 #pragma unroll
         for (int i = lane; i < ROWS_W * PIECES; i += 32) {
             const int row = i / PIECES, c = i % PIECES;
-            const bool live = r0 + row < rows;
-            fm_copy16_fill(in_buf + row * ROW_B + 16 * c, x + (live ? r0 + row : 0) * IN_REAL + c * (16 / EB),
-                           live ? 16 : 0);
+            const fm_u32 dst = in_buf + row * ROW_B + 16 * c;
+            if (r0 + row < rows) {
+                fm_copy16_async(dst, x + (r0 + row) * IN_REAL + c * (16 / EB));
+            } else {
+                fm_st_shared(dst, 0u, 0u);
+                fm_st_shared(dst + 8, 0u, 0u);
+            }
         }
     } else {
-        const long long first = r0 * IN_REAL * (long long)sizeof(in_t);
-        const long long end = rows * IN_REAL * (long long)sizeof(in_t);
+        constexpr int E16 = 16 / (int)sizeof(in_t);  // elements per 16-byte piece
+        const long long first = r0 * IN_REAL, end = rows * IN_REAL;  // elements of x (a strip starts 16-byte aligned)
 #pragma unroll
         for (int i = lane; i < RAW_B / 16; i += 32) {
-            const long long at = first + 16 * i;
-            const int bytes = end - at >= 16 ? 16 : (end > at ? (int)(end - at) : 0);
-            fm_copy16_fill(raw + 16 * i, (const char *)x + (bytes > 0 ? at : 0), bytes);
+            const long long at = first + (long long)E16 * i;
+            if (end - at >= E16)
+                fm_copy16_async(raw + 16 * i, x + at);
+            else
+                fm_copy16_tail(raw + 16 * i, x + at, end > at ? (int)(end - at) : 0);
         }
     }
     fm_copy_commit();
