@@ -208,16 +208,12 @@ constexpr int STAGE_STRIDE = OUT_PAD + 16 / (int)sizeof(out_t);  // in out_t ele
 static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ROW_B, "output staging must fit an activation row");
 // ------------------------------------------------------------------------------------------------ the epilogue
 
-// Layer L's epilogue for columns col, col + 1 of one row. v0, v1: the accumulators on entry, post(act(. + b) op r)
-// on return, with b0, b1 the bias (added only when Ly::BIAS: x + 0.0f is not x for x = -0, and costs an FADD) and
-// r0, r1 the residual operand (read only when Ly::RES), zero in padded columns.
-template <int L>
-__device__ __forceinline__ void fm_epilogue(float &v0, float &v1, float b0, float b1, float r0, float r1, int col) {
+// Layer L's epilogue for columns col, col + 1 of one row. v0, v1: the accumulators on entry (both kernels start
+// them at the bias, so there is no bias to add here: that was two FADDs per pair, and the bias values' registers
+// were live across the MMA), post(act(.) op r) on return, with r0, r1 the residual operand (read only when Ly::RES),
+// zero in padded columns.
+template <int L> __device__ __forceinline__ void fm_epilogue(float &v0, float &v1, float r0, float r1, int col) {
     typedef Layer<L> Ly;
-    if constexpr (Ly::BIAS) {
-        v0 += b0;
-        v1 += b1;
-    }
     v0 = Ly::act(v0);
     v1 = Ly::act(v1);
     if constexpr (Ly::RES != 0) {
@@ -231,19 +227,15 @@ __device__ __forceinline__ void fm_epilogue(float &v0, float &v1, float b0, floa
 }
 // The same as the stored pair of 16-bit type T (lo: col), through the layer's pair form where it has one.
 template <int L, int T>
-__device__ __forceinline__ fm_u32 fm_epilogue16(float v0, float v1, float b0, float b1, float r0, float r1, int col) {
+__device__ __forceinline__ fm_u32 fm_epilogue16(float v0, float v1, float r0, float r1, int col) {
     typedef Layer<L> Ly;
     if constexpr (Ly::PAIR == T && Ly::RES == 0) {
-        if constexpr (Ly::BIAS) {
-            v0 += b0;
-            v1 += b1;
-        }
         fm_u32 w = Ly::act2(v0, v1);
         if constexpr (Ly::NR < Ly::N)
             w = col + 1 < Ly::NR ? w : (col < Ly::NR ? (w & 0xffffu) : 0u);
         return w;
     } else {
-        fm_epilogue<L>(v0, v1, b0, b1, r0, r1, col);
+        fm_epilogue<L>(v0, v1, r0, r1, col);
         return fm_pack2<T>(v0, v1);
     }
 }

@@ -113,14 +113,23 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
     constexpr int WSB = Ly::K * EB + 16;
     static_assert(NCC % 16 == 0 && NCC > 0, "chunks are whole 16-column groups");
 
+    // Accumulator fragment: c0,c1 at (row g, cols 2t, 2t+1), c2,c3 at (row g+8, same cols). They start at the
+    // bias (zero without one), so the epilogue has none to add.
+    const int g = lane >> 2, t = lane & 3;
     float acc[FM_M_TILES][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < FM_M_TILES; ++mt)
+    for (int nt = 0; nt < NT; ++nt) {
+        float b0 = 0.0f, b1 = 0.0f;
+        if constexpr (Ly::BIAS) {
+            b0 = bias[Ly::B_OFF + n0 + nt * 8 + 2 * t];
+            b1 = bias[Ly::B_OFF + n0 + nt * 8 + 2 * t + 1];
+        }
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                acc[mt][nt][i] = 0.0f;
+        for (int mt = 0; mt < FM_M_TILES; ++mt) {
+            acc[mt][nt][0] = acc[mt][nt][2] = b0;
+            acc[mt][nt][1] = acc[mt][nt][3] = b1;
+        }
+    }
 
     // ldmatrix lane roles (byte offsets, the same for 2- and 4-byte elements). A (16 rows x 32 bytes, row-major
     // activations): lane l gives row l % 16, bytes 16 * (l / 16). B (weights W[n][k] are B^T, i.e. B column-major):
@@ -133,8 +142,7 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
 
     if constexpr (Ly::OUT_BUF == Ly::A0_BUF || Ly::OUT_BUF == Ly::A1_BUF)
         __syncwarp();  // in place: every lane's reads of the input precede any lane's write of the output
-    // Epilogue. Accumulator fragment: c0,c1 at (row g, cols 2t, 2t+1), c2,c3 at (row g+8, same cols).
-    const int g = lane >> 2, t = lane & 3;
+    // Epilogue.
     constexpr int OUT_ROW_B = L == LAST ? STAGE_STRIDE * (int)sizeof(out_t) : ROW_B;
     constexpr int OUT_COL_B = L == LAST ? (int)sizeof(out_t) : EB;
     const fm_u32 e_lane = act + Ly::OUT_BUF * BUF_B + g * OUT_ROW_B + (n0 + 2 * t) * OUT_COL_B;
@@ -145,11 +153,6 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int col = n0 + nt * 8 + 2 * t;
-        float b0 = 0.0f, b1 = 0.0f;
-        if constexpr (Ly::BIAS) {
-            b0 = bias[Ly::B_OFF + col];
-            b1 = bias[Ly::B_OFF + col + 1];
-        }
         // An n8 tile wholly in the padding only writes zeros: its activations would be masked anyway (pinn50's 50
         // columns pad to 64, so this saves an eighth of its tanh). Uniform across the warp; folded where n0 is known.
         const bool live = Ly::NR == Ly::N || n0 + nt * 8 < Ly::NR;
@@ -168,7 +171,7 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
                 constexpr int T = L == LAST ? FM_OUT_TYPE : (FM_PREC == 2 ? 0 : FM_PREC + 1);
                 if constexpr (T == 0) {
                     if (live)
-                        fm_epilogue<L>(v0, v1, b0, b1, r0, r1, col);
+                        fm_epilogue<L>(v0, v1, r0, r1, col);
                     else
                         v0 = v1 = 0.0f;
                     if constexpr (L == LAST)
@@ -176,7 +179,7 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
                     else
                         fm_st_act2(addr, v0, v1);
                 } else {
-                    fm_st_shared(addr, live ? fm_epilogue16<L, T>(v0, v1, b0, b1, r0, r1, col) : 0u);
+                    fm_st_shared(addr, live ? fm_epilogue16<L, T>(v0, v1, r0, r1, col) : 0u);
                 }
             }
         }
