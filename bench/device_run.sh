@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build, run the GPU tests and a quick benchmark (no torch.compile); logs under $OUT.
 # Usage on the device machine (repository root): bash bench/device_run.sh [pytest -k expression] [bench options...]
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 FUSEDMLP_CACHE_DIR=/tmp/fusedmlp-cache
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pip install -q --no-build-isolation --no-deps -e . >/tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+source "$(dirname "$0")/device_setup.sh"
 python3 -m pytest -q -rs ${1:+-k "$1"} tests/test_gpu.py tests/test_torch_gpu.py tests/test_gpu_reliability.py tests/test_c_core.py -s 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 shift || true
 python3 bench/run.py --quick --no-compile --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log"

@@ -3,18 +3,15 @@
 # fp16 kernel of each named workload at 2^21 rows. Results under $OUT: act16_probe.txt, ncu_details.txt (every
 # section, every workload), ncu_raw.csv (every metric, one row per workload).
 # Usage on the device machine (repository root): bash bench/profile_run.sh tcnn64 pinn50 ...
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 FUSEDMLP_CACHE_DIR=/tmp/fusedmlp-cache
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m pip install -q --no-build-isolation --no-deps -e . >/tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+source "$(dirname "$0")/device_setup.sh"
 python3 bench/act16_probe.py 2>&1 | tee "$OUT/act16_probe.txt"
 for w in "$@"; do
+    rep="/tmp/ncu_$w"
     python3 bench/ncu_target.py "$w" 2097152 >/dev/null  # compile outside the profiler
     ncu --set full --import-source no --kernel-name fusedmlp_forward --launch-skip 2 --launch-count 1 \
-        -f -o "/tmp/ncu_$w" python3 bench/ncu_target.py "$w" 2097152 >"/tmp/ncu_$w.log" 2>&1 || tail -5 "/tmp/ncu_$w.log"
-    { echo "=== $w"; ncu --import "/tmp/ncu_$w.ncu-rep" --page details --print-details all; } >>"$OUT/ncu_details.txt" 2>&1
-    ncu --import "/tmp/ncu_$w.ncu-rep" --page raw --csv 2>&1 | sed "s/^/$w,/" >>"$OUT/ncu_raw.csv"
-    grep -E "Duration|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy" -m 6 <(ncu --import "/tmp/ncu_$w.ncu-rep" --page details) | sed "s/^/$w /"
+        -f -o "$rep" python3 bench/ncu_target.py "$w" 2097152 >"$rep.log" 2>&1 || tail -5 "$rep.log"
+    { echo "=== $w"; ncu --import "$rep.ncu-rep" --page details --print-details all; } >>"$OUT/ncu_details.txt" 2>&1
+    ncu --import "$rep.ncu-rep" --page raw --csv 2>&1 | sed "s/^/$w,/" >>"$OUT/ncu_raw.csv"
+    ncu --import "$rep.ncu-rep" --page details |
+        grep -E "Duration|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy" -m 6 | sed "s/^/$w /"
 done

@@ -56,16 +56,17 @@ def main():
             f.write(cubin)
             f.flush()
             sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, env=env).stdout
-        ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+        ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
         count = lambda prefix: sum(1 for o in ops if o.startswith(prefix))  # noqa: E731
         usage = re.search(r"Used (\d+) registers", log)
         spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
         info = plan.info
         kind = "wgmma" if wgmma else "mma.sync"
-        print(f"{name:9s} sm_{args.arch} {kind} {info['warps']}w x {info['m_tiles'] * 16} rows, resident={info['resident']}: "
-              f"{usage.group(1) if usage else '?'} registers, stack {spill.group(1)} B, spills {spill.group(2)}/"
-              f"{spill.group(3)} B | SASS {len(ops)}: HMMA {count('HMMA')}, HGMMA {count('HGMMA')}, LDSM {count('LDSM')}, "
-              f"LDL {count('LDL')}, STL {count('STL')}, MUFU {count('MUFU')}")
+        print(f"{name:9s} sm_{args.arch} {kind} {info['warps']}w x {info['m_tiles'] * 16} rows, "
+              f"resident={info['resident']}: {usage.group(1) if usage else '?'} registers, stack {spill.group(1)} B, "
+              f"spills {spill.group(2)}/{spill.group(3)} B | SASS {len(ops)}: HMMA {count('HMMA')}, "
+              f"HGMMA {count('HGMMA')}, LDSM {count('LDSM')}, LDL {count('LDL')}, STL {count('STL')}, "
+              f"MUFU {count('MUFU')}")
 
 
 if __name__ == "__main__":

@@ -183,14 +183,15 @@ static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
 }
 
 size_t fm_plan_wgmma_raw_bytes(const fm_plan *p) {
-    int verbatim = (p->in_dtype == FM_F16 && p->prec == FM_PREC_F16) || (p->in_dtype == FM_BF16 && p->prec == FM_PREC_BF16);
+    int verbatim = (p->in_dtype == FM_F16 && p->prec == FM_PREC_F16) ||
+                   (p->in_dtype == FM_BF16 && p->prec == FM_PREC_BF16);
     if (verbatim && (p->k_real[0] * p->elem_bytes) % 16 == 0)
         return 0;
     return (size_t)fm_round_up(16 * p->k_real[0] * (int)fm_dtype_size(p->in_dtype), 16);
 }
 
-/* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, staged through one
- * shared buffer per warp for input and output), all weights resident in the core-matrix layout, each layer one chunk.
+/* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, with its own input
+ * buffer, output stage and raw x buffer), all weights resident in the core-matrix layout, each layer one chunk.
  * Returns the shared-memory bytes. */
 static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, const int *value_pad) {
     p->warps = warps;

@@ -69,7 +69,8 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
         if (pair_fn != NULL)
             fm_str_printf(&pair,
                           "    static constexpr int PAIR = %d;  // act2: two columns as the stored 16-bit pair\n"
-                          "    static __device__ __forceinline__ fm_u32 act2(float x0, float x1) { return %s<%d>(x0, x1); }\n",
+                          "    static __device__ __forceinline__ fm_u32 act2(float x0, float x1) "
+                          "{ return %s<%d>(x0, x1); }\n",
                           pair_type, pair_fn, pair_type);
         else
             fm_str_append(&pair, "    static constexpr int PAIR = 0;\n");
