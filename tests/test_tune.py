@@ -74,3 +74,42 @@ def test_sm90_candidates_are_the_warpgroup_kernel_where_it_takes_the_network(mon
         ws[1] = rng.standard_normal((64, 96)).astype(np.float32)
     mlp = fusedmlp.FusedMLP(ws, None, "relu", dtype=dtype, concat=concat, device="cpu")
     assert _tune._takes_wgmma(mlp, "float16", "float16") is takes
+
+
+def test_a_call_finds_its_kernel_again_without_the_walk(monkeypatch):
+    """_kernel remembers its answer per (dtypes, batch bucket, small batch, FUSEDMLP_AUTOTUNE) for the next call of
+    that kind, and gives the same kernel as the full walk in both tuning modes, for batches on both sides of the
+    small-tile threshold; tune() makes calls look again."""
+    import numpy as np
+
+    import fusedmlp
+    from fusedmlp import _api
+
+    class Gpu:
+        info = {"arch": 90, "smem_per_block": 232448, "smem_per_sm": 233472, "sm_count": 132}
+
+    monkeypatch.setattr(_api, "_gpu", lambda ordinal: Gpu)
+    rng = np.random.default_rng(1)
+    mlp = fusedmlp.FusedMLP([rng.standard_normal((64, 32)).astype(np.float32)], None, "relu", device="cpu")
+    built = []
+
+    def build(dtype, out_dtype=None, **options):
+        built.append(tuple(sorted(options.items())))
+        return object(), None, "source", None
+
+    monkeypatch.setattr(mlp, "_build", build)
+    monkeypatch.setattr(_tune, "choose", lambda m, d, o, rows, info, store: {"wgmma": 1, "warps": 4 if rows < 5000 else 16})
+    monkeypatch.setattr(_api, "_entry_path", lambda entry: None)
+    small = 132 * 128
+    for autotune in ("1", "0"):
+        monkeypatch.setenv("FUSEDMLP_AUTOTUNE", autotune)
+        for rows in (1000, 1024, 4096, 5000, small - 1, small, 70000):
+            kernel = mlp._kernel("float16", rows=rows)
+            assert mlp._kernel("float16", rows=rows) is kernel
+            calls, mlp._calls = mlp._calls, {}
+            assert mlp._kernel("float16", rows=rows) is kernel, (autotune, rows)  # the full walk agrees
+            mlp._calls = calls
+    # on: wgmma at 4 warps below 5000 rows, 16 from there; off: the small tile below `small`, else the default plan
+    assert sorted(set(built)) == sorted({(("warps", 4), ("wgmma", 1)), (("warps", 16), ("wgmma", 1)),
+                                         (("m_tiles", 1), ("warps", 4)), ()})
+    assert mlp._kernel("float16", rows=1000) is not mlp._kernel("float16", rows=70000)
