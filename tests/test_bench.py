@@ -316,3 +316,21 @@ def test_a_wrong_fused_result_fails_the_run(cpu_bench, tmp_path, monkeypatch, ca
     entry = json.loads((tmp_path / "bench.json").read_text())["results"][0]["methods"]["fusedmlp"]
     assert entry["check_ok"] is False and entry["rel_l2"] == pytest.approx(0.5, rel=1e-2)
     assert "CHECK FAILED" in out and "error: tcnn64 2^5 fusedmlp: relative L2 error" in out
+
+
+def test_cold_first_calls_render_sources_no_earlier_compile_saw():
+    """Inside never_compiled_sources every kernel source gets a comment unique to that measurement, so a compile
+    cache outside fusedmlp's cannot make a cold first call look warm; outside it the sources are the plain ones."""
+    import fusedmlp
+
+    rng = np.random.default_rng(2)
+    mlp = fusedmlp.FusedMLP([rng.standard_normal((16, 8)).astype(np.float32)], None, "relu", device="cpu")
+    plain = mlp._render(90, 0, 0, "float16", "float16")[1]
+    with bench.never_compiled_sources():
+        first = mlp._render(90, 0, 0, "float16", "float16")[1]
+        again = mlp._render(90, 0, 0, "float16", "float16")[1]
+    with bench.never_compiled_sources():
+        other = mlp._render(90, 0, 0, "float16", "float16")[1]
+    assert first == again and first.startswith(plain) and "cold-start measurement" in first[len(plain):]
+    assert other != first
+    assert mlp._render(90, 0, 0, "float16", "float16")[1] == plain
