@@ -65,7 +65,8 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
  * fragments (64 x k halves) and, but for the last layer (which stages its output), the output fragments; plus 40 for
  * addresses, bias and the activation's temporaries. */
 static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
-    return p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
+    int nc = p->n_chunk[l] > 0 ? p->n_chunk[l] : p->n_pad[l]; /* one chunk's accumulators are live at a time */
+    return nc / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
 }
 
 int fm_plan_wgmma_regs(const fm_plan *plan) {
@@ -191,9 +192,10 @@ size_t fm_plan_wgmma_raw_bytes(const fm_plan *p) {
 }
 
 /* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, with its own input
- * buffer, output stage and raw x buffer), all weights resident in the core-matrix layout, each layer one chunk.
- * Returns the shared-memory bytes. */
-static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, const int *value_pad) {
+ * buffer, output stage and raw x buffer), all weights resident in the core-matrix layout, each layer one wgmma group,
+ * or groups of n_chunk columns where a forced n_chunk divides it (each finished before the next starts, so only one
+ * group's accumulators are live). Returns the shared-memory bytes. */
+static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, int n_chunk, const int *value_pad) {
     p->warps = warps;
     p->m_tiles = 1;
     p->rows_per_cta = warps * 16;
@@ -201,7 +203,7 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
     p->w_slot_elems = 0;
     p->buffers = 1;
     for (int l = 0; l < p->num_layers; ++l) {
-        p->n_chunk[l] = p->n_pad[l];
+        p->n_chunk[l] = n_chunk > 0 && p->n_pad[l] > n_chunk && p->n_pad[l] % n_chunk == 0 ? n_chunk : p->n_pad[l];
         p->a0_buf[l] = 0;
         p->a1_buf[l] = -1;
         p->out_buf[l] = 0;
@@ -328,7 +330,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
          * under the estimate: ptxas refuses a wgmma whose accumulators it cannot hold ("Insufficient registers"). */
         int regs_ok = 0;
         for (; warps >= 4; warps -= 4) {
-            size_t bytes = fm_plan_wgmma_layout(plan, target, warps, value_pad);
+            size_t bytes = fm_plan_wgmma_layout(plan, target, warps, opts->n_chunk, value_pad);
             regs_ok = 65536 / (warps * 32) >= fm_plan_wgmma_regs(plan);
             if ((bytes <= target->smem_per_block && regs_ok) || opts->warps)
                 break;

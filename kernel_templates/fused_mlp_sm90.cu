@@ -88,67 +88,73 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u3
                                          const float *bias, fm_u32 stage, int lane) {
     typedef Layer<L> Ly;
     static_assert(Ly::A1_BUF < 0 && (Ly::RES == 0 || Ly::K == Ly::N), "no concat; residuals from the own input");
-    static_assert(Ly::NC == Ly::N, "one wgmma group per layer");
+    constexpr int NC = Ly::NC;  // columns per wgmma group: the whole layer unless the plan splits it (n_chunk)
+    static_assert(Ly::N % NC == 0 && NC % 16 == 0, "whole 16-column groups per chunk");
     constexpr int KS = Ly::K / 16;               // k16 steps
     constexpr fm_u32 SBO = Ly::K * EB * 8;       // bytes from one 8-row group of weights to the next
-    const int t = lane & 3;
-    float d[Ly::N / 2];  // this lane's (row g + 8 hh, cols 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
-    constexpr bool BIAS_IN_D = Ly::BIAS && !fm_has_residual<LAST>();
     // The accumulators start at the bias (then every k step accumulates): no FADDs in the epilogue, and the bias
     // values' registers are the accumulators (flex's 128 bytes of spills went). Not in networks with residuals:
     // there ptxas hoists the next layer's bias loads while the input fragments are still live (res128 at 12 warps
     // went from 159 registers to 168 and 228 bytes of spills).
-    if constexpr (BIAS_IN_D) {
+    constexpr bool BIAS_IN_D = Ly::BIAS && !fm_has_residual<LAST>();
+    const int t = lane & 3;
 #pragma unroll
-        for (int j = 0; j < Ly::N / 8; ++j) {
-            const float b0 = bias[Ly::B_OFF + 8 * j + 2 * t], b1 = bias[Ly::B_OFF + 8 * j + 2 * t + 1];
-            d[4 * j] = d[4 * j + 2] = b0;
-            d[4 * j + 1] = d[4 * j + 3] = b1;
+    for (int c = 0; c < Ly::N / NC; ++c) {  // chunk c: columns [c NC, c NC + NC), finished before the next starts
+        float d[NC / 2];  // this lane's (row g + 8 hh, cols c NC + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
+        if constexpr (BIAS_IN_D) {
+#pragma unroll
+            for (int j = 0; j < NC / 8; ++j) {
+                const int col = c * NC + 8 * j + 2 * t;
+                const float b0 = bias[Ly::B_OFF + col], b1 = bias[Ly::B_OFF + col + 1];
+                d[4 * j] = d[4 * j + 2] = b0;
+                d[4 * j + 1] = d[4 * j + 3] = b1;
+            }
         }
-    }
-    const unsigned long long desc = fm_desc(w, SBO);
-    fm_fence_regs(a);
-    fm_wg_fence();
+        const unsigned long long desc = fm_desc(w + c * (NC / 8) * SBO, SBO);  // the chunk's NC weight rows
+        fm_fence_regs(a);
+        fm_wg_fence();
 #pragma unroll
-    for (int s = 0; s < KS; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
-        fm_wgmma<Ly::N>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || BIAS_IN_D ? 1 : 0);
-    fm_wg_commit();
-    fm_fence_regs(d);
-    fm_wg_wait();
-    fm_fence_regs(d);
-    fm_fence_regs(a);
+        for (int s = 0; s < KS; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
+            fm_wgmma<NC>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || BIAS_IN_D ? 1 : 0);
+        fm_wg_commit();
+        fm_fence_regs(d);
+        fm_wg_wait();
+        fm_fence_regs(d);
+        fm_fence_regs(a);
 
 #pragma unroll
-    for (int j = 0; j < Ly::N / 8; ++j) {  // 8-column tile j of the output
-        const int col = 8 * j + 2 * t;     // this lane's columns col, col + 1 in rows g and g + 8
-        float b0 = 0.0f, b1 = 0.0f;  // the bias of a network with residuals is added here
-        if constexpr (Ly::BIAS && !BIAS_IN_D) {
-            b0 = bias[Ly::B_OFF + col];
-            b1 = bias[Ly::B_OFF + col + 1];
-        }
-        const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;  // compile-time: a padding tile writes zeros
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
+        for (int j = 0; j < NC / 8; ++j) {     // 8-column tile J of the output
+            const int J = c * (NC / 8) + j;
+            const int col = 8 * J + 2 * t;     // this lane's columns col, col + 1 in rows g and g + 8
+            float b0 = 0.0f, b1 = 0.0f;  // the bias of a network with residuals is added here
             if constexpr (Ly::BIAS && !BIAS_IN_D) {
-                v0 += b0;
-                v1 += b1;
+                b0 = bias[Ly::B_OFF + col];
+                b1 = bias[Ly::B_OFF + col + 1];
             }
-            if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment j/2, half j%2
-                fm_unpack2(a[j / 2][(j % 2) * 2 + hh], r0, r1);
-            if constexpr (L == LAST) {
-                const fm_u32 addr = stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
-                if constexpr (FM_OUT_TYPE == 0) {
-                    if (live)
-                        fm_epilogue<L>(v0, v1, r0, r1, col);
-                    else
-                        v0 = v1 = 0.0f;
-                    fm_st_out2(addr, v0, v1);
-                } else {
-                    fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, r0, r1, col) : 0u);
+            const bool live = Ly::NR == Ly::N || 8 * J < Ly::NR;  // compile-time: a padding tile writes zeros
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
+                if constexpr (Ly::BIAS && !BIAS_IN_D) {
+                    v0 += b0;
+                    v1 += b1;
                 }
-            } else {
-                h[j / 2][(j % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
+                if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment J/2, half J%2
+                    fm_unpack2(a[J / 2][(J % 2) * 2 + hh], r0, r1);
+                if constexpr (L == LAST) {
+                    const fm_u32 addr = stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
+                    if constexpr (FM_OUT_TYPE == 0) {
+                        if (live)
+                            fm_epilogue<L>(v0, v1, r0, r1, col);
+                        else
+                            v0 = v1 = 0.0f;
+                        fm_st_out2(addr, v0, v1);
+                    } else {
+                        fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, r0, r1, col) : 0u);
+                    }
+                } else {
+                    h[J / 2][(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
+                }
             }
         }
     }

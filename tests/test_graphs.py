@@ -247,3 +247,22 @@ def test_pair_activations_only_for_their_functions_and_16_bit_results(dtype, io,
         got = [re.search(r"return (fm_\w+<\d>)\(x0, x1\)", layer) for layer in layers]
         assert [m.group(1) if m else None for m in got] == want, arch
         assert sum("static constexpr int PAIR = 0;" in layer for layer in layers) == want.count(None)
+
+@pytest.mark.parametrize("n_chunk", [32, 64])
+def test_wgmma_column_groups_render_and_compile(n_chunk):
+    """A forced n_chunk splits each warpgroup-kernel layer it divides (and that is wider) into equal column groups:
+    Layer<l>::NC says so, one m64nNCk16 wgmma is emitted for them, and NVRTC compiles it for sm_90a."""
+    from fusedmlp import _api, _core
+
+    _api._nvrtc_info()
+    rng = np.random.default_rng(6)
+    widths = [32, 128, 192, 96, 64, 5]
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    mlp = fusedmlp.FusedMLP(ws, None, ["relu", "tanh", "gelu", "silu", "none"], device="cpu")
+    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472, wgmma=1, warps=4, n_chunk=n_chunk)
+    assert plan.info["wgmma"] == 1
+    groups = [(int(n), int(nc)) for n, nc in re.findall(r"N = (\d+), NR = \d+, NC = (\d+);", source)]
+    assert groups == [(n, n_chunk if n > n_chunk and n % n_chunk == 0 else n) for n in (128, 192, 96, 64, 16)]
+    assert f"struct fm_wgmma<{n_chunk}>" in source and "struct fm_wgmma<128>" not in source
+    cubin, _ = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ())
+    assert len(cubin) > 1000
