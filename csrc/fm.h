@@ -217,9 +217,10 @@ typedef struct fm_plan {
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err);
 
-/* 1 when layer l's result is rounded to 16 bits right after (fp16/bf16 storage, or the last layer with 16-bit
- * output): its activation may use the fast helpers, whose error is the size of that rounding. */
-int fm_plan_fast_act(const fm_plan *plan, int l);
+/* The type layer l's result is stored as, in fm_dtype's codes: 0 float32 (tf32 activations, or a float32 output),
+ * 1 float16, 2 bfloat16. Where it is 16-bit the activation may use the fast helpers, whose error is the size of
+ * that rounding, and relu/identity a two-column form that rounds as it converts. */
+int fm_plan_result_type(const fm_plan *plan, int l);
 
 /* Elements per weight row of layer l in the mma.sync kernel's blob and shared memory: k_pad + one 16-byte pad. */
 int fm_plan_w_stride(const fm_plan *plan, int l);

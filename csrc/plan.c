@@ -78,10 +78,10 @@ int fm_plan_wgmma_regs(const fm_plan *plan) {
     return regs > 255 ? 255 : regs;
 }
 
-int fm_plan_fast_act(const fm_plan *plan, int l) {
+int fm_plan_result_type(const fm_plan *plan, int l) {
     if (l == plan->num_layers - 1)
-        return plan->out_dtype != FM_F32;
-    return plan->prec != FM_PREC_TF32;
+        return (int)plan->out_dtype;
+    return plan->prec == FM_PREC_TF32 ? 0 : (int)plan->prec + 1;
 }
 
 /* Assigns the per-warp activation buffers (a register allocation over the values x, layer 0's output, ...): x

@@ -34,11 +34,10 @@ static fm_str *fm_subst_add(fm_substs *t, const char *name) {
 }
 
 /* Layer l's two-column activation (fm_common.cuh, "pair activations"): the device helper computing act of two
- * columns straight into the stored 16-bit pair, or NULL when the layer has none. *type: the stored type, 1 float16,
- * 2 bfloat16 (FM_IN_TYPE's codes). */
+ * columns straight into the stored 16-bit pair, or NULL when the layer has none. *type: the stored type
+ * (fm_plan_result_type). */
 static const char *fm_render_pair(const fm_spec *spec, const fm_plan *p, int l, int *type) {
-    int last = l == p->num_layers - 1;
-    *type = last ? (int)p->out_dtype : (p->prec == FM_PREC_TF32 ? 0 : (int)p->prec + 1);
+    *type = fm_plan_result_type(p, l);
     const char *name = fm_expr_unary(spec->act[l]);
     if (*type == 0 || name == NULL)
         return NULL;
@@ -90,7 +89,7 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
                       p->has_bias[l] ? "true" : "false", p->w_offset[l], p->b_offset[l], p->a0_buf[l], p->a1_buf[l],
                       p->out_buf[l], spec->res_op[l], p->res_buf[l],
-                      fm_plan_fast_act(p, l) ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
+                      fm_plan_result_type(p, l) != 0 ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
                       pair.data,
                       act.data, post.data ? post.data : "x");
         fm_str_free(&expr_text);

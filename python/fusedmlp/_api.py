@@ -550,21 +550,21 @@ class FusedMLP:
             self._small_rows = _gpu(self._ordinal).info["sm_count"] * 128  # what later calls use (graph capture)
         # The hot path of a call: what every input of the answer below depends on, looked up once (the walk below
         # re-parses the environment and sorts the options: 3.8 us of a ~17 us call).
-        call_key = None
+        call_key = bucket = None
         if rows is not None:
-            call_key = (dtype, out_dtype, _tune.bucket(rows), rows < self._small_rows,
-                        os.environ.get("FUSEDMLP_AUTOTUNE"))
+            bucket = _tune.bucket(rows)
+            call_key = (dtype, out_dtype, bucket, rows < self._small_rows, os.environ.get("FUSEDMLP_AUTOTUNE"))
             kernel = self._calls.get(call_key)
             if kernel is not None:
                 return kernel
         if rows is None:
             options = None
         elif _env.autotune_enabled():
-            options = self._tuned.get((dtype, out_dtype, _tune.bucket(rows)))
+            options = self._tuned.get((dtype, out_dtype, bucket))
             if options is None:
                 with self._lock:
                     options = _tune.choose(self, dtype, out_dtype, rows, _gpu(self._ordinal).info, self._tuning)
-                self._tuned[(dtype, out_dtype, _tune.bucket(rows))] = options
+                self._tuned[(dtype, out_dtype, bucket)] = options
         else:
             options = {"warps": 4, "m_tiles": 1} if rows < self._small_rows else None
         key = (dtype, out_dtype, tuple(sorted(options.items())) if options else None)
