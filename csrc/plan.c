@@ -170,9 +170,10 @@ static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
     if (widest > 256)
         return "the wgmma kernel takes layers up to 256 wide";
     for (int l = 0; l < p->num_layers; ++l) {
-        /* One wgmma group per layer (splitting N into separately waited groups came out wrong for equal halves on
-         * the H100 with NVRTC 13, bench/wgmma_diag.py), so a layer's accumulators, input and output fragments must
-         * fit the 255 registers: a 224- or 256-wide hidden layer runs on mma.sync. */
+        /* A layer's accumulators, input and output fragments must fit the 255 registers together: a 224- or
+         * 256-wide hidden layer runs on mma.sync. Column groups do not help: ptxas overlaps one group's epilogue
+         * with the next group's MMAs, so all groups' accumulators are live at once (108-372 bytes of spills for
+         * 224-256-wide layers in halves; bench/NOTES.md, v15). */
         if (fm_wgmma_layer_regs(p, l) > 255)
             return "a hidden layer this wide would not fit the wgmma kernel's registers";
         if (p->cat[l] != FM_CAT_NONE)
@@ -191,11 +192,18 @@ size_t fm_plan_wgmma_raw_bytes(const fm_plan *p) {
     return (size_t)fm_round_up(16 * p->k_real[0] * (int)fm_dtype_size(p->in_dtype), 16);
 }
 
+/* The sm_90a kernel's column groups: n_chunk[l] is the width of each of layer l's groups but the last, which takes
+ * the rest. Each layer is one group unless a forced n_chunk (rounded up to 16) splits the layers wider than it. */
+static void fm_plan_wgmma_chunks(fm_plan *p, int forced) {
+    int nc = forced > 0 ? fm_round_up(forced, 16) : 0;
+    for (int l = 0; l < p->num_layers; ++l)
+        p->n_chunk[l] = nc > 0 && p->n_pad[l] > nc ? nc : p->n_pad[l];
+}
+
 /* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, with its own input
- * buffer, output stage and raw x buffer), all weights resident in the core-matrix layout, each layer one wgmma group,
- * or groups of n_chunk columns where a forced n_chunk divides it (each finished before the next starts, so only one
- * group's accumulators are live). Returns the shared-memory bytes. */
-static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, int n_chunk, const int *value_pad) {
+ * buffer, output stage and raw x buffer), all weights resident in the core-matrix layout, each layer in the column
+ * groups of fm_plan_wgmma_chunks (set before). Returns the shared-memory bytes. */
+static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, const int *value_pad) {
     p->warps = warps;
     p->m_tiles = 1;
     p->rows_per_cta = warps * 16;
@@ -203,7 +211,6 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, in
     p->w_slot_elems = 0;
     p->buffers = 1;
     for (int l = 0; l < p->num_layers; ++l) {
-        p->n_chunk[l] = n_chunk > 0 && p->n_pad[l] > n_chunk && p->n_pad[l] % n_chunk == 0 ? n_chunk : p->n_pad[l];
         p->a0_buf[l] = 0;
         p->a1_buf[l] = -1;
         p->out_buf[l] = 0;
@@ -321,8 +328,9 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     if (want_wgmma) {
         plan->wgmma = 1;
         fm_plan_blobs(plan);
+        fm_plan_wgmma_chunks(plan, opts->n_chunk);
         int warps = opts->warps;
-        if (warps == 0) { /* the register estimate needs only the padded widths, set above */
+        if (warps == 0) { /* the register estimate needs only the padded widths and the column groups */
             int per_sm = 65536 / (fm_plan_wgmma_regs(plan) * 128);
             warps = 4 * (per_sm < 1 ? 1 : (per_sm > 4 ? 4 : per_sm));
         }
@@ -330,7 +338,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
          * under the estimate: ptxas refuses a wgmma whose accumulators it cannot hold ("Insufficient registers"). */
         int regs_ok = 0;
         for (; warps >= 4; warps -= 4) {
-            size_t bytes = fm_plan_wgmma_layout(plan, target, warps, opts->n_chunk, value_pad);
+            size_t bytes = fm_plan_wgmma_layout(plan, target, warps, value_pad);
             regs_ok = 65536 / (warps * 32) >= fm_plan_wgmma_regs(plan);
             if ((bytes <= target->smem_per_block && regs_ok) || opts->warps)
                 break;

@@ -100,14 +100,18 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
     return FM_OK;
 }
 
-/* One wgmma per group width the plan uses (a layer's n_chunk: the whole layer unless forced): m64n<N>k16 with A (this warp's 16 rows x 16)
- * from registers and B (the layer's weights, K-major) from the shared-memory descriptor; scale-d 0 on the first k
- * step. The operand lists are spelled out because the instruction names its N/2 accumulators one by one. */
+/* One wgmma per column-group width the plan uses (a layer's n_chunk, and what is left of the layer after its whole
+ * groups: the whole layer unless split): m64n<N>k16 with A (this warp's 16 rows x 16) from registers and B (the
+ * layer's weights, K-major) from the shared-memory descriptor; scale-d from a predicate (0: the first k step ignores
+ * the accumulators). The operand lists are spelled out because the instruction names its N/2 accumulators one by
+ * one. */
 static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
     int done[257] = {0};
     const char *ty = p->prec == FM_PREC_BF16 ? "bf16" : "f16";
-    for (int l = 0; l < p->num_layers; ++l) {
-        int nc = p->n_chunk[l];
+    for (int g = 0; g < 2 * p->num_layers; ++g) {
+        int l = g / 2, nc = p->n_chunk[l];
+        if (g % 2 == 1)
+            nc = nc > 0 ? p->n_pad[l] % nc : 0; /* the last, narrower group */
         if (nc <= 0 || nc > 256 || done[nc])
             continue;
         done[nc] = 1;

@@ -79,17 +79,20 @@ template <int L> __device__ constexpr bool fm_has_residual() {
         return Layer<L>::RES != 0 || fm_has_residual<L - 1>();
 }
 
-// Layer L for this warpgroup's 64 rows: one wgmma group over the whole input, then the epilogue into the output
-// fragments (h: the next layer's A, one [4] per 16 columns) or, for the last layer, into the warp's output stage.
-// a: the layer's input fragments; w: the layer's first weight byte (shared window); stage: this lane's byte address
-// in the warp's stage at (row g, col 0).
-template <int L>
-__device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4], fm_u32 w,
-                                         const float *bias, fm_u32 stage, int lane) {
+// Columns [C0, C0 + W) of layer L for this warpgroup's 64 rows, W = min(NC, N - C0): one wgmma group over the whole
+// input, then the epilogue into the output fragments (h: the next layer's A, one [4] per 16 columns) or, for the last
+// layer, into the warp's output stage; then the next group. A layer is one group unless a forced n_chunk splits it
+// (NC < N). In the source each group is waited for and its epilogue run before the next starts, but ptxas issues the
+// next group's MMAs before the previous group's epilogue (the register fences are empty asm it does not see), so the
+// groups' accumulators are live together and a split saves no registers (bench/NOTES.md, v15). a: the layer's input
+// fragments; w: the layer's first weight byte (shared window); stage: this lane's byte address in the warp's stage at
+// (row g, col 0).
+template <int L, int C0>
+__device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4],
+                                              fm_u32 w, const float *bias, fm_u32 stage, int lane) {
     typedef Layer<L> Ly;
-    static_assert(Ly::A1_BUF < 0 && (Ly::RES == 0 || Ly::K == Ly::N), "no concat; residuals from the own input");
-    constexpr int NC = Ly::NC;  // columns per wgmma group: the whole layer unless the plan splits it (n_chunk)
-    static_assert(Ly::N % NC == 0 && NC % 16 == 0, "whole 16-column groups per chunk");
+    constexpr int W = Ly::N - C0 < Ly::NC ? Ly::N - C0 : Ly::NC;
+    static_assert(W % 16 == 0 && C0 % 16 == 0, "whole 16-column groups");
     constexpr int KS = Ly::K / 16;               // k16 steps
     constexpr fm_u32 SBO = Ly::K * EB * 8;       // bytes from one 8-row group of weights to the next
     // The accumulators start at the bias (then every k step accumulates): no FADDs in the epilogue, and the bias
@@ -97,67 +100,80 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u3
     // there ptxas hoists the next layer's bias loads while the input fragments are still live (res128 at 12 warps
     // went from 159 registers to 168 and 228 bytes of spills).
     constexpr bool BIAS_IN_D = Ly::BIAS && !fm_has_residual<LAST>();
+    // A group of a split layer always starts from accumulators this thread wrote (the bias, or zeros): with scale-d
+    // 0 on the first k step (the instruction ignores the accumulators' old values), the second group of a split
+    // layer came out wrong on the H100 (NVRTC 13, bench/wgmma_split_diag.py: every split layer without a bias in
+    // the accumulators, every group after the first reusing the first's registers).
+    constexpr bool D_SET = BIAS_IN_D || W < Ly::N;
     const int t = lane & 3;
+    float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
+    if constexpr (D_SET) {
 #pragma unroll
-    for (int c = 0; c < Ly::N / NC; ++c) {  // chunk c: columns [c NC, c NC + NC), finished before the next starts
-        float d[NC / 2];  // this lane's (row g + 8 hh, cols c NC + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
-        if constexpr (BIAS_IN_D) {
-#pragma unroll
-            for (int j = 0; j < NC / 8; ++j) {
-                const int col = c * NC + 8 * j + 2 * t;
-                const float b0 = bias[Ly::B_OFF + col], b1 = bias[Ly::B_OFF + col + 1];
-                d[4 * j] = d[4 * j + 2] = b0;
-                d[4 * j + 1] = d[4 * j + 3] = b1;
-            }
+        for (int j = 0; j < W / 8; ++j) {
+            const int col = C0 + 8 * j + 2 * t;
+            const float b0 = BIAS_IN_D ? bias[Ly::B_OFF + col] : 0.0f, b1 = BIAS_IN_D ? bias[Ly::B_OFF + col + 1] : 0.0f;
+            d[4 * j] = d[4 * j + 2] = b0;
+            d[4 * j + 1] = d[4 * j + 3] = b1;
         }
-        const unsigned long long desc = fm_desc(w + c * (NC / 8) * SBO, SBO);  // the chunk's NC weight rows
-        fm_fence_regs(a);
-        fm_wg_fence();
+    }
+    const unsigned long long desc = fm_desc(w + (C0 / 8) * SBO, SBO);  // the group's W weight rows
+    fm_fence_regs(a);
+    fm_wg_fence();
 #pragma unroll
-        for (int s = 0; s < KS; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
-            fm_wgmma<NC>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || BIAS_IN_D ? 1 : 0);
-        fm_wg_commit();
-        fm_fence_regs(d);
-        fm_wg_wait();
-        fm_fence_regs(d);
-        fm_fence_regs(a);
+    for (int s = 0; s < KS; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
+        fm_wgmma<W>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || D_SET ? 1 : 0);
+    fm_wg_commit();
+    fm_fence_regs(d);
+    fm_wg_wait();
+    fm_fence_regs(d);
+    fm_fence_regs(a);
 
 #pragma unroll
-        for (int j = 0; j < NC / 8; ++j) {     // 8-column tile J of the output
-            const int J = c * (NC / 8) + j;
-            const int col = 8 * J + 2 * t;     // this lane's columns col, col + 1 in rows g and g + 8
-            float b0 = 0.0f, b1 = 0.0f;  // the bias of a network with residuals is added here
-            if constexpr (Ly::BIAS && !BIAS_IN_D) {
-                b0 = bias[Ly::B_OFF + col];
-                b1 = bias[Ly::B_OFF + col + 1];
-            }
-            const bool live = Ly::NR == Ly::N || 8 * J < Ly::NR;  // compile-time: a padding tile writes zeros
+    for (int j = 0; j < W / 8; ++j) {     // 8-column tile J of the output
+        const int J = C0 / 8 + j;
+        const int col = 8 * J + 2 * t;     // this lane's columns col, col + 1 in rows g and g + 8
+        float b0 = 0.0f, b1 = 0.0f;  // the bias of a network with residuals is added here
+        if constexpr (Ly::BIAS && !BIAS_IN_D) {
+            b0 = bias[Ly::B_OFF + col];
+            b1 = bias[Ly::B_OFF + col + 1];
+        }
+        const bool live = Ly::NR == Ly::N || 8 * J < Ly::NR;  // compile-time: a padding tile writes zeros
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
-                if constexpr (Ly::BIAS && !BIAS_IN_D) {
-                    v0 += b0;
-                    v1 += b1;
-                }
-                if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment J/2, half J%2
-                    fm_unpack2(a[J / 2][(J % 2) * 2 + hh], r0, r1);
-                if constexpr (L == LAST) {
-                    const fm_u32 addr = stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
-                    if constexpr (FM_OUT_TYPE == 0) {
-                        if (live)
-                            fm_epilogue<L>(v0, v1, r0, r1, col);
-                        else
-                            v0 = v1 = 0.0f;
-                        fm_st_out2(addr, v0, v1);
-                    } else {
-                        fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, r0, r1, col) : 0u);
-                    }
+        for (int hh = 0; hh < 2; ++hh) {
+            float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
+            if constexpr (Ly::BIAS && !BIAS_IN_D) {
+                v0 += b0;
+                v1 += b1;
+            }
+            if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment J/2, half J%2
+                fm_unpack2(a[J / 2][(J % 2) * 2 + hh], r0, r1);
+            if constexpr (L == LAST) {
+                const fm_u32 addr = stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
+                if constexpr (FM_OUT_TYPE == 0) {
+                    if (live)
+                        fm_epilogue<L>(v0, v1, r0, r1, col);
+                    else
+                        v0 = v1 = 0.0f;
+                    fm_st_out2(addr, v0, v1);
                 } else {
-                    h[J / 2][(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
+                    fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, r0, r1, col) : 0u);
                 }
+            } else {
+                h[J / 2][(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
             }
         }
     }
+    if constexpr (C0 + W < Ly::N)
+        fm_layer_cols<L, C0 + W>(a, h, w, bias, stage, lane);
+}
+
+// Layer L for this warpgroup's 64 rows (see fm_layer_cols).
+template <int L>
+__device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4], fm_u32 w,
+                                         const float *bias, fm_u32 stage, int lane) {
+    static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || Layer<L>::K == Layer<L>::N),
+                  "no concat; residuals from the own input");
+    fm_layer_cols<L, 0>(a, h, w, bias, stage, lane);
 }
 
 // Layers L.. for this warpgroup's 64 rows, from layer L's input fragments a.

@@ -250,8 +250,9 @@ def test_pair_activations_only_for_their_functions_and_16_bit_results(dtype, io,
 
 @pytest.mark.parametrize("n_chunk", [32, 64])
 def test_wgmma_column_groups_render_and_compile(n_chunk):
-    """A forced n_chunk splits each warpgroup-kernel layer it divides (and that is wider) into equal column groups:
-    Layer<l>::NC says so, one m64nNCk16 wgmma is emitted for them, and NVRTC compiles it for sm_90a."""
+    """A forced n_chunk splits each warpgroup-kernel layer wider than it into column groups of n_chunk and a last
+    group of the rest: Layer<l>::NC says so, one m64nNk16 wgmma is emitted per group width, and NVRTC compiles it
+    for sm_90a."""
     from fusedmlp import _api, _core
 
     _api._nvrtc_info()
@@ -262,7 +263,33 @@ def test_wgmma_column_groups_render_and_compile(n_chunk):
     plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472, wgmma=1, warps=4, n_chunk=n_chunk)
     assert plan.info["wgmma"] == 1
     groups = [(int(n), int(nc)) for n, nc in re.findall(r"N = (\d+), NR = \d+, NC = (\d+);", source)]
-    assert groups == [(n, n_chunk if n > n_chunk and n % n_chunk == 0 else n) for n in (128, 192, 96, 64, 16)]
-    assert f"struct fm_wgmma<{n_chunk}>" in source and "struct fm_wgmma<128>" not in source
+    assert groups == [(n, n_chunk if n > n_chunk else n) for n in (128, 192, 96, 64, 16)]
+    widths_emitted = sorted(int(n) for n in re.findall(r"struct fm_wgmma<(\d+)>", source))
+    assert widths_emitted == sorted({n_chunk, 16} | ({32} if n_chunk == 64 else set())), widths_emitted
     cubin, _ = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ())
     assert len(cubin) > 1000
+
+
+@pytest.mark.parametrize("widths, wgmma", [
+    # registers per thread: n/2 accumulators + k/4 input + n/4 output fragments (not the last layer's) + 40
+    ([64, 256, 64], 1),             # 128 + 16 + 64 + 40 = 248
+    ([32, 208, 208, 8], 1),         # 104 + 52 + 52 + 40 = 248
+    ([256, 256], 1),                # the last layer stages its output: 128 + 64 + 40
+    ([64, 256, 256, 64], 0),        # 128 + 64 + 64 + 40 = 296
+    ([32, 224, 224, 8], 0),         # 264
+])
+def test_wgmma_takes_the_layers_that_fit_the_registers(widths, wgmma):
+    """By default the sm_90a plan takes a network on the warpgroup kernel only if each layer's accumulators, input
+    and output fragments fit 255 registers together (the others run on mma.sync); what it takes compiles for sm_90a
+    without spills."""
+    from fusedmlp import _api, _core
+
+    _api._nvrtc_info()
+    rng = np.random.default_rng(7)
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    mlp = fusedmlp.FusedMLP(ws, None, "relu", device="cpu")
+    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
+    assert plan.info["wgmma"] == wgmma
+    if wgmma:
+        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ("--ptxas-options=-v",))
+        assert " 0 bytes spill stores" in log, log

@@ -184,8 +184,9 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
         CHECK(p->k_pad[l] == (l ? p->n_pad[l - 1] : (spec->width[0] + 15) / 16 * 16) && is_mult16(p->n_pad[l]) &&
                   p->n_pad[l] >= spec->width[l + 1] && p->n_pad[l] < spec->width[l + 1] + 16,
               "%s: layer %d pads %d x %d", what, l, p->k_pad[l], p->n_pad[l]);
-        /* one wgmma group per layer, or (n_chunk forced) whole 16-column groups that divide it */
-        CHECK(p->n_pad[l] <= 256 && is_mult16(p->n_chunk[l]) && p->n_pad[l] % p->n_chunk[l] == 0,
+        /* one wgmma group per layer, or groups of n_chunk columns and a last one of the rest, all multiples of 16 */
+        CHECK(p->n_pad[l] <= 256 && is_mult16(p->n_chunk[l]) && p->n_chunk[l] <= p->n_pad[l] &&
+                  (p->n_pad[l] % p->n_chunk[l]) % 16 == 0,
               "%s: layer %d n_chunk %d", what, l, p->n_chunk[l]);
         int regs = p->n_chunk[l] / 2 + p->k_pad[l] / 4 + (l < L - 1 ? p->n_pad[l] / 4 : 0);
         CHECK(regs + 40 <= 255 && regs + 40 <= fm_plan_wgmma_regs(p), "%s: layer %d needs %d registers", what, l,
@@ -682,14 +683,21 @@ static void test_wgmma_plans(void) {
                 fm_error_clear(&err);
                 continue;
             }
-            /* n_chunk forced: every layer wider than 64 whose width it divides becomes 64-column groups */
+            /* The default plan: each layer one group, its accumulators, input and output fragments within 255
+             * registers (64 x n fp32 over 128 threads, 64 x k halves, 64 x n halves but for the last layer, 40 more) */
+            for (int l = 0; l < p.num_layers; ++l) {
+                int regs = p.n_pad[l] / 2 + p.k_pad[l] / 4 + (l == p.num_layers - 1 ? 0 : p.n_pad[l] / 4) + 40;
+                CHECK(p.n_chunk[l] == p.n_pad[l] && regs <= 255, "%s: layer %d (%d -> %d) in groups of %d",
+                      g_nets[n].name, l, p.k_pad[l], p.n_pad[l], p.n_chunk[l]);
+            }
+            /* n_chunk forced: every layer wider than 64 becomes 64-column groups (the last takes the rest) */
             fm_plan_opts split = {4, 0, 64, -1, 1};
             if (fm_plan_make(&spec, &t90, &split, (fm_prec)prec, FM_F16, FM_F16, &p, &err) == FM_OK) {
                 char what[96];
                 snprintf(what, sizeof what, "%s %s wgmma n_chunk=64", g_nets[n].name, fm_prec_name((fm_prec)prec));
                 ++g_plans_made;
                 for (int l = 0; l < p.num_layers; ++l)
-                    CHECK(p.n_chunk[l] == (p.n_pad[l] > 64 && p.n_pad[l] % 64 == 0 ? 64 : p.n_pad[l]),
+                    CHECK(p.n_chunk[l] == (p.n_pad[l] > 64 ? 64 : p.n_pad[l]),
                           "%s: layer %d of %d columns in groups of %d", what, l, p.n_pad[l], p.n_chunk[l]);
                 check_plan(&p, &spec, &t90, 0, what);
             } else {
