@@ -1,5 +1,5 @@
 """The warpgroup kernel with layers split into equal column groups (a forced n_chunk) against the same kernel
-unsplit and float64. Part 1: the random chains of tests/test_gpu.py::test_wgmma_layers_split_into_equal_column_groups
+unsplit and float64. Part 1: the random chains of tests/test_gpu.py::test_wgmma_layers_split_into_column_groups
 (per case, both errors, the largest difference between them, which output columns differ). Part 2: small networks
 under variants of the kernel source (string edits of the rendered source), to isolate what goes wrong.
 
@@ -11,8 +11,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from conftest import graph_weights  # noqa: E402
-from test_gpu import graph_reference, rel_l2, run_io_kernel  # noqa: E402
+from test_gpu import graph_reference, rel_l2, run_io_kernel, split_chain_cases  # noqa: E402
 
 import fusedmlp  # noqa: E402
 from fusedmlp import _api  # noqa: E402
@@ -40,30 +39,18 @@ def build(mlp, io, variant, **options):
 
 
 def chains(variant):
-    rng = np.random.default_rng(20261122)
     bad = 0
-    for i in range(24):
-        depth = int(rng.integers(2, 5))
-        widths = [int(rng.choice([3, 32, 64, 96, 128, 192]))] + [int(rng.choice([64, 96, 128, 192]))
-                                                                   for _ in range(depth - 1)] + [int(rng.integers(1, 40))]
-        residual = {l: "add" for l in range(depth) if widths[l] == widths[l + 1] and rng.random() < 0.5}
-        acts = [str(rng.choice(["relu", "tanh", "silu", "gelu", "none"])) for _ in range(depth - 1)] + ["none"]
-        prec, io = ("float16", "bfloat16")[i % 2], ("float32", "float16", "bfloat16")[i % 3]
-        ws, bs = graph_weights(rng, widths, {}, 1.0)
-        batch = int(rng.choice([65, 1000, 4099]))
-        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, dtype=prec, device="cuda")
-        n_chunk = (32, 64)[i % 2]
-        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+    for c in split_chain_cases():
         ys = []
-        for nc in (0, n_chunk):
-            x, y = run_io_kernel(build(mlp, io, variant, wgmma=1, warps=4, n_chunk=nc), x32, io)
+        for nc in (0, c.n_chunk):
+            x, y = run_io_kernel(build(c.mlp, c.io, variant, wgmma=1, warps=4, n_chunk=nc), c.x32, c.io)
             ys.append(y)
-        ref = graph_reference(x, ws, bs, mlp)
+        ref = graph_reference(x, c.ws, c.bs, c.mlp)
         diff = np.abs(ys[0] - ys[1])
         cols = sorted(set(np.argwhere(~(diff == 0))[:, 1].tolist()))
         bad += bool(cols)
-        print(f"{i:2d} nc={n_chunk} {widths} {acts} res={residual} bias={[b is not None for b in bs]} {prec}/{io} "
-              f"batch={batch}: err unsplit {rel_l2(ys[0], ref):.2e} split {rel_l2(ys[1], ref):.2e} "
+        print(f"{c.i:2d} nc={c.n_chunk} {c.widths} {c.acts} res={c.residual} bias={[b is not None for b in c.bs]} "
+              f"{c.prec}/{c.io} batch={c.batch}: err unsplit {rel_l2(ys[0], ref):.2e} split {rel_l2(ys[1], ref):.2e} "
               f"max|diff| {np.nanmax(diff):.2e} cols {cols[:10]}{'...' if len(cols) > 10 else ''}", flush=True)
     print(f"== chains, {variant}: {bad} of 24 differ from unsplit", flush=True)
 

@@ -5,9 +5,9 @@ Every launch poisons its output first (NaN bytes), so an element the kernel fail
 
 import concurrent.futures
 import os
-import time
-
 import re
+import time
+import types
 
 import numpy as np
 import pytest
@@ -548,17 +548,10 @@ def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
     assert not failures, failures[:5]
 
 
-def test_wgmma_layers_split_into_equal_column_groups():
-    """The warpgroup kernel with each layer's columns forced into groups (n_chunk: 128 = 2 x 64, 192 = 3 x 32,
-    96 = 64 + 32, ...), each group's MMA finished and its epilogue run before the next group starts; vs float64 and,
-    element for element, vs the same kernel unsplit (the same sums in the same order). Groups of layers without a
-    bias in the accumulators came out wrong when the first k step ignored the accumulators (scale-d 0; 9 of these
-    24 cases on the H100, bench/wgmma_split_diag.py): what the plan's own splits of 224-256-wide layers rely on."""
-    info = fusedmlp._api._gpu(0).info
-    if info["arch"] != 90:
-        pytest.skip(f"wgmma needs sm_90; this GPU is sm_{info['arch']}")
+def split_chain_cases():
+    """The random chains of the column-group test (bench/wgmma_split_diag.py runs them too), one namespace each:
+    i, widths, acts, residual, prec, io, ws, bs, batch, n_chunk, mlp (on the GPU) and x32 (its input)."""
     rng = np.random.default_rng(20261122)
-    failures, checked = [], 0
     for i in range(24):
         depth = int(rng.integers(2, 5))
         widths = [int(rng.choice([3, 32, 64, 96, 128, 192]))] + [int(rng.choice([64, 96, 128, 192]))
@@ -569,26 +562,41 @@ def test_wgmma_layers_split_into_equal_column_groups():
         ws, bs = graph_weights(rng, widths, {}, 1.0)
         batch = int(rng.choice([65, 1000, 4099]))
         mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, dtype=prec, device="cuda")
-        n_chunk = (32, 64)[i % 2]
+        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+        yield types.SimpleNamespace(i=i, widths=widths, acts=acts, residual=residual, prec=prec, io=io, ws=ws, bs=bs,
+                                    batch=batch, n_chunk=(32, 64)[i % 2], mlp=mlp, x32=x32)
+
+
+def test_wgmma_layers_split_into_column_groups():
+    """The warpgroup kernel with each layer's columns forced into groups (n_chunk: 128 = 2 x 64, 192 = 3 x 64,
+    96 = 64 + 32, ...), each group's MMA and epilogue after the previous group's in the source; vs float64 and,
+    element for element, vs the same kernel unsplit (the same sums in the same order). Groups of layers without a
+    bias in the accumulators came out wrong when the first k step ignored the accumulators (scale-d 0; 9 of these
+    24 cases on the H100, bench/wgmma_split_diag.py)."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"wgmma needs sm_90; this GPU is sm_{info['arch']}")
+    failures, checked = [], 0
+    for c in split_chain_cases():
         try:
-            kernel, plan, source, _ = mlp._build(io, io, wgmma=1, warps=4, n_chunk=n_chunk)
+            kernel, plan, source, _ = c.mlp._build(c.io, c.io, wgmma=1, warps=4, n_chunk=c.n_chunk)
         except fusedmlp.LimitError:
             continue
         for n, nc in re.findall(r"N = (\d+), NR = \d+, NC = (\d+);", source):
             n, nc = int(n), int(nc)
-            assert nc == (n_chunk if n > n_chunk else n), (widths, n, nc)
-        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
-        _, y_split = run_io_kernel(kernel, x32, io)
-        _, y_whole = run_io_kernel(mlp._build(io, io, wgmma=1, warps=4)[0], x32, io)
+            assert nc == (c.n_chunk if n > c.n_chunk else n), (c.widths, n, nc)
+        _, y_split = run_io_kernel(kernel, c.x32, c.io)
+        _, y_whole = run_io_kernel(c.mlp._build(c.io, c.io, wgmma=1, warps=4)[0], c.x32, c.io)
         if not np.array_equal(y_split, y_whole, equal_nan=True):
-            failures.append((i, n_chunk, widths, "differs from unsplit", float(np.nanmax(np.abs(y_split - y_whole)))))
-        result = kernel_error(kernel, mlp, ws, bs, x32, prec, io)
+            failures.append((c.i, c.n_chunk, c.widths, "differs from unsplit",
+                             float(np.nanmax(np.abs(y_split - y_whole)))))
+        result = kernel_error(kernel, c.mlp, c.ws, c.bs, c.x32, c.prec, c.io)
         if result is None:
             continue
         checked += 1
         err, tol = result
         if not err <= tol:
-            failures.append((i, n_chunk, widths, acts, residual, prec, io, batch, err))
-    print(f"\nwgmma in equal column groups: {checked} runs checked, {len(failures)} failures")
+            failures.append((c.i, c.n_chunk, c.widths, c.acts, c.residual, c.prec, c.io, c.batch, err))
+    print(f"\nwgmma in column groups: {checked} runs checked, {len(failures)} failures")
     assert checked >= 15
     assert not failures, failures[:5]
