@@ -63,10 +63,10 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
 
 /* Registers layer l of the sm_90a kernel needs per thread: 64 x n fp32 accumulators over 128 threads, the input
  * fragments (64 x k halves) and, but for the last layer (which stages its output), the output fragments; plus 40 for
- * addresses, bias and the activation's temporaries. */
+ * addresses, bias and the activation's temporaries. All n accumulators also where a forced n_chunk splits the layer
+ * into column groups: ptxas runs one group's epilogue under the next group's MMAs, so they are live together. */
 static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
-    int nc = p->n_chunk[l] > 0 ? p->n_chunk[l] : p->n_pad[l]; /* one chunk's accumulators are live at a time */
-    return nc / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
+    return p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
 }
 
 int fm_plan_wgmma_regs(const fm_plan *plan) {

@@ -188,7 +188,7 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
         CHECK(p->n_pad[l] <= 256 && is_mult16(p->n_chunk[l]) && p->n_chunk[l] <= p->n_pad[l] &&
                   (p->n_pad[l] % p->n_chunk[l]) % 16 == 0,
               "%s: layer %d n_chunk %d", what, l, p->n_chunk[l]);
-        int regs = p->n_chunk[l] / 2 + p->k_pad[l] / 4 + (l < L - 1 ? p->n_pad[l] / 4 : 0);
+        int regs = p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l < L - 1 ? p->n_pad[l] / 4 : 0);
         CHECK(regs + 40 <= 255 && regs + 40 <= fm_plan_wgmma_regs(p), "%s: layer %d needs %d registers", what, l,
               regs);
         CHECK(p->w_offset[l] == w && p->b_offset[l] == b && w * (size_t)p->elem_bytes % 128 == 0,
