@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import fusedmlp
-from fusedmlp.bench import WORKLOADS, fused_options
+from fusedmlp.bench import WORKLOADS, _time_host, fused_options
 
 
 def per_call_us(fn, calls=2000, reps=7):
@@ -28,15 +28,8 @@ def per_call_us(fn, calls=2000, reps=7):
 
 
 def synced_us(fn, calls=300):
-    times = []
-    stream = torch.cuda.current_stream()
-    for _ in range(calls):
-        stream.synchronize()
-        t = time.perf_counter()
-        fn()
-        stream.synchronize()
-        times.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(times)
+    """The bench's call_us measure: median of host-timed fn() + stream synchronize."""
+    return _time_host(torch, lambda k: fn(), calls)["call_us"]
 
 
 def main():
