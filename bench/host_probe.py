@@ -1,6 +1,7 @@
 """Where a small call's time goes, on the host: per-call microseconds (medians of 2000 back-to-back calls, no sync
-between them, so the GPU never holds the host up) of the pieces of FusedMLP.__call__ on a CUDA float16 tensor, and
-the sync round trip that bench.py's call_us adds (host-timed call + stream synchronize).
+between them, so the GPU never holds the host up) of the pieces of FusedMLP.__call__ on a CUDA float16 tensor (and of
+the call into a preallocated output, mlp(x, out=y), which skips torch.empty), and the sync round trip that bench.py's
+call_us and call_out_us add (host-timed call + stream synchronize).
 
 python bench/host_probe.py [workload]  (on a CUDA GPU, torch installed)
 """
@@ -48,6 +49,7 @@ def main():
     raw = torch._C._cuda_getCurrentRawStream
     rows = {
         "mlp(x) (FusedMLP.__call__)": lambda: mlp(x),
+        "mlp(x, out=y) (preallocated out)": lambda: mlp(x, out=y),
         "torch.empty(out)": lambda: torch.empty((1024, wl.widths[-1]), device="cuda", dtype=torch.float16),
         "mlp._kernel lookup": lambda: mlp._kernel("float16", rows=1024),
         "Kernel.launch (C: cuLaunchKernel)": lambda: kernel.launch(x.data_ptr(), y.data_ptr(), 1024, stream),
@@ -61,6 +63,7 @@ def main():
         print(f"  {label:40s} {per_call_us(fn):7.2f} us per call, back to back")
     print(f"  {'sync round trip, empty stream':40s} {synced_us(lambda: None):7.2f} us")
     print(f"  {'mlp(x) + sync (bench call_us)':40s} {synced_us(lambda: mlp(x)):7.2f} us")
+    print(f"  {'mlp(x, out=y) + sync (bench call_out_us)':40s} {synced_us(lambda: mlp(x, out=y)):7.2f} us")
     print(f"  {'Kernel.launch + sync':40s} {synced_us(lambda: kernel.launch(x.data_ptr(), y.data_ptr(), 1024, stream)):7.2f} us")
     print(f"  {'torch eager x * 2 + sync':40s} {synced_us(lambda: x * 2):7.2f} us")
 

@@ -70,8 +70,8 @@ def fake_report():
             "methods": {
                 "fusedmlp": {"ms": fused, "rel_l2": 4.9e-4, "check_ok": True, "call_us": 12.0},
                 "fusedmlp_graph": {"ms": fused * 0.9, "rel_l2": 4.9e-4, "check_ok": True},
-                "fusedmlp_call": {"ms": fused * 1.2, "call_us": 30.0 + fused * 1e3, "rel_l2": 4.9e-4,
-                                  "check_ok": True},
+                "fusedmlp_call": {"ms": fused * 1.2, "call_us": 30.0 + fused * 1e3,
+                                  "call_out_us": 20.0 + fused * 1e3, "rel_l2": 4.9e-4, "check_ok": True},
                 "torch_eager": {"ms": eager, "call_us": 80.0, "rel_l2": 3e-4},
                 "torch_graph": {"ms": graph, "rel_l2": 3e-4},
                 "torch_compile": {"ms": comp, "rel_l2": 3e-4} if comp else {"error": "RuntimeError: no triton"},
@@ -107,14 +107,24 @@ def test_table_has_a_line_per_result_with_ratios_and_notes():
     row10 = next(line for line in lines if line.startswith("tcnn64") and " 2^10 " in line)
     row21 = next(line for line in lines if line.startswith("tcnn64") and " 2^21 " in line)
     cells = row21.split()
-    assert cells[:8] == ["tcnn64", "2^21", "0.2500", "0.2250", "0.2800", "1.660", "1.580", "1.200"]  # call 280 us
-    assert cells[8] == "0.1074c"  # compute-bound floor
-    assert row10.split()[2:4] == ["0.004000", "0.003600"]
-    assert cells[9] == "8.39G" and cells[10] == f"{0.25 / 0.1073741824:.2f}" and cells[11] == "4.80"
-    assert row10.split()[7] == "err"
+    # call 280 us, call+out (into a preallocated output) 270 us
+    assert cells[:9] == ["tcnn64", "2^21", "0.2500", "0.2250", "0.2800", "0.2700", "1.660", "1.580", "1.200"]
+    assert cells[9] == "0.1074c"  # compute-bound floor
+    assert row10.split()[2:6] == ["0.004000", "0.003600", "0.03400", "0.02400"]
+    assert cells[10] == "8.39G" and cells[11] == f"{0.25 / 0.1073741824:.2f}" and cells[12] == "4.80"
+    assert row10.split()[8] == "err"
+    head = lines[1].split()
+    assert head[4:6] == ["call", "call+out"] and lines[2].split() == ["ms"] * 8
     assert "res128     skipped: fusedmlp has no residual epilogue yet" in text
     assert "cold 471.2 ms" in text and "warm 1.00 ms" in text
     assert "error: tcnn64 2^10 torch_compile: RuntimeError: no triton" in text
+
+
+def test_table_shows_a_dash_where_a_report_has_no_call_out_time():
+    report = fake_report()  # as reports written before call_out_us existed
+    del report["results"][1]["methods"]["fusedmlp_call"]["call_out_us"]
+    row21 = next(line for line in bench.format_table(report).splitlines() if " 2^21 " in line)
+    assert row21.split()[4:6] == ["0.2800", "-"]
 
 
 def test_table_flags_a_failed_accuracy_check():
@@ -294,6 +304,9 @@ def test_a_whole_run_on_the_cpu_writes_every_number(cpu_bench, tmp_path, capsys)
         for method in ("torch_eager", "torch_graph"):
             assert r["methods"][method]["ms"] > 0 and r["methods"][method]["rel_l2"] < 1e-2
         assert r["methods"]["fusedmlp_call"]["call_us"] > 0 and "call_us" not in r["methods"]["torch_graph"]
+        call = r["methods"]["fusedmlp_call"]  # its check also compared fused(x, out=y) with fused(x), bit for bit
+        assert call["call_out_us"] > 0 and call["call_out_calls"] >= 30 and call["calls"] >= 30
+        assert "call_out_us" not in r["methods"]["torch_eager"]
         assert r["summary"]["fused_ms"] == r["methods"]["fusedmlp"]["ms"] and r["summary"]["x_peer"] > 0
         comp = r["methods"]["torch_compile"]
         if r["workload"] == "pinn50":

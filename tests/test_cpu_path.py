@@ -547,3 +547,90 @@ def test_full_list_with_an_output_activation_too_is_refused(rng):
     ws, bs = torch_init(rng, [5, 30, 20, 2], True)
     with pytest.raises(fusedmlp.ArgumentError, match="activation has 3 entries; the network has 3 layers"):
         fusedmlp.FusedMLP(ws, bs, activation=["relu"] * 3, output_activation="tanh", device="cpu")
+
+
+# ------------------------------------------------------------------------------------------------ out=
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_out_receives_the_returned_result(small, rng, dtype):
+    mlp = small[0]
+    x = rng.standard_normal((45, 6)).astype(dtype)
+    expected = mlp(x)
+    layouts = {
+        "C order": np.full((45, 3), np.nan, dtype),  # poisoned: a call that writes nothing cannot pass
+        "Fortran order": np.asfortranarray(np.full((45, 3), np.nan, dtype)),
+        "column slice of a wider array": np.full((45, 8), np.nan, dtype)[:, 2:5],
+        "every other row of a taller array": np.full((90, 3), np.nan, dtype)[::2],
+    }
+    for name, out in layouts.items():
+        assert mlp(x, out=out) is out, name
+        np.testing.assert_array_equal(out, expected, err_msg=name)
+    wide = np.full((45, 8), np.nan, dtype)
+    mlp(x, out=wide[:, 2:5])
+    assert np.isnan(wide[:, :2]).all() and np.isnan(wide[:, 5:]).all()  # only out's own elements are written
+
+
+def test_out_of_ml_dtypes_bfloat16(small, rng):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    mlp = small[0]
+    x = rng.standard_normal((9, 6)).astype(ml_dtypes.bfloat16)
+    out = np.full((9, 3), np.nan, ml_dtypes.bfloat16)
+    assert mlp(x, out=out) is out
+    np.testing.assert_array_equal(out.astype(np.float32), mlp(x).astype(np.float32))
+    with pytest.raises(fusedmlp.DTypeError, match=r"out has dtype float32; it must be bfloat16"):
+        mlp(x, out=np.zeros((9, 3), np.float32))
+
+
+def test_out_for_one_row_lists_and_empty_batches(small, rng):
+    mlp = small[0]
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    one = np.full(3, np.nan, np.float32)  # x of shape (6,): out of shape (3,)
+    assert mlp(x[2], out=one) is one
+    np.testing.assert_array_equal(one, mlp(x)[2])
+    listed = np.full((5, 3), np.nan)  # a nested list is read as float64: out is float64 too
+    assert mlp(x.astype(np.float64).tolist(), out=listed) is listed
+    np.testing.assert_array_equal(listed, mlp(x.astype(np.float64)))
+    empty = np.empty((0, 3), np.float16)
+    assert mlp(np.empty((0, 6), np.float16), out=empty) is empty
+    with pytest.raises(fusedmlp.ShapeError, match=r"out has shape \(2, 3\).*must be \(0, 3\)"):
+        mlp(np.empty((0, 6), np.float16), out=np.full((2, 3), 7, np.float16))
+
+
+def _bad_numpy_outs(x):
+    """(label, out, error, message regex) for float32 x of shape (5, 6) and a 6 -> 3 network."""
+    read_only = np.zeros((5, 3), np.float32)
+    read_only.setflags(write=False)
+    return [
+        ("a list", [[0.0] * 3] * 5, fusedmlp.ArgumentError, r"out is a list; for NumPy \(or list\) x it must be a "
+         r"NumPy ndarray of shape \(5, 3\) and dtype float32"),
+        ("wrong shape", np.zeros((5, 4), np.float32), fusedmlp.ShapeError,
+         r"out has shape \(5, 4\); for x of shape \(5, 6\) it must be \(5, 3\)"),
+        ("transposed shape", np.zeros((3, 5), np.float32), fusedmlp.ShapeError, r"out has shape \(3, 5\)"),
+        ("float64 for float32 x", np.zeros((5, 3), np.float64), fusedmlp.DTypeError,
+         r"out has dtype float64; it must be float32, the dtype this call returns \(x's dtype"),
+        ("float16 for float32 x", np.zeros((5, 3), np.float16), fusedmlp.DTypeError, r"out has dtype float16"),
+        ("read-only", read_only, fusedmlp.ArgumentError, r"out is read-only.*writable"),
+        ("broadcast", np.broadcast_to(np.zeros(3, np.float32), (5, 3)), fusedmlp.ArgumentError, r"out is read-only"),
+        ("elements sharing memory", np.lib.stride_tricks.as_strided(np.zeros(8, np.float32), (5, 3), (4, 4)),
+         fusedmlp.ArgumentError, r"out has strides \(4, 4\) .*elements share memory"),
+        ("view of x", x[:, 1:4], fusedmlp.ArgumentError, r"out shares memory with x; out must not overlap x"),
+    ]
+
+
+@pytest.mark.parametrize("label", [case[0] for case in _bad_numpy_outs(np.zeros((5, 6), np.float32))])
+def test_bad_out_names_out_the_value_and_the_rule(small, rng, label):
+    mlp = small[0]
+    x = rng.standard_normal((5, 6)).astype(np.float32)
+    _, out, error, match = next(case for case in _bad_numpy_outs(x) if case[0] == label)
+    before = x.copy()
+    with pytest.raises(error, match=match):
+        mlp(x, out=out)
+    np.testing.assert_array_equal(x, before)  # nothing was written into x
+
+
+def test_out_for_one_row_must_be_one_row(small, rng):
+    mlp = small[0]
+    x = rng.standard_normal(6).astype(np.float32)
+    with pytest.raises(fusedmlp.ShapeError, match=r"out has shape \(1, 3\); for x of shape \(6,\) it must be \(3,\)"):
+        mlp(x, out=np.zeros((1, 3), np.float32))

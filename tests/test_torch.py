@@ -274,3 +274,112 @@ def test_traced_concat_and_skip_graphs_match_torch(model, concat, residual):
 def test_traced_graphs_name_the_unsupported_node(model, match):
     with pytest.raises(fusedmlp.ArgumentError, match=match):
         fusedmlp.from_torch(model.eval(), device="cpu")
+
+
+# ------------------------------------------------------------------------------------------------ out=
+
+
+def random_mlp(seed, widths=(6, 32, 24, 5)):
+    """A FusedMLP on the CPU path with fresh random weights and biases (never zeros)."""
+    torch.manual_seed(seed)
+    layers = []
+    for i, o in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(i, o), nn.SiLU()]
+    return fusedmlp.from_torch(nn.Sequential(*layers[:-1]).eval(), device="cpu")
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_out_on_cpu_tensors_receives_the_returned_result(x_dtype, out_dtype):
+    mlp = random_mlp(10)
+    x = torch.randn(3, 7, 6).to(x_dtype)
+    out = torch.full((3, 7, 5), float("nan"), dtype=out_dtype)  # poisoned: a call that writes nothing cannot pass
+    with torch.no_grad():
+        result = mlp(x, out=out)
+        assert result is out
+        assert torch.equal(out, mlp(x, out_dtype=out_dtype))
+        # out_dtype may repeat out's dtype
+        out.fill_(float("nan"))
+        assert mlp(x, out=out, out_dtype=out_dtype) is out and torch.equal(out, mlp(x, out_dtype=out_dtype))
+
+
+def test_out_views_inference_tensors_and_empty_batches_on_cpu():
+    mlp = random_mlp(11)
+    x = torch.randn(40, 6)
+    expected = mlp(x)
+    wide = torch.full((40, 12), float("nan"))
+    view = wide[:, 2:7]  # a strided view into a wider buffer: only its own columns are written
+    assert mlp(x, out=view) is view and torch.equal(view, expected)
+    assert torch.isnan(wide[:, :2]).all() and torch.isnan(wide[:, 7:]).all()
+    transposed = torch.full((5, 40), float("nan")).t()
+    assert mlp(x, out=transposed) is transposed and torch.equal(transposed, expected)
+    with torch.inference_mode():
+        inference_out = torch.full((40, 5), float("nan"))
+    assert mlp(x, out=inference_out) is inference_out and torch.equal(inference_out, expected)
+    with torch.inference_mode():  # and a normal tensor written inside inference mode
+        plain = torch.full((40, 5), float("nan"))
+        assert mlp(x, out=plain) is plain and torch.equal(plain, expected)
+    empty = torch.empty(0, 5)
+    assert mlp(torch.randn(0, 6), out=empty) is empty
+    one = torch.full((5,), float("nan"))  # x of shape (6,): out of shape (5,)
+    assert mlp(x[3], out=one) is one and torch.equal(one, expected[3])
+
+
+def test_out_written_on_cpu_tensors_keeps_autograd_honest():
+    mlp = random_mlp(12)
+    x = torch.randn(8, 6)
+    out = torch.zeros(8, 5)
+    version = out._version
+    mlp(x, out=out)
+    assert out._version > version  # an op that saved out's old values for backward would now refuse
+
+
+def _bad_outs(x):
+    """(label, out, error, message regex) for x of shape (4, 6) and a 6 -> 5 network."""
+    return [
+        ("numpy array", np.zeros((4, 5), np.float32), fusedmlp.ArgumentError,
+         r"out is a numpy\.ndarray.*torch\.Tensor"),
+        ("a dtype (out_dtype meant)", torch.float16, fusedmlp.ArgumentError, r"out is a torch\.dtype.*out_dtype="),
+        ("wrong shape", torch.empty(4, 6), fusedmlp.ShapeError, r"out has shape \(4, 6\).*must be \(4, 5\)"),
+        ("flattened", torch.empty(20), fusedmlp.ShapeError, r"out has shape \(20,\).*must be \(4, 5\)"),
+        ("float64", torch.empty(4, 5, dtype=torch.float64), fusedmlp.DTypeError,
+         r"out has dtype torch\.float64; it must be torch\.float32, torch\.float16 or torch\.bfloat16"),
+        ("int", torch.empty(4, 5, dtype=torch.int32), fusedmlp.DTypeError, r"out has dtype torch\.int32"),
+        ("requires grad", torch.empty(4, 5, requires_grad=True), fusedmlp.ArgumentError, r"out requires grad"),
+        ("meta device", torch.empty(4, 5, device="meta"), fusedmlp.ArgumentError,
+         r"out is on meta but x is on cpu; out must be on x's device"),
+        ("expanded", torch.empty(1, 5).expand(4, 5), fusedmlp.ArgumentError, r"elements share memory"),
+        ("view of x", x[:, :5], fusedmlp.ArgumentError, r"out shares memory with x.*must not overlap x"),
+        ("sparse", torch.zeros(4, 5).to_sparse(), fusedmlp.ArgumentError, r"out has layout torch\.sparse_coo"),
+    ]
+
+
+@pytest.mark.parametrize("label", [case[0] for case in _bad_outs(torch.empty(4, 6))])
+def test_bad_out_on_cpu_tensors_names_out_and_the_rule(label):
+    mlp = random_mlp(13)
+    x = torch.randn(4, 6)
+    _, out, error, match = next(case for case in _bad_outs(x) if case[0] == label)
+    before = x.clone()
+    with pytest.raises(error, match=match):
+        mlp(x, out=out)
+    assert torch.equal(x, before), label  # nothing was written anywhere
+
+
+def test_out_must_be_of_x_s_kind():
+    mlp = random_mlp(15)
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out is a torch\.Tensor; for NumPy \(or list\) x it must be a "
+                       r"NumPy ndarray of shape \(4, 5\) and dtype float32"):
+        mlp(np.ones((4, 6), np.float32), out=torch.empty(4, 5))
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out is a numpy\.ndarray; for a torch x it must be a torch"):
+        mlp(torch.ones(4, 6), out=np.empty((4, 5), np.float32))
+
+
+def test_out_dtype_must_agree_with_out():
+    mlp = random_mlp(14)
+    x = torch.randn(4, 6)
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out_dtype=torch\.float16 but out has dtype torch\.float32"):
+        mlp(x, out=torch.empty(4, 5), out_dtype=torch.float16)
+    with pytest.raises(fusedmlp.DTypeError, match=r"out_dtype='float16'; it must be torch\.float32"):
+        mlp(x, out=torch.empty(4, 5, dtype=torch.float16), out_dtype="float16")
+    with pytest.raises(fusedmlp.ShapeError, match=r"out has shape \(3, 5\)"):  # batch 0 still checks out's shape
+        mlp(torch.randn(0, 6), out=torch.empty(3, 5))

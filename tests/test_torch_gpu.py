@@ -3,6 +3,7 @@
 import statistics
 import time
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -154,11 +155,13 @@ def test_per_call_host_overhead_at_batch_1024():
         return statistics.median(times) * 1e6
 
     ours, theirs = per_call(mlp), per_call(model)
+    y = torch.empty(1024, 10, device="cuda")
+    into = per_call(lambda x: mlp(x, out=y))
     fused_module = ft.FusedModule(model)
     module = per_call(fused_module)
-    print(f"\nhost time per call at batch 1024 (median of 1000): fusedmlp {ours:.1f} us, FusedModule {module:.1f} us, "
-          f"PyTorch module {theirs:.1f} us")
-    assert ours > 0 and theirs > 0
+    print(f"\nhost time per call at batch 1024 (median of 1000): fusedmlp {ours:.1f} us, with out= {into:.1f} us, "
+          f"FusedModule {module:.1f} us, PyTorch module {theirs:.1f} us")
+    assert ours > 0 and theirs > 0 and into > 0
 
 
 def test_cupy_arrays_if_available():
@@ -200,3 +203,149 @@ def test_bf16_tensors_go_through_float32_where_the_gpu_lacks_bf16_io():
     assert y.dtype == torch.bfloat16 and mlp._kernels
     assert all(key[:2] == ("float32", "float32") for key in mlp._kernels), list(mlp._kernels)
     assert rel(y, model, x.float()) <= 6e-3
+
+
+# ------------------------------------------------------------------------------------------------ out=
+
+
+def nan_tensor(*shape, dtype=torch.float16):
+    """An output buffer poisoned with NaN: an element the kernel failed to write cannot pass."""
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+@pytest.mark.parametrize("x_dtype, out_dtype", [(torch.float16, torch.float16), (torch.float32, torch.float32),
+                                                (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                                                (torch.float32, torch.bfloat16)])
+def test_out_fast_path_writes_in_place_bit_for_bit(x_dtype, out_dtype):
+    model = make_model(20)
+    mlp = fusedmlp.from_torch(model)
+    x = torch.randn(1024, 24, device="cuda", dtype=x_dtype)
+    with torch.no_grad():
+        expected = mlp(x, out_dtype=out_dtype)
+        out = nan_tensor(1024, 10, dtype=out_dtype)
+        torch.cuda.synchronize()
+        allocated, version = torch.cuda.memory_allocated(), out._version
+        result = mlp(x, out=out)
+        assert torch.cuda.memory_allocated() == allocated  # the kernel wrote into out: nothing was allocated
+    assert result is out and out._version > version
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    assert rel(out, model, x.float()) <= (FP16_TOL if out_dtype != torch.bfloat16 else 6e-3)
+
+
+def test_out_is_written_under_cuda_graph_capture():
+    model = make_model(21)
+    mlp = fusedmlp.from_torch(model)
+    static_x = torch.randn(2048, 24, device="cuda", dtype=torch.float16)
+    static_y = nan_tensor(2048, 10)
+    mlp(static_x, out=static_y)  # warm-up: builds and loads the kernel outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = mlp(static_x, out=static_y)
+    assert captured is static_y
+    for seed in range(3):
+        static_x.copy_(torch.randn(2048, 24, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, mlp(static_x))
+
+
+def test_out_that_the_kernel_cannot_write_gets_a_copy():
+    mlp = fusedmlp.from_torch(make_model(22))
+    x = torch.randn(1024, 24, device="cuda", dtype=torch.float16)
+    expected = mlp(x)
+    transposed = nan_tensor(10, 1024).t()  # non-contiguous
+    assert mlp(x, out=transposed) is transposed and torch.equal(transposed, expected)
+    wide = nan_tensor(1024, 16)
+    view = wide[:, 3:13]  # strided, into a wider buffer: only its own columns are written
+    assert mlp(x, out=view) is view and torch.equal(view, expected)
+    assert torch.isnan(wide[:, :3]).all() and torch.isnan(wide[:, 13:]).all()
+    raw = nan_tensor(1024 * 10 + 1)
+    unaligned = raw[1:].view(1024, 10)  # contiguous, 2 bytes past a 16-byte boundary
+    assert unaligned.data_ptr() % 16 and mlp(x, out=unaligned) is unaligned and torch.equal(unaligned, expected)
+    x3 = x.view(4, 256, 24)  # leading dimensions: the checked path, writing into a contiguous out directly
+    out3 = nan_tensor(4, 256, 10)
+    assert mlp(x3, out=out3) is out3 and torch.equal(out3.view(1024, 10), expected)
+    xs = x[::2]  # a strided x (copied once on the device) into a contiguous out
+    outs = nan_tensor(512, 10)
+    assert mlp(xs, out=outs) is outs and torch.equal(outs, mlp(xs))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_out_with_and_without_bf16_kernel_io(native):
+    """Without bf16 I/O (sm_75, simulated), the kernel writes float32 and the result is copied into the bf16 out."""
+    model = make_model(23)
+    mlp = fusedmlp.from_torch(model)
+    mlp._bf16_io = native
+    for x_dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(3000, 24, device="cuda", dtype=x_dtype)
+        with torch.no_grad():
+            out = nan_tensor(3000, 10, dtype=torch.bfloat16)
+            assert mlp(x, out=out) is out
+            assert torch.equal(out, mlp(x, out_dtype=torch.bfloat16))
+        assert rel(out, model, x.float()) <= 6e-3
+    if not native:
+        assert all("bfloat16" not in key[:2] for key in mlp._kernels), list(mlp._kernels)
+
+
+def test_bad_out_on_cuda_is_an_error_naming_out():
+    mlp = fusedmlp.from_torch(make_model(24))
+    x = torch.randn(256, 24, device="cuda", dtype=torch.float16)
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out is on cpu but x is on cuda:0"):
+        mlp(x, out=torch.empty(256, 10, dtype=torch.float16))
+    with pytest.raises(fusedmlp.ShapeError, match=r"out has shape \(256, 11\).*must be \(256, 10\)"):
+        mlp(x, out=torch.empty(256, 11, device="cuda", dtype=torch.float16))
+    with pytest.raises(fusedmlp.DTypeError, match=r"out has dtype torch\.float64"):
+        mlp(x, out=torch.empty(256, 10, device="cuda", dtype=torch.float64))
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out_dtype=torch\.float32 but out has dtype torch\.float16"):
+        mlp(x, out=torch.empty(256, 10, device="cuda", dtype=torch.float16), out_dtype=torch.float32)
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out requires grad"):
+        mlp(x, out=torch.empty(256, 10, device="cuda", requires_grad=True))
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out is a numpy\.ndarray"):
+        mlp(x, out=x.cpu().numpy()[:, :10])
+    # overlap: x and out in one buffer, both contiguous and aligned (what the fast path sees), out starting 64 bytes
+    # before x ends
+    buf = torch.randn(256 * 24 + 256 * 10, device="cuda", dtype=torch.float16)
+    xa = buf[: 256 * 24].view(256, 24)
+    over = buf[256 * 24 - 32: 256 * 24 - 32 + 2560].view(256, 10)
+    assert over.data_ptr() % 16 == 0
+    before = buf.clone()
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out shares memory with x"):
+        mlp(xa, out=over)
+    torch.cuda.synchronize()
+    assert torch.equal(buf, before)  # refused before any launch
+    apart = buf[256 * 24:].view(256, 10)  # the same buffer, right after x: no overlap
+    assert mlp(xa, out=apart) is apart and torch.equal(apart, mlp(xa))
+    empty = torch.empty(0, 10, device="cuda", dtype=torch.float16)
+    assert mlp(x[:0], out=empty) is empty
+
+
+def test_numpy_out_on_the_gpu_path():
+    rng = np.random.default_rng(25)
+    mlp = fusedmlp.from_torch(make_model(25))
+    for dtype in (np.float32, np.float16, np.float64):
+        x = rng.standard_normal((777, 24)).astype(dtype)
+        out = np.full((777, 10), np.nan, dtype)
+        assert mlp(x, out=out) is out
+        np.testing.assert_array_equal(out, mlp(x))
+    xt = torch.randn(300, 24)  # a CPU tensor through the GPU model
+    outt = torch.full((300, 10), float("nan"), dtype=torch.bfloat16)
+    assert mlp(xt, out=outt) is outt and torch.equal(outt, mlp(xt, out_dtype=torch.bfloat16))
+
+
+def test_cupy_out_if_available():
+    cupy = pytest.importorskip("cupy")
+    model = make_model(26)
+    mlp = fusedmlp.from_torch(model)
+    x = cupy.random.standard_normal((777, 24), dtype=cupy.float32)
+    expected = mlp(x)
+    out = cupy.full((777, 10), cupy.nan, dtype=cupy.float32)
+    assert mlp(x, out=out) is out and bool((out == expected).all())
+    strided = cupy.full((10, 777), cupy.nan, dtype=cupy.float16).T
+    assert mlp(x, out=strided) is strided and bool((strided == mlp(x, out_dtype=cupy.float16)).all())
+    with pytest.raises(fusedmlp.ArgumentError, match=r"out is a torch\.Tensor; for a CuPy x"):
+        mlp(x, out=torch.empty(777, 10, device="cuda"))
+    with pytest.raises(fusedmlp.ShapeError, match=r"out has shape \(777, 9\)"):
+        mlp(x, out=cupy.empty((777, 9), dtype=cupy.float32))

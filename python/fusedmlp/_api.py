@@ -10,7 +10,7 @@ from importlib import resources
 
 import numpy as np
 
-from . import _dlpack, _env, _tune
+from . import _dlpack, _env, _out, _tune
 from ._cache import KernelCache
 from .errors import ArgumentError, CompileError, DTypeError, ExpressionError, LimitError, ShapeError
 
@@ -592,19 +592,27 @@ class FusedMLP:
 
     # -------------------------------------------------------------------------------------------- calls
 
-    def __call__(self, x, out_dtype=None):
+    def __call__(self, x, out_dtype=None, *, out=None):
         """Runs the network on x: a (batch, in_features) NumPy array (float32/float16/float64; 1-D: one row), or a
         torch tensor / CuPy array / DLPack object (..., in_features) on the CPU or a CUDA device.
 
         Args:
             x: the inputs.
-            out_dtype: the output dtype for tensors (default: x's dtype).
+            out_dtype: the output dtype for tensors (default: x's dtype, or out's); with out, it must equal out's.
+            out: None, or a preallocated output the result is written into (and which is returned): of x's kind (a
+                NumPy array for NumPy or list x, a torch tensor for torch x and other DLPack objects, a CuPy array
+                for CuPy x), on x's device, of shape (*x.shape[:-1], out_features), not sharing memory with x.
+                NumPy: x's dtype. Tensors: float32, float16 or bfloat16 (CuPy: float32 or float16), which is then
+                the output dtype; not requiring grad. A C-contiguous, 16-byte aligned CUDA tensor of a dtype the
+                kernel writes is written in place, with no allocation (at batch 1024 on an H100: 9.8-17 us of host
+                time a call against 12.5-22 us without out) and under CUDA graph capture; any other out gets a copy
+                of the result.
 
         Returns:
-            The outputs, of x's kind (array or tensor) and dtype (or out_dtype), on x's device.
+            out if given; else the outputs, of x's kind (array or tensor) and dtype (or out_dtype), on x's device.
         """
         if not isinstance(x, np.ndarray) and _is_device_array(x):
-            return _dlpack.call(self, x, out_dtype)
+            return _dlpack.call(self, x, out_dtype, out)
         arr = _as_array(x, "x")
         if arr.dtype.kind == "f" and not arr.dtype.isnative:  # big-endian data (from a file): same values, native
             arr = arr.astype(arr.dtype.newbyteorder("="))
@@ -617,23 +625,36 @@ class FusedMLP:
         n_in, n_out = self.widths[0], self.widths[-1]
         if arr.ndim != 2 or arr.shape[1] != n_in:
             raise ShapeError(f"x has shape {np.shape(x)}; the network takes (batch, {n_in}) (or ({n_in},) for one row)")
+        if out is not None:
+            _out.check_numpy(x, arr, out, (n_out,) if squeeze else (arr.shape[0], n_out))
         if arr.shape[0] == 0:
             y = np.empty((0, n_out), dtype=arr.dtype)
-        elif self._kind == "cpu":
+        else:
+            y = self._host_forward(arr, bf16)
+        if out is not None:
+            np.copyto(out, y[0] if squeeze else y, casting="unsafe")  # float32 to x's dtype: the cast astype makes
+            return out
+        y = y.astype(arr.dtype, copy=False)
+        return y[0] if squeeze else y
+
+    def _host_forward(self, arr, bf16):
+        """The outputs of a (batch > 0, in_features) host array, as its path computes them: float32, or x's own
+        16-bit dtype; the caller casts them to x's dtype."""
+        if self._kind == "cpu":
             # aligned: the C forward reads float32 elements in place (any strides, but not at odd addresses)
-            y = self._net.forward_cpu(np.require(arr, np.float32, ["A"])).astype(arr.dtype, copy=False)
-        elif bf16:  # the kernel reads and writes the bits; NumPy itself has no bfloat16
+            return self._net.forward_cpu(np.require(arr, np.float32, ["A"]))
+        if bf16:  # the kernel reads and writes the bits; NumPy itself has no bfloat16
             xin = np.ascontiguousarray(arr).view(np.uint16)
             y = self._kernel("bfloat16", rows=len(xin)).run(xin).view(arr.dtype)
             if self._check:
                 self._verify(arr.astype(np.float32), y.astype(np.float32))
-        else:
-            dtype = "float16" if arr.dtype == np.float16 else "float32"
-            xin = np.require(arr, dtype, ["C", "A"])
-            y = self._kernel(dtype, rows=len(xin)).run(xin).astype(arr.dtype, copy=False)
-            if self._check:
-                self._verify(arr, y)
-        return y[0] if squeeze else y
+            return y
+        dtype = "float16" if arr.dtype == np.float16 else "float32"
+        xin = np.require(arr, dtype, ["C", "A"])
+        y = self._kernel(dtype, rows=len(xin)).run(xin)
+        if self._check:
+            self._verify(arr, y)  # y in the kernel's dtype: _verify compares in float64, as after the cast
+        return y
 
     def _verify(self, x, y):
         ref = self._net.forward_cpu(np.asarray(x, dtype=np.float32)).astype(np.float64)

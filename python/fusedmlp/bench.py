@@ -21,6 +21,8 @@ What each number is (all inputs and outputs fp16, weights fp16-rounded, inputs N
   ``torch.compile(model, mode="max-autotune-no-cudagraphs", dynamic=False)``, one compile per workload, recompiled
   per row count.
 - ``call_us``: the median over up to 200 host-timed single calls, each followed by a stream synchronize.
+  ``call_out_us``: the same for ``fused(x, out=y)`` into a preallocated output (no ``torch.empty`` per call); its
+  output must equal ``fused(x)``'s bit for bit.
 - ``cold_ms``: the first call of a new FusedMLP with an empty cache folder (render + NVRTC + load + launch);
   ``warm_ms``: the first call of another new FusedMLP on the same folder (disk-cache hit + load + launch).
 
@@ -206,6 +208,7 @@ _TABLE = (  # header, width, cell(result, summary)
     ("fused", 10, lambda r, s: _cell_ms(r["methods"].get("fusedmlp"))),
     ("f.graph", 10, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_graph"))),
     ("call", 10, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_call"), "call_us", 1e-3)),
+    ("call+out", 10, lambda r, s: _cell_ms(r["methods"].get("fusedmlp_call"), "call_out_us", 1e-3)),
     ("eager", 10, lambda r, s: _cell_ms(r["methods"].get("torch_eager"))),
     ("graph", 10, lambda r, s: _cell_ms(r["methods"].get("torch_graph"))),
     ("compile", 10, lambda r, s: _cell_ms(r["methods"].get("torch_compile"))),
@@ -217,6 +220,9 @@ _TABLE = (  # header, width, cell(result, summary)
 )
 
 
+_MS_COLUMNS = ("fused", "f.graph", "call", "call+out", "eager", "graph", "compile", "floor")
+
+
 def format_table(report):
     """The text table of a report (the dict main() writes as JSON): one line per (workload, rows), then notes."""
     lines = []
@@ -226,7 +232,7 @@ def format_table(report):
         head += f"  copy {ceil['copy_GBps']:.0f} GB/s  fp16 matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s"
     lines.append(head + f"  torch {report.get('torch', '?')}  fusedmlp {report.get('fusedmlp', '?')}")
     lines.append("  ".join(f"{h:>{w}}" if i > 0 else f"{h:<{w}}" for i, (h, w, _) in enumerate(_TABLE)))
-    lines.append("  ".join(f"{'ms':>{w}}" if 2 <= i <= 8 else " " * w for i, (_, w, _) in enumerate(_TABLE)).rstrip())
+    lines.append("  ".join(f"{'ms':>{w}}" if h in _MS_COLUMNS else " " * w for h, w, _ in _TABLE).rstrip())
     failures = []
     for r in report.get("results", []):
         s = summarize(r)
@@ -246,10 +252,11 @@ def format_table(report):
         if info.get("cold_ms") is not None:
             lines.append(f"{name:<9}  first call: cold {info['cold_ms']:.1f} ms (render + NVRTC + load), warm "
                          f"{info['warm_ms']:.2f} ms (disk cache)")
-    lines.append("ms per call (median); call = host-timed fused(x) + sync; floor c/m = compute/memory bound; "
-                 "x floor = fused / floor; x peer = best of eager/graph/compile / fused (> 1: fusedmlp faster); "
-                 "! = failed the accuracy check; tile = the tuner's choice (wgN: wgmma, N warps; wNmM: mma.sync, N warps "
-                 "x 16M rows; every candidate's time in the JSON)")
+    lines.append("ms per call (median); call = host-timed fused(x) + sync; call+out = the same into a preallocated "
+                 "y, fused(x, out=y); floor c/m = compute/memory bound; x floor = fused / floor; x peer = best of "
+                 "eager/graph/compile / fused (> 1: fusedmlp faster); ! = failed the accuracy check; tile = the "
+                 "tuner's choice (wgN: wgmma, N warps; wNmM: mma.sync, N warps x 16M rows; every candidate's time in "
+                 "the JSON)")
     lines.extend(f"error: {f}" for f in failures)
     return "\n".join(lines)
 
@@ -516,7 +523,7 @@ def _time_events(torch, fn, calls_per_fn, reps):
 
 
 def _time_host(torch, fn, max_calls):
-    """Median microseconds of fn(k) + stream synchronize, timed on the host."""
+    """Median microseconds of fn(k) + stream synchronize, timed on the host: {"call_us": ..., "calls": ...}."""
     stream = torch.cuda.current_stream()
     times = []
     budget_end = time.perf_counter() + HOST_CALL_S
@@ -532,14 +539,18 @@ def _time_host(torch, fn, max_calls):
 
 
 def _fused_shim(torch, mlp):
-    """fused(x) for a CUDA fp16 tensor: checks, allocates the output, launches on torch's current stream."""
+    """fused(x, out=None) for a CUDA fp16 tensor: checks, allocates the output (unless out is given: a contiguous
+    fp16 tensor of shape (rows, out_features)), launches on torch's current stream."""
     n_in, n_out = mlp.widths[0], mlp.widths[-1]
 
-    def fused(x):
+    def fused(x, out=None):
         if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != n_in or x.device.type != DEVICE:
             raise ValueError(f"x must be a ({DEVICE}) float16 tensor of shape (rows, {n_in})")
         x = x.contiguous()
-        y = torch.empty((x.shape[0], n_out), device=x.device, dtype=x.dtype)
+        if out is not None and (out.dtype != torch.float16 or tuple(out.shape) != (x.shape[0], n_out)
+                                or not out.is_contiguous() or out.device != x.device):
+            raise ValueError(f"out must be a contiguous ({DEVICE}) float16 tensor of shape ({x.shape[0]}, {n_out})")
+        y = torch.empty((x.shape[0], n_out), device=x.device, dtype=x.dtype) if out is None else out
         if x.shape[0]:
             stream = torch.cuda.current_stream().cuda_stream
             mlp._kernel("float16", rows=x.shape[0]).launch(x.data_ptr(), y.data_ptr(), x.shape[0], stream)
@@ -633,7 +644,9 @@ def _measure(torch, case, method, setup, tolerance, reps, host_calls):
     """Runs one method of one case: setup() -> (fn, calls_per_fn, check, host_fn); check, time, record.
 
     fn(k) runs calls_per_fn calls starting at input k; check() returns the output for input 0 (poisoned first where
-    the output buffer is reused); host_fn(k) is one call (None: no host timing).
+    the output buffer is reused); host_fn(k) is one call (None: no host timing), or a dict {"call_us": fn,
+    "call_out_us": fn}: each is timed and recorded under its key (call_us's count as "calls", the others' as
+    "<name>_calls").
     """
     entry = {}
     case.result["methods"][method] = entry
@@ -647,14 +660,17 @@ def _measure(torch, case, method, setup, tolerance, reps, host_calls):
         if method.startswith("fusedmlp"):
             entry["check_ok"] = bool(entry["rel_l2"] <= tolerance)  # NaN fails
         entry.update(_time_events(torch, fn, calls_per_fn, reps))
-        if host_fn is not None:
-            entry.update(_time_host(torch, host_fn, host_calls))
+        for key, timed in ({"call_us": host_fn} if callable(host_fn) else host_fn or {}).items():
+            host = _time_host(torch, timed, host_calls)
+            entry[key] = host["call_us"]
+            entry["calls" if key == "call_us" else key.replace("_us", "_calls")] = host["calls"]
     except _OutOfTime as e:
         entry["error"] = str(e)
         raise
     except Exception as e:  # noqa: BLE001 - one method's failure is a result, not the end of the run
         entry["error"] = _error_text(e)
     extra = f"  call {entry['call_us']:.1f} us" if "call_us" in entry else ""
+    extra += f"  call+out {entry['call_out_us']:.1f} us" if "call_out_us" in entry else ""
     state = entry.get("error") or (f"{entry['ms']:.4g} ms{extra}  relL2 {entry['rel_l2']:.2e}"
                                    + ("  CHECK FAILED" if entry.get("check_ok") is False else ""))
     _say(f"{case.name:9s} {rows_label(case.rows):>5s} {method:15s} {state}")
@@ -717,10 +733,22 @@ def _fused_methods(torch, case, mlp, caller):
         return (lambda k: graph.replay()), n, lambda: poisoned(graph.replay), None
 
     def call_setup():
+        y_out = torch.empty_like(y)  # the caller's preallocated output: no allocation per call
+
         def fn(k):
             return caller(xs[k % n])
 
-        return fn, 1, lambda: fn(0), fn
+        def fn_out(k):
+            return caller(xs[k % n], out=y_out)
+
+        def check():
+            y0 = fn(0)
+            y_out.fill_(float("nan"))  # NaN equals nothing: a call that writes nothing cannot pass
+            if fn_out(0) is not y_out or not torch.equal(y_out, y0):
+                raise RuntimeError("fused(x, out=y) did not return y holding fused(x)'s result bit for bit")
+            return y0
+
+        return fn, 1, check, {"call_us": fn, "call_out_us": fn_out}
 
     return {"fusedmlp": kernel_setup, "fusedmlp_graph": graph_setup, "fusedmlp_call": call_setup}
 
