@@ -177,6 +177,9 @@ typedef struct fm_plan_opts {
     int n_chunk;      /* output columns one warp accumulates at once (multiple of 16) */
     int resident;     /* 1: all weights stay in shared memory; 0: stream per layer; -1: auto */
     int wgmma;        /* 1: the sm_90a warpgroup template (fused_mlp_sm90.cu); 0: the mma.sync one; -1: auto */
+    int cluster;      /* sm_90a: 0 auto; -1 only the register-A warpgroup kernel; 1, 2 or 4: the shared-memory-A
+                         warpgroup kernel on clusters of that many CTAs, each holding 1/cluster of every hidden layer's
+                         weights and computing those columns (fm_plan.cluster) */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -212,6 +215,14 @@ typedef struct fm_plan {
     int arch;                        /* target compute capability */
     int wgmma;                       /* 1: sm_90a warpgroup kernel (wgmma, activations in registers, weights in
                                         the core-matrix layout, fm_plan_w_index); 0: the mma.sync kernel */
+    /* The shared-memory-A form of the warpgroup kernel (0: not it). Layer outputs go to a per-warpgroup shared buffer
+     * (core-matrix layout) that the next layer's wgmma reads; a cluster of `cluster` CTAs runs the same rows, CTA r
+     * computing columns [r, r + 1) * n_chunk[l] of every layer but the last (which CTA 0 computes whole) and sending
+     * them to the others' buffers (distributed shared memory). So each CTA holds 1/cluster of the hidden weights:
+     * siren256's 280 KB do not fit one CTA, its halves do. Hidden widths are padded to 16 * cluster. */
+    int cluster;
+    size_t w_rank_elems;             /* cluster plans: elements of one CTA's share of the blob (w_offset is within
+                                        it; CTA r's share starts at r * w_rank_elems) */
 } fm_plan;
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,

@@ -535,7 +535,7 @@ static PyMethodDef Network_methods[] = {
     {"forward_cpu", (PyCFunction)Network_forward_cpu, METH_O, "forward_cpu(x) -> y: the CPU forward (float64 accumulate)."},
     {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(arch, smem_per_block=0, sm_count=0, in_dtype='float32', out_dtype='float32', warps=0, m_tiles=0, "
-     "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1) -> Plan"},
+     "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1, cluster=0) -> Plan"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -569,15 +569,15 @@ static PyTypeObject PlanType;
 
 static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
-                             "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", NULL};
+                             "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", NULL};
     int arch, sm_count = 0;
     Py_ssize_t smem = 0, smem_sm = 0;
     const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
-    fm_plan_opts opts = {0, 0, 0, -1, -1};
+    fm_plan_opts opts = {0, 0, 0, -1, -1, 0};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsi", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
                                      &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm, &prec_s,
-                                     &opts.wgmma))
+                                     &opts.wgmma, &opts.cluster))
         return NULL;
     fm_dtype in_d, out_d;
     fm_prec prec;
@@ -628,7 +628,8 @@ static PyObject *Plan_render(PlanObject *self, PyObject *args) {
 static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma", p->wgmma,
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma", p->wgmma,
+                         "cluster", p->cluster,
                          "warps", p->warps,
                          "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "buffers",
                          p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes,
@@ -766,10 +767,12 @@ static void Kernel_dealloc(KernelObject *self) {
 
 static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     const fm_plan *p = &self->plan->plan;
+    /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile. */
+    int64_t cl = p->cluster > 1 ? p->cluster : 1;
     int64_t tiles = (rows + p->rows_per_cta - 1) / p->rows_per_cta;
-    int64_t slots = (int64_t)self->gpu->gpu.sm_count * (self->k.blocks_per_sm > 0 ? self->k.blocks_per_sm : 1);
+    int64_t slots = (int64_t)self->gpu->gpu.sm_count * (self->k.blocks_per_sm > 0 ? self->k.blocks_per_sm : 1) / cl;
     int64_t grid = tiles < slots ? tiles : slots;
-    return (unsigned)(grid > 0 ? grid : 1);
+    return (unsigned)((grid > 0 ? grid : 1) * cl);
 }
 
 /* Grows a device staging buffer; called with the kernel lock held. */

@@ -57,8 +57,13 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
         return plan->w_offset[l] + (size_t)n * (size_t)fm_plan_w_stride(plan, l) + (size_t)k;
     const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */
     const size_t chunks = (size_t)(plan->k_pad[l] / per16);
+    size_t base = plan->w_offset[l];
+    if (plan->cluster && l < plan->num_layers - 1) { /* CTA n / n_chunk's share of the layer's rows */
+        base += (size_t)(n / plan->n_chunk[l]) * plan->w_rank_elems;
+        n %= plan->n_chunk[l];
+    }
     const size_t core = (size_t)(n / 8) * chunks + (size_t)(k / per16);
-    return plan->w_offset[l] + core * (size_t)(8 * per16) + (size_t)(n % 8) * (size_t)per16 + (size_t)(k % per16);
+    return base + core * (size_t)(8 * per16) + (size_t)(n % 8) * (size_t)per16 + (size_t)(k % per16);
 }
 
 /* Registers layer l of the sm_90a kernel needs per thread: 64 x n fp32 accumulators over 128 threads, the input
@@ -69,10 +74,20 @@ static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
     return p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
 }
 
+/* The same for the shared-memory-A (cluster) kernel: a layer's accumulators for this CTA's columns, layer 0's input
+ * fragments (its A comes from registers, the ldmatrix of x), no output fragments (each 16 columns are stored as
+ * they are packed); 48 for addresses, bias, the barriers' phase and the activation's temporaries; and 96 because
+ * ptxas hoists the k steps' 64-bit A and B descriptors out of the tile loop and keeps them in registers: capped at
+ * 168 registers (12 warps) clusters of 4 spilled 16-20 bytes, at 128 (16 warps) 204 bytes (NVRTC 13, 256-wide
+ * layers, 64 columns per CTA). So a cluster CTA has at most two warpgroups. */
+static int fm_cluster_layer_regs(const fm_plan *p, int l) {
+    return p->n_chunk[l] / 2 + (l == 0 ? p->k_pad[0] / 4 : 0) + 48 + 96;
+}
+
 int fm_plan_wgmma_regs(const fm_plan *plan) {
     int regs = 0;
     for (int l = 0; l < plan->num_layers; ++l) {
-        int r = fm_wgmma_layer_regs(plan, l);
+        int r = plan->cluster ? fm_cluster_layer_regs(plan, l) : fm_wgmma_layer_regs(plan, l);
         regs = r > regs ? r : regs;
     }
     return regs > 255 ? 255 : regs;
@@ -200,6 +215,35 @@ static void fm_plan_wgmma_chunks(fm_plan *p, int forced) {
         p->n_chunk[l] = nc > 0 && p->n_pad[l] > nc ? nc : p->n_pad[l];
 }
 
+/* Why the shared-memory-A (cluster) warpgroup kernel cannot run this network (NULL: it can). Its layer outputs live in
+ * one shared buffer per warpgroup, overwritten layer by layer, so like the register-A kernel it has no input concat;
+ * residual epilogues are not written for it yet. */
+static const char *fm_plan_cluster_unfit(const fm_plan *p, int widest) {
+    if (p->arch != 90)
+        return "wgmma needs sm_90 (sm_90a)";
+    if (p->prec == FM_PREC_TF32)
+        return "the wgmma kernel takes float16 or bfloat16";
+    if (widest > 256)
+        return "the wgmma kernel takes layers up to 256 wide";
+    if (p->num_layers < 2)
+        return "the cluster kernel splits hidden layers, and a one-layer network has none";
+    for (int l = 0; l < p->num_layers; ++l) {
+        if (p->cat[l] != FM_CAT_NONE)
+            return "the cluster kernel has no input concat";
+        if (p->res_op[l] != FM_RES_NONE)
+            return "the cluster kernel has no residual epilogues yet";
+    }
+    return NULL;
+}
+
+/* Columns of a cluster plan's A buffer: the widest input of layers 1.. (layer 0's A is x, from registers). */
+static int fm_plan_cluster_kmax(const fm_plan *p) {
+    int kmax = 16;
+    for (int l = 1; l < p->num_layers; ++l)
+        kmax = p->k_pad[l] > kmax ? p->k_pad[l] : kmax;
+    return kmax;
+}
+
 /* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, with its own input
  * buffer, output stage and raw x buffer), all weights resident in the core-matrix layout, each layer in the column
  * groups of fm_plan_wgmma_chunks (set before). Returns the shared-memory bytes. */
@@ -221,7 +265,10 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
     int in_only = value_pad[0];
     p->act_stride = fm_act_stride(p, &in_only, 1);
     size_t warp_bytes = 2 * 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + fm_plan_wgmma_raw_bytes(p);
-    p->smem_bytes = (size_t)p->elem_bytes * p->w_elems + 4 * p->b_floats + (size_t)warps * warp_bytes;
+    size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems : p->w_elems);
+    p->smem_bytes = w_bytes + 4 * p->b_floats + (size_t)warps * warp_bytes;
+    if (p->cluster) /* per warpgroup: its 64 rows of the widest layer input (A buffer), and two mbarriers */
+        p->smem_bytes += (size_t)(warps / 4) * ((size_t)fm_plan_cluster_kmax(p) * 64 * (size_t)p->elem_bytes + 16);
     size_t per_sm = t->smem_per_sm ? t->smem_per_sm : t->smem_per_block;
     int by_smem = (int)(per_sm / (p->smem_bytes + 1024));
     int by_regs = 65536 / (fm_plan_wgmma_regs(p) * 32 * warps);
@@ -232,17 +279,77 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
     return p->smem_bytes;
 }
 
-/* Lays out the weight and bias blobs: per layer, n_pad rows of k_pad (plus the mma.sync row pad). */
+/* Lays out the weight and bias blobs: per layer, n_pad rows of k_pad (plus the mma.sync row pad). A cluster plan's
+ * blob is one share per CTA, each with n_chunk rows of every layer (the last layer whole, in CTA 0's share; the
+ * others leave it zero and do not copy it). */
 static void fm_plan_blobs(fm_plan *p) {
     p->w_elems = 0;
     p->b_floats = 0;
     for (int l = 0; l < p->num_layers; ++l) {
         p->w_offset[l] = p->w_elems;
-        p->w_elems += (size_t)p->n_pad[l] * (size_t)(p->wgmma ? p->k_pad[l] : fm_plan_w_stride(p, l));
+        size_t rows = (size_t)(p->cluster ? p->n_chunk[l] : p->n_pad[l]);
+        p->w_elems += rows * (size_t)(p->wgmma ? p->k_pad[l] : fm_plan_w_stride(p, l));
         p->b_offset[l] = p->b_floats;
         p->b_floats += (size_t)p->n_pad[l];
     }
     p->b_floats = (p->b_floats + 3) / 4 * 4;
+    p->w_rank_elems = p->cluster ? p->w_elems : 0;
+    if (p->cluster)
+        p->w_elems *= (size_t)p->cluster;
+}
+
+/* A cluster plan of `cluster` CTAs (1, 2 or 4) in *p, from a plan with the real widths filled: hidden widths padded
+ * to 16 * cluster, each CTA's share of the columns, and the most warpgroups (up to 4, or opts->warps) that the
+ * register estimate and shared memory allow. FM_ERR_LIMIT (naming the rule) when none fits. */
+static fm_status fm_plan_cluster(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int cluster, int widest,
+                                 const int *value_pad, fm_error *err) {
+    const char *unfit = fm_plan_cluster_unfit(p, widest);
+    if (unfit != NULL)
+        return fm_fail(err, FM_ERR_LIMIT, "cluster=%d was asked for, but %s", cluster, unfit);
+    if (cluster != 1 && cluster != 2 && cluster != 4)
+        return fm_fail(err, FM_ERR_VALUE, "cluster=%d: a cluster is 1, 2 or 4 CTAs", cluster);
+    const int L = p->num_layers;
+    p->wgmma = 1;
+    p->cluster = cluster;
+    for (int l = 0; l < L; ++l) {
+        if (l < L - 1)
+            p->n_pad[l] = fm_round_up(p->n_real[l], 16 * cluster);
+        if (l > 0)
+            p->k_pad[l] = p->k0_pad[l] = p->n_pad[l - 1];
+        p->n_chunk[l] = l < L - 1 ? p->n_pad[l] / cluster : p->n_pad[l];
+    }
+    fm_plan_blobs(p);
+    for (int warps = opts->warps ? opts->warps : 16; warps >= 4; warps -= 4) {
+        size_t bytes = fm_plan_wgmma_layout(p, t, warps, value_pad);
+        int regs_ok = 65536 / (warps * 32) >= fm_plan_wgmma_regs(p);
+        if (bytes <= t->smem_per_block && regs_ok)
+            return FM_OK;
+        if (opts->warps)
+            break;
+    }
+    return fm_fail(err, FM_ERR_LIMIT, "cluster=%d: %s warps per CTA fit neither the %zu bytes of shared memory a block "
+                   "may use on sm_%d (%zu weight bytes per CTA) nor the registers", cluster,
+                   opts->warps ? "the asked" : "no number of", t->smem_per_block, t->arch,
+                   p->w_rank_elems * (size_t)p->elem_bytes);
+}
+
+/* The auto choice among cluster plans: the fewest CTAs per cluster that give two warpgroups per CTA (one leaves the
+ * tensor pipe idle during its epilogue), else any that fits. Returns 1 with the plan in *p, else 0 (*p unchanged). */
+static int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int widest,
+                                const int *value_pad) {
+    static const int sizes[] = {1, 2, 4};
+    for (int pass = 0; pass < 2; ++pass)
+        for (int i = 0; i < 3; ++i) {
+            fm_plan cand = *p;
+            fm_error quiet = {0};
+            fm_status st = fm_plan_cluster(&cand, t, opts, sizes[i], widest, value_pad, &quiet);
+            fm_error_clear(&quiet);
+            if (st == FM_OK && (pass == 1 || cand.warps >= 8 || opts->warps)) {
+                *p = cand;
+                return 1;
+            }
+        }
+    return 0;
 }
 
 /* Candidate order: resident weights (loaded once per CTA) beat streaming them per row tile; then more warps per SM
@@ -260,7 +367,7 @@ static int fm_plan_better(const fm_plan *a, const fm_plan *b) {
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
-    fm_plan_opts none = {0, 0, 0, -1, -1};
+    fm_plan_opts none = {0, 0, 0, -1, -1, 0};
     if (opts == NULL)
         opts = &none;
     memset(plan, 0, sizeof *plan);
@@ -316,16 +423,16 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         plan->n_pad[l] = value_pad[l + 1];
     }
 
-    /* sm_90a: the warpgroup kernel when the network fits it (and no mma.sync tile shape was asked for); the most
-     * warpgroups per CTA that the register estimate lets share an SM, up to 4. */
+    /* sm_90a: the warpgroup kernel when the network fits it (and no mma.sync tile shape was asked for). Its register-A
+     * form first (activations stay in registers between layers), with the most warpgroups per CTA that the register
+     * estimate lets share an SM, up to 4; where that form cannot take the network (a 256-wide hidden layer's
+     * fragments, weights over one CTA's shared memory), the shared-memory-A form on a cluster (fm_plan_cluster). */
+    if (opts->cluster > 0)
+        return fm_plan_cluster(plan, target, opts, opts->cluster, widest, value_pad, err);
     const char *unfit = fm_plan_wgmma_unfit(plan, widest);
-    int want_wgmma = opts->wgmma > 0 || (opts->wgmma < 0 && unfit == NULL && !opts->m_tiles && !opts->n_chunk &&
-                                         opts->resident != 0 && opts->warps % 4 == 0);
-    if (want_wgmma && unfit != NULL) {
-        fm_fail(err, FM_ERR_LIMIT, "wgmma=1 was asked for, but %s", unfit);
-        return FM_ERR_LIMIT;
-    }
-    if (want_wgmma) {
+    int shape_free = !opts->m_tiles && !opts->n_chunk && opts->resident != 0 && opts->warps % 4 == 0;
+    int want_wgmma = opts->wgmma > 0 || (opts->wgmma < 0 && shape_free);
+    if (want_wgmma && unfit == NULL) {
         plan->wgmma = 1;
         fm_plan_blobs(plan);
         fm_plan_wgmma_chunks(plan, opts->n_chunk);
@@ -351,13 +458,20 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         }
         if (warps >= 4 && plan->smem_bytes <= target->smem_per_block)
             return FM_OK;
-        if (opts->wgmma > 0) {
+        plan->wgmma = 0; /* the resident weights and stages do not fit one CTA */
+    }
+    if (want_wgmma && opts->cluster == 0 && shape_free &&
+        fm_plan_cluster_auto(plan, target, opts, widest, value_pad))
+        return FM_OK;
+    if (opts->wgmma > 0) {
+        if (unfit != NULL)
+            fm_fail(err, FM_ERR_LIMIT, "wgmma=1 was asked for, but %s", unfit);
+        else
             fm_fail(err, FM_ERR_LIMIT, "wgmma=1 was asked for, but the resident weights (%zu bytes) and stage buffers "
-                    "do not fit in the %zu bytes of shared memory a block may use on sm_%d",
-                    plan->w_elems * (size_t)plan->elem_bytes, target->smem_per_block, target->arch);
-            return FM_ERR_LIMIT;
-        }
-        plan->wgmma = 0; /* weights too large to stay resident: the mma.sync kernel streams them */
+                    "do not fit in the %zu bytes of shared memory a block may use on sm_%d, in one CTA or split "
+                    "over a cluster", plan->w_elems * (size_t)plan->elem_bytes, target->smem_per_block,
+                    target->arch);
+        return FM_ERR_LIMIT;
     }
     fm_plan_blobs(plan);
 

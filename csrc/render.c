@@ -130,7 +130,22 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
         for (int r = 0; r < nd; ++r)
             fm_str_printf(out, "%s\"+f\"(d[%d])", r ? ", " : "", r);
         fm_str_printf(out, "\n                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(desc), "
-                           "\"r\"(scale_d));\n    }\n};\n");
+                           "\"r\"(scale_d));\n    }\n");
+        if (p->cluster) { /* and with A (64 x 16 of the warpgroup's buffer) from a shared-memory descriptor too */
+            fm_str_printf(out,
+                          "    static __device__ __forceinline__ void run_ss(float (&d)[%d], unsigned long long adesc, "
+                          "unsigned long long desc, int scale_d) {\n"
+                          "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"\n"
+                          "                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {",
+                          nd, nd + 2, nc, ty, ty);
+            for (int r = 0; r < nd; ++r)
+                fm_str_printf(out, "%s%%%d", r ? ", " : "", r);
+            fm_str_printf(out, "}, %%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n\"\n                     : ", nd, nd + 1);
+            for (int r = 0; r < nd; ++r)
+                fm_str_printf(out, "%s\"+f\"(d[%d])", r ? ", " : "", r);
+            fm_str_printf(out, "\n                     : \"l\"(adesc), \"l\"(desc), \"r\"(scale_d));\n    }\n");
+        }
+        fm_str_printf(out, "};\n");
     }
 }
 
@@ -147,21 +162,27 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(fm_subst_add(t, "ACT_STRIDE"), "%d", p->act_stride);
     fm_str_printf(fm_subst_add(t, "BUFFERS"), "%d", p->buffers);
     fm_str_printf(fm_subst_add(t, "BLOCKS_PER_SM"), "%d", p->blocks_per_sm);
-    fm_str_printf(fm_subst_add(t, "W_SMEM_ELEMS"), "%zu", p->resident ? p->w_elems : 2 * p->w_slot_elems);
+    fm_str_printf(fm_subst_add(t, "W_SMEM_ELEMS"), "%zu",
+                  p->cluster ? p->w_rank_elems : (p->resident ? p->w_elems : 2 * p->w_slot_elems));
     fm_str_printf(fm_subst_add(t, "W_SLOT_ELEMS"), "%zu", p->w_slot_elems);
     fm_str_printf(fm_subst_add(t, "B_FLOATS"), "%zu", p->b_floats);
     fm_str_printf(fm_subst_add(t, "SMEM_BYTES"), "%zu", p->smem_bytes);
-    if (p->wgmma)
+    if (p->wgmma) {
         fm_render_wgmma(p, fm_subst_add(t, "WGMMA"));
+        fm_str_printf(fm_subst_add(t, "CLUSTER"), "%d", p->cluster);
+        fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"), p->cluster > 1 ? "__cluster_dims__(FM_CLUSTER, 1, 1)" : "");
+    }
 
     fm_str *c = fm_subst_add(t, "PLAN_COMMENT");
     fm_str_printf(c, "widths %d", p->k_real[0]);
     for (int l = 0; l < p->num_layers; ++l)
         fm_str_printf(c, "-%d", p->n_real[l]);
-    fm_str_printf(c, "; sm_%d%s; %s %s; %d warps x %d rows, %d CTAs/SM; %s weights; %d activation buffer(s); %zu B "
-                  "shared memory; x %s, y %s", p->arch, p->wgmma ? "a" : "", fm_prec_name(p->prec),
-                  p->wgmma ? "wgmma" : "mma.sync", p->warps, p->m_tiles * 16,
-                  p->blocks_per_sm, p->resident ? "resident" : "streamed", p->buffers, p->smem_bytes,
+    fm_str_printf(c, "; sm_%d%s; %s %s; %d warps x %d rows, %d CTAs/SM; %s weights", p->arch, p->wgmma ? "a" : "",
+                  fm_prec_name(p->prec), p->wgmma ? "wgmma" : "mma.sync", p->warps, p->m_tiles * 16,
+                  p->blocks_per_sm, p->resident ? "resident" : "streamed");
+    if (p->cluster)
+        fm_str_printf(c, " (1/%d per CTA of a cluster of %d), activations in shared memory", p->cluster, p->cluster);
+    fm_str_printf(c, "; %d activation buffer(s); %zu B shared memory; x %s, y %s", p->buffers, p->smem_bytes,
                   fm_dtype_name(p->in_dtype), fm_dtype_name(p->out_dtype));
     return fm_render_layers(spec, p, fm_subst_add(t, "LAYERS"), err);
 }

@@ -29,6 +29,7 @@
 // Plan: {{PLAN_COMMENT}}
 
 #define FM_WARPS {{WARPS}}
+#define FM_CLUSTER {{CLUSTER}}  // 0: activations in registers; n >= 1: in shared memory, clusters of n CTAs (below)
 constexpr int ROWS_W = 16;  // rows per warp
 static_assert({{M_TILES}} == 1 && {{RESIDENT}} == 1 && {{BUFFERS}} == 1 && {{W_SLOT_ELEMS}} == 0,
               "the wgmma plan: 16 rows per warp, resident weights, its own per-warp buffers");
@@ -70,6 +71,23 @@ __device__ __forceinline__ unsigned long long fm_desc(fm_u32 addr, fm_u32 sbo) {
 }
 
 // ------------------------------------------------------------------------------------------------ the layers
+
+// The last layer's result at (row g + 8 hh, cols col, col + 1) of this warp's strip, from the accumulators v0, v1
+// (and the residual operand r0, r1), into the warp's output stage; zeros where the tile is padding (live false).
+template <int L>
+__device__ __forceinline__ void fm_stage_pair(fm_u32 stage, int hh, int col, bool live, float v0, float v1, float r0,
+                                              float r1) {
+    const fm_u32 addr = stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
+    if constexpr (FM_OUT_TYPE == 0) {
+        if (live)
+            fm_epilogue<L>(v0, v1, r0, r1, col);
+        else
+            v0 = v1 = 0.0f;
+        fm_st_out2(addr, v0, v1);
+    } else {
+        fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, r0, r1, col) : 0u);
+    }
+}
 
 // Whether any of layers 0..L adds a residual.
 template <int L> __device__ constexpr bool fm_has_residual() {
@@ -148,16 +166,7 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
             if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment J/2, half J%2
                 fm_unpack2(a[J / 2][(J % 2) * 2 + hh], r0, r1);
             if constexpr (L == LAST) {
-                const fm_u32 addr = stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
-                if constexpr (FM_OUT_TYPE == 0) {
-                    if (live)
-                        fm_epilogue<L>(v0, v1, r0, r1, col);
-                    else
-                        v0 = v1 = 0.0f;
-                    fm_st_out2(addr, v0, v1);
-                } else {
-                    fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, r0, r1, col) : 0u);
-                }
+                fm_stage_pair<L>(stage, hh, col, live, v0, v1, r0, r1);
             } else {
                 h[J / 2][(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
             }
@@ -188,6 +197,233 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_
     }
 }
 
+// ------------------------------------------------------------------------------------------------ A in shared memory
+//
+// FM_CLUSTER >= 1 (plan.c, fm_plan_cluster): the form for networks whose hidden layers are too wide for the register
+// fragments above (a 256-wide layer's accumulators plus its input and output fragments are over 255 registers) or
+// whose weights are too large for one CTA (siren256: 280 KB). A layer's output goes to its warpgroup's A buffer in
+// shared memory (64 rows x the widest input, wgmma's K-major no-swizzle layout: 8-column chunk c at c * 1024 bytes,
+// row r at r * 16 in it), which the next layer's wgmma reads through a descriptor. A cluster of FM_CLUSTER CTAs runs
+// the same rows: CTA r holds rows [r, r + 1) * NC of every hidden layer's weights and computes those columns, stores
+// them into its own A buffer, and copies them (cp.async.bulk, 64 x NC x 2 bytes) into the same place in the others'
+// buffers. The last layer runs whole in CTA 0, which alone writes y.
+//
+// Per warpgroup and CTA, two mbarriers order the exchange of each hidden layer's output ("exchange" e):
+// - full: its buffer holds the next layer's whole input. One arrival (this warpgroup's copying thread, announcing
+//   the bytes the others send), completed by the others' copies (complete_tx).
+// - empty: every other CTA's warpgroup has finished reading its buffer (its MMA is done), so this one may copy
+//   into them. FM_CLUSTER - 1 arrivals, remote.
+// Both complete once per exchange, in order, so one parity bit tracks them. With FM_CLUSTER == 1 there is nothing to
+// exchange: a named barrier of the warpgroup orders its four warps' stores before the next MMA.
+
+constexpr int CL = FM_CLUSTER > 0 ? FM_CLUSTER : 1;
+
+// The widest input of layers 1.. (the A buffer's columns; layer 0's A is x, in registers), as plan.c's
+// fm_plan_cluster_kmax.
+template <int L> __device__ constexpr int fm_kmax() {
+    if constexpr (L > LAST)
+        return 16;
+    else
+        return Layer<L>::K > fm_kmax<L + 1>() ? Layer<L>::K : fm_kmax<L + 1>();
+}
+constexpr int ABUF_B = FM_CLUSTER > 0 ? 64 * fm_kmax<1>() * EB : 0;  // one warpgroup's A buffer, bytes
+constexpr int CHUNK_B = 64 * 16;                                       // one 8-column chunk of it
+
+__device__ __forceinline__ fm_u32 fm_cluster_rank() {
+    fm_u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ fm_u32 fm_cluster_id() {
+    fm_u32 r;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ fm_u32 fm_cluster_count() {
+    fm_u32 r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+    return r;
+}
+// The address of the same shared-memory byte in CTA `rank` of the cluster.
+__device__ __forceinline__ fm_u32 fm_mapa(fm_u32 addr, fm_u32 rank) {
+    fm_u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void fm_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void fm_mbar_init(fm_u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fm_mbar_expect(fm_u32 bar, fm_u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void fm_mbar_arrive_cluster(fm_u32 bar_cluster) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar_cluster) : "memory");
+}
+__device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
+    fm_u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// Copies `bytes` of this CTA's shared memory at src to dst in another CTA (a shared::cluster address), completing
+// `bytes` of the transaction count of the mbarrier bar there.
+__device__ __forceinline__ void fm_bulk_to_peer(fm_u32 dst, fm_u32 src, fm_u32 bytes, fm_u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "r"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void fm_stmatrix_x4(fm_u32 addr, const fm_u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+__device__ __forceinline__ void fm_wg_bar(int wg) {  // the warpgroup's four warps (barrier 0 is __syncthreads)
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
+// A descriptor with both strides given (bytes): lbo to the next core matrix along k, sbo to the next 8 rows.
+__device__ __forceinline__ unsigned long long fm_desc2(fm_u32 addr, fm_u32 lbo, fm_u32 sbo) {
+    return (unsigned long long)((addr >> 4) & 0x3FFFu) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32);
+}
+
+// What a warpgroup's thread carries through the layers of the shared-memory-A form.
+struct fm_cl_state {
+    fm_u32 abuf;      // the warpgroup's A buffer (shared window)
+    fm_u32 full;      // its mbarriers
+    fm_u32 empty;
+    fm_u32 rank;      // this CTA's rank in the cluster
+    fm_u32 parity;    // of the next exchange
+    fm_u32 st_lane;   // this lane's stmatrix row address in chunk 0 of the buffer
+    int wg, lane;
+};
+
+// Layer L for this warpgroup's 64 rows and this CTA's columns [c0, c0 + NC) (the last layer: all of them, CTA 0
+// only). a: x's fragments (layer 0's A; other layers read the A buffer).
+template <int L>
+__device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
+                                            fm_u32 stage, fm_cl_state &s) {
+    typedef Layer<L> Ly;
+    constexpr int NC = Ly::NC;
+    constexpr int KS = Ly::K / 16;
+    constexpr fm_u32 SBO = Ly::K * EB * 8;
+    static_assert(L == LAST || NC * CL == Ly::N, "each CTA computes NC of a hidden layer's columns");
+    const int c0 = L == LAST ? 0 : (int)s.rank * NC;
+    const int t = s.lane & 3;
+    if constexpr (L > 0 && CL > 1)
+        fm_mbar_wait(s.full, s.parity ^ 1u);  // the previous exchange: this layer's input is whole
+    float d[NC / 2];  // as in fm_layer_cols, for columns c0 + 8 j + 2 t (+ 1); starting at the bias, scale-d 1
+#pragma unroll
+    for (int j = 0; j < NC / 8; ++j) {
+        const int col = c0 + 8 * j + 2 * t;
+        const float b0 = Ly::BIAS ? bias[Ly::B_OFF + col] : 0.0f, b1 = Ly::BIAS ? bias[Ly::B_OFF + col + 1] : 0.0f;
+        d[4 * j] = d[4 * j + 2] = b0;
+        d[4 * j + 1] = d[4 * j + 3] = b1;
+    }
+    const unsigned long long desc = fm_desc(w_base + EB * Ly::W_OFF, SBO);
+    const unsigned long long adesc = fm_desc2(s.abuf, CHUNK_B, 128);
+    fm_wg_fence();
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {  // k step: 32 bytes further along the weight rows, 2 chunks along the buffer
+        if constexpr (L == 0)
+            fm_wgmma<NC>::run(d, a[k], desc + (unsigned long long)(k * 2 * 128 / 16), 1);
+        else
+            fm_wgmma<NC>::run_ss(d, adesc + (unsigned long long)(k * 2 * CHUNK_B / 16),
+                                 desc + (unsigned long long)(k * 2 * 128 / 16), 1);
+    }
+    fm_wg_commit();
+    fm_fence_regs(d);
+    fm_wg_wait();
+    fm_fence_regs(d);
+
+    if constexpr (L == LAST) {
+#pragma unroll
+        for (int j = 0; j < NC / 8; ++j) {
+            const int col = 8 * j + 2 * t;
+            const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                fm_stage_pair<L>(stage, hh, col, live, d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], 0.0f, 0.0f);
+        }
+    } else {
+        const bool elected = (threadIdx.x & 127) == 0;
+        if (CL > 1 && elected) {  // this buffer is read: the others may copy the next input's columns into it
+#pragma unroll
+            for (int q = 1; q < CL; ++q)
+                fm_mbar_arrive_cluster(fm_mapa(s.empty, (s.rank + q) % CL));
+        }
+        // The output, 16 columns (two 8-column tiles: one stmatrix of four 8x8 matrices) at a time, in the A fragment
+        // order: rows g and g + 8 of the first tile, then of the second.
+#pragma unroll
+        for (int p = 0; p < NC / 16; ++p) {
+            fm_u32 h[4];
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+                const int j = 2 * p + jj, col = c0 + 8 * j + 2 * t;
+                const bool live = Ly::NR == Ly::N || c0 + 8 * j < Ly::NR;
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                    h[2 * jj + hh] =
+                        live ? fm_epilogue16<L, FM_PREC + 1>(d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], 0.0f, 0.0f, col)
+                             : 0u;
+            }
+            fm_stmatrix_x4(s.st_lane + (c0 / 8 + 2 * p) * CHUNK_B, h);
+        }
+        // The stores were generic-proxy writes; the next wgmma and the bulk copies read through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        fm_wg_bar(s.wg);
+        if (CL > 1 && elected) {
+            const fm_u32 bytes = NC * 64 * EB, src = s.abuf + (c0 / 8) * CHUNK_B;
+            const bool to_all = L + 1 < LAST;  // the last layer's input goes to CTA 0 only
+            fm_mbar_wait(s.empty, s.parity);
+#pragma unroll
+            for (int q = 1; q < CL; ++q) {
+                const fm_u32 peer = (s.rank + q) % CL;
+                if (to_all || peer == 0)
+                    fm_bulk_to_peer(fm_mapa(src, peer), src, bytes, fm_mapa(s.full, peer));
+            }
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            // The copies have read src before this thread lets anyone past `full`, and so before the warpgroup's
+            // next epilogue overwrites it.
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            fm_mbar_expect(s.full, to_all || s.rank == 0 ? (CL - 1) * bytes : 0u);
+        }
+        s.parity ^= 1u;
+    }
+}
+
+// Layers L.. for this warpgroup's rows in the shared-memory-A form; the last layer in CTA 0 only (the others still
+// wait for its input to be whole, keeping the exchanges in step).
+template <int L>
+__device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
+                                              fm_u32 stage, fm_cl_state &s) {
+    if constexpr (L < LAST) {
+        fm_cl_layer<L>(a, w_base, bias, stage, s);
+        fm_cl_network<L + 1>(a, w_base, bias, stage, s);
+    } else if (s.rank == 0) {
+        fm_cl_layer<L>(a, w_base, bias, stage, s);
+    } else if constexpr (CL > 1) {
+        fm_mbar_wait(s.full, s.parity ^ 1u);
+    }
+}
+
+// The network for one tile, in the kernel's form (a template, so only that form's code is instantiated).
+template <int C>
+__device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
+                                               fm_u32 stage, int lane, fm_cl_state &cl) {
+    if constexpr (C > 0)
+        fm_cl_network<0>(a, w_base, bias, stage, cl);
+    else
+        fm_network<0>(a, w_base, bias, stage, lane);
+}
+
 // ------------------------------------------------------------------------------------------------ input
 
 // Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (as large),
@@ -197,7 +433,8 @@ constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
 constexpr int WARP_B = 2 * BUF_B + RAW_B;
-static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B == SMEM_BYTES,
+static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B + (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16) : 0) ==
+                  SMEM_BYTES,
               "the layout below is the plan's (plan.c, fm_plan_wgmma_layout and fm_plan_wgmma_raw_bytes)");
 
 __device__ __forceinline__ void fm_copy16_async(fm_u32 dst, const void *src) {
@@ -256,14 +493,25 @@ __device__ __forceinline__ void fm_prefetch_x(fm_u32 in_buf, fm_u32 raw, const i
 
 // ------------------------------------------------------------------------------------------------ the network
 
-extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
+// Row tiles go to clusters (all CTAs of one run the same tiles), else to CTAs.
+#if FM_CLUSTER > 1
+#define FM_TILE0 ((long long)fm_cluster_id())
+#define FM_TILE_STEP ((long long)fm_cluster_count())
+#else
+#define FM_TILE0 blockIdx.x
+#define FM_TILE_STEP gridDim.x
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTER_DIMS}}
 {{KERNEL_NAME}}(const in_t *__restrict__ x,       // rows x IN_REAL, row-major, 16-byte aligned
                 out_t *__restrict__ y,            // rows x OUT_REAL, row-major, 16-byte aligned
                 const act_t *__restrict__ w,      // packed weights: W_OFF/K/N of each Layer<l>, core-matrix layout
+                                                  // (FM_CLUSTER: one W_SMEM_ELEMS share per CTA of a cluster)
                 const float *__restrict__ bias,   // packed biases: B_OFF/N of each Layer<l>
                 long long rows)                   // batch size, >= 1
 {
-    // Shared memory: [weights | biases | per warp: input buffer, output stage, raw x (WARP_B bytes)].
+    // Shared memory: [weights | biases | per warp: input buffer, output stage, raw x (WARP_B bytes) | FM_CLUSTER: per
+    // warpgroup, its A buffer (ABUF_B) | its two mbarriers].
     extern __shared__ __attribute__((aligned(128))) unsigned char fm_smem_raw[];
     act_t *s_w = (act_t *)fm_smem_raw;
     float *s_bias = (float *)(s_w + W_SMEM_ELEMS);
@@ -275,9 +523,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
     const in_t *raw = (const in_t *)(s_warps + warp * WARP_B + 2 * BUF_B);
     const fm_u32 in_addr = fm_smem_addr(in_buf), out_addr = fm_smem_addr(out_buf), raw_addr = in_addr + 2 * BUF_B;
 
+    // The shared-memory-A form: which CTA of its cluster this is, and the warpgroup's buffer and barriers.
+    fm_cl_state cl;
+    const fm_u32 rank = FM_CLUSTER > 1 ? fm_cluster_rank() : 0u;
+    if constexpr (FM_CLUSTER > 0) {
+        const fm_u32 abufs = fm_smem_addr(s_warps + FM_WARPS * WARP_B);
+        cl.abuf = abufs + wg * ABUF_B;
+        cl.full = abufs + WGS * ABUF_B + 16 * wg;
+        cl.empty = cl.full + 8;
+        cl.rank = rank;
+        cl.parity = 0u;
+        cl.st_lane = cl.abuf + (lane >> 4) * CHUNK_B + (16 * wq + (lane & 7) + ((lane >> 3) & 1) * 8) * 16;
+        cl.wg = wg;
+        cl.lane = lane;
+        if (FM_CLUSTER > 1 && (threadIdx.x & 127) == 0) {
+            fm_mbar_init(cl.full, 1);
+            fm_mbar_init(cl.empty, CL - 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+    }
+
     for (int i = threadIdx.x; i < B_FLOATS; i += THREADS)
         s_bias[i] = bias[i];
-    fm_copy_block(s_w, w, W_SMEM_ELEMS);
+    // FM_CLUSTER: this CTA's share; the last layer's weights (at the end of a share) only in CTA 0, which runs it.
+    fm_copy_block(s_w, w + (size_t)rank * W_SMEM_ELEMS,
+                  FM_CLUSTER > 0 && rank != 0 ? (int)Layer<LAST>::W_OFF : W_SMEM_ELEMS);
     fm_copy_commit();
     // The input buffer's padding columns stay zero: only x's columns are ever written into it.
     for (int i = lane; i < BUF_B / 16; i += 32)
@@ -285,17 +555,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
     __syncwarp();
     const long long tiles = (rows + ROWS_CTA - 1) / ROWS_CTA;
     const int strip = wg * 64 + wq * ROWS_W;  // this warp's first row in a tile
-    if ((long long)blockIdx.x < tiles)
-        fm_prefetch_x(in_addr, raw_addr, x, blockIdx.x * (long long)ROWS_CTA + strip, rows, lane);
+    if ((long long)FM_TILE0 < tiles)
+        fm_prefetch_x(in_addr, raw_addr, x, FM_TILE0 * (long long)ROWS_CTA + strip, rows, lane);
     fm_copy_wait<1>();  // the weights (the older group)
     // The weights were written through the generic proxy; wgmma reads them through the async proxy.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
+    if constexpr (FM_CLUSTER > 1)
+        fm_cluster_sync();  // also: every CTA's barriers are initialised before any other CTA signals them
+    else
+        __syncthreads();
 
     const fm_u32 w_base = fm_smem_addr(s_w);
     const fm_u32 a_lane = in_addr + (lane & 15) * ROW_B + (lane >> 4) * 16;  // ldmatrix roles, as in fused_mlp.cu
     const fm_u32 stage = out_addr + (lane >> 2) * STAGE_STRIDE * (int)sizeof(out_t);
-    for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    for (long long tile = FM_TILE0; tile < tiles; tile += FM_TILE_STEP) {
         const long long r0 = tile * ROWS_CTA + strip;
         const long long left = rows - r0;
         const int nrows = left <= 0 ? 0 : (left < ROWS_W ? (int)left : ROWS_W);
@@ -310,12 +583,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
         for (int s = 0; s < IN_PAD / 16; ++s)
             fm_ldmatrix_x4(a[s], a_lane + s * 32);
         __syncwarp();  // every lane has its fragments before the next tile's x lands over them
-        if (tile + gridDim.x < tiles)
-            fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)gridDim.x * ROWS_CTA, rows, lane);
-        fm_network<0>(a, w_base, s_bias, stage, lane);
+        if (tile + FM_TILE_STEP < tiles)
+            fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
+        fm_run_network<FM_CLUSTER>(a, w_base, s_bias, stage, lane, cl);
         __syncwarp();
-        if (nrows > 0)
+        if (nrows > 0 && rank == 0)
             fm_store_output(y, out_buf, r0, nrows, lane);
         __syncwarp();  // the stage is read before the next tile's last layer writes it
     }
+    if constexpr (FM_CLUSTER > 1)
+        fm_cluster_sync();  // no CTA leaves while another may still signal its barriers
 }

@@ -32,7 +32,8 @@ ACTIVATIONS = [n for n in _core.expr_functions() if n not in ("min", "max", "pow
 ]
 
 # (widths, bias): widths 1..256, multiples of 16 and not, depths 1..8; 2-256-256-256-3 streams its weights on every
-# arch (its fp16 weights alone are 291 KB), 1-1 and 3-17-5 are resident everywhere.
+# arch but sm_90 (its fp16 weights alone are 291 KB; sm_90 splits them over a cluster of CTAs), 1-1 and 3-17-5 are
+# resident everywhere.
 NETWORKS = [
     ([1, 1], True),
     ([3, 17, 5], True),
@@ -118,7 +119,7 @@ def test_every_arch_compiles_every_network(tmp_path):
         assert source == mlp.source, label
         assert "fusedmlp_forward" in source
         resident = mlp._net.plan(arch, 0, 0, dtype, dtype).info["resident"]
-        if tuple(widths) in ALWAYS_STREAMED:
+        if tuple(widths) in ALWAYS_STREAMED and arch != 90:  # sm_90 holds them on a cluster of CTAs
             assert not resident, label
         if tuple(widths) in ALWAYS_RESIDENT:
             assert resident, label

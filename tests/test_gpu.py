@@ -600,3 +600,56 @@ def test_wgmma_layers_split_into_column_groups():
     print(f"\nwgmma in column groups: {checked} runs checked, {len(failures)} failures")
     assert checked >= 15
     assert not failures, failures[:5]
+
+
+def cluster_cases():
+    """Random chains for the shared-memory-A (cluster) kernel: hidden layers 64-256 wide (so 224-256, which the
+    register-A kernel cannot hold), a forced cluster size (1, 2 or 4 CTAs) and warpgroup count, every compute and
+    I/O dtype, odd batches."""
+    rng = np.random.default_rng(20261125)
+    for i in range(30):
+        depth = int(rng.integers(2, 6))
+        widths = ([int(rng.choice([1, 2, 3, 17, 64]))] + [int(rng.choice([64, 100, 160, 200, 224, 250, 256]))
+                                                          for _ in range(depth - 1)]
+                  + [int(rng.choice([1, 3, 16, 40, 256]))])
+        acts = [str(rng.choice(["sin", "relu", "tanh", "gelu", "silu", "none", "x * tanh(softplus(x))"]))
+                for _ in range(depth - 1)] + [str(rng.choice(["none", "sigmoid"]))]
+        prec, io = ("float16", "bfloat16")[i % 2], ("float32", "float16", "bfloat16")[i % 3]
+        ws, bs = graph_weights(rng, widths, {}, 1.0)
+        batch = int(rng.choice([1, 63, 65, 129, 1000, 4099, 70001]))
+        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+        yield types.SimpleNamespace(i=i, widths=widths, acts=acts, prec=prec, io=io, ws=ws, bs=bs, batch=batch,
+                                    cluster=(1, 2, 4)[i % 3], warps=(8, 4)[(i // 3) % 2], x32=x32)
+
+
+def test_cluster_kernel_on_random_wide_chains():
+    """The warpgroup kernel with activations in shared memory, each layer's columns split over a cluster of 1, 2 or
+    4 CTAs that exchange them through distributed shared memory (siren256's form), vs float64; the default plan of
+    each network (what a call gets) too."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"the cluster kernel needs sm_90; this GPU is sm_{info['arch']}")
+    failures, checked, sizes = [], 0, set()
+    for c in cluster_cases():
+        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, dtype=c.prec, device="cuda")
+        forced = None
+        for options in ({"cluster": c.cluster, "warps": c.warps}, {"cluster": c.cluster}):
+            try:
+                forced = mlp._build(c.io, c.io, **options)[:2]
+                break
+            except fusedmlp.LimitError:  # the weights' share or the buffers do not fit that shape
+                continue
+        builds = [b for b in (forced, mlp._build(c.io, c.io)[:2]) if b is not None]
+        for kernel, plan in builds:
+            result = kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io)
+            if result is None:
+                continue
+            checked += 1
+            sizes.add(plan.info["cluster"])
+            err, tol = result
+            if not err <= tol:
+                failures.append((c.i, plan.info["cluster"], plan.info["warps"], c.widths, c.acts, c.prec, c.io,
+                                 c.batch, err))
+    print(f"\ncluster kernel: {checked} runs checked, cluster sizes {sorted(sizes)}, {len(failures)} failures")
+    assert checked >= 30 and {1, 2, 4} <= sizes
+    assert not failures, failures[:5]

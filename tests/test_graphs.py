@@ -270,26 +270,31 @@ def test_wgmma_column_groups_render_and_compile(n_chunk):
     assert len(cubin) > 1000
 
 
-@pytest.mark.parametrize("widths, wgmma", [
+@pytest.mark.parametrize("widths, act, cluster", [
     # registers per thread: n/2 accumulators + k/4 input + n/4 output fragments (not the last layer's) + 40
-    ([64, 256, 64], 1),             # 128 + 16 + 64 + 40 = 248
-    ([32, 208, 208, 8], 1),         # 104 + 52 + 52 + 40 = 248
-    ([256, 256], 1),                # the last layer stages its output: 128 + 64 + 40
-    ([64, 256, 256, 64], 0),        # 128 + 64 + 64 + 40 = 296
-    ([32, 224, 224, 8], 0),         # 264
+    ([64, 256, 64], "relu", 0),             # 128 + 16 + 64 + 40 = 248
+    ([32, 208, 208, 8], "relu", 0),         # 104 + 52 + 52 + 40 = 248
+    ([256, 256], "relu", 0),                # the last layer stages its output: 128 + 64 + 40
+    # over 255: activations in shared memory, each CTA of a cluster holding its share of the weights
+    ([64, 256, 256, 64], "relu", 2),        # 128 + 64 + 64 + 40 = 296; 192 KB of weights: two CTAs
+    ([32, 224, 224, 8], "relu", 1),         # 264; 119 KB of weights: one CTA
+    ([2, 256, 256, 256, 3], "sin", 2),      # siren256: 280 KB of weights
+    ([64, 224, 224, 100, 1], "gelu", 2),
 ])
-def test_wgmma_takes_the_layers_that_fit_the_registers(widths, wgmma):
-    """By default the sm_90a plan takes a network on the warpgroup kernel only if each layer's accumulators, input
-    and output fragments fit 255 registers together (the others run on mma.sync); what it takes compiles for sm_90a
-    without spills."""
+def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
+    """By default the sm_90a plan keeps a network's activations in registers on the warpgroup kernel only if each
+    layer's accumulators, input and output fragments fit 255 registers together; the others keep them in shared
+    memory on clusters of CTAs. Both compile for sm_90a without spills."""
     from fusedmlp import _api, _core
 
     _api._nvrtc_info()
     rng = np.random.default_rng(7)
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
-    mlp = fusedmlp.FusedMLP(ws, None, "relu", device="cpu")
+    bs = [rng.standard_normal(o).astype(np.float32) for o in widths[1:]]
+    mlp = fusedmlp.FusedMLP(ws, bs, act, device="cpu")
     plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
-    assert plan.info["wgmma"] == wgmma
-    if wgmma:
-        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ("--ptxas-options=-v",))
-        assert " 0 bytes spill stores" in log, log
+    assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
+    assert ("__cluster_dims__" in source) == (cluster > 1)
+    cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ("--ptxas-options=-v",))
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    assert spills and set(spills) == {"0"}, log

@@ -215,8 +215,55 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
           "%s: %d blocks of %d warps at %d registers", what, p->blocks_per_sm, p->warps, fm_plan_wgmma_regs(p));
 }
 
+/* The shared-memory-A (cluster) plan's invariants: whole warpgroups, a cluster of 1, 2 or 4 CTAs, hidden widths
+ * padded to 16 x cluster and split into equal shares of whole 16-column groups, the last layer whole; each CTA's
+ * share of the blob holds n_chunk rows of each layer; shared memory is that share, the biases, the per-warp buffers
+ * of the register-A kernel and per warpgroup an A buffer of 64 rows x the widest input of layers 1.. plus two
+ * mbarriers. */
+static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, const char *what) {
+    const int L = spec->num_layers, c = p->cluster;
+    CHECK(t->arch == 90 && p->prec != FM_PREC_TF32 && p->wgmma == 1 && (c == 1 || c == 2 || c == 4) && L >= 2,
+          "%s: cluster %d on sm_%d %s, %d layers", what, c, t->arch, fm_prec_name(p->prec), L);
+    CHECK(p->warps % 4 == 0 && p->warps >= 4 && p->warps <= 16 && p->m_tiles == 1 && p->rows_per_cta == 16 * p->warps,
+          "%s: cluster warps %d m_tiles %d rows %d", what, p->warps, p->m_tiles, p->rows_per_cta);
+    CHECK(p->resident == 1 && p->buffers == 1 && p->w_slot_elems == 0, "%s: cluster resident/buffers", what);
+    size_t w = 0, b = 0;
+    int kmax = 16, regs = 0;
+    for (int l = 0; l < L; ++l) {
+        int unit = l < L - 1 ? 16 * c : 16, nr = spec->width[l + 1];
+        CHECK(spec->cat[l] == FM_CAT_NONE && spec->res_op[l] == FM_RES_NONE, "%s: layer %d concat/residual", what, l);
+        CHECK(p->k_pad[l] == (l ? p->n_pad[l - 1] : (spec->width[0] + 15) / 16 * 16) && p->n_pad[l] % unit == 0 &&
+                  p->n_pad[l] >= nr && p->n_pad[l] < nr + unit && p->n_pad[l] <= 256,
+              "%s: layer %d pads %d x %d", what, l, p->k_pad[l], p->n_pad[l]);
+        CHECK(p->n_chunk[l] == (l < L - 1 ? p->n_pad[l] / c : p->n_pad[l]) && is_mult16(p->n_chunk[l]),
+              "%s: layer %d share %d of %d", what, l, p->n_chunk[l], p->n_pad[l]);
+        CHECK(p->w_offset[l] == w && p->b_offset[l] == b, "%s: layer %d offsets %zu %zu", what, l, p->w_offset[l],
+              p->b_offset[l]);
+        w += (size_t)p->n_chunk[l] * (size_t)p->k_pad[l];
+        b += (size_t)p->n_pad[l];
+        if (l > 0 && p->k_pad[l] > kmax)
+            kmax = p->k_pad[l];
+        int r = p->n_chunk[l] / 2 + (l == 0 ? p->k_pad[0] / 4 : 0) + 48 + 96;
+        regs = r > regs ? r : regs;
+    }
+    CHECK(p->w_rank_elems == w && p->w_elems == (size_t)c * w && p->b_floats >= b && p->b_floats < b + 4,
+          "%s: blob sizes %zu %zu", what, p->w_rank_elems, p->w_elems);
+    regs = regs > 255 ? 255 : regs;
+    CHECK(fm_plan_wgmma_regs(p) == regs && 65536 / (p->warps * 32) >= regs,
+          "%s: %d registers estimated, %d expected, %d warps", what, fm_plan_wgmma_regs(p), regs, p->warps);
+    size_t warp_bytes = 2 * 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + fm_plan_wgmma_raw_bytes(p);
+    size_t want = (size_t)p->elem_bytes * w + 4 * p->b_floats + (size_t)p->warps * warp_bytes +
+                  (size_t)(p->warps / 4) * ((size_t)kmax * 64 * (size_t)p->elem_bytes + 16);
+    CHECK(p->smem_bytes == want && p->smem_bytes <= t->smem_per_block, "%s: smem %zu, want %zu", what, p->smem_bytes,
+          want);
+}
+
 /* Every invariant the kernel relies on. `auto_opts`: the plan chose everything, so its register rules apply too. */
 static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, int auto_opts, const char *what) {
+    if (p->cluster) {
+        check_cluster_plan(p, spec, t, what);
+        return;
+    }
     if (p->wgmma) {
         check_wgmma_plan(p, spec, t, what);
         return;
@@ -367,7 +414,7 @@ static void test_plan_networks(void) {
                 check_plan(&plan, &spec, &t, 1, what);
 
                 /* Forced tile shape: honoured, or a limit error that names the options. */
-                fm_plan_opts opts = {4, 1, 0, -1, 0};
+                fm_plan_opts opts = {4, 1, 0, -1, 0, 0};
                 fm_plan forced;
                 st = fm_plan_make(&spec, &t, &opts, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
@@ -381,7 +428,7 @@ static void test_plan_networks(void) {
                 fm_error_clear(&err);
 
                 /* Forced streaming. */
-                fm_plan_opts stream = {0, 0, 0, 0, 0};
+                fm_plan_opts stream = {0, 0, 0, 0, 0, 0};
                 st = fm_plan_make(&spec, &t, &stream, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 0 && forced.w_slot_elems > 0, "%s: resident=0 gave resident %d", what,
@@ -394,7 +441,7 @@ static void test_plan_networks(void) {
                 fm_error_clear(&err);
 
                 /* Forced residency and chunk width. */
-                fm_plan_opts res = {0, 0, 32, 1, 0};
+                fm_plan_opts res = {0, 0, 32, 1, 0, 0};
                 st = fm_plan_make(&spec, &t, &res, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 1, "%s: resident=1 gave %d", what, forced.resident);
@@ -453,7 +500,7 @@ static void test_plan_graphs(void) {
             fm_target t;
             fm_target_for_arch(arch_list[a], &t, &err);
             for (int prec = 0; prec < 3; ++prec) {
-                fm_plan_opts opts[] = {{0, 0, 0, -1, 0}, {0, 0, 32, 1, 0}, {4, 1, 16, 0, 0}};
+                fm_plan_opts opts[] = {{0, 0, 0, -1, 0, 0}, {0, 0, 32, 1, 0, 0}, {4, 1, 16, 0, 0, 0}};
                 for (int o = 0; o < 3; ++o) {
                     char what[96];
                     snprintf(what, sizeof what, "graph %d sm_%d %s opts %d", trial, arch_list[a],
@@ -503,14 +550,14 @@ static void test_plan_choices(void) {
         CHECK(p.resident == 0 && p.buffers == 2, "256x8 sm_75: resident %d buffers %d", p.resident, p.buffers);
         fm_error_clear(&err);
 
-        fm_plan_opts res = {0, 0, 0, 1, 0};
+        fm_plan_opts res = {0, 0, 0, 1, 0, 0};
         fm_status st = fm_plan_make(&spec, &t75, &res, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "resident=1") != NULL && strstr(err.message, "65536") != NULL &&
                   strstr(err.message, "sm_75") != NULL,
               "256x8 sm_75 resident=1: status %d \"%s\"", (int)st, err.message);
         fm_error_clear(&err);
 
-        fm_plan_opts big = {8, 2, 128, -1, 0};
+        fm_plan_opts big = {8, 2, 128, -1, 0, 0};
         st = fm_plan_make(&spec, &t75, &big, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "warps=8, m_tiles=2, n_chunk=128") != NULL,
               "256x8 sm_75 8x2x128: status %d \"%s\"", (int)st, err.message);
@@ -676,7 +723,7 @@ static void test_wgmma_plans(void) {
             chosen += p.wgmma;
             if (prec == FM_PREC_TF32 || widest > 256)
                 continue;
-            fm_plan_opts any = {0, 0, 0, -1, 1};
+            fm_plan_opts any = {0, 0, 0, -1, 1, 0};
             if (fm_plan_make(&spec, &t90, &any, (fm_prec)prec, FM_F32, FM_F16, &p, &err) != FM_OK) {
                 CHECK(strstr(err.message, "registers") || strstr(err.message, "do not fit"), "%s: %s", g_nets[n].name,
                       err.message);
@@ -684,14 +731,25 @@ static void test_wgmma_plans(void) {
                 continue;
             }
             /* The default plan: each layer one group, its accumulators, input and output fragments within 255
-             * registers (64 x n fp32 over 128 threads, 64 x k halves, 64 x n halves but for the last layer, 40 more) */
+             * registers (64 x n fp32 over 128 threads, 64 x k halves, 64 x n halves but for the last layer, 40 more);
+             * a network over that, or over one CTA's shared memory, takes the cluster form instead. */
+            int over = 0;
             for (int l = 0; l < p.num_layers; ++l) {
                 int regs = p.n_pad[l] / 2 + p.k_pad[l] / 4 + (l == p.num_layers - 1 ? 0 : p.n_pad[l] / 4) + 40;
-                CHECK(p.n_chunk[l] == p.n_pad[l] && regs <= 255, "%s: layer %d (%d -> %d) in groups of %d",
-                      g_nets[n].name, l, p.k_pad[l], p.n_pad[l], p.n_chunk[l]);
+                over |= regs > 255;
+                CHECK(p.cluster || (p.n_chunk[l] == p.n_pad[l] && regs <= 255), "%s: layer %d (%d -> %d) in groups "
+                      "of %d", g_nets[n].name, l, p.k_pad[l], p.n_pad[l], p.n_chunk[l]);
+            }
+            check_plan(&p, &spec, &t90, 0, g_nets[n].name);
+            if (p.cluster && !over) { /* then the register-A kernel's weights and stages do not fit one CTA */
+                fm_plan_opts regs_a = {0, 0, 0, -1, 1, -1};
+                CHECK(fm_plan_make(&spec, &t90, &regs_a, (fm_prec)prec, FM_F32, FM_F16, &p, &err) == FM_ERR_LIMIT &&
+                          strstr(err.message, "do not fit"),
+                      "%s: cluster chosen, but the register-A kernel fits: %s", g_nets[n].name, err.message);
+                fm_error_clear(&err);
             }
             /* n_chunk forced: every layer wider than 64 becomes 64-column groups (the last takes the rest) */
-            fm_plan_opts split = {4, 0, 64, -1, 1};
+            fm_plan_opts split = {4, 0, 64, -1, 1, 0};
             if (fm_plan_make(&spec, &t90, &split, (fm_prec)prec, FM_F16, FM_F16, &p, &err) == FM_OK) {
                 char what[96];
                 snprintf(what, sizeof what, "%s %s wgmma n_chunk=64", g_nets[n].name, fm_prec_name((fm_prec)prec));
@@ -704,7 +762,7 @@ static void test_wgmma_plans(void) {
                 fm_error_clear(&err);
             }
             for (int warps = 4; warps <= 16; warps += 4) {
-                fm_plan_opts o = {warps, 0, 0, -1, 1};
+                fm_plan_opts o = {warps, 0, 0, -1, 1, 0};
                 char what[96];
                 snprintf(what, sizeof what, "%s %s wgmma warps=%d", g_nets[n].name, fm_prec_name((fm_prec)prec),
                          warps);
@@ -738,8 +796,12 @@ static void test_wgmma_plans(void) {
                 for (int l = 0; l < p.num_layers; ++l)
                     for (int r = 0; r < p.n_real[l]; ++r)
                         for (int k = 0; k < p.k_real[l]; ++k) {
-                            size_t core = (size_t)(r / 8) * (size_t)(p.k_pad[l] / 8) + (size_t)(k / 8);
-                            size_t at = p.w_offset[l] + core * 64 + (size_t)(r % 8) * 8 + (size_t)(k % 8);
+                            /* a cluster plan: row r in CTA r / n_chunk's share (the last layer whole in CTA 0's) */
+                            int share = p.cluster && l < p.num_layers - 1 ? r / p.n_chunk[l] : 0;
+                            int rr = p.cluster && l < p.num_layers - 1 ? r % p.n_chunk[l] : r;
+                            size_t core = (size_t)(rr / 8) * (size_t)(p.k_pad[l] / 8) + (size_t)(k / 8);
+                            size_t at = (size_t)share * p.w_rank_elems + p.w_offset[l] + core * 64 +
+                                        (size_t)(rr % 8) * 8 + (size_t)(k % 8);
                             twice += real[at]++;
                             uint16_t want = (uint16_t)fm_round_bits(w[l][(size_t)r * p.k_real[l] + k], p.prec);
                             bad += wb[at] != want;
@@ -757,7 +819,7 @@ static void test_wgmma_plans(void) {
         }
         /* never on sm_80, never for tf32; forcing it there names why */
         fm_plan p;
-        fm_plan_opts force = {0, 0, 0, -1, 1};
+        fm_plan_opts force = {0, 0, 0, -1, 1, 0};
         if (fm_plan_make(&spec, &t80, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK)
             CHECK(p.wgmma == 0, "%s: wgmma on sm_80", g_nets[n].name);
         fm_error_clear(&err);
@@ -782,6 +844,83 @@ static void test_wgmma_plans(void) {
         CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK && p.wgmma == 0,
               "residual from layer 0 into layer 2: wgmma %d (%s)", p.wgmma, err.message);
         fm_error_clear(&err);
+        fm_spec_free(&spec);
+    }
+}
+
+/* The cluster (shared-memory-A) plan: siren256, whose weights exceed one CTA, gets clusters of 2 CTAs of two
+ * warpgroups each; a network of 224-wide hidden layers, whose weights fit one CTA, gets clusters of 1 (its
+ * fragments exceed the register-A kernel's registers); a network the register-A kernel takes keeps it; forced cluster sizes are honoured
+ * or refused with the rule; residuals, concat and sm_80 are refused by name. */
+static void test_cluster_plans(void) {
+    fm_error err = {0};
+    fm_target t90, t80;
+    fm_target_for_arch(90, &t90, &err);
+    fm_target_for_arch(80, &t80, &err);
+    static const int siren[] = {2, 256, 256, 256, 3}, wide[] = {16, 224, 224, 16}, narrow[] = {64, 128, 128, 64};
+    static const struct { const int *widths; int layers, cluster, warps; } cases[] = {
+        {siren, 4, 2, 8}, {wide, 3, 1, 8}, {narrow, 3, 0, 12},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        fm_spec spec;
+        if (!make_spec(&spec, cases[i].widths, cases[i].layers, 0))
+            continue;
+        for (int prec = 0; prec < 2; ++prec) {
+            char what[96];
+            snprintf(what, sizeof what, "cluster case %zu %s", i, fm_prec_name((fm_prec)prec));
+            fm_plan p;
+            CHECK(fm_plan_make(&spec, &t90, NULL, (fm_prec)prec, FM_F16, FM_F16, &p, &err) == FM_OK, "%s: %s", what,
+                  err.message);
+            fm_error_clear(&err);
+            CHECK(p.wgmma == 1 && p.cluster == cases[i].cluster && p.warps == cases[i].warps,
+                  "%s: wgmma %d cluster %d warps %d, want cluster %d warps %d", what, p.wgmma, p.cluster, p.warps,
+                  cases[i].cluster, cases[i].warps);
+            check_plan(&p, &spec, &t90, 1, what);
+            ++g_plans_made;
+            for (int c = 1; c <= 4; c *= 2)
+                for (int warps = 0; warps <= 16; warps += 4) {
+                    fm_plan_opts o = {warps, 0, 0, -1, -1, c};
+                    fm_status st = fm_plan_make(&spec, &t90, &o, (fm_prec)prec, FM_F32, FM_F16, &p, &err);
+                    if (st == FM_OK) {
+                        CHECK(p.cluster == c && (warps == 0 || p.warps == warps), "%s: asked cluster %d warps %d, got "
+                              "%d %d", what, c, warps, p.cluster, p.warps);
+                        check_plan(&p, &spec, &t90, 0, what);
+                        ++g_plans_made;
+                    } else {
+                        CHECK(st == FM_ERR_LIMIT && strstr(err.message, "fit neither") != NULL, "%s cluster=%d warps=%d: "
+                              "%s", what, c, warps, err.message);
+                    }
+                    fm_error_clear(&err);
+                }
+        }
+        fm_plan p;
+        fm_plan_opts three = {0, 0, 0, -1, -1, 3};
+        CHECK(fm_plan_make(&spec, &t90, &three, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_VALUE &&
+                  strstr(err.message, "cluster=3: a cluster is 1, 2 or 4 CTAs") != NULL, "cluster=3: %s", err.message);
+        fm_error_clear(&err);
+        fm_plan_opts two = {0, 0, 0, -1, -1, 2};
+        CHECK(fm_plan_make(&spec, &t80, &two, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_LIMIT &&
+                  strstr(err.message, "cluster=2 was asked for, but wgmma needs sm_90") != NULL, "sm_80: %s",
+              err.message);
+        fm_error_clear(&err);
+        CHECK(fm_plan_make(&spec, &t90, &two, FM_PREC_TF32, FM_F16, FM_F16, &p, &err) == FM_ERR_LIMIT &&
+                  strstr(err.message, "float16 or bfloat16") != NULL, "tf32: %s", err.message);
+        fm_error_clear(&err);
+        CHECK(fm_spec_set_residual(&spec, 1, FM_RES_ADD, NULL, 0, &err) == FM_OK || cases[i].widths[1] !=
+                  cases[i].widths[2], "residual: %s", err.message);
+        fm_error_clear(&err);
+        if (spec.res_op[1] != FM_RES_NONE) {
+            CHECK(fm_plan_make(&spec, &t90, &two, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_LIMIT &&
+                      strstr(err.message, "no residual epilogues") != NULL, "residual: %s", err.message);
+            fm_error_clear(&err);
+            /* the default plan of a residual network too wide for the register-A kernel: mma.sync */
+            if (cases[i].cluster > 0) {
+                CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_OK &&
+                          p.cluster == 0 && p.wgmma == 0, "residual default: cluster %d wgmma %d (%s)", p.cluster,
+                      p.wgmma, err.message);
+                fm_error_clear(&err);
+            }
+        }
         fm_spec_free(&spec);
     }
 }
@@ -1124,6 +1263,7 @@ int main(int argc, char **argv) {
     test_plan_graphs();
     test_pack();
     test_wgmma_plans();
+    test_cluster_plans();
     test_render(root);
     test_ref();
     printf("plans: %d made and checked; ref: %ld values, max relative error %.3g\n", g_plans_made, g_ref_values,
