@@ -319,6 +319,13 @@ static fm_status fm_plan_cluster(fm_plan *p, const fm_target *t, const fm_plan_o
         p->n_chunk[l] = l < L - 1 ? p->n_pad[l] / cluster : p->n_pad[l];
     }
     fm_plan_blobs(p);
+    /* Over 255 (224 or more columns per CTA): with a sin activation, whose epilogue stores the columns a second time
+     * through calls to sinf where an argument was far, 224 columns spilled 224 bytes (ptxas keeps the accumulators
+     * around the calls); 112 and 128 columns did not. */
+    for (int l = 0; l < L - 1; ++l)
+        if (fm_cluster_layer_regs(p, l) > 255)
+            return fm_fail(err, FM_ERR_LIMIT, "cluster=%d: layer %d's %d columns per CTA would not fit the registers",
+                           cluster, l, p->n_chunk[l]);
     for (int warps = opts->warps ? opts->warps : 16; warps >= 4; warps -= 4) {
         size_t bytes = fm_plan_wgmma_layout(p, t, warps, value_pad);
         int regs_ok = 65536 / (warps * 32) >= fm_plan_wgmma_regs(p);

@@ -48,6 +48,30 @@ static const char *fm_render_pair(const fm_spec *spec, const fm_plan *p, int l, 
     return NULL;
 }
 
+/* The activation's fast form for the warpgroup kernels: `act`'s text with each fm_sin( / fm_cos( (which branch to an
+ * out-of-line sinf for |x| >= 2^17, a call that split siren256's epilogue into one basic block per element: 3.41
+ * against 2.02 ms without it, H100) as fm_sin_t(far, / fm_cos_t(far, , branch-free, noting far arguments in `far`
+ * so the epilogue can redo its columns with `act`. Returns 1 when anything was replaced. */
+static int fm_render_tracked(const char *act, fm_str *out) {
+    static const char *const from[] = {"fm_sin(", "fm_cos("}, *const to[] = {"fm_sin_t(far, ", "fm_cos_t(far, "};
+    int replaced = 0;
+    const char *p = act;
+    while (*p) {
+        int hit = -1;
+        for (int i = 0; i < 2 && hit < 0; ++i)
+            if (strncmp(p, from[i], strlen(from[i])) == 0)
+                hit = i;
+        if (hit >= 0) {
+            fm_str_append(out, to[hit]);
+            p += strlen(from[hit]);
+            replaced = 1;
+        } else {
+            fm_str_appendn(out, p++, 1);
+        }
+    }
+    return replaced;
+}
+
 static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str *out, fm_error *err) {
     for (int l = 0; l < p->num_layers; ++l) {
         fm_str act = {0};
@@ -61,7 +85,8 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
             fm_str_free(&post);
             return err->status;
         }
-        fm_str expr_text = {0}, pair = {0};
+        fm_str expr_text = {0}, pair = {0}, tracked = {0};
+        int far = fm_render_tracked(act.data ? act.data : "x", &tracked);
         fm_expr_to_string(spec->act[l], &expr_text);
         int pair_type = 0;
         const char *pair_fn = fm_render_pair(spec, p, l, &pair_type);
@@ -83,6 +108,8 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       "%s"
                       "%s"
                       "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
+                      "    static constexpr bool FAR = %s;  // act_t: act without sin/cos's far branch (render.c)\n"
+                      "    static __device__ __forceinline__ float act_t(float x, bool &far) { (void)far; return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n"
                       "};\n",
                       l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", p->k_pad[l],
@@ -91,8 +118,9 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       p->out_buf[l], spec->res_op[l], p->res_buf[l],
                       fm_plan_result_type(p, l) != 0 ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
                       pair.data,
-                      act.data, post.data ? post.data : "x");
+                      act.data, far ? "true" : "false", tracked.data ? tracked.data : "x", post.data ? post.data : "x");
         fm_str_free(&expr_text);
+        fm_str_free(&tracked);
         fm_str_free(&pair);
         fm_str_free(&act);
         fm_str_free(&post);

@@ -41,6 +41,17 @@ __device__ __forceinline__ float fm_sin(float x) {
 __device__ __forceinline__ float fm_cos(float x) {
     return fabsf(x) < 131072.0f ? __cosf(fm_reduce_2pi(x)) : fm_cos_far(x);
 }
+// Branch-free forms for the warpgroup kernels' epilogues (Layer<l>::act_t): the reduction and the hardware unit for
+// every x, wrong for |x| >= 2^17 (and NaN), which they note in `far`; the epilogue then redoes its columns with the
+// forms above (one warp-uniform branch per layer instead of one per element).
+__device__ __forceinline__ float fm_sin_t(bool &far, float x) {
+    far |= !(fabsf(x) < 131072.0f);
+    return __sinf(fm_reduce_2pi(x));
+}
+__device__ __forceinline__ float fm_cos_t(bool &far, float x) {
+    far |= !(fabsf(x) < 131072.0f);
+    return __cosf(fm_reduce_2pi(x));
+}
 
 __device__ __forceinline__ float fm_relu(float x) { return x < 0.0f ? 0.0f : x; }
 

@@ -212,10 +212,17 @@ static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ROW_B, "output staging must f
 // them at the bias, so there is no bias to add here: that was two FADDs per pair, and the bias values' registers
 // were live across the MMA), post(act(.) op r) on return, with r0, r1 the residual operand (read only when Ly::RES),
 // zero in padded columns.
-template <int L> __device__ __forceinline__ void fm_epilogue(float &v0, float &v1, float r0, float r1, int col) {
+// FAST (the warpgroup kernels' hidden layers): through act_t, noting in far where its result needs act's instead.
+template <int L, bool FAST = false>
+__device__ __forceinline__ void fm_epilogue(float &v0, float &v1, float r0, float r1, int col, bool &far) {
     typedef Layer<L> Ly;
-    v0 = Ly::act(v0);
-    v1 = Ly::act(v1);
+    if constexpr (FAST) {
+        v0 = Ly::act_t(v0, far);
+        v1 = Ly::act_t(v1, far);
+    } else {
+        v0 = Ly::act(v0);
+        v1 = Ly::act(v1);
+    }
     if constexpr (Ly::RES != 0) {
         v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);
         v1 = Ly::post(Ly::RES == 1 ? v1 + r1 : v1 * r1);
@@ -225,9 +232,13 @@ template <int L> __device__ __forceinline__ void fm_epilogue(float &v0, float &v
         if (col + 1 >= Ly::NR) v1 = 0.0f;
     }
 }
+template <int L> __device__ __forceinline__ void fm_epilogue(float &v0, float &v1, float r0, float r1, int col) {
+    bool far = false;
+    fm_epilogue<L, false>(v0, v1, r0, r1, col, far);
+}
 // The same as the stored pair of 16-bit type T (lo: col), through the layer's pair form where it has one.
-template <int L, int T>
-__device__ __forceinline__ fm_u32 fm_epilogue16(float v0, float v1, float r0, float r1, int col) {
+template <int L, int T, bool FAST = false>
+__device__ __forceinline__ fm_u32 fm_epilogue16(float v0, float v1, float r0, float r1, int col, bool &far) {
     typedef Layer<L> Ly;
     if constexpr (Ly::PAIR == T && Ly::RES == 0) {
         fm_u32 w = Ly::act2(v0, v1);
@@ -235,9 +246,14 @@ __device__ __forceinline__ fm_u32 fm_epilogue16(float v0, float v1, float r0, fl
             w = col + 1 < Ly::NR ? w : (col < Ly::NR ? (w & 0xffffu) : 0u);
         return w;
     } else {
-        fm_epilogue<L>(v0, v1, r0, r1, col);
+        fm_epilogue<L, FAST>(v0, v1, r0, r1, col, far);
         return fm_pack2<T>(v0, v1);
     }
+}
+template <int L, int T>
+__device__ __forceinline__ fm_u32 fm_epilogue16(float v0, float v1, float r0, float r1, int col) {
+    bool far = false;
+    return fm_epilogue16<L, T, false>(v0, v1, r0, r1, col, far);
 }
 
 // ------------------------------------------------------------------------------------------------ input, output

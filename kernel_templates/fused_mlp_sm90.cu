@@ -305,6 +305,30 @@ struct fm_cl_state {
     int wg, lane;
 };
 
+// Layer L's output columns [c0, c0 + NC) of this warp's rows into the warpgroup's A buffer: 16 columns (two 8-column
+// tiles: one stmatrix of four 8x8 matrices) at a time, in the A fragment order (rows g and g + 8 of the first tile,
+// then of the second). FAST: through act_t, noting in far where act is needed instead.
+template <int L, bool FAST>
+__device__ __forceinline__ void fm_cl_store(const float (&d)[Layer<L>::NC / 2], int c0, int t, fm_u32 st_lane,
+                                            bool &far) {
+    typedef Layer<L> Ly;
+#pragma unroll
+    for (int p = 0; p < Ly::NC / 16; ++p) {
+        fm_u32 h[4];
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            const int j = 2 * p + jj, col = c0 + 8 * j + 2 * t;
+            const bool live = Ly::NR == Ly::N || c0 + 8 * j < Ly::NR;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                h[2 * jj + hh] = live ? fm_epilogue16<L, FM_PREC + 1, FAST>(d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1],
+                                                                            0.0f, 0.0f, col, far)
+                                      : 0u;
+        }
+        fm_stmatrix_x4(st_lane + (c0 / 8 + 2 * p) * CHUNK_B, h);
+    }
+}
+
 // Layer L for this warpgroup's 64 rows and this CTA's columns [c0, c0 + NC) (the last layer: all of them, CTA 0
 // only). a: x's fragments (layer 0's A; other layers read the A buffer).
 template <int L>
@@ -359,22 +383,13 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
             for (int q = 1; q < CL; ++q)
                 fm_mbar_arrive_cluster(fm_mapa(s.empty, (s.rank + q) % CL));
         }
-        // The output, 16 columns (two 8-column tiles: one stmatrix of four 8x8 matrices) at a time, in the A fragment
-        // order: rows g and g + 8 of the first tile, then of the second.
-#pragma unroll
-        for (int p = 0; p < NC / 16; ++p) {
-            fm_u32 h[4];
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-                const int j = 2 * p + jj, col = c0 + 8 * j + 2 * t;
-                const bool live = Ly::NR == Ly::N || c0 + 8 * j < Ly::NR;
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-                    h[2 * jj + hh] =
-                        live ? fm_epilogue16<L, FM_PREC + 1>(d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], 0.0f, 0.0f, col)
-                             : 0u;
-            }
-            fm_stmatrix_x4(s.st_lane + (c0 / 8 + 2 * p) * CHUNK_B, h);
+        // An activation with sin/cos goes through its branch-free form (act_t) and, where any lane's argument was
+        // far, once more through act.
+        bool far = false;
+        fm_cl_store<L, Ly::FAR>(d, c0, t, s.st_lane, far);
+        if constexpr (Ly::FAR) {
+            if (__any_sync(0xffffffffu, far))
+                fm_cl_store<L, false>(d, c0, t, s.st_lane, far);
         }
         // The stores were generic-proxy writes; the next wgmma and the bulk copies read through the async proxy.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

@@ -653,3 +653,25 @@ def test_cluster_kernel_on_random_wide_chains():
     print(f"\ncluster kernel: {checked} runs checked, cluster sizes {sorted(sizes)}, {len(failures)} failures")
     assert checked >= 30 and {1, 2, 4} <= sizes
     assert not failures, failures[:5]
+
+
+def test_sin_of_far_arguments_in_every_kernel_form(rng):
+    """sin of pre-activations up to about 2^30 (exact: one fp16 input times a power-of-two fp16 weight), where the
+    warpgroup kernels' branch-free sin (reduction by 2 pi with a 24-bit quotient) is wrong: the epilogue must notice
+    and redo those columns with the exact form. Every kernel form: mma.sync, register-A, shared-memory A on clusters
+    of 1 and 2 CTAs."""
+    width = 128  # so each form takes it: clusters of 1 hold at most 208 columns per CTA
+    w0 = (np.where(rng.random((width, 1)) < 0.5, -1.0, 1.0) * 2.0 ** rng.integers(-4, 16, (width, 1))).astype(np.float32)
+    w1 = rng.standard_normal((8, width)).astype(np.float32) / 16
+    mlp = fusedmlp.FusedMLP([w0, w1], None, activation="sin", device="cuda")
+    x = (rng.choice([-1.0, 1.0], (4099, 1)) * rng.integers(1, 2048, (4099, 1)) * 2.0 ** rng.integers(0, 5, (4099, 1)))
+    x = x.astype(np.float16)  # exact in fp16, so every pre-activation is exact in float32
+    ref, _ = reference(x, [w0, w1], [None, None], mlp.activations)
+    forms = [{"wgmma": 0}]
+    if fusedmlp._api._gpu(0).info["arch"] == 90:
+        forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}]
+    for options in forms:
+        kernel, plan = mlp._build("float16", **options)[:2]
+        y = kernel.run(x, poison=True)
+        err = rel_l2(y, ref)
+        assert not np.isnan(y).any() and err < FP16_TOL, (options, plan.info["cluster"], err)
