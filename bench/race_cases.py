@@ -11,6 +11,8 @@ import numpy as np
 import fusedmlp
 
 CASES = [([2, 256, 256, 3], "sin"), ([17, 33, 129, 255, 1], "sigmoid"), ([256, 256, 256, 256], "x * tanh(softplus(x))")]
+if len(sys.argv) > 1:  # the first N cases only
+    CASES = CASES[: int(sys.argv[1])]
 rng = np.random.default_rng(0)
 for widths, act in CASES:
     ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
