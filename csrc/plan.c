@@ -177,13 +177,21 @@ static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_ti
  * A fragments, so every value but a layer's own input is gone once the next layer ran: no input concat and residual
  * operands only from the layer's own input. Weights stay resident; fp16/bf16 (a tf32 accumulator does not map onto
  * the next layer's A fragment). */
-static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
+/* What both forms of the warpgroup kernel need: sm_90a, 16-bit operands, one wgmma's N (256) per layer. */
+static const char *fm_plan_warpgroup_unfit(const fm_plan *p, int widest) {
     if (p->arch != 90)
         return "wgmma needs sm_90 (sm_90a)";
     if (p->prec == FM_PREC_TF32)
         return "the wgmma kernel takes float16 or bfloat16";
     if (widest > 256)
         return "the wgmma kernel takes layers up to 256 wide";
+    return NULL;
+}
+
+static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
+    const char *why = fm_plan_warpgroup_unfit(p, widest);
+    if (why != NULL)
+        return why;
     for (int l = 0; l < p->num_layers; ++l) {
         /* A layer's accumulators, input and output fragments must fit the 255 registers together: a 224- or
          * 256-wide hidden layer runs on mma.sync. Column groups do not help: ptxas overlaps one group's epilogue
@@ -219,12 +227,9 @@ static void fm_plan_wgmma_chunks(fm_plan *p, int forced) {
  * one shared buffer per warpgroup, overwritten layer by layer, so like the register-A kernel it has no input concat;
  * residual epilogues are not written for it yet. */
 static const char *fm_plan_cluster_unfit(const fm_plan *p, int widest) {
-    if (p->arch != 90)
-        return "wgmma needs sm_90 (sm_90a)";
-    if (p->prec == FM_PREC_TF32)
-        return "the wgmma kernel takes float16 or bfloat16";
-    if (widest > 256)
-        return "the wgmma kernel takes layers up to 256 wide";
+    const char *why = fm_plan_warpgroup_unfit(p, widest);
+    if (why != NULL)
+        return why;
     if (p->num_layers < 2)
         return "the cluster kernel splits hidden layers, and a one-layer network has none";
     for (int l = 0; l < p->num_layers; ++l) {
