@@ -339,10 +339,14 @@ static fm_status fm_plan_cluster(fm_plan *p, const fm_target *t, const fm_plan_o
         if (opts->warps)
             break;
     }
-    return fm_fail(err, FM_ERR_LIMIT, "cluster=%d: %s warps per CTA fit neither the %zu bytes of shared memory a block "
-                   "may use on sm_%d (%zu weight bytes per CTA) nor the registers", cluster,
-                   opts->warps ? "the asked" : "no number of", t->smem_per_block, t->arch,
-                   p->w_rank_elems * (size_t)p->elem_bytes);
+    if (opts->warps)
+        return fm_fail(err, FM_ERR_LIMIT, "cluster=%d with warps=%d does not fit: its buffers and %zu weight bytes per "
+                       "CTA exceed the %zu bytes of shared memory a block may use on sm_%d, or its threads the "
+                       "registers", cluster, opts->warps, p->w_rank_elems * (size_t)p->elem_bytes, t->smem_per_block,
+                       t->arch);
+    return fm_fail(err, FM_ERR_LIMIT, "cluster=%d does not fit: %zu weight bytes per CTA and one warpgroup's buffers "
+                   "exceed the %zu bytes of shared memory a block may use on sm_%d", cluster,
+                   p->w_rank_elems * (size_t)p->elem_bytes, t->smem_per_block, t->arch);
 }
 
 /* The auto choice among cluster plans: the fewest CTAs per cluster that give two warpgroups per CTA (one leaves the

@@ -888,7 +888,7 @@ static void test_cluster_plans(void) {
                         check_plan(&p, &spec, &t90, 0, what);
                         ++g_plans_made;
                     } else {
-                        CHECK(st == FM_ERR_LIMIT && (strstr(err.message, "fit neither") != NULL ||
+                        CHECK(st == FM_ERR_LIMIT && (strstr(err.message, "does not fit") != NULL ||
                                                      strstr(err.message, "would not fit the registers") != NULL),
                               "%s cluster=%d warps=%d: "
                               "%s", what, c, warps, err.message);
