@@ -63,11 +63,26 @@ template <int N> __device__ __forceinline__ void fm_fence_regs(fm_u32 (&a)[N][4]
             asm volatile("" : "+r"(a[i][j])::"memory");
 }
 
-// The shared-memory descriptor of B, the rows of a K-major no-swizzle weight matrix starting at byte address
-// `addr`: start address, LBO (next core matrix along k) and SBO (next 8 rows), each in 16-byte units.
-__device__ __forceinline__ unsigned long long fm_desc(fm_u32 addr, fm_u32 sbo) {
-    return (unsigned long long)((addr >> 4) & 0x3FFFu) | ((unsigned long long)(128u >> 4) << 16) |
+// The shared-memory descriptor of a K-major no-swizzle matrix starting at byte address `addr`: start address, LBO
+// (bytes to the next core matrix along k) and SBO (to the next 8 rows), each in 16-byte units.
+__device__ __forceinline__ unsigned long long fm_desc2(fm_u32 addr, fm_u32 lbo, fm_u32 sbo) {
+    return (unsigned long long)((addr >> 4) & 0x3FFFu) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
            ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32);
+}
+// B's: the weight rows, whose core matrices along k are contiguous (LBO 128 bytes).
+__device__ __forceinline__ unsigned long long fm_desc(fm_u32 addr, fm_u32 sbo) { return fm_desc2(addr, 128u, sbo); }
+
+// Accumulators of columns c0 + 8 j + 2 t (+ 1), rows g and g + 8, set to the bias (B) or zero: the MMAs then
+// accumulate onto them (scale-d 1).
+template <int L, int W, bool B>
+__device__ __forceinline__ void fm_d_init(float (&d)[W / 2], int c0, int t, const float *bias) {
+#pragma unroll
+    for (int j = 0; j < W / 8; ++j) {
+        const int col = c0 + 8 * j + 2 * t;
+        const float b0 = B ? bias[Layer<L>::B_OFF + col] : 0.0f, b1 = B ? bias[Layer<L>::B_OFF + col + 1] : 0.0f;
+        d[4 * j] = d[4 * j + 2] = b0;
+        d[4 * j + 1] = d[4 * j + 3] = b1;
+    }
 }
 
 // ------------------------------------------------------------------------------------------------ the layers
@@ -125,15 +140,8 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
     constexpr bool D_SET = BIAS_IN_D || W < Ly::N;
     const int t = lane & 3;
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
-    if constexpr (D_SET) {
-#pragma unroll
-        for (int j = 0; j < W / 8; ++j) {
-            const int col = C0 + 8 * j + 2 * t;
-            const float b0 = BIAS_IN_D ? bias[Ly::B_OFF + col] : 0.0f, b1 = BIAS_IN_D ? bias[Ly::B_OFF + col + 1] : 0.0f;
-            d[4 * j] = d[4 * j + 2] = b0;
-            d[4 * j + 1] = d[4 * j + 3] = b1;
-        }
-    }
+    if constexpr (D_SET)
+        fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
     const unsigned long long desc = fm_desc(w + (C0 / 8) * SBO, SBO);  // the group's W weight rows
     fm_fence_regs(a);
     fm_wg_fence();
@@ -288,11 +296,6 @@ __device__ __forceinline__ void fm_stmatrix_x4(fm_u32 addr, const fm_u32 (&r)[4]
 __device__ __forceinline__ void fm_wg_bar(int wg) {  // the warpgroup's four warps (barrier 0 is __syncthreads)
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 }
-// A descriptor with both strides given (bytes): lbo to the next core matrix along k, sbo to the next 8 rows.
-__device__ __forceinline__ unsigned long long fm_desc2(fm_u32 addr, fm_u32 lbo, fm_u32 sbo) {
-    return (unsigned long long)((addr >> 4) & 0x3FFFu) | ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
-           ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32);
-}
 
 // What a warpgroup's thread carries through the layers of the shared-memory-A form.
 struct fm_cl_state {
@@ -344,13 +347,7 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
     if constexpr (L > 0 && CL > 1)
         fm_mbar_wait(s.full, s.parity ^ 1u);  // the previous exchange: this layer's input is whole
     float d[NC / 2];  // as in fm_layer_cols, for columns c0 + 8 j + 2 t (+ 1); starting at the bias, scale-d 1
-#pragma unroll
-    for (int j = 0; j < NC / 8; ++j) {
-        const int col = c0 + 8 * j + 2 * t;
-        const float b0 = Ly::BIAS ? bias[Ly::B_OFF + col] : 0.0f, b1 = Ly::BIAS ? bias[Ly::B_OFF + col + 1] : 0.0f;
-        d[4 * j] = d[4 * j + 2] = b0;
-        d[4 * j + 1] = d[4 * j + 3] = b1;
-    }
+    fm_d_init<L, NC, Ly::BIAS>(d, c0, t, bias);
     const unsigned long long desc = fm_desc(w_base + EB * Ly::W_OFF, SBO);
     const unsigned long long adesc = fm_desc2(s.abuf, CHUNK_B, 128);
     fm_wg_fence();
