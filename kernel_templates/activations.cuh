@@ -24,16 +24,19 @@ __device__ __forceinline__ float fm_powi(float b, int n) {
 __device__ __forceinline__ float fm_square(float x) { return x * x; }
 
 // sin and cos: sinf/cosf inline a Payne-Hanek reduction for |x| > 105615 at every call site, which made a SIREN-like
-// network's kernel 1.6 MB and its compile take a minute. Instead: a three-part Cody-Waite reduction by 2*pi (exact to
-// float rounding for |x| < 2^17 with a 32-bit integer quotient) and the hardware's sin/cos on [-pi, pi] (absolute
-// error 2^-21.4, CUDA C Programming Guide, "Intrinsic Functions"); larger |x| go to one out-of-line sinf/cosf.
+// network's kernel 1.6 MB and its compile take a minute. Instead: a two-part Cody-Waite reduction by 2*pi and the
+// hardware's sin/cos on [-pi, pi] (absolute error 2^-21.4, CUDA C Programming Guide, "Intrinsic Functions"); larger
+// |x| go to one out-of-line sinf/cosf. The quotient k = rint(x / 2pi) comes from adding and subtracting 1.5 * 2^23
+// (the sum's ulp is 1, so the FFMA rounds to the nearest integer), two FMA-pipe instructions: rintf is an FRND,
+// which runs on the special-function pipe beside the MUFU.SIN, so a sin cost two of that pipe's 16 slots per clock
+// instead of one (siren256: 2^21 x 768 sines). With |k| <= 20861 the third part of 2pi (6.9e-15) moves r by at most
+// 1.4e-10, far under r's own rounding (2.4e-7 near pi), so two parts are exact to float rounding.
 __device__ __noinline__ float fm_sin_far(float x) { return sinf(x); }
 __device__ __noinline__ float fm_cos_far(float x) { return cosf(x); }
 __device__ __forceinline__ float fm_reduce_2pi(float x) {
-    const float k = rintf(x * 0.159154943091895335768883763372514362f);  // x / (2 pi)
-    float r = fmaf(-k, 6.28318548202514648437500f, x);                  // 2 pi, first 24 bits
-    r = fmaf(-k, -1.7484555314695172e-7f, r);                            // next 24 bits
-    return fmaf(-k, -6.8604980400235275e-15f, r);                        // and the rest
+    const float k = fmaf(x, 0.159154943091895335768883763372514362f, 12582912.0f) - 12582912.0f;  // rint(x / 2pi)
+    const float r = fmaf(-k, 6.28318548202514648437500f, x);                                        // 2pi, 24 bits
+    return fmaf(-k, -1.7484555314695172e-7f, r);                                                    // the next 24
 }
 __device__ __forceinline__ float fm_sin(float x) {
     return fabsf(x) < 131072.0f ? __sinf(fm_reduce_2pi(x)) : fm_sin_far(x);
@@ -92,19 +95,31 @@ __device__ __forceinline__ float fm_tanh_fast(float x) {
 // sigmoid(x) = 0.5 tanh(x / 2) + 0.5: one MUFU op for sigmoid and silu (flex) instead of exp + reciprocal; absolute
 // error ~2^-12, below the 16-bit rounding of values of order 1 that follows.
 __device__ __forceinline__ float fm_sigmoid_fast(float x) { return fmaf(0.5f, fm_tanh_fast(0.5f * x), 0.5f); }
-// erf(z) ~ tanh(z (c0 + c1 z^2 + c2 z^4)), z clamped to [-4, 4] (erf(4) = 1 - 1.5e-8): a weighted least-squares fit
-// of atanh(erf) on [0, 2.6] whose GELU, 0.5 x (1 + erf(x / sqrt 2)), is within 3e-5 of the exact one everywhere
-// (the tanh-form gelu_tanh is 4.7e-4 off), so the 16-bit rounding that follows (and tanh.approx) dominate. One MUFU op
-// and 7 FMA-pipe instructions instead of erff's polynomial and exp (res128's four gelu layers).
+// erf(z) ~ tanh(z (c0 + c1 z^2 + c2 z^4)), z^2 clamped at 16 (erf(4) = 1 - 1.5e-8): a weighted least-squares fit of
+// atanh(erf) on [0, 2.6] whose GELU, 0.5 x (1 + erf(x / sqrt 2)), is within 3e-5 of the exact one everywhere (the
+// tanh-form gelu_tanh is 4.7e-4 off), so the 16-bit rounding that follows (and tanh.approx) dominate. One MUFU op
+// instead of erff's polynomial and exp (res128's four gelu layers).
 __device__ __forceinline__ float fm_gelu_fast(float x) {
-    const float z = fminf(fmaxf(x * 0.707106781186547524f, -4.0f), 4.0f), z2 = z * z;
-    const float p = z * fmaf(z2, fmaf(z2, -0.0020268f, 0.10478712f), 1.12778009f);
-    return 0.5f * x * (1.0f + fm_tanh_fast(p));
+    // In x (k = 1/sqrt 2 folded into the coefficients), with x^2 clamped at 32: past it p is z times the polynomial
+    // at z^2 = 16 (> 2.28), so tanh is 1 to float and p never turns down as the quintic itself does (|z| ~ 5.9).
+    // One FMNMX and six FMA-pipe instructions, 0.5 x (1 + t) as fma(h, t, h) with h = x / 2, where clamping z and
+    // then squaring it took two FMNMX and eight.
+    const float x2 = fminf(x * x, 32.0f);
+    const float p = x * fmaf(x2, fmaf(x2, -0.0020268f * 0.17677669529663688f, 0.10478712f * 0.35355339059327376f),
+                             1.12778009f * 0.70710678118654752f);
+    const float h = 0.5f * x;
+    return fmaf(h, fm_tanh_fast(p), h);
+}
+// silu(x) = x sigmoid(x) = h (1 + tanh(h)) with h = x / 2 (exact): one FMUL, the MUFU and one FFMA, a rounding fewer
+// than x * fm_sigmoid_fast(x).
+__device__ __forceinline__ float fm_silu_fast(float x) {
+    const float h = 0.5f * x;
+    return fmaf(h, fm_tanh_fast(h), h);
 }
 #define FM_FAST_HELPERS \
     static __device__ __forceinline__ float fm_tanh(float x) { return fm_tanh_fast(x); } \
     static __device__ __forceinline__ float fm_sigmoid(float x) { return fm_sigmoid_fast(x); } \
-    static __device__ __forceinline__ float fm_silu(float x) { return x * fm_sigmoid_fast(x); } \
+    static __device__ __forceinline__ float fm_silu(float x) { return fm_silu_fast(x); } \
     static __device__ __forceinline__ float fm_gelu(float x) { return fm_gelu_fast(x); }
 
 __device__ __forceinline__ float fm_gelu_tanh(float x) {

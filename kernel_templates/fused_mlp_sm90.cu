@@ -264,17 +264,24 @@ __device__ __forceinline__ void fm_cluster_sync() {
 __device__ __forceinline__ void fm_mbar_init(fm_u32 bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
-__device__ __forceinline__ void fm_mbar_expect(fm_u32 bar, fm_u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+// (The next two act only where `on` is not zero, by a predicate rather than a branch: see fm_cl_send.)
+__device__ __forceinline__ void fm_mbar_expect(fm_u32 on, fm_u32 bar, fm_u32 bytes) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
+                 "@p mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%1], %2;\n}" ::"r"(on), "r"(bar),
+                 "r"(bytes)
                  : "memory");
 }
+// The exchange's arrivals and waits are CTA-scoped (release.cta, acquire.cta: the defaults), as CUTLASS's cluster
+// pipelines are: what they order is async-proxy traffic (wgmma reads finished by wgmma.wait_group, bulk copies that
+// complete_tx on the barrier), not generic loads. Cluster scope cost a CCTL.IVALL (an L1 invalidation) after every
+// wait and MEMBAR.ALL.GPU before every remote arrival: 14% and 3% of siren256's stall samples (ncu, H100).
 __device__ __forceinline__ void fm_mbar_arrive_cluster(fm_u32 bar_cluster) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar_cluster) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar_cluster) : "memory");
 }
 __device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
     fm_u32 done;
     do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
                      "selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done)
                      : "r"(bar), "r"(parity)
@@ -283,9 +290,10 @@ __device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
 }
 // Copies `bytes` of this CTA's shared memory at src to dst in another CTA (a shared::cluster address), completing
 // `bytes` of the transaction count of the mbarrier bar there.
-__device__ __forceinline__ void fm_bulk_to_peer(fm_u32 dst, fm_u32 src, fm_u32 bytes, fm_u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "r"(src), "r"(bytes), "r"(bar)
+__device__ __forceinline__ void fm_bulk_to_peer(fm_u32 on, fm_u32 dst, fm_u32 src, fm_u32 bytes, fm_u32 bar) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
+                 "@p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%1], [%2], %3, [%4];\n}"
+                 ::"r"(on), "r"(dst), "r"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
 __device__ __forceinline__ void fm_stmatrix_x4(fm_u32 addr, const fm_u32 (&r)[4]) {
@@ -332,8 +340,48 @@ __device__ __forceinline__ void fm_cl_store(const float (&d)[Layer<L>::NC / 2], 
     }
 }
 
+// The exchange of layer L's output (this CTA's columns, stored and fenced by the warpgroup): once the other CTAs
+// have finished reading their buffers (empty), the warpgroup's elected thread copies the columns into them, and
+// announces on `full` the bytes the others send it. Layer L + 1 == LAST's input goes to CTA 0 only. It runs while
+// the warpgroup's first MMAs of layer L + 1 are in flight, so it has no branch: every thread waits on `empty`, and
+// the elected thread's copies and arrival are predicated (a divergent path there made ptxas serialize every wgmma
+// of the kernel, its warning C7519).
+template <int L> __device__ __forceinline__ void fm_cl_send(const fm_cl_state &s) {
+    if constexpr (CL > 1) {
+        constexpr fm_u32 bytes = Layer<L>::NC * 64 * EB;
+        constexpr bool to_all = L + 1 < LAST;
+        const fm_u32 elected = (threadIdx.x & 127) == 0;
+        const fm_u32 src = s.abuf + s.rank * (Layer<L>::NC / 8) * CHUNK_B;
+        fm_mbar_wait(s.empty, s.parity);
+#pragma unroll
+        for (int q = 1; q < CL; ++q) {
+            const fm_u32 peer = (s.rank + q) % CL;
+            fm_bulk_to_peer(elected & (to_all || peer == 0), fm_mapa(src, peer), src, bytes, fm_mapa(s.full, peer));
+        }
+        // The copies have read src before the elected thread lets anyone past `full`, and so before the
+        // warpgroup's next epilogue overwrites it.
+        asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;" ::: "memory");
+        fm_mbar_expect(elected, s.full, to_all || s.rank == 0 ? (CL - 1) * bytes : 0u);
+    }
+}
+
+// Layer L >= 1's k steps over input columns [q0, q0 + QK) x 16 (the columns one CTA computed in layer L - 1).
+template <int L, int QK>
+__device__ __forceinline__ void fm_cl_mma_part(float (&d)[Layer<L>::NC / 2], unsigned long long adesc,
+                                               unsigned long long desc, int q0) {
+    adesc += (unsigned long long)(q0 * 2 * CHUNK_B / 16);
+    desc += (unsigned long long)(q0 * 2 * 128 / 16);
+#pragma unroll
+    for (int k = 0; k < QK; ++k)  // k step: 32 bytes further along the weight rows, 2 chunks along the buffer
+        fm_wgmma<Layer<L>::NC>::run_ss(d, adesc + (unsigned long long)(k * 2 * CHUNK_B / 16),
+                                       desc + (unsigned long long)(k * 2 * 128 / 16), 1);
+}
+
 // Layer L for this warpgroup's 64 rows and this CTA's columns [c0, c0 + NC) (the last layer: all of them, CTA 0
-// only). a: x's fragments (layer 0's A; other layers read the A buffer).
+// only). a: x's fragments (layer 0's A; other layers read the A buffer). A layer L >= 1 starts with the k steps
+// over the input columns this CTA computed itself, already in its buffer; under them the previous layer's exchange
+// runs (fm_cl_send), and the other CTAs' columns follow once `full` says they have arrived: the exchange's copies and
+// mbarrier round trips are no longer between one layer's epilogue and the next layer's first MMA.
 template <int L>
 __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
                                             fm_u32 stage, fm_cl_state &s) {
@@ -344,20 +392,40 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
     static_assert(L == LAST || NC * CL == Ly::N, "each CTA computes NC of a hidden layer's columns");
     const int c0 = L == LAST ? 0 : (int)s.rank * NC;
     const int t = s.lane & 3;
-    if constexpr (L > 0 && CL > 1)
-        fm_mbar_wait(s.full, s.parity ^ 1u);  // the previous exchange: this layer's input is whole
     float d[NC / 2];  // as in fm_layer_cols, for columns c0 + 8 j + 2 t (+ 1); starting at the bias, scale-d 1
     fm_d_init<L, NC, Ly::BIAS>(d, c0, t, bias);
     const unsigned long long desc = fm_desc(w_base + EB * Ly::W_OFF, SBO);
-    const unsigned long long adesc = fm_desc2(s.abuf, CHUNK_B, 128);
-    fm_wg_fence();
+    if constexpr (L == 0) {
+        fm_wg_fence();
 #pragma unroll
-    for (int k = 0; k < KS; ++k) {  // k step: 32 bytes further along the weight rows, 2 chunks along the buffer
-        if constexpr (L == 0)
+        for (int k = 0; k < KS; ++k)
             fm_wgmma<NC>::run(d, a[k], desc + (unsigned long long)(k * 2 * 128 / 16), 1);
-        else
-            fm_wgmma<NC>::run_ss(d, adesc + (unsigned long long)(k * 2 * CHUNK_B / 16),
-                                 desc + (unsigned long long)(k * 2 * 128 / 16), 1);
+    } else {
+        constexpr int QK = Layer<L - 1>::NC / 16;  // k steps per CTA's share of the input
+        static_assert(QK * CL == KS, "layer L's input is the CTAs' shares of layer L - 1's output");
+        const unsigned long long adesc = fm_desc2(s.abuf, CHUNK_B, 128);
+        if constexpr (L == LAST) {  // CTA 0 only: under `rank == 0`, where a wait between MMAs serializes them
+            if constexpr (CL > 1) {
+                fm_cl_send<L - 1>(s);
+                fm_mbar_wait(s.full, s.parity);
+                s.parity ^= 1u;
+            }
+            fm_wg_fence();
+            fm_cl_mma_part<L, KS>(d, adesc, desc, 0);
+        } else {
+            fm_wg_fence();
+            fm_cl_mma_part<L, QK>(d, adesc, desc, (int)s.rank * QK);
+            if constexpr (CL > 1) {
+                fm_wg_commit();
+                fm_cl_send<L - 1>(s);
+                fm_mbar_wait(s.full, s.parity);  // the others' shares are here
+                s.parity ^= 1u;
+                fm_wg_fence();
+#pragma unroll
+                for (int q = 1; q < CL; ++q)
+                    fm_cl_mma_part<L, QK>(d, adesc, desc, (int)((s.rank + q) % CL) * QK);
+            }
+        }
     }
     fm_wg_commit();
     fm_fence_regs(d);
@@ -374,8 +442,7 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
                 fm_stage_pair<L>(stage, hh, col, live, d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], 0.0f, 0.0f);
         }
     } else {
-        const bool elected = (threadIdx.x & 127) == 0;
-        if (CL > 1 && elected) {  // this buffer is read: the others may copy the next input's columns into it
+        if (CL > 1 && (threadIdx.x & 127) == 0) {  // this buffer is read: the others may copy into it
 #pragma unroll
             for (int q = 1; q < CL; ++q)
                 fm_mbar_arrive_cluster(fm_mapa(s.empty, (s.rank + q) % CL));
@@ -391,28 +458,11 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
         // The stores were generic-proxy writes; the next wgmma and the bulk copies read through the async proxy.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         fm_wg_bar(s.wg);
-        if (CL > 1 && elected) {
-            const fm_u32 bytes = NC * 64 * EB, src = s.abuf + (c0 / 8) * CHUNK_B;
-            const bool to_all = L + 1 < LAST;  // the last layer's input goes to CTA 0 only
-            fm_mbar_wait(s.empty, s.parity);
-#pragma unroll
-            for (int q = 1; q < CL; ++q) {
-                const fm_u32 peer = (s.rank + q) % CL;
-                if (to_all || peer == 0)
-                    fm_bulk_to_peer(fm_mapa(src, peer), src, bytes, fm_mapa(s.full, peer));
-            }
-            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-            // The copies have read src before this thread lets anyone past `full`, and so before the warpgroup's
-            // next epilogue overwrites it.
-            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-            fm_mbar_expect(s.full, to_all || s.rank == 0 ? (CL - 1) * bytes : 0u);
-        }
-        s.parity ^= 1u;
     }
 }
 
 // Layers L.. for this warpgroup's rows in the shared-memory-A form; the last layer in CTA 0 only (the others still
-// wait for its input to be whole, keeping the exchanges in step).
+// send it their share of its input and wait for their `full`, keeping the exchanges in step).
 template <int L>
 __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
                                               fm_u32 stage, fm_cl_state &s) {
@@ -422,7 +472,9 @@ __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4],
     } else if (s.rank == 0) {
         fm_cl_layer<L>(a, w_base, bias, stage, s);
     } else if constexpr (CL > 1) {
-        fm_mbar_wait(s.full, s.parity ^ 1u);
+        fm_cl_send<L - 1>(s);
+        fm_mbar_wait(s.full, s.parity);
+        s.parity ^= 1u;
     }
 }
 

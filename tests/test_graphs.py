@@ -295,6 +295,32 @@ def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
     plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
     assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
     assert ("__cluster_dims__" in source) == (cluster > 1)
+    assert_clean_sm90a(source)
+
+
+def assert_clean_sm90a(source):
+    """The source compiles for sm_90a without spills, and without ptxas serializing its wgmma (warning C7519: each
+    MMA then waits for the one before, which a branch or wait between a layer's MMAs can cause)."""
+    from fusedmlp import _api, _core
+
     cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ("--ptxas-options=-v",))
     spills = re.findall(r"(\d+) bytes spill stores", log)
     assert spills and set(spills) == {"0"}, log
+    assert "C7519" not in log and "serialized" not in log, log
+
+
+@pytest.mark.parametrize("name", ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128"])
+def test_benchmark_workloads_compile_clean_for_the_h100(name):
+    """Each benchmark workload's default fp16 plan for an H100's limits is on the warpgroup kernel and compiles clean
+    (bench/sass_report.py shows the rest: registers, HGMMA and MUFU counts)."""
+    from fusedmlp import _api, bench
+
+    _api._nvrtc_info()
+    wl = bench.WORKLOADS[name]
+    rng = np.random.default_rng(8)
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(wl.widths[:-1], wl.widths[1:])]
+    bs = [rng.standard_normal(o).astype(np.float32) for o in wl.widths[1:]] if wl.bias else None
+    mlp = fusedmlp.FusedMLP(ws, bs, device="cpu", **bench.fused_options(wl))
+    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
+    assert plan.info["wgmma"] == 1
+    assert_clean_sm90a(source)
