@@ -364,6 +364,12 @@ template <int L> __device__ __forceinline__ void fm_cl_send(const fm_cl_state &s
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
 }
+// The exchange of layer L's output, then the wait for the others' columns: layer L + 1's input is whole.
+template <int L> __device__ __forceinline__ void fm_cl_exchange(fm_cl_state &s) {
+    fm_cl_send<L>(s);
+    fm_mbar_wait(s.full, s.parity);
+    s.parity ^= 1u;
+}
 // Before a hidden layer's epilogue overwrites this CTA's columns of the buffer: the last exchange's copies have read
 // them (the elected thread's wait, then the warpgroup's barrier; the four warps come out of the same wgmma wait, so
 // it costs little). Waiting for that read before announcing `full` was 16% of siren256's stall samples.
@@ -414,11 +420,8 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
         static_assert(QK * CL == KS, "layer L's input is the CTAs' shares of layer L - 1's output");
         const unsigned long long adesc = fm_desc2(s.abuf, CHUNK_B, 128);
         if constexpr (L == LAST) {  // CTA 0 only: under `rank == 0`, where a wait between MMAs serializes them
-            if constexpr (CL > 1) {
-                fm_cl_send<L - 1>(s);
-                fm_mbar_wait(s.full, s.parity);
-                s.parity ^= 1u;
-            }
+            if constexpr (CL > 1)
+                fm_cl_exchange<L - 1>(s);
             fm_wg_fence();
             fm_cl_mma_part<L, KS>(d, adesc, desc, 0);
         } else {
@@ -426,9 +429,7 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
             fm_cl_mma_part<L, QK>(d, adesc, desc, (int)s.rank * QK);
             if constexpr (CL > 1) {
                 fm_wg_commit();
-                fm_cl_send<L - 1>(s);
-                fm_mbar_wait(s.full, s.parity);  // the others' shares are here
-                s.parity ^= 1u;
+                fm_cl_exchange<L - 1>(s);  // the others' shares are here
                 fm_wg_fence();
 #pragma unroll
                 for (int q = 1; q < CL; ++q)
@@ -482,9 +483,7 @@ __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4],
     } else if (s.rank == 0) {
         fm_cl_layer<L>(a, w_base, bias, stage, s);
     } else if constexpr (CL > 1) {
-        fm_cl_send<L - 1>(s);
-        fm_mbar_wait(s.full, s.parity);
-        s.parity ^= 1u;
+        fm_cl_exchange<L - 1>(s);
     }
 }
 
