@@ -12,31 +12,18 @@ same plan (the default one, or the forced --plan options), so only the templates
 """
 
 import argparse
-import pathlib
-import re
+import functools
 import statistics
 
-import numpy as np
+from act_cost import workload_weights  # bench/ is the script's folder, so on sys.path
 
 import fusedmlp
 from fusedmlp import _api, bench
 
 
-def templates_from(folder):
-    """A stand-in for _api._template that reads the template files from `folder`."""
-
-    def template(name):
-        text = (pathlib.Path(folder) / name).read_text(encoding="utf-8")
-        return re.sub(r'^#include "([\w.]+)"$', lambda m: template(m.group(1)), text, flags=re.M)
-
-    return template
-
-
 def build(wl, forced, template):
-    rng = np.random.default_rng(0)
-    widths = wl.widths
-    ws = [rng.uniform(-1, 1, (n, k)).astype(np.float32) / np.sqrt(k) for k, n in zip(widths[:-1], widths[1:])]
-    bs = [rng.uniform(-0.1, 0.1, n).astype(np.float32) for n in widths[1:]] if wl.bias else None
+    """(kernel, plan, source) of workload wl's fp16 kernel, its templates read by `template` (as _api._template)."""
+    ws, bs = workload_weights(wl)
     mlp = fusedmlp.FusedMLP(ws, bs, device="cuda", **bench.fused_options(wl))
     own = _api._template
     _api._template = template
@@ -59,7 +46,8 @@ def main(argv=None):
     labels = [chr(ord("A") + i) for i in range(len(args.base) + 1)]
     for name in args.workloads:
         wl = bench.WORKLOADS[name]
-        builds = [build(wl, forced, templates_from(b)) for b in args.base] + [build(wl, forced, _api._template)]
+        builds = [build(wl, forced, functools.partial(_api._template, folder=b)) for b in args.base]
+        builds.append(build(wl, forced, _api._template))
         sources = {src for _, _, src in builds}
         times = [[] for _ in builds]
         for _ in range(args.rounds):

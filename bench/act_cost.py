@@ -16,6 +16,15 @@ import fusedmlp
 from fusedmlp import bench
 
 
+def workload_weights(wl):
+    """Fixed random weights and biases (None without) for a benchmark workload (also bench/ab_probe.py's)."""
+    rng = np.random.default_rng(0)
+    widths = wl.widths
+    ws = [rng.uniform(-1, 1, (n, k)).astype(np.float32) / np.sqrt(k) for k, n in zip(widths[:-1], widths[1:])]
+    bs = [rng.uniform(-0.1, 0.1, n).astype(np.float32) for n in widths[1:]] if wl.bias else None
+    return ws, bs
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workload", choices=sorted(bench.WORKLOADS))
@@ -25,10 +34,7 @@ def main(argv=None):
     ap.add_argument("--plan", nargs="*", default=[], help="forced plan options, e.g. resident=0,warps=8")
     args = ap.parse_args(argv)
     wl = bench.WORKLOADS[args.workload]
-    rng = np.random.default_rng(0)
-    widths = wl.widths
-    ws = [rng.uniform(-1, 1, (n, k)).astype(np.float32) / np.sqrt(k) for k, n in zip(widths[:-1], widths[1:])]
-    bs = [rng.uniform(-0.1, 0.1, n).astype(np.float32) for n in widths[1:]] if wl.bias else None
+    ws, bs = workload_weights(wl)
     base = None
     for act in args.activations:
         options = dict(bench.fused_options(wl), activation=act)

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import pathlib
 import re
 import threading
 import time
@@ -63,11 +64,17 @@ def _gpu(ordinal):
         return gpu
 
 
-def _template(name):
+def _template(name, folder=None):
     """A kernel template's text, with each `#include "file"` of another template file pasted in its place (NVRTC
-    compiles one self-contained source; the cache key covers all of it)."""
-    text = (resources.files("fusedmlp") / "kernel_templates" / name).read_text(encoding="utf-8")
-    return re.sub(r'^#include "([\w.]+)"$', lambda m: _template(m.group(1)), text, flags=re.M)
+    compiles one self-contained source; the cache key covers all of it). folder: read the files from there instead
+    of the package's kernel_templates (bench/ab_probe.py's baselines)."""
+    root = pathlib.Path(folder) if folder is not None else resources.files("fusedmlp") / "kernel_templates"
+
+    def expand(file):
+        text = (root / file).read_text(encoding="utf-8")
+        return re.sub(r'^#include "([\w.]+)"$', lambda m: expand(m.group(1)), text, flags=re.M)
+
+    return expand(name)
 
 
 def _source_of(plan):
