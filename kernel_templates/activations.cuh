@@ -44,16 +44,22 @@ __device__ __forceinline__ float fm_sin(float x) {
 __device__ __forceinline__ float fm_cos(float x) {
     return fabsf(x) < 131072.0f ? __cosf(fm_reduce_2pi(x)) : fm_cos_far(x);
 }
-// Branch-free forms for the warpgroup kernels' epilogues (Layer<l>::act_t): the reduction and the hardware unit for
-// every x, wrong for |x| >= 2^17 (and NaN), which they note in `far`; the epilogue then redoes its columns with the
-// forms above (one warp-uniform branch per layer instead of one per element).
+// Branch-free forms for the warpgroup kernels' epilogues (Layer<l>::act_t, whose results are stored in 16 bits): the
+// reduction and the hardware unit for every x, wrong for |x| >= 1024 (and NaN), which they note in `far`; the
+// epilogue then redoes its columns with the forms above (one warp-uniform branch per layer instead of one per
+// element). Below 1024, |k| <= 163 and one part of 2pi is enough: the second moves r by at most 163 x 1.75e-7 =
+// 2.9e-5, 5% of the 2^-11 absolute error the 16-bit result may have below 1 (one FFMA fewer per sine).
+__device__ __forceinline__ float fm_reduce_2pi_1(float x) {
+    const float k = fmaf(x, 0.159154943091895335768883763372514362f, 12582912.0f) - 12582912.0f;  // rint(x / 2pi)
+    return fmaf(-k, 6.28318548202514648437500f, x);
+}
 __device__ __forceinline__ float fm_sin_t(bool &far, float x) {
-    far |= !(fabsf(x) < 131072.0f);
-    return __sinf(fm_reduce_2pi(x));
+    far |= !(fabsf(x) < 1024.0f);
+    return __sinf(fm_reduce_2pi_1(x));
 }
 __device__ __forceinline__ float fm_cos_t(bool &far, float x) {
-    far |= !(fabsf(x) < 131072.0f);
-    return __cosf(fm_reduce_2pi(x));
+    far |= !(fabsf(x) < 1024.0f);
+    return __cosf(fm_reduce_2pi_1(x));
 }
 
 __device__ __forceinline__ float fm_relu(float x) { return x < 0.0f ? 0.0f : x; }

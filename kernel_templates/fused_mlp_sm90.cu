@@ -323,6 +323,7 @@ template <int L, bool FAST>
 __device__ __forceinline__ void fm_cl_store(const float (&d)[Layer<L>::NC / 2], int c0, int t, fm_u32 st_lane,
                                             bool &far) {
     typedef Layer<L> Ly;
+    bool f[4] = {false, false, false, false};  // four flags, not one: each FSETP.OR waits for the last's predicate
 #pragma unroll
     for (int p = 0; p < Ly::NC / 16; ++p) {
         fm_u32 h[4];
@@ -333,11 +334,12 @@ __device__ __forceinline__ void fm_cl_store(const float (&d)[Layer<L>::NC / 2], 
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh)
                 h[2 * jj + hh] = live ? fm_epilogue16<L, FM_PREC + 1, FAST>(d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1],
-                                                                            0.0f, 0.0f, col, far)
+                                                                            0.0f, 0.0f, col, f[2 * jj + hh])
                                       : 0u;
         }
         fm_stmatrix_x4(st_lane + (c0 / 8 + 2 * p) * CHUNK_B, h);
     }
+    far |= (f[0] || f[1]) || (f[2] || f[3]);
 }
 
 // The exchange of layer L's output (this CTA's columns, stored and fenced by the warpgroup): once the other CTAs

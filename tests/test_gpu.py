@@ -655,6 +655,35 @@ def test_cluster_kernel_on_random_wide_chains():
     assert not failures, failures[:5]
 
 
+def test_branch_free_sin_stays_within_16_bit_rounding_below_its_far_bound():
+    """The warpgroup kernels' branch-free sin and cos (one part of 2 pi in the reduction, far from |x| = 1024) on
+    every float16 value in [-1100, 1100]: a hidden layer of 128 copies of act(x) (a width every form takes), stored
+    in float16, read back exactly in float32 by a last layer that picks column 0. Within 1.25x float16's rounding of
+    values of order one (2^-11 absolute, as test_fast_activations_stay_within_16_bit_rounding), including the
+    arguments just under 1024 where the one-part reduction is furthest off, and those past it (the far redo)."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the branch-free forms are the sm_90a kernels'")
+    x = np.arange(0, 0x7c00, dtype=np.uint16).view(np.float16).astype(np.float32)
+    x = x[x <= 1100]
+    x = np.concatenate([x, -x])[:, None]
+    w0 = np.ones((128, 1), np.float32)
+    w1 = np.zeros((1, 128), np.float32)
+    w1[0, 0] = 1.0
+    for act in ("sin", "cos"):
+        mlp = fusedmlp.FusedMLP([w0, w1], None, activation=[act, "none"], device="cuda")
+        ref = getattr(np, act)(x[:, 0].astype(np.float64))
+        for options in ({"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}):
+            kernel, _, source = mlp._build("float32", **options)[:3]
+            assert f"fm_{act}_t(far, " in source, options
+            y = kernel.run(x, poison=True)[:, 0].astype(np.float64)
+            err = np.abs(y - ref)
+            bound = 1.25 * 2.0 ** -11
+            worst = int(np.argmax(err))
+            print(f"\n{act} {options}: max abs error {err[worst]:.2e} at x = {x[worst, 0]:.1f} "
+                  f"({err[worst] / bound:.2f} of the bound)")
+            assert (err <= bound).all(), (act, options, float(x[worst, 0]), float(err[worst]))
+
+
 def test_sin_of_far_arguments_in_every_kernel_form(rng):
     """sin of pre-activations up to about 2^30 (exact: one fp16 input times a power-of-two fp16 weight), where the
     warpgroup kernels' branch-free sin (reduction by 2 pi with a 24-bit quotient) is wrong: the epilogue must notice
