@@ -656,8 +656,8 @@ def test_cluster_kernel_on_random_wide_chains():
 
 
 def test_branch_free_sin_stays_within_16_bit_rounding_below_its_far_bound():
-    """The warpgroup kernels' branch-free sin and cos (one part of 2 pi in the reduction, far from |x| = 1024) on
-    every float16 value in [-1100, 1100]: a hidden layer of 128 copies of act(x) (a width every form takes), stored
+    """The warpgroup kernels' branch-free sin and cos (one part of 2 pi in the reduction; the far redo from |x| = 1024)
+    on every float16 value in [-1100, 1100]: a hidden layer of 128 copies of act(x) (a width every form takes), stored
     in float16, read back exactly in float32 by a last layer that picks column 0. Within 1.25x float16's rounding of
     values of order one (2^-11 absolute, as test_fast_activations_stay_within_16_bit_rounding), including the
     arguments just under 1024 where the one-part reduction is furthest off, and those past it (the far redo)."""
