@@ -33,10 +33,13 @@ __device__ __forceinline__ float fm_square(float x) { return x * x; }
 // 1.4e-10, far under r's own rounding (2.4e-7 near pi), so two parts are exact to float rounding.
 __device__ __noinline__ float fm_sin_far(float x) { return sinf(x); }
 __device__ __noinline__ float fm_cos_far(float x) { return cosf(x); }
+__device__ __forceinline__ float fm_quot_2pi(float x) {  // rint(x / 2pi)
+    return fmaf(x, 0.159154943091895335768883763372514362f, 12582912.0f) - 12582912.0f;
+}
 __device__ __forceinline__ float fm_reduce_2pi(float x) {
-    const float k = fmaf(x, 0.159154943091895335768883763372514362f, 12582912.0f) - 12582912.0f;  // rint(x / 2pi)
-    const float r = fmaf(-k, 6.28318548202514648437500f, x);                                        // 2pi, 24 bits
-    return fmaf(-k, -1.7484555314695172e-7f, r);                                                    // the next 24
+    const float k = fm_quot_2pi(x);
+    const float r = fmaf(-k, 6.28318548202514648437500f, x);  // 2pi, 24 bits
+    return fmaf(-k, -1.7484555314695172e-7f, r);              // the next 24
 }
 __device__ __forceinline__ float fm_sin(float x) {
     return fabsf(x) < 131072.0f ? __sinf(fm_reduce_2pi(x)) : fm_sin_far(x);
@@ -50,8 +53,7 @@ __device__ __forceinline__ float fm_cos(float x) {
 // element). Below 1024, |k| <= 163 and one part of 2pi is enough: the second moves r by at most 163 x 1.75e-7 =
 // 2.9e-5, 5% of the 2^-11 absolute error the 16-bit result may have below 1 (one FFMA fewer per sine).
 __device__ __forceinline__ float fm_reduce_2pi_1(float x) {
-    const float k = fmaf(x, 0.159154943091895335768883763372514362f, 12582912.0f) - 12582912.0f;  // rint(x / 2pi)
-    return fmaf(-k, 6.28318548202514648437500f, x);
+    return fmaf(-fm_quot_2pi(x), 6.28318548202514648437500f, x);
 }
 __device__ __forceinline__ float fm_sin_t(bool &far, float x) {
     far |= !(fabsf(x) < 1024.0f);
