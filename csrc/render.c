@@ -72,22 +72,15 @@ static int fm_render_tracked(const char *act, fm_str *out) {
     return replaced;
 }
 
-static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str *out, fm_error *err) {
-    for (int l = 0; l < p->num_layers; ++l) {
-        fm_str act = {0};
-        if (fm_expr_emit_cuda(spec->act[l], "x", &act, err) != FM_OK) {
-            fm_str_free(&act);
-            return err->status;
-        }
-        fm_str post = {0};
-        if (spec->res_post[l] != NULL && fm_expr_emit_cuda(spec->res_post[l], "x", &post, err) != FM_OK) {
-            fm_str_free(&act);
-            fm_str_free(&post);
-            return err->status;
-        }
-        fm_str expr_text = {0}, pair = {0}, tracked = {0};
+/* Layer l's description but for its name and offsets (what the template's code for it depends on): its
+ * activation's forms, shapes, buffers and residual. Two layers whose bodies are equal compile to the same code. */
+static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int l, fm_str *out, fm_error *err) {
+    fm_str act = {0}, post = {0}, pair = {0}, tracked = {0};
+    fm_status st = fm_expr_emit_cuda(spec->act[l], "x", &act, err);
+    if (st == FM_OK && spec->res_post[l] != NULL)
+        st = fm_expr_emit_cuda(spec->res_post[l], "x", &post, err);
+    if (st == FM_OK) {
         int far = fm_render_tracked(act.data ? act.data : "x", &tracked);
-        fm_expr_to_string(spec->act[l], &expr_text);
         int pair_type = 0;
         const char *pair_fn = fm_render_pair(spec, p, l, &pair_type);
         if (pair_fn != NULL)
@@ -99,10 +92,8 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
         else
             fm_str_append(&pair, "    static constexpr int PAIR = 0;\n");
         fm_str_printf(out,
-                      "template <> struct Layer<%d> {  // %d -> %d, activation %s\n"
                       "    static constexpr int K = %d, K0 = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
                       "    static constexpr bool BIAS = %s;\n"
-                      "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
                       "    static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;\n"
                       "    static constexpr int RES = %d, RES_BUF = %d;  // residual: 0 none, 1 add, 2 mul\n"
                       "%s"
@@ -110,22 +101,52 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
                       "    static constexpr bool FAR = %s;  // act_t: act without sin/cos's far branch (render.c)\n"
                       "    static __device__ __forceinline__ float act_t(float x, bool &far) { (void)far; return %s; }\n"
-                      "    static __device__ __forceinline__ float post(float x) { return %s; }\n"
-                      "};\n",
-                      l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", p->k_pad[l],
-                      p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
-                      p->has_bias[l] ? "true" : "false", p->w_offset[l], p->b_offset[l], p->a0_buf[l], p->a1_buf[l],
-                      p->out_buf[l], spec->res_op[l], p->res_buf[l],
+                      "    static __device__ __forceinline__ float post(float x) { return %s; }\n",
+                      p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
+                      p->has_bias[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l], p->out_buf[l], spec->res_op[l],
+                      p->res_buf[l],
                       fm_plan_result_type(p, l) != 0 ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
-                      pair.data,
-                      act.data, far ? "true" : "false", tracked.data ? tracked.data : "x", post.data ? post.data : "x");
-        fm_str_free(&expr_text);
-        fm_str_free(&tracked);
-        fm_str_free(&pair);
-        fm_str_free(&act);
-        fm_str_free(&post);
+                      pair.data, act.data, far ? "true" : "false", tracked.data ? tracked.data : "x",
+                      post.data ? post.data : "x");
     }
-    return FM_OK;
+    fm_str_free(&act);
+    fm_str_free(&post);
+    fm_str_free(&pair);
+    fm_str_free(&tracked);
+    return st;
+}
+
+/* Layer<l> for every layer. REPEAT: how many layers from l on have l's body (l's included; 1 where the next
+ * differs), so the template may run such a stretch as one loop over its layers' weights and biases instead of
+ * compiling the same code once per layer (fused_mlp_sm90.cu, fm_network). */
+static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str *out, fm_error *err) {
+    fm_str body[FM_MAX_LAYERS];
+    int repeat[FM_MAX_LAYERS];
+    memset(body, 0, sizeof body);
+    fm_status st = FM_OK;
+    for (int l = 0; l < p->num_layers && st == FM_OK; ++l)
+        st = fm_render_layer_body(spec, p, l, &body[l], err);
+    for (int l = p->num_layers - 1; l >= 0 && st == FM_OK; --l)
+        repeat[l] = l + 1 < p->num_layers && body[l].data && body[l + 1].data &&
+                            strcmp(body[l].data, body[l + 1].data) == 0
+                        ? repeat[l + 1] + 1
+                        : 1;
+    for (int l = 0; l < p->num_layers && st == FM_OK; ++l) {
+        fm_str expr_text = {0};
+        fm_expr_to_string(spec->act[l], &expr_text);
+        fm_str_printf(out,
+                      "template <> struct Layer<%d> {  // %d -> %d, activation %s\n"
+                      "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
+                      "    static constexpr int REPEAT = %d;  // layers from this one on with its code (render.c)\n"
+                      "%s"
+                      "};\n",
+                      l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", p->w_offset[l],
+                      p->b_offset[l], repeat[l], body[l].data ? body[l].data : "");
+        fm_str_free(&expr_text);
+    }
+    for (int l = 0; l < p->num_layers; ++l)
+        fm_str_free(&body[l]);
+    return st;
 }
 
 /* One wgmma per column-group width the plan uses (a layer's n_chunk, and what is left of the layer after its whole

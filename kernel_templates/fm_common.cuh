@@ -192,6 +192,7 @@ template <int T> __device__ __forceinline__ fm_u32 fm_relu2(float lo, float hi) 
 //   K, KR: padded / real input width (elements); K0: padded width of the input's first part (K without a concat);
 //   N, NR: padded / real output width; NC: output columns accumulated at once; BIAS: adds a bias;
 //   W_OFF: first element of the layer in the weight blob (N rows of K + 16 bytes); B_OFF: first float of its bias;
+//   REPEAT: how many layers from this one on (itself included) have its code, all but the offsets above;
 //   A0_BUF, A1_BUF: activation buffers holding input columns [0, K0) and [K0, K) (-1: no second part);
 //   OUT_BUF: where the output goes; RES (0 none, 1 add, 2 mul) and RES_BUF: the residual y = post(act(.) op r);
 //   act, post: emitted from the checked expression ASTs.

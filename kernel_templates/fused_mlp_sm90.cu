@@ -193,15 +193,61 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u3
     fm_layer_cols<L, 0>(a, h, w, bias, stage, lane);
 }
 
-// Layers L.. for this warpgroup's 64 rows, from layer L's input fragments a.
+// How many layers from L on run as one loop (fm_network): the layers with layer L's code
+// (Layer<L>::REPEAT, from render.c), but not the last layer, whose code differs (it writes the output stage); and
+// only where the stretch's straight-line code would be long (its layers' columns, summed, >= 384). Short stretches
+// stay unrolled: ptxas schedules one layer's tail under the next one's start, which a loop prevents (H100, 2^21
+// rows: tcnn64's three 64-wide layers 3% slower looped, pinn50's four 56-wide 2%; tcnn128's three 128-wide even,
+// res128's four 128-wide 0.7% faster, and its compile 1.9 -> 0.5 s).
+template <int L> __device__ constexpr int fm_loop_len() {
+    if constexpr (L >= LAST) {
+        return 1;
+    } else {
+        constexpr int r = L + Layer<L>::REPEAT - 1 < LAST ? Layer<L>::REPEAT : LAST - L;
+        return r * Layer<L>::N >= 384 ? r : 1;
+    }
+}
+// Whether layers L + 1 .. L + R - 1 have their weights and biases at layer L's plus a multiple of the same step.
+template <int L, int R> __device__ constexpr bool fm_even_offsets() {
+    if constexpr (R <= 2)
+        return true;
+    else
+        return Layer<L + 2>::W_OFF - Layer<L + 1>::W_OFF == Layer<L + 1>::W_OFF - Layer<L>::W_OFF &&
+               Layer<L + 2>::B_OFF - Layer<L + 1>::B_OFF == Layer<L + 1>::B_OFF - Layer<L>::B_OFF &&
+               fm_even_offsets<L + 1, R - 1>();
+}
+
+// Layers L.. for this warpgroup's 64 rows, from layer L's input fragments a. A stretch of layers with the same code
+// (res128's four residual blocks, tcnn128's three hidden layers) is one loop over their weights and biases, not
+// that code once per layer: NVRTC's time grows with the instructions it is given (res128: 1.2 s in NVVM and 0.7 s
+// in ptxas for six straight-line layers).
 template <int L>
 __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 w_base, const float *bias,
                                            fm_u32 stage, int lane) {
+    constexpr int R = fm_loop_len<L>();
     fm_u32 h[Layer<L>::N / 16][4];
-    fm_layer<L>(a, h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane);
-    if constexpr (L < LAST) {
-        static_assert(Layer<L + 1>::K == Layer<L>::N, "a layer's input is the previous layer's output");
-        fm_network<L + 1>(h, w_base, bias, stage, lane);
+    if constexpr (R > 1) {
+        typedef Layer<L> Ly;
+        static_assert(Ly::K == Ly::N && fm_even_offsets<L, R>(), "a loop's layers: as wide as their input, evenly "
+                                                                  "spaced weights and biases");
+        constexpr int W_STEP = Layer<L + 1>::W_OFF - Ly::W_OFF, B_STEP = Layer<L + 1>::B_OFF - Ly::B_OFF;
+#pragma unroll 1
+        for (int i = 0; i < R; ++i) {
+            fm_layer<L>(a, h, w_base + EB * (Ly::W_OFF + i * W_STEP), bias + i * B_STEP, stage, lane);
+#pragma unroll
+            for (int s = 0; s < Ly::N / 16; ++s)
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    a[s][q] = h[s][q];
+        }
+        if constexpr (L + R <= LAST)
+            fm_network<L + R>(a, w_base, bias, stage, lane);
+    } else {
+        fm_layer<L>(a, h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane);
+        if constexpr (L < LAST) {
+            static_assert(Layer<L + 1>::K == Layer<L>::N, "a layer's input is the previous layer's output");
+            fm_network<L + 1>(h, w_base, bias, stage, lane);
+        }
     }
 }
 

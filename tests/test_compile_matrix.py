@@ -182,6 +182,31 @@ def test_source_before_any_compile_is_rendered_for_sm_90(rng):
     assert mlp.cache_path is None  # rendering is not compiling
 
 
+def rendered_repeats(source):
+    return [int(n) for n in re.findall(r"static constexpr int REPEAT = (\d+);", source)]
+
+
+def test_source_marks_stretches_of_layers_with_the_same_code(rng):
+    """REPEAT (render.c): how many layers from each one on have its code, which the sm_90a template runs as one loop.
+    Same widths, activation, bias and residual make a stretch; any difference ends it."""
+    widths = [32, 64, 64, 64, 64, 64, 128, 128, 128, 128, 16]
+    ws, bs = torch_init(rng, widths, True)
+    bs[3] = None  # layer 3 (64 -> 64) has no bias: a stretch of its own
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=["relu", "gelu", "gelu", "gelu", "gelu", "gelu", "gelu", "gelu",
+                                                "tanh"], residual={6: "add", 7: "add", 8: "add"}, device="cpu")
+    #  layer:                             0  1  2  3  4  5  6  7  8  9
+    assert rendered_repeats(mlp.source) == [1, 2, 1, 1, 1, 1, 2, 1, 1, 1]
+    res128 = fusedmlp.FusedMLP(*torch_init(rng, [64] + [128] * 5 + [64], True), activation="gelu",
+                               residual={l: "add" for l in range(1, 5)}, device="cpu")
+    assert rendered_repeats(res128.source) == [1, 4, 3, 2, 1, 1]
+    same = fusedmlp.FusedMLP(*torch_init(rng, [48] * 5, False), activation="relu", output_activation="relu",
+                             device="cpu")
+    assert rendered_repeats(same.source) == [3, 2, 1, 1]  # the last layer's result is float32 output here
+    post = fusedmlp.FusedMLP(*torch_init(rng, [16] * 4, True), activation="tanh",
+                             residual={0: ("add", "relu"), 1: ("add", "none"), 2: ("add", "none")}, device="cpu")
+    assert rendered_repeats(post.source) == [1, 1, 1]  # the post-op differs; the last layer's activation too
+
+
 @pytest.mark.parametrize("text", ["x * tanh(softplus(x))", "sin(30*x)", "max(x, 0.1*x)", "leaky_relu(x, 0.2)",
                                   "softplus(x, 2, 10)", "hardtanh(x, -2, 2)", "x^-2 + 1", "1e-3 * exp(x) + .5"])
 def test_source_holds_the_emitted_form_not_the_raw_text(tmp_path, rng, text):

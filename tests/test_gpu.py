@@ -548,6 +548,55 @@ def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
     assert not failures, failures[:5]
 
 
+# Networks with stretches of layers that have the same code (render.c's REPEAT), which the warpgroup kernel runs as
+# one loop over their weights and biases: (widths, activation, output activation, bias, residual, prec, io, options).
+LOOP_CASES = [
+    ([32] + [64] * 6 + [16], "relu", "none", False, {}, "float16", "float16", {}),  # layers 1-5
+    ([48] * 6, "relu", "relu", True, {}, "float16", "float16", {}),  # from layer 0 up to the last
+    ([64] + [128] * 5 + [64], "gelu", "none", True, {l: "add" for l in range(1, 5)}, "bfloat16", "float32", {}),
+    ([16, 96, 96, 96, 80, 80, 80, 8], "silu", "none", True,
+     {1: ("mul", "relu"), 2: ("mul", "relu"), 4: "add", 5: "add"}, "float16", "bfloat16", {}),  # two stretches
+    ([3] + [128] * 4 + [1], "tanh", "sigmoid", True, {}, "float16", "float32", {"n_chunk": 64}),  # in column groups
+    ([2] + [50] * 5 + [1], "tanh", "none", True, {}, "bfloat16", "float16", {}),  # padded columns (50 of 56)
+]
+
+
+def test_wgmma_layer_loops_match_float64():
+    """The warpgroup kernel's loops over layers with the same code: each pass must read its own layer's weights and
+    bias (every layer has its own random ones), carry the activations and the residual operand to the next pass,
+    and stop before the last layer; at 1, 2 and 4 warpgroups per CTA, odd batches, vs float64."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"wgmma needs sm_90; this GPU is sm_{info['arch']}")
+    rng = np.random.default_rng(20261122)
+    failures, checked, built = [], 0, set()
+    for i, (widths, act, out_act, bias, residual, prec, io, options) in enumerate(LOOP_CASES):
+        ws, bs = torch_init(rng, widths, bias)
+        ws = [2 * w for w in ws]  # so that the activations of deep relu and tanh stacks do not fade out
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, residual=residual, dtype=prec,
+                                device="cuda")
+        for warps in (4, 8, 16):
+            try:
+                kernel, plan, source, _ = mlp._build(io, io, wgmma=1, warps=warps, **options)
+            except fusedmlp.LimitError:  # that many warpgroups do not fit this network
+                continue
+            built.add(i)
+            repeats = [int(n) for n in re.findall(r"static constexpr int REPEAT = (\d+);", source)]
+            assert plan.info["wgmma"] == 1 and max(repeats) >= 2, (widths, repeats)
+            for batch in (70001, 129):
+                x32 = np.random.default_rng(batch + i).standard_normal((batch, widths[0])).astype(np.float32)
+                result = kernel_error(kernel, mlp, ws, bs, x32, prec, io)
+                if result is None:
+                    continue
+                checked += 1
+                err, tol = result
+                if not err <= tol:
+                    failures.append((i, widths, act, residual, prec, io, warps, batch, err))
+    print(f"\nwgmma layer loops: {checked} runs checked, {len(failures)} failures")
+    assert built == set(range(len(LOOP_CASES))) and checked >= 20
+    assert not failures, failures[:5]
+
+
 def split_chain_cases():
     """The random chains of the column-group test (bench/wgmma_split_diag.py runs them too), one namespace each:
     i, widths, acts, residual, prec, io, ws, bs, batch, n_chunk, mlp (on the GPU) and x32 (its input)."""
