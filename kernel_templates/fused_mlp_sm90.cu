@@ -324,6 +324,11 @@ __device__ __forceinline__ void fm_mbar_expect(fm_u32 on, fm_u32 bar, fm_u32 byt
 __device__ __forceinline__ void fm_mbar_arrive_cluster(fm_u32 bar_cluster) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar_cluster) : "memory");
 }
+__device__ __forceinline__ void fm_mbar_arrive_cluster_if(fm_u32 on, fm_u32 bar_cluster) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p mbarrier.arrive.shared::cluster.b64 _, [%1];\n}" ::"r"(on),
+                 "r"(bar_cluster)
+                 : "memory");
+}
 __device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
     fm_u32 done;
     do {
@@ -390,22 +395,28 @@ __device__ __forceinline__ void fm_cl_store(const float (&d)[Layer<L>::NC / 2], 
 
 // The exchange of layer L's output (this CTA's columns, stored and fenced by the warpgroup): once the other CTAs
 // have finished reading their buffers (empty), the warpgroup's elected thread copies the columns into them, and
-// announces on `full` the bytes the others send it. Layer L + 1 == LAST's input goes to CTA 0 only. It runs while
-// the warpgroup's first MMAs of layer L + 1 are in flight, so it has no branch: every thread waits on `empty`, and
-// the elected thread's copies and arrival are predicated (a divergent path there made ptxas serialize every wgmma
-// of the kernel, its warning C7519).
+// announces on `full` the bytes the others send it. Layer L + 1 == LAST's input goes to CTA 0 only; there the
+// others' `full` is completed by CTA 0's arrival once CTA 0 has passed its wait on `empty`. Without that, nothing
+// held a CTA r > 0 back: it went on to the next tile and arrived on CTA 0's `empty` again (after its next layer 0
+// MMA), and where CTA 0 was slow to reach its wait (its far-argument redo, H100), that barrier completed a second
+// phase first and the wait on the parity of the first never returned (bench/sin_hang_probe.py). It runs while the
+// warpgroup's first MMAs of layer L + 1 are in flight, so it has no branch: every thread waits on `empty`, and the
+// elected thread's copies and arrivals are predicated (a divergent path there made ptxas serialize every wgmma of
+// the kernel, its warning C7519).
 template <int L> __device__ __forceinline__ void fm_cl_send(const fm_cl_state &s) {
     if constexpr (CL > 1) {
         constexpr fm_u32 bytes = Layer<L>::NC * 64 * EB;
         constexpr bool to_all = L + 1 < LAST;
         const fm_u32 elected = (threadIdx.x & 127) == 0;
         const fm_u32 src = s.abuf + s.rank * (Layer<L>::NC / 8) * CHUNK_B;
-        fm_mbar_expect(elected, s.full, to_all || s.rank == 0 ? (CL - 1) * bytes : 0u);
+        fm_mbar_expect(elected & (to_all || s.rank == 0), s.full, (CL - 1) * bytes);
         fm_mbar_wait(s.empty, s.parity);
 #pragma unroll
         for (int q = 1; q < CL; ++q) {
             const fm_u32 peer = (s.rank + q) % CL;
             fm_bulk_to_peer(elected & (to_all || peer == 0), fm_mapa(src, peer), src, bytes, fm_mapa(s.full, peer));
+            if constexpr (!to_all)  // CTA 0 has waited on its `empty`: the others' `full` of this exchange completes
+                fm_mbar_arrive_cluster_if(elected & (s.rank == 0), fm_mapa(s.full, peer));
         }
         // Nothing waits for the copies here: `full` completes with the others' bytes, and the next epilogue, which
         // overwrites src, first waits for these copies to have read it (fm_cl_copies_read).
