@@ -240,8 +240,7 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_
                 for (int q = 0; q < 4; ++q)
                     a[s][q] = h[s][q];
         }
-        if constexpr (L + R <= LAST)
-            fm_network<L + R>(a, w_base, bias, stage, lane);
+        fm_network<L + R>(a, w_base, bias, stage, lane);  // the last layer, at least, follows the loop
     } else {
         fm_layer<L>(a, h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane);
         if constexpr (L < LAST) {
