@@ -3,6 +3,7 @@
 import zlib
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -31,6 +32,11 @@ def gpu_available():
 
         _gpu = _gpu_available()
     return _gpu
+
+
+def rendered_repeats(source):
+    """Each Layer<l>'s REPEAT in a rendered kernel source (render.c): how many layers from l on have l's code."""
+    return [int(n) for n in re.findall(r"static constexpr int REPEAT = (\d+);", source)]
 
 
 def torch_init(rng, widths, bias=True):

@@ -20,7 +20,7 @@ import pytest
 import fusedmlp
 from fusedmlp import _core
 from fusedmlp._cache import MAGIC, KernelCache
-from conftest import torch_init
+from conftest import rendered_repeats, torch_init
 
 ARCHS = [75, 80, 86, 89, 90]
 
@@ -180,10 +180,6 @@ def test_source_before_any_compile_is_rendered_for_sm_90(rng):
     assert "template <> struct Layer<0> " in source and "template <> struct Layer<1> " in source
     assert "// Plan: widths 3-20-2; sm_90a; float16 wgmma; " in source
     assert mlp.cache_path is None  # rendering is not compiling
-
-
-def rendered_repeats(source):
-    return [int(n) for n in re.findall(r"static constexpr int REPEAT = (\d+);", source)]
 
 
 def test_source_marks_stretches_of_layers_with_the_same_code(rng):

@@ -14,7 +14,7 @@ import pytest
 
 import fusedmlp
 from fusedmlp import _core
-from conftest import graph_weights, reference, rel_l2, torch_init
+from conftest import graph_weights, reference, rel_l2, rendered_repeats, torch_init
 
 pytestmark = pytest.mark.gpu
 
@@ -502,6 +502,17 @@ def kernel_error(kernel, mlp, ws, bs, x32, prec, io):
     return err, max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
 
 
+def tally(result, failures, case):
+    """One kernel_error result into a test's tally: 0 where the reference left what float16 holds (None), else 1,
+    with case + (error,) appended to failures where the error is past the tolerance."""
+    if result is None:
+        return 0
+    err, tol = result
+    if not err <= tol:
+        failures.append(case + (err,))
+    return 1
+
+
 def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
     """The sm_90a warpgroup kernel (where the GPU has it), forced at 1-4 warpgroups per CTA, on random chains with
     own-input residuals, float16 and bfloat16, all I/O dtypes, odd batches, vs float64; the mma.sync kernel of the
@@ -536,13 +547,8 @@ def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
                     continue
             wgmma_runs += wgmma
             assert plan.info["wgmma"] == wgmma
-            result = kernel_error(kernel, mlp, ws, bs, x32, prec, io)
-            if result is None:
-                continue
-            checked += 1
-            err, tol = result
-            if not err <= tol:
-                failures.append((i, wgmma, plan.info["warps"], widths, acts, residual, prec, io, batch, err))
+            checked += tally(kernel_error(kernel, mlp, ws, bs, x32, prec, io), failures,
+                             (i, wgmma, plan.info["warps"], widths, acts, residual, prec, io, batch))
     print(f"\nwgmma vs mma.sync: {checked} runs checked ({wgmma_runs} built with wgmma), {len(failures)} failures")
     assert checked >= 60 and wgmma_runs >= 30
     assert not failures, failures[:5]
@@ -581,17 +587,12 @@ def test_wgmma_layer_loops_match_float64():
             except fusedmlp.LimitError:  # that many warpgroups do not fit this network
                 continue
             built.add(i)
-            repeats = [int(n) for n in re.findall(r"static constexpr int REPEAT = (\d+);", source)]
+            repeats = rendered_repeats(source)
             assert plan.info["wgmma"] == 1 and max(repeats) >= 2, (widths, repeats)
             for batch in (70001, 129):
                 x32 = np.random.default_rng(batch + i).standard_normal((batch, widths[0])).astype(np.float32)
-                result = kernel_error(kernel, mlp, ws, bs, x32, prec, io)
-                if result is None:
-                    continue
-                checked += 1
-                err, tol = result
-                if not err <= tol:
-                    failures.append((i, widths, act, residual, prec, io, warps, batch, err))
+                checked += tally(kernel_error(kernel, mlp, ws, bs, x32, prec, io), failures,
+                                 (i, widths, act, residual, prec, io, warps, batch))
     print(f"\nwgmma layer loops: {checked} runs checked, {len(failures)} failures")
     assert built == set(range(len(LOOP_CASES))) and checked >= 20
     assert not failures, failures[:5]
@@ -639,13 +640,8 @@ def test_wgmma_layers_split_into_column_groups():
         if not np.array_equal(y_split, y_whole, equal_nan=True):
             failures.append((c.i, c.n_chunk, c.widths, "differs from unsplit",
                              float(np.nanmax(np.abs(y_split - y_whole)))))
-        result = kernel_error(kernel, c.mlp, c.ws, c.bs, c.x32, c.prec, c.io)
-        if result is None:
-            continue
-        checked += 1
-        err, tol = result
-        if not err <= tol:
-            failures.append((c.i, c.n_chunk, c.widths, c.acts, c.residual, c.prec, c.io, c.batch, err))
+        checked += tally(kernel_error(kernel, c.mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures,
+                         (c.i, c.n_chunk, c.widths, c.acts, c.residual, c.prec, c.io, c.batch))
     print(f"\nwgmma in column groups: {checked} runs checked, {len(failures)} failures")
     assert checked >= 15
     assert not failures, failures[:5]
@@ -690,15 +686,10 @@ def test_cluster_kernel_on_random_wide_chains():
                 continue
         builds = [b for b in (forced, mlp._build(c.io, c.io)[:2]) if b is not None]
         for kernel, plan in builds:
-            result = kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io)
-            if result is None:
-                continue
-            checked += 1
-            sizes.add(plan.info["cluster"])
-            err, tol = result
-            if not err <= tol:
-                failures.append((c.i, plan.info["cluster"], plan.info["warps"], c.widths, c.acts, c.prec, c.io,
-                                 c.batch, err))
+            if tally(kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures,
+                     (c.i, plan.info["cluster"], plan.info["warps"], c.widths, c.acts, c.prec, c.io, c.batch)):
+                checked += 1
+                sizes.add(plan.info["cluster"])
     print(f"\ncluster kernel: {checked} runs checked, cluster sizes {sorted(sizes)}, {len(failures)} failures")
     assert checked >= 30 and {1, 2, 4} <= sizes
     assert not failures, failures[:5]
