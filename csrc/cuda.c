@@ -28,6 +28,13 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef unsigned long long CUdeviceptr;
+/* cuda.h's CUlaunchConfig (CUDA 11.8+), for the cluster occupancy query; no attributes are passed. */
+typedef struct fm_launch_config {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, smem_bytes;
+    CUstream stream;
+    void *attrs;
+    unsigned num_attrs;
+} fm_launch_config;
 
 enum {
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
@@ -70,6 +77,8 @@ typedef struct fm_cuda_api {
     CUresult (*cuFuncSetAttribute)(CUfunction hfunc, int attrib, int value);
     CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *num_blocks, CUfunction func, int block_size,
                                                             size_t dynamic_smem_size);
+    /* Optional (NULL on drivers before CUDA 11.8, which run no sm_90 cluster kernels anyway). */
+    CUresult (*cuOccupancyMaxActiveClusters)(int *num_clusters, CUfunction func, const fm_launch_config *config);
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
                                unsigned block_y, unsigned block_z, unsigned smem_bytes, CUstream stream,
                                void **params, void **extra);
@@ -181,6 +190,7 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     FM_RESOLVE(cuEventElapsedTime, "cuEventElapsedTime");
     FM_RESOLVE(cuEventDestroy, "cuEventDestroy_v2");
 #undef FM_RESOLVE
+    *(void **)&api->cuOccupancyMaxActiveClusters = dlsym(handle, "cuOccupancyMaxActiveClusters");
     return NULL;
 }
 
@@ -381,6 +391,30 @@ void fm_kernel_unload(fm_kernel *k) {
     if (k->module != NULL && cu_is_ready())
         g_api.cuModuleUnload((CUmodule)k->module);
     memset(k, 0, sizeof *k);
+}
+
+fm_status fm_kernel_cluster_occupancy(fm_kernel *k, int cluster, fm_error *err) {
+    fm_status st = FM_OK;
+    int clusters = 0;
+    if (k == NULL || k->function == NULL || !cu_is_ready() || cluster < 2)
+        return fm_fail(err, FM_ERR_VALUE, "fm_kernel_cluster_occupancy: needs a loaded kernel and a cluster of >= 2 "
+                       "CTAs (got %d)", cluster);
+    k->max_clusters = 0;
+    if (g_api.cuOccupancyMaxActiveClusters == NULL)
+        return FM_OK; /* the caller falls back to SMs x blocks per SM / cluster */
+    /* The kernel's __cluster_dims__ gives the cluster shape; the grid must be a multiple of it. */
+    fm_launch_config config = {(unsigned)cluster, 1, 1, (unsigned)k->threads, 1, 1, (unsigned)k->smem_bytes,
+                               NULL, NULL, 0};
+    CU_CHECK(cuOccupancyMaxActiveClusters, (&clusters, (CUfunction)k->function, &config));
+    if (clusters < 1) {
+        st = fm_fail(err, FM_ERR_LIMIT, "the kernel fits no cluster of %d CTAs with %d threads and %zu bytes of "
+                     "shared memory each on this GPU (cluster occupancy 0)", cluster, k->threads, k->smem_bytes);
+        fm_error_hint(err, "use a smaller cluster or fewer warps");
+        goto cleanup;
+    }
+    k->max_clusters = clusters;
+cleanup:
+    return st;
 }
 
 fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, fm_error *err) {

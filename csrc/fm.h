@@ -305,12 +305,18 @@ typedef struct fm_kernel {
     size_t smem_bytes;
     int threads;
     int blocks_per_sm; /* occupancy at smem_bytes */
+    int max_clusters;  /* clusters that can run at once (fm_kernel_cluster_occupancy), 0 where not known */
 } fm_kernel;
 
 /* Loads a CUBIN, finds `name`, raises its dynamic shared-memory limit to smem_bytes and reads its occupancy. */
 fm_status fm_kernel_load(const fm_gpu *gpu, const void *cubin, const char *name, size_t smem_bytes, int threads,
                          fm_kernel *k, fm_error *err);
 void fm_kernel_unload(fm_kernel *k);
+/* Reads into k->max_clusters how many clusters of `cluster` CTAs of k can run at once. A cluster's CTAs share one GPC,
+ * so the SM count alone overstates it: the H100 of bench/results runs 30 clusters of 4 at one CTA per SM, not
+ * 132 / 4 = 33 (a grid of 33 ran its last 3 as a second wave, 1.7x slower). Leaves 0 where the driver has no cluster
+ * occupancy query. */
+fm_status fm_kernel_cluster_occupancy(fm_kernel *k, int cluster, fm_error *err);
 /* Launches k with a 1-D grid; params as for cuLaunchKernel. */
 fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, fm_error *err);
 /* Times `launches` back-to-back launches between two events on stream (synchronises); *ms is per launch. */

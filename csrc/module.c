@@ -701,6 +701,8 @@ static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char 
     if ((st = fm_kernel_load(&self->gpu->gpu, cubin, name, p->smem_bytes, p->warps * 32, &self->k, err)) != FM_OK)
         return st;
     self->loaded = 1;
+    if (p->cluster > 1 && (st = fm_kernel_cluster_occupancy(&self->k, p->cluster, err)) != FM_OK)
+        return st;
     size_t w_bytes = p->w_elems * (size_t)p->elem_bytes;
     void *wh = malloc(w_bytes);
     float *bf = malloc((p->b_floats ? p->b_floats : 4) * sizeof *bf);
@@ -767,10 +769,13 @@ static void Kernel_dealloc(KernelObject *self) {
 
 static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     const fm_plan *p = &self->plan->plan;
-    /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile. */
+    /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile; as many clusters
+     * as can run at once (the GPCs' SM counts decide, not the SM count alone). */
     int64_t cl = p->cluster > 1 ? p->cluster : 1;
     int64_t tiles = (rows + p->rows_per_cta - 1) / p->rows_per_cta;
     int64_t slots = (int64_t)self->gpu->gpu.sm_count * (self->k.blocks_per_sm > 0 ? self->k.blocks_per_sm : 1) / cl;
+    if (cl > 1 && self->k.max_clusters > 0)
+        slots = self->k.max_clusters;
     int64_t grid = tiles < slots ? tiles : slots;
     return (unsigned)((grid > 0 ? grid : 1) * cl);
 }
@@ -948,8 +953,9 @@ static PyObject *Kernel_time(KernelObject *self, PyObject *args) {
 
 static PyObject *Kernel_get_info(KernelObject *self, void *closure) {
     (void)closure;
-    return Py_BuildValue("{s:i,s:n,s:i}", "blocks_per_sm", self->k.blocks_per_sm, "smem_bytes",
-                         (Py_ssize_t)self->k.smem_bytes, "threads", self->k.threads);
+    return Py_BuildValue("{s:i,s:i,s:n,s:i}", "blocks_per_sm", self->k.blocks_per_sm, "max_clusters",
+                         self->k.max_clusters, "smem_bytes", (Py_ssize_t)self->k.smem_bytes, "threads",
+                         self->k.threads);
 }
 
 static PyMethodDef Kernel_methods[] = {
@@ -961,7 +967,7 @@ static PyMethodDef Kernel_methods[] = {
 };
 
 static PyGetSetDef Kernel_getset[] = {
-    {"info", (getter)Kernel_get_info, NULL, "dict: blocks_per_sm, smem_bytes, threads", NULL},
+    {"info", (getter)Kernel_get_info, NULL, "dict: blocks_per_sm, max_clusters (0: not a cluster kernel), smem_bytes, threads", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

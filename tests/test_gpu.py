@@ -686,6 +686,8 @@ def test_cluster_kernel_on_random_wide_chains():
                 continue
         builds = [b for b in (forced, mlp._build(c.io, c.io)[:2]) if b is not None]
         for kernel, plan in builds:
+            cl, k = plan.info["cluster"], kernel.info  # the grid: clusters that can run at once (GPCs decide)
+            assert cl < 2 or 1 <= k["max_clusters"] <= info["sm_count"] * k["blocks_per_sm"] // cl, (cl, k)
             if tally(kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures,
                      (c.i, plan.info["cluster"], plan.info["warps"], c.widths, c.acts, c.prec, c.io, c.batch)):
                 checked += 1

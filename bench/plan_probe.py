@@ -1,0 +1,58 @@
+"""Tile plans compared on the GPU, in one process: each workload's fp16 kernel built with each forced plan (and the
+default one), all timed in alternating rounds at each batch size.
+
+    python bench/plan_probe.py [--rows 1024 --rows 2097152] [--rounds 5] --plan cluster=4,warps=4 [--plan ...]
+        [workload ...]
+
+Prints per workload and batch size the median over rounds of each plan's time (Kernel.time: best of 5 launches) and
+its ratio to the default plan's. A plan the network does not take (LimitError) is listed once as not built.
+"""
+
+import argparse
+import statistics
+
+from act_cost import workload_weights  # bench/ is the script's folder, so on sys.path
+
+import fusedmlp
+from fusedmlp import bench
+from fusedmlp.errors import LimitError
+
+
+def parse(text):
+    return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workloads", nargs="*", default=list(bench.WORKLOADS))
+    ap.add_argument("--rows", type=int, action="append")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--plan", action="append", default=[], help="forced plan options, e.g. cluster=4,warps=4")
+    args = ap.parse_args(argv)
+    rows_list = args.rows or [1024, 2**21]
+    for name in args.workloads:
+        wl = bench.WORKLOADS[name]
+        ws, bs = workload_weights(wl)
+        mlp = fusedmlp.FusedMLP(ws, bs, device="cuda", **bench.fused_options(wl))
+        built = []
+        for text in ["default"] + args.plan:
+            try:
+                kernel, plan = mlp._build("float16", **({} if text == "default" else parse(text)))[:2]
+            except LimitError as e:
+                print(f"{name:9s} {text}: not built ({e.message})", flush=True)
+                continue
+            info = plan.info
+            clusters = f" x{kernel.info['max_clusters']}" if info.get("cluster", 0) > 1 else ""
+            built.append((f"{text} [{info['warps']}w c{info.get('cluster', 0)}{clusters}]", kernel))
+        for rows in rows_list:
+            times = [[] for _ in built]
+            for _ in range(args.rounds):
+                for t, (_, kernel) in zip(times, built):
+                    t.append(kernel.time(rows, 5))
+            medians = [statistics.median(t) for t in times]
+            parts = [f"{label} {m * 1e3:.2f} us ({m / medians[0]:.3f})" for (label, _), m in zip(built, medians)]
+            print(f"{name:9s} {rows:8d} rows: " + "  ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
