@@ -113,3 +113,28 @@ def test_a_call_finds_its_kernel_again_without_the_walk(monkeypatch):
     assert sorted(set(built)) == sorted({(("warps", 4), ("wgmma", 1)), (("warps", 16), ("wgmma", 1)),
                                          (("m_tiles", 1), ("warps", 4)), ()})
     assert mlp._kernel("float16", rows=1000) is not mlp._kernel("float16", rows=70000)
+
+
+@pytest.mark.parametrize("widths, act, labels", [([2, 256, 256, 256, 3], "sin", ["wg8", "wg4", "wg4c4"]),
+                                                 ([32, 64, 64, 16], "relu", ["wg16", "wg12", "wg8", "wg4"])])
+def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch, widths, act, labels):
+    """A network the sm_90 plan puts on clusters is tuned over its warpgroup counts and over one warpgroup on clusters
+    of 2 and 4, each distinct plan once (one warpgroup on clusters of 2 is what warps=4 plans for siren256 anyway);
+    a network of the register-A kernel over its warpgroup counts only."""
+    import numpy as np
+
+    import fusedmlp
+    from fusedmlp import _api
+
+    class Gpu:
+        info = {"arch": 90, "smem_per_block": 232448, "smem_per_sm": 233472, "sm_count": 132}
+
+    monkeypatch.setattr(_api, "_gpu", lambda ordinal: Gpu)
+    rng = np.random.default_rng(2)
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    mlp = fusedmlp.FusedMLP(ws, None, act, device="cpu")
+    tried = _tune._distinct(mlp, "float16", "float16", _tune._candidates(mlp, "float16", "float16"))
+    assert [_tune.label(options) for options in tried] == labels
+    shapes = {(_tune._plan_info(mlp, "float16", "float16", **o)["warps"],
+               _tune._plan_info(mlp, "float16", "float16", **o)["cluster"]) for o in tried}
+    assert len(shapes) == len(tried)

@@ -27,12 +27,19 @@ CANDIDATES = ({"warps": 8, "m_tiles": 2}, {"warps": 8, "m_tiles": 1}, {"warps": 
 #: 2^10 to 2.7x at 2^21; bench/results/h100-quick/bench.json, "tile"), so compiling and timing those too only made the
 #: first call slower.
 CANDIDATES_WGMMA = tuple({"wgmma": 1, "warps": w} for w in (16, 12, 8, 4))
+#: For a network the plan puts on clusters (hidden layers too wide for one CTA's registers or shared memory), the
+#: CANDIDATES_WGMMA (each on the fewest CTAs per cluster that fit) and one warpgroup per CTA on clusters of 2 and 4:
+#: more, narrower CTAs for small batches. On the H100 at 2^10 rows siren256 ran 9.7 us on clusters of 4 with one
+#: warpgroup against 10.7 us on clusters of 2 (the earlier choice), and 2.6-6.5x slower than the default on clusters of
+#: 4 from 2^14 rows on (bench/results/h100/plan_probe_s10.txt): the batch size decides, so the tuner does.
+CANDIDATES_CLUSTER = CANDIDATES_WGMMA + tuple({"wgmma": 1, "cluster": c, "warps": 4} for c in (2, 4))
 
 
 def label(options):
-    """A candidate's short name in timings: w8m2 (mma.sync, 8 warps x 32 rows) or wg16 (wgmma, 16 warps)."""
+    """A candidate's short name in timings: w8m2 (mma.sync, 8 warps x 32 rows), wg16 (wgmma, 16 warps) or wg4c2
+    (wgmma, 4 warps per CTA, clusters of 2)."""
     if options.get("wgmma"):
-        return f"wg{options['warps']}"
+        return f"wg{options['warps']}" + (f"c{options['cluster']}" if options.get("cluster") else "")
     return f"w{options['warps']}m{options['m_tiles']}"
 
 
@@ -97,7 +104,9 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
             log.warning("fusedmlp: tuning candidate %s did not compile: %s", label(options), e.message)
             return options, None
 
-    candidates = CANDIDATES_WGMMA if _takes_wgmma(mlp, dtype, out_dtype) else CANDIDATES
+    candidates = _distinct(mlp, dtype, out_dtype, _candidates(mlp, dtype, out_dtype))
+    if not candidates:
+        return None, {}
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:  # NVRTC releases the GIL
         built = list(pool.map(build, candidates))
     timings = {}
@@ -110,15 +119,40 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
     return next(o for o, _ in built if label(o) == best), timings
 
 
-def _takes_wgmma(mlp, dtype, out_dtype):
-    """Whether this GPU's default plan for the model is the warpgroup kernel (sm_90 and a network it fits)."""
+def _plan_info(mlp, dtype, out_dtype, **options):
+    """The info of the model's plan on its GPU with these options; LimitError where they do not fit the network."""
     from ._api import _gpu
     info = _gpu(mlp._ordinal).info
-    if info["arch"] != 90:
-        return False
-    plan = mlp._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype,
-                         smem_per_sm=info["smem_per_sm"], precision=mlp._precision)
-    return bool(plan.info["wgmma"])
+    return mlp._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype,
+                         smem_per_sm=info["smem_per_sm"], precision=mlp._precision, **options).info
+
+
+def _takes_wgmma(mlp, dtype, out_dtype):
+    """Whether this GPU's default plan for the model is the warpgroup kernel (sm_90 and a network it fits)."""
+    return bool(_plan_info(mlp, dtype, out_dtype)["wgmma"])
+
+
+def _candidates(mlp, dtype, out_dtype):
+    """The tile shapes to try for the model on its GPU, by the kernel its default plan takes."""
+    default = _plan_info(mlp, dtype, out_dtype)
+    if not default["wgmma"]:
+        return CANDIDATES
+    return CANDIDATES_CLUSTER if default["cluster"] else CANDIDATES_WGMMA
+
+
+def _distinct(mlp, dtype, out_dtype, candidates):
+    """The candidates that fit the network, without those planned the same as an earlier one (so compiled once):
+    planning costs microseconds, a compile up to a second."""
+    seen, kept = set(), []
+    for options in candidates:
+        try:
+            shape = tuple(sorted(_plan_info(mlp, dtype, out_dtype, **options).items()))
+        except LimitError:
+            continue
+        if shape not in seen:
+            seen.add(shape)
+            kept.append(options)
+    return kept
 
 
 def choose(mlp, dtype, out_dtype, rows, gpu_info, store, force=False):
