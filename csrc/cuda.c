@@ -53,6 +53,7 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
     CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
 };
 
 /* Without opting in, a block gets at most 48 KiB of dynamic shared memory (CUDA C++ Programming Guide, "Shared
@@ -122,6 +123,12 @@ static void cu_hint(fm_error *err, CUresult r) {
         fm_error_hint(err, "the CUBIN does not fit this GPU or driver (driver supports CUDA %d.%d): compile for the "
                       "GPU's compute capability, or update the NVIDIA driver to at least NVRTC's CUDA version",
                       g_driver_version / 1000, g_driver_version % 1000 / 10);
+        break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+        fm_error_hint(err, "a kernel accessed memory it does not own (from a launch with a bad pointer, or any earlier "
+                      "asynchronous work); fusedmlp's cluster kernels also stop this way where an exchange waits for "
+                      "over a minute, which is a deadlock and a fusedmlp bug: please report it with the model's widths "
+                      "and activations. The CUDA context is unusable now: restart the process");
         break;
     default:
         break;

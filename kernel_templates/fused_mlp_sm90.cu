@@ -309,7 +309,8 @@ __device__ __forceinline__ void fm_cluster_sync() {
 __device__ __forceinline__ void fm_mbar_init(fm_u32 bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
-// (The next two act only where `on` is not zero, by a predicate rather than a branch: see fm_cl_send.)
+// (This, fm_mbar_arrive_cluster and fm_bulk_to_peer act only where `on` is not zero, by a predicate rather than a
+// branch: see fm_cl_send.)
 __device__ __forceinline__ void fm_mbar_expect(fm_u32 on, fm_u32 bar, fm_u32 bytes) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
                  "@p mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%1], %2;\n}" ::"r"(on), "r"(bar),
@@ -320,23 +321,36 @@ __device__ __forceinline__ void fm_mbar_expect(fm_u32 on, fm_u32 bar, fm_u32 byt
 // pipelines are: what they order is async-proxy traffic (wgmma reads finished by wgmma.wait_group, bulk copies that
 // complete_tx on the barrier), not generic loads. Cluster scope cost a CCTL.IVALL (an L1 invalidation) after every
 // wait and MEMBAR.ALL.GPU before every remote arrival: 14% and 3% of siren256's stall samples (ncu, H100).
-__device__ __forceinline__ void fm_mbar_arrive_cluster(fm_u32 bar_cluster) {
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar_cluster) : "memory");
-}
-__device__ __forceinline__ void fm_mbar_arrive_cluster_if(fm_u32 on, fm_u32 bar_cluster) {
+__device__ __forceinline__ void fm_mbar_arrive_cluster(fm_u32 on, fm_u32 bar_cluster) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p mbarrier.arrive.shared::cluster.b64 _, [%1];\n}" ::"r"(on),
                  "r"(bar_cluster)
                  : "memory");
 }
-__device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
+__device__ __forceinline__ fm_u32 fm_mbar_try_wait(fm_u32 bar, fm_u32 parity) {
     fm_u32 done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return done;
+}
+// An exchange's waits last microseconds. One past FM_WAIT_LIMIT_CYCLES (2^37: 70-120 s at the H100's clocks) means
+// the protocol is broken (session 9's cluster deadlock hung its callers for good). The waiting thread then stores to
+// address 0, so the kernel ends and the call fails with the driver's CUDA_ERROR_ILLEGAL_ADDRESS instead of never
+// returning. Not __trap(): an exit on a divergent path makes ptxas serialize every wgmma of the kernel (its C7518;
+// siren256 +22%), and a predicated store is no exit. The SM's cycle counter is read only once a try has failed.
+#ifndef FM_WAIT_LIMIT_CYCLES
+#define FM_WAIT_LIMIT_CYCLES (1ll << 37)
+#endif
+__device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
+    if (fm_mbar_try_wait(bar, parity))
+        return;
+    const long long start = clock64();
+    while (!fm_mbar_try_wait(bar, parity))
+        asm volatile("{\n.reg .pred p;\nsetp.gt.s64 p, %0, %1;\n@p st.global.u32 [%2], 0;\n}" ::"l"(clock64() - start),
+                     "l"(FM_WAIT_LIMIT_CYCLES), "l"(0ull)
                      : "memory");
-    } while (!done);
 }
 // Copies `bytes` of this CTA's shared memory at src to dst in another CTA (a shared::cluster address), completing
 // `bytes` of the transaction count of the mbarrier bar there.
@@ -415,7 +429,7 @@ template <int L> __device__ __forceinline__ void fm_cl_send(const fm_cl_state &s
             const fm_u32 peer = (s.rank + q) % CL;
             fm_bulk_to_peer(elected & (to_all || peer == 0), fm_mapa(src, peer), src, bytes, fm_mapa(s.full, peer));
             if constexpr (!to_all)  // CTA 0 has waited on its `empty`: the others' `full` of this exchange completes
-                fm_mbar_arrive_cluster_if(elected & (s.rank == 0), fm_mapa(s.full, peer));
+                fm_mbar_arrive_cluster(elected & (s.rank == 0), fm_mapa(s.full, peer));
         }
         // Nothing waits for the copies here: `full` completes with the others' bytes, and the next epilogue, which
         // overwrites src, first waits for these copies to have read it (fm_cl_copies_read).
@@ -513,7 +527,7 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
         if (CL > 1 && (threadIdx.x & 127) == 0) {  // this buffer is read: the others may copy into it
 #pragma unroll
             for (int q = 1; q < CL; ++q)
-                fm_mbar_arrive_cluster(fm_mapa(s.empty, (s.rank + q) % CL));
+                fm_mbar_arrive_cluster(1u, fm_mapa(s.empty, (s.rank + q) % CL));
         }
         fm_cl_copies_read(s);
         // An activation with sin/cos goes through its branch-free form (act_t) and, where any lane's argument was

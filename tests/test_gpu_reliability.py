@@ -86,3 +86,42 @@ def test_a_gpu_fault_is_a_cuda_error_with_the_driver_name(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, FUSEDMLP_CACHE_DIR=str(tmp_path)))
     assert "CAUGHT CUDA_ERROR_ILLEGAL_ADDRESS" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_cluster_exchange_that_never_completes_is_a_cuda_error(tmp_path):
+    """The cluster kernel's barrier waits are bounded: with the hand-back of the exchange buffer taken out of the
+    source (so a CTA's second exchange waits for good, as session 9's deadlock did), the kernel stops once a wait
+    passes FM_WAIT_LIMIT_CYCLES (2^28 here, about 0.15 s; 2^37 as shipped): a store to address 0 ends it, and the
+    call raises the driver's error instead of hanging.
+    In a child process: the fault poisons the CUDA context for the rest of it."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the cluster kernel needs sm_90")
+    script = textwrap.dedent("""
+        import time
+        import numpy as np, fusedmlp
+        from fusedmlp import _api
+        rng = np.random.default_rng(0)
+        widths = [16, 256, 256, 8]
+        ws = [rng.standard_normal((o, i)).astype(np.float32) / i ** 0.5 for i, o in zip(widths[:-1], widths[1:])]
+        mlp = fusedmlp.FusedMLP(ws, None, activation="relu", device="cuda")
+        rendered = _api._source_of
+        hand_back = "fm_mbar_arrive_cluster(1u, fm_mapa(s.empty"
+        def broken(plan):
+            source = rendered(plan)
+            assert hand_back in source, "the template's hand-back of the exchange buffer moved: update this test"
+            return "#define FM_WAIT_LIMIT_CYCLES (1ll << 28)\\n" + source.replace(hand_back, hand_back.replace("1u", "0u"))
+        _api._source_of = broken
+        kernel = mlp._build("float32", cluster=2, warps=4)[0]
+        x = rng.standard_normal((8192, 16)).astype(np.float32)
+        start = time.perf_counter()
+        try:
+            kernel.run(x)
+            print("RETURNED")
+        except fusedmlp.CudaError as e:
+            print("CAUGHT", e.name, f"{time.perf_counter() - start:.2f}", "|", e)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, FUSEDMLP_CACHE_DIR=str(tmp_path)))
+    print(out.stdout)
+    assert "CAUGHT CUDA_ERROR_ILLEGAL_ADDRESS" in out.stdout and "deadlock" in out.stdout, out.stdout + out.stderr
+    assert float(out.stdout.split()[2]) < 30, out.stdout  # a fraction of a second (the limit), not a hang
