@@ -714,7 +714,7 @@ def test_branch_free_sin_stays_within_16_bit_rounding_below_its_far_bound():
     for act in ("sin", "cos"):
         mlp = fusedmlp.FusedMLP([w0, w1], None, activation=[act, "none"], device="cuda")
         ref = getattr(np, act)(x[:, 0].astype(np.float64))
-        for options in ({"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}):
+        for options in ({"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}, {"cluster": 4}):
             kernel, _, source = mlp._build("float32", **options)[:3]
             assert f"fm_{act}_t(far, " in source, options
             y = kernel.run(x, poison=True)[:, 0].astype(np.float64)
@@ -730,7 +730,7 @@ def test_sin_of_far_arguments_in_every_kernel_form(rng):
     """sin of pre-activations up to about 2^30 (exact: one fp16 input times a power-of-two fp16 weight), where the
     warpgroup kernels' branch-free sin (reduction by 2 pi with a 24-bit quotient) is wrong: the epilogue must notice
     and redo those columns with the exact form. Every kernel form: mma.sync, register-A, shared-memory A on clusters
-    of 1 and 2 CTAs."""
+    of 1, 2 and 4 CTAs (near and far rows mixed over many tiles: where session 9's exchange deadlock showed)."""
     width = 128  # so each form takes it: clusters of 1 hold at most 208 columns per CTA
     w0 = (np.where(rng.random((width, 1)) < 0.5, -1.0, 1.0) * 2.0 ** rng.integers(-4, 16, (width, 1))).astype(np.float32)
     w1 = rng.standard_normal((8, width)).astype(np.float32) / 16
@@ -740,7 +740,7 @@ def test_sin_of_far_arguments_in_every_kernel_form(rng):
     ref, _ = reference(x, [w0, w1], [None, None], mlp.activations)
     forms = [{"wgmma": 0}]
     if fusedmlp._api._gpu(0).info["arch"] == 90:
-        forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}]
+        forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}, {"cluster": 4}]
     for options in forms:
         kernel, plan = mlp._build("float16", **options)[:2]
         y = kernel.run(x, poison=True)
