@@ -967,7 +967,8 @@ static PyMethodDef Kernel_methods[] = {
 };
 
 static PyGetSetDef Kernel_getset[] = {
-    {"info", (getter)Kernel_get_info, NULL, "dict: blocks_per_sm, max_clusters (0: not a cluster kernel), smem_bytes, threads", NULL},
+    {"info", (getter)Kernel_get_info, NULL,
+     "dict: blocks_per_sm, max_clusters (0: not a cluster kernel), smem_bytes, threads", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
