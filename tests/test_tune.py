@@ -135,6 +135,5 @@ def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch
     mlp = fusedmlp.FusedMLP(ws, None, act, device="cpu")
     tried = _tune._distinct(mlp, "float16", "float16", _tune._candidates(mlp, "float16", "float16"))
     assert [_tune.label(options) for options in tried] == labels
-    shapes = {(_tune._plan_info(mlp, "float16", "float16", **o)["warps"],
-               _tune._plan_info(mlp, "float16", "float16", **o)["cluster"]) for o in tried}
-    assert len(shapes) == len(tried)
+    infos = [_tune._plan_info(mlp, "float16", "float16", **options) for options in tried]
+    assert len({(info["warps"], info["cluster"]) for info in infos}) == len(tried)
