@@ -689,9 +689,9 @@ def test_cluster_kernel_on_random_wide_chains():
             cl, k = plan.info["cluster"], kernel.info  # the grid: clusters that can run at once (GPCs decide)
             assert cl < 2 or 1 <= k["max_clusters"] <= info["sm_count"] * k["blocks_per_sm"] // cl, (cl, k)
             if tally(kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures,
-                     (c.i, plan.info["cluster"], plan.info["warps"], c.widths, c.acts, c.prec, c.io, c.batch)):
+                     (c.i, cl, plan.info["warps"], c.widths, c.acts, c.prec, c.io, c.batch)):
                 checked += 1
-                sizes.add(plan.info["cluster"])
+                sizes.add(cl)
     print(f"\ncluster kernel: {checked} runs checked, cluster sizes {sorted(sizes)}, {len(failures)} failures")
     assert checked >= 30 and {1, 2, 4} <= sizes
     assert not failures, failures[:5]

@@ -98,7 +98,7 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
     def build(options):
         try:
             return options, mlp._build(dtype, out_dtype, **options)[0]
-        except LimitError:  # this tile shape does not fit the network
+        except LimitError:  # planned, but the GPU runs no block (or cluster) of it: occupancy 0 at load
             return options, None
         except CompileError as e:  # a candidate the compiler refuses is skipped, not the call's failure
             log.warning("fusedmlp: tuning candidate %s did not compile: %s", label(options), e.message)
