@@ -5,7 +5,8 @@ default one), all timed in alternating rounds at each batch size.
         [workload ...]
 
 Prints per workload and batch size the median over rounds of each plan's time (Kernel.time: best of 5 launches) and
-its ratio to the default plan's. A plan the network does not take (LimitError) is listed once as not built.
+its ratio to the default plan's. A plan the network does not take (LimitError) is listed once as not built. Besides
+the benchmark's workloads it knows a few shapes outside the benchmark's set (EXTRA).
 """
 
 import argparse
@@ -16,6 +17,15 @@ from act_cost import workload_weights  # bench/ is the script's folder, so on sy
 import fusedmlp
 from fusedmlp import bench
 from fusedmlp.errors import LimitError
+
+
+#: Shapes outside the benchmark's set: residual networks too wide for the register-A kernel (the cluster kernel's
+#: residual epilogues), and siren256 with residual hidden layers.
+EXTRA = {
+    "res256": bench.Workload((64, 256, 256, 256, 256, 256, 64), "gelu", True, residual=True),
+    "res224": bench.Workload((64, 224, 224, 224, 224, 224, 64), "relu", True, residual=True),
+    "siren256res": bench.Workload((2, 256, 256, 256, 3), "sin", True, residual=True),
+}
 
 
 def parse(text):
@@ -31,7 +41,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rows_list = args.rows or [1024, 2**21]
     for name in args.workloads:
-        wl = bench.WORKLOADS[name]
+        wl = bench.WORKLOADS[name] if name in bench.WORKLOADS else EXTRA[name]
         ws, bs = workload_weights(wl)
         mlp = fusedmlp.FusedMLP(ws, bs, device="cuda", **bench.fused_options(wl))
         built = []

@@ -224,8 +224,8 @@ static void fm_plan_wgmma_chunks(fm_plan *p, int forced) {
 }
 
 /* Why the shared-memory-A (cluster) warpgroup kernel cannot run this network (NULL: it can). Its layer outputs live in
- * one shared buffer per warpgroup, overwritten layer by layer, so like the register-A kernel it has no input concat;
- * residual epilogues are not written for it yet. */
+ * one shared buffer per warpgroup, overwritten layer by layer, so like the register-A kernel it has no input concat
+ * and takes residual operands only from a layer's own input (read from the columns the output then overwrites). */
 static const char *fm_plan_cluster_unfit(const fm_plan *p, int widest) {
     const char *why = fm_plan_warpgroup_unfit(p, widest);
     if (why != NULL)
@@ -235,8 +235,8 @@ static const char *fm_plan_cluster_unfit(const fm_plan *p, int widest) {
     for (int l = 0; l < p->num_layers; ++l) {
         if (p->cat[l] != FM_CAT_NONE)
             return "the cluster kernel has no input concat";
-        if (p->res_op[l] != FM_RES_NONE)
-            return "the cluster kernel has no residual epilogues yet";
+        if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
+            return "the cluster kernel takes residuals from a layer's own input only";
     }
     return NULL;
 }

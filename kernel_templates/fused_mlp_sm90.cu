@@ -259,7 +259,8 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_
 // row r at r * 16 in it), which the next layer's wgmma reads through a descriptor. A cluster of FM_CLUSTER CTAs runs
 // the same rows: CTA r holds rows [r, r + 1) * NC of every hidden layer's weights and computes those columns, stores
 // them into its own A buffer, and copies them (cp.async.bulk, 64 x NC x 2 bytes) into the same place in the others'
-// buffers. The last layer runs whole in CTA 0, which alone writes y.
+// buffers. The last layer runs whole in CTA 0, which alone writes y. A residual is the layer's own input: the same
+// columns of the A buffer as the ones the layer's output overwrites (layer 0: x's fragments).
 //
 // Per warpgroup and CTA, two mbarriers order the exchange of each hidden layer's output ("exchange" e):
 // - full: its buffer holds the next layer's whole input. One arrival (this warpgroup's copying thread, announcing
@@ -380,28 +381,79 @@ struct fm_cl_state {
     int wg, lane;
 };
 
+// Layer L's residual operand (its own input) at this warp's rows and the 16 columns c0 + 16 p.. of its output, in the
+// A fragment order of fm_cl_store's h: for layer 0 from x's fragments a (this CTA's share of them picked by rank; a
+// group past x's columns is padding, which the epilogue zeroes), for the others from the A buffer, where this CTA
+// itself stored those columns of the layer's input (the layers of a residual are as wide as their input, so they
+// split their columns alike). Read before the layer's output overwrites them.
+template <int L>
+__device__ __forceinline__ void fm_cl_residual(fm_u32 (&r)[4], const fm_u32 (&a)[IN_PAD / 16][4], int p, int c0,
+                                               fm_u32 rank, fm_u32 st_lane) {
+    if constexpr (L == 0) {
+        constexpr int S = IN_PAD / 16;
+#pragma unroll
+        for (int q = 0; q < CL; ++q) {
+            const int s = q * (Layer<0>::NC / 16) + p < S ? q * (Layer<0>::NC / 16) + p : S - 1;
+            if (q == 0 || rank == (fm_u32)q) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    r[i] = a[s][i];
+            }
+        }
+    } else {
+        fm_ldmatrix_x4(r, st_lane + (fm_u32)(c0 / 8 + 2 * p) * CHUNK_B);
+    }
+}
+
+// The packed epilogue results h of layer L's 16-column group p (columns c0 + 16 p..) of this lane's rows, in the A
+// fragment order, from the accumulators d and the residual operand r (that order too).
+template <int L, bool FAST>
+__device__ __forceinline__ void fm_cl_group(fm_u32 (&h)[4], const float (&d)[Layer<L>::NC / 2], const fm_u32 (&r)[4],
+                                            int p, int c0, int t, bool (&f)[4]) {
+    typedef Layer<L> Ly;
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * p + jj, col = c0 + 8 * j + 2 * t;
+        const bool live = Ly::NR == Ly::N || c0 + 8 * j < Ly::NR;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float r0 = 0.0f, r1 = 0.0f;
+            if constexpr (Ly::RES != 0)
+                fm_unpack2(r[2 * jj + hh], r0, r1);
+            h[2 * jj + hh] = live ? fm_epilogue16<L, FM_PREC + 1, FAST>(d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], r0,
+                                                                        r1, col, f[2 * jj + hh])
+                                  : 0u;
+        }
+    }
+}
+
+// Whether layer L redoes a far argument's 16-column group before storing it, rather than storing all its columns a
+// second time after the first store (fm_cl_layer): a residual layer >= 1, whose operand the first store overwrites.
+template <int L> __device__ constexpr bool fm_cl_redo_by_group() { return L > 0 && Layer<L>::RES != 0; }
+
 // Layer L's output columns [c0, c0 + NC) of this warp's rows into the warpgroup's A buffer: 16 columns (two 8-column
 // tiles: one stmatrix of four 8x8 matrices) at a time, in the A fragment order (rows g and g + 8 of the first tile,
-// then of the second). FAST: through act_t, noting in far where act is needed instead.
+// then of the second), each with its residual operand (fm_cl_residual). FAST: through act_t, noting in far where act
+// is needed instead (or, fm_cl_redo_by_group, redoing those groups through act).
 template <int L, bool FAST>
-__device__ __forceinline__ void fm_cl_store(const float (&d)[Layer<L>::NC / 2], int c0, int t, fm_u32 st_lane,
-                                            bool &far) {
+__device__ __forceinline__ void fm_cl_store(const float (&d)[Layer<L>::NC / 2], const fm_u32 (&a)[IN_PAD / 16][4],
+                                            int c0, int t, const fm_cl_state &s, bool &far) {
     typedef Layer<L> Ly;
+    constexpr bool REDO_HERE = FAST && fm_cl_redo_by_group<L>();
     bool f[4] = {false, false, false, false};  // four flags, not one: each FSETP.OR waits for the last's predicate
 #pragma unroll
     for (int p = 0; p < Ly::NC / 16; ++p) {
-        fm_u32 h[4];
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * p + jj, col = c0 + 8 * j + 2 * t;
-            const bool live = Ly::NR == Ly::N || c0 + 8 * j < Ly::NR;
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-                h[2 * jj + hh] = live ? fm_epilogue16<L, FM_PREC + 1, FAST>(d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1],
-                                                                            0.0f, 0.0f, col, f[2 * jj + hh])
-                                      : 0u;
+        fm_u32 r[4] = {0u, 0u, 0u, 0u}, h[4];
+        if constexpr (Ly::RES != 0)
+            fm_cl_residual<L>(r, a, p, c0, s.rank, s.st_lane);
+        fm_cl_group<L, FAST>(h, d, r, p, c0, t, f);
+        if constexpr (REDO_HERE) {
+            if (__any_sync(0xffffffffu, (f[0] || f[1]) || (f[2] || f[3]))) {
+                fm_cl_group<L, false>(h, d, r, p, c0, t, f);
+                f[0] = f[1] = f[2] = f[3] = false;
+            }
         }
-        fm_stmatrix_x4(st_lane + (c0 / 8 + 2 * p) * CHUNK_B, h);
+        fm_stmatrix_x4(s.st_lane + (c0 / 8 + 2 * p) * CHUNK_B, h);
     }
     far |= (f[0] || f[1]) || (f[2] || f[3]);
 }
@@ -477,6 +529,8 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
     constexpr int KS = Ly::K / 16;
     constexpr fm_u32 SBO = Ly::K * EB * 8;
     static_assert(L == LAST || NC * CL == Ly::N, "each CTA computes NC of a hidden layer's columns");
+    static_assert(Ly::RES == 0 || L == 0 || (L == LAST ? Ly::K >= Ly::N : Ly::K == Ly::N),
+                  "a residual is the layer's own input, its columns split as the layer's (fm_cl_residual)");
     const int c0 = L == LAST ? 0 : (int)s.rank * NC;
     const int t = s.lane & 3;
     float d[NC / 2];  // as in fm_layer_cols, for columns c0 + 8 j + 2 t (+ 1); starting at the bias, scale-d 1
@@ -516,12 +570,22 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
 
     if constexpr (L == LAST) {
 #pragma unroll
-        for (int j = 0; j < NC / 8; ++j) {
-            const int col = 8 * j + 2 * t;
-            const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;
+        for (int p = 0; p < NC / 16; ++p) {
+            fm_u32 r[4] = {0u, 0u, 0u, 0u};
+            if constexpr (Ly::RES != 0)
+                fm_cl_residual<L>(r, a, p, 0, s.rank, s.st_lane);
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-                fm_stage_pair<L>(stage, hh, col, live, d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], 0.0f, 0.0f);
+            for (int jj = 0; jj < 2; ++jj) {
+                const int j = 2 * p + jj, col = 8 * j + 2 * t;
+                const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    float r0 = 0.0f, r1 = 0.0f;
+                    if constexpr (Ly::RES != 0)
+                        fm_unpack2(r[2 * jj + hh], r0, r1);
+                    fm_stage_pair<L>(stage, hh, col, live, d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], r0, r1);
+                }
+            }
         }
     } else {
         if (CL > 1 && (threadIdx.x & 127) == 0) {  // this buffer is read: the others may copy into it
@@ -533,10 +597,10 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
         // An activation with sin/cos goes through its branch-free form (act_t) and, where any lane's argument was
         // far, once more through act.
         bool far = false;
-        fm_cl_store<L, Ly::FAR>(d, c0, t, s.st_lane, far);
-        if constexpr (Ly::FAR) {
+        fm_cl_store<L, Ly::FAR>(d, a, c0, t, s, far);
+        if constexpr (Ly::FAR && !fm_cl_redo_by_group<L>()) {
             if (__any_sync(0xffffffffu, far))
-                fm_cl_store<L, false>(d, c0, t, s.st_lane, far);
+                fm_cl_store<L, false>(d, a, c0, t, s, far);
         }
         // The stores were generic-proxy writes; the next wgmma and the bulk copies read through the async proxy.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

@@ -697,6 +697,82 @@ def test_cluster_kernel_on_random_wide_chains():
     assert not failures, failures[:5]
 
 
+def cluster_residual_cases():
+    """Random chains of equal-width layers (64-256, so also 224-256, which only the cluster kernel holds) with
+    residual epilogues: on layer 0 (x as the operand), hidden layers and the last layer, each adding, multiplying
+    or adding then an activation; a forced cluster size (1, 2 or 4 CTAs) and warpgroup count, every dtype."""
+    rng = np.random.default_rng(20261123)
+    for i in range(30):
+        depth = int(rng.integers(2, 6))
+        common = int(rng.choice([64, 160, 200, 224, 256]))
+        widths = ([int(rng.choice([2, 17, common]))] + [common] * (depth - 1)
+                  + [int(rng.choice([3, 16, common]))])
+        specs = ["add", "add", "mul", ("add", "relu")]
+        residual = {l: specs[int(rng.integers(0, 4))] for l in range(depth)
+                    if widths[l] == widths[l + 1] and rng.random() < 0.7}
+        acts = [str(rng.choice(["sin", "relu", "tanh", "gelu", "silu", "none"])) for _ in range(depth - 1)] + ["none"]
+        prec, io = ("float16", "bfloat16")[i % 2], ("float32", "float16", "bfloat16")[i % 3]
+        ws, bs = graph_weights(rng, widths, {}, 1.0)
+        batch = int(rng.choice([1, 65, 129, 1000, 4099, 70001]))
+        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+        yield types.SimpleNamespace(i=i, widths=widths, acts=acts, residual=residual, prec=prec, io=io, ws=ws, bs=bs,
+                                    batch=batch, cluster=(1, 2, 4)[i % 3], warps=(8, 4)[(i // 3) % 2], x32=x32)
+
+
+def test_cluster_kernel_residual_epilogues_on_random_chains():
+    """The cluster kernel's residual epilogues (the operand read from the columns of the A buffer that the layer's
+    output then overwrites; layer 0's from x's fragments, this CTA's share picked by its rank) vs float64, forced
+    cluster sizes and each network's default plan."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"the cluster kernel needs sm_90; this GPU is sm_{info['arch']}")
+    failures, checked, sizes, with_res = [], 0, set(), 0
+    for c in cluster_residual_cases():
+        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual, dtype=c.prec, device="cuda")
+        forced = None
+        for options in ({"cluster": c.cluster, "warps": c.warps}, {"cluster": c.cluster}):
+            try:
+                forced = mlp._build(c.io, c.io, **options)[:3]
+                break
+            except fusedmlp.LimitError:  # the weights' share, the buffers or layer 0's fragments do not fit
+                continue
+        for kernel, plan, source in [b for b in (forced, mlp._build(c.io, c.io)[:3]) if b is not None]:
+            cl = plan.info["cluster"]
+            if tally(kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures,
+                     (c.i, cl, plan.info["warps"], c.widths, c.acts, c.residual, c.prec, c.io, c.batch)):
+                checked += 1
+                if cl:
+                    sizes.add(cl)
+                    with_res += bool(re.search(r"RES = [12],", source))
+    print(f"\ncluster residuals: {checked} runs checked, {with_res} on clusters with residuals, sizes "
+          f"{sorted(sizes)}, {len(failures)} failures")
+    assert checked >= 30 and with_res >= 15 and {1, 2, 4} <= sizes
+    assert not failures, failures[:5]
+
+
+def test_sin_with_a_residual_redoes_far_arguments_before_storing(rng):
+    """A sin layer with a residual on the cluster kernel stores its columns over its residual operand, so it cannot
+    store them a second time for far arguments as other sin layers do: it redoes each 16-column group before its
+    store. Pre-activations up to 2^16, exact (a power-of-two diagonal, at most 2^15 as float16 holds, times fp16
+    values in [-2, 2]), so the residual's sum stays of order one where float16 holds it."""
+    width = 128
+    w0 = np.ones((width, 1), np.float32)
+    w1 = np.diag(2.0 ** rng.integers(-2, 16, width)).astype(np.float32)
+    w2 = rng.standard_normal((8, width)).astype(np.float32) / 16
+    mlp = fusedmlp.FusedMLP([w0, w1, w2], None, activation=["none", "sin", "none"], residual={1: "add"},
+                            device="cuda")
+    x = (rng.integers(-2047, 2048, (4099, 1)) * 2.0 ** -10).astype(np.float16)
+    ref = graph_reference(x, [w0, w1, w2], [None] * 3, mlp)
+    forms = [{"wgmma": 0}]
+    if fusedmlp._api._gpu(0).info["arch"] == 90:
+        forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}, {"cluster": 4}]
+    for options in forms:
+        kernel, plan = mlp._build("float16", **options)[:2]
+        y = kernel.run(x, poison=True)
+        err = rel_l2(y, ref)
+        assert not np.isnan(y).any() and err < FP16_TOL, (options, plan.info["cluster"], err)
+
+
 def test_branch_free_sin_stays_within_16_bit_rounding_below_its_far_bound():
     """The warpgroup kernels' branch-free sin and cos (one part of 2 pi in the reduction; the far redo from |x| = 1024)
     on every float16 value in [-1100, 1100]: a hidden layer of 128 copies of act(x) (a width every form takes), stored

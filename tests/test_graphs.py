@@ -298,6 +298,32 @@ def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
     assert_clean_sm90a(source)
 
 
+@pytest.mark.parametrize("widths, act, residual, cluster, forced", [
+    ([64, 256, 256, 256, 256, 256, 64], "gelu", {1: "add", 2: "add", 3: "add", 4: "add"}, 4, False),  # 590 KB
+    ([2, 256, 256, 256, 3], "sin", {1: "add", 2: ("add", "relu")}, 2, False),  # siren256's shape: far redo by group
+    ([64, 224, 224, 32], "silu", {1: "mul"}, 2, False),
+    # forced: the last layer's operand (all of its input's columns) and layer 0's (x's fragments, by rank); a wide
+    # last layer does not fit CTA 0, which holds it whole
+    ([128, 128, 128, 128], "tanh", {0: "add", 1: "add", 2: "mul"}, 2, True),
+    ([128, 128, 128, 128], "sin", {0: "add", 1: "add", 2: "add"}, 4, True),
+])
+def test_cluster_kernel_takes_residual_networks(widths, act, residual, cluster, forced):
+    """A residual network too wide for the register-A kernel (224-256-wide hidden layers) runs the cluster kernel,
+    which reads a residual operand from the columns of its A buffer that the layer's output overwrites (on an H100
+    it ran the mma.sync kernel before); it compiles for sm_90a without spills."""
+    from fusedmlp import _api
+
+    _api._nvrtc_info()
+    rng = np.random.default_rng(7)
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    bs = [rng.standard_normal(o).astype(np.float32) for o in widths[1:]]
+    mlp = fusedmlp.FusedMLP(ws, bs, act, residual=residual, device="cpu")
+    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472, **({"cluster": cluster} if forced else {}))
+    assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
+    assert len(re.findall(r"RES = [12],", source)) == len(residual)
+    assert_clean_sm90a(source)
+
+
 def assert_clean_sm90a(source):
     """The source compiles for sm_90a without spills, and without ptxas serializing its wgmma (warning C7519: each
     MMA then waits for the one before, which a branch or wait between a layer's MMAs can cause)."""

@@ -216,8 +216,8 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
 }
 
 /* The shared-memory-A (cluster) plan's invariants: whole warpgroups, a cluster of 1, 2 or 4 CTAs, hidden widths
- * padded to 16 x cluster and split into equal shares of whole 16-column groups, the last layer whole; each CTA's
- * share of the blob holds n_chunk rows of each layer; shared memory is that share, the biases, the per-warp buffers
+ * padded to 16 x cluster and split into equal shares of whole 16-column groups, the last layer whole; residuals from
+ * a layer's own input only; each CTA's share of the blob holds n_chunk rows of each layer; shared memory is that share, the biases, the per-warp buffers
  * of the register-A kernel and per warpgroup an A buffer of 64 rows x the widest input of layers 1.. plus two
  * mbarriers. */
 static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, const char *what) {
@@ -231,7 +231,12 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
     int kmax = 16, regs = 0;
     for (int l = 0; l < L; ++l) {
         int unit = l < L - 1 ? 16 * c : 16, nr = spec->width[l + 1];
-        CHECK(spec->cat[l] == FM_CAT_NONE && spec->res_op[l] == FM_RES_NONE, "%s: layer %d concat/residual", what, l);
+        CHECK(spec->cat[l] == FM_CAT_NONE && (spec->res_op[l] == FM_RES_NONE || spec->res_src[l] == l - 1),
+              "%s: layer %d concat/residual", what, l);
+        /* a residual reads the columns its output overwrites: a hidden layer's input split as its output */
+        CHECK(spec->res_op[l] == FM_RES_NONE || l == 0 ||
+                  (l == L - 1 ? p->k_pad[l] >= p->n_pad[l] : p->k_pad[l] == p->n_pad[l]),
+              "%s: residual layer %d pads %d x %d", what, l, p->k_pad[l], p->n_pad[l]);
         CHECK(p->k_pad[l] == (l ? p->n_pad[l - 1] : (spec->width[0] + 15) / 16 * 16) && p->n_pad[l] % unit == 0 &&
                   p->n_pad[l] >= nr && p->n_pad[l] < nr + unit && p->n_pad[l] <= 256,
               "%s: layer %d pads %d x %d", what, l, p->k_pad[l], p->n_pad[l]);
@@ -852,7 +857,8 @@ static void test_wgmma_plans(void) {
 /* The cluster (shared-memory-A) plan: siren256, whose weights exceed one CTA, gets clusters of 2 CTAs of two
  * warpgroups each; a network of 224-wide hidden layers gets clusters of 2 (its fragments exceed the register-A
  * kernel's registers, and 224 columns per CTA the cluster kernel's); a network the register-A kernel takes keeps it; forced cluster sizes are honoured
- * or refused with the rule; residuals, concat and sm_80 are refused by name. */
+ * or refused with the rule; residuals from the own input are taken; residuals from earlier values, concat and sm_80 are
+ * refused by name. */
 static void test_cluster_plans(void) {
     fm_error err = {0};
     fm_target t90, t80;
@@ -913,16 +919,27 @@ static void test_cluster_plans(void) {
                   cases[i].widths[2], "residual: %s", err.message);
         fm_error_clear(&err);
         if (spec.res_op[1] != FM_RES_NONE) {
-            CHECK(fm_plan_make(&spec, &t90, &two, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_LIMIT &&
-                      strstr(err.message, "no residual epilogues") != NULL, "residual: %s", err.message);
+            /* a residual from the layer's own input: the cluster kernel takes it (or says what does not fit), and the
+             * default plan of a residual network too wide for the register-A kernel is its cluster plan */
+            fm_status st = fm_plan_make(&spec, &t90, &two, FM_PREC_F16, FM_F16, FM_F16, &p, &err);
+            CHECK((st == FM_OK && p.cluster == 2) ||
+                      (st == FM_ERR_LIMIT && strstr(err.message, "fit") != NULL), "residual: %s", err.message);
+            if (st == FM_OK)
+                check_plan(&p, &spec, &t90, 0, "residual cluster=2");
             fm_error_clear(&err);
-            /* the default plan of a residual network too wide for the register-A kernel: mma.sync */
             if (cases[i].cluster > 0) {
                 CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_OK &&
-                          p.cluster == 0 && p.wgmma == 0, "residual default: cluster %d wgmma %d (%s)", p.cluster,
-                      p.wgmma, err.message);
+                          p.cluster == cases[i].cluster && p.wgmma == 1, "residual default: cluster %d wgmma %d (%s)",
+                      p.cluster, p.wgmma, err.message);
                 fm_error_clear(&err);
             }
+            /* from an earlier value (layer 0's output into layer 2): refused by name */
+            if (fm_spec_set_residual(&spec, 2, FM_RES_ADD, NULL, 0, &err) == FM_OK) {
+                CHECK(fm_plan_make(&spec, &t90, &two, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_LIMIT &&
+                          strstr(err.message, "residuals from a layer's own input only") != NULL,
+                      "residual from layer 0: %s", err.message);
+            }
+            fm_error_clear(&err);
         }
         fm_spec_free(&spec);
     }
