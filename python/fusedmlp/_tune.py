@@ -31,13 +31,13 @@ CANDIDATES_WGMMA = tuple({"wgmma": 1, "warps": w} for w in (16, 12, 8, 4))
 #: CANDIDATES_WGMMA (each on the fewest CTAs per cluster that fit) and one warpgroup per CTA on clusters of 2 and 4:
 #: more, narrower CTAs for small batches. On the H100 at 2^10 rows siren256 ran 9.7 us on clusters of 4 with one
 #: warpgroup against 10.7 us on clusters of 2 (the earlier choice), and 2.6-6.5x slower than the default on clusters of
-#: 4 from 2^14 rows on (bench/results/h100/plan_probe_s10.txt): the batch size decides, so the tuner does. And the
-#: mma.sync kernel's default tile (weights streamed): where the weights leave room for only one warpgroup per CTA
-#: even on clusters of 4 (64-256x5-64, 590 KB), it ran 1.6-2x faster than that cluster plan from 2^18 rows on, and
-#: 3.4x slower at 2^10 (bench/results/h100/plan_probe_s11.txt); siren256 (two warpgroups per CTA) ran 2.2-2.8x faster
-#: on clusters at every batch size.
-CANDIDATES_CLUSTER = (CANDIDATES_WGMMA + tuple({"wgmma": 1, "cluster": c, "warps": 4} for c in (2, 4))
-                      + ({"warps": 8, "m_tiles": 1},))
+#: 4 from 2^14 rows on (bench/results/h100/plan_probe_s10.txt): the batch size decides, so the tuner does.
+CANDIDATES_CLUSTER = CANDIDATES_WGMMA + tuple({"wgmma": 1, "cluster": c, "warps": 4} for c in (2, 4))
+#: Added where the default cluster plan has one warpgroup per CTA (weights too large for two even on clusters of 4):
+#: the mma.sync kernel's default tile, weights streamed. For 64-256x5-64 (590 KB) it ran 1.6-2x faster than the
+#: cluster plan from 2^18 rows on and 3.4x slower at 2^10 (bench/results/h100/plan_probe_s11.txt). Not for siren256
+#: (two warpgroups per CTA): 2.2-3.8x slower at every batch size, and a fourth compile of its first call.
+CANDIDATES_MMA_FALLBACK = ({"warps": 8, "m_tiles": 1},)
 
 
 def label(options):
@@ -142,7 +142,9 @@ def _candidates(mlp, dtype, out_dtype):
     default = _plan_info(mlp, dtype, out_dtype)
     if not default["wgmma"]:
         return CANDIDATES
-    return CANDIDATES_CLUSTER if default["cluster"] else CANDIDATES_WGMMA
+    if not default["cluster"]:
+        return CANDIDATES_WGMMA
+    return CANDIDATES_CLUSTER + (CANDIDATES_MMA_FALLBACK if default["warps"] == 4 else ())
 
 
 def _distinct(mlp, dtype, out_dtype, candidates):

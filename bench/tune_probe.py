@@ -1,0 +1,47 @@
+"""What the tuner chooses, and what a cold first call costs, per workload and batch size, in one process:
+
+    python bench/tune_probe.py [--rows 1024 --rows 2097152] [workload ...]
+
+Each workload (the benchmark's, or plan_probe.EXTRA's) gets a fresh cache folder; for each batch size the first call
+of that size on a CUDA fp16 tensor is timed on the host (render, NVRTC and tuning included where the bucket is new,
+then a sync), and the tuner's log line (its choice and every candidate's time) is printed.
+"""
+
+import argparse
+import logging
+import os
+import tempfile
+import time
+
+from act_cost import workload_weights  # bench/ is the script's folder, so on sys.path
+from plan_probe import EXTRA
+
+import fusedmlp
+from fusedmlp import bench
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workloads", nargs="*", default=list(bench.WORKLOADS))
+    ap.add_argument("--rows", type=int, action="append")
+    args = ap.parse_args(argv)
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format="  %(message)s")
+    root = tempfile.mkdtemp(prefix="tune-probe-")
+    for name in args.workloads:
+        wl = bench.WORKLOADS[name] if name in bench.WORKLOADS else EXTRA[name]
+        ws, bs = workload_weights(wl)
+        mlp = fusedmlp.FusedMLP(ws, bs, device="cuda", dtype="float16", cache_dir=os.path.join(root, name),
+                                **bench.fused_options(wl))
+        for rows in args.rows or [1024, 2**21]:
+            x = torch.randn(rows, wl.widths[0], device="cuda", dtype=torch.float16)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            mlp(x)
+            torch.cuda.synchronize()
+            print(f"{name:11s} {rows:8d} rows: first call {time.perf_counter() - t:.3f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
