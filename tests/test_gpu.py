@@ -750,6 +750,19 @@ def test_cluster_kernel_residual_epilogues_on_random_chains():
     assert not failures, failures[:5]
 
 
+def assert_every_kernel_form(mlp, x, ref):
+    """mlp's fp16 kernel on x (float16) within FP16_TOL of ref in every form: mma.sync and, on sm_90, the register-A
+    warpgroup kernel and the shared-memory-A one on clusters of 1, 2 and 4."""
+    forms = [{"wgmma": 0}]
+    if fusedmlp._api._gpu(0).info["arch"] == 90:
+        forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}, {"cluster": 4}]
+    for options in forms:
+        kernel, plan = mlp._build("float16", **options)[:2]
+        y = kernel.run(x, poison=True)
+        err = rel_l2(y, ref)
+        assert not np.isnan(y).any() and err < FP16_TOL, (options, plan.info["cluster"], err)
+
+
 def test_sin_with_a_residual_redoes_far_arguments_before_storing(rng):
     """A sin layer with a residual on the cluster kernel stores its columns over its residual operand, so it cannot
     store them a second time for far arguments as other sin layers do: it redoes each 16-column group before its
@@ -763,14 +776,7 @@ def test_sin_with_a_residual_redoes_far_arguments_before_storing(rng):
                             device="cuda")
     x = (rng.integers(-2047, 2048, (4099, 1)) * 2.0 ** -10).astype(np.float16)
     ref = graph_reference(x, [w0, w1, w2], [None] * 3, mlp)
-    forms = [{"wgmma": 0}]
-    if fusedmlp._api._gpu(0).info["arch"] == 90:
-        forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}, {"cluster": 4}]
-    for options in forms:
-        kernel, plan = mlp._build("float16", **options)[:2]
-        y = kernel.run(x, poison=True)
-        err = rel_l2(y, ref)
-        assert not np.isnan(y).any() and err < FP16_TOL, (options, plan.info["cluster"], err)
+    assert_every_kernel_form(mlp, x, ref)
 
 
 def test_branch_free_sin_stays_within_16_bit_rounding_below_its_far_bound():
@@ -814,11 +820,4 @@ def test_sin_of_far_arguments_in_every_kernel_form(rng):
     x = (rng.choice([-1.0, 1.0], (4099, 1)) * rng.integers(1, 2048, (4099, 1)) * 2.0 ** rng.integers(0, 5, (4099, 1)))
     x = x.astype(np.float16)  # exact in fp16, so every pre-activation is exact in float32
     ref, _ = reference(x, [w0, w1], [None, None], mlp.activations)
-    forms = [{"wgmma": 0}]
-    if fusedmlp._api._gpu(0).info["arch"] == 90:
-        forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}, {"cluster": 4}]
-    for options in forms:
-        kernel, plan = mlp._build("float16", **options)[:2]
-        y = kernel.run(x, poison=True)
-        err = rel_l2(y, ref)
-        assert not np.isnan(y).any() and err < FP16_TOL, (options, plan.info["cluster"], err)
+    assert_every_kernel_form(mlp, x, ref)
