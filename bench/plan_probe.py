@@ -28,6 +28,11 @@ EXTRA = {
 }
 
 
+def workload(name):
+    """The benchmark's workload of that name, else EXTRA's."""
+    return bench.WORKLOADS[name] if name in bench.WORKLOADS else EXTRA[name]
+
+
 def parse(text):
     return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
 
@@ -41,7 +46,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rows_list = args.rows or [1024, 2**21]
     for name in args.workloads:
-        wl = bench.WORKLOADS[name] if name in bench.WORKLOADS else EXTRA[name]
+        wl = workload(name)
         ws, bs = workload_weights(wl)
         mlp = fusedmlp.FusedMLP(ws, bs, device="cuda", **bench.fused_options(wl))
         built = []

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from act_cost import workload_weights  # bench/ is the script's folder, so on sys.path
-from plan_probe import EXTRA
+from plan_probe import workload
 
 import fusedmlp
 from fusedmlp import bench
@@ -30,7 +30,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="  %(message)s")
     root = tempfile.mkdtemp(prefix="tune-probe-")
     for name in args.workloads:
-        wl = bench.WORKLOADS[name] if name in bench.WORKLOADS else EXTRA[name]
+        wl = workload(name)
         ws, bs = workload_weights(wl)
         mlp = fusedmlp.FusedMLP(ws, bs, device="cuda", dtype="float16", cache_dir=os.path.join(root, name),
                                 **bench.fused_options(wl))
