@@ -51,7 +51,8 @@ def main():
         plan = mlp._net.plan(args.arch, 232448, 132, "float16", "float16", smem_per_sm=233472)
         source = plan.render(_api._template(_api.PRELUDE), _api._template(_api.TEMPLATE_SM90 if plan.info["wgmma"] else _api.TEMPLATE), _api.KERNEL_NAME)
         wgmma = bool(plan.info["wgmma"])  # the warpgroup kernel targets sm_90a
-        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, args.arch, wgmma, ("--ptxas-options=-v",))
+        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, args.arch, wgmma,
+                                         ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
             f.flush()

@@ -572,18 +572,17 @@ def _fused_caller(torch, mlp, x):
 
 @contextlib.contextmanager
 def never_compiled_sources():
-    """Within: every kernel source rendered ends in a comment no earlier compile has seen, so a cold first call pays
-    the whole NVRTC compile even where a cache outside fusedmlp's own holds the same source (on the H100 machines,
-    a first call of a source compiled by an earlier process took 140 ms instead of 2.4 s: bench/NOTES.md, v14)."""
+    """Within: NVRTC's own compile cache is off, so a cold first call pays the whole compile even where an earlier
+    process compiled the same source (on the H100 machines, 0.12-0.25 s instead of ~1 s for siren256; bench/NOTES.md,
+    v14 and v28). A comment appended to the source, the earlier way, did not keep that cache from answering."""
     from . import _api
 
-    rendered = _api._source_of
-    nonce = f"{os.getpid()}-{time.time_ns()}"
-    _api._source_of = lambda plan: rendered(plan) + f"\n// cold-start measurement {nonce}\n"
+    before = _api._extra_options
+    _api._extra_options = before + _api.nvrtc_no_cache()
     try:
         yield
     finally:
-        _api._source_of = rendered
+        _api._extra_options = before
 
 
 def first_calls(torch, fusedmlp, wl, weights, biases, root):
