@@ -434,7 +434,7 @@ class FusedMLP:
         self._precision = _parse_precision(dtype)
         self._net = _core().Network(w, b, acts, self._residual, self._concat)
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
-        self._small_rows = 0  # batches below this use the small-tile kernel (set once the GPU is known)
+        self._sm_count = 0  # the GPU's SMs, which size the untuned tile choice (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
         self._bf16_io = None  # whether the GPU takes bfloat16 I/O in the kernel (sm_80+), once known
         self._has_bias = [bi is not None for bi in b]
@@ -443,7 +443,7 @@ class FusedMLP:
         self._cache = KernelCache(_parse_cache_dir(cache_dir))
         self._tuning = _tune.TuningStore(self._cache.directory)
         self._kernels = {}  # (in dtype, out dtype, plan options) -> _core.Kernel
-        self._calls = {}  # _kernel's answers for calls: (dtypes, batch bucket, small batch, FUSEDMLP_AUTOTUNE) -> Kernel
+        self._calls = {}  # _kernel's answers for calls: (dtypes, batch bucket, size class, FUSEDMLP_AUTOTUNE) -> Kernel
         self._lock = threading.Lock()
         self._source = None
         self._cache_path = None
@@ -561,18 +561,18 @@ class FusedMLP:
         """The loaded kernel a call of `rows` rows uses (rows=None: the default plan).
 
         With autotuning on (FUSEDMLP_AUTOTUNE, default), the first call in a new batch-size bucket times the tile
-        candidates and keeps the fastest (see _tune.py); otherwise batches too small to give every SM a large tile
-        get a 64-row tile variant (4 warps x 16 rows): at 2^10 rows the default 256-row tiles ran on 4 of 132 SMs.
+        candidates and keeps the fastest (see _tune.py); otherwise _tune.untuned picks by the batch size per SM.
         """
         out_dtype = out_dtype or dtype
-        if rows is not None and not self._small_rows:  # known before the first build: a warm-up call must build
-            self._small_rows = _gpu(self._ordinal).info["sm_count"] * 128  # what later calls use (graph capture)
+        if rows is not None and not self._sm_count:  # known before the first build: a warm-up call must build
+            self._sm_count = _gpu(self._ordinal).info["sm_count"]  # what later calls use (graph capture)
         # The hot path of a call: what every input of the answer below depends on, looked up once (the walk below
         # re-parses the environment and sorts the options: 3.8 us of a ~17 us call).
         call_key = bucket = None
         if rows is not None:
             bucket = _tune.bucket(rows)
-            call_key = (dtype, out_dtype, bucket, rows < self._small_rows, os.environ.get("FUSEDMLP_AUTOTUNE"))
+            call_key = (dtype, out_dtype, bucket, _tune.size_class(rows, self._sm_count),
+                        os.environ.get("FUSEDMLP_AUTOTUNE"))
             kernel = self._calls.get(call_key)
             if kernel is not None:
                 return kernel
@@ -585,7 +585,7 @@ class FusedMLP:
                     options = _tune.choose(self, dtype, out_dtype, rows, _gpu(self._ordinal).info, self._tuning)
                 self._tuned[(dtype, out_dtype, bucket)] = options
         else:
-            options = {"warps": 4, "m_tiles": 1} if rows < self._small_rows else None
+            options = _tune.untuned(self, dtype, out_dtype, rows, self._sm_count)
         key = (dtype, out_dtype, tuple(sorted(options.items())) if options else None)
         kernel = self._kernels.get(key)
         if kernel is not None:

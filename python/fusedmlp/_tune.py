@@ -147,6 +147,34 @@ def _candidates(mlp, dtype, out_dtype):
     return CANDIDATES_CLUSTER + (CANDIDATES_MMA_FALLBACK if default["warps"] == 4 else ())
 
 
+def size_class(rows, sm_count):
+    """What untuned() asks of a batch size: 0 below 64 rows per SM, 1 below 128, else 2."""
+    return min(rows // max(64 * sm_count, 1), 2)
+
+
+def untuned(mlp, dtype, out_dtype, rows, sm_count):
+    """The plan options of a call with tuning off (FUSEDMLP_AUTOTUNE=0), after what the tuner chose on the H100; None
+    is the default plan, which suits large batches.
+    - The mma.sync kernel: 4 warps x 16 rows below 128 rows per SM (at 2^10 rows the default 256-row tiles ran on 4
+      of 132 SMs).
+    - The warpgroup kernel, below 64 rows per SM: one warpgroup per CTA, which the tuner chose for every benchmark
+      workload at 2^10 rows (wg8 at 2^14). Before, such a call got the mma.sync small tile; on clusters, clusters of 4
+      (siren256 at 2^10: 9.8 us against 12.0 on the default clusters of 2; 1.9-3.5x slower from 2^14 on).
+    - A cluster plan of one warpgroup per CTA (weights too large for two even on clusters of 4), from 64 rows per SM
+      on: mma.sync's default tile, 0.47-0.65x the cluster plan's time at 16384 rows for 64-224x5-64 and 64-256x5-64,
+      1.25-1.56x at 4096 (bench/results/h100/plan_probe_s12.txt).
+    A choice the network does not take falls back to the default plan (the caller's LimitError)."""
+    default = _plan_info(mlp, dtype, out_dtype)
+    size = size_class(rows, sm_count)
+    if not default["wgmma"]:
+        return {"warps": 4, "m_tiles": 1} if size < 2 else None
+    if not default["cluster"]:
+        return {"wgmma": 1, "warps": 4} if size == 0 else None
+    if size == 0:
+        return {"wgmma": 1, "cluster": 4, "warps": 4}
+    return dict(CANDIDATES_MMA_FALLBACK[0]) if default["warps"] == 4 else None
+
+
 def _distinct(mlp, dtype, out_dtype, candidates):
     """The candidates that fit the network, without those planned the same as an earlier one (so compiled once):
     planning costs microseconds, a compile up to a second."""
