@@ -79,7 +79,7 @@ def test_sm90_candidates_are_the_warpgroup_kernel_where_it_takes_the_network(mon
 def test_a_call_finds_its_kernel_again_without_the_walk(monkeypatch):
     """_kernel remembers its answer per (dtypes, batch bucket, size class, FUSEDMLP_AUTOTUNE) for the next call of
     that kind, and gives the same kernel as the full walk in both tuning modes, for batches on both sides of the
-    untuned choice's thresholds (64 and 128 rows per SM); tune() makes calls look again."""
+    untuned choice's thresholds (16, 64 and 128 rows per SM); tune() makes calls look again."""
     import numpy as np
 
     import fusedmlp
@@ -103,7 +103,8 @@ def test_a_call_finds_its_kernel_again_without_the_walk(monkeypatch):
     small = 132 * 128
     for autotune in ("1", "0"):
         monkeypatch.setenv("FUSEDMLP_AUTOTUNE", autotune)
-        for rows in (1000, 1024, 4096, 5000, small // 2 - 1, small // 2, small - 1, small, 70000):
+        for rows in (1000, 1024, small // 8 - 1, small // 8, 4096, 5000, small // 2 - 1, small // 2, small - 1, small,
+                     70000):
             kernel = mlp._kernel("float16", rows=rows)
             assert mlp._kernel("float16", rows=rows) is kernel
             calls, mlp._calls = mlp._calls, {}
@@ -140,18 +141,18 @@ def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch
     assert len({(info["warps"], info["cluster"]) for info in infos}) == len(tried)
 
 
-@pytest.mark.parametrize("arch, widths, act, small, middle, large", [
-    (80, [32, 64, 64, 16], "relu", "w4m1", "w4m1", "default"),
-    (90, [32, 64, 64, 16], "relu", "wg4", "default", "default"),
-    (90, [2, 256, 256, 256, 3], "sin", "wg4c4", "default", "default"),
-    (90, [64, 256, 256, 256, 256, 256, 64], "relu", "wg4c4", "w8m1", "w8m1"),
+@pytest.mark.parametrize("arch, widths, act, tiles", [
+    (80, [32, 64, 64, 16], "relu", ["w4m1", "w4m1", "w4m1", "default"]),
+    (90, [32, 64, 64, 16], "relu", ["wg4", "wg4", "default", "default"]),
+    (90, [2, 256, 256, 256, 3], "sin", ["wg4c4", "default", "default", "default"]),
+    (90, [64, 256, 256, 256, 256, 256, 64], "relu", ["wg4c4", "default", "w8m1", "w8m1"]),
 ])
-def test_untuned_calls_take_the_tile_the_tuner_chose_for_their_batch_size(monkeypatch, arch, widths, act, small,
-                                                                        middle, large):
-    """With tuning off, a call's tile follows the batch size per SM (132 SMs: 1024 rows is small, 10000 is between 64
-    and 128 rows per SM, 20000 large) and the kernel the network is on: mma.sync's 4 x 16-row tile below 128 rows per
-    SM; the warpgroup kernel's one warpgroup per CTA below 64, on clusters of 4 for a cluster network; and mma.sync's
-    default tile from 64 rows per SM on for a cluster network of one warpgroup per CTA. Each choice plans as such."""
+def test_untuned_calls_take_the_tile_measured_best_for_their_batch_size(monkeypatch, arch, widths, act, tiles):
+    """With tuning off, a call's tile follows the batch size per SM (132 SMs: 1024, 4096, 10000 and 20000 rows are
+    below 16, 64 and 128 rows per SM, and above) and the kernel the network is on: mma.sync's 4 x 16-row tile below
+    128 rows per SM; the warpgroup kernel's one warpgroup per CTA below 64, or on clusters of 4 below 16 for a cluster
+    network; mma.sync's default tile from 64 rows per SM on for a cluster network of one warpgroup per CTA (whose
+    default plan is already one warpgroup on clusters of 4). Each choice plans as such."""
     import numpy as np
 
     import fusedmlp
@@ -165,11 +166,11 @@ def test_untuned_calls_take_the_tile_the_tuner_chose_for_their_batch_size(monkey
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
     mlp = fusedmlp.FusedMLP(ws, None, act, device="cpu")
     got = []
-    for rows in (1024, 10000, 20000):
+    for rows in (1024, 4096, 10000, 20000):
         options = _tune.untuned(mlp, "float16", "float16", rows, 132)
         got.append(_tune.label(options) if options else "default")
         if options:
             info = _tune._plan_info(mlp, "float16", "float16", **options)
             assert (info["wgmma"], info["warps"], info["cluster"]) == (options.get("wgmma", 0), options["warps"],
                                                                         options.get("cluster", 0)), options
-    assert got == [small, middle, large]
+    assert got == tiles

@@ -148,31 +148,34 @@ def _candidates(mlp, dtype, out_dtype):
 
 
 def size_class(rows, sm_count):
-    """What untuned() asks of a batch size: 0 below 64 rows per SM, 1 below 128, else 2."""
-    return min(rows // max(64 * sm_count, 1), 2)
+    """What untuned() asks of a batch size: 0 below 16 rows per SM, 1 below 64, 2 below 128, else 3."""
+    per_sm = rows / max(sm_count, 1)
+    return sum(per_sm >= limit for limit in (16, 64, 128))
 
 
 def untuned(mlp, dtype, out_dtype, rows, sm_count):
-    """The plan options of a call with tuning off (FUSEDMLP_AUTOTUNE=0), after what the tuner chose on the H100; None
-    is the default plan, which suits large batches.
+    """The plan options of a call with tuning off (FUSEDMLP_AUTOTUNE=0), after what the tuner and plan_probe measured
+    on the H100 (bench/results/h100/plan_probe_s12.txt); None is the default plan, which suits large batches.
     - The mma.sync kernel: 4 warps x 16 rows below 128 rows per SM (at 2^10 rows the default 256-row tiles ran on 4
       of 132 SMs).
-    - The warpgroup kernel, below 64 rows per SM: one warpgroup per CTA, which the tuner chose for every benchmark
-      workload at 2^10 rows (wg8 at 2^14). Before, such a call got the mma.sync small tile; on clusters, clusters of 4
-      (siren256 at 2^10: 9.8 us against 12.0 on the default clusters of 2; 1.9-3.5x slower from 2^14 on).
-    - A cluster plan of one warpgroup per CTA (weights too large for two even on clusters of 4), from 64 rows per SM
-      on: mma.sync's default tile, 0.47-0.65x the cluster plan's time at 16384 rows for 64-224x5-64 and 64-256x5-64,
-      1.25-1.56x at 4096 (bench/results/h100/plan_probe_s12.txt).
+    - The warpgroup kernel's register-A form: one warpgroup per CTA below 64 rows per SM (at 1024 and 8192 rows
+      0.6-0.86x the default's time; the tuner took two warpgroups at 2^14). Before, these calls got mma.sync's small
+      tile: tcnn64 4.3 -> 3.6 us, flex 6.6 -> 5.2, res128 13.4 -> 8.5 at 1024 rows.
+    - On clusters: one warpgroup per CTA on clusters of 4 below 16 rows per SM (siren256 at 1024 rows 9.8 us, the
+      default 12.0, mma.sync's small tile 36.4; at 8192 rows 2.4x the default's time). Where the default cluster plan
+      has one warpgroup per CTA (weights too large for two even on clusters of 4), mma.sync's default tile from 64
+      rows per SM on: 0.47-0.65x the cluster plan's time at 16384 rows for 64-224x5-64 and 64-256x5-64, 1.25-1.56x
+      at 4096.
     A choice the network does not take falls back to the default plan (the caller's LimitError)."""
     default = _plan_info(mlp, dtype, out_dtype)
     size = size_class(rows, sm_count)
     if not default["wgmma"]:
-        return {"warps": 4, "m_tiles": 1} if size < 2 else None
+        return {"warps": 4, "m_tiles": 1} if size < 3 else None
     if not default["cluster"]:
-        return {"wgmma": 1, "warps": 4} if size == 0 else None
+        return {"wgmma": 1, "warps": 4} if size < 2 else None
     if size == 0:
         return {"wgmma": 1, "cluster": 4, "warps": 4}
-    return dict(CANDIDATES_MMA_FALLBACK[0]) if default["warps"] == 4 else None
+    return dict(CANDIDATES_MMA_FALLBACK[0]) if default["warps"] == 4 and size >= 2 else None
 
 
 def _distinct(mlp, dtype, out_dtype, candidates):
