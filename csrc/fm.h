@@ -102,6 +102,10 @@ void fm_expr_to_string(const fm_expr *e, fm_str *out);
 const char *fm_expr_unary(const fm_expr *e);
 /* Evaluates e in double precision on n values; in and out may alias. Returns FM_ERR_NOMEM only. */
 fm_status fm_expr_eval(const fm_expr *e, const double *in, double *out, size_t n, fm_error *err);
+/* For x anywhere in [lo, hi] (infinite ends allowed): an interval [*out_lo, *out_hi] holding every non-NaN value of
+ * e, and the return value, a bound on |argument| of every sin/cos in e (0 without any; INFINITY where unbounded).
+ * Conservative: what the analysis does not model counts as the whole line. */
+double fm_expr_range(const fm_expr *e, double lo, double hi, double *out_lo, double *out_hi);
 /* Whitelisted function names, NULL-terminated (for error messages and docs). */
 const char *const *fm_expr_functions(void);
 
@@ -139,6 +143,8 @@ typedef struct fm_spec {
     int res_op[FM_MAX_LAYERS];
     int res_src[FM_MAX_LAYERS];       /* value index -1..l-1 (meaningful when res_op is not FM_RES_NONE) */
     fm_expr *res_post[FM_MAX_LAYERS]; /* the unary after the binary op (owned; NULL when res_op is FM_RES_NONE) */
+    /* A bound on |W x + b| of layer l for every input, from the weights (fm_spec_bound_preacts; INFINITY: none). */
+    double z_bound[FM_MAX_LAYERS];
 } fm_spec;
 
 enum { FM_RES_NONE = 0, FM_RES_ADD = 1, FM_RES_MUL = 2 };
@@ -150,6 +156,11 @@ enum { FM_CAT_NONE = 0, FM_CAT_AFTER = 1, FM_CAT_BEFORE = 2 };
 fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, const int64_t *bias_len,
                        const char *const *activations, const int *concat, fm_error *err);
 void fm_spec_free(fm_spec *spec);
+/* Sets z_bound from the weights (w[l]: out x in row-major float32; b[l]: NULL or out floats). Where layer l's input is
+ * only the layer before's output (no concat, no residual there) and that layer's activation is bounded
+ * (fm_expr_range over the whole line: sin, tanh, sigmoid...), |z_j| <= sum_k |W_jk| M + |b_j|, with 1% for the
+ * 16-bit rounding of weights and values on chip. Layer 0 (x is anything) and the rest: INFINITY. */
+void fm_spec_bound_preacts(fm_spec *spec, const float *const *w, const float *const *b);
 /* Layer l's input features: width(h), plus width(x) with a concat. */
 int fm_spec_in_features(const fm_spec *spec, int l);
 /* Gives layer l a residual epilogue: op FM_RES_ADD or FM_RES_MUL with value src (-1: the network input, l - 1: the

@@ -147,6 +147,23 @@ static PyObject *py_parse_expr(PyObject *self, PyObject *arg) {
     return res;
 }
 
+/* expr_range(text, lo, hi) -> (lo, hi, trig): fm_expr_range's enclosure of the expression over [lo, hi] and its
+ * bound on sin/cos arguments. */
+static PyObject *py_expr_range(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *text;
+    double lo, hi, out_lo, out_hi;
+    if (!PyArg_ParseTuple(args, "sdd", &text, &lo, &hi))
+        return NULL;
+    fm_error err = {0};
+    fm_expr *e = NULL;
+    if (fm_expr_parse(text, &e, &err) != FM_OK)
+        return fm_raise_clear(&err);
+    double trig = fm_expr_range(e, lo, hi, &out_lo, &out_hi);
+    fm_expr_free(e);
+    return Py_BuildValue("(ddd)", out_lo, out_hi, trig);
+}
+
 static PyObject *py_eval_expr(PyObject *self, PyObject *args) {
     (void)self;
     const char *text;
@@ -457,6 +474,7 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
         Network_release(self);
         return -1;
     }
+    fm_spec_bound_preacts(&self->spec, (const float *const *)self->w, (const float *const *)self->b);
     return 0;
 }
 
@@ -474,6 +492,23 @@ static int Network_ready(NetworkObject *self) {
 }
 
 /* forward_cpu(x: float32 (rows, in) array, any strides) -> float32 (rows, out) array */
+/* preact_bounds() -> [float]: per layer, the weights' bound on |W h + b| over every input (inf: none). */
+static PyObject *Network_preact_bounds(NetworkObject *self, PyObject *unused) {
+    (void)unused;
+    if (!Network_ready(self))
+        return NULL;
+    PyObject *list = PyList_New(self->spec.num_layers);
+    for (int l = 0; list != NULL && l < self->spec.num_layers; ++l) {
+        PyObject *v = PyFloat_FromDouble(self->spec.z_bound[l]);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, l, v);
+    }
+    return list;
+}
+
 static PyObject *Network_forward_cpu(NetworkObject *self, PyObject *xobj) {
     if (!Network_ready(self))
         return NULL;
@@ -533,6 +568,8 @@ static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwd
 
 static PyMethodDef Network_methods[] = {
     {"forward_cpu", (PyCFunction)Network_forward_cpu, METH_O, "forward_cpu(x) -> y: the CPU forward (float64 accumulate)."},
+    {"preact_bounds", (PyCFunction)Network_preact_bounds, METH_NOARGS,
+     "preact_bounds() -> [float]: per layer, a bound on |W h + b| for every input (inf: none known)."},
     {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(arch, smem_per_block=0, sm_count=0, in_dtype='float32', out_dtype='float32', warps=0, m_tiles=0, "
      "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1, cluster=0) -> Plan"},
@@ -994,6 +1031,8 @@ static PyTypeObject KernelType = {
 static PyMethodDef module_methods[] = {
     {"parse_expr", py_parse_expr, METH_O, "parse_expr(text) -> (canonical, cuda): checks an activation expression."},
     {"eval_expr", py_eval_expr, METH_VARARGS, "eval_expr(text, x: float64 1-D array) -> array (CPU, float64)."},
+    {"expr_range", py_expr_range, METH_VARARGS,
+     "expr_range(text, lo, hi) -> (lo, hi, trig): an enclosure of the values over [lo, hi], a bound on sin/cos args."},
     {"expr_functions", py_expr_functions, METH_NOARGS, "expr_functions() -> list of whitelisted function names."},
     {"nvrtc_load", py_nvrtc_load, METH_O, "nvrtc_load(search_path or None) -> (library path, (major, minor))."},
     {"nvrtc_compile", py_nvrtc_compile, METH_VARARGS,

@@ -5,6 +5,7 @@
  * template and plan cannot drift apart unnoticed. */
 #include "fm.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct fm_subst {
@@ -48,17 +49,13 @@ static const char *fm_render_pair(const fm_spec *spec, const fm_plan *p, int l, 
     return NULL;
 }
 
-/* The activation's fast form for the warpgroup kernels: `act`'s text with each fm_sin( / fm_cos( (which branch to an
- * out-of-line sinf for |x| >= 2^17, a call that split siren256's epilogue into one basic block per element: 3.41
- * against 2.02 ms without it, H100) as fm_sin_t(far, / fm_cos_t(far, , branch-free, noting far arguments in `far`
- * so the epilogue can redo its columns with `act`. Returns 1 when anything was replaced. */
-static int fm_render_tracked(const char *act, fm_str *out) {
-    static const char *const from[] = {"fm_sin(", "fm_cos("}, *const to[] = {"fm_sin_t(far, ", "fm_cos_t(far, "};
+/* Appends act with every from[i] replaced by to[i]; returns 1 when anything was. */
+static int fm_render_replace(const char *act, const char *const *from, const char *const *to, int n, fm_str *out) {
     int replaced = 0;
     const char *p = act;
     while (*p) {
         int hit = -1;
-        for (int i = 0; i < 2 && hit < 0; ++i)
+        for (int i = 0; i < n && hit < 0; ++i)
             if (strncmp(p, from[i], strlen(from[i])) == 0)
                 hit = i;
         if (hit >= 0) {
@@ -72,11 +69,38 @@ static int fm_render_tracked(const char *act, fm_str *out) {
     return replaced;
 }
 
+static const char *const fm_trig[] = {"fm_sin(", "fm_cos("};
+
+/* The activation's fast form for the warpgroup kernels: `act`'s text with each fm_sin( / fm_cos( (which branch to an
+ * out-of-line sinf for |x| >= 2^17, a call that split siren256's epilogue into one basic block per element: 3.41
+ * against 2.02 ms without it, H100) as fm_sin_t(far, / fm_cos_t(far, , branch-free, noting far arguments in `far`
+ * so the epilogue can redo its columns with `act`. Returns 1 when anything was replaced. */
+static int fm_render_tracked(const char *act, fm_str *out) {
+    static const char *const to[] = {"fm_sin_t(far, ", "fm_cos_t(far, "};
+    return fm_render_replace(act, fm_trig, to, 2, out);
+}
+
+/* Whether layer l's sin/cos arguments stay below the branch-free forms' range (fm_sin_b: |x| < 1024) for every input,
+ * by the weights' bound on its pre-activations (fm_spec_bound_preacts) and its activation's interval arithmetic,
+ * and its result is stored in 16 bits (the branch-free forms' 2.9e-5 error is under fp16's rounding, not under
+ * float32's). Such a layer takes fm_sin_b in act itself: no far branch, no redo (a SIREN's hidden layers: their
+ * input is a sine, in [-1, 1]). 1000: margin for the float32 rounding of the argument. */
+static int fm_render_trig_bounded(const fm_spec *spec, const fm_plan *p, int l) {
+    double lo, hi;
+    return fm_plan_result_type(p, l) != 0 && isfinite(spec->z_bound[l]) &&
+           fm_expr_range(spec->act[l], -spec->z_bound[l], spec->z_bound[l], &lo, &hi) < 1000.0;
+}
+
 /* Layer l's description but for its name and offsets (what the template's code for it depends on): its
  * activation's forms, shapes, buffers and residual. Two layers whose bodies are equal compile to the same code. */
 static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int l, fm_str *out, fm_error *err) {
-    fm_str act = {0}, post = {0}, pair = {0}, tracked = {0};
-    fm_status st = fm_expr_emit_cuda(spec->act[l], "x", &act, err);
+    fm_str act = {0}, post = {0}, pair = {0}, tracked = {0}, emitted = {0};
+    fm_status st = fm_expr_emit_cuda(spec->act[l], "x", &emitted, err);
+    if (st == FM_OK) {
+        static const char *const to[] = {"fm_sin_b(", "fm_cos_b("};
+        fm_render_replace(emitted.data ? emitted.data : "x", fm_trig, fm_render_trig_bounded(spec, p, l) ? to : fm_trig,
+                          2, &act);
+    }
     if (st == FM_OK && spec->res_post[l] != NULL)
         st = fm_expr_emit_cuda(spec->res_post[l], "x", &post, err);
     if (st == FM_OK) {
@@ -113,6 +137,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
     fm_str_free(&post);
     fm_str_free(&pair);
     fm_str_free(&tracked);
+    fm_str_free(&emitted);
     return st;
 }
 

@@ -5,6 +5,7 @@
 #include "fm.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -114,6 +115,7 @@ fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, con
         spec->width[l] = l == 0 ? (int)shapes[1] : (int)shapes[2 * (l - 1)];
         spec->cat[l] = concat ? concat[l] : FM_CAT_NONE;
         spec->has_bias[l] = bias_len != NULL && bias_len[l] != -1;
+        spec->z_bound[l] = INFINITY; /* until fm_spec_bound_preacts sees the weights */
     }
     spec->width[num_layers] = (int)shapes[2 * (num_layers - 1)];
     spec->num_layers = num_layers;
@@ -169,4 +171,30 @@ fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *pos
     spec->res_op[layer] = op;
     spec->res_src[layer] = src;
     return FM_OK;
+}
+
+void fm_spec_bound_preacts(fm_spec *spec, const float *const *w, const float *const *b) {
+    for (int l = 0; l < spec->num_layers; l++) {
+        spec->z_bound[l] = INFINITY;
+        if (l == 0 || spec->cat[l] != FM_CAT_NONE || spec->res_op[l - 1] != FM_RES_NONE)
+            continue;
+        double lo, hi;
+        fm_expr_range(spec->act[l - 1], -INFINITY, INFINITY, &lo, &hi);
+        const double m = fmax(fabs(lo), fabs(hi)); /* |h_k| <= m */
+        if (!isfinite(m))
+            continue;
+        const int n = spec->width[l + 1], k = spec->width[l];
+        double bound = 0.0;
+        for (int j = 0; j < n; j++) {
+            double row = b != NULL && b[l] != NULL ? fabs((double)b[l][j]) : 0.0;
+            for (int i = 0; i < k; i++)
+                row += fabs((double)w[l][(size_t)j * (size_t)k + i]) * m;
+            if (isnan(row)) {
+                bound = INFINITY;
+                break;
+            }
+            bound = fmax(bound, row);
+        }
+        spec->z_bound[l] = isfinite(bound) ? bound * 1.01 : INFINITY;
+    }
 }

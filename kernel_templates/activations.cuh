@@ -55,13 +55,17 @@ __device__ __forceinline__ float fm_cos(float x) {
 __device__ __forceinline__ float fm_reduce_2pi_1(float x) {
     return fmaf(-fm_quot_2pi(x), 6.28318548202514648437500f, x);
 }
+// fm_sin_b, fm_cos_b: the same for a layer whose arguments the weights keep below 1000 (render.c,
+// fm_render_trig_bounded), so nothing is noted.
+__device__ __forceinline__ float fm_sin_b(float x) { return __sinf(fm_reduce_2pi_1(x)); }
+__device__ __forceinline__ float fm_cos_b(float x) { return __cosf(fm_reduce_2pi_1(x)); }
 __device__ __forceinline__ float fm_sin_t(bool &far, float x) {
     far |= !(fabsf(x) < 1024.0f);
-    return __sinf(fm_reduce_2pi_1(x));
+    return fm_sin_b(x);
 }
 __device__ __forceinline__ float fm_cos_t(bool &far, float x) {
     far |= !(fabsf(x) < 1024.0f);
-    return __cosf(fm_reduce_2pi_1(x));
+    return fm_cos_b(x);
 }
 
 __device__ __forceinline__ float fm_relu(float x) { return x < 0.0f ? 0.0f : x; }

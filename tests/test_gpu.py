@@ -124,6 +124,7 @@ def test_siren_sin30_error_is_bounded_by_its_slope(rng):
     ws, bs = torch_init(rng, widths, True)
     acts = ["sin(30*x)"] + ["sin(x)"] * 2 + ["none"]
     mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, device="cuda")
+    assert mlp.source.count("float act(float x) { return fm_sin_b(") == 2  # the hidden layers: their inputs are sines
     x = rng.uniform(-1, 1, (65537, 2)).astype(np.float32)
     y = mlp._kernel("float32").run(x, poison=True)
     ref, _ = reference(x, ws, bs, mlp.activations)
@@ -750,8 +751,8 @@ def test_cluster_kernel_residual_epilogues_on_random_chains():
     assert not failures, failures[:5]
 
 
-def assert_every_kernel_form(mlp, x, ref):
-    """mlp's fp16 kernel on x (float16) within FP16_TOL of ref in every form: mma.sync and, on sm_90, the register-A
+def assert_every_kernel_form(mlp, x, ref, tol=FP16_TOL):
+    """mlp's fp16 kernel on x (float16) within tol of ref in every form: mma.sync and, on sm_90, the register-A
     warpgroup kernel and the shared-memory-A one on clusters of 1, 2 and 4."""
     forms = [{"wgmma": 0}]
     if fusedmlp._api._gpu(0).info["arch"] == 90:
@@ -760,7 +761,7 @@ def assert_every_kernel_form(mlp, x, ref):
         kernel, plan = mlp._build("float16", **options)[:2]
         y = kernel.run(x, poison=True)
         err = rel_l2(y, ref)
-        assert not np.isnan(y).any() and err < FP16_TOL, (options, plan.info["cluster"], err)
+        assert not np.isnan(y).any() and err < tol, (options, plan.info["cluster"], err)
 
 
 def test_sin_with_a_residual_redoes_far_arguments_before_storing(rng):
@@ -777,6 +778,43 @@ def test_sin_with_a_residual_redoes_far_arguments_before_storing(rng):
     x = (rng.integers(-2047, 2048, (4099, 1)) * 2.0 ** -10).astype(np.float16)
     ref = graph_reference(x, [w0, w1, w2], [None] * 3, mlp)
     assert_every_kernel_form(mlp, x, ref)
+
+
+def test_sin_of_far_arguments_in_a_hidden_layer_without_a_residual(rng):
+    """A hidden sin layer whose input is unbounded (here an identity layer's output) keeps the far check; on the
+    cluster kernel its redo is the rotating one-group loop (fm_cl_store_again). Pre-activations up to 2^16, exact."""
+    width = 128
+    w0 = np.ones((width, 1), np.float32)
+    w1 = np.diag(2.0 ** rng.integers(-2, 16, width)).astype(np.float32)
+    w2 = rng.standard_normal((8, width)).astype(np.float32) / 16
+    mlp = fusedmlp.FusedMLP([w0, w1, w2], None, activation=["none", "sin", "none"], device="cuda")
+    assert mlp._net.preact_bounds()[1] == np.inf and "fm_sin_t(far, " in mlp.source
+    x = (rng.integers(-2047, 2048, (4099, 1)) * 2.0 ** -10).astype(np.float16)
+    ref = graph_reference(x, [w0, w1, w2], [None] * 3, mlp)
+    assert_every_kernel_form(mlp, x, ref)
+
+
+def test_siren_hidden_layers_bounded_by_their_weights_run_branch_free(rng):
+    """A SIREN's hidden layers take a sine of sines: their pre-activations are bounded by the weights (30 z under 1000
+    here: 30 x 5.7), so they render with fm_sin_b and no far check (render.c); layer 0 keeps it (x may be anything).
+    Every kernel form against float64, within the slope-scaled bound of test_siren_sin30_error_is_bounded_by_its_slope;
+    and NaN rows of x stay NaN rows (the branch-free sine of NaN is NaN), the others unchanged."""
+    widths = [2, 128, 128, 128, 3]
+    ws, bs = torch_init(rng, widths, True)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=["sin(30*x)"] * 3 + ["none"], device="cuda")
+    bounds = mlp._net.preact_bounds()
+    assert 30 * bounds[1] < 1000 and 30 * bounds[2] < 1000, bounds
+    assert mlp.source.count("float act(float x) { return fm_sin_b(") == 2 and "fm_sin_t(far, " in mlp.source
+    x = rng.uniform(-1, 1, (4099, 2)).astype(np.float16)
+    ref = graph_reference(x, ws, bs, mlp)
+    assert_every_kernel_form(mlp, x, ref, 30 * FP16_TOL)
+    y = mlp._kernel("float16").run(x, poison=True)
+    x[::97] = np.nan
+    y_nan = mlp._kernel("float16").run(x, poison=True)
+    assert np.isnan(y_nan[::97]).all()
+    keep = np.ones(len(x), bool)
+    keep[::97] = False
+    assert np.array_equal(y_nan[keep], y[keep])
 
 
 def test_branch_free_sin_stays_within_16_bit_rounding_below_its_far_bound():
