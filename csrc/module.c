@@ -491,7 +491,6 @@ static int Network_ready(NetworkObject *self) {
     return 1;
 }
 
-/* forward_cpu(x: float32 (rows, in) array, any strides) -> float32 (rows, out) array */
 /* preact_bounds() -> [float]: per layer, the weights' bound on |W h + b| over every input (inf: none). */
 static PyObject *Network_preact_bounds(NetworkObject *self, PyObject *unused) {
     (void)unused;
@@ -509,6 +508,7 @@ static PyObject *Network_preact_bounds(NetworkObject *self, PyObject *unused) {
     return list;
 }
 
+/* forward_cpu(x: float32 (rows, in) array, any strides) -> float32 (rows, out) array */
 static PyObject *Network_forward_cpu(NetworkObject *self, PyObject *xobj) {
     if (!Network_ready(self))
         return NULL;

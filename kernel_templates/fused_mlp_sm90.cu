@@ -460,9 +460,9 @@ __device__ __forceinline__ void fm_cl_store(const float (&d)[Layer<L>::NC / 2], 
 
 // Layer L's second store, where its first found a far argument (rare): fm_cl_store through act. Without a residual,
 // one 16-column group's code runs in a loop, its accumulators rotated by a group each round, instead of NC / 16
-// unrolled groups of act's per-element branch and out-of-line sinf call: siren256's compile 1.12 -> 0.74 s (with its
-// hidden layers bounded, fm_sin_b, dev machine), and its kernel 4.6% faster at 2^21 rows on the H100 (register
-// pressure: 255 -> 193 registers), against the unrolled redo in layer 0 alone.
+// unrolled groups of act's per-element branch and out-of-line sinf call. siren256 (hidden layers bounded, fm_sin_b;
+// only layer 0 has the redo) against the unrolled redo: 3.4% faster at 2^21 rows on the H100, 244 -> 193 registers,
+// compile 0.80 -> 0.74 s on the dev machine (bench/results/h100/ab_probe_s13.txt).
 template <int L>
 __device__ __forceinline__ void fm_cl_store_again(const float (&d)[Layer<L>::NC / 2], const fm_u32 (&a)[IN_PAD / 16][4],
                                                   int c0, int t, const fm_cl_state &s, bool &far) {
