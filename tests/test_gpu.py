@@ -751,43 +751,38 @@ def test_cluster_kernel_residual_epilogues_on_random_chains():
     assert not failures, failures[:5]
 
 
-def assert_every_kernel_form(mlp, x, ref, tol=FP16_TOL):
-    """mlp's fp16 kernel on x (float16) within tol of ref in every form: mma.sync and, on sm_90, the register-A
-    warpgroup kernel and the shared-memory-A one on clusters of 1, 2 and 4."""
+def kernel_forms():
+    """Plan options forcing each kernel form this GPU has: mma.sync and, on sm_90, the register-A warpgroup kernel and
+    the shared-memory-A one on clusters of 1, 2 and 4."""
     forms = [{"wgmma": 0}]
     if fusedmlp._api._gpu(0).info["arch"] == 90:
         forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}, {"cluster": 4}]
-    for options in forms:
+    return forms
+
+
+def assert_every_kernel_form(mlp, x, ref, tol=FP16_TOL):
+    """mlp's fp16 kernel on x (float16) within tol of ref in every form (kernel_forms)."""
+    for options in kernel_forms():
         kernel, plan = mlp._build("float16", **options)[:2]
         y = kernel.run(x, poison=True)
         err = rel_l2(y, ref)
         assert not np.isnan(y).any() and err < tol, (options, plan.info["cluster"], err)
 
 
-def test_sin_with_a_residual_redoes_far_arguments_before_storing(rng):
-    """A sin layer with a residual on the cluster kernel stores its columns over its residual operand, so it cannot
-    store them a second time for far arguments as other sin layers do: it redoes each 16-column group before its
-    store. Pre-activations up to 2^16, exact (a power-of-two diagonal, at most 2^15 as float16 holds, times fp16
-    values in [-2, 2]), so the residual's sum stays of order one where float16 holds it."""
+@pytest.mark.parametrize("residual", [{1: "add"}, None])
+def test_sin_of_far_arguments_in_a_hidden_layer(rng, residual):
+    """A hidden sin layer whose input is unbounded (here an identity layer's output) keeps the far check. On the
+    cluster kernel, with a residual, it stores its columns over its residual operand, so it cannot store them a second
+    time for far arguments: it redoes each 16-column group before its store; without one, the second store is the
+    rotating one-group loop (fm_cl_store_again). Pre-activations up to 2^16, exact (a power-of-two diagonal, at most
+    2^15 as float16 holds, times fp16 values in [-2, 2]), so the residual's sum stays of order one where float16 holds
+    it."""
     width = 128
     w0 = np.ones((width, 1), np.float32)
     w1 = np.diag(2.0 ** rng.integers(-2, 16, width)).astype(np.float32)
     w2 = rng.standard_normal((8, width)).astype(np.float32) / 16
-    mlp = fusedmlp.FusedMLP([w0, w1, w2], None, activation=["none", "sin", "none"], residual={1: "add"},
+    mlp = fusedmlp.FusedMLP([w0, w1, w2], None, activation=["none", "sin", "none"], residual=residual,
                             device="cuda")
-    x = (rng.integers(-2047, 2048, (4099, 1)) * 2.0 ** -10).astype(np.float16)
-    ref = graph_reference(x, [w0, w1, w2], [None] * 3, mlp)
-    assert_every_kernel_form(mlp, x, ref)
-
-
-def test_sin_of_far_arguments_in_a_hidden_layer_without_a_residual(rng):
-    """A hidden sin layer whose input is unbounded (here an identity layer's output) keeps the far check; on the
-    cluster kernel its redo is the rotating one-group loop (fm_cl_store_again). Pre-activations up to 2^16, exact."""
-    width = 128
-    w0 = np.ones((width, 1), np.float32)
-    w1 = np.diag(2.0 ** rng.integers(-2, 16, width)).astype(np.float32)
-    w2 = rng.standard_normal((8, width)).astype(np.float32) / 16
-    mlp = fusedmlp.FusedMLP([w0, w1, w2], None, activation=["none", "sin", "none"], device="cuda")
     assert mlp._net.preact_bounds()[1] == np.inf and "fm_sin_t(far, " in mlp.source
     x = (rng.integers(-2047, 2048, (4099, 1)) * 2.0 ** -10).astype(np.float16)
     ref = graph_reference(x, [w0, w1, w2], [None] * 3, mlp)
@@ -834,10 +829,7 @@ def test_branch_free_sine_of_a_bounded_hidden_layer_at_exact_arguments(act):
     assert mlp._net.preact_bounds()[1] < 1000 and f"float act(float x) {{ return fm_{act}_b(x); }}" in mlp.source
     ref = getattr(np, act)(v.astype(np.float64))
     x = np.random.default_rng(0).standard_normal((300, 1)).astype(np.float32)
-    forms = [{"wgmma": 0}]
-    if fusedmlp._api._gpu(0).info["arch"] == 90:
-        forms += [{"wgmma": 1, "cluster": -1, "warps": 4}, {"cluster": 1}, {"cluster": 2}, {"cluster": 4}]
-    for options in forms:
+    for options in kernel_forms():
         y = mlp._build("float32", **options)[0].run(x, poison=True).astype(np.float64)
         err = np.abs(y - ref).max(axis=0)
         worst = int(np.argmax(err))
