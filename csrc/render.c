@@ -80,15 +80,20 @@ static int fm_render_tracked(const char *act, fm_str *out) {
     return fm_render_replace(act, fm_trig, to, 2, out);
 }
 
-/* Whether layer l's sin/cos arguments stay below the branch-free forms' range (fm_sin_b: |x| < 1024) for every input,
- * by the weights' bound on its pre-activations (fm_spec_bound_preacts) and its activation's interval arithmetic,
- * and its result is stored in 16 bits (the branch-free forms' 2.9e-5 error is under fp16's rounding, not under
- * float32's). Such a layer takes fm_sin_b in act itself: no far branch, no redo (a SIREN's hidden layers: their
- * input is a sine, in [-1, 1]). 1000: margin for the float32 rounding of the argument. */
-static int fm_render_trig_bounded(const fm_spec *spec, const fm_plan *p, int l) {
-    double lo, hi;
-    return fm_plan_result_type(p, l) != 0 && isfinite(spec->z_bound[l]) &&
-           fm_expr_range(spec->act[l], -spec->z_bound[l], spec->z_bound[l], &lo, &hi) < 1000.0;
+/* The form of layer l's sin/cos when its arguments stay small for every input, by the weights' bound on its
+ * pre-activations (fm_spec_bound_preacts) and its activation's interval arithmetic, and its result is stored in 16
+ * bits (the forms' errors are under fp16's rounding, not under float32's): below 400, fm_sin_d (the hardware unit on
+ * x itself, 4e-5 off); below 1000, fm_sin_b (one part of 2 pi first, 2.9e-5 off; 1000: margin for the float32
+ * rounding of the argument). Such a layer takes it in act itself: no far branch, no redo (a SIREN's hidden layers:
+ * their input is a sine, in [-1, 1]). NULL: the layer keeps fm_sin, and the far check where it is tracked. */
+static const char *const *fm_render_trig_bounded(const fm_spec *spec, const fm_plan *p, int l) {
+    static const char *const direct[] = {"fm_sin_d(", "fm_cos_d("};
+    static const char *const reduced[] = {"fm_sin_b(", "fm_cos_b("};
+    double lo, hi, bound;
+    if (fm_plan_result_type(p, l) == 0 || !isfinite(spec->z_bound[l]))
+        return NULL;
+    bound = fm_expr_range(spec->act[l], -spec->z_bound[l], spec->z_bound[l], &lo, &hi);
+    return bound < 400.0 ? direct : bound < 1000.0 ? reduced : NULL;
 }
 
 /* Layer l's description but for its name and offsets (what the template's code for it depends on): its
@@ -97,9 +102,8 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
     fm_str act = {0}, post = {0}, pair = {0}, tracked = {0}, emitted = {0};
     fm_status st = fm_expr_emit_cuda(spec->act[l], "x", &emitted, err);
     if (st == FM_OK) {
-        static const char *const to[] = {"fm_sin_b(", "fm_cos_b("};
-        fm_render_replace(emitted.data ? emitted.data : "x", fm_trig, fm_render_trig_bounded(spec, p, l) ? to : fm_trig,
-                          2, &act);
+        const char *const *bounded = fm_render_trig_bounded(spec, p, l);
+        fm_render_replace(emitted.data ? emitted.data : "x", fm_trig, bounded ? bounded : fm_trig, 2, &act);
     }
     if (st == FM_OK && spec->res_post[l] != NULL)
         st = fm_expr_emit_cuda(spec->res_post[l], "x", &post, err);

@@ -47,25 +47,35 @@ __device__ __forceinline__ float fm_sin(float x) {
 __device__ __forceinline__ float fm_cos(float x) {
     return fabsf(x) < 131072.0f ? __cosf(fm_reduce_2pi(x)) : fm_cos_far(x);
 }
-// Branch-free forms for the warpgroup kernels' epilogues (Layer<l>::act_t, whose results are stored in 16 bits): the
-// reduction and the hardware unit for every x, wrong for |x| >= 1024 (and NaN), which they note in `far`; the
-// epilogue then redoes its columns with the forms above (one warp-uniform branch per layer instead of one per
-// element). Below 1024, |k| <= 163 and one part of 2pi is enough: the second moves r by at most 163 x 1.75e-7 =
-// 2.9e-5, 5% of the 2^-11 absolute error the 16-bit result may have below 1 (one FFMA fewer per sine).
+// Branch-free forms for the warpgroup kernels' epilogues, whose results are stored in 16 bits, so an error of a few
+// 1e-5 is under the result's own rounding (2^-11 absolute below 1).
+//
+// fm_sin_d, fm_cos_d: the hardware unit on x itself. __sinf is an FMUL.RZ by 1/2pi, then MUFU.SIN on the revolutions,
+// whose fraction the unit takes exactly: two instructions. Its error is that product's: below 64 revolutions (|x| <
+// 402) one ulp of it is 2^-18 (2.4e-5 rad), and the float constant is 4e-8 of 1/2pi off (1.6e-5 rad at 400): 4e-5 in
+// all (3.8e-5 found by emulating the product over every float16 in [-1, 1] times 1..390). Past that the ulp grows:
+// 1.3e-4 near 1000.
+__device__ __forceinline__ float fm_sin_d(float x) { return __sinf(x); }
+__device__ __forceinline__ float fm_cos_d(float x) { return __cosf(x); }
+// fm_sin_b, fm_cos_b: for arguments below 1000, a one-part reduction by 2pi first: |k| <= 163, and the second part
+// would move r by at most 163 x 1.75e-7 = 2.9e-5. Five instructions.
 __device__ __forceinline__ float fm_reduce_2pi_1(float x) {
     return fmaf(-fm_quot_2pi(x), 6.28318548202514648437500f, x);
 }
-// fm_sin_b, fm_cos_b: the same for a layer whose arguments the weights keep below 1000 (render.c,
-// fm_render_trig_bounded), so nothing is noted.
 __device__ __forceinline__ float fm_sin_b(float x) { return __sinf(fm_reduce_2pi_1(x)); }
 __device__ __forceinline__ float fm_cos_b(float x) { return __cosf(fm_reduce_2pi_1(x)); }
+// A layer whose arguments the weights keep below 400 or 1000 (render.c, fm_render_trig_bounded) takes fm_sin_d or
+// fm_sin_b in `act` itself. Any other such layer's Layer<l>::act_t takes fm_sin_t, fm_sin_d that notes in `far` an
+// argument of 400 or more (or NaN); the epilogue then redoes its columns with `act`, the forms above (one
+// warp-uniform branch per layer instead of one per element). siren256 (H100, 2^21 rows), layer 0 (x may be anything)
+// on fm_sin_t: 1.40 ms with fm_sin_b and the far check from 1024, 1.30 ms with fm_sin_d from 400.
 __device__ __forceinline__ float fm_sin_t(bool &far, float x) {
-    far |= !(fabsf(x) < 1024.0f);
-    return fm_sin_b(x);
+    far |= !(fabsf(x) < 400.0f);
+    return fm_sin_d(x);
 }
 __device__ __forceinline__ float fm_cos_t(bool &far, float x) {
-    far |= !(fabsf(x) < 1024.0f);
-    return fm_cos_b(x);
+    far |= !(fabsf(x) < 400.0f);
+    return fm_cos_d(x);
 }
 
 __device__ __forceinline__ float fm_relu(float x) { return x < 0.0f ? 0.0f : x; }

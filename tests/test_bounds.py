@@ -1,6 +1,7 @@
 """The weights' bound on each layer's pre-activations, the interval arithmetic over activation expressions it feeds,
-and the render decision they make together: a layer whose sin/cos arguments stay under 1000 for every input takes
-the branch-free fm_sin_b/fm_cos_b, with no far-argument branch (render.c, fm_render_trig_bounded). No GPU needed."""
+and the render decision they make together: a layer whose sin/cos arguments stay under 400 for every input takes
+fm_sin_d/fm_cos_d (the hardware unit on x), under 1000 the branch-free fm_sin_b/fm_cos_b, both with no far-argument
+branch (render.c, fm_render_trig_bounded). No GPU needed."""
 
 import math
 import re
@@ -73,20 +74,20 @@ def _act_lines(source):
 def test_siren_hidden_layers_take_the_branch_free_sine_and_layer_0_keeps_the_far_check(rng):
     widths = [2, 256, 256, 256, 3]
     ws, bs = torch_init(rng, widths, True)
-    mlp = fusedmlp.FusedMLP(ws, bs, activation=["sin(30*x)", "sin(30*x)", "sin(30*x)", "none"], device="cpu")
-    acts = _act_lines(mlp.source)
-    assert acts[0].startswith("fm_sin(") and all(a.startswith("fm_sin_b(") for a in acts[1:3]), acts
-    assert re.findall(r"FAR = (\w+)", mlp.source) == ["true", "false", "false", "false"]
-    # Weights 5x as large: 30 z can pass 1000 in the hidden layers, which keep the far check.
-    big = fusedmlp.FusedMLP([ws[0]] + [w * 5 for w in ws[1:]], bs, activation=["sin(30*x)"] * 3 + ["none"],
-                            device="cpu")
-    assert 30 * mlp._net.preact_bounds()[1] < 1000 < 30 * big._net.preact_bounds()[1]
-    assert all(a.startswith("fm_sin(") for a in _act_lines(big.source)[:3])
-    assert re.findall(r"FAR = (\w+)", big.source) == ["true", "true", "true", "false"]
+    acts = ["sin(30*x)"] * 3 + ["none"]
+    # By the weights' size: 30 z under 400 (the hardware unit on x), under 1000 (one part of 2 pi), past 1000 (the
+    # accurate form, and the far check in every layer).
+    for scale, form, far in [(1, "fm_sin_d(", "false"), (2, "fm_sin_b(", "false"), (5, "fm_sin(", "true")]:
+        mlp = fusedmlp.FusedMLP([ws[0]] + [w * scale for w in ws[1:]], bs, activation=acts, device="cpu")
+        bound = 30 * mlp._net.preact_bounds()[1]
+        assert {"fm_sin_d(": bound < 400, "fm_sin_b(": 400 < bound < 1000, "fm_sin(": 1000 < bound}[form], bound
+        lines = _act_lines(mlp.source)
+        assert lines[0].startswith("fm_sin(") and all(a.startswith(form) for a in lines[1:3]), (scale, lines)
+        assert re.findall(r"FAR = (\w+)", mlp.source) == ["true", far, far, "false"], scale
 
 
 def test_a_sine_stored_in_float32_keeps_the_accurate_form(rng):
-    """The branch-free forms' error (2.9e-5 below 1024) suits 16-bit storage only: a last layer with sin and float32
+    """The branch-free forms' error (up to 4e-5) suits 16-bit storage only: a last layer with sin and float32
     output keeps fm_sin."""
     ws, bs = torch_init(rng, [2, 32, 4], True)
     mlp = fusedmlp.FusedMLP(ws, bs, activation="sin", output_activation="sin", device="cpu")

@@ -134,13 +134,15 @@ def test_every_arch_compiles_every_network(tmp_path):
         bounds = mlp._net.preact_bounds()
         for layer, text in enumerate(acts):
             emitted = _core.parse_expr(text)[1]
-            branch_free = emitted.replace("fm_sin(", "fm_sin_b(").replace("fm_cos(", "fm_cos_b(")
             assert f"template <> struct Layer<{layer}> " in source, (label, layer)
-            if branch_free != emitted and f"float act(float x) {{ return {branch_free}; }}" in source:
-                # only where the weights keep every sin/cos argument under 1000 (render.c)
-                assert _core.expr_range(text, -bounds[layer], bounds[layer])[2] < 1000, (label, text, bounds)
-            else:
-                assert f"float act(float x) {{ return {emitted}; }}" in source, (label, text)
+            for form, limit in (("d", 400), ("b", 1000), (None, None)):
+                rendered = emitted.replace("fm_sin(", f"fm_sin_{form}(").replace("fm_cos(", f"fm_cos_{form}(")
+                if form is None:
+                    assert f"float act(float x) {{ return {emitted}; }}" in source, (label, text)
+                elif rendered != emitted and f"float act(float x) {{ return {rendered}; }}" in source:
+                    # only where the weights keep every sin/cos argument under the form's limit (render.c)
+                    assert _core.expr_range(text, -bounds[layer], bounds[layer])[2] < limit, (label, text, bounds)
+                    break
         assert f"template <> struct Layer<{len(acts)}> " not in source
         check_cubin(cubin_of(path), arch)
     # One entry per (network, arch, dtype): no two collided, none went missing.

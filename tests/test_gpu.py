@@ -124,7 +124,7 @@ def test_siren_sin30_error_is_bounded_by_its_slope(rng):
     ws, bs = torch_init(rng, widths, True)
     acts = ["sin(30*x)"] + ["sin(x)"] * 2 + ["none"]
     mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, device="cuda")
-    assert mlp.source.count("float act(float x) { return fm_sin_b(") == 2  # the hidden layers: their inputs are sines
+    assert mlp.source.count("float act(float x) { return fm_sin_d(") == 2  # the hidden layers: their inputs are sines
     x = rng.uniform(-1, 1, (65537, 2)).astype(np.float32)
     y = mlp._kernel("float32").run(x, poison=True)
     ref, _ = reference(x, ws, bs, mlp.activations)
@@ -791,7 +791,7 @@ def test_sin_of_far_arguments_in_a_hidden_layer(rng, residual):
 
 def test_siren_hidden_layers_bounded_by_their_weights_run_branch_free(rng):
     """A SIREN's hidden layers take a sine of sines: their pre-activations are bounded by the weights, so they render
-    with fm_sin_b and no far check (render.c); layer 0 keeps it (x may be anything). Every kernel form against
+    with fm_sin_d (arguments under 400: the hardware unit on x) and no far check (render.c); layer 0 keeps it (x may be anything). Every kernel form against
     float64, within the slope-scaled bound of test_siren_sin30_error_is_bounded_by_its_slope (sin(30 x) in the hidden
     layers too makes fp16's rounding chaotic: 0.29 relative error in every form, before this change as after); and
     NaN rows of x stay NaN rows (the branch-free sine of NaN is NaN), the others unchanged."""
@@ -799,8 +799,8 @@ def test_siren_hidden_layers_bounded_by_their_weights_run_branch_free(rng):
     ws, bs = torch_init(rng, widths, True)
     mlp = fusedmlp.FusedMLP(ws, bs, activation=["sin(30*x)", "sin", "sin", "none"], device="cuda")
     bounds = mlp._net.preact_bounds()
-    assert bounds[1] < 1000 and bounds[2] < 1000, bounds
-    assert mlp.source.count("float act(float x) { return fm_sin_b(") == 2 and "fm_sin_t(far, " in mlp.source
+    assert bounds[1] < 400 and bounds[2] < 400, bounds
+    assert mlp.source.count("float act(float x) { return fm_sin_d(") == 2 and "fm_sin_t(far, " in mlp.source
     x = rng.uniform(-1, 1, (4099, 2)).astype(np.float16)
     ref = graph_reference(x, ws, bs, mlp)
     assert_every_kernel_form(mlp, x, ref, 30 * FP16_TOL)
@@ -814,34 +814,36 @@ def test_siren_hidden_layers_bounded_by_their_weights_run_branch_free(rng):
 
 
 @pytest.mark.parametrize("act", ["sin", "cos"])
-def test_branch_free_sine_of_a_bounded_hidden_layer_at_exact_arguments(act):
-    """fm_sin_b / fm_cos_b where the weights' bound puts them (a hidden layer after a sine), at arguments up to 980:
-    layer 0 stores sin(pi/2) = 1 (exact in fp16) in every column, layer 1's column j has one fp16 weight v_j on it,
-    so its pre-activation is exactly v_j; a last identity layer copies the 16-bit results out in float32. Within
-    1.25x fp16's rounding of values of order one, as the branch-free forms of layer 0 (test below), in every form."""
-    v = np.linspace(-980, 980, 128).astype(np.float16).astype(np.float32)
-    w0 = np.zeros((128, 1), np.float32)
-    b0 = np.full(128, np.pi / 2, np.float32)
+@pytest.mark.parametrize("form,limit", [("b", 980), ("d", 390)])
+def test_branch_free_sine_of_a_bounded_hidden_layer_at_exact_arguments(act, form, limit):
+    """fm_sin_b / fm_cos_b (arguments under 1000) and fm_sin_d / fm_cos_d (under 400) where the weights' bound puts
+    them, at exact arguments up to the form's limit: layer 0 clamps x to [-1, 1] (so layer 1 is bounded by its
+    weights) and x runs through every float16 value there; layer 1's column j has one integer weight c_j on it, so
+    its pre-activation c_j x is exact in float32 (11 + 9 bits); a last identity layer copies the 16-bit results out in
+    float32. 128 scales up to the limit: 3.9M arguments, dense near it where the error grows. Within 1.25x fp16's
+    rounding of values of order one, as the branch-free forms of layer 0 (test below), in every form."""
+    x = np.arange(0, 0x3c01, dtype=np.uint16).view(np.float16).astype(np.float32)  # every float16 in [0, 1]
+    x = np.concatenate([x, -x[1:]])[:, None]
+    c = np.round(np.linspace(1, limit, 128)).astype(np.float32)
     w1 = np.zeros((128, 128), np.float32)
-    w1[:, 0] = v
-    mlp = fusedmlp.FusedMLP([w0, w1, np.eye(128, dtype=np.float32)], [b0, None, None],
-                            activation=["sin", act, "none"], device="cuda")
-    assert mlp._net.preact_bounds()[1] < 1000 and f"float act(float x) {{ return fm_{act}_b(x); }}" in mlp.source
-    ref = getattr(np, act)(v.astype(np.float64))
-    x = np.random.default_rng(0).standard_normal((300, 1)).astype(np.float32)
+    w1[:, 0] = c
+    mlp = fusedmlp.FusedMLP([np.ones((128, 1), np.float32), w1, np.eye(128, dtype=np.float32)], None,
+                            activation=["min(max(x, -1), 1)", act, "none"], device="cuda")
+    assert f"float act(float x) {{ return fm_{act}_{form}(x); }}" in mlp.source, mlp._net.preact_bounds()
+    ref = getattr(np, act)(c[None, :].astype(np.float64) * x.astype(np.float64))
     for options in kernel_forms():
         y = mlp._build("float32", **options)[0].run(x, poison=True).astype(np.float64)
-        err = np.abs(y - ref).max(axis=0)
-        worst = int(np.argmax(err))
-        assert err[worst] <= 1.25 * 2.0 ** -11, (act, options, float(v[worst]), float(err[worst]))
+        err = np.abs(y - ref)
+        row, col = np.unravel_index(int(np.argmax(err)), err.shape)
+        assert err[row, col] <= 1.25 * 2.0 ** -11, (act, options, float(c[col] * x[row, 0]), float(err[row, col]))
 
 
 def test_branch_free_sin_stays_within_16_bit_rounding_below_its_far_bound():
-    """The warpgroup kernels' branch-free sin and cos (one part of 2 pi in the reduction; the far redo from |x| = 1024)
+    """The warpgroup kernels' branch-free sin and cos of layer 0 (the hardware unit on x; the far redo from |x| = 400)
     on every float16 value in [-1100, 1100]: a hidden layer of 128 copies of act(x) (a width every form takes), stored
     in float16, read back exactly in float32 by a last layer that picks column 0. Within 1.25x float16's rounding of
     values of order one (2^-11 absolute, as test_fast_activations_stay_within_16_bit_rounding), including the
-    arguments just under 1024 where the one-part reduction is furthest off, and those past it (the far redo)."""
+    arguments just under 400 where the direct form is furthest off, and those past it (the far redo)."""
     if fusedmlp._api._gpu(0).info["arch"] != 90:
         pytest.skip("the branch-free forms are the sm_90a kernels'")
     x = np.arange(0, 0x7c00, dtype=np.uint16).view(np.float16).astype(np.float32)
