@@ -646,12 +646,36 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
     }
 }
 
+// How many hidden layers from L >= 1 on run as one loop in the shared-memory-A form (fm_cl_network): those with
+// layer L's code (Layer<L>::REPEAT), not the last layer, and only where the exchange each of them starts with (of
+// the layer before's output) is the same code too, which it is when layer L - 1 gives each CTA as many columns.
+template <int L> __device__ constexpr int fm_cl_loop_len() {
+    if constexpr (L == 0 || L >= LAST) {
+        return 1;
+    } else {
+        constexpr int r = L + Layer<L>::REPEAT - 1 < LAST ? Layer<L>::REPEAT : LAST - L;
+        return Layer<L - 1>::NC == Layer<L>::NC ? r : 1;
+    }
+}
+
 // Layers L.. for this warpgroup's rows in the shared-memory-A form; the last layer in CTA 0 only (the others still
-// send it their share of its input and wait for their `full`, keeping the exchanges in step).
+// send it their share of its input and wait for their `full`, keeping the exchanges in step). A stretch of hidden
+// layers with the same code (siren256's two 256-wide ones) is one loop over their weights and biases, as in
+// fm_network: NVRTC's time grows with the code it is given. siren256 on the H100: its cold first call (three tuning
+// candidates compiled at once) 1.0-1.3 s -> 0.65-0.95 s, for 0.8% at 2^21 rows (ptxas no longer starts a layer under
+// the last one's tail); a SIREN of five 256-wide hidden layers compiles in 0.42 s instead of 0.69 (dev machine).
 template <int L>
 __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
                                               fm_u32 stage, fm_cl_state &s) {
-    if constexpr (L < LAST) {
+    constexpr int R = fm_cl_loop_len<L>();
+    if constexpr (R > 1) {
+        static_assert(fm_even_offsets<L, R>(), "a loop's layers: evenly spaced weights and biases");
+        constexpr int W_STEP = Layer<L + 1>::W_OFF - Layer<L>::W_OFF, B_STEP = Layer<L + 1>::B_OFF - Layer<L>::B_OFF;
+#pragma unroll 1
+        for (int i = 0; i < R; ++i)  // layer L + i: layer L's code at its weights and biases
+            fm_cl_layer<L>(a, w_base + EB * i * W_STEP, bias + i * B_STEP, stage, s);
+        fm_cl_network<L + R>(a, w_base, bias, stage, s);
+    } else if constexpr (L < LAST) {
         fm_cl_layer<L>(a, w_base, bias, stage, s);
         fm_cl_network<L + 1>(a, w_base, bias, stage, s);
     } else if (s.rank == 0) {

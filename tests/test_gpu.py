@@ -698,6 +698,37 @@ def test_cluster_kernel_on_random_wide_chains():
     assert not failures, failures[:5]
 
 
+@pytest.mark.parametrize("widths,act,residual,loop", [
+    ([3, 256, 256, 256, 256, 5], "sin", None, (1, 3)),  # a SIREN's hidden layers (fm_sin_d): layers 1-3, one loop
+    ([2, 128, 256, 256, 256, 3], "tanh", None, (2, 2)),  # layer 1 (128 -> 256) has code of its own
+    ([16, 192, 192, 192, 192, 8], "gelu", "add", (1, 3)),  # residual blocks
+    ([5, 224, 224, 224, 224, 224, 7], "relu", ("add", "relu"), (1, 4)),
+])
+def test_cluster_kernel_loops_over_hidden_layers_with_the_same_code(rng, widths, act, residual, loop):
+    """A stretch of hidden layers with the same code (Layer<l>::REPEAT) is one loop over their weights and biases in
+    the shared-memory-A kernel (fm_cl_network), its exchanges in the loop too; layer 0 and the last layer stay
+    outside it. Clusters of 1, 2 and 4 CTAs, one and two warpgroups, fp16 and float32 I/O, odd batches, vs float64."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the cluster kernel needs sm_90")
+    depth = len(widths) - 1
+    ws = [rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
+    bs = [rng.uniform(-0.5, 0.5, o).astype(np.float32) for o in widths[1:]]
+    res = {l: residual for l in range(1, depth - 1)} if residual else None
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=[act] * (depth - 1) + ["none"], residual=res, device="cuda")
+    first, count = loop
+    assert re.findall(r"REPEAT = (\d+);", mlp.source)[first] == str(count), mlp.source
+    failures, checked = [], 0
+    for batch, io in [(4099, "float16"), (129, "float32"), (70001, "float16")]:
+        x32 = rng.uniform(-1, 1, (batch, widths[0])).astype(np.float32)
+        for options in ({"cluster": 1}, {"cluster": 2}, {"cluster": 4, "warps": 4}, {"cluster": 2, "warps": 4}):
+            try:
+                kernel = mlp._build(io, io, **options)[0]
+            except fusedmlp.LimitError:  # that cluster shape does not hold these weights
+                continue
+            checked += tally(kernel_error(kernel, mlp, ws, bs, x32, "float16", io), failures, (options, batch, io))
+    assert checked >= 3 and not failures, (checked, failures)
+
+
 def cluster_residual_cases():
     """Random chains of equal-width layers (64-256, so also 224-256, which only the cluster kernel holds) with
     residual epilogues: on layer 0 (x as the operand), hidden layers and the last layer, each adding, multiplying
@@ -791,8 +822,8 @@ def test_sin_of_far_arguments_in_a_hidden_layer(rng, residual):
 
 def test_siren_hidden_layers_bounded_by_their_weights_run_branch_free(rng):
     """A SIREN's hidden layers take a sine of sines: their pre-activations are bounded by the weights, so they render
-    with fm_sin_d (arguments under 400: the hardware unit on x) and no far check (render.c); layer 0 keeps it (x may be anything). Every kernel form against
-    float64, within the slope-scaled bound of test_siren_sin30_error_is_bounded_by_its_slope (sin(30 x) in the hidden
+    with fm_sin_d (arguments under 400: the hardware unit on x) and no far check (render.c); layer 0 keeps it (x may
+    be anything). Every kernel form against float64, within the slope-scaled bound of test_siren_sin30_error_is_bounded_by_its_slope (sin(30 x) in the hidden
     layers too makes fp16's rounding chaotic: 0.29 relative error in every form, before this change as after); and
     NaN rows of x stay NaN rows (the branch-free sine of NaN is NaN), the others unchanged."""
     widths = [2, 128, 128, 128, 3]
