@@ -1,8 +1,8 @@
-"""Tile plans compared on the GPU, in one process: each workload's fp16 kernel built with each forced plan (and the
-default one), all timed in alternating rounds at each batch size.
+"""Tile plans compared on the GPU, in one process: each workload's kernel (fp16 x and y, or --io's) built with each
+forced plan (and the default one), all timed in alternating rounds at each batch size.
 
-    python bench/plan_probe.py [--rows 1024 --rows 2097152] [--rounds 5] --plan cluster=4,warps=4 [--plan ...]
-        [workload ...]
+    python bench/plan_probe.py [--rows 1024 --rows 2097152] [--rounds 5] [--io float32] --plan cluster=4,warps=4
+        [--plan ...] [workload ...]
 
 Prints per workload and batch size the median over rounds of each plan's time (Kernel.time: best of 5 launches) and
 its ratio to the default plan's. A plan the network does not take (LimitError) is listed once as not built. Besides
@@ -42,6 +42,7 @@ def main(argv=None):
     ap.add_argument("workloads", nargs="*", default=list(bench.WORKLOADS))
     ap.add_argument("--rows", type=int, action="append")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--io", default="float16", choices=("float16", "float32", "bfloat16"), help="x's and y's dtype")
     ap.add_argument("--plan", action="append", default=[], help="forced plan options, e.g. cluster=4,warps=4")
     args = ap.parse_args(argv)
     rows_list = args.rows or [1024, 2**21]
@@ -52,7 +53,7 @@ def main(argv=None):
         built = []
         for text in ["default"] + args.plan:
             try:
-                kernel, plan = mlp._build("float16", **({} if text == "default" else parse(text)))[:2]
+                kernel, plan = mlp._build(args.io, **({} if text == "default" else parse(text)))[:2]
             except LimitError as e:
                 print(f"{name:9s} {text}: not built ({e.message})", flush=True)
                 continue
@@ -66,7 +67,7 @@ def main(argv=None):
                     t.append(kernel.time(rows, 5))
             medians = [statistics.median(t) for t in times]
             parts = [f"{label} {m * 1e3:.2f} us ({m / medians[0]:.3f})" for (label, _), m in zip(built, medians)]
-            print(f"{name:9s} {rows:8d} rows: " + "  ".join(parts), flush=True)
+            print(f"{name:9s} {args.io} {rows:8d} rows: " + "  ".join(parts), flush=True)
 
 
 if __name__ == "__main__":

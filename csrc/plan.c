@@ -33,17 +33,22 @@ fm_status fm_target_for_arch(int arch, fm_target *t, fm_error *err) {
 
 static int fm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-/* Elements per row of an activation buffer: wide enough for every value and the last layer's staged output (out_t,
- * plus a 16-byte pad), and an odd number of 16-byte units so the 8 rows an ldmatrix reads hit 8 different bank
- * groups. */
-static int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values) {
+/* Bytes per row of the last layer's staged output: out_t, plus a 16-byte pad (the template's STAGE_STRIDE). The
+ * padded width is a multiple of 16 elements, so this is an odd number of 16-byte units. */
+static int fm_stage_row_bytes(const fm_plan *p) {
+    return p->n_pad[p->num_layers - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
+}
+
+/* Elements per row of an activation buffer: wide enough for every value and, where the last layer stages its output
+ * in one (the mma.sync kernel: `stage`), that output, and an odd number of 16-byte units so the 8 rows an ldmatrix
+ * reads hit 8 different bank groups. */
+static int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values, int stage) {
     int need = 0; /* bytes */
     for (int v = 0; v < num_values; ++v)
         if (value_pad[v] * p->elem_bytes + 16 > need)
             need = value_pad[v] * p->elem_bytes + 16;
-    int stage = p->n_pad[p->num_layers - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
-    if (stage > need)
-        need = stage;
+    if (stage && fm_stage_row_bytes(p) > need)
+        need = fm_stage_row_bytes(p);
     need = fm_round_up(need, 16);
     if ((need / 16) % 2 == 0)
         need += 16;
@@ -157,7 +162,7 @@ static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_ti
             p->w_slot_elems = chunk_elems;
     }
     p->buffers = fm_plan_buffers(p);
-    p->act_stride = fm_act_stride(p, value_pad, p->num_layers + 1);
+    p->act_stride = fm_act_stride(p, value_pad, p->num_layers + 1, 1);
     size_t w_region = resident ? p->w_elems : 2 * p->w_slot_elems;
     if (resident)
         p->w_slot_elems = 0;
@@ -265,11 +270,14 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
         p->out_buf[l] = 0;
         p->res_buf[l] = p->res_op[l] != FM_RES_NONE ? 0 : -1;
     }
-    /* Per warp: an input buffer (x as act_t rows, the next tile's arriving by cp.async while this one computes),
-     * an output stage, both ACT_STRIDE wide, and a raw landing buffer for x unless x's rows are copied in verbatim. */
+    /* Per warp: an input buffer (x as act_t rows, ACT_STRIDE wide, the next tile's arriving by cp.async while this
+     * one computes), an output stage of its own width (float32 output rows are twice as wide as x's 16-bit ones:
+     * sized together, tcnn128 with float32 x and y fitted one warpgroup per CTA, now two), and a raw landing buffer
+     * for x unless x's rows are copied in verbatim. */
     int in_only = value_pad[0];
-    p->act_stride = fm_act_stride(p, &in_only, 1);
-    size_t warp_bytes = 2 * 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + fm_plan_wgmma_raw_bytes(p);
+    p->act_stride = fm_act_stride(p, &in_only, 1, 0);
+    size_t warp_bytes = 16 * ((size_t)p->act_stride * (size_t)p->elem_bytes + (size_t)fm_stage_row_bytes(p)) +
+                        fm_plan_wgmma_raw_bytes(p);
     size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems : p->w_elems);
     p->smem_bytes = w_bytes + 4 * p->b_floats + (size_t)warps * warp_bytes;
     if (p->cluster) /* per warpgroup: its 64 rows of the widest layer input (A buffer), and two mbarriers */

@@ -204,9 +204,9 @@ constexpr int IN_REAL = Layer<0>::KR;
 constexpr int IN_PAD = Layer<0>::K;
 constexpr int OUT_REAL = Layer<LAST>::NR;
 constexpr int OUT_PAD = Layer<LAST>::N;
-// The last layer stages its output in the buffer it writes, as out_t rows with a bank-breaking 16-byte pad.
+// The last layer stages its output as out_t rows with a bank-breaking 16-byte pad: in the activation buffer it writes
+// (mma.sync kernel), or in a stage of its own (warpgroup kernel).
 constexpr int STAGE_STRIDE = OUT_PAD + 16 / (int)sizeof(out_t);  // in out_t elements
-static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ROW_B, "output staging must fit an activation row");
 // ------------------------------------------------------------------------------------------------ the epilogue
 
 // Layer L's epilogue for columns col, col + 1 of one row. v0, v1: the accumulators on entry (both kernels start

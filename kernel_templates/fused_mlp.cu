@@ -35,6 +35,8 @@ constexpr int ROWS_W = 16 * FM_M_TILES;          // rows per warp strip
 
 #include "fm_common.cuh"
 
+static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ROW_B, "output staging must fit an activation row");
+
 constexpr int ROWS_CTA = ROWS_W * FM_WARPS;      // rows per CTA tile
 constexpr int W_SLOT_ELEMS = {{W_SLOT_ELEMS}};   // one streamed slot (0 when resident)
 static_assert(FM_RESIDENT || W_SLOT_ELEMS > 0, "streamed weights need a slot");

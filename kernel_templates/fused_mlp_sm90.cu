@@ -697,13 +697,14 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / 16][4], fm_u
 
 // ------------------------------------------------------------------------------------------------ input
 
-// Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (as large),
-// and, unless x's rows land in the input buffer verbatim (IN_DIRECT), a raw buffer holding the warp's 16 rows of x
-// as they are in global memory (contiguous: a strip of x is one run of bytes).
+// Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (ROWS_W rows
+// of STAGE_STRIDE out_t) and, unless x's rows land in the input buffer verbatim (IN_DIRECT), a raw buffer holding the
+// warp's 16 rows of x as they are in global memory (contiguous: a strip of x is one run of bytes).
 constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
-constexpr int WARP_B = 2 * BUF_B + RAW_B;
+constexpr int STAGE_B = ROWS_W * STAGE_STRIDE * (int)sizeof(out_t);
+constexpr int WARP_B = BUF_B + STAGE_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B + (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16) : 0) ==
                   SMEM_BYTES,
               "the layout below is the plan's (plan.c, fm_plan_wgmma_layout and fm_plan_wgmma_raw_bytes)");
@@ -791,8 +792,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     const int wg = warp >> 2, wq = warp & 3;  // warpgroup, and this warp's quarter (rows 16 * wq..) of its 64 rows
     act_t *in_buf = (act_t *)(s_warps + warp * WARP_B);
     act_t *out_buf = (act_t *)(s_warps + warp * WARP_B + BUF_B);
-    const in_t *raw = (const in_t *)(s_warps + warp * WARP_B + 2 * BUF_B);
-    const fm_u32 in_addr = fm_smem_addr(in_buf), out_addr = fm_smem_addr(out_buf), raw_addr = in_addr + 2 * BUF_B;
+    const in_t *raw = (const in_t *)(s_warps + warp * WARP_B + BUF_B + STAGE_B);
+    const fm_u32 in_addr = fm_smem_addr(in_buf), out_addr = fm_smem_addr(out_buf);
+    const fm_u32 raw_addr = in_addr + BUF_B + STAGE_B;
 
     // The shared-memory-A form: which CTA of its cluster this is, and the warpgroup's buffer and barriers.
     fm_cl_state cl;

@@ -169,8 +169,9 @@ static void check_buffers(const fm_plan *p, const fm_spec *spec, const char *wha
 }
 
 /* The sm_90a plan's invariants: whole warpgroups of 16-row warps, resident weights in the core-matrix layout (n_pad
- * x k_pad per layer, no row pad), chunks of at most 128 columns, one stage buffer per warp wide enough for x and the
- * staged output, and only networks the kernel takes (no concat, residuals from the own input). */
+ * x k_pad per layer, no row pad), chunks of at most 128 columns, per warp an input buffer wide enough for x and an
+ * output stage as wide as the staged output, and only networks the kernel takes (no concat, residuals from the own
+ * input). */
 static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, const char *what) {
     const int L = spec->num_layers;
     CHECK(t->arch == 90 && p->prec != FM_PREC_TF32, "%s: wgmma on sm_%d %s", what, t->arch, fm_prec_name(p->prec));
@@ -197,10 +198,13 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
         b += (size_t)p->n_pad[l];
     }
     CHECK(p->w_elems == w && p->b_floats >= b && p->b_floats < b + 4 && p->b_floats % 4 == 0, "%s: blob sizes", what);
-    int row_bytes = p->act_stride * p->elem_bytes;
-    CHECK(row_bytes % 16 == 0 && (row_bytes / 16) % 2 == 1 && row_bytes >= p->k_pad[0] * p->elem_bytes + 16 &&
-              row_bytes >= p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16,
-          "%s: stage stride %d", what, p->act_stride);
+    /* The input buffer's rows: x's padded width and a 16-byte pad, an odd number of 16-byte units (no wider: the
+     * output stage has rows of its own, STAGE_STRIDE out_t, an odd number of units by construction). */
+    int row_bytes = p->act_stride * p->elem_bytes, in_row = p->k_pad[0] * p->elem_bytes + 16;
+    CHECK(row_bytes % 16 == 0 && (row_bytes / 16) % 2 == 1 && row_bytes >= in_row && row_bytes <= in_row + 16,
+          "%s: input buffer stride %d", what, p->act_stride);
+    int stage_row = p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
+    CHECK((stage_row / 16) % 2 == 1, "%s: stage row %d bytes", what, stage_row);
     /* Per warp: input buffer and output stage of 16 rows each, and a landing buffer for x's 16 rows as they are in
      * global memory unless they are copied verbatim (x in the compute dtype, rows of whole 16-byte pieces). */
     int in_bytes = spec->width[0] * (int)fm_dtype_size(p->in_dtype);
@@ -208,7 +212,7 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
     size_t raw = verbatim ? 0 : (size_t)(16 * in_bytes + 15) / 16 * 16;
     CHECK(fm_plan_wgmma_raw_bytes(p) == raw, "%s: raw x buffer %zu, want %zu", what, fm_plan_wgmma_raw_bytes(p), raw);
     size_t want = (size_t)p->elem_bytes * w + 4 * p->b_floats +
-                  (size_t)p->warps * (2 * 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + raw);
+                  (size_t)p->warps * (16 * (size_t)(row_bytes + stage_row) + raw);
     CHECK(p->smem_bytes == want && p->smem_bytes <= t->smem_per_block, "%s: smem %zu, want %zu", what, p->smem_bytes,
           want);
     CHECK(p->blocks_per_sm == 1 || p->blocks_per_sm * p->warps * 32 * fm_plan_wgmma_regs(p) <= 65536,
@@ -257,7 +261,9 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
     regs = regs > 255 ? 255 : regs;
     CHECK(fm_plan_wgmma_regs(p) == regs && 65536 / (p->warps * 32) >= regs,
           "%s: %d registers estimated, %d expected, %d warps", what, fm_plan_wgmma_regs(p), regs, p->warps);
-    size_t warp_bytes = 2 * 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + fm_plan_wgmma_raw_bytes(p);
+    int stage_row = p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
+    size_t warp_bytes = 16 * ((size_t)p->act_stride * (size_t)p->elem_bytes + (size_t)stage_row) +
+                        fm_plan_wgmma_raw_bytes(p);
     size_t want = (size_t)p->elem_bytes * w + 4 * p->b_floats + (size_t)p->warps * warp_bytes +
                   (size_t)(p->warps / 4) * ((size_t)kmax * 64 * (size_t)p->elem_bytes + 16);
     CHECK(p->smem_bytes == want && p->smem_bytes <= t->smem_per_block, "%s: smem %zu, want %zu", what, p->smem_bytes,
