@@ -261,6 +261,10 @@ int fm_plan_wgmma_regs(const fm_plan *plan);
  * global memory, rounded up to 16 bytes (fused_mlp_sm90.cu's RAW_B). */
 size_t fm_plan_wgmma_raw_bytes(const fm_plan *plan);
 
+/* The sm_90a kernel's per-warp output stage, in bytes: 16 rows of the last layer's padded output in out_t plus a
+ * 16-byte pad each (fused_mlp_sm90.cu's STAGE_B); 0 for float32 y, which the kernel stores from its registers. */
+size_t fm_plan_wgmma_stage_bytes(const fm_plan *plan);
+
 /* Packs PyTorch-layout float32 weights (w[l]: n_real x k_real, row-major) and biases (b[l] or NULL) into the
  * zero-padded blob of plan->w_elems elements of plan->elem_bytes (rounded to plan->prec) and the float blob
  * (plan->b_floats) that the kernel reads. */

@@ -212,6 +212,10 @@ static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
     return NULL;
 }
 
+size_t fm_plan_wgmma_stage_bytes(const fm_plan *p) {
+    return p->out_dtype == FM_F32 ? 0 : 16 * (size_t)fm_stage_row_bytes(p);
+}
+
 size_t fm_plan_wgmma_raw_bytes(const fm_plan *p) {
     int verbatim = (p->in_dtype == FM_F16 && p->prec == FM_PREC_F16) ||
                    (p->in_dtype == FM_BF16 && p->prec == FM_PREC_BF16);
@@ -271,12 +275,12 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
         p->res_buf[l] = p->res_op[l] != FM_RES_NONE ? 0 : -1;
     }
     /* Per warp: an input buffer (x as act_t rows, ACT_STRIDE wide, the next tile's arriving by cp.async while this
-     * one computes), an output stage of its own width (float32 output rows are twice as wide as x's 16-bit ones:
-     * sized together, tcnn128 with float32 x and y fitted one warpgroup per CTA, now two), and a raw landing buffer
-     * for x unless x's rows are copied in verbatim. */
+     * one computes), an output stage of its own width for 16-bit y (float32 y is stored from the registers: sized as
+     * the input buffer, its stage fitted tcnn128 with float32 x and y one warpgroup per CTA), and a raw landing
+     * buffer for x unless x's rows are copied in verbatim. */
     int in_only = value_pad[0];
     p->act_stride = fm_act_stride(p, &in_only, 1, 0);
-    size_t warp_bytes = 16 * ((size_t)p->act_stride * (size_t)p->elem_bytes + (size_t)fm_stage_row_bytes(p)) +
+    size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + fm_plan_wgmma_stage_bytes(p) +
                         fm_plan_wgmma_raw_bytes(p);
     size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems : p->w_elems);
     p->smem_bytes = w_bytes + 4 * p->b_floats + (size_t)warps * warp_bytes;

@@ -87,19 +87,40 @@ __device__ __forceinline__ void fm_d_init(float (&d)[W / 2], int c0, int t, cons
 
 // ------------------------------------------------------------------------------------------------ the layers
 
+// Where the last layer's results go. 16-bit y: the warp's output stage, which fm_store_output then copies to y in
+// 16-byte pieces. float32 y: y itself, each lane's two columns as one 8-byte store (four lanes fill a 32-byte sector
+// of a row), so no stage: a float32 stage row is twice a 16-bit x row, and with it res128 (float32 x and y) fitted
+// one warpgroup per CTA.
+constexpr bool OUT_DIRECT = FM_OUT_TYPE == 0;
+struct fm_out {
+    fm_u32 stage;    // staged: this lane's byte address in the warp's stage at (row g, col 0)
+    out_t *y;        // direct: y
+    long long row;   // direct: this lane's row g of the warp's strip
+    int rows;        // direct: the strip's rows from row g on that are in y (<= 0: none)
+};
+
 // The last layer's result at (row g + 8 hh, cols col, col + 1) of this warp's strip, from the accumulators v0, v1
-// (and the residual operand r0, r1), into the warp's output stage; zeros where the tile is padding (live false).
+// (and the residual operand r0, r1), into the warp's output stage (zeros where the tile is padding: live false), or
+// into y (its real columns only).
 template <int L>
-__device__ __forceinline__ void fm_stage_pair(fm_u32 stage, int hh, int col, bool live, float v0, float v1, float r0,
-                                              float r1) {
-    const fm_u32 addr = stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
-    if constexpr (FM_OUT_TYPE == 0) {
-        if (live)
-            fm_epilogue<L>(v0, v1, r0, r1, col);
-        else
-            v0 = v1 = 0.0f;
-        fm_st_out2(addr, v0, v1);
+__device__ __forceinline__ void fm_stage_pair(const fm_out &out, int hh, int col, bool live, float v0, float v1,
+                                              float r0, float r1) {
+    if constexpr (OUT_DIRECT) {
+        if (!live || 8 * hh >= out.rows)
+            return;
+        fm_epilogue<L>(v0, v1, r0, r1, col);
+        out_t *const p = out.y + (out.row + 8 * hh) * OUT_REAL + col;  // out_t is float here
+        if constexpr (OUT_REAL % 2 == 0) {  // col is even: an 8-byte aligned pair
+            if (col < OUT_REAL)
+                asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(v0), "f"(v1) : "memory");
+        } else {
+            if (col < OUT_REAL)
+                p[0] = (out_t)v0;
+            if (col + 1 < OUT_REAL)
+                p[1] = (out_t)v1;
+        }
     } else {
+        const fm_u32 addr = out.stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
         fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, r0, r1, col) : 0u);
     }
 }
@@ -118,11 +139,10 @@ template <int L> __device__ constexpr bool fm_has_residual() {
 // (NC < N). In the source each group is waited for and its epilogue run before the next starts, but ptxas issues the
 // next group's MMAs before the previous group's epilogue (the register fences are empty asm it does not see), so the
 // groups' accumulators are live together and a split saves no registers (bench/NOTES.md, v15). a: the layer's input
-// fragments; w: the layer's first weight byte (shared window); stage: this lane's byte address in the warp's stage at
-// (row g, col 0).
+// fragments; w: the layer's first weight byte (shared window); stage: where the last layer's results go (fm_out).
 template <int L, int C0>
 __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4],
-                                              fm_u32 w, const float *bias, fm_u32 stage, int lane) {
+                                              fm_u32 w, const float *bias, const fm_out &stage, int lane) {
     typedef Layer<L> Ly;
     constexpr int W = Ly::N - C0 < Ly::NC ? Ly::N - C0 : Ly::NC;
     static_assert(W % 16 == 0 && C0 % 16 == 0, "whole 16-column groups");
@@ -187,7 +207,7 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
 // Layer L for this warpgroup's 64 rows (see fm_layer_cols).
 template <int L>
 __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4], fm_u32 w,
-                                         const float *bias, fm_u32 stage, int lane) {
+                                         const float *bias, const fm_out &stage, int lane) {
     static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || Layer<L>::K == Layer<L>::N),
                   "no concat; residuals from the own input");
     fm_layer_cols<L, 0>(a, h, w, bias, stage, lane);
@@ -223,7 +243,7 @@ template <int L, int R> __device__ constexpr bool fm_even_offsets() {
 // in ptxas for six straight-line layers).
 template <int L>
 __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 w_base, const float *bias,
-                                           fm_u32 stage, int lane) {
+                                           const fm_out &stage, int lane) {
     constexpr int R = fm_loop_len<L>();
     fm_u32 h[Layer<L>::N / 16][4];
     if constexpr (R > 1) {
@@ -561,7 +581,7 @@ __device__ __forceinline__ void fm_cl_mma_part(float (&d)[Layer<L>::NC / 2], uns
 // mbarrier round trips are no longer between one layer's epilogue and the next layer's first MMA.
 template <int L>
 __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
-                                            fm_u32 stage, fm_cl_state &s) {
+                                            const fm_out &stage, fm_cl_state &s) {
     typedef Layer<L> Ly;
     constexpr int NC = Ly::NC;
     constexpr int KS = Ly::K / 16;
@@ -666,7 +686,7 @@ template <int L> __device__ constexpr int fm_cl_loop_len() {
 // the last one's tail); a SIREN of five 256-wide hidden layers compiles in 0.42 s instead of 0.69 (dev machine).
 template <int L>
 __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
-                                              fm_u32 stage, fm_cl_state &s) {
+                                              const fm_out &stage, fm_cl_state &s) {
     constexpr int R = fm_cl_loop_len<L>();
     if constexpr (R > 1) {
         static_assert(fm_even_offsets<L, R>(), "a loop's layers: evenly spaced weights and biases");
@@ -688,7 +708,7 @@ __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4],
 // The network for one tile, in the kernel's form (a template, so only that form's code is instantiated).
 template <int C>
 __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
-                                               fm_u32 stage, int lane, fm_cl_state &cl) {
+                                               const fm_out &stage, int lane, fm_cl_state &cl) {
     if constexpr (C > 0)
         fm_cl_network<0>(a, w_base, bias, stage, cl);
     else
@@ -698,12 +718,12 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / 16][4], fm_u
 // ------------------------------------------------------------------------------------------------ input
 
 // Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (ROWS_W rows
-// of STAGE_STRIDE out_t) and, unless x's rows land in the input buffer verbatim (IN_DIRECT), a raw buffer holding the
+// of STAGE_STRIDE out_t; none for float32 y, fm_out) and, unless x's rows land in the input buffer verbatim (IN_DIRECT), a raw buffer holding the
 // warp's 16 rows of x as they are in global memory (contiguous: a strip of x is one run of bytes).
 constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
-constexpr int STAGE_B = ROWS_W * STAGE_STRIDE * (int)sizeof(out_t);
+constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_STRIDE * (int)sizeof(out_t);
 constexpr int WARP_B = BUF_B + STAGE_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B + (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16) : 0) ==
                   SMEM_BYTES,
@@ -840,7 +860,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
 
     const fm_u32 w_base = fm_smem_addr(s_w);
     const fm_u32 a_lane = in_addr + (lane & 15) * ROW_B + (lane >> 4) * 16;  // ldmatrix roles, as in fused_mlp.cu
-    const fm_u32 stage = out_addr + (lane >> 2) * STAGE_STRIDE * (int)sizeof(out_t);
+    const fm_u32 stage_lane = out_addr + (lane >> 2) * STAGE_STRIDE * (int)sizeof(out_t);
     for (long long tile = FM_TILE0; tile < tiles; tile += FM_TILE_STEP) {
         const long long r0 = tile * ROWS_CTA + strip;
         const long long left = rows - r0;
@@ -858,11 +878,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         __syncwarp();  // every lane has its fragments before the next tile's x lands over them
         if (tile + FM_TILE_STEP < tiles)
             fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
-        fm_run_network<FM_CLUSTER>(a, w_base, s_bias, stage, lane, cl);
-        __syncwarp();
-        if (nrows > 0 && rank == 0)
-            fm_store_output(y, out_buf, r0, nrows, lane);
-        __syncwarp();  // the stage is read before the next tile's last layer writes it
+        const fm_out out = {stage_lane, y, r0 + (lane >> 2), nrows - (lane >> 2)};
+        fm_run_network<FM_CLUSTER>(a, w_base, s_bias, out, lane, cl);
+        if constexpr (!OUT_DIRECT) {
+            __syncwarp();
+            if (nrows > 0 && rank == 0)
+                fm_store_output(y, out_buf, r0, nrows, lane);
+            __syncwarp();  // the stage is read before the next tile's last layer writes it
+        }
     }
     if constexpr (FM_CLUSTER > 1) {
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // this thread's last copies are done

@@ -205,6 +205,10 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
           "%s: input buffer stride %d", what, p->act_stride);
     int stage_row = p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
     CHECK((stage_row / 16) % 2 == 1, "%s: stage row %d bytes", what, stage_row);
+    if (p->out_dtype == FM_F32) /* stored from the registers: no stage */
+        stage_row = 0;
+    CHECK(fm_plan_wgmma_stage_bytes(p) == 16 * (size_t)stage_row, "%s: stage %zu bytes, want %d", what,
+          fm_plan_wgmma_stage_bytes(p), 16 * stage_row);
     /* Per warp: input buffer and output stage of 16 rows each, and a landing buffer for x's 16 rows as they are in
      * global memory unless they are copied verbatim (x in the compute dtype, rows of whole 16-byte pieces). */
     int in_bytes = spec->width[0] * (int)fm_dtype_size(p->in_dtype);
@@ -261,7 +265,7 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
     regs = regs > 255 ? 255 : regs;
     CHECK(fm_plan_wgmma_regs(p) == regs && 65536 / (p->warps * 32) >= regs,
           "%s: %d registers estimated, %d expected, %d warps", what, fm_plan_wgmma_regs(p), regs, p->warps);
-    int stage_row = p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
+    int stage_row = p->out_dtype == FM_F32 ? 0 : p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
     size_t warp_bytes = 16 * ((size_t)p->act_stride * (size_t)p->elem_bytes + (size_t)stage_row) +
                         fm_plan_wgmma_raw_bytes(p);
     size_t want = (size_t)p->elem_bytes * w + 4 * p->b_floats + (size_t)p->warps * warp_bytes +
