@@ -756,7 +756,8 @@ __device__ __forceinline__ void fm_copy16_tail(fm_u32 dst, const in_t *src, int 
 __device__ __forceinline__ void fm_prefetch_x(fm_u32 in_buf, fm_u32 raw, const in_t *__restrict__ x, long long r0,
                                               long long rows, int lane) {
     if constexpr (IN_DIRECT) {
-        constexpr int PIECES = IN_REAL * EB / 16;  // per row
+        constexpr int PIECES = IN_DIRECT ? IN_REAL * EB / 16 : 1;  // per row (the other branch's x: never 0, which
+        // NVRTC warned of as a division by zero in this branch, compiled though discarded)
 #pragma unroll
         for (int i = lane; i < ROWS_W * PIECES; i += 32) {
             const int row = i / PIECES, c = i % PIECES;

@@ -292,7 +292,7 @@ def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
     bs = [rng.standard_normal(o).astype(np.float32) for o in widths[1:]]
     mlp = fusedmlp.FusedMLP(ws, bs, act, device="cpu")
-    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
+    plan, source = mlp._render(90, 232448, 132, io, io, 233472)
     assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
     assert ("__cluster_dims__" in source) == (cluster > 1)
     assert_clean_sm90a(source)
@@ -325,21 +325,24 @@ def test_cluster_kernel_takes_residual_networks(widths, act, residual, cluster, 
 
 
 def assert_clean_sm90a(source):
-    """The source compiles for sm_90a without spills, and without ptxas serializing its wgmma (warning C7519: each
-    MMA then waits for the one before, which a branch or wait between a layer's MMAs can cause). NVRTC's own cache
-    is off: a source it answered from there would come with no ptxas report."""
+    """The source compiles for sm_90a without spills, without ptxas serializing its wgmma (warning C7519: each MMA
+    then waits for the one before, which a branch or wait between a layer's MMAs can cause) and without the front
+    end's warnings (a division by a constant zero in a discarded branch was one). NVRTC's own cache is off: a source
+    it answered from there would come with no ptxas report."""
     from fusedmlp import _api, _core
 
     cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
     spills = re.findall(r"(\d+) bytes spill stores", log)
     assert spills and set(spills) == {"0"}, log
     assert "C7519" not in log and "serialized" not in log, log
+    assert "warning #" not in log, log
 
 
+@pytest.mark.parametrize("io", ["float16", "float32"])
 @pytest.mark.parametrize("name", ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128"])
-def test_benchmark_workloads_compile_clean_for_the_h100(name):
-    """Each benchmark workload's default fp16 plan for an H100's limits is on the warpgroup kernel and compiles clean
-    (bench/sass_report.py shows the rest: registers, HGMMA and MUFU counts)."""
+def test_benchmark_workloads_compile_clean_for_the_h100(name, io):
+    """Each benchmark workload's default plan for an H100's limits, fp16 or float32 x and y, is on the warpgroup kernel
+    and compiles clean (bench/sass_report.py shows the rest: registers, HGMMA and MUFU counts)."""
     from fusedmlp import _api, bench
 
     _api._nvrtc_info()
@@ -348,6 +351,6 @@ def test_benchmark_workloads_compile_clean_for_the_h100(name):
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(wl.widths[:-1], wl.widths[1:])]
     bs = [rng.standard_normal(o).astype(np.float32) for o in wl.widths[1:]] if wl.bias else None
     mlp = fusedmlp.FusedMLP(ws, bs, device="cpu", **bench.fused_options(wl))
-    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
+    plan, source = mlp._render(90, 232448, 132, io, io, 233472)
     assert plan.info["wgmma"] == 1
     assert_clean_sm90a(source)
