@@ -65,10 +65,11 @@ __device__ __forceinline__ float fm_reduce_2pi_1(float x) {
 __device__ __forceinline__ float fm_sin_b(float x) { return __sinf(fm_reduce_2pi_1(x)); }
 __device__ __forceinline__ float fm_cos_b(float x) { return __cosf(fm_reduce_2pi_1(x)); }
 // A layer whose arguments the weights keep below 400 or 1000 (render.c, fm_render_trig_bounded) takes fm_sin_d or
-// fm_sin_b in `act` itself. Any other such layer's Layer<l>::act_t takes fm_sin_t, fm_sin_d that notes in `far` an
-// argument of 400 or more (or NaN); the epilogue then redoes its columns with `act`, the forms above (one
-// warp-uniform branch per layer instead of one per element). siren256 (H100, 2^21 rows), layer 0 (x may be anything)
-// on fm_sin_t: 1.40 ms with fm_sin_b and the far check from 1024, 1.30 ms with fm_sin_d from 400.
+// fm_sin_b in `act` itself. Any other sin/cos layer of the warpgroup kernels takes fm_sin_t in Layer<l>::act_t:
+// fm_sin_d, noting in `far` an argument of 400 or more (or NaN); the epilogue then redoes its columns with `act`, the
+// accurate forms above (one warp-uniform branch per layer instead of one per element). siren256 (H100, 2^21 rows),
+// layer 0 (x may be anything) on fm_sin_t: 1.40 ms with fm_sin_b and the far check from 1024, 1.30 ms with fm_sin_d
+// from 400.
 __device__ __forceinline__ float fm_sin_t(bool &far, float x) {
     far |= !(fabsf(x) < 400.0f);
     return fm_sin_d(x);

@@ -718,8 +718,9 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / 16][4], fm_u
 // ------------------------------------------------------------------------------------------------ input
 
 // Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (ROWS_W rows
-// of STAGE_STRIDE out_t; none for float32 y, fm_out) and, unless x's rows land in the input buffer verbatim (IN_DIRECT), a raw buffer holding the
-// warp's 16 rows of x as they are in global memory (contiguous: a strip of x is one run of bytes).
+// of STAGE_STRIDE out_t; none for float32 y, fm_out) and, unless x's rows land in the input buffer verbatim
+// (IN_DIRECT), a raw buffer holding the warp's 16 rows of x as they are in global memory (contiguous: a strip of x is
+// one run of bytes).
 constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
@@ -727,7 +728,7 @@ constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_STRIDE * (int)sizeof(out
 constexpr int WARP_B = BUF_B + STAGE_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B + (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16) : 0) ==
                   SMEM_BYTES,
-              "the layout below is the plan's (plan.c, fm_plan_wgmma_layout and fm_plan_wgmma_raw_bytes)");
+              "the layout below is the plan's (plan.c: fm_plan_wgmma_layout, _stage_bytes, _raw_bytes)");
 
 __device__ __forceinline__ void fm_copy16_async(fm_u32 dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
@@ -756,8 +757,9 @@ __device__ __forceinline__ void fm_copy16_tail(fm_u32 dst, const in_t *src, int 
 __device__ __forceinline__ void fm_prefetch_x(fm_u32 in_buf, fm_u32 raw, const in_t *__restrict__ x, long long r0,
                                               long long rows, int lane) {
     if constexpr (IN_DIRECT) {
-        constexpr int PIECES = IN_DIRECT ? IN_REAL * EB / 16 : 1;  // per row (the other branch's x: never 0, which
-        // NVRTC warned of as a division by zero in this branch, compiled though discarded)
+        // 16-byte pieces per row; 1 where this branch is discarded, which NVRTC still compiles (a zero here was its
+        // warnings #39-D and #179-D, division by zero)
+        constexpr int PIECES = IN_DIRECT ? IN_REAL * EB / 16 : 1;
 #pragma unroll
         for (int i = lane; i < ROWS_W * PIECES; i += 32) {
             const int row = i / PIECES, c = i % PIECES;
