@@ -20,11 +20,15 @@ from fusedmlp.errors import LimitError
 
 
 #: Shapes outside the benchmark's set: residual networks too wide for the register-A kernel (the cluster kernel's
-#: residual epilogues), and siren256 with residual hidden layers.
+#: residual epilogues), siren256 with residual hidden layers, and wide last layers.
 EXTRA = {
     "res256": bench.Workload((64, 256, 256, 256, 256, 256, 64), "gelu", True, residual=True),
     "res224": bench.Workload((64, 224, 224, 224, 224, 224, 64), "relu", True, residual=True),
     "siren256res": bench.Workload((2, 256, 256, 256, 3), "sin", True, residual=True),
+    # wide last layers: on clusters the last layer runs whole in CTA 0 while the others wait; in the register-A kernel
+    # its 128 accumulators leave room for one warpgroup
+    "wideout192": bench.Workload((64, 256, 256, 192), "relu", True),
+    "wideout256": bench.Workload((64, 128, 128, 128, 256), "relu", True),
 }
 
 
