@@ -292,7 +292,7 @@ def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
     bs = [rng.standard_normal(o).astype(np.float32) for o in widths[1:]]
     mlp = fusedmlp.FusedMLP(ws, bs, act, device="cpu")
-    plan, source = mlp._render(90, 232448, 132, io, io, 233472)
+    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
     assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
     assert ("__cluster_dims__" in source) == (cluster > 1)
     assert_clean_sm90a(source)
