@@ -933,6 +933,20 @@ static fm_iv fm_iv_powi(fm_iv a, int k) {
     return fm_iv_of(pow(small, k), pow(fm_iv_mag(a), k));
 }
 
+/* Function nd (a whitelist call) at the single value x, its 2nd and 3rd arguments p[0], p[1]. */
+static double fm_range_at(const fm_node *nd, double x, const double *p) {
+    double d;
+    const double *args[FM_EXPR_MAX_ARGS] = {&x, &p[0], &p[1]};
+    fm_funcs[nd->func].cpu(&d, args, 1);
+    return d;
+}
+
+/* A call's value over [lo, hi] where it is monotone: non-decreasing (up) or non-increasing, from its endpoints. */
+static fm_iv fm_range_monotone(const fm_node *nd, double lo, double hi, const double *p, int up) {
+    const double a = fm_range_at(nd, lo, p), b = fm_range_at(nd, hi, p);
+    return up ? fm_iv_of(a, b) : fm_iv_of(b, a);
+}
+
 static fm_iv fm_range_node(const fm_node *nd, fm_iv x, double *trig) {
     switch (nd->kind) {
     case FM_NODE_NUM: return (fm_iv){nd->value, nd->value};
@@ -959,6 +973,10 @@ static fm_iv fm_range_node(const fm_node *nd, fm_iv x, double *trig) {
     default: return fm_iv_all();
     }
     const double lo = a[0].lo, hi = a[0].hi;
+    /* The 2nd and 3rd arguments where they are single values (constants), else NaN: the defaults where left out. */
+    double p[FM_EXPR_MAX_ARGS - 1];
+    for (int i = 0; i < FM_EXPR_MAX_ARGS - 1; i++)
+        p[i] = nd->nargs > i + 1 ? (a[i + 1].lo == a[i + 1].hi ? a[i + 1].lo : NAN) : fm_funcs[nd->func].defaults[i];
     switch (nd->func) {
     case FM_FUNC_sin:
     case FM_FUNC_cos:
@@ -984,7 +1002,42 @@ static fm_iv fm_range_node(const fm_node *nd, fm_iv x, double *trig) {
      * most max(x, 0) */
     case FM_FUNC_silu:
     case FM_FUNC_gelu:
+    case FM_FUNC_gelu_tanh:
     case FM_FUNC_mish: return (fm_iv){-0.31, fmax(hi, 0.0)};
+    case FM_FUNC_hardswish: return (fm_iv){-0.375, fmax(hi, 0.0)}; /* its minimum, at x = -1.5 */
+    /* Monotone, so the endpoints bound them (below their domains the values are NaN, which ranges leave out). */
+    case FM_FUNC_exp2:
+    case FM_FUNC_expm1:
+    case FM_FUNC_sinh:
+    case FM_FUNC_selu: return fm_range_monotone(nd, lo, hi, p, 1);
+    case FM_FUNC_sqrt:
+    case FM_FUNC_log:
+    case FM_FUNC_log2:
+    case FM_FUNC_log10: return hi < 0.0 ? fm_iv_all() : fm_range_monotone(nd, fmax(lo, 0.0), hi, p, 1);
+    case FM_FUNC_log1p: return hi < -1.0 ? fm_iv_all() : fm_range_monotone(nd, fmax(lo, -1.0), hi, p, 1);
+    case FM_FUNC_asin:
+    case FM_FUNC_acos:
+        if (hi < -1.0 || lo > 1.0)
+            return fm_iv_all();
+        return fm_range_monotone(nd, fmax(lo, -1.0), fmin(hi, 1.0), p, nd->func == FM_FUNC_asin);
+    case FM_FUNC_cosh: /* even, increasing in |x| */
+        return fm_iv_of(cosh(lo <= 0.0 && hi >= 0.0 ? 0.0 : fmin(fabs(lo), fabs(hi))), cosh(fm_iv_mag(a[0])));
+    case FM_FUNC_leaky_relu: /* slope >= 0 */
+    case FM_FUNC_elu:        /* alpha >= 0 */
+        return p[0] >= 0.0 ? fm_range_monotone(nd, lo, hi, p, 1) : fm_iv_all();
+    case FM_FUNC_hardtanh: /* min(max(x, lo), hi) for lo <= hi */
+        return p[0] <= p[1] ? fm_range_monotone(nd, lo, hi, p, 1) : fm_iv_all();
+    case FM_FUNC_softplus: {
+        /* beta > 0: log1p(exp(beta x)) / beta up to x0 = threshold / beta, x past it; each piece increasing, and the
+         * first ends a little above x0 (by about exp(-threshold) / beta), so the pieces' ends bound the jump. */
+        const double x0 = p[1] / p[0];
+        if (!(p[0] > 0.0) || isnan(x0))
+            return fm_iv_all();
+        fm_iv r = fm_range_monotone(nd, lo, hi, p, 1);
+        if (lo <= x0 && hi > x0)
+            r = fm_iv_of(fmin(r.lo, x0), fmax(r.hi, fm_range_at(nd, x0, p)));
+        return r;
+    }
     default: return fm_iv_all();
     }
 }

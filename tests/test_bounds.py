@@ -21,6 +21,11 @@ EXPRESSIONS = [
     ("x * x", None), ("x^3 - 2*x", None), ("1 / (2 + x)", None), ("min(x, 1) + max(x, -2)", None),
     ("floor(x) + ceil(x)", None), ("atan(x) + erf(x) + softsign(x)", None), ("hardsigmoid(x) - exp(x)", None),
     ("square(x - 1)", None),
+    ("sin(leaky_relu(x, 0.2) * 3)", "leaky_relu(x, 0.2) * 3"), ("cos(elu(x))", "elu(x)"), ("elu(x, 0.5) + selu(x)", None),
+    ("sin(softplus(x))", "softplus(x)"), ("softplus(x, 2, 3) - softplus(x, 0.5, 1)", None),
+    ("hardtanh(x)", None), ("sin(hardtanh(x, -2, 0.5) * 40)", "hardtanh(x, -2, 0.5) * 40"),
+    ("hardswish(x) + gelu_tanh(x)", None), ("sqrt(x) + log1p(x)", None), ("log(x) + log2(x) - log10(x)", None),
+    ("expm1(x) + exp2(x)", None), ("sinh(x) - cosh(x)", None), ("asin(x) + acos(x) * 2", None),
 ]
 INTERVALS = [(-1.0, 1.0), (-3.0, 2.5), (0.5, 4.0), (-20.0, -0.25), (-0.001, 0.002), (-700.0, 60.0)]
 
@@ -45,7 +50,10 @@ def test_expression_ranges_enclose_every_value_and_sine_argument(text, arg, lo, 
 
 def test_unmodelled_or_unbounded_parts_give_no_sine_bound():
     assert _core.expr_range("sin(1 / x)", -1, 1)[2] == math.inf  # the divisor's interval holds 0
-    assert _core.expr_range("sin(leaky_relu(x))", -1, 1)[2] == math.inf  # not modelled: the whole line
+    assert _core.expr_range("sin(tan(x))", -1, 1)[2] == math.inf  # not modelled: the whole line
+    assert _core.expr_range("sin(leaky_relu(x, -0.5))", -1, 1)[2] == math.inf  # not monotone: the whole line
+    assert _core.expr_range("sin(leaky_relu(x, x))", -1, 1)[2] == math.inf  # a slope that varies: the whole line
+    assert _core.expr_range("sin(hardtanh(x * 5))", -math.inf, math.inf)[2] == 1.0  # bounded whatever x is
     assert _core.expr_range("sin", -math.inf, 3)[2] == math.inf
     assert _core.expr_range("sin(tanh(x))", -math.inf, math.inf)[2] == 1.0  # bounded whatever x is
     assert _core.expr_range("tanh", -math.inf, math.inf)[:2] == (-1.0, 1.0)
@@ -62,6 +70,8 @@ def test_preactivation_bounds_follow_the_weights_where_the_input_is_bounded():
     assert bounds[1] == pytest.approx(max(1 + 2 + 0.5, 3 + 0.5 + 1) * 1.01)  # tanh's output in [-1, 1]
     assert bounds[2] == pytest.approx(8 * 1.01)  # sin's too
     assert _core.Network([w0, w1, w2], [None, b1, None], ["relu", "sin", "none"]).preact_bounds()[1] == math.inf
+    clamped = _core.Network([w0, w1, w2], [None, b1, None], ["hardtanh(x, -2, 0.5)", "sin", "none"])
+    assert clamped.preact_bounds()[1] == pytest.approx(max(1 * 2 + 2 * 2 + 0.5, 3 * 2 + 0.5 * 2 + 1) * 1.01)
     with_residual = _core.Network([w0, w1, w2], [None, b1, None], ["tanh", "sin", "none"],
                                   residuals=[None, (1, "none", 0), None])
     assert with_residual.preact_bounds()[2] == math.inf  # h = sin(.) + r: r is unbounded
