@@ -844,6 +844,19 @@ def test_siren_hidden_layers_bounded_by_their_weights_run_branch_free(rng):
     assert np.array_equal(y_nan[keep], y[keep])
 
 
+def test_a_sine_after_a_clamp_runs_the_direct_form(rng):
+    """hardtanh bounds its output, so the weights bound the next layer's pre-activations (fm_expr_range models the
+    clamp): sin(3 z) there renders fm_sin_d, with no far check anywhere. Every kernel form against float64."""
+    widths = [3, 128, 128, 4]
+    ws, bs = torch_init(rng, widths, True)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=["hardtanh(x, -2, 2)", "sin(3*x)", "none"], device="cuda")
+    assert 3 * mlp._net.preact_bounds()[1] < 400
+    assert "float act(float x) { return fm_sin_d((3.0f * x)); }" in mlp.source and "fm_sin_t(far, " not in mlp.source
+    x = (rng.standard_normal((4099, 3)) * 2).astype(np.float16)
+    ref = graph_reference(x, ws, bs, mlp)
+    assert_every_kernel_form(mlp, x, ref, 3 * FP16_TOL)
+
+
 @pytest.mark.parametrize("act", ["sin", "cos"])
 @pytest.mark.parametrize("form,limit", [("b", 980), ("d", 390)])
 def test_branch_free_sine_of_a_bounded_hidden_layer_at_exact_arguments(act, form, limit):
