@@ -915,6 +915,8 @@ typedef struct fm_iv {
 static fm_iv fm_iv_all(void) { return (fm_iv){-INFINITY, INFINITY}; }
 static fm_iv fm_iv_of(double a, double b) { return isnan(a) || isnan(b) ? fm_iv_all() : (fm_iv){a, b}; }
 static double fm_iv_mag(fm_iv a) { return fmax(fabs(a.lo), fabs(a.hi)); }
+/* The smallest |x| in a: 0 where it holds 0. */
+static double fm_iv_mig(fm_iv a) { return a.lo <= 0.0 && a.hi >= 0.0 ? 0.0 : fmin(fabs(a.lo), fabs(a.hi)); }
 static fm_iv fm_iv_mul(fm_iv a, fm_iv b) {
     double p[4] = {a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi}, lo = p[0], hi = p[0];
     for (int i = 0; i < 4; i++) {
@@ -929,8 +931,7 @@ static fm_iv fm_iv_mul(fm_iv a, fm_iv b) {
 static fm_iv fm_iv_powi(fm_iv a, int k) {
     if (k % 2)
         return fm_iv_of(pow(a.lo, k), pow(a.hi, k));
-    const double small = a.lo <= 0.0 && a.hi >= 0.0 ? 0.0 : fmin(fabs(a.lo), fabs(a.hi));
-    return fm_iv_of(pow(small, k), pow(fm_iv_mag(a), k));
+    return fm_iv_of(pow(fm_iv_mig(a), k), pow(fm_iv_mag(a), k));
 }
 
 /* Function nd (a whitelist call) at the single value x, its 2nd and 3rd arguments p[0], p[1]. */
@@ -991,7 +992,7 @@ static fm_iv fm_range_node(const fm_node *nd, fm_iv x, double *trig) {
     case FM_FUNC_none:
     case FM_FUNC_identity: return a[0];
     case FM_FUNC_relu: return (fm_iv){fmax(lo, 0.0), fmax(hi, 0.0)};
-    case FM_FUNC_abs: return (fm_iv){lo <= 0.0 && hi >= 0.0 ? 0.0 : fmin(fabs(lo), fabs(hi)), fm_iv_mag(a[0])};
+    case FM_FUNC_abs: return (fm_iv){fm_iv_mig(a[0]), fm_iv_mag(a[0])};
     case FM_FUNC_square: return fm_iv_powi(a[0], 2);
     case FM_FUNC_min: return (fm_iv){fmin(lo, a[1].lo), fmin(hi, a[1].hi)};
     case FM_FUNC_max: return (fm_iv){fmax(lo, a[1].lo), fmax(hi, a[1].hi)};
@@ -1021,7 +1022,7 @@ static fm_iv fm_range_node(const fm_node *nd, fm_iv x, double *trig) {
             return fm_iv_all();
         return fm_range_monotone(nd, fmax(lo, -1.0), fmin(hi, 1.0), p, nd->func == FM_FUNC_asin);
     case FM_FUNC_cosh: /* even, increasing in |x| */
-        return fm_iv_of(cosh(lo <= 0.0 && hi >= 0.0 ? 0.0 : fmin(fabs(lo), fabs(hi))), cosh(fm_iv_mag(a[0])));
+        return fm_iv_of(cosh(fm_iv_mig(a[0])), cosh(fm_iv_mag(a[0])));
     case FM_FUNC_leaky_relu: /* slope >= 0 */
     case FM_FUNC_elu:        /* alpha >= 0 */
         return p[0] >= 0.0 ? fm_range_monotone(nd, lo, hi, p, 1) : fm_iv_all();
