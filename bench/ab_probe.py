@@ -4,16 +4,20 @@ rounds on the same inputs.
 
     mkdir -p build/ab_base && for f in kernel_templates/*; do git show HEAD:$f > build/ab_base/${f##*/}; done
     python bench/ab_probe.py --base build/ab_base [--base other] [--rows 2097152] [--rounds 7] [--plan warps=12]
-        [workload ...]
+        [--check] [workload ...]
 
 (build/ is git-ignored: the device tool carries it when named in `carry`.) Prints per workload the median over
 rounds of each kernel's time (Kernel.time: best of 5 launches) and its ratio to A's. Every kernel comes from the
-same plan (the default one, or the forced --plan options), so only the templates differ.
+same plan (the default one, or the forced --plan options), so only the templates differ. --check first runs every
+kernel on the same random rows and prints whether each one's outputs are A's bit for bit, and each one's relative L2
+error against the CPU reference (a change that only reorders work must leave the bits as they were).
 """
 
 import argparse
 import functools
 import statistics
+
+import numpy as np
 
 from act_cost import workload_weights  # bench/ is the script's folder, so on sys.path
 
@@ -31,7 +35,21 @@ def build(wl, forced, template):
         kernel, plan, source, _ = mlp._build("float16", **forced)
     finally:
         _api._template = own
-    return kernel, plan, source
+    return kernel, plan, source, mlp
+
+
+def check(name, builds, labels, rows=65536 + 37):
+    """Prints whether each build's outputs on the same random rows are A's bit for bit, and its error."""
+    mlp = builds[0][3]
+    x = np.random.default_rng(1).uniform(-1, 1, (rows, mlp.widths[0])).astype(np.float16)
+    ref = mlp._net.forward_cpu(x.astype(np.float32)).astype(np.float64)
+    ys = [kernel.run(x, poison=True) for kernel, *_ in builds]
+    parts = []
+    for label, y in zip(labels, ys):
+        err = np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref)
+        same = "A's bits" if np.array_equal(y.view(np.uint16), ys[0].view(np.uint16)) else "DIFFERS from A"
+        parts.append(f"{label} {same}, rel err {err:.2e}")
+    print(f"{name:9s} check, {rows} rows: " + "  ".join(parts), flush=True)
 
 
 def main(argv=None):
@@ -41,6 +59,7 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=2**21)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--plan", default="", help="forced plan options for all, e.g. warps=12")
+    ap.add_argument("--check", action="store_true", help="compare the kernels' outputs first")
     args = ap.parse_args(argv)
     forced = {k: int(v) for k, v in (item.split("=") for item in args.plan.split(",") if item)}
     labels = [chr(ord("A") + i) for i in range(len(args.base) + 1)]
@@ -48,10 +67,12 @@ def main(argv=None):
         wl = bench.WORKLOADS[name]
         builds = [build(wl, forced, functools.partial(_api._template, folder=b)) for b in args.base]
         builds.append(build(wl, forced, _api._template))
-        sources = {src for _, _, src in builds}
+        sources = {src for _, _, src, _ in builds}
+        if args.check:
+            check(name, builds, labels)
         times = [[] for _ in builds]
         for _ in range(args.rounds):
-            for kernel_times, (kernel, _, _) in zip(times, builds):
+            for kernel_times, (kernel, *_) in zip(times, builds):
                 kernel_times.append(kernel.time(args.rows, 5))
         medians = [statistics.median(t) for t in times]
         info = builds[-1][1].info
