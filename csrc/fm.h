@@ -228,9 +228,10 @@ typedef struct fm_plan {
                                         the core-matrix layout, fm_plan_w_index); 0: the mma.sync kernel */
     /* The shared-memory-A form of the warpgroup kernel (0: not it). Layer outputs go to a per-warpgroup shared buffer
      * (core-matrix layout) that the next layer's wgmma reads; a cluster of `cluster` CTAs runs the same rows, CTA r
-     * computing columns [r, r + 1) * n_chunk[l] of every layer but the last (which CTA 0 computes whole) and sending
-     * them to the others' buffers (distributed shared memory). So each CTA holds 1/cluster of the hidden weights:
-     * siren256's 280 KB do not fit one CTA, its halves do. Hidden widths are padded to 16 * cluster. */
+     * computing columns [r, r + 1) * n_chunk[l] of every layer and sending them to the others' buffers (distributed
+     * shared memory); a last layer of up to 16 columns is not split (n_chunk = n_pad: CTA 0 computes it whole). So
+     * each CTA holds 1/cluster of the weights: siren256's 280 KB do not fit one CTA, its halves do. Split widths are
+     * padded to 16 * cluster. */
     int cluster;
     size_t w_rank_elems;             /* cluster plans: elements of one CTA's share of the blob (w_offset is within
                                         it; CTA r's share starts at r * w_rank_elems) */

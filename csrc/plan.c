@@ -33,10 +33,13 @@ fm_status fm_target_for_arch(int arch, fm_target *t, fm_error *err) {
 
 static int fm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-/* Bytes per row of the last layer's staged output: out_t, plus a 16-byte pad (the template's STAGE_STRIDE). The
- * padded width is a multiple of 16 elements, so this is an odd number of 16-byte units. */
+/* Bytes per row of the last layer's staged output: out_t, plus a 16-byte pad (the template's STAGE_STRIDE, and
+ * STAGE_W in the warpgroup kernel). A cluster plan's CTA stages only the columns it computes (n_chunk: all of them in
+ * CTA 0, or its share where the last layer is split). The width is a multiple of 16 elements, so this is an odd
+ * number of 16-byte units. */
 static int fm_stage_row_bytes(const fm_plan *p) {
-    return p->n_pad[p->num_layers - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
+    const int l = p->num_layers - 1;
+    return (p->cluster ? p->n_chunk[l] : p->n_pad[l]) * (int)fm_dtype_size(p->out_dtype) + 16;
 }
 
 /* Elements per row of an activation buffer: wide enough for every value and, where the last layer stages its output
@@ -63,7 +66,7 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */
     const size_t chunks = (size_t)(plan->k_pad[l] / per16);
     size_t base = plan->w_offset[l];
-    if (plan->cluster && l < plan->num_layers - 1) { /* CTA n / n_chunk's share of the layer's rows */
+    if (plan->cluster) { /* CTA n / n_chunk's share of the layer's rows (a last layer not split: all in CTA 0's) */
         base += (size_t)(n / plan->n_chunk[l]) * plan->w_rank_elems;
         n %= plan->n_chunk[l];
     }
@@ -297,8 +300,8 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
 }
 
 /* Lays out the weight and bias blobs: per layer, n_pad rows of k_pad (plus the mma.sync row pad). A cluster plan's
- * blob is one share per CTA, each with n_chunk rows of every layer (the last layer whole, in CTA 0's share; the
- * others leave it zero and do not copy it). */
+ * blob is one share per CTA, each with n_chunk rows of every layer (a last layer not split: whole, in CTA 0's share;
+ * the others leave it zero and do not copy it). */
 static void fm_plan_blobs(fm_plan *p) {
     p->w_elems = 0;
     p->b_floats = 0;
@@ -328,18 +331,25 @@ static fm_status fm_plan_cluster(fm_plan *p, const fm_target *t, const fm_plan_o
     const int L = p->num_layers;
     p->wgmma = 1;
     p->cluster = cluster;
+    /* The last layer is split over the cluster like the hidden ones where it is wider than one 16-column group: whole
+     * in CTA 0 it left the others idle for its MMAs (64-256-256-192 on clusters of 4 ran 1.9x mma.sync's time, H100)
+     * and made CTA 0 hold all its weights and a stage of its width (2-256-256-256 with 16-bit y fitted no cluster). A
+     * narrow one (siren256's 3 columns) stays in CTA 0: split, it would pad to 16 columns per CTA and send the last
+     * exchange to every CTA for nothing. */
+    const int split_last = cluster > 1 && p->n_real[L - 1] > 16;
     for (int l = 0; l < L; ++l) {
-        if (l < L - 1)
+        const int split = l < L - 1 || split_last;
+        if (split)
             p->n_pad[l] = fm_round_up(p->n_real[l], 16 * cluster);
         if (l > 0)
             p->k_pad[l] = p->k0_pad[l] = p->n_pad[l - 1];
-        p->n_chunk[l] = l < L - 1 ? p->n_pad[l] / cluster : p->n_pad[l];
+        p->n_chunk[l] = split ? p->n_pad[l] / cluster : p->n_pad[l];
     }
     fm_plan_blobs(p);
     /* Over 255 (224 or more columns per CTA): with a sin activation, whose epilogue stores the columns a second time
      * through calls to sinf where an argument was far, 224 columns spilled 224 bytes (ptxas keeps the accumulators
      * around the calls); 112 and 128 columns did not. */
-    for (int l = 0; l < L - 1; ++l)
+    for (int l = 0; l < (split_last ? L : L - 1); ++l)
         if (fm_cluster_layer_regs(p, l) > 255)
             return fm_fail(err, FM_ERR_LIMIT, "cluster=%d: layer %d's %d columns per CTA would not fit the registers",
                            cluster, l, p->n_chunk[l]);
@@ -361,22 +371,25 @@ static fm_status fm_plan_cluster(fm_plan *p, const fm_target *t, const fm_plan_o
                    p->w_rank_elems * (size_t)p->elem_bytes, t->smem_per_block, t->arch);
 }
 
-/* The auto choice among cluster plans: the fewest CTAs per cluster that give two warpgroups per CTA (one leaves the
- * tensor pipe idle during its epilogue), else any that fits. Returns 1 with the plan in *p, else 0 (*p unchanged). */
+/* The auto choice among cluster plans, the first of these that fits: two warpgroups per CTA (one leaves the tensor
+ * pipe idle during its epilogue) on clusters of 1 or 2; one on clusters of 2; two on clusters of 4; then any.
+ * Clusters of 4 come after one warpgroup on clusters of 2 because the H100 runs only 30 of them at once (120 of its
+ * 132 SMs, cuOccupancyMaxActiveClusters) and each CTA sends to three others: 64-256-256-192 and 2-256-256-256 ran
+ * 12-14% faster at 2^18 and 2^21 rows on clusters of 2 with one warpgroup (bench/results/h100/plan_probe_s15.txt).
+ * Returns 1 with the plan in *p, else 0 (*p unchanged). */
 static int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int widest,
                                 const int *value_pad) {
-    static const int sizes[] = {1, 2, 4};
-    for (int pass = 0; pass < 2; ++pass)
-        for (int i = 0; i < 3; ++i) {
-            fm_plan cand = *p;
-            fm_error quiet = {0};
-            fm_status st = fm_plan_cluster(&cand, t, opts, sizes[i], widest, value_pad, &quiet);
-            fm_error_clear(&quiet);
-            if (st == FM_OK && (pass == 1 || cand.warps >= 8 || opts->warps)) {
-                *p = cand;
-                return 1;
-            }
+    static const int order[][2] = {{1, 8}, {2, 8}, {2, 4}, {4, 8}, {1, 4}, {4, 4}}; /* CTAs, fewest warps */
+    for (int i = 0; i < 6; ++i) {
+        fm_plan cand = *p;
+        fm_error quiet = {0};
+        fm_status st = fm_plan_cluster(&cand, t, opts, order[i][0], widest, value_pad, &quiet);
+        fm_error_clear(&quiet);
+        if (st == FM_OK && (cand.warps >= order[i][1] || opts->warps)) {
+            *p = cand;
+            return 1;
         }
+    }
     return 0;
 }
 

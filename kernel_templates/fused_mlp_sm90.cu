@@ -92,6 +92,12 @@ __device__ __forceinline__ void fm_d_init(float (&d)[W / 2], int c0, int t, cons
 // of a row), so no stage: a float32 stage row is twice a 16-bit x row, and with it res128 (float32 x and y) fitted
 // one warpgroup per CTA.
 constexpr bool OUT_DIRECT = FM_OUT_TYPE == 0;
+// The cluster kernel's last layer split over the CTAs like the hidden layers (plan.c: wider than 16 columns), each
+// CTA computing and storing its share of y's columns; else CTA 0 computes it whole.
+constexpr bool SPLIT_LAST = FM_CLUSTER > 1 && Layer<LAST>::NC < Layer<LAST>::N;
+// out_t elements per stage row: the columns this CTA computes in the last layer (a cluster plan's n_chunk), and a
+// 16-byte pad (plan.c, fm_stage_row_bytes).
+constexpr int STAGE_W = (FM_CLUSTER > 0 ? Layer<LAST>::NC : OUT_PAD) + 16 / (int)sizeof(out_t);
 struct fm_out {
     fm_u32 stage;    // staged: this lane's byte address in the warp's stage at (row g, col 0)
     out_t *y;        // direct: y
@@ -100,11 +106,11 @@ struct fm_out {
 };
 
 // The last layer's result at (row g + 8 hh, cols col, col + 1) of this warp's strip, from the accumulators v0, v1
-// (and the residual operand r0, r1), into the warp's output stage (zeros where the tile is padding: live false), or
-// into y (its real columns only).
+// (and the residual operand r0, r1), into the warp's output stage at column scol (zeros where the tile is padding:
+// live false), or into y (its real columns only).
 template <int L>
-__device__ __forceinline__ void fm_stage_pair(const fm_out &out, int hh, int col, bool live, float v0, float v1,
-                                              float r0, float r1) {
+__device__ __forceinline__ void fm_stage_pair(const fm_out &out, int hh, int col, int scol, bool live, float v0,
+                                              float v1, float r0, float r1) {
     if constexpr (OUT_DIRECT) {
         if (!live || 8 * hh >= out.rows)
             return;
@@ -120,8 +126,32 @@ __device__ __forceinline__ void fm_stage_pair(const fm_out &out, int hh, int col
                 p[1] = (out_t)v1;
         }
     } else {
-        const fm_u32 addr = out.stage + 8 * hh * STAGE_STRIDE * (int)sizeof(out_t) + col * (int)sizeof(out_t);
+        const fm_u32 addr = out.stage + 8 * hh * STAGE_W * (int)sizeof(out_t) + scol * (int)sizeof(out_t);
         fm_st_shared(addr, live ? fm_epilogue16<L, FM_OUT_TYPE>(v0, v1, r0, r1, col) : 0u);
+    }
+}
+
+// Columns [c0, c0 + W) of y in the warp's nrows staged rows from r0 on (stage column 0 holds y's column c0), into y:
+// in 16-byte pieces where every row's piece is whole and aligned (y's rows and W in whole pieces; c0 is a multiple of
+// 16 columns), else element by element.
+template <int W>
+__device__ __forceinline__ void fm_store_stage(out_t *__restrict__ y, const act_t *buf, long long r0, int nrows,
+                                               int c0, int lane) {
+    const out_t *stage = (const out_t *)buf;
+    constexpr int VEC = 16 / (int)sizeof(out_t);
+    if constexpr (W > 0 && OUT_REAL % VEC == 0 && W % VEC == 0) {
+        constexpr int CHUNKS = W / VEC;
+        for (int i = lane; i < nrows * CHUNKS; i += 32) {
+            const int row = i / CHUNKS, c = (i % CHUNKS) * VEC;
+            *(fm_v4 *)(y + (r0 + row) * OUT_REAL + c0 + c) = *(const fm_v4 *)(stage + row * STAGE_W + c);
+        }
+    } else if constexpr (W == OUT_REAL) {  // whole rows: one run of y
+        const long long base = r0 * OUT_REAL;
+        for (int e = lane; e < nrows * W; e += 32)
+            y[base + e] = stage[(e / W) * STAGE_W + e % W];
+    } else if constexpr (W > 0) {
+        for (int e = lane; e < nrows * W; e += 32)
+            y[(r0 + e / W) * OUT_REAL + c0 + e % W] = stage[(e / W) * STAGE_W + e % W];
     }
 }
 
@@ -194,7 +224,7 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
             if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment J/2, half J%2
                 fm_unpack2(a[J / 2][(J % 2) * 2 + hh], r0, r1);
             if constexpr (L == LAST) {
-                fm_stage_pair<L>(stage, hh, col, live, v0, v1, r0, r1);
+                fm_stage_pair<L>(stage, hh, col, col, live, v0, v1, r0, r1);
             } else {
                 h[J / 2][(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
             }
@@ -279,7 +309,8 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_
 // row r at r * 16 in it), which the next layer's wgmma reads through a descriptor. A cluster of FM_CLUSTER CTAs runs
 // the same rows: CTA r holds rows [r, r + 1) * NC of every hidden layer's weights and computes those columns, stores
 // them into its own A buffer, and copies them (cp.async.bulk, 64 x NC x 2 bytes) into the same place in the others'
-// buffers. The last layer runs whole in CTA 0, which alone writes y. A residual is the layer's own input: the same
+// buffers. The last layer too, where it is wider than 16 columns (SPLIT_LAST), each CTA then storing its columns of y;
+// a narrower one runs whole in CTA 0, which alone writes y. A residual is the layer's own input: the same
 // columns of the A buffer as the ones the layer's output overwrites (layer 0: x's fragments).
 //
 // Per warpgroup and CTA, two mbarriers order the exchange of each hidden layer's output ("exchange" e):
@@ -516,20 +547,20 @@ __device__ __forceinline__ void fm_cl_store_again(const float (&d)[Layer<L>::NC 
     }
 }
 
-// The exchange of layer L's output (this CTA's columns, stored and fenced by the warpgroup): once the other CTAs
-// have finished reading their buffers (empty), the warpgroup's elected thread copies the columns into them, and
-// announces on `full` the bytes the others send it. Layer L + 1 == LAST's input goes to CTA 0 only; there the
-// others' `full` is completed by CTA 0's arrival once CTA 0 has passed its wait on `empty`. Without that, nothing
-// held a CTA r > 0 back: it went on to the next tile and arrived on CTA 0's `empty` again (after its next layer 0
-// MMA), and where CTA 0 was slow to reach its wait (its far-argument redo, H100), that barrier completed a second
-// phase first and the wait on the parity of the first never returned (bench/sin_hang_probe.py). It runs while the
-// warpgroup's first MMAs of layer L + 1 are in flight, so it has no branch: every thread waits on `empty`, and the
-// elected thread's copies and arrivals are predicated (a divergent path there made ptxas serialize every wgmma of
-// the kernel, its warning C7519).
+// The exchange of layer L's output (this CTA's columns, stored and fenced by the warpgroup): once the other CTAs have
+// finished reading their buffers (empty), the warpgroup's elected thread copies the columns into them, and announces on
+// `full` the bytes the others send it. Where the last layer is not split (!SPLIT_LAST), its input (L + 1 == LAST) goes
+// to CTA 0 only; there the others' `full` is completed by CTA 0's arrival once CTA 0 has passed its wait on `empty`.
+// Without that, nothing held a CTA r > 0 back: it went on to the next tile and arrived on CTA 0's `empty` again (after
+// its next layer 0 MMA), and where CTA 0 was slow to reach its wait (its far-argument redo, H100), that barrier
+// completed a second phase first and the wait on the parity of the first never returned (bench/sin_hang_probe.py). It
+// runs while the warpgroup's first MMAs of layer L + 1 are in flight, so it has no branch: every thread waits on
+// `empty`, and the elected thread's copies and arrivals are predicated (a divergent path there made ptxas serialize
+// every wgmma of the kernel, its warning C7519).
 template <int L> __device__ __forceinline__ void fm_cl_send(const fm_cl_state &s) {
     if constexpr (CL > 1) {
         constexpr fm_u32 bytes = Layer<L>::NC * 64 * EB;
-        constexpr bool to_all = L + 1 < LAST;
+        constexpr bool to_all = L + 1 < LAST || SPLIT_LAST;
         const fm_u32 elected = (threadIdx.x & 127) == 0;
         const fm_u32 src = s.abuf + s.rank * (Layer<L>::NC / 8) * CHUNK_B;
         fm_mbar_expect(elected & (to_all || s.rank == 0), s.full, (CL - 1) * bytes);
@@ -586,10 +617,10 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
     constexpr int NC = Ly::NC;
     constexpr int KS = Ly::K / 16;
     constexpr fm_u32 SBO = Ly::K * EB * 8;
-    static_assert(L == LAST || NC * CL == Ly::N, "each CTA computes NC of a hidden layer's columns");
+    static_assert((L == LAST && !SPLIT_LAST) || NC * CL == Ly::N, "each CTA computes NC of a split layer's columns");
     static_assert(Ly::RES == 0 || L == 0 || (L == LAST ? Ly::K >= Ly::N : Ly::K == Ly::N),
                   "a residual is the layer's own input, its columns split as the layer's (fm_cl_residual)");
-    const int c0 = L == LAST ? 0 : (int)s.rank * NC;
+    const int c0 = L == LAST && !SPLIT_LAST ? 0 : (int)s.rank * NC;
     const int t = s.lane & 3;
     float d[NC / 2];  // as in fm_layer_cols, for columns c0 + 8 j + 2 t (+ 1); starting at the bias, scale-d 1
     fm_d_init<L, NC, Ly::BIAS>(d, c0, t, bias);
@@ -603,7 +634,8 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
         constexpr int QK = Layer<L - 1>::NC / 16;  // k steps per CTA's share of the input
         static_assert(QK * CL == KS, "layer L's input is the CTAs' shares of layer L - 1's output");
         const unsigned long long adesc = fm_desc2(s.abuf, CHUNK_B, 128);
-        if constexpr (L == LAST) {  // CTA 0 only: under `rank == 0`, where a wait between MMAs serializes them
+        if constexpr (L == LAST && !SPLIT_LAST) {  // CTA 0 only: under `rank == 0`, where a wait between MMAs
+                                                    // serializes them
             if constexpr (CL > 1)
                 fm_cl_exchange<L - 1>(s);
             fm_wg_fence();
@@ -631,17 +663,18 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
         for (int p = 0; p < NC / 16; ++p) {
             fm_u32 r[4] = {0u, 0u, 0u, 0u};
             if constexpr (Ly::RES != 0)
-                fm_cl_residual<L>(r, a, p, 0, s.rank, s.st_lane);
+                fm_cl_residual<L>(r, a, p, c0, s.rank, s.st_lane);
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
-                const int j = 2 * p + jj, col = 8 * j + 2 * t;
-                const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;
+                const int j = 2 * p + jj, col = c0 + 8 * j + 2 * t;
+                const bool live = Ly::NR == Ly::N || c0 + 8 * j < Ly::NR;
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     float r0 = 0.0f, r1 = 0.0f;
                     if constexpr (Ly::RES != 0)
                         fm_unpack2(r[2 * jj + hh], r0, r1);
-                    fm_stage_pair<L>(stage, hh, col, live, d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], r0, r1);
+                    fm_stage_pair<L>(stage, hh, col, col - c0, live, d[4 * j + 2 * hh], d[4 * j + 2 * hh + 1], r0,
+                                     r1);
                 }
             }
         }
@@ -698,7 +731,7 @@ __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4],
     } else if constexpr (L < LAST) {
         fm_cl_layer<L>(a, w_base, bias, stage, s);
         fm_cl_network<L + 1>(a, w_base, bias, stage, s);
-    } else if (s.rank == 0) {
+    } else if (SPLIT_LAST || s.rank == 0) {
         fm_cl_layer<L>(a, w_base, bias, stage, s);
     } else if constexpr (CL > 1) {
         fm_cl_exchange<L - 1>(s);
@@ -718,13 +751,13 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / 16][4], fm_u
 // ------------------------------------------------------------------------------------------------ input
 
 // Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (ROWS_W rows
-// of STAGE_STRIDE out_t; none for float32 y, fm_out) and, unless x's rows land in the input buffer verbatim
+// of STAGE_W out_t; none for float32 y, fm_out) and, unless x's rows land in the input buffer verbatim
 // (IN_DIRECT), a raw buffer holding the warp's 16 rows of x as they are in global memory (contiguous: a strip of x is
 // one run of bytes).
 constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
-constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_STRIDE * (int)sizeof(out_t);
+constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_W * (int)sizeof(out_t);
 constexpr int WARP_B = BUF_B + STAGE_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B + (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16) : 0) ==
                   SMEM_BYTES,
@@ -841,9 +874,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
 
     for (int i = threadIdx.x; i < B_FLOATS; i += THREADS)
         s_bias[i] = bias[i];
-    // FM_CLUSTER: this CTA's share; the last layer's weights (at the end of a share) only in CTA 0, which runs it.
+    // FM_CLUSTER: this CTA's share; a last layer not split has its weights (at the end of a share) only in CTA 0.
     fm_copy_block(s_w, w + (size_t)rank * W_SMEM_ELEMS,
-                  FM_CLUSTER > 0 && rank != 0 ? (int)Layer<LAST>::W_OFF : W_SMEM_ELEMS);
+                  FM_CLUSTER > 0 && !SPLIT_LAST && rank != 0 ? (int)Layer<LAST>::W_OFF : W_SMEM_ELEMS);
     fm_copy_commit();
     // The input buffer's padding columns stay zero: only x's columns are ever written into it.
     for (int i = lane; i < BUF_B / 16; i += 32)
@@ -863,7 +896,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
 
     const fm_u32 w_base = fm_smem_addr(s_w);
     const fm_u32 a_lane = in_addr + (lane & 15) * ROW_B + (lane >> 4) * 16;  // ldmatrix roles, as in fused_mlp.cu
-    const fm_u32 stage_lane = out_addr + (lane >> 2) * STAGE_STRIDE * (int)sizeof(out_t);
+    const fm_u32 stage_lane = out_addr + (lane >> 2) * STAGE_W * (int)sizeof(out_t);
     for (long long tile = FM_TILE0; tile < tiles; tile += FM_TILE_STEP) {
         const long long r0 = tile * ROWS_CTA + strip;
         const long long left = rows - r0;
@@ -885,8 +918,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         fm_run_network<FM_CLUSTER>(a, w_base, s_bias, out, lane, cl);
         if constexpr (!OUT_DIRECT) {
             __syncwarp();
-            if (nrows > 0 && rank == 0)
-                fm_store_output(y, out_buf, r0, nrows, lane);
+            if constexpr (SPLIT_LAST) {  // this CTA's columns of y (none past its real columns)
+                constexpr int NCL = Layer<LAST>::NC;
+                const int c0 = (int)rank * NCL;
+                if (nrows > 0 && c0 + NCL <= OUT_REAL)
+                    fm_store_stage<NCL>(y, out_buf, r0, nrows, c0, lane);
+                else if (nrows > 0 && c0 < OUT_REAL)
+                    fm_store_stage<OUT_REAL % NCL>(y, out_buf, r0, nrows, c0, lane);
+            } else if (nrows > 0 && rank == 0) {
+                fm_store_stage<OUT_REAL>(y, out_buf, r0, nrows, 0, lane);
+            }
             __syncwarp();  // the stage is read before the next tile's last layer writes it
         }
     }

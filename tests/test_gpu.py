@@ -729,6 +729,47 @@ def test_cluster_kernel_loops_over_hidden_layers_with_the_same_code(rng, widths,
     assert checked >= 3 and not failures, (checked, failures)
 
 
+@pytest.mark.parametrize("widths,residual", [
+    ([3, 256, 256, 17], None),     # clusters of 4: 16 columns a CTA, CTA 1 stores one, CTAs 2 and 3 none
+    ([17, 224, 224, 40], None),    # 40 % VEC == 0: the last real share stored in 16-byte pieces
+    ([2, 256, 256, 100], None),    # 100: element by element
+    ([64, 256, 256, 192], None),   # clusters of 4 ran it 1.9x mma.sync's time with the last layer whole in CTA 0
+    ([2, 256, 256, 256], None),    # with 16-bit y no cluster plan held it before
+    ([5, 256, 256, 256], {2: ("add", "tanh")}),  # a residual on the split last layer: its operand by column share
+])
+def test_cluster_kernel_splits_a_wide_last_layer(rng, widths, residual):
+    """A last layer wider than 16 columns is split over the cluster like the hidden layers: each CTA computes its
+    share of the columns from the whole exchanged input and stores those columns of y (a share past the real columns
+    stores nothing). Clusters of 2 and 4, one and two warpgroups, 16-bit and float32 y, odd batches, vs float64, every
+    column within the tolerance (a share stored at the wrong place, or not at all, fails its columns)."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the cluster kernel needs sm_90")
+    depth = len(widths) - 1
+    ws = [rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
+    bs = [rng.uniform(-0.5, 0.5, o).astype(np.float32) for o in widths[1:]]
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=["sin"] + ["gelu"] * (depth - 2) + ["sigmoid"], residual=residual,
+                            device="cuda")
+    failures, checked = [], 0
+    for batch, io in [(4099, "float16"), (129, "float32"), (70001, "bfloat16"), (1, "float16")]:
+        x32 = rng.uniform(-1, 1, (batch, widths[0])).astype(np.float32)
+        for options in ({"cluster": 2}, {"cluster": 4}, {"cluster": 2, "warps": 4}, {"cluster": 4, "warps": 4}):
+            try:
+                kernel, plan, source = mlp._build(io, io, **options)[:3]
+            except fusedmlp.LimitError:  # that cluster shape does not hold these weights
+                continue
+            n, nc = map(int, re.findall(r" N = (\d+), NR = \d+, NC = (\d+);", source)[-1])
+            assert nc * plan.info["cluster"] == n, (options, n, nc)  # split: each CTA computes NC of the N columns
+            x, y = run_io_kernel(kernel, x32, io)
+            ref = graph_reference(x, ws, bs, mlp, [])
+            tol = max(PREC_TOL["float16"], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+            scale = np.sqrt(np.mean(ref ** 2))
+            col_err = np.sqrt(np.mean((y - ref) ** 2, axis=0)) / scale  # per column, against the whole output's RMS
+            checked += 1
+            if np.isnan(y).any() or not col_err.max() <= 2 * tol:
+                failures.append((options, batch, io, int(np.argmax(col_err)), float(np.nanmax(col_err))))
+    assert checked >= 8 and not failures, (checked, failures)
+
+
 def cluster_residual_cases():
     """Random chains of equal-width layers (64-256, so also 224-256, which only the cluster kernel holds) with
     residual epilogues: on layer 0 (x as the operand), hidden layers and the last layer, each adding, multiplying

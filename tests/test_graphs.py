@@ -298,6 +298,29 @@ def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
     assert_clean_sm90a(source)
 
 
+@pytest.mark.parametrize("widths, act, cluster", [
+    ([2, 256, 256, 256], "sin", 2),     # 16-bit y: with the last layer whole in CTA 0, no cluster plan held it
+    ([64, 256, 256, 192], "relu", 2),   # whole in CTA 0, its MMAs left the other three CTAs idle (clusters of 4)
+    ([64, 256, 256, 37], "silu", 2),    # 37 pads to 64: 32 columns a CTA
+    ([2, 256, 256, 256, 3], "sin", 2),  # siren256: 3 columns stay whole in CTA 0
+])
+def test_cluster_kernel_splits_a_last_layer_wider_than_16_columns(widths, act, cluster):
+    """On a cluster, a last layer wider than 16 columns is split like the hidden layers (Layer<last>::NC is its share
+    of the padded width), a narrower one stays whole in CTA 0; either compiles for sm_90a without spills."""
+    from fusedmlp import _api
+
+    _api._nvrtc_info()
+    rng = np.random.default_rng(7)
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    bs = [rng.standard_normal(o).astype(np.float32) for o in widths[1:]]
+    mlp = fusedmlp.FusedMLP(ws, bs, act, device="cpu")
+    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
+    assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
+    n, nc = map(int, re.findall(r" N = (\d+), NR = \d+, NC = (\d+);", source)[-1])
+    assert nc * (cluster if widths[-1] > 16 else 1) == n and n >= widths[-1], (n, nc)
+    assert_clean_sm90a(source)
+
+
 @pytest.mark.parametrize("widths, act, residual, cluster, forced", [
     ([64, 256, 256, 256, 256, 256, 64], "gelu", {1: "add", 2: "add", 3: "add", 4: "add"}, 4, False),  # 590 KB
     ([2, 256, 256, 256, 3], "sin", {1: "add", 2: ("add", "relu")}, 2, False),  # siren256's shape: far redo by group

@@ -146,13 +146,14 @@ def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch
     (90, [32, 64, 64, 16], "relu", ["wg4", "wg4", "default", "default"]),
     (90, [2, 256, 256, 256, 3], "sin", ["wg4c4", "default", "default", "default"]),
     (90, [64, 256, 256, 256, 256, 256, 64], "relu", ["wg4c4", "default", "w8m1", "w8m1"]),
+    (90, [64, 256, 256, 192], "relu", ["wg4c4", "default", "default", "default"]),  # one warpgroup on clusters of 2
 ])
 def test_untuned_calls_take_the_tile_measured_best_for_their_batch_size(monkeypatch, arch, widths, act, tiles):
     """With tuning off, a call's tile follows the batch size per SM (132 SMs: 1024, 4096, 10000 and 20000 rows are
     below 16, 64 and 128 rows per SM, and above) and the kernel the network is on: mma.sync's 4 x 16-row tile below
     128 rows per SM; the warpgroup kernel's one warpgroup per CTA below 64, or on clusters of 4 below 16 for a cluster
-    network; mma.sync's default tile from 64 rows per SM on for a cluster network of one warpgroup per CTA (whose
-    default plan is already one warpgroup on clusters of 4). Each choice plans as such."""
+    network; mma.sync's default tile from 64 rows per SM on for a cluster network of one warpgroup per CTA on
+    clusters of 4 (not on clusters of 2, where it ran faster than mma.sync). Each choice plans as such."""
     import numpy as np
 
     import fusedmlp

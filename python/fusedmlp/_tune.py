@@ -166,9 +166,10 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
       tile: tcnn64 4.3 -> 3.6 us, flex 6.6 -> 5.2, res128 13.4 -> 8.5 at 1024 rows.
     - On clusters: one warpgroup per CTA on clusters of 4 below 16 rows per SM (siren256 at 1024 rows 9.8 us, the
       default 12.0, mma.sync's small tile 36.4; at 8192 rows 2.4x the default's time). Where the default cluster plan
-      has one warpgroup per CTA (weights too large for two even on clusters of 4), mma.sync's default tile from 64
-      rows per SM on: 0.47-0.65x the cluster plan's time at 16384 rows for 64-224x5-64 and 64-256x5-64, 1.25-1.56x
-      at 4096.
+      has one warpgroup per CTA on clusters of 4 (weights too large for two even there), mma.sync's default tile from
+      64 rows per SM on: 0.47-0.65x the cluster plan's time at 16384 rows for 64-224x5-64 and 64-256x5-64, 1.25-1.56x
+      at 4096. Not for one warpgroup on clusters of 2 (plan.c prefers it to two on clusters of 4): 64-256-256-192 and
+      2-256-256-256 ran there at 0.61-0.81x mma.sync's time from 2^18 rows on (plan_probe_s15.txt).
     A choice the network does not take falls back to the default plan (the caller's LimitError)."""
     default = _plan_info(mlp, dtype, out_dtype)
     size = size_class(rows, sm_count)
@@ -178,7 +179,8 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
         return {"wgmma": 1, "warps": 4} if size < 2 else None
     if size == 0:
         return {"wgmma": 1, "cluster": 4, "warps": 4}
-    return dict(CANDIDATES_MMA_FALLBACK[0]) if default["warps"] == 4 and size >= 2 else None
+    fallback = default["warps"] == 4 and default["cluster"] == 4
+    return dict(CANDIDATES_MMA_FALLBACK[0]) if fallback and size >= 2 else None
 
 
 def _distinct(mlp, dtype, out_dtype, candidates):

@@ -224,12 +224,13 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
 }
 
 /* The shared-memory-A (cluster) plan's invariants: whole warpgroups, a cluster of 1, 2 or 4 CTAs, hidden widths
- * padded to 16 x cluster and split into equal shares of whole 16-column groups, the last layer whole; residuals from
- * a layer's own input only; each CTA's share of the blob holds n_chunk rows of each layer; shared memory is that share, the biases, the per-warp buffers
- * of the register-A kernel and per warpgroup an A buffer of 64 rows x the widest input of layers 1.. plus two
- * mbarriers. */
+ * padded to 16 x cluster and split into equal shares of whole 16-column groups, the last layer too where it is wider
+ * than 16 columns on a cluster of more than one CTA (else whole); residuals from a layer's own input only; each
+ * CTA's share of the blob holds n_chunk rows of each layer; shared memory is that share, the biases, the per-warp
+ * buffers of the register-A kernel and per warpgroup an A buffer of 64 rows x the widest input of layers 1.. plus
+ * two mbarriers. */
 static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, const char *what) {
-    const int L = spec->num_layers, c = p->cluster;
+    const int L = spec->num_layers, c = p->cluster, split_last = c > 1 && spec->width[L] > 16;
     CHECK(t->arch == 90 && p->prec != FM_PREC_TF32 && p->wgmma == 1 && (c == 1 || c == 2 || c == 4) && L >= 2,
           "%s: cluster %d on sm_%d %s, %d layers", what, c, t->arch, fm_prec_name(p->prec), L);
     CHECK(p->warps % 4 == 0 && p->warps >= 4 && p->warps <= 16 && p->m_tiles == 1 && p->rows_per_cta == 16 * p->warps,
@@ -238,7 +239,7 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
     size_t w = 0, b = 0;
     int kmax = 16, regs = 0;
     for (int l = 0; l < L; ++l) {
-        int unit = l < L - 1 ? 16 * c : 16, nr = spec->width[l + 1];
+        const int split = l < L - 1 || split_last, unit = split ? 16 * c : 16, nr = spec->width[l + 1];
         CHECK(spec->cat[l] == FM_CAT_NONE && (spec->res_op[l] == FM_RES_NONE || spec->res_src[l] == l - 1),
               "%s: layer %d concat/residual", what, l);
         /* a residual reads the columns its output overwrites: a hidden layer's input split as its output */
@@ -248,7 +249,7 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
         CHECK(p->k_pad[l] == (l ? p->n_pad[l - 1] : (spec->width[0] + 15) / 16 * 16) && p->n_pad[l] % unit == 0 &&
                   p->n_pad[l] >= nr && p->n_pad[l] < nr + unit && p->n_pad[l] <= 256,
               "%s: layer %d pads %d x %d", what, l, p->k_pad[l], p->n_pad[l]);
-        CHECK(p->n_chunk[l] == (l < L - 1 ? p->n_pad[l] / c : p->n_pad[l]) && is_mult16(p->n_chunk[l]),
+        CHECK(p->n_chunk[l] == (split ? p->n_pad[l] / c : p->n_pad[l]) && is_mult16(p->n_chunk[l]),
               "%s: layer %d share %d of %d", what, l, p->n_chunk[l], p->n_pad[l]);
         CHECK(p->w_offset[l] == w && p->b_offset[l] == b, "%s: layer %d offsets %zu %zu", what, l, p->w_offset[l],
               p->b_offset[l]);
@@ -257,7 +258,7 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
         if (l > 0 && p->k_pad[l] > kmax)
             kmax = p->k_pad[l];
         int r = p->n_chunk[l] / 2 + (l == 0 ? p->k_pad[0] / 4 : 0) + 48 + 96;
-        CHECK(r <= 255 || l == L - 1, "%s: layer %d estimated at %d registers", what, l, r);
+        CHECK(r <= 255 || !split, "%s: layer %d estimated at %d registers", what, l, r);
         regs = r > regs ? r : regs;
     }
     CHECK(p->w_rank_elems == w && p->w_elems == (size_t)c * w && p->b_floats >= b && p->b_floats < b + 4,
@@ -265,7 +266,8 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
     regs = regs > 255 ? 255 : regs;
     CHECK(fm_plan_wgmma_regs(p) == regs && 65536 / (p->warps * 32) >= regs,
           "%s: %d registers estimated, %d expected, %d warps", what, fm_plan_wgmma_regs(p), regs, p->warps);
-    int stage_row = p->out_dtype == FM_F32 ? 0 : p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
+    /* a CTA stages the last layer's columns it computes */
+    int stage_row = p->out_dtype == FM_F32 ? 0 : p->n_chunk[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
     size_t warp_bytes = 16 * ((size_t)p->act_stride * (size_t)p->elem_bytes + (size_t)stage_row) +
                         fm_plan_wgmma_raw_bytes(p);
     size_t want = (size_t)p->elem_bytes * w + 4 * p->b_floats + (size_t)p->warps * warp_bytes +
@@ -812,9 +814,10 @@ static void test_wgmma_plans(void) {
                 for (int l = 0; l < p.num_layers; ++l)
                     for (int r = 0; r < p.n_real[l]; ++r)
                         for (int k = 0; k < p.k_real[l]; ++k) {
-                            /* a cluster plan: row r in CTA r / n_chunk's share (the last layer whole in CTA 0's) */
-                            int share = p.cluster && l < p.num_layers - 1 ? r / p.n_chunk[l] : 0;
-                            int rr = p.cluster && l < p.num_layers - 1 ? r % p.n_chunk[l] : r;
+                            /* a cluster plan: row r in CTA r / n_chunk's share (a last layer not split: n_chunk is
+                             * n_pad, so all of it in CTA 0's) */
+                            int share = p.cluster ? r / p.n_chunk[l] : 0;
+                            int rr = p.cluster ? r % p.n_chunk[l] : r;
                             size_t core = (size_t)(rr / 8) * (size_t)(p.k_pad[l] / 8) + (size_t)(k / 8);
                             size_t at = (size_t)share * p.w_rank_elems + p.w_offset[l] + core * 64 +
                                         (size_t)(rr % 8) * 8 + (size_t)(k % 8);
