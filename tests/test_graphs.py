@@ -285,14 +285,7 @@ def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
     """By default the sm_90a plan keeps a network's activations in registers on the warpgroup kernel only if each
     layer's accumulators, input and output fragments fit 255 registers together; the others keep them in shared
     memory on clusters of CTAs. Both compile for sm_90a without spills."""
-    from fusedmlp import _api
-
-    _api._nvrtc_info()
-    rng = np.random.default_rng(7)
-    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
-    bs = [rng.standard_normal(o).astype(np.float32) for o in widths[1:]]
-    mlp = fusedmlp.FusedMLP(ws, bs, act, device="cpu")
-    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
+    plan, source = render_for_h100(widths, act)
     assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
     assert ("__cluster_dims__" in source) == (cluster > 1)
     assert_clean_sm90a(source)
@@ -307,14 +300,7 @@ def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
 def test_cluster_kernel_splits_a_last_layer_wider_than_16_columns(widths, act, cluster):
     """On a cluster, a last layer wider than 16 columns is split like the hidden layers (Layer<last>::NC is its share
     of the padded width), a narrower one stays whole in CTA 0; either compiles for sm_90a without spills."""
-    from fusedmlp import _api
-
-    _api._nvrtc_info()
-    rng = np.random.default_rng(7)
-    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
-    bs = [rng.standard_normal(o).astype(np.float32) for o in widths[1:]]
-    mlp = fusedmlp.FusedMLP(ws, bs, act, device="cpu")
-    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
+    plan, source = render_for_h100(widths, act)
     assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
     n, nc = map(int, re.findall(r" N = (\d+), NR = \d+, NC = (\d+);", source)[-1])
     assert nc * (cluster if widths[-1] > 16 else 1) == n and n >= widths[-1], (n, nc)
@@ -334,6 +320,14 @@ def test_cluster_kernel_takes_residual_networks(widths, act, residual, cluster, 
     """A residual network too wide for the register-A kernel (224-256-wide hidden layers) runs the cluster kernel,
     which reads a residual operand from the columns of its A buffer that the layer's output overwrites (on an H100
     it ran the mma.sync kernel before); it compiles for sm_90a without spills."""
+    plan, source = render_for_h100(widths, act, residual, **({"cluster": cluster} if forced else {}))
+    assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
+    assert len(re.findall(r"RES = [12],", source)) == len(residual)
+    assert_clean_sm90a(source)
+
+
+def render_for_h100(widths, act, residual=None, **options):
+    """(plan, source) of a network of these widths (random weights and biases, fp16 x and y) for an H100's limits."""
     from fusedmlp import _api
 
     _api._nvrtc_info()
@@ -341,10 +335,7 @@ def test_cluster_kernel_takes_residual_networks(widths, act, residual, cluster, 
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
     bs = [rng.standard_normal(o).astype(np.float32) for o in widths[1:]]
     mlp = fusedmlp.FusedMLP(ws, bs, act, residual=residual, device="cpu")
-    plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472, **({"cluster": cluster} if forced else {}))
-    assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
-    assert len(re.findall(r"RES = [12],", source)) == len(residual)
-    assert_clean_sm90a(source)
+    return mlp._render(90, 232448, 132, "float16", "float16", 233472, **options)
 
 
 def assert_clean_sm90a(source):
