@@ -117,6 +117,7 @@ def test_a_call_finds_its_kernel_again_without_the_walk(monkeypatch):
 
 @pytest.mark.parametrize("widths, act, labels", [([2, 256, 256, 256, 3], "sin", ["wg8", "wg4", "wg4c4"]),
                                                  ([64, 256, 256, 256, 256, 256, 64], "relu", ["wg4", "w8m1"]),
+                                                 ([64, 256, 256, 192], "relu", ["wg8", "wg4", "wg4c4"]),  # wg4: c2
                                                  ([32, 64, 64, 16], "relu", ["wg16", "wg12", "wg8", "wg4"])])
 def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch, widths, act, labels):
     """A network the sm_90 plan puts on clusters is tuned over its warpgroup counts and over one warpgroup on clusters
