@@ -33,8 +33,8 @@ fm_status fm_target_for_arch(int arch, fm_target *t, fm_error *err) {
 
 static int fm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-/* Bytes per row of the last layer's staged output: out_t, plus a 16-byte pad (the template's STAGE_STRIDE, and
- * STAGE_W in the warpgroup kernel). A cluster plan's CTA stages only the columns it computes (n_chunk: all of them in
+/* Bytes per row of the last layer's staged output: out_t, plus a 16-byte pad (STAGE_STRIDE in the mma.sync
+ * template, STAGE_W in the warpgroup one). A cluster plan's CTA stages only the columns it computes (n_chunk: all of them in
  * CTA 0, or its share where the last layer is split). The width is a multiple of 16 elements, so this is an odd
  * number of 16-byte units. */
 static int fm_stage_row_bytes(const fm_plan *p) {

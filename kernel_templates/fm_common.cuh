@@ -204,9 +204,6 @@ constexpr int IN_REAL = Layer<0>::KR;
 constexpr int IN_PAD = Layer<0>::K;
 constexpr int OUT_REAL = Layer<LAST>::NR;
 constexpr int OUT_PAD = Layer<LAST>::N;
-// The last layer stages its output as out_t rows with a bank-breaking 16-byte pad: in the activation buffer it writes
-// (mma.sync kernel), or in a stage of its own (warpgroup kernel).
-constexpr int STAGE_STRIDE = OUT_PAD + 16 / (int)sizeof(out_t);  // in out_t elements
 // ------------------------------------------------------------------------------------------------ the epilogue
 
 // Layer L's epilogue for columns col, col + 1 of one row. v0, v1: the accumulators on entry (both kernels start
@@ -330,22 +327,28 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
     }
 }
 
-// Writes the staged output of this warp's strip to y.
+// Writes columns [c0, c0 + W) of y in this warp's nrows staged rows from r0 on (rows of STRIDE out_t; stage column 0
+// holds y's column c0) to y: in 16-byte pieces where every row's piece is whole and aligned (y's rows and W in whole
+// pieces; c0 is a multiple of 16 columns), else element by element. Whole rows (W = OUT_REAL, c0 = 0) in both kernels;
+// a split last layer's share in the cluster kernel.
+template <int W, int STRIDE>
 __device__ __forceinline__ void fm_store_output(out_t *__restrict__ y, const act_t *buf, long long r0, int nrows,
-                                                int lane) {
+                                                int c0, int lane) {
     const out_t *stage = (const out_t *)buf;
     constexpr int VEC = 16 / (int)sizeof(out_t);
-    if constexpr (OUT_REAL % VEC == 0) {
-        constexpr int CHUNKS = OUT_REAL >= VEC ? OUT_REAL / VEC : 1;
+    if constexpr (W > 0 && OUT_REAL % VEC == 0 && W % VEC == 0) {
+        constexpr int CHUNKS = W / VEC;
         for (int i = lane; i < nrows * CHUNKS; i += 32) {
             const int row = i / CHUNKS, c = (i % CHUNKS) * VEC;
-            *(fm_v4 *)(y + (r0 + row) * OUT_REAL + c) = *(const fm_v4 *)(stage + row * STAGE_STRIDE + c);
+            *(fm_v4 *)(y + (r0 + row) * OUT_REAL + c0 + c) = *(const fm_v4 *)(stage + row * STRIDE + c);
         }
-    } else {
+    } else if constexpr (W == OUT_REAL) {  // whole rows: one run of y
         const long long base = r0 * OUT_REAL;
-        const int count = nrows * OUT_REAL;
-        for (int e = lane; e < count; e += 32)
-            y[base + e] = stage[(e / OUT_REAL) * STAGE_STRIDE + e % OUT_REAL];
+        for (int e = lane; e < nrows * W; e += 32)
+            y[base + e] = stage[(e / W) * STRIDE + e % W];
+    } else if constexpr (W > 0) {
+        for (int e = lane; e < nrows * W; e += 32)
+            y[(r0 + e / W) * OUT_REAL + c0 + e % W] = stage[(e / W) * STRIDE + e % W];
     }
 }
 

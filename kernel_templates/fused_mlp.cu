@@ -35,6 +35,9 @@ constexpr int ROWS_W = 16 * FM_M_TILES;          // rows per warp strip
 
 #include "fm_common.cuh"
 
+// The last layer stages its output in the activation buffer it writes, as out_t rows with a bank-breaking 16-byte pad
+// (the warpgroup kernel's stage of its own has rows of STAGE_W).
+constexpr int STAGE_STRIDE = OUT_PAD + 16 / (int)sizeof(out_t);  // in out_t elements
 static_assert(STAGE_STRIDE * (int)sizeof(out_t) <= ROW_B, "output staging must fit an activation row");
 
 constexpr int ROWS_CTA = ROWS_W * FM_WARPS;      // rows per CTA tile
@@ -310,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
         fm_network<0>(s, w, fm_smem_addr(buf0), slot, tile + gridDim.x < tiles, lane);
         __syncwarp();
         if (nrows > 0)
-            fm_store_output(y, out_buf, r0, nrows, lane);
+            fm_store_output<OUT_REAL, STAGE_STRIDE>(y, out_buf, r0, nrows, 0, lane);
         __syncwarp();
     }
 #if !FM_RESIDENT

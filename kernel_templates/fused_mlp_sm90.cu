@@ -131,30 +131,6 @@ __device__ __forceinline__ void fm_stage_pair(const fm_out &out, int hh, int col
     }
 }
 
-// Columns [c0, c0 + W) of y in the warp's nrows staged rows from r0 on (stage column 0 holds y's column c0), into y:
-// in 16-byte pieces where every row's piece is whole and aligned (y's rows and W in whole pieces; c0 is a multiple of
-// 16 columns), else element by element.
-template <int W>
-__device__ __forceinline__ void fm_store_stage(out_t *__restrict__ y, const act_t *buf, long long r0, int nrows,
-                                               int c0, int lane) {
-    const out_t *stage = (const out_t *)buf;
-    constexpr int VEC = 16 / (int)sizeof(out_t);
-    if constexpr (W > 0 && OUT_REAL % VEC == 0 && W % VEC == 0) {
-        constexpr int CHUNKS = W / VEC;
-        for (int i = lane; i < nrows * CHUNKS; i += 32) {
-            const int row = i / CHUNKS, c = (i % CHUNKS) * VEC;
-            *(fm_v4 *)(y + (r0 + row) * OUT_REAL + c0 + c) = *(const fm_v4 *)(stage + row * STAGE_W + c);
-        }
-    } else if constexpr (W == OUT_REAL) {  // whole rows: one run of y
-        const long long base = r0 * OUT_REAL;
-        for (int e = lane; e < nrows * W; e += 32)
-            y[base + e] = stage[(e / W) * STAGE_W + e % W];
-    } else if constexpr (W > 0) {
-        for (int e = lane; e < nrows * W; e += 32)
-            y[(r0 + e / W) * OUT_REAL + c0 + e % W] = stage[(e / W) * STAGE_W + e % W];
-    }
-}
-
 // Whether any of layers 0..L adds a residual.
 template <int L> __device__ constexpr bool fm_has_residual() {
     if constexpr (L < 0)
@@ -711,12 +687,12 @@ template <int L> __device__ constexpr int fm_cl_loop_len() {
     }
 }
 
-// Layers L.. for this warpgroup's rows in the shared-memory-A form; the last layer in CTA 0 only (the others still
-// send it their share of its input and wait for their `full`, keeping the exchanges in step). A stretch of hidden
-// layers with the same code (siren256's two 256-wide ones) is one loop over their weights and biases, as in
-// fm_network: NVRTC's time grows with the code it is given. siren256 on the H100: its cold first call (three tuning
-// candidates compiled at once) 1.0-1.3 s -> 0.65-0.95 s, for 0.8% at 2^21 rows (ptxas no longer starts a layer under
-// the last one's tail); a SIREN of five 256-wide hidden layers compiles in 0.42 s instead of 0.69 (dev machine).
+// Layers L.. for this warpgroup's rows in the shared-memory-A form; a last layer not split (!SPLIT_LAST) in CTA 0 only
+// (the others still send it their share of its input and wait for their `full`, keeping the exchanges in step). A
+// stretch of hidden layers with the same code (siren256's two 256-wide ones) is one loop over their weights and biases,
+// as in fm_network: NVRTC's time grows with the code it is given. siren256 on the H100: its cold first call (three
+// tuning candidates compiled at once) 1.0-1.3 s -> 0.65-0.95 s, for 0.8% at 2^21 rows (ptxas no longer starts a layer
+// under the last one's tail); a SIREN of five 256-wide hidden layers compiles in 0.42 s instead of 0.69 (dev machine).
 template <int L>
 __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
                                               const fm_out &stage, fm_cl_state &s) {
@@ -922,11 +898,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                 constexpr int NCL = Layer<LAST>::NC;
                 const int c0 = (int)rank * NCL;
                 if (nrows > 0 && c0 + NCL <= OUT_REAL)
-                    fm_store_stage<NCL>(y, out_buf, r0, nrows, c0, lane);
+                    fm_store_output<NCL, STAGE_W>(y, out_buf, r0, nrows, c0, lane);
                 else if (nrows > 0 && c0 < OUT_REAL)
-                    fm_store_stage<OUT_REAL % NCL>(y, out_buf, r0, nrows, c0, lane);
+                    fm_store_output<OUT_REAL % NCL, STAGE_W>(y, out_buf, r0, nrows, c0, lane);
             } else if (nrows > 0 && rank == 0) {
-                fm_store_stage<OUT_REAL>(y, out_buf, r0, nrows, 0, lane);
+                fm_store_output<OUT_REAL, STAGE_W>(y, out_buf, r0, nrows, 0, lane);
             }
             __syncwarp();  // the stage is read before the next tile's last layer writes it
         }
