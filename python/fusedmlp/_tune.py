@@ -148,7 +148,13 @@ def _candidates(mlp, dtype, out_dtype):
         return CANDIDATES
     if not default["cluster"]:
         return CANDIDATES_WGMMA
-    return CANDIDATES_CLUSTER + (CANDIDATES_MMA_FALLBACK if (default["warps"], default["cluster"]) == (4, 4) else ())
+    return CANDIDATES_CLUSTER + (CANDIDATES_MMA_FALLBACK if _mma_fallback(default) else ())
+
+
+def _mma_fallback(default):
+    """Whether a default cluster plan (its info) is one warpgroup per CTA on clusters of 4: where mma.sync's default
+    tile is also worth a try (CANDIDATES_MMA_FALLBACK)."""
+    return (default["warps"], default["cluster"]) == (4, 4)
 
 
 def size_class(rows, sm_count):
@@ -180,8 +186,7 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
         return {"wgmma": 1, "warps": 4} if size < 2 else None
     if size == 0:
         return {"wgmma": 1, "cluster": 4, "warps": 4}
-    fallback = default["warps"] == 4 and default["cluster"] == 4
-    return dict(CANDIDATES_MMA_FALLBACK[0]) if fallback and size >= 2 else None
+    return dict(CANDIDATES_MMA_FALLBACK[0]) if _mma_fallback(default) and size >= 2 else None
 
 
 def _distinct(mlp, dtype, out_dtype, candidates):
