@@ -42,6 +42,8 @@ enum {
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+    CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
 };
 enum {
@@ -76,6 +78,7 @@ typedef struct fm_cuda_api {
     CUresult (*cuModuleGetFunction)(CUfunction *hfunc, CUmodule hmod, const char *name);
     CUresult (*cuModuleUnload)(CUmodule hmod);
     CUresult (*cuFuncSetAttribute)(CUfunction hfunc, int attrib, int value);
+    CUresult (*cuFuncGetAttribute)(int *value, int attrib, CUfunction hfunc);
     CUresult (*cuOccupancyMaxActiveBlocksPerMultiprocessor)(int *num_blocks, CUfunction func, int block_size,
                                                             size_t dynamic_smem_size);
     /* Optional (NULL on drivers before CUDA 11.8, which run no sm_90 cluster kernels anyway). */
@@ -183,6 +186,7 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     FM_RESOLVE(cuModuleGetFunction, "cuModuleGetFunction");
     FM_RESOLVE(cuModuleUnload, "cuModuleUnload");
     FM_RESOLVE(cuFuncSetAttribute, "cuFuncSetAttribute");
+    FM_RESOLVE(cuFuncGetAttribute, "cuFuncGetAttribute");
     FM_RESOLVE(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     FM_RESOLVE(cuLaunchKernel, "cuLaunchKernel");
     FM_RESOLVE(cuMemAlloc, "cuMemAlloc_v2");
@@ -372,6 +376,8 @@ fm_status fm_kernel_load(const fm_gpu *gpu, const void *cubin, const char *name,
     if (smem_bytes > FM_SMEM_DEFAULT_LIMIT)
         CU_CHECK(cuFuncSetAttribute, (fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem_bytes));
     CU_CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor, (&blocks, fn, threads, smem_bytes));
+    CU_CHECK(cuFuncGetAttribute, (&k->regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fn));
+    CU_CHECK(cuFuncGetAttribute, (&k->local_bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn));
     if (blocks < 1) {
         /* Registers x threads or shared memory exceed one SM: every launch would fail, so say so now. */
         st = fm_fail(err, FM_ERR_LIMIT, "kernel '%s' fits no block on an SM of %s with %d threads and %zu bytes of "

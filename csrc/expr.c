@@ -831,6 +831,15 @@ const char *fm_expr_unary(const fm_expr *e) {
     return NULL;
 }
 
+const char *fm_expr_pair_fn(const fm_expr *e) {
+    const char *name = fm_expr_unary(e);
+    if (name == NULL)
+        return NULL;
+    if (strcmp(name, "") == 0)
+        return "fm_pack2";
+    return strcmp(name, "relu") == 0 ? "fm_relu2" : NULL;
+}
+
 /* ------------------------------------------------------------------------------------------------ eval */
 
 static void fm_fill(double *d, double v, size_t n) {

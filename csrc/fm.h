@@ -100,6 +100,9 @@ void fm_expr_to_string(const fm_expr *e, fm_str *out);
 /* When e is one whitelisted function of x alone ("relu" for relu(x)): its name; "" for x itself (none, identity);
  * NULL for anything else. The renderer gives such activations a two-column form. */
 const char *fm_expr_unary(const fm_expr *e);
+/* The kernels' two-column form of activation e where it has one (x itself: "fm_pack2"; relu: "fm_relu2"): a pair of
+ * results stored in 16 bits is then one conversion. NULL otherwise. */
+const char *fm_expr_pair_fn(const fm_expr *e);
 /* Evaluates e in double precision on n values; in and out may alias. Returns FM_ERR_NOMEM only. */
 fm_status fm_expr_eval(const fm_expr *e, const double *in, double *out, size_t n, fm_error *err);
 /* For x anywhere in [lo, hi] (infinite ends allowed): an interval [*out_lo, *out_hi] holding every non-NaN value of
@@ -191,6 +194,7 @@ typedef struct fm_plan_opts {
     int cluster;      /* sm_90a: 0 auto; -1 only the register-A warpgroup kernel; 1, 2 or 4: the shared-memory-A
                          warpgroup kernel on clusters of that many CTAs, each holding 1/cluster of every hidden layer's
                          weights and computing those columns (fm_plan.cluster) */
+    int kpipe;        /* the register-A warpgroup kernel's K-pipelined layers (fm_plan.pipe): 0 auto, -1 off, 1 on */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -233,6 +237,11 @@ typedef struct fm_plan {
      * each CTA holds 1/cluster of the weights: siren256's 280 KB do not fit one CTA, its halves do. Split widths are
      * padded to 16 * cluster. */
     int cluster;
+    /* The register-A warpgroup kernel's K-pipelined steps: pipe[l] = 1 where layer l's epilogue runs 16 columns at a
+     * time, each followed by layer l + 1's k step over them (fused_mlp_sm90.cu, FM_KPIPE), so the next layer's MMAs run
+     * under this layer's activation. kpipe: any pipe[l] set. Only where layer l's activation is not one cvt per pair
+     * (fm_expr_pair_fn), there is no residual, and both layers' accumulators fit the warps' registers. */
+    int kpipe, pipe[FM_MAX_LAYERS];
     size_t w_rank_elems;             /* cluster plans: elements of one CTA's share of the blob (w_offset is within
                                         it; CTA r's share starts at r * w_rank_elems) */
 } fm_plan;
@@ -322,6 +331,8 @@ typedef struct fm_kernel {
     int threads;
     int blocks_per_sm; /* occupancy at smem_bytes */
     int max_clusters;  /* clusters that can run at once (fm_kernel_cluster_occupancy), 0 where not known */
+    int regs;          /* registers per thread, as compiled */
+    int local_bytes;   /* local memory per thread (ptxas's spills and stack; 0 in every kernel that fits its plan) */
 } fm_kernel;
 
 /* Loads a CUBIN, finds `name`, raises its dynamic shared-memory limit to smem_bytes and reads its occupancy. */

@@ -572,7 +572,7 @@ static PyMethodDef Network_methods[] = {
      "preact_bounds() -> [float]: per layer, a bound on |W h + b| for every input (inf: none known)."},
     {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(arch, smem_per_block=0, sm_count=0, in_dtype='float32', out_dtype='float32', warps=0, m_tiles=0, "
-     "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1, cluster=0) -> Plan"},
+     "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1, cluster=0, kpipe=0) -> Plan"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -606,15 +606,16 @@ static PyTypeObject PlanType;
 
 static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
-                             "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", NULL};
+                             "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", "kpipe",
+                             NULL};
     int arch, sm_count = 0;
     Py_ssize_t smem = 0, smem_sm = 0;
     const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
-    fm_plan_opts opts = {0, 0, 0, -1, -1, 0};
+    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
                                      &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm, &prec_s,
-                                     &opts.wgmma, &opts.cluster))
+                                     &opts.wgmma, &opts.cluster, &opts.kpipe))
         return NULL;
     fm_dtype in_d, out_d;
     fm_prec prec;
@@ -665,8 +666,8 @@ static PyObject *Plan_render(PlanObject *self, PyObject *args) {
 static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma", p->wgmma,
-                         "cluster", p->cluster,
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma",
+                         p->wgmma, "cluster", p->cluster, "kpipe", p->kpipe,
                          "warps", p->warps,
                          "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "buffers",
                          p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes,
@@ -997,9 +998,9 @@ static PyObject *Kernel_time(KernelObject *self, PyObject *args) {
 
 static PyObject *Kernel_get_info(KernelObject *self, void *closure) {
     (void)closure;
-    return Py_BuildValue("{s:i,s:i,s:n,s:i}", "blocks_per_sm", self->k.blocks_per_sm, "max_clusters",
+    return Py_BuildValue("{s:i,s:i,s:n,s:i,s:i,s:i}", "blocks_per_sm", self->k.blocks_per_sm, "max_clusters",
                          self->k.max_clusters, "smem_bytes", (Py_ssize_t)self->k.smem_bytes, "threads",
-                         self->k.threads);
+                         self->k.threads, "regs", self->k.regs, "local_bytes", self->k.local_bytes);
 }
 
 static PyMethodDef Kernel_methods[] = {
@@ -1012,7 +1013,8 @@ static PyMethodDef Kernel_methods[] = {
 
 static PyGetSetDef Kernel_getset[] = {
     {"info", (getter)Kernel_get_info, NULL,
-     "dict: blocks_per_sm, max_clusters (0: not a cluster kernel), smem_bytes, threads", NULL},
+     "dict: blocks_per_sm, max_clusters (0: not a cluster kernel), smem_bytes, threads, regs (per thread), "
+     "local_bytes (per thread: ptxas's spills)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

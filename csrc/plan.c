@@ -74,12 +74,24 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     return base + core * (size_t)(8 * per16) + (size_t)(n % 8) * (size_t)per16 + (size_t)(k % per16);
 }
 
+/* The K-pipelined step's registers beyond its fragments (fm_wgmma_layer_regs): addresses and the activation's
+ * temporaries. What ptxas (NVRTC 13) takes varies with the activation: pinn50 (tanh, 56 wide) and flex (silu) fit
+ * this; a gelu or sin layer 128 wide did not (at 255 registers gelu spilled). The estimate is the optimistic end:
+ * _api builds the plan again without the pipeline where the kernel has local memory (spills). */
+enum { PIPE_REGS = 24 };
+
 /* Registers layer l of the sm_90a kernel needs per thread: 64 x n fp32 accumulators over 128 threads, the input
  * fragments (64 x k halves) and, but for the last layer (which stages its output), the output fragments; plus 40 for
  * addresses, bias and the activation's temporaries. All n accumulators also where a forced n_chunk splits the layer
  * into column groups: ptxas runs one group's epilogue under the next group's MMAs, so they are live together. */
 static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
-    return p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
+    int regs = p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
+    if (p->pipe[l]) { /* both layers' accumulators, and this layer's input fragments as they become its output's */
+        int k_or_n = p->k_pad[l] > p->n_pad[l] ? p->k_pad[l] : p->n_pad[l];
+        int piped = p->n_pad[l] / 2 + p->n_pad[l + 1] / 2 + k_or_n / 4 + PIPE_REGS;
+        regs = piped > regs ? piped : regs;
+    }
+    return regs;
 }
 
 /* The same for the shared-memory-A (cluster) kernel: a layer's accumulators for this CTA's columns, layer 0's input
@@ -261,6 +273,52 @@ static int fm_plan_cluster_kmax(const fm_plan *p) {
     return kmax;
 }
 
+/* Whether layers l and l + 1 may compile to the same code (render.c's REPEAT compares their rendered bodies; this
+ * compares what those are made of but for details such as a sine's argument bound: it may say yes where the bodies
+ * differ, never the reverse). */
+static int fm_plan_same_layer(const fm_plan *p, const fm_spec *spec, int l) {
+    if (p->k_pad[l] != p->k_pad[l + 1] || p->n_pad[l] != p->n_pad[l + 1] || p->k_real[l] != p->k_real[l + 1] ||
+        p->n_real[l] != p->n_real[l + 1] || p->has_bias[l] != p->has_bias[l + 1] || p->res_op[l] != p->res_op[l + 1])
+        return 0;
+    fm_str a = {0}, b = {0};
+    fm_expr_to_string(spec->act[l], &a);
+    fm_expr_to_string(spec->act[l + 1], &b);
+    int same = a.data != NULL && b.data != NULL && strcmp(a.data, b.data) == 0;
+    fm_str_free(&a);
+    fm_str_free(&b);
+    return same;
+}
+
+/* Whether the register-A warpgroup kernel may run a stretch of this network's layers as a loop (fused_mlp_sm90.cu,
+ * fm_loop_len: layers with the same code, not the last, >= 384 columns together). */
+static int fm_plan_loops(const fm_plan *p, const fm_spec *spec) {
+    for (int l = 0; l + 1 < p->num_layers; ++l) {
+        int r = 1;
+        while (l + r < p->num_layers - 1 && fm_plan_same_layer(p, spec, l + r - 1))
+            ++r;
+        if (r > 1 && r * p->n_pad[l] >= 384)
+            return 1;
+    }
+    return 0;
+}
+
+/* fm_plan.pipe: on (and possible) or off, for a register-A warpgroup plan (its n_chunk set). Possible: an unsplit
+ * network without residuals (a residual keeps the layer's input fragments live beside both layers' accumulators:
+ * res128 then ran its MMAs one at a time, ptxas C7511 "insufficient register resources", 1.26x slower at 1024 rows)
+ * nor a stretch of layers the kernel loops over (C7511 again: the pipelined MMAs' accumulators carried round a loop),
+ * for each layer but the last whose activation has no one-cvt pair form (relu's and the identity's epilogue is a
+ * few instructions: nothing to hide, and the per-step fences cost tcnn128 6% at 2^21 rows, H100). */
+static void fm_plan_pipe(fm_plan *p, const fm_spec *spec, int on) {
+    int able = on && !fm_plan_loops(p, spec);
+    for (int l = 0; l < p->num_layers; ++l)
+        able = able && p->res_op[l] == FM_RES_NONE && p->n_chunk[l] == p->n_pad[l];
+    p->kpipe = 0;
+    for (int l = 0; l < p->num_layers; ++l) {
+        p->pipe[l] = able && l + 1 < p->num_layers && fm_expr_pair_fn(spec->act[l]) == NULL;
+        p->kpipe |= p->pipe[l];
+    }
+}
+
 /* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, with its own input
  * buffer, output stage and raw x buffer), all weights resident in the core-matrix layout, each layer in the column
  * groups of fm_plan_wgmma_chunks (set before). Returns the shared-memory bytes. */
@@ -408,7 +466,7 @@ static int fm_plan_better(const fm_plan *a, const fm_plan *b) {
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
-    fm_plan_opts none = {0, 0, 0, -1, -1, 0};
+    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0};
     if (opts == NULL)
         opts = &none;
     memset(plan, 0, sizeof *plan);
@@ -468,15 +526,23 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
      * form first (activations stay in registers between layers), with the most warpgroups per CTA that the register
      * estimate lets share an SM, up to 4; where that form cannot take the network (a 256-wide hidden layer's
      * fragments, weights over one CTA's shared memory), the shared-memory-A form on a cluster (fm_plan_cluster). */
-    if (opts->cluster > 0)
-        return fm_plan_cluster(plan, target, opts, opts->cluster, widest, value_pad, err);
     const char *unfit = fm_plan_wgmma_unfit(plan, widest);
     int shape_free = !opts->m_tiles && !opts->n_chunk && opts->resident != 0 && opts->warps % 4 == 0;
     int want_wgmma = opts->wgmma > 0 || (opts->wgmma < 0 && shape_free);
+    if (opts->kpipe > 0 && (opts->cluster > 0 || !want_wgmma || unfit != NULL))
+        return fm_fail(err, FM_ERR_LIMIT, "kpipe=1 was asked for, but only the register-A warpgroup kernel pipelines "
+                       "its layers, and %s", unfit != NULL ? unfit : "this plan is not that kernel");
+    if (opts->cluster > 0)
+        return fm_plan_cluster(plan, target, opts, opts->cluster, widest, value_pad, err);
     if (want_wgmma && unfit == NULL) {
         plan->wgmma = 1;
         fm_plan_blobs(plan);
         fm_plan_wgmma_chunks(plan, opts->n_chunk);
+        fm_plan_pipe(plan, spec, opts->kpipe > 0); /* asked for: the warps are chosen with its registers */
+        if (opts->kpipe > 0 && !plan->kpipe)
+            return fm_fail(err, FM_ERR_LIMIT, "kpipe=1 was asked for, but no layer of this network can be pipelined "
+                           "(that needs a layer before the last whose activation is not relu or the identity, and no "
+                           "residuals, n_chunk, or stretch of layers with the same code the kernel loops over)");
         int warps = opts->warps;
         if (warps == 0) { /* the register estimate needs only the padded widths and the column groups */
             int per_sm = 65536 / (fm_plan_wgmma_regs(plan) * 128);
@@ -497,9 +563,24 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
             fm_error_hint(err, "use fewer warps (4 per warpgroup)");
             return FM_ERR_LIMIT;
         }
-        if (warps >= 4 && plan->smem_bytes <= target->smem_per_block)
+        if (warps >= 4 && plan->smem_bytes <= target->smem_per_block) {
+            if (opts->kpipe == 0) { /* auto: pipelined where that fits the same CTAs per SM */
+                int blocks = plan->blocks_per_sm;
+                fm_plan_pipe(plan, spec, 1);
+                fm_plan_wgmma_layout(plan, target, warps, value_pad);
+                int fits = plan->blocks_per_sm == blocks && 65536 / (warps * 32) >= fm_plan_wgmma_regs(plan);
+                if (plan->kpipe && !fits) {
+                    fm_plan_pipe(plan, spec, 0);
+                    fm_plan_wgmma_layout(plan, target, warps, value_pad);
+                }
+            }
             return FM_OK;
+        }
+        if (opts->kpipe > 0)
+            return fm_fail(err, FM_ERR_LIMIT, "kpipe=1 was asked for, but the register-A warpgroup kernel's "
+                           "resident weights and stages do not fit one CTA");
         plan->wgmma = 0; /* the resident weights and stages do not fit one CTA */
+        fm_plan_pipe(plan, spec, 0);
     }
     if (want_wgmma && opts->cluster == 0 && shape_free &&
         fm_plan_cluster_auto(plan, target, opts, widest, value_pad))

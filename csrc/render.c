@@ -39,14 +39,7 @@ static fm_str *fm_subst_add(fm_substs *t, const char *name) {
  * (fm_plan_result_type). */
 static const char *fm_render_pair(const fm_spec *spec, const fm_plan *p, int l, int *type) {
     *type = fm_plan_result_type(p, l);
-    const char *name = fm_expr_unary(spec->act[l]);
-    if (*type == 0 || name == NULL)
-        return NULL;
-    if (strcmp(name, "") == 0)
-        return "fm_pack2";
-    if (strcmp(name, "relu") == 0)
-        return "fm_relu2";
-    return NULL;
+    return *type == 0 ? NULL : fm_expr_pair_fn(spec->act[l]);
 }
 
 /* Appends act with every from[i] replaced by to[i]; returns 1 when anything was. */
@@ -122,6 +115,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
         fm_str_printf(out,
                       "    static constexpr int K = %d, K0 = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
                       "    static constexpr bool BIAS = %s;\n"
+                      "    static constexpr bool PIPE = %s;  // its epilogue under the next layer's MMAs (plan.c)\n"
                       "    static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;\n"
                       "    static constexpr int RES = %d, RES_BUF = %d;  // residual: 0 none, 1 add, 2 mul\n"
                       "%s"
@@ -131,7 +125,8 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static __device__ __forceinline__ float act_t(float x, bool &far) { (void)far; return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n",
                       p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
-                      p->has_bias[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l], p->out_buf[l], spec->res_op[l],
+                      p->has_bias[l] ? "true" : "false", p->pipe[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l],
+                      p->out_buf[l], spec->res_op[l],
                       p->res_buf[l],
                       fm_plan_result_type(p, l) != 0 ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
                       pair.data, act.data, far ? "true" : "false", tracked.data ? tracked.data : "x",
@@ -248,6 +243,7 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     if (p->wgmma) {
         fm_render_wgmma(p, fm_subst_add(t, "WGMMA"));
         fm_str_printf(fm_subst_add(t, "CLUSTER"), "%d", p->cluster);
+        fm_str_printf(fm_subst_add(t, "KPIPE"), "%d", p->kpipe);
         fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"), p->cluster > 1 ? "__cluster_dims__(FM_CLUSTER, 1, 1)" : "");
     }
 
@@ -260,6 +256,8 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
                   p->blocks_per_sm, p->resident ? "resident" : "streamed");
     if (p->cluster)
         fm_str_printf(c, " (1/%d per CTA of a cluster of %d), activations in shared memory", p->cluster, p->cluster);
+    if (p->kpipe)
+        fm_str_append(c, ", K-pipelined layers");
     fm_str_printf(c, "; %d activation buffer(s); %zu B shared memory; x %s, y %s", p->buffers, p->smem_bytes,
                   fm_dtype_name(p->in_dtype), fm_dtype_name(p->out_dtype));
     return fm_render_layers(spec, p, fm_subst_add(t, "LAYERS"), err);

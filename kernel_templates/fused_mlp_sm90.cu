@@ -30,6 +30,7 @@
 
 #define FM_WARPS {{WARPS}}
 #define FM_CLUSTER {{CLUSTER}}  // 0: activations in registers; n >= 1: in shared memory, clusters of n CTAs (below)
+#define FM_KPIPE {{KPIPE}}      // 1: layers with Layer<>::PIPE run their epilogue under the next layer's MMAs
 constexpr int ROWS_W = 16;  // rows per warp
 static_assert({{M_TILES}} == 1 && {{RESIDENT}} == 1 && {{BUFFERS}} == 1 && {{W_SLOT_ELEMS}} == 0,
               "the wgmma plan: 16 rows per warp, resident weights, its own per-warp buffers");
@@ -139,6 +140,38 @@ template <int L> __device__ constexpr bool fm_has_residual() {
         return Layer<L>::RES != 0 || fm_has_residual<L - 1>();
 }
 
+// The epilogue of layer L's 8-column tile J for this lane (v: its accumulators, (row g, cols 8 J + 2 t, + 1) at v[0],
+// v[1] and row g + 8's at v[2], v[3]): the bias where it is not in the accumulators (ADD_BIAS), activation, the
+// residual (a: the layer's input fragments), into h, the next layer's A fragments (fragment J / 2, half J % 2), or for
+// the last layer into the output stage.
+template <int L, bool ADD_BIAS>
+__device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 (&a)[Layer<L>::K / 16][4],
+                                            fm_u32 (&h)[Layer<L>::N / 16][4], const float *bias, const fm_out &stage,
+                                            int t) {
+    typedef Layer<L> Ly;
+    const int col = 8 * J + 2 * t;  // this lane's columns col, col + 1 in rows g and g + 8
+    float b0 = 0.0f, b1 = 0.0f;
+    if constexpr (ADD_BIAS) {
+        b0 = bias[Ly::B_OFF + col];
+        b1 = bias[Ly::B_OFF + col + 1];
+    }
+    const bool live = Ly::NR == Ly::N || 8 * J < Ly::NR;  // compile-time: a padding tile writes zeros
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float v0 = v[2 * hh], v1 = v[2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
+        if constexpr (ADD_BIAS) {
+            v0 += b0;
+            v1 += b1;
+        }
+        if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment J/2, half J%2
+            fm_unpack2(a[J / 2][(J % 2) * 2 + hh], r0, r1);
+        if constexpr (L == LAST)
+            fm_stage_pair<L>(stage, hh, col, col, live, v0, v1, r0, r1);
+        else
+            h[J / 2][(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
+    }
+}
+
 // Columns [C0, C0 + W) of layer L for this warpgroup's 64 rows, W = min(NC, N - C0): one wgmma group over the whole
 // input, then the epilogue into the output fragments (h: the next layer's A, one [4] per 16 columns) or, for the last
 // layer, into the warp's output stage; then the next group. A layer is one group unless a forced n_chunk splits it
@@ -181,31 +214,8 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
     fm_fence_regs(a);
 
 #pragma unroll
-    for (int j = 0; j < W / 8; ++j) {     // 8-column tile J of the output
-        const int J = C0 / 8 + j;
-        const int col = 8 * J + 2 * t;     // this lane's columns col, col + 1 in rows g and g + 8
-        float b0 = 0.0f, b1 = 0.0f;  // the bias of a network with residuals is added here
-        if constexpr (Ly::BIAS && !BIAS_IN_D) {
-            b0 = bias[Ly::B_OFF + col];
-            b1 = bias[Ly::B_OFF + col + 1];
-        }
-        const bool live = Ly::NR == Ly::N || 8 * J < Ly::NR;  // compile-time: a padding tile writes zeros
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
-            if constexpr (Ly::BIAS && !BIAS_IN_D) {
-                v0 += b0;
-                v1 += b1;
-            }
-            if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment J/2, half J%2
-                fm_unpack2(a[J / 2][(J % 2) * 2 + hh], r0, r1);
-            if constexpr (L == LAST) {
-                fm_stage_pair<L>(stage, hh, col, col, live, v0, v1, r0, r1);
-            } else {
-                h[J / 2][(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
-            }
-        }
-    }
+    for (int j = 0; j < W / 8; ++j)  // 8-column tile C0 / 8 + j of the output
+        fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 4 * j, C0 / 8 + j, a, h, bias, stage, t);
     if constexpr (C0 + W < Ly::N)
         fm_layer_cols<L, C0 + W>(a, h, w, bias, stage, lane);
 }
@@ -273,6 +283,96 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_
             static_assert(Layer<L + 1>::K == Layer<L>::N, "a layer's input is the previous layer's output");
             fm_network<L + 1>(h, w_base, bias, stage, lane);
         }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ K-pipelined layers
+//
+// FM_KPIPE (plan.c, fm_plan_pipe): in fm_network a warpgroup's layer is MMAs, wait, epilogue, and only then the next
+// layer's MMAs, so the warpgroup leaves the tensor pipe idle through each epilogue and the ALUs through each layer's
+// MMAs; only other warpgroups on the SM fill those gaps. Here a layer with PIPE runs its epilogue 16 columns at a
+// time, each 16 followed by the next layer's k step over them (the next layer's A fragment s is this layer's columns
+// 16 s .. 16 s + 15): the next layer's MMAs run under this layer's activation. Both layers' accumulators are then live
+// (plan.c's register estimate). A layer without PIPE (relu, the identity: one cvt per pair, nothing to hide) runs its
+// whole epilogue, then all of the next layer's k steps. Networks without residuals (plan.c); every layer's
+// accumulators start at its bias (without one, the first k step's scale-d is 0).
+
+// Layer L's MMAs over its whole input a into d, waited for (the first layer's, before the pipeline starts).
+template <int L>
+__device__ __forceinline__ void fm_mma_all(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 w,
+                                           const float *bias, int t) {
+    typedef Layer<L> Ly;
+    constexpr fm_u32 SBO = Ly::K * EB * 8;
+    if constexpr (Ly::BIAS)
+        fm_d_init<L, Ly::N, true>(d, 0, t, bias);
+    const unsigned long long desc = fm_desc(w, SBO);
+    fm_fence_regs(a);
+    fm_wg_fence();
+#pragma unroll
+    for (int s = 0; s < Ly::K / 16; ++s)
+        fm_wgmma<Ly::N>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || Ly::BIAS ? 1 : 0);
+    fm_wg_commit();
+    fm_fence_regs(d);
+    fm_wg_wait();
+    fm_fence_regs(d);
+    fm_fence_regs(a);
+}
+
+// Layer L's epilogue from its accumulators d into h (the next layer's input fragments; a: layer L's, unread without a
+// residual) and layer L + 1's MMAs over h into dn, interleaved 16 columns at a time where Layer<L>::PIPE; then those
+// MMAs waited for. w_next: layer L + 1's first weight byte.
+template <int L>
+__device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / 16][4],
+                                           fm_u32 (&h)[Layer<L>::N / 16][4], float (&dn)[Layer<L + 1>::N / 2],
+                                           fm_u32 w_next, const float *bias, const fm_out &stage, int t) {
+    typedef Layer<L + 1> Ln;
+    static_assert(Ln::K == Layer<L>::N && Ln::NC == Ln::N && Layer<L>::RES == 0,
+                  "unsplit layers without residuals, each the next one's input");
+    constexpr bool PIPE = Layer<L>::PIPE;
+    constexpr fm_u32 SBO = Ln::K * EB * 8;
+    if constexpr (Ln::BIAS)
+        fm_d_init<L + 1, Ln::N, true>(dn, 0, t, bias);
+    const unsigned long long desc = fm_desc(w_next, SBO);
+#pragma unroll
+    for (int s = 0; s < Ln::K / 16; ++s) {
+        fm_epi_tile<L, false>(d + 8 * s, 2 * s, a, h, bias, stage, t);
+        fm_epi_tile<L, false>(d + 8 * s + 4, 2 * s + 1, a, h, bias, stage, t);
+        if constexpr (PIPE) {
+            fm_wg_fence();  // h[s] is written: the wgmma reads it
+            fm_wgmma<Ln::N>::run(dn, h[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || Ln::BIAS ? 1 : 0);
+        }
+    }
+    if constexpr (!PIPE) {
+        fm_fence_regs(h);
+        fm_wg_fence();
+#pragma unroll
+        for (int s = 0; s < Ln::K / 16; ++s)
+            fm_wgmma<Ln::N>::run(dn, h[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || Ln::BIAS ? 1 : 0);
+    }
+    fm_wg_commit();
+    fm_fence_regs(dn);
+    fm_wg_wait();
+    fm_fence_regs(dn);
+    fm_fence_regs(h);
+}
+
+// Layers L.. for this warpgroup's 64 rows from layer L's accumulators d (waited) and input fragments a. Unrolled:
+// plan.c pipelines no network with a stretch of layers fm_network would loop over (in a loop ptxas ran the pipelined
+// MMAs one at a time, C7511 "insufficient register resources for the wgmma pipeline": the next pass's accumulators
+// are this pass's, a copy it cannot rename).
+template <int L>
+__device__ __forceinline__ void fm_pnetwork(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / 16][4],
+                                            fm_u32 w_base, const float *bias, const fm_out &stage, int t) {
+    typedef Layer<L> Ly;
+    fm_u32 h[Ly::N / 16][4];
+    if constexpr (L == LAST) {
+#pragma unroll
+        for (int j = 0; j < Ly::N / 8; ++j)
+            fm_epi_tile<L, false>(d + 4 * j, j, a, h, bias, stage, t);
+    } else {
+        float dn[Layer<L + 1>::N / 2];
+        fm_epi_mma<L>(d, a, h, dn, w_base + EB * Layer<L + 1>::W_OFF, bias, stage, t);
+        fm_pnetwork<L + 1>(dn, h, w_base, bias, stage, t);
     }
 }
 
@@ -718,10 +818,15 @@ __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4],
 template <int C>
 __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
                                                const fm_out &stage, int lane, fm_cl_state &cl) {
-    if constexpr (C > 0)
+    if constexpr (C > 0) {
         fm_cl_network<0>(a, w_base, bias, stage, cl);
-    else
+    } else if constexpr (FM_KPIPE) {
+        float d[Layer<0>::N / 2];
+        fm_mma_all<0>(d, a, w_base + EB * Layer<0>::W_OFF, bias, lane & 3);
+        fm_pnetwork<0>(d, a, w_base, bias, stage, lane & 3);
+    } else {
         fm_network<0>(a, w_base, bias, stage, lane);
+    }
 }
 
 // ------------------------------------------------------------------------------------------------ input

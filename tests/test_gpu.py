@@ -599,6 +599,62 @@ def test_wgmma_layer_loops_match_float64():
     assert not failures, failures[:5]
 
 
+# K-pipelined layers (plan.c's pipe, fused_mlp_sm90.cu's fm_pnetwork): chains without residuals whose hidden
+# activations are not relu or the identity, and three equal 128-wide tanh layers (one more and the kernel would loop
+# over them: then plan.c pipelines none).
+PIPE_ACTS = ["tanh", "silu", "sigmoid", "sin", "gelu", "mish", "x * tanh(softplus(x))", "relu", "none"]
+
+
+def pipe_cases():
+    rng = np.random.default_rng(20261123)
+    for i in range(20):
+        depth = int(rng.integers(2, 7))
+        widths = [int(rng.integers(1, 40))] + [int(rng.choice([16, 50, 64, 96, 100, 128, 160]))
+                                               for _ in range(depth - 1)] + [int(rng.integers(1, 40))]
+        acts = [str(rng.choice(PIPE_ACTS)) for _ in range(depth - 1)] + [str(rng.choice(["none", "sigmoid"]))]
+        yield i, widths, acts, [bool(rng.random() < 0.6) for _ in range(depth)], rng
+    yield 20, [2] + [128] * 3 + [3], ["tanh"] * 3 + ["none"], [True] * 4, rng
+
+
+def test_wgmma_k_pipelined_layers_keep_the_bits_of_the_unpipelined_kernel():
+    """A K-pipelined layer (its epilogue 16 columns at a time, each followed by the next layer's k step over them)
+    computes the same sums in the same order as the unpipelined kernel: the outputs must be the same bits, at 1 and 2
+    warpgroups per CTA, all I/O dtypes, float16 and bfloat16, odd batches; and within the tolerance of float64. An
+    automatic plan with pipelined layers must build a kernel without local memory (_api rebuilds it unpipelined where
+    ptxas spilled)."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"wgmma needs sm_90; this GPU is sm_{info['arch']}")
+    failures, checked, piped, same = [], 0, 0, 0
+    for i, widths, acts, bias, rng in pipe_cases():
+        prec, io = ("float16", "bfloat16")[i % 2], ("float16", "float32", "bfloat16")[i % 3]
+        ws, bs = torch_init(rng, widths, bias)
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, dtype=prec, device="cuda")
+        batch = int(rng.choice([1, 65, 1000, 4099, 70001]))
+        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+        for warps in (4, 8):
+            try:
+                on, plan, source, _ = mlp._build(io, io, wgmma=1, warps=warps, kpipe=1)
+            except fusedmlp.LimitError:  # no layer to pipeline (relu and none only), or too many warps
+                continue
+            off, plan_off, _, _ = mlp._build(io, io, wgmma=1, warps=warps, kpipe=-1)
+            assert plan.info["kpipe"] == 1 and plan_off.info["kpipe"] == 0 and "PIPE = true" in source
+            piped += 1
+            _, y_on = run_io_kernel(on, x32, io)
+            _, y_off = run_io_kernel(off, x32, io)
+            same += np.array_equal(y_on, y_off, equal_nan=True)
+            if not np.array_equal(y_on, y_off, equal_nan=True):
+                failures.append((i, widths, acts, prec, io, warps, batch, "bits differ"))
+            checked += tally(kernel_error(on, mlp, ws, bs, x32, prec, io), failures,
+                             (i, widths, acts, prec, io, warps, batch))
+            auto, plan_auto, _, _ = mlp._build(io, io, wgmma=1, warps=warps)
+            assert not plan_auto.info["kpipe"] or auto.info["local_bytes"] == 0, (widths, acts, warps)
+    print(f"\nK-pipelined layers: {piped} kernels, {same} bit for bit, {checked} checked vs float64, "
+          f"{len(failures)} failures")
+    assert piped >= 20 and checked >= 10
+    assert not failures, failures[:5]
+
+
 def split_chain_cases():
     """The random chains of the column-group test (bench/wgmma_split_diag.py runs them too), one namespace each:
     i, widths, acts, residual, prec, io, ws, bs, batch, n_chunk, mlp (on the GPU) and x32 (its input)."""

@@ -555,7 +555,14 @@ class FusedMLP:
         plan, source = self._render(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype or dtype,
                                     info["smem_per_sm"], **plan_options)
         entry = compile_cubin(source, info["arch"], self._cache, plan.info["wgmma"])
-        return plan.load(gpu, entry.cubin, KERNEL_NAME), plan, source, entry
+        kernel = plan.load(gpu, entry.cubin, KERNEL_NAME)
+        if plan.info["kpipe"] and kernel.info["local_bytes"] and "kpipe" not in plan_options:
+            # plan.c's register estimate for K-pipelined layers is a fit to NVRTC 13's counts; where ptxas spilled
+            # after all, the same plan without them (both compiles stay in the cache, so this happens once)
+            log.debug("fusedmlp: K-pipelined kernel spilled %d bytes per thread; built without it",
+                      kernel.info["local_bytes"])
+            return self._build(dtype, out_dtype, kpipe=-1, **plan_options)
+        return kernel, plan, source, entry
 
     def _kernel(self, dtype, out_dtype=None, rows=None):
         """The loaded kernel a call of `rows` rows uses (rows=None: the default plan).

@@ -192,6 +192,17 @@ static void check_wgmma_plan(const fm_plan *p, const fm_spec *spec, const fm_tar
         int regs = p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l < L - 1 ? p->n_pad[l] / 4 : 0);
         CHECK(regs + 40 <= 255 && regs + 40 <= fm_plan_wgmma_regs(p), "%s: layer %d needs %d registers", what, l,
               regs);
+        /* a K-pipelined layer: before the last, no residual in the network, both it and the next unsplit, an
+         * activation without the one-cvt pair form, both layers' accumulators in the estimate */
+        int residual = 0;
+        for (int m = 0; m < L; ++m)
+            residual |= spec->res_op[m] != FM_RES_NONE;
+        if (p->pipe[l])
+            CHECK(!p->cluster && l < L - 1 && !residual && p->n_chunk[l] == p->n_pad[l] &&
+                      p->n_chunk[l + 1] == p->n_pad[l + 1] && fm_expr_pair_fn(spec->act[l]) == NULL &&
+                      fm_plan_wgmma_regs(p) >= p->n_pad[l] / 2 + p->n_pad[l + 1] / 2 + p->n_pad[l] / 4,
+                  "%s: layer %d pipelined", what, l);
+        CHECK(!p->pipe[l] || p->kpipe, "%s: layer %d pipelined, kpipe 0", what, l);
         CHECK(p->w_offset[l] == w && p->b_offset[l] == b && w * (size_t)p->elem_bytes % 128 == 0,
               "%s: layer %d offsets %zu %zu", what, l, p->w_offset[l], p->b_offset[l]);
         w += (size_t)p->n_pad[l] * (size_t)p->k_pad[l];
@@ -432,7 +443,7 @@ static void test_plan_networks(void) {
                 check_plan(&plan, &spec, &t, 1, what);
 
                 /* Forced tile shape: honoured, or a limit error that names the options. */
-                fm_plan_opts opts = {4, 1, 0, -1, 0, 0};
+                fm_plan_opts opts = {4, 1, 0, -1, 0, 0, 0};
                 fm_plan forced;
                 st = fm_plan_make(&spec, &t, &opts, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
@@ -446,7 +457,7 @@ static void test_plan_networks(void) {
                 fm_error_clear(&err);
 
                 /* Forced streaming. */
-                fm_plan_opts stream = {0, 0, 0, 0, 0, 0};
+                fm_plan_opts stream = {0, 0, 0, 0, 0, 0, 0};
                 st = fm_plan_make(&spec, &t, &stream, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 0 && forced.w_slot_elems > 0, "%s: resident=0 gave resident %d", what,
@@ -459,7 +470,7 @@ static void test_plan_networks(void) {
                 fm_error_clear(&err);
 
                 /* Forced residency and chunk width. */
-                fm_plan_opts res = {0, 0, 32, 1, 0, 0};
+                fm_plan_opts res = {0, 0, 32, 1, 0, 0, 0};
                 st = fm_plan_make(&spec, &t, &res, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 1, "%s: resident=1 gave %d", what, forced.resident);
@@ -518,7 +529,7 @@ static void test_plan_graphs(void) {
             fm_target t;
             fm_target_for_arch(arch_list[a], &t, &err);
             for (int prec = 0; prec < 3; ++prec) {
-                fm_plan_opts opts[] = {{0, 0, 0, -1, 0, 0}, {0, 0, 32, 1, 0, 0}, {4, 1, 16, 0, 0, 0}};
+                fm_plan_opts opts[] = {{0, 0, 0, -1, 0, 0, 0}, {0, 0, 32, 1, 0, 0, 0}, {4, 1, 16, 0, 0, 0, 0}};
                 for (int o = 0; o < 3; ++o) {
                     char what[96];
                     snprintf(what, sizeof what, "graph %d sm_%d %s opts %d", trial, arch_list[a],
@@ -568,14 +579,14 @@ static void test_plan_choices(void) {
         CHECK(p.resident == 0 && p.buffers == 2, "256x8 sm_75: resident %d buffers %d", p.resident, p.buffers);
         fm_error_clear(&err);
 
-        fm_plan_opts res = {0, 0, 0, 1, 0, 0};
+        fm_plan_opts res = {0, 0, 0, 1, 0, 0, 0};
         fm_status st = fm_plan_make(&spec, &t75, &res, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "resident=1") != NULL && strstr(err.message, "65536") != NULL &&
                   strstr(err.message, "sm_75") != NULL,
               "256x8 sm_75 resident=1: status %d \"%s\"", (int)st, err.message);
         fm_error_clear(&err);
 
-        fm_plan_opts big = {8, 2, 128, -1, 0, 0};
+        fm_plan_opts big = {8, 2, 128, -1, 0, 0, 0};
         st = fm_plan_make(&spec, &t75, &big, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "warps=8, m_tiles=2, n_chunk=128") != NULL,
               "256x8 sm_75 8x2x128: status %d \"%s\"", (int)st, err.message);
@@ -722,7 +733,7 @@ static void test_wgmma_plans(void) {
     fm_target t90, t80;
     fm_target_for_arch(90, &t90, &err);
     fm_target_for_arch(80, &t80, &err);
-    int chosen = 0;
+    int chosen = 0, pipelined = 0;
     for (int n = 0; n < NUM_NETS; ++n) {
         fm_spec spec;
         if (!make_spec(&spec, g_nets[n].widths, g_nets[n].num_layers, n % 2))
@@ -741,7 +752,7 @@ static void test_wgmma_plans(void) {
             chosen += p.wgmma;
             if (prec == FM_PREC_TF32 || widest > 256)
                 continue;
-            fm_plan_opts any = {0, 0, 0, -1, 1, 0};
+            fm_plan_opts any = {0, 0, 0, -1, 1, 0, 0};
             if (fm_plan_make(&spec, &t90, &any, (fm_prec)prec, FM_F32, FM_F16, &p, &err) != FM_OK) {
                 CHECK(strstr(err.message, "registers") || strstr(err.message, "do not fit"), "%s: %s", g_nets[n].name,
                       err.message);
@@ -760,14 +771,14 @@ static void test_wgmma_plans(void) {
             }
             check_plan(&p, &spec, &t90, 0, g_nets[n].name);
             if (p.cluster && !over) { /* then the register-A kernel's weights and stages do not fit one CTA */
-                fm_plan_opts regs_a = {0, 0, 0, -1, 1, -1};
+                fm_plan_opts regs_a = {0, 0, 0, -1, 1, -1, 0};
                 CHECK(fm_plan_make(&spec, &t90, &regs_a, (fm_prec)prec, FM_F32, FM_F16, &p, &err) == FM_ERR_LIMIT &&
                           strstr(err.message, "do not fit"),
                       "%s: cluster chosen, but the register-A kernel fits: %s", g_nets[n].name, err.message);
                 fm_error_clear(&err);
             }
             /* n_chunk forced: every layer wider than 64 becomes 64-column groups (the last takes the rest) */
-            fm_plan_opts split = {4, 0, 64, -1, 1, 0};
+            fm_plan_opts split = {4, 0, 64, -1, 1, 0, 0};
             if (fm_plan_make(&spec, &t90, &split, (fm_prec)prec, FM_F16, FM_F16, &p, &err) == FM_OK) {
                 char what[96];
                 snprintf(what, sizeof what, "%s %s wgmma n_chunk=64", g_nets[n].name, fm_prec_name((fm_prec)prec));
@@ -780,7 +791,7 @@ static void test_wgmma_plans(void) {
                 fm_error_clear(&err);
             }
             for (int warps = 4; warps <= 16; warps += 4) {
-                fm_plan_opts o = {warps, 0, 0, -1, 1, 0};
+                fm_plan_opts o = {warps, 0, 0, -1, 1, 0, 0};
                 char what[96];
                 snprintf(what, sizeof what, "%s %s wgmma warps=%d", g_nets[n].name, fm_prec_name((fm_prec)prec),
                          warps);
@@ -835,10 +846,32 @@ static void test_wgmma_plans(void) {
                 for (int l = 0; l < p.num_layers; ++l)
                     free(w[l]);
             }
+            /* K-pipelined layers (fm_plan_pipe): auto takes them only at the warps and CTAs per SM of the plan without
+             * them; kpipe=-1 never; kpipe=1 where the network has a layer for them, else a limit naming kpipe */
+            fm_plan_opts off = {0, 0, 0, -1, 1, 0, -1}, on = {0, 0, 0, -1, 1, 0, 1};
+            fm_plan base, piped;
+            if (fm_plan_make(&spec, &t90, &off, (fm_prec)prec, FM_F16, FM_F16, &base, &err) == FM_OK &&
+                fm_plan_make(&spec, &t90, &any, (fm_prec)prec, FM_F16, FM_F16, &p, &err) == FM_OK) {
+                char what[96];
+                snprintf(what, sizeof what, "%s %s kpipe", g_nets[n].name, fm_prec_name((fm_prec)prec));
+                CHECK(base.kpipe == 0 && p.warps == base.warps && p.blocks_per_sm == base.blocks_per_sm &&
+                          p.cluster == base.cluster,
+                      "%s: auto %d warps x %d CTAs (kpipe %d), off %d x %d (kpipe %d)", what, p.warps, p.blocks_per_sm,
+                      p.kpipe, base.warps, base.blocks_per_sm, base.kpipe);
+                check_plan(&p, &spec, &t90, 0, what);
+                fm_status st = fm_plan_make(&spec, &t90, &on, (fm_prec)prec, FM_F16, FM_F16, &piped, &err);
+                CHECK(st == FM_OK ? piped.kpipe == 1 : st == FM_ERR_LIMIT && strstr(err.message, "kpipe=1"),
+                      "%s=1: %s", what, err.message);
+                CHECK(!p.kpipe || st == FM_OK, "%s: auto pipelined, kpipe=1 refused", what);
+                if (st == FM_OK)
+                    check_plan(&piped, &spec, &t90, 0, what);
+                pipelined += p.kpipe;
+            }
+            fm_error_clear(&err);
         }
         /* never on sm_80, never for tf32; forcing it there names why */
         fm_plan p;
-        fm_plan_opts force = {0, 0, 0, -1, 1, 0};
+        fm_plan_opts force = {0, 0, 0, -1, 1, 0, 0};
         if (fm_plan_make(&spec, &t80, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK)
             CHECK(p.wgmma == 0, "%s: wgmma on sm_80", g_nets[n].name);
         fm_error_clear(&err);
@@ -853,6 +886,7 @@ static void test_wgmma_plans(void) {
         fm_spec_free(&spec);
     }
     CHECK(chosen >= NUM_NETS / 2, "the sm_90 plan chose wgmma for only %d network/precision pairs", chosen);
+    CHECK(pipelined >= 4, "K-pipelined layers in only %d auto plans", pipelined);
 
     /* a concat network and a residual from an earlier layer stay on mma.sync */
     static const int widths[] = {16, 32, 32, 32};
@@ -899,7 +933,7 @@ static void test_cluster_plans(void) {
             ++g_plans_made;
             for (int c = 1; c <= 4; c *= 2)
                 for (int warps = 0; warps <= 16; warps += 4) {
-                    fm_plan_opts o = {warps, 0, 0, -1, -1, c};
+                    fm_plan_opts o = {warps, 0, 0, -1, -1, c, 0};
                     fm_status st = fm_plan_make(&spec, &t90, &o, (fm_prec)prec, FM_F32, FM_F16, &p, &err);
                     if (st == FM_OK) {
                         CHECK(p.cluster == c && (warps == 0 || p.warps == warps), "%s: asked cluster %d warps %d, got "
@@ -916,11 +950,11 @@ static void test_cluster_plans(void) {
                 }
         }
         fm_plan p;
-        fm_plan_opts three = {0, 0, 0, -1, -1, 3};
+        fm_plan_opts three = {0, 0, 0, -1, -1, 3, 0};
         CHECK(fm_plan_make(&spec, &t90, &three, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_VALUE &&
                   strstr(err.message, "cluster=3: a cluster is 1, 2 or 4 CTAs") != NULL, "cluster=3: %s", err.message);
         fm_error_clear(&err);
-        fm_plan_opts two = {0, 0, 0, -1, -1, 2};
+        fm_plan_opts two = {0, 0, 0, -1, -1, 2, 0};
         CHECK(fm_plan_make(&spec, &t80, &two, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_LIMIT &&
                   strstr(err.message, "cluster=2 was asked for, but wgmma needs sm_90") != NULL, "sm_80: %s",
               err.message);
