@@ -556,11 +556,10 @@ class FusedMLP:
                                     info["smem_per_sm"], **plan_options)
         entry = compile_cubin(source, info["arch"], self._cache, plan.info["wgmma"])
         kernel = plan.load(gpu, entry.cubin, KERNEL_NAME)
-        if plan.info["kpipe"] and kernel.info["local_bytes"] and "kpipe" not in plan_options:
+        if plan.info["kpipe"] and "kpipe" not in plan_options and spilled(kernel, plan):
             # plan.c's register estimate for K-pipelined layers is a fit to NVRTC 13's counts; where ptxas spilled
             # after all, the same plan without them (both compiles stay in the cache, so this happens once)
-            log.debug("fusedmlp: K-pipelined kernel spilled %d bytes per thread; built without it",
-                      kernel.info["local_bytes"])
+            log.debug("fusedmlp: K-pipelined kernel spilled (%s); built without it", kernel.info)
             return self._build(dtype, out_dtype, kpipe=-1, **plan_options)
         return kernel, plan, source, entry
 
@@ -692,6 +691,16 @@ class FusedMLP:
             raise FusedMLPError(f"check=True: GPU result differs from the CPU reference by relative L2 error "
                                 f"{err:.3g} > {tolerance} (dtype={self._precision})",
                                 "see the README's precision notes")
+
+
+def spilled(kernel, plan):
+    """Whether ptxas spilled registers in a loaded kernel: it has local memory and uses every register the launch
+    bounds of its plan allow (64K over the threads of the CTAs per SM, in steps of 8, at most 255): ptxas spills only
+    past that. The driver's local size alone also counts call frames: a network with sin or cos has 32 bytes for the
+    far-argument sinf without spilling anything (2-64-64-64-3 sin at 16 warps: 123 of 128 registers)."""
+    info = plan.info
+    cap = min(255, 65536 // (info["threads"] * info["blocks_per_sm"]) // 8 * 8)
+    return kernel.info["local_bytes"] > 0 and kernel.info["regs"] >= cap
 
 
 def _is_device_array(x):
