@@ -176,3 +176,35 @@ def test_untuned_calls_take_the_tile_measured_best_for_their_batch_size(monkeypa
             assert (info["wgmma"], info["warps"], info["cluster"]) == (options.get("wgmma", 0), options["warps"],
                                                                         options.get("cluster", 0)), options
     assert got == tiles
+
+
+@pytest.mark.parametrize("bucket, kept", [(1024, ["wg4"]), (4096, ["wg4"]), (16384, ["wg8", "wg4"]),
+                                          (65536, ["wg16", "wg12", "wg8", "wg4"])])
+def test_warpgroup_counts_a_smaller_one_dominates_are_not_compiled(monkeypatch, bucket, kept):
+    """Where one warpgroup less per CTA already gives every SM at most one CTA for the bucket's largest batch, more
+    warpgroups only stack the same rows on fewer SMs: the tuner neither compiles nor times them (132 SMs: 2 warpgroups
+    from 8449 rows on, 3 from 16897, 4 from 25345). Candidates on clusters of one warpgroup stay."""
+    import numpy as np
+
+    import fusedmlp
+    from fusedmlp import _api
+
+    class Gpu:
+        info = {"arch": 90, "smem_per_block": 232448, "smem_per_sm": 233472, "sm_count": 132}
+
+    monkeypatch.setattr(_api, "_gpu", lambda ordinal: Gpu)
+    built = []
+
+    def fake_build(self, dtype, out_dtype=None, **options):
+        built.append(_tune.label(options))
+        raise fusedmlp.LimitError("not built here", "")
+
+    monkeypatch.setattr(_api.FusedMLP, "_build", fake_build)
+    rng = np.random.default_rng(3)
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip([32, 64, 64], [64, 64, 16])]
+    mlp = fusedmlp.FusedMLP(ws, None, "relu", device="cpu")
+    options, timings = _tune.tune_bucket(mlp, "float16", "float16", min(bucket, 1000), bucket_rows=bucket,
+                                         sm_count=132)
+    assert sorted(built) == sorted(kept) and options is None and timings == {}
+    assert not _tune._dominated({"wgmma": 1, "cluster": 4, "warps": 4}, 1024, 132)
+    assert not _tune._dominated({"wgmma": 1, "warps": 16}, 1024, 0)  # SM count unknown: nothing is skipped

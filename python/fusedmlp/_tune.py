@@ -102,8 +102,9 @@ class TuningStore:
             log.debug("fusedmlp: tuning record not saved (%s)", e)
 
 
-def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
-    """Times every candidate for rows and returns (best options, {candidate: ms})."""
+def tune_bucket(mlp, dtype, out_dtype, rows, reps=5, bucket_rows=None, sm_count=0):
+    """Times every candidate for rows (less those _dominated for batches up to bucket_rows on sm_count SMs) and
+    returns (best options, {candidate: ms})."""
     def build(options):
         try:
             return options, mlp._build(dtype, out_dtype, **options)[0]
@@ -114,6 +115,7 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5):
             return options, None
 
     candidates = _distinct(mlp, dtype, out_dtype, _candidates(mlp, dtype, out_dtype))
+    candidates = [o for o in candidates if not _dominated(o, bucket_rows or rows, sm_count)]
     if not candidates:
         return None, {}
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:  # NVRTC releases the GIL
@@ -149,6 +151,16 @@ def _candidates(mlp, dtype, out_dtype):
     if not default["cluster"]:
         return CANDIDATES_WGMMA
     return CANDIDATES_CLUSTER + (CANDIDATES_MMA_FALLBACK if _mma_fallback(default) else ())
+
+
+def _dominated(options, rows, sm_count):
+    """Whether a warpgroup candidate cannot beat the one with a warpgroup less per CTA at batches up to rows: w warps
+    take 16 w rows per CTA, and where w - 4 warps already give each SM at most one CTA, w only stacks the same rows on
+    fewer SMs. On the H100 one warpgroup per CTA beat two, three and four at 1024 rows for every benchmark workload
+    (by 1-40%), and two beat three and four at 16384 (bench/results/h100/bench.json, 'tile'); skipping them saves
+    their compiles on a first call (flex at 1024 rows compiled three kernels for a 1.04 s first call)."""
+    warps = options.get("warps", 0)
+    return bool(options.get("wgmma")) and warps > 4 and sm_count > 0 and rows <= 16 * (warps - 4) * sm_count
 
 
 def _mma_fallback(default):
@@ -210,7 +222,8 @@ def choose(mlp, dtype, out_dtype, rows, gpu_info, store, force=False):
     record = store.load(key)
     b = str(bucket(rows))
     if b not in record or force:
-        options, timings = tune_bucket(mlp, dtype, out_dtype, min(rows, int(b)))
+        options, timings = tune_bucket(mlp, dtype, out_dtype, min(rows, int(b)), bucket_rows=int(b),
+                                       sm_count=gpu_info["sm_count"])
         if options is None:
             return None
         record = dict(record)
