@@ -86,6 +86,26 @@ __device__ __forceinline__ void fm_d_init(float (&d)[W / 2], int c0, int t, cons
     }
 }
 
+// A layer's k steps over its input fragments a into d (W columns from descriptor desc), issued after a's registers are
+// fenced; D_SET: d holds this thread's starting values (the bias, or zeros), else the first step's scale-d is 0.
+template <int W, int KS>
+__device__ __forceinline__ void fm_mma_issue(float (&d)[W / 2], fm_u32 (&a)[KS][4], unsigned long long desc,
+                                             bool d_set) {
+    fm_fence_regs(a);
+    fm_wg_fence();
+#pragma unroll
+    for (int s = 0; s < KS; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
+        fm_wgmma<W>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || d_set ? 1 : 0);
+}
+// Commits the issued k steps and waits for them, d and a pinned around the wait.
+template <int ND, int KS> __device__ __forceinline__ void fm_mma_wait(float (&d)[ND], fm_u32 (&a)[KS][4]) {
+    fm_wg_commit();
+    fm_fence_regs(d);
+    fm_wg_wait();
+    fm_fence_regs(d);
+    fm_fence_regs(a);
+}
+
 // ------------------------------------------------------------------------------------------------ the layers
 
 // Where the last layer's results go. 16-bit y: the warp's output stage, which fm_store_output then copies to y in
@@ -201,17 +221,8 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
     if constexpr (D_SET)
         fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
-    const unsigned long long desc = fm_desc(w + (C0 / 8) * SBO, SBO);  // the group's W weight rows
-    fm_fence_regs(a);
-    fm_wg_fence();
-#pragma unroll
-    for (int s = 0; s < KS; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
-        fm_wgmma<W>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || D_SET ? 1 : 0);
-    fm_wg_commit();
-    fm_fence_regs(d);
-    fm_wg_wait();
-    fm_fence_regs(d);
-    fm_fence_regs(a);
+    fm_mma_issue<W, KS>(d, a, fm_desc(w + (C0 / 8) * SBO, SBO), D_SET);  // the group's W weight rows
+    fm_mma_wait(d, a);
 
 #pragma unroll
     for (int j = 0; j < W / 8; ++j)  // 8-column tile C0 / 8 + j of the output
@@ -305,17 +316,8 @@ __device__ __forceinline__ void fm_mma_all(float (&d)[Layer<L>::N / 2], fm_u32 (
     constexpr fm_u32 SBO = Ly::K * EB * 8;
     if constexpr (Ly::BIAS)
         fm_d_init<L, Ly::N, true>(d, 0, t, bias);
-    const unsigned long long desc = fm_desc(w, SBO);
-    fm_fence_regs(a);
-    fm_wg_fence();
-#pragma unroll
-    for (int s = 0; s < Ly::K / 16; ++s)
-        fm_wgmma<Ly::N>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || Ly::BIAS ? 1 : 0);
-    fm_wg_commit();
-    fm_fence_regs(d);
-    fm_wg_wait();
-    fm_fence_regs(d);
-    fm_fence_regs(a);
+    fm_mma_issue<Ly::N, Ly::K / 16>(d, a, fm_desc(w, SBO), Ly::BIAS);
+    fm_mma_wait(d, a);
 }
 
 // Layer L's epilogue from its accumulators d into h (the next layer's input fragments; a: layer L's, unread without a
@@ -342,18 +344,9 @@ __device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (
             fm_wgmma<Ln::N>::run(dn, h[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || Ln::BIAS ? 1 : 0);
         }
     }
-    if constexpr (!PIPE) {
-        fm_fence_regs(h);
-        fm_wg_fence();
-#pragma unroll
-        for (int s = 0; s < Ln::K / 16; ++s)
-            fm_wgmma<Ln::N>::run(dn, h[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || Ln::BIAS ? 1 : 0);
-    }
-    fm_wg_commit();
-    fm_fence_regs(dn);
-    fm_wg_wait();
-    fm_fence_regs(dn);
-    fm_fence_regs(h);
+    if constexpr (!PIPE)
+        fm_mma_issue<Ln::N, Ln::K / 16>(dn, h, desc, Ln::BIAS);
+    fm_mma_wait(dn, h);
 }
 
 // Layers L.. for this warpgroup's 64 rows from layer L's accumulators d (waited) and input fragments a. Unrolled:
