@@ -332,7 +332,7 @@ typedef struct fm_kernel {
     int blocks_per_sm; /* occupancy at smem_bytes */
     int max_clusters;  /* clusters that can run at once (fm_kernel_cluster_occupancy), 0 where not known */
     int regs;          /* registers per thread, as compiled */
-    int local_bytes;   /* local memory per thread (ptxas's spills and stack; 0 in every kernel that fits its plan) */
+    int local_bytes;   /* local memory per thread: ptxas's spills and call frames (32 bytes for a sine's far sinf) */
 } fm_kernel;
 
 /* Loads a CUBIN, finds `name`, raises its dynamic shared-memory limit to smem_bytes and reads its occupancy. */

@@ -1014,7 +1014,7 @@ static PyMethodDef Kernel_methods[] = {
 static PyGetSetDef Kernel_getset[] = {
     {"info", (getter)Kernel_get_info, NULL,
      "dict: blocks_per_sm, max_clusters (0: not a cluster kernel), smem_bytes, threads, regs (per thread), "
-     "local_bytes (per thread: ptxas's spills)", NULL},
+     "local_bytes (per thread: spills and call frames)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -77,7 +77,7 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
 /* The K-pipelined step's registers beyond its fragments (fm_wgmma_layer_regs): addresses and the activation's
  * temporaries. What ptxas (NVRTC 13) takes varies with the activation: pinn50 (tanh, 56 wide) and flex (silu) fit
  * this; a gelu or sin layer 128 wide did not (at 255 registers gelu spilled). The estimate is the optimistic end:
- * _api builds the plan again without the pipeline where the kernel has local memory (spills). */
+ * _api builds the plan again without the pipeline where ptxas spilled (_api.spilled). */
 enum { PIPE_REGS = 24 };
 
 /* Registers layer l of the sm_90a kernel needs per thread: 64 x n fp32 accumulators over 128 threads, the input
