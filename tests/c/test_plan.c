@@ -725,6 +725,59 @@ static void test_pack(void) {
           "fm_float_to_half on known values");
 }
 
+/* K-pipelined layers (fm_plan_pipe) on chosen networks, auto at 4 warps: a tanh chain pipelines every layer but the
+ * last; relu layers, residual networks and a stretch the kernel loops over (four equal 128-wide tanh layers) do not,
+ * and forcing kpipe=1 there is a limit naming kpipe; three equal 128-wide layers (256 columns looped: under 384) do. */
+static void test_kpipe_plans(void) {
+    static const struct {
+        int num_layers, widths[8];
+        const char *act;
+        int residual, pipelined; /* residual: layers 1.. add their input; pipelined: auto's kpipe */
+    } cases[] = {
+        {4, {2, 50, 50, 50, 1}, "tanh", 0, 1},         {4, {2, 128, 128, 128, 3}, "tanh", 0, 1},
+        {6, {2, 128, 128, 128, 128, 128, 3}, "tanh", 0, 0}, {4, {32, 64, 64, 64, 16}, "relu", 0, 0},
+        {4, {64, 128, 128, 128, 64}, "gelu", 1, 0},    {3, {3, 64, 96, 4}, "x * sigmoid(x)", 0, 1},
+    };
+    fm_error err = {0};
+    fm_target t90;
+    fm_target_for_arch(90, &t90, &err);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        const int L = cases[i].num_layers;
+        int64_t shapes[2 * FM_MAX_LAYERS], bias[FM_MAX_LAYERS];
+        const char *acts[FM_MAX_LAYERS];
+        for (int l = 0; l < L; ++l) {
+            shapes[2 * l] = cases[i].widths[l + 1];
+            shapes[2 * l + 1] = cases[i].widths[l];
+            bias[l] = cases[i].widths[l + 1];
+            acts[l] = l < L - 1 ? cases[i].act : "none";
+        }
+        fm_spec spec;
+        if (fm_spec_init(&spec, L, shapes, bias, acts, NULL, &err) != FM_OK) {
+            CHECK(0, "kpipe case %zu: %s", i, err.message);
+            fm_error_clear(&err);
+            continue;
+        }
+        for (int l = 1; l < L - 1 && cases[i].residual; ++l)
+            CHECK(fm_spec_set_residual(&spec, l, FM_RES_ADD, NULL, l - 1, &err) == FM_OK, "kpipe case %zu: residual "
+                  "on layer %d: %s", i, l, err.message);
+        fm_plan p;
+        fm_plan_opts autop = {4, 0, 0, -1, 1, 0, 0}, on = {4, 0, 0, -1, 1, 0, 1};
+        CHECK(fm_plan_make(&spec, &t90, &autop, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_OK &&
+                  p.wgmma == 1 && p.cluster == 0 && p.kpipe == cases[i].pipelined,
+              "kpipe case %zu (%s): auto kpipe %d, want %d %s", i, cases[i].act, p.kpipe, cases[i].pipelined,
+              err.message);
+        for (int l = 0; l < L && p.kpipe; ++l)
+            CHECK(p.pipe[l] == (l < L - 1), "kpipe case %zu: layer %d pipe %d", i, l, p.pipe[l]);
+        fm_error_clear(&err);
+        fm_status st = fm_plan_make(&spec, &t90, &on, FM_PREC_F16, FM_F16, FM_F16, &p, &err);
+        CHECK(cases[i].pipelined ? st == FM_OK && p.kpipe == 1
+                                 : st == FM_ERR_LIMIT && strstr(err.message, "kpipe=1") != NULL,
+              "kpipe case %zu forced: status %d, %s", i, (int)st, err.message);
+        fm_error_clear(&err);
+        fm_spec_free(&spec);
+    }
+}
+
 /* The sm_90a plan: chosen for the networks it takes (fp16/bf16 chains, own-input residuals, resident weights), never
  * elsewhere; forced shapes honoured or refused by name; the packed blob in wgmma's core-matrix layout (checked
  * against the layout written out here, element by element, padding zero). */
@@ -1330,6 +1383,7 @@ int main(int argc, char **argv) {
     test_plan_graphs();
     test_pack();
     test_wgmma_plans();
+    test_kpipe_plans();
     test_cluster_plans();
     test_render(root);
     test_ref();
