@@ -114,8 +114,9 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5, bucket_rows=None, sm_count=
             log.warning("fusedmlp: tuning candidate %s did not compile: %s", label(options), e.message)
             return options, None
 
-    candidates = _distinct(mlp, dtype, out_dtype, _candidates(mlp, dtype, out_dtype))
-    candidates = [o for o in candidates if not _dominated(o, bucket_rows or rows, sm_count)]
+    # dominated ones out before _distinct: else a dominated candidate could stand for a plan a kept one shares
+    kept = [o for o in _candidates(mlp, dtype, out_dtype) if not _dominated(o, bucket_rows or rows, sm_count)]
+    candidates = _distinct(mlp, dtype, out_dtype, kept)
     if not candidates:
         return None, {}
     with concurrent.futures.ThreadPoolExecutor(len(candidates)) as pool:  # NVRTC releases the GIL
