@@ -38,17 +38,18 @@ def build(wl, forced, template):
     return kernel, plan, source, mlp
 
 
-def check(name, builds, labels, rows=65536 + 37):
-    """Prints whether each build's outputs on the same random rows are A's bit for bit, and its error."""
-    mlp = builds[0][3]
-    x = np.random.default_rng(1).uniform(-1, 1, (rows, mlp.widths[0])).astype(np.float16)
+def check(name, mlp, kernels, labels, dtype=np.float16, rows=65536 + 37):
+    """Prints whether each kernel's outputs on the same random rows (poisoned first) are the first kernel's bit for
+    bit, and their relative L2 error against mlp's CPU reference. dtype: x's (and y's) dtype."""
+    x = np.random.default_rng(1).uniform(-1, 1, (rows, mlp.widths[0])).astype(dtype)
     ref = mlp._net.forward_cpu(x.astype(np.float32)).astype(np.float64)
-    ys = [kernel.run(x, poison=True) for kernel, *_ in builds]
+    ys = [kernel.run(x, poison=True) for kernel in kernels]
     parts = []
     for label, y in zip(labels, ys):
         err = np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref)
-        same = "A's bits" if np.array_equal(y.view(np.uint16), ys[0].view(np.uint16)) else "DIFFERS from A"
-        parts.append(f"{label} {same}, rel err {err:.2e}")
+        same = f"{labels[0]}'s bits" if np.array_equal(y.view(np.uint8), ys[0].view(np.uint8)) else \
+            f"DIFFERS from {labels[0]}"
+        parts.append(f"{label}: {same}, rel err {err:.2e}")
     print(f"{name:9s} check, {rows} rows: " + "  ".join(parts), flush=True)
 
 
@@ -69,7 +70,7 @@ def main(argv=None):
         builds.append(build(wl, forced, _api._template))
         sources = {src for _, _, src, _ in builds}
         if args.check:
-            check(name, builds, labels)
+            check(name, builds[0][3], [kernel for kernel, *_ in builds], labels)
         times = [[] for _ in builds]
         for _ in range(args.rounds):
             for kernel_times, (kernel, *_) in zip(times, builds):

@@ -14,7 +14,8 @@ import statistics
 
 import numpy as np
 
-from act_cost import workload_weights  # bench/ is the script's folder, so on sys.path
+from ab_probe import check  # bench/ is the script's folder, so on sys.path
+from act_cost import workload_weights
 
 import fusedmlp
 from fusedmlp import bench
@@ -45,24 +46,6 @@ def parse(text):
     return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
 
 
-def check(name, mlp, built, io, rows=65536 + 37):
-    """Prints each plan's relative L2 error against the CPU reference on the same random rows (outputs poisoned
-    first), and whether its outputs are the default plan's bit for bit."""
-    dtype = {"float16": np.float16, "float32": np.float32}.get(io)
-    if dtype is None:
-        print(f"{name:9s} check: not for {io}", flush=True)
-        return
-    x = np.random.default_rng(1).uniform(-1, 1, (rows, mlp.widths[0])).astype(dtype)
-    ref = mlp._net.forward_cpu(x.astype(np.float32)).astype(np.float64)
-    ys = [kernel.run(x, poison=True) for _, kernel in built]
-    parts = []
-    for (label, _), y in zip(built, ys):
-        err = np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref)
-        same = "same bits" if np.array_equal(y, ys[0]) else "other bits"
-        parts.append(f"{label}: {same}, rel err {err:.2e}")
-    print(f"{name:9s} check, {rows} rows: " + "  ".join(parts), flush=True)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", nargs="*", default=list(bench.WORKLOADS))
@@ -70,8 +53,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--io", default="float16", choices=("float16", "float32", "bfloat16"), help="x's and y's dtype")
     ap.add_argument("--plan", action="append", default=[], help="forced plan options, e.g. cluster=4,warps=4")
-    ap.add_argument("--check", action="store_true", help="first compare each plan's outputs with the default's and "
-                    "the CPU reference's")
+    ap.add_argument("--check", action="store_true", help="first compare each plan's outputs (float16 or float32 "
+                    "I/O) with the default's and the CPU reference's")
     args = ap.parse_args(argv)
     rows_list = args.rows or [1024, 2**21]
     for name in args.workloads:
@@ -88,8 +71,8 @@ def main(argv=None):
             info = plan.info
             clusters = f" x{kernel.info['max_clusters']}" if info.get("cluster", 0) > 1 else ""
             built.append((f"{text} [{info['warps']}w c{info.get('cluster', 0)}{clusters}]", kernel))
-        if args.check:
-            check(name, mlp, built, args.io)
+        if args.check and args.io != "bfloat16":  # NumPy has no bfloat16 to hand the kernel
+            check(name, mlp, [kernel for _, kernel in built], [label for label, _ in built], np.dtype(args.io))
         for rows in rows_list:
             times = [[] for _ in built]
             for _ in range(args.rounds):
