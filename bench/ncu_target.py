@@ -5,7 +5,6 @@ shadows the standard library module when scripts run from bench/).
     python bench/ncu_target.py tcnn64 2097152 warps=4 m_tiles=2       # a forced tile shape
 """
 
-import os
 import sys
 
 import numpy as np

@@ -25,7 +25,7 @@ def main():
         for opts in ({"wgmma": 0}, {"wgmma": 1, "warps": 4}, {"wgmma": 1, "warps": 8}):
             try:
                 kernel, plan = mlp._build("float32", **opts)[:2]
-            except fusedmlp.LimitError as e:
+            except fusedmlp.LimitError:
                 row.append(f"{opts}: limit")
                 continue
             y = kernel.run(x, poison=True)
