@@ -1,5 +1,6 @@
-# Sourced by the one-call device scripts (device_run.sh, profile_run.sh): strict mode, $OUT, the kernel cache, the
-# GPU's name and clocks into $OUT/gpu.txt, and the editable build (its log's tail, and exit, if it fails).
+# Sourced by the one-call device scripts (device_run.sh, profile_run.sh, race_probe.sh): strict mode, $OUT, the
+# kernel cache, the GPU's name and clocks into $OUT/gpu.txt, and the editable build (its log's tail, and exit, if it
+# fails).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

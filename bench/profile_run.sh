@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# One device call for a profile: build, the 16-bit activation accuracy probe, and ncu (full set) of the default
-# fp16 kernel of each named workload at 2^21 rows. Results under $OUT: act16_probe.txt, ncu_details.txt (every
-# section, every workload), ncu_raw.csv (every metric, one row per workload).
+# One device call for a profile: build, and ncu (full set) of the default fp16 kernel of each named workload at 2^21
+# rows. Results under $OUT: ncu_details.txt (every section, every workload), ncu_raw.csv (every metric, one row per
+# workload).
 # Usage on the device machine (repository root): bash bench/profile_run.sh tcnn64 pinn50 ...
 source "$(dirname "$0")/device_setup.sh"
-python3 bench/act16_probe.py 2>&1 | tee "$OUT/act16_probe.txt"
 for w in "$@"; do
     rep="/tmp/ncu_$w"
     python3 bench/ncu_target.py "$w" 2097152 >/dev/null  # compile outside the profiler

@@ -4,6 +4,7 @@ A thin entry point for ``python -m fusedmlp.bench``; every option is its own (``
 
     python bench/run.py --save            # all workloads and batch sizes, ~6-8 min; bench/results/<gpu>/bench.*
     python bench/run.py --quick --out DIR  # fewer reps
+    python bench/run.py probe list         # the probes (fusedmlp/probe.py): `probe --help` lists them
 """
 
 import sys

@@ -2,9 +2,10 @@
 instruction counts (HMMA = Tensor Core mma, LDSM = ldmatrix, LDL/STL = local memory, MUFU = special functions).
 
     pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm   # or a CUDA toolkit on PATH
-    python bench/sass_report.py [--arch 90]
+    python bench/sass_report.py [--gpu h100]
 
-Plans for the H100's shared-memory limits (232448 B per block, 233472 per SM, 132 SMs) by default.
+Plans for a named GPU's limits (fusedmlp.probe.GPUS: the H100's by default), as `python -m fusedmlp.bench probe list`
+does; weights are probe.weights's.
 """
 
 import argparse
@@ -16,12 +17,8 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-from fusedmlp.bench import WORKLOADS, fused_options  # noqa: E402
-
-import fusedmlp  # noqa: E402
-from fusedmlp import _api, _core  # noqa: E402
+from fusedmlp import _api, _core, probe
+from fusedmlp.bench import WORKLOADS
 
 
 def find_tool(name):
@@ -36,22 +33,21 @@ def find_tool(name):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", type=int, default=90)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", choices=sorted(probe.GPUS), default="h100", help="the GPU to plan for (default h100)")
     args = ap.parse_args()
+    gpu = probe.GPUS[args.gpu]
+    arch = gpu["arch"]
     cuobjdump = find_tool("cuobjdump")
     env = dict(os.environ, PATH=os.path.dirname(find_tool("nvdisasm")) + os.pathsep + os.environ.get("PATH", ""))
     _api._nvrtc_info()
-    rng = np.random.default_rng(0)
     for name, wl in WORKLOADS.items():
-        widths, bias = wl.widths, wl.bias
-        ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
-        bs = [rng.uniform(-1, 1, o).astype(np.float32) if bias else None for o in widths[1:]]
-        mlp = fusedmlp.FusedMLP(ws, bs, device="cpu", **fused_options(wl))
-        plan = mlp._net.plan(args.arch, 232448, 132, "float16", "float16", smem_per_sm=233472)
-        source = plan.render(_api._template(_api.PRELUDE), _api._template(_api.TEMPLATE_SM90 if plan.info["wgmma"] else _api.TEMPLATE), _api.KERNEL_NAME)
+        mlp = probe.model(wl, device="cpu")
+        plan = mlp._net.plan(arch, gpu["smem_per_block"], gpu["sm_count"], "float16", "float16",
+                             smem_per_sm=gpu["smem_per_sm"])
+        source = _api._source_of(plan)
         wgmma = bool(plan.info["wgmma"])  # the warpgroup kernel targets sm_90a
-        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, args.arch, wgmma,
+        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, arch, wgmma,
                                          ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
@@ -63,7 +59,7 @@ def main():
         spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
         info = plan.info
         kind = "wgmma" if wgmma else "mma.sync"
-        print(f"{name:9s} sm_{args.arch} {kind} {info['warps']}w x {info['m_tiles'] * 16} rows, "
+        print(f"{name:9s} sm_{arch} {kind} {info['warps']}w x {info['m_tiles'] * 16} rows, "
               f"resident={info['resident']}: {usage.group(1) if usage else '?'} registers, stack {spill.group(1)} B, "
               f"spills {spill.group(2)}/{spill.group(3)} B | SASS {len(ops)}: HMMA {count('HMMA')}, "
               f"HGMMA {count('HGMMA')}, LDSM {count('LDSM')}, LDL {count('LDL')}, STL {count('STL')}, "

@@ -990,7 +990,12 @@ def _run_compiles(torch, fusedmlp, args, report, models, save):
 
 
 def main(argv=None):
-    """Runs the benchmark; returns 0, or 1 when fusedmlp failed a check or a run."""
+    """Runs the benchmark; returns 0, or 1 when fusedmlp failed a check or a run. ``probe ...``: fusedmlp.probe's."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["probe"]:
+        from . import probe
+
+        return probe.main(given[1:])
     global _t0
     _t0 = time.perf_counter()
     args = _parse_args(argv)

@@ -1,0 +1,607 @@
+"""The probes behind the plan's and the tuner's choices, to run again after a change:
+``python -m fusedmlp.bench probe <subcommand> [options]`` (each subcommand's ``--help`` says more).
+
+    list   (no GPU) each workload's plan for a GPU ahead of time, and what the tuner would try at a batch size
+    plans  (GPU) forced plans timed against the default one, in alternating rounds; --check compares their outputs
+    ab     (GPU) kernel templates A/B: baseline copies against the working tree's, all on the same plan; --check
+    tune   (GPU, PyTorch) what the tuner chooses, and a cold first call's time, per batch size
+    act    (GPU) a workload's kernel with its hidden activation swapped: what the activation costs
+    cold   (GPU, PyTorch) where a cold first call goes: the span of each of its NVRTC compiles
+    host   (GPU, PyTorch) where a small call's host time goes: microseconds per call of __call__'s pieces
+
+Workloads are the benchmark's (fusedmlp.bench.WORKLOADS) and a few shapes outside it (EXTRA), with fixed random
+weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best of 5 launches on random rows; where
+kernels are compared, they are timed in alternating rounds in one process and the median over rounds is printed.
+Plan options (--plan) are those the tuner forces (PLAN_OPTIONS: wgmma, cluster, warps, m_tiles, n_chunk, resident,
+kpipe), written ``warps=4,m_tiles=1``.
+"""
+
+import argparse
+import contextlib
+import functools
+import logging
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from . import _api, _tune, bench
+from .errors import LimitError
+
+__all__ = ["EXTRA", "GPUS", "main", "plan_table", "weights", "workload"]
+
+#: Shapes outside the benchmark's set: residual networks too wide for the register-A kernel (the cluster kernel's
+#: residual epilogues), siren256 with residual hidden layers, and wide last layers.
+EXTRA = {
+    "res256": bench.Workload((64, 256, 256, 256, 256, 256, 64), "gelu", True, residual=True),
+    "res224": bench.Workload((64, 224, 224, 224, 224, 224, 64), "relu", True, residual=True),
+    "siren256res": bench.Workload((2, 256, 256, 256, 3), "sin", True, residual=True),
+    # wide last layers: on clusters split over the CTAs since session 15 (before, the last layer ran whole in CTA 0
+    # while the others waited, and 2-256-256-256 with 16-bit y fitted no cluster plan); in the register-A kernel its
+    # 128 accumulators leave room for one warpgroup
+    "wideout192": bench.Workload((64, 256, 256, 192), "relu", True),
+    "wideout256": bench.Workload((64, 128, 128, 128, 256), "relu", True),
+    "sirenout256": bench.Workload((2, 256, 256, 256), "sin", True),
+}
+
+#: GPUs to plan for ahead of time (`probe list`, bench/sass_report.py): what _core.Gpu.info reports for them.
+#: Shared memory: the opt-in limit per block and the total per SM (227 and 228 KB on sm_90, 163 and 164 KB on sm_80:
+#: the CUDA C Programming Guide's technical specifications per compute capability).
+GPUS = {
+    "h100": {"name": "NVIDIA H100 80GB HBM3", "arch": 90, "sm_count": 132, "smem_per_block": 232448,
+             "smem_per_sm": 233472},
+    "a100": {"name": "NVIDIA A100-SXM4-80GB", "arch": 80, "sm_count": 108, "smem_per_block": 166912,
+             "smem_per_sm": 167936},
+}
+
+IO_DTYPES = ("float16", "float32", "bfloat16")
+#: The plan's options (Network.plan's keywords past the GPU's limits and the dtypes), as the tuner forces them.
+PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe")
+
+
+# ------------------------------------------------------------------------------------------------ shared helpers
+
+
+def workload(name):
+    """The benchmark's workload of that name, else EXTRA's; KeyError names the known ones."""
+    if name in bench.WORKLOADS:
+        return bench.WORKLOADS[name]
+    if name in EXTRA:
+        return EXTRA[name]
+    raise KeyError(f"unknown workload {name!r}; known: {', '.join(list(bench.WORKLOADS) + list(EXTRA))}")
+
+
+def weights(wl):
+    """Fixed random weights and biases for a workload.
+
+    Args:
+        wl: a bench.Workload.
+
+    Returns:
+        (weights, biases): U(-1, 1) / sqrt(fan_in) weights, (out, in) each; U(-0.1, 0.1) biases, or None without.
+    """
+    rng = np.random.default_rng(0)
+    widths = wl.widths
+    ws = [rng.uniform(-1, 1, (n, k)).astype(np.float32) / np.sqrt(k) for k, n in zip(widths[:-1], widths[1:])]
+    bs = [rng.uniform(-0.1, 0.1, n).astype(np.float32) for n in widths[1:]] if wl.bias else None
+    return ws, bs
+
+
+def model(wl, device="cuda", **options):
+    """A FusedMLP of the workload with weights(wl); options (activation, dtype, cache_dir) override the workload's."""
+    import fusedmlp
+
+    ws, bs = weights(wl)
+    return fusedmlp.FusedMLP(ws, bs, device=device, **dict(bench.fused_options(wl), **options))
+
+
+def parse_plan(text):
+    """'warps=4,m_tiles=1' -> {'warps': 4, 'm_tiles': 1} (an argparse type: a malformed item is a usage error)."""
+    try:
+        options = {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not plan options written as name=int[,name=int...], "
+                                         "e.g. warps=4,m_tiles=1") from None
+    unknown = [k for k in options if k not in PLAN_OPTIONS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown plan option(s) {', '.join(unknown)} in {text!r}; the plan takes "
+                                         f"{', '.join(PLAN_OPTIONS)}")
+    return options
+
+
+def plan_text(options):
+    """The inverse of parse_plan; 'default' for none."""
+    return ",".join(f"{k}={v}" for k, v in options.items()) if options else "default"
+
+
+def shape(info, kernel=None):
+    """A plan's tile shape in one line, from plan.info (and the loaded kernel's info where there is one)."""
+    text = f"{'wgmma' if info['wgmma'] else 'mma.sync'} {info['warps']}w x {info['rows_per_cta']} rows"
+    if info.get("cluster", 0) > 1:
+        text += f", cluster {info['cluster']}"
+        if kernel is not None:
+            text += f" x{kernel.info['max_clusters']}"
+    return (text + f", resident {info['resident']}, kpipe {info['kpipe']}, {info['blocks_per_sm']} CTA/SM, "
+            f"{info['smem_bytes']} B")
+
+
+def require_gpu(command):
+    """Exits with a message saying what is missing where this process sees no CUDA GPU."""
+    if not _api._gpu_available():
+        raise SystemExit(f"probe {command} runs kernels: it needs an NVIDIA GPU with a CUDA driver, and this machine "
+                         "has none (`python -m fusedmlp.bench probe list` plans for a GPU without one)")
+
+
+def alternate(kernels, rows, rounds, launches=5):
+    """Each kernel timed once per round, round after round, so that a drift of clocks or temperature hits all alike.
+
+    Returns:
+        one list of times (ms, each the best of `launches`) per kernel.
+    """
+    times = [[] for _ in kernels]
+    for _ in range(rounds):
+        for kernel_times, kernel in zip(times, kernels):
+            kernel_times.append(kernel.time(rows, launches))
+    return times
+
+
+def check(name, mlp, kernels, labels, dtype=np.float16, rows=65536 + 37):
+    """Prints whether each kernel's outputs on the same random rows (poisoned first) are the first kernel's bit for
+    bit, and their relative L2 error against mlp's CPU reference (a change that only reorders work must leave the
+    bits as they were). rows: more than a wave of tiles, and a partial last one.
+
+    Args:
+        dtype: x's and y's dtype.
+
+    Returns:
+        [(same bits as the first, relative error)] per kernel.
+    """
+    x = np.random.default_rng(1).uniform(-1, 1, (rows, mlp.widths[0])).astype(dtype)
+    ref = mlp._net.forward_cpu(x.astype(np.float32)).astype(np.float64)
+    ys = [kernel.run(x, poison=True) for kernel in kernels]
+    results, parts = [], []
+    for label, y in zip(labels, ys):
+        err = float(np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref))
+        same = np.array_equal(y.view(np.uint8), ys[0].view(np.uint8))
+        results.append((same, err))
+        parts.append(f"{label}: {f'{labels[0]} bits' if same else f'DIFFERS from {labels[0]}'}, rel err {err:.2e}")
+    print(f"{name:11s} check, {rows} rows: " + "  ".join(parts), flush=True)
+    return results
+
+
+@contextlib.contextmanager
+def templates_from(folder):
+    """Within: kernels render from the template files in folder (None: the package's kernel_templates)."""
+    own = _api._template
+    if folder is not None:
+        _api._template = functools.partial(own, folder=folder)
+    try:
+        yield
+    finally:
+        _api._template = own
+
+
+class _NamedGpu:
+    """Stands in for _core.Gpu where only its info is read (planning): a named GPU's limits, no device."""
+
+    def __init__(self, info):
+        self.info = info
+
+
+@contextlib.contextmanager
+def planning_for(info):
+    """Within: the model's GPU is the one info describes, for planning only, so the tuner's own functions answer
+    (its candidates, their plans, the untuned choice), not a copy of them. Building or launching a kernel within is
+    an error."""
+    own = _api._gpu
+    _api._gpu = lambda ordinal: _NamedGpu(info)
+    try:
+        yield
+    finally:
+        _api._gpu = own
+
+
+def _workload_names(ap, names):
+    unknown = [n for n in names if n not in bench.WORKLOADS and n not in EXTRA]
+    if unknown:
+        ap.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(list(bench.WORKLOADS) + list(EXTRA))}")
+    return names or list(bench.WORKLOADS)
+
+
+# ------------------------------------------------------------------------------------------------ list (no GPU)
+
+
+def plan_table(wl, gpu, io="float16", dtype="float16", plans=(), rows=()):
+    """What a GPU's plan and tuner make of a workload, computed ahead of time (no GPU, no compile).
+
+    Args:
+        wl: a bench.Workload.
+        gpu: a GPUS entry (or any dict with _core.Gpu.info's planning keys).
+        io: x's and y's dtype.
+        dtype: the compute dtype (FusedMLP's dtype).
+        plans: forced plan options (dicts) to plan besides the default.
+        rows: batch sizes for which to list the untuned choice (FUSEDMLP_AUTOTUNE=0) and the tuner's candidates.
+
+    Returns:
+        a list of dicts: {"what": "default" | plan text, "info": plan info or None, "error": LimitError message or
+        None} per plan; then per batch size {"rows", "untuned": options or None (the default plan),
+        "untuned_info", "candidates": [(label, options, info)] that the tuner compiles and times,
+        "dominated": [label], "unfit": [label], "duplicates": [label]}, the candidates the tuner skips (dominated:
+        cannot beat one warpgroup less at this batch; unfit: the network does not take them; duplicates: planned
+        the same as an earlier candidate, so compiled once).
+    """
+    mlp = model(wl, device="cpu", dtype=dtype)
+    table = []
+    with planning_for(gpu):
+        for options in [{}] + list(plans):
+            try:
+                info = _tune._plan_info(mlp, io, io, **options)
+                table.append({"what": plan_text(options), "info": info, "error": None})
+            except LimitError as e:
+                table.append({"what": plan_text(options), "info": None, "error": e.message})
+        for r in rows:
+            untuned = _tune.untuned(mlp, io, io, r, gpu["sm_count"])
+            try:
+                untuned_info = _tune._plan_info(mlp, io, io, **(untuned or {}))
+            except LimitError:  # as _api._kernel does: a choice the network does not take falls back to the default
+                untuned, untuned_info = None, _tune._plan_info(mlp, io, io)
+            every = _tune._candidates(mlp, io, io)
+            dominated = [o for o in every if _tune._dominated(o, _tune.bucket(r), gpu["sm_count"])]
+            kept = [o for o in every if o not in dominated]
+            distinct = _tune._distinct(mlp, io, io, kept)  # as tune_bucket: dominated ones out first
+            fitting = [o for o in kept if _fits(mlp, io, o)]
+            table.append({
+                "rows": r, "untuned": untuned, "untuned_info": untuned_info,
+                "candidates": [(_tune.label(o), o, _tune._plan_info(mlp, io, io, **o)) for o in distinct],
+                "dominated": [_tune.label(o) for o in dominated],
+                "unfit": [_tune.label(o) for o in kept if o not in fitting],
+                "duplicates": [_tune.label(o) for o in fitting if o not in distinct],
+            })
+    return table
+
+
+def _fits(mlp, io, options):
+    """Whether the network takes these plan options on the GPU planning_for names."""
+    try:
+        _tune._plan_info(mlp, io, io, **options)
+        return True
+    except LimitError:
+        return False
+
+
+#: Why the tuner skips a candidate, by plan_table's key.
+SKIPPED = (("dominated", "cannot win at this size"), ("unfit", "not taken by the network"),
+           ("duplicates", "planned as an earlier one"))
+
+
+def list_plans(args):
+    """(no GPU) Each workload's plan for a GPU ahead of time: the default plan, each forced --plan, and per
+    --rows the plan a call of that size gets with tuning off (FUSEDMLP_AUTOTUNE=0) and the candidates the tuner
+    compiles and times for it (less those that cannot win at that batch size, and those planned like an earlier one).
+
+        python -m fusedmlp.bench probe list [--gpu h100] [--io float32] [--plan wgmma=0] [--rows 1024] [workload ...]
+    """
+    gpu = GPUS[args.gpu]
+    print(f"{gpu['name']} (sm_{gpu['arch']}, {gpu['sm_count']} SMs, {gpu['smem_per_block']} B shared memory per "
+          f"block), {args.io} x and y, {args.dtype} compute", flush=True)
+    for name in args.workloads:
+        for entry in plan_table(workload(name), gpu, args.io, args.dtype, args.plan, args.rows):
+            if "rows" not in entry:
+                what = entry["info"] and shape(entry["info"]) or f"not planned ({entry['error']})"
+                print(f"{name:11s} {entry['what']:24s} {what}")
+                continue
+            untuned = _tune.label(entry["untuned"]) if entry["untuned"] else "default"
+            print(f"{name:11s} {entry['rows']:8d} rows  untuned: {untuned} [{shape(entry['untuned_info'])}]")
+            for label, _, info in entry["candidates"]:
+                print(f"{name:11s} {entry['rows']:8d} rows  tuner tries {label:6s} [{shape(info)}]")
+            left = [f"{', '.join(entry[k])} ({why})" for k, why in SKIPPED if entry[k]]
+            if left:
+                print(f"{name:11s} {entry['rows']:8d} rows  tuner skips " + "; ".join(left))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ plans, ab, act
+
+
+def time_plans(args):
+    """(GPU) Tile plans compared: each workload's kernel built with each forced --plan and the default one, all timed
+    in alternating rounds at each batch size; per workload and batch size, the median of each plan's times and its
+    ratio to the default's. A plan the network does not take (LimitError) is listed once as not built. --check first
+    compares each plan's outputs with the default's (bit for bit) and the CPU reference's (float16 or float32 I/O:
+    NumPy has no bfloat16 to hand the kernel).
+
+        python -m fusedmlp.bench probe plans [--rows 1024 --rows 2097152] [--rounds 5] [--io float32] [--check]
+            --plan cluster=4,warps=4 [--plan ...] [workload ...]
+    """
+    require_gpu("plans")
+    for name in args.workloads:
+        mlp = model(workload(name))
+        built = []
+        for options in [{}] + args.plan:
+            try:
+                kernel, plan = mlp._build(args.io, **options)[:2]
+            except LimitError as e:
+                print(f"{name:11s} {plan_text(options)}: not built ({e.message})", flush=True)
+                continue
+            built.append((f"{plan_text(options)} [{shape(plan.info, kernel)}]", kernel))
+        if args.check and args.io != "bfloat16":
+            check(name, mlp, [kernel for _, kernel in built], [label for label, _ in built], np.dtype(args.io))
+        for rows in args.rows or [1024, 2**21]:
+            medians = [statistics.median(t) for t in alternate([k for _, k in built], rows, args.rounds)]
+            parts = [f"{label} {m * 1e3:.2f} us ({m / medians[0]:.3f})" for (label, _), m in zip(built, medians)]
+            print(f"{name:11s} {args.io} {rows:8d} rows: " + "  ".join(parts), flush=True)
+    return 0
+
+
+def ab_templates(args):
+    """(GPU) A/B of a kernel-template change: each workload's fp16 kernel built from one or more baseline copies of
+    the templates (A, B, ...) and from the working tree's (the last letter), on the same plan (the default one, or
+    the forced --plan), so only the templates differ; timed in alternating rounds. Prints each kernel's median time,
+    its range and its ratio to A's. --check first compares the kernels' outputs (bit for bit with A's, and the
+    relative error against the CPU reference): a change that only reorders work must leave the bits as they were.
+
+        mkdir -p build/ab_base && for f in kernel_templates/*; do git show HEAD:$f > build/ab_base/${f##*/}; done
+        python -m fusedmlp.bench probe ab --base build/ab_base [--base other] [--rows 2097152] [--rounds 7]
+            [--plan warps=12] [--check] [workload ...]
+    """
+    require_gpu("ab")
+    labels = [chr(ord("A") + i) for i in range(len(args.base) + 1)]
+    for name in args.workloads:
+        mlp = model(workload(name))
+        builds = []
+        for folder in args.base + [None]:
+            with templates_from(folder):
+                builds.append(mlp._build("float16", **args.plan)[:3])
+        kernels = [kernel for kernel, _, _ in builds]
+        if args.check:
+            check(name, mlp, kernels, labels)
+        times = alternate(kernels, args.rows, args.rounds)
+        medians = [statistics.median(t) for t in times]
+        parts = [f"{label} {m:.4f} ms ({m / medians[0]:.3f}, {min(t):.4f}-{max(t):.4f})"
+                 for label, m, t in zip(labels, medians, times)]
+        print(f"{name:11s} {args.rows} rows, {shape(builds[-1][1].info)}, "
+              f"{len({source for _, _, source in builds})} distinct sources: " + "  ".join(parts), flush=True)
+    return 0
+
+
+def activation_cost(args):
+    """(GPU) What an activation costs inside a workload: its kernel (the one a call of --rows rows gets) timed with
+    the hidden layers' activation swapped, same network, weights and batch, so the differences are the epilogue's
+    activation work (the ncu-free answer to "is it the MUFU/FMA work or the mma?"). Each --plan is timed too, with
+    the first activation. float16 x and y.
+
+        python -m fusedmlp.bench probe act res128 gelu relu none [--rows 2097152] [--dtype float16]
+            [--plan resident=0,warps=8 ...]
+    """
+    require_gpu("act")
+    wl = workload(args.workload)
+    base = None
+    for act in args.activations:
+        ms = model(wl, activation=act, dtype=args.dtype)._kernel("float16", rows=args.rows).time(args.rows, 5)
+        base = ms if base is None else base
+        print(f"{args.workload} {args.dtype} {act:>24s}: {ms:.4f} ms ({ms / base:.2f}x the first)", flush=True)
+    mlp = model(wl, activation=args.activations[0], dtype=args.dtype)
+    for options in args.plan:
+        kernel, plan = mlp._build("float16", **options)[:2]
+        ms = kernel.time(args.rows, 5)
+        print(f"{args.workload} {args.dtype} {plan_text(options):>24s}: {ms:.4f} ms ({ms / base:.2f}x the first; "
+              f"{shape(plan.info, kernel)})", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ first calls, host
+
+
+def tune_first_calls(args):
+    """(GPU, PyTorch) What the tuner chooses, and what a cold first call costs, per workload and batch size: each
+    workload gets a fresh cache folder, NVRTC's own cache is off (bench.never_compiled_sources), and the first call
+    of each batch size on a CUDA fp16 tensor is timed on the host (render, NVRTC and tuning included where the
+    bucket is new, then a sync), after the tuner's log line (its choice and every candidate's time). --templates:
+    the kernel templates from that folder (as ab's --base), to compare a template change's cold first calls. With
+    FUSEDMLP_AUTOTUNE=0 in the environment, the untuned choice alone.
+
+        python -m fusedmlp.bench probe tune [--rows 1024 --rows 2097152] [--templates FOLDER] [workload ...]
+    """
+    require_gpu("tune")
+    torch = bench._import_torch()
+    logging.basicConfig(format="  %(message)s")
+    logging.getLogger("fusedmlp").setLevel(logging.INFO)
+    with tempfile.TemporaryDirectory(prefix="fusedmlp-probe-") as root, templates_from(args.templates):
+        for name in args.workloads:
+            wl = workload(name)
+            mlp = model(wl, cache_dir=f"{root}/{name}")
+            for rows in args.rows or [1024, 2**21]:
+                x = torch.randn(rows, wl.widths[0], device="cuda", dtype=torch.float16)
+                torch.cuda.synchronize()
+                with bench.never_compiled_sources():
+                    t = time.perf_counter()
+                    mlp(x)
+                    torch.cuda.synchronize()
+                    seconds = time.perf_counter() - t
+                print(f"{name:11s} {rows:8d} rows: first call {seconds:.3f} s", flush=True)
+    return 0
+
+
+def cold_first_call(args):
+    """(GPU, PyTorch) Where a workload's cold first call goes: each call is the first of a new FusedMLP on an empty
+    cache folder with NVRTC's own cache off, at 1024 rows, as the benchmark's cold_ms; printed with each NVRTC
+    compile's span (start-end, ms from the call's start; the tuner compiles its candidates at once, so the call
+    waits for the slowest). With FUSEDMLP_AUTOTUNE=0 in the environment, the untuned choice alone (one compile).
+
+        python -m fusedmlp.bench probe cold [workload] [--calls 4]
+    """
+    require_gpu("cold")
+    torch = bench._import_torch()
+    from . import _core as core
+
+    wl = workload(args.workload)
+    x = torch.randn(1024, wl.widths[0], device="cuda", dtype=torch.float16)
+    spans, compile_ = [], core.nvrtc_compile
+
+    def timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return compile_(*a, **k)
+        finally:
+            spans.append((t, time.perf_counter()))
+
+    with tempfile.TemporaryDirectory(prefix="fusedmlp-probe-") as root, bench.never_compiled_sources():
+        model(wl, cache_dir=f"{root}/warm-up")(x)  # NVRTC and the driver loaded first, as in the benchmark
+        torch.cuda.synchronize()
+        core.nvrtc_compile = timed
+        try:
+            for i in range(args.calls):
+                mlp = model(wl, cache_dir=f"{root}/{i}")
+                spans.clear()
+                t = time.perf_counter()
+                mlp(x)
+                torch.cuda.synchronize()
+                total = time.perf_counter() - t
+                compiles = ", ".join(f"{(a - t) * 1e3:.0f}-{(b - t) * 1e3:.0f}" for a, b in sorted(spans))
+                print(f"{args.workload} cold first call {total * 1e3:.1f} ms; NVRTC compiles (ms) {compiles}",
+                      flush=True)
+        finally:
+            core.nvrtc_compile = compile_
+    return 0
+
+
+def _per_call_us(torch, fn, calls=2000, reps=7):
+    """Median over reps of the host time per call of `calls` back-to-back calls (no sync between them)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def host_time(args):
+    """(GPU, PyTorch) Where a small call's time goes on the host: microseconds per call (medians of 2000
+    back-to-back calls, no sync between them, so the GPU never holds the host up) of the pieces of FusedMLP.__call__
+    on a CUDA float16 tensor, of the call into a preallocated output (mlp(x, out=y), no torch.empty), and, with a
+    stream synchronize after each call, what the benchmark's call_us and call_out_us measure.
+
+        python -m fusedmlp.bench probe host [workload] [--rows 1024]
+    """
+    require_gpu("host")
+    torch = bench._import_torch()
+    wl, rows = workload(args.workload), args.rows
+    mlp = model(wl)
+    x = torch.randn(rows, wl.widths[0], device="cuda", dtype=torch.float16)
+    mlp(x)
+    torch.cuda.synchronize()
+    kernel = mlp._kernel("float16", rows=rows)
+    y = torch.empty((rows, wl.widths[-1]), device="cuda", dtype=torch.float16)
+    stream = torch.cuda.current_stream().cuda_stream
+    raw = torch._C._cuda_getCurrentRawStream
+    pieces = {
+        "mlp(x) (FusedMLP.__call__)": lambda: mlp(x),
+        "mlp(x, out=y) (preallocated out)": lambda: mlp(x, out=y),
+        "torch.empty(out)": lambda: torch.empty((rows, wl.widths[-1]), device="cuda", dtype=torch.float16),
+        "mlp._kernel lookup": lambda: mlp._kernel("float16", rows=rows),
+        "Kernel.launch (C: cuLaunchKernel)": lambda: kernel.launch(x.data_ptr(), y.data_ptr(), rows, stream),
+        "raw current stream": lambda: raw(0),
+        "x.data_ptr() + checks": lambda: (x.is_cuda, x.requires_grad, x.dim(), x.shape[1], x.is_contiguous(),
+                                           x.data_ptr() % 16, x.get_device()),
+        "torch eager x * 2 (one small kernel)": lambda: x * 2,
+    }
+    synced = {
+        "sync round trip, empty stream": lambda: None,
+        "mlp(x) + sync (bench call_us)": lambda: mlp(x),
+        "mlp(x, out=y) + sync (bench call_out_us)": lambda: mlp(x, out=y),
+        "Kernel.launch + sync": lambda: kernel.launch(x.data_ptr(), y.data_ptr(), rows, stream),
+        "torch eager x * 2 + sync": lambda: x * 2,
+    }
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  workload {args.workload}, {rows} rows")
+    for label, fn in pieces.items():
+        print(f"  {label:42s} {_per_call_us(torch, fn):7.2f} us per call, back to back", flush=True)
+    for label, fn in synced.items():
+        us = bench._time_host(torch, lambda k, fn=fn: fn(), 300)["call_us"]  # the benchmark's own measure
+        print(f"  {label:42s} {us:7.2f} us", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ entry
+
+
+def _parser():
+    ap = argparse.ArgumentParser(prog="python -m fusedmlp.bench probe", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="subcommand")
+
+    def command(name, fn, summary):
+        p = sub.add_parser(name, help=summary, description=fn.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(run=fn, parser=p)
+        return p
+
+    known = f"workload names (default: the benchmark's); besides them: {', '.join(EXTRA)}"
+    rows_help = "a batch size; repeat for more"
+
+    p = command("list", list_plans, "(no GPU) each workload's plan for a GPU, ahead of time; the tuner's candidates")
+    p.add_argument("workloads", nargs="*", help=known)
+    p.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="the GPU to plan for (default h100)")
+    p.add_argument("--io", choices=IO_DTYPES, default="float16", help="x's and y's dtype (default float16)")
+    p.add_argument("--dtype", choices=_api.PRECISIONS, default="float16", help="the compute dtype (default float16)")
+    p.add_argument("--plan", type=parse_plan, action="append", default=[], help="forced plan options to plan too")
+    p.add_argument("--rows", type=int, action="append", default=[],
+                   help=f"{rows_help}: the untuned choice and the tuner's candidates for it")
+
+    p = command("plans", time_plans, "(GPU) forced plans timed against the default one; --check")
+    p.add_argument("workloads", nargs="*", help=known)
+    p.add_argument("--plan", type=parse_plan, action="append", default=[], help="forced plan options; repeat")
+    p.add_argument("--rows", type=int, action="append", help=f"{rows_help} (default 1024 and 2097152)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    p.add_argument("--io", choices=IO_DTYPES, default="float16", help="x's and y's dtype (default float16)")
+    p.add_argument("--check", action="store_true", help="first compare each plan's outputs with the default's")
+
+    p = command("ab", ab_templates, "(GPU) baseline kernel templates against the working tree's; --check")
+    p.add_argument("workloads", nargs="*", help=known)
+    p.add_argument("--base", action="append", required=True, help="a folder of baseline template files; repeat")
+    p.add_argument("--rows", type=int, default=2**21, help="batch size (default 2097152)")
+    p.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
+    p.add_argument("--plan", type=parse_plan, default={}, help="forced plan options for every kernel")
+    p.add_argument("--check", action="store_true", help="first compare the kernels' outputs")
+
+    p = command("tune", tune_first_calls, "(GPU, PyTorch) the tuner's choice and a cold first call, per batch size")
+    p.add_argument("workloads", nargs="*", help=known)
+    p.add_argument("--rows", type=int, action="append", help=f"{rows_help} (default 1024 and 2097152)")
+    p.add_argument("--templates", help="a folder of kernel template files to use instead of the package's")
+
+    p = command("act", activation_cost, "(GPU) a workload's kernel timed with its hidden activation swapped")
+    p.add_argument("workload", help="a workload name")
+    p.add_argument("activations", nargs="+", help="hidden-layer activations (names or expressions) to compare")
+    p.add_argument("--rows", type=int, default=2**21, help="batch size (default 2097152)")
+    p.add_argument("--dtype", choices=_api.PRECISIONS, default="float16", help="the compute dtype (default float16)")
+    p.add_argument("--plan", type=parse_plan, action="append", default=[],
+                   help="forced plan options, timed with the first activation; repeat")
+
+    p = command("cold", cold_first_call, "(GPU, PyTorch) a cold first call's NVRTC compiles, timed")
+    p.add_argument("workload", nargs="?", default="siren256", help="a workload name (default siren256)")
+    p.add_argument("--calls", type=int, default=4, help="cold first calls, each of a new model (default 4)")
+
+    p = command("host", host_time, "(GPU, PyTorch) host microseconds per call of a small call's pieces")
+    p.add_argument("workload", nargs="?", default="tcnn64", help="a workload name (default tcnn64)")
+    p.add_argument("--rows", type=int, default=1024, help="batch size (default 1024)")
+    return ap
+
+
+def main(argv=None):
+    """Runs one probe subcommand; returns its exit status (0), or exits 2 on a usage error and 1 where the GPU (or
+    PyTorch) a subcommand needs is missing."""
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if hasattr(args, "workloads"):
+        args.workloads = _workload_names(args.parser, args.workloads)
+    else:
+        _workload_names(args.parser, [args.workload])
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

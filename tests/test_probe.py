@@ -1,0 +1,196 @@
+"""fusedmlp.probe (``python -m fusedmlp.bench probe ...``): every subcommand's help, the plans and tuner candidates it
+lists for a GPU ahead of time, its usage errors, the GPU subcommands' message on a machine without one, and on a GPU
+the comparison and timing helpers the timing subcommands share."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import gpu_available
+
+from fusedmlp import _api, _tune, bench, probe
+
+#: Each subcommand, what its help says it needs, and arguments that pass parsing (for the no-GPU message).
+SUBCOMMANDS = {
+    "list": ("(no GPU)", ["tcnn64"]),
+    "plans": ("(GPU)", ["--plan", "warps=4", "tcnn64"]),
+    "ab": ("(GPU)", ["--base", "build/ab_base", "tcnn64"]),
+    "tune": ("(GPU, PyTorch)", ["tcnn64"]),
+    "act": ("(GPU)", ["tcnn64", "relu", "gelu"]),
+    "cold": ("(GPU, PyTorch)", ["siren256"]),
+    "host": ("(GPU, PyTorch)", ["tcnn64"]),
+}
+GPU_ONLY = [name for name in SUBCOMMANDS if name != "list"]
+
+
+def run_main(capsys, argv):
+    """probe.main(argv): (exit status, stdout, stderr); a usage error's SystemExit becomes its status."""
+    try:
+        status = probe.main(argv)
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# ------------------------------------------------------------------------------------------------ help and usage
+
+
+def test_the_benchmark_entry_dispatches_probe_and_lists_every_subcommand():
+    proc = subprocess.run([sys.executable, "-m", "fusedmlp.bench", "probe", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m fusedmlp.bench probe")
+    for name, (needs, _) in SUBCOMMANDS.items():
+        assert f"    {name:6s} {needs}" in proc.stdout  # the module docstring's table
+        assert f"    {name:9s} {needs}" in proc.stdout  # argparse's list of subcommands
+
+
+@pytest.mark.parametrize("name", list(SUBCOMMANDS))
+def test_each_subcommand_has_a_help_that_says_what_it_needs(capsys, name):
+    status, out, _ = run_main(capsys, [name, "--help"])
+    needs, _ = SUBCOMMANDS[name]
+    assert status == 0
+    assert out.startswith(f"usage: python -m fusedmlp.bench probe {name} ")
+    assert needs in out  # the function's docstring is the description
+    assert "python -m fusedmlp.bench probe " + name in out.split("\n\n", 2)[2]  # its example command line
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    status, _, err = run_main(capsys, [])
+    assert status == 2
+    assert "the following arguments are required: subcommand" in err
+
+
+def test_unknown_workload_is_a_usage_error_naming_the_known_ones(capsys):
+    status, _, err = run_main(capsys, ["list", "tcnn64", "tcnn65"])
+    assert status == 2
+    assert err.splitlines()[0].startswith("usage: python -m fusedmlp.bench probe list")
+    assert "unknown workload(s) tcnn65; known: tcnn64, tcnn128" in err and "wideout192" in err
+
+
+def test_plan_options_parse_and_unknown_or_malformed_ones_are_usage_errors(capsys):
+    assert probe.parse_plan("wgmma=1,cluster=4,warps=4") == {"wgmma": 1, "cluster": 4, "warps": 4}
+    assert probe.plan_text(probe.parse_plan("warps=4,m_tiles=1")) == "warps=4,m_tiles=1"
+    assert probe.plan_text({}) == "default"
+    status, _, err = run_main(capsys, ["list", "--plan", "warp=4", "tcnn64"])
+    assert status == 2 and "unknown plan option(s) warp in 'warp=4'" in err
+    status, _, err = run_main(capsys, ["plans", "--plan", "warps", "tcnn64"])
+    assert status == 2 and "'warps' is not plan options written as name=int" in err
+
+
+@pytest.mark.skipif(gpu_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("name", GPU_ONLY)
+def test_gpu_subcommands_without_a_gpu_exit_1_saying_what_is_missing(name):
+    with pytest.raises(SystemExit) as e:
+        probe.main([name] + SUBCOMMANDS[name][1])
+    message = str(e.value.code)  # SystemExit(str): Python prints it to stderr and exits 1
+    assert message.startswith(f"probe {name} runs kernels: it needs an NVIDIA GPU with a CUDA driver")
+    assert "probe list" in message
+
+
+# ------------------------------------------------------------------------------------------------ list, no GPU
+
+
+def test_weights_are_fixed_random_and_shaped_like_the_workload():
+    wl = probe.workload("flex")  # 3-64-128-96-64-32-16-4 with biases
+    ws, bs = probe.weights(wl)
+    again, _ = probe.weights(wl)
+    assert [w.shape for w in ws] == [(64, 3), (128, 64), (96, 128), (64, 96), (32, 64), (16, 32), (4, 16)]
+    assert [b.shape for b in bs] == [(n,) for n in wl.widths[1:]]
+    assert all(np.array_equal(a, b) for a, b in zip(ws, again))
+    assert all(np.abs(w).max() <= 1 / np.sqrt(w.shape[1]) and np.abs(w).min() > 0 for w in ws)
+    assert probe.weights(probe.workload("tcnn64"))[1] is None  # a workload without biases
+    assert probe.workload("res256") is probe.EXTRA["res256"]
+    with pytest.raises(KeyError, match="unknown workload 'nope'; known: tcnn64"):
+        probe.workload("nope")
+
+
+def test_siren256_on_the_h100_planned_ahead_of_time():
+    table = probe.plan_table(probe.workload("siren256"), probe.GPUS["h100"], plans=[{"wgmma": 0}], rows=[1024, 2**21])
+    default, mma, small, large = table
+    # two warpgroups per CTA on clusters of 2, every weight resident (bench/results/h100/sass.txt: wgmma 8 warps)
+    assert default["what"] == "default" and default["error"] is None
+    assert {k: default["info"][k] for k in ("arch", "wgmma", "cluster", "warps", "resident")} == \
+        {"arch": 90, "wgmma": 1, "cluster": 2, "warps": 8, "resident": 1}
+    assert default["info"]["smem_bytes"] <= probe.GPUS["h100"]["smem_per_block"]
+    assert mma["what"] == "wgmma=0" and mma["info"]["wgmma"] == 0 and mma["info"]["cluster"] == 0
+    # 1024 rows on 132 SMs: below 16 rows per SM, so untuned is one warpgroup on clusters of 4; more warpgroups
+    # cannot win (_tune._dominated), and one warpgroup takes the fewest CTAs that fit, clusters of 2, as wg4c2 does
+    assert small["rows"] == 1024 and small["untuned"] == {"wgmma": 1, "cluster": 4, "warps": 4}
+    assert (small["untuned_info"]["cluster"], small["untuned_info"]["warps"]) == (4, 4)
+    assert [label for label, _, _ in small["candidates"]] == ["wg4", "wg4c4"]
+    assert [(info["cluster"], info["warps"]) for _, _, info in small["candidates"]] == [(2, 4), (4, 4)]
+    assert small["dominated"] == ["wg16", "wg12", "wg8"] and small["duplicates"] == ["wg4c2"]
+    # 2^21 rows: the default plan, and every candidate that fits is tried
+    assert large["untuned"] is None and large["untuned_info"] == default["info"]
+    assert large["dominated"] == [] and "wg8" in [label for label, _, _ in large["candidates"]]
+    every = [_tune.label(o) for o in _tune.CANDIDATES_CLUSTER]
+    tried = [label for label, _, _ in large["candidates"]]
+    assert sorted(tried + large["unfit"] + large["duplicates"]) == sorted(every)
+
+
+def test_the_a100_gets_the_mma_sync_kernel_and_its_tile_candidates():
+    for name in bench.WORKLOADS:
+        default, entry = probe.plan_table(probe.workload(name), probe.GPUS["a100"], io="float32", rows=[2**21])
+        assert default["info"]["arch"] == 80 and default["info"]["wgmma"] == 0 and default["info"]["cluster"] == 0
+        assert default["info"]["in_dtype"] == default["info"]["out_dtype"] == "float32"
+        assert default["info"]["smem_bytes"] <= probe.GPUS["a100"]["smem_per_block"]
+        labels = [label for label, _, _ in entry["candidates"]]
+        assert labels and set(labels) <= {_tune.label(o) for o in _tune.CANDIDATES}
+        assert all(info["wgmma"] == 0 for _, _, info in entry["candidates"])
+
+
+def test_a_forced_plan_the_network_does_not_take_is_listed_with_the_reason():
+    default, odd = probe.plan_table(probe.workload("tcnn64"), probe.GPUS["h100"], plans=[{"warps": 5}])
+    assert default["info"] is not None and odd["info"] is None
+    assert "warps=5" in odd["error"] and "232448 bytes of shared memory" in odd["error"]
+
+
+def test_planning_for_a_named_gpu_is_undone_after_an_error():
+    own = _api._gpu
+    with pytest.raises(RuntimeError):
+        with probe.planning_for(probe.GPUS["a100"]):
+            assert _api._gpu(0).info["arch"] == 80
+            raise RuntimeError
+    assert _api._gpu is own
+
+
+def test_list_prints_a_line_per_plan_and_per_candidate(capsys):
+    status, out, _ = run_main(capsys, ["list", "--rows", "1024", "--plan", "wgmma=0", "--plan", "warps=5", "tcnn64"])
+    lines = out.splitlines()
+    assert status == 0
+    assert lines[0].startswith("NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 232448 B shared memory per block)")
+    assert lines[1].split()[:4] == ["tcnn64", "default", "wgmma", "16w"]
+    assert lines[2].split()[:4] == ["tcnn64", "wgmma=0", "mma.sync", "8w"]
+    assert lines[3].split()[:4] == ["tcnn64", "warps=5", "not", "planned"]
+    assert lines[4].split()[:4] == ["tcnn64", "1024", "rows", "untuned:"] and "wg4 [wgmma 4w x 64 rows" in lines[4]
+    assert lines[5].split()[:6] == ["tcnn64", "1024", "rows", "tuner", "tries", "wg4"]
+    assert lines[6].endswith("tuner skips wg16, wg12, wg8 (cannot win at this size)")
+    assert len(lines) == 7
+
+
+# ------------------------------------------------------------------------------------------------ on a GPU
+
+
+@pytest.mark.gpu
+def test_list_plans_what_this_gpu_builds(tmp_path):
+    info = _api._gpu(0).info
+    mlp = probe.model(probe.workload("tcnn64"), cache_dir=tmp_path)
+    (default,) = probe.plan_table(probe.workload("tcnn64"), info)
+    assert default["info"] == mlp._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], "float16",
+                                            "float16", smem_per_sm=info["smem_per_sm"]).info
+    assert not isinstance(_api._gpu(0), probe._NamedGpu)  # planning_for gave the real one back
+
+
+@pytest.mark.gpu
+def test_check_and_alternate_on_two_builds_of_one_plan(tmp_path, capsys):
+    mlp = probe.model(probe.workload("tcnn64"), cache_dir=tmp_path)
+    kernels = [mlp._build("float16")[0], mlp._build("float16", wgmma=0, warps=4, m_tiles=1)[0]]
+    (same_a, err_a), (_, err_b) = probe.check("tcnn64", mlp, kernels, ["A", "B"], rows=4099)
+    assert same_a and 0 < err_a < 1e-2 and 0 < err_b < 1e-2
+    assert capsys.readouterr().out.startswith("tcnn64      check, 4099 rows: A: A bits, rel err ")
+    times = probe.alternate(kernels, 4096, rounds=3, launches=2)
+    assert [len(t) for t in times] == [3, 3] and all(0 < ms < 100 for t in times for ms in t)
