@@ -244,10 +244,24 @@ typedef struct fm_plan {
     int kpipe, pipe[FM_MAX_LAYERS];
     size_t w_rank_elems;             /* cluster plans: elements of one CTA's share of the blob (w_offset is within
                                         it; CTA r's share starts at r * w_rank_elems) */
+    /* A GEMM plan (fm_plan_gemm; 0: a fused plan): layer gemm_layer of the spec alone as a tiled GEMM with the layer's
+     * whole epilogue (gemm_layer.cu), for a layer or stretch the fused kernels cannot hold. Only that layer's entries
+     * of the per-layer arrays are set (num_layers = gemm_layer + 1); its input parts are padded to whole 64-byte K
+     * stages and its output to whole column tiles; the blob is n_pad rows of k_pad (row-major). in_dtype is part 0's
+     * dtype in global memory, a1_dtype the concat part's (-1: none), res_dtype the residual operand's (-1: none). */
+    int gemm, gemm_layer;
+    int gemm_bm, gemm_bn, gemm_warps_m, gemm_stages; /* CTA tile rows and columns, warps along the rows, K stages */
+    int a1_dtype, res_dtype;
 } fm_plan;
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err);
+
+/* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual
+ * operand (a1, res: -1 where the layer has none), out the result's; bm/bn force the tile (0: the plan's choice: 128
+ * rows, 128 columns, or 64 for a layer of 64 or fewer). FM_ERR_LIMIT where the arch or shared memory cannot. */
+fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
+                       int res, fm_dtype out, int bm, int bn, fm_plan *plan, fm_error *err);
 
 /* The type layer l's result is stored as, in fm_dtype's codes: 0 float32 (tf32 activations, or a float32 output),
  * 1 float16, 2 bfloat16. Where it is 16-bit the activation may use the fast helpers, whose error is the size of

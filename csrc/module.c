@@ -565,6 +565,7 @@ static PyObject *Network_get_activations(NetworkObject *self, void *closure) {
 }
 
 static PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds);
+static PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds);
 
 static PyMethodDef Network_methods[] = {
     {"forward_cpu", (PyCFunction)Network_forward_cpu, METH_O, "forward_cpu(x) -> y: the CPU forward (float64 accumulate)."},
@@ -573,6 +574,9 @@ static PyMethodDef Network_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(arch, smem_per_block=0, sm_count=0, in_dtype='float32', out_dtype='float32', warps=0, m_tiles=0, "
      "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1, cluster=0, kpipe=0) -> Plan"},
+    {"gemm_plan", (PyCFunction)(void (*)(void))Network_gemm_plan, METH_VARARGS | METH_KEYWORDS,
+     "gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=0, precision='float16', bm=0, "
+     "bn=0) -> Plan: the layer alone as a GEMM (dtype names; a1, res None where the layer has no concat/residual)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -643,6 +647,62 @@ fail:
     return fm_raise_clear(&err);
 }
 
+/* A dtype name or None (-1) for gemm_plan's optional operands. */
+static int fm_dtype_or_none(PyObject *o, int *d) {
+    if (o == Py_None) {
+        *d = -1;
+        return 0;
+    }
+    const char *s = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+    fm_dtype v;
+    if (s == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "a GEMM operand dtype is a name or None, not %R", o);
+        return -1;
+    }
+    if (fm_dtype_from_str(s, &v) < 0)
+        return -1;
+    *d = (int)v;
+    return 0;
+}
+
+static PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"layer", "arch", "smem_per_block", "sm_count", "a0", "a1", "res", "out", "smem_per_sm",
+                             "precision", "bm", "bn", NULL};
+    int layer, arch, sm_count, bm = 0, bn = 0, a1, res;
+    Py_ssize_t smem, smem_sm = 0;
+    const char *a0_s, *out_s, *prec_s = "float16";
+    PyObject *a1_o, *res_o;
+    if (!Network_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "iinisOOs|$nsii", kwlist, &layer, &arch, &smem, &sm_count, &a0_s,
+                                     &a1_o, &res_o, &out_s, &smem_sm, &prec_s, &bm, &bn))
+        return NULL;
+    fm_dtype a0, out;
+    fm_prec prec;
+    if (fm_dtype_from_str(a0_s, &a0) < 0 || fm_dtype_from_str(out_s, &out) < 0 || fm_prec_from_str(prec_s, &prec) < 0 ||
+        fm_dtype_or_none(a1_o, &a1) < 0 || fm_dtype_or_none(res_o, &res) < 0)
+        return NULL;
+    PlanObject *p = PyObject_New(PlanObject, &PlanType);
+    if (p == NULL)
+        return NULL;
+    Py_INCREF(self);
+    p->net = self;
+    fm_error err = {0};
+    if (fm_target_for_arch(arch, &p->target, &err) != FM_OK)
+        goto fail;
+    if (smem > 0)
+        p->target.smem_per_block = (size_t)smem;
+    if (smem_sm > 0)
+        p->target.smem_per_sm = (size_t)smem_sm;
+    p->target.sm_count = sm_count;
+    if (fm_plan_gemm(&self->spec, layer, &p->target, prec, a0, a1, res, out, bm, bn, &p->plan, &err) != FM_OK)
+        goto fail;
+    return (PyObject *)p;
+fail:
+    Py_DECREF(p);
+    return fm_raise_clear(&err);
+}
+
 static void Plan_dealloc(PlanObject *self) {
     Py_XDECREF(self->net);
     PyObject_Free(self);
@@ -666,13 +726,24 @@ static PyObject *Plan_render(PlanObject *self, PyObject *args) {
 static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
-    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma",
+    PyObject *info = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma",
                          p->wgmma, "cluster", p->cluster, "kpipe", p->kpipe,
                          "warps", p->warps,
                          "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "buffers",
                          p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes,
                          "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
                          fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
+    if (info != NULL && p->gemm) {
+        PyObject *g = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "gemm", 1, "gemm_layer", p->gemm_layer, "bm", p->gemm_bm,
+                                    "bn", p->gemm_bn, "stages", p->gemm_stages);
+        if (g == NULL || PyDict_Update(info, g) < 0) {
+            Py_XDECREF(g);
+            Py_DECREF(info);
+            return NULL;
+        }
+        Py_DECREF(g);
+    }
+    return info;
 }
 
 static PyObject *Plan_load(PlanObject *self, PyObject *args);
@@ -807,6 +878,8 @@ static void Kernel_dealloc(KernelObject *self) {
 
 static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     const fm_plan *p = &self->plan->plan;
+    if (p->gemm) /* one CTA per tile of y, column tiles fastest (gemm_layer.cu) */
+        return (unsigned)((rows + p->gemm_bm - 1) / p->gemm_bm * (p->n_pad[p->gemm_layer] / p->gemm_bn));
     /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile; as many clusters
      * as can run at once (the GPCs' SM counts decide, not the SM count alone). */
     int64_t cl = p->cluster > 1 ? p->cluster : 1;
@@ -836,6 +909,10 @@ static fm_status Kernel_reserve(fm_devptr *buf, size_t *cap, size_t bytes, fm_er
 static fm_status Kernel_stage(KernelObject *self, const void *x, int64_t rows, size_t *y_bytes, fm_error *err) {
     const fm_plan *p = &self->plan->plan;
     size_t x_bytes = (size_t)rows * (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
+    if (p->gemm) /* one buffer wide enough for any of the GEMM's operands in float32 (time(): x, x1 and res) */
+        x_bytes = (size_t)rows * 4 *
+                  (size_t)(p->k_real[p->gemm_layer] > p->n_real[p->gemm_layer] ? p->k_real[p->gemm_layer]
+                                                                                  : p->n_real[p->gemm_layer]);
     *y_bytes = (size_t)rows * (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st == FM_OK)
@@ -855,7 +932,7 @@ static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, i
         st = fm_memset_d8(self->y_buf, 0xFF, y_bytes, NULL, err);
     if (st == FM_OK) {
         long long n = (long long)rows;
-        void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n};
+        void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n, &self->x_buf, &self->x_buf};
         st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), NULL, params, err);
     }
     if (st == FM_OK)
@@ -902,22 +979,30 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
     return (PyObject *)y;
 }
 
-/* launch(x_ptr, y_ptr, rows, stream=0): device pointers (16-byte aligned, C-contiguous), asynchronous. */
+/* launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0): device pointers (16-byte aligned, C-contiguous),
+ * asynchronous; x1 and res are a GEMM plan's concat part and residual operand (unused by the fused kernels). */
 static PyObject *Kernel_launch(KernelObject *self, PyObject *args) {
-    unsigned long long xp, yp, stream = 0;
+    unsigned long long xp, yp, stream = 0, x1p = 0, resp = 0;
     long long rows;
-    if (!PyArg_ParseTuple(args, "KKL|K", &xp, &yp, &rows, &stream))
+    if (!PyArg_ParseTuple(args, "KKL|KKK", &xp, &yp, &rows, &stream, &x1p, &resp))
         return NULL;
+    const fm_plan *p = &self->plan->plan;
+    if (p->gemm && ((p->a1_dtype >= 0 && (x1p == 0 || x1p % 16)) || (p->res_dtype >= 0 && (resp == 0 || resp % 16)))) {
+        PyErr_Format(PyExc_ValueError, "this GEMM reads %s%s%s: pass them as 16-byte aligned device pointers",
+                     p->a1_dtype >= 0 ? "a concat part (x1_ptr)" : "", p->a1_dtype >= 0 && p->res_dtype >= 0 ? " and " : "",
+                     p->res_dtype >= 0 ? "a residual operand (res_ptr)" : "");
+        return NULL;
+    }
     if (rows < 1 || (xp % 16) != 0 || (yp % 16) != 0) {
         PyErr_Format(PyExc_ValueError, "launch needs rows >= 1 (got %lld) and 16-byte aligned pointers", rows);
         return NULL;
     }
     fm_error err = {0};
     fm_status st;
-    fm_devptr x = xp, y = yp;
+    fm_devptr x = xp, y = yp, x1 = x1p, res = resp;
     Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&self->gpu->gpu, &err);
     if (st == FM_OK) {
-        void *params[] = {&x, &y, &self->w, &self->b, &rows};
+        void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
         st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), (fm_stream)(uintptr_t)stream, params, &err);
     }
     Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
@@ -959,7 +1044,8 @@ static fm_status Kernel_time_locked(KernelObject *self, int64_t rows, int reps, 
     if (st == FM_OK) /* the copy reads host asynchronously: finish it before host can be freed on any path */
         st = fm_stream_sync(NULL, err);
     long long n = (long long)rows;
-    void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n};
+    /* (a GEMM's two more operands, its concat part and residual, read the input buffer) */
+    void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n, &self->x_buf, &self->x_buf};
     /* Enough launches per measurement to cover ~1 ms, so event resolution and launch gaps do not decide. */
     float once = 0.0f, ms = 0.0f;
     if (st == FM_OK)
@@ -1006,7 +1092,8 @@ static PyObject *Kernel_get_info(KernelObject *self, void *closure) {
 static PyMethodDef Kernel_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Kernel_run, METH_VARARGS | METH_KEYWORDS,
      "run(x, poison=False) -> y: copy x in, launch, copy y out (synchronous)."},
-    {"launch", (PyCFunction)Kernel_launch, METH_VARARGS, "launch(x_ptr, y_ptr, rows, stream=0): asynchronous."},
+    {"launch", (PyCFunction)Kernel_launch, METH_VARARGS,
+     "launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0): asynchronous."},
     {"time", (PyCFunction)Kernel_time, METH_VARARGS, "time(rows, reps=5) -> ms per launch on random rows (best)."},
     {NULL, NULL, 0, NULL},
 };
@@ -1028,6 +1115,153 @@ static PyTypeObject KernelType = {
     .tp_getset = Kernel_getset,
 };
 
+/* ------------------------------------------------------------------------------------------------ Buffer */
+
+/* Device memory owned by a Python object: a segmented network's workspace and its host-array staging
+ * (python/fusedmlp/_segments.py). Copies are synchronous, on the legacy default stream. */
+typedef struct {
+    PyObject_HEAD GpuObject *gpu;
+    fm_devptr ptr;
+    size_t bytes;
+} BufferObject;
+
+static int Buffer_init(BufferObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"gpu", "nbytes", NULL};
+    GpuObject *gpu;
+    Py_ssize_t bytes;
+    if (self->gpu != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Buffer is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!n", kwlist, &GpuType, &gpu, &bytes))
+        return -1;
+    if (!gpu->open || bytes < 1) {
+        PyErr_Format(PyExc_ValueError, "Buffer needs an open Gpu and nbytes >= 1 (got %zd)", bytes);
+        return -1;
+    }
+    fm_error err = {0};
+    fm_status st;
+    fm_devptr ptr = 0;
+    Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&gpu->gpu, &err);
+    if (st == FM_OK)
+        st = fm_mem_alloc(&ptr, (size_t)bytes, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) {
+        fm_raise_clear(&err);
+        return -1;
+    }
+    Py_INCREF(gpu);
+    self->gpu = gpu;
+    self->ptr = ptr;
+    self->bytes = (size_t)bytes;
+    return 0;
+}
+
+static void Buffer_dealloc(BufferObject *self) {
+    if (self->gpu != NULL && self->gpu->open) {
+        fm_error err = {0};
+        fm_gpu_activate(&self->gpu->gpu, &err); /* teardown: failures (driver already shut down) are ignored */
+        fm_error_clear(&err);
+        fm_mem_free(self->ptr);
+    }
+    Py_XDECREF(self->gpu);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The C-contiguous array `o` (writable for reads) if it fits the buffer, else NULL with the exception set. */
+static PyArrayObject *Buffer_array(BufferObject *self, PyObject *o, int writable) {
+    if (self->gpu == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Buffer is not initialised");
+        return NULL;
+    }
+    if (!PyArray_Check(o) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) ||
+        (writable && !PyArray_ISWRITEABLE((PyArrayObject *)o))) {
+        PyErr_SetString(PyExc_ValueError, "a Buffer copies C-contiguous NumPy arrays (writable ones for read)");
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)o;
+    if ((size_t)PyArray_NBYTES(a) > self->bytes) {
+        PyErr_Format(PyExc_ValueError, "the array has %zd bytes; the Buffer holds %zu", (Py_ssize_t)PyArray_NBYTES(a),
+                     self->bytes);
+        return NULL;
+    }
+    return a;
+}
+
+/* Copies between the buffer's first bytes and a host array (to_device: host -> device), then synchronises. */
+static PyObject *Buffer_copy(BufferObject *self, PyObject *o, int to_device) {
+    PyArrayObject *a = Buffer_array(self, o, !to_device);
+    if (a == NULL)
+        return NULL;
+    fm_error err = {0};
+    fm_status st;
+    size_t n = (size_t)PyArray_NBYTES(a);
+    void *host = PyArray_DATA(a);
+    Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&self->gpu->gpu, &err);
+    if (st == FM_OK && n > 0)
+        st = to_device ? fm_memcpy_htod(self->ptr, host, n, NULL, &err) : fm_memcpy_dtoh(host, self->ptr, n, NULL, &err);
+    if (st == FM_OK)
+        st = fm_stream_sync(NULL, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Buffer_write(BufferObject *self, PyObject *o) { return Buffer_copy(self, o, 1); }
+static PyObject *Buffer_read(BufferObject *self, PyObject *o) { return Buffer_copy(self, o, 0); }
+
+static PyObject *Buffer_fill(BufferObject *self, PyObject *arg) {
+    long byte = PyLong_AsLong(arg);
+    if (byte == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->gpu == NULL || byte < 0 || byte > 255) {
+        PyErr_Format(PyExc_ValueError, "fill takes a byte value 0..255 on an initialised Buffer (got %ld)", byte);
+        return NULL;
+    }
+    fm_error err = {0};
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&self->gpu->gpu, &err);
+    if (st == FM_OK)
+        st = fm_memset_d8(self->ptr, (unsigned char)byte, self->bytes, NULL, &err);
+    if (st == FM_OK)
+        st = fm_stream_sync(NULL, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Buffer_get_ptr(BufferObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromUnsignedLongLong((unsigned long long)self->ptr);
+}
+
+static PyObject *Buffer_get_nbytes(BufferObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(self->bytes);
+}
+
+static PyMethodDef Buffer_methods[] = {
+    {"write", (PyCFunction)Buffer_write, METH_O, "write(array): host -> device into the first bytes, synchronous."},
+    {"read", (PyCFunction)Buffer_read, METH_O, "read(array): device -> host from the first bytes, synchronous."},
+    {"fill", (PyCFunction)Buffer_fill, METH_O, "fill(byte): every byte set (0xFF poisons float16 and float32)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Buffer_getset[] = {
+    {"ptr", (getter)Buffer_get_ptr, NULL, "device address", NULL},
+    {"nbytes", (getter)Buffer_get_nbytes, NULL, "size in bytes", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Buffer(gpu, nbytes): device memory freed with the object.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Buffer_init,
+    .tp_dealloc = (destructor)Buffer_dealloc,
+    .tp_methods = Buffer_methods,
+    .tp_getset = Buffer_getset,
+};
+
 /* ------------------------------------------------------------------------------------------------ module */
 
 static PyMethodDef module_methods[] = {
@@ -1046,9 +1280,9 @@ static PyMethodDef module_methods[] = {
 static int module_exec(PyObject *m) {
     if (PyArray_ImportNumPyAPI() < 0)
         return -1;
-    PyTypeObject *types[] = {&GpuType, &NetworkType, &PlanType, &KernelType};
-    const char *names[] = {"Gpu", "Network", "Plan", "Kernel"};
-    for (size_t i = 0; i < 4; ++i) {
+    PyTypeObject *types[] = {&GpuType, &NetworkType, &PlanType, &KernelType, &BufferType};
+    const char *names[] = {"Gpu", "Network", "Plan", "Kernel", "Buffer"};
+    for (size_t i = 0; i < sizeof types / sizeof *types; ++i) {
         if (PyType_Ready(types[i]) < 0)
             return -1;
         Py_INCREF(types[i]);

@@ -61,6 +61,8 @@ static int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values,
 int fm_plan_w_stride(const fm_plan *plan, int l) { return plan->k_pad[l] + 16 / plan->elem_bytes; }
 
 size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
+    if (plan->gemm)
+        return (size_t)n * (size_t)plan->k_pad[l] + (size_t)k;
     if (!plan->wgmma)
         return plan->w_offset[l] + (size_t)n * (size_t)fm_plan_w_stride(plan, l) + (size_t)k;
     const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */

@@ -173,6 +173,25 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
     return st;
 }
 
+/* Layer<0> of a GEMM plan: the spec's layer p->gemm_layer, with its activation's forms and shapes as the fused kernels
+ * render them (its buffer numbers mean nothing there). */
+static fm_status fm_render_gemm_layer(const fm_spec *spec, const fm_plan *p, fm_str *out, fm_error *err) {
+    const int l = p->gemm_layer;
+    fm_str body = {0}, expr_text = {0};
+    fm_status st = fm_render_layer_body(spec, p, l, &body, err);
+    fm_expr_to_string(spec->act[l], &expr_text);
+    if (st == FM_OK)
+        fm_str_printf(out,
+                      "template <> struct Layer<0> {  // the network's layer %d: %d -> %d, activation %s\n"
+                      "    static constexpr int W_OFF = 0, B_OFF = 0, REPEAT = 1;\n"
+                      "%s"
+                      "};\n",
+                      l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", body.data);
+    fm_str_free(&body);
+    fm_str_free(&expr_text);
+    return st;
+}
+
 /* One wgmma per column-group width the plan uses (a layer's n_chunk, and what is left of the layer after its whole
  * groups: the whole layer unless split): m64n<N>k16 with A (this warp's 16 rows x 16) from registers and B (the
  * layer's weights, K-major) from the shared-memory descriptor; scale-d from a predicate (0: the first k step ignores
@@ -222,24 +241,52 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
     }
 }
 
+/* The GEMM template's own values (gemm_layer.cu): its tile, the dtypes of its global operands and its comment. */
+static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
+    const int l = p->gemm_layer;
+    fm_str_printf(fm_subst_add(t, "BM"), "%d", p->gemm_bm);
+    fm_str_printf(fm_subst_add(t, "BN"), "%d", p->gemm_bn);
+    fm_str_printf(fm_subst_add(t, "WARPS_M"), "%d", p->gemm_warps_m);
+    fm_str_printf(fm_subst_add(t, "STAGES"), "%d", p->gemm_stages);
+    fm_str_printf(fm_subst_add(t, "A1_TYPE"), "%d", p->a1_dtype);
+    fm_str_printf(fm_subst_add(t, "RES_TYPE"), "%d", p->res_dtype);
+    fm_str_printf(fm_subst_add(t, "A0_REAL"), "%d", p->k0_real[l]);
+    fm_str_printf(fm_subst_add(t, "A1_REAL"), "%d", p->k_real[l] - p->k0_real[l]);
+    fm_str *c = fm_subst_add(t, "PLAN_COMMENT");
+    fm_str_printf(c, "layer %d alone, %d -> %d; sm_%d; %s mma.sync GEMM; %dx%d tiles of %d warps, %d stages of 64 B of "
+                  "K, %d CTAs/SM; %zu B shared memory; input %s", l, p->k_real[l], p->n_real[l], p->arch,
+                  fm_prec_name(p->prec), p->gemm_bm, p->gemm_bn, p->warps, p->gemm_stages, p->blocks_per_sm,
+                  p->smem_bytes, fm_dtype_name(p->in_dtype));
+    if (p->a1_dtype >= 0)
+        fm_str_printf(c, " + %s (concat)", fm_dtype_name((fm_dtype)p->a1_dtype));
+    if (p->res_dtype >= 0)
+        fm_str_printf(c, ", residual %s", fm_dtype_name((fm_dtype)p->res_dtype));
+    fm_str_printf(c, ", y %s", fm_dtype_name(p->out_dtype));
+}
+
 static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const char *kernel_name, fm_substs *t,
                                   fm_error *err) {
     fm_str_append(fm_subst_add(t, "KERNEL_NAME"), kernel_name);
-    fm_str_printf(fm_subst_add(t, "NUM_LAYERS"), "%d", p->num_layers);
+    fm_str_printf(fm_subst_add(t, "NUM_LAYERS"), "%d", p->gemm ? 1 : p->num_layers);
     fm_str_printf(fm_subst_add(t, "WARPS"), "%d", p->warps);
-    fm_str_printf(fm_subst_add(t, "M_TILES"), "%d", p->m_tiles);
-    fm_str_printf(fm_subst_add(t, "RESIDENT"), "%d", p->resident);
     fm_str_printf(fm_subst_add(t, "PREC"), "%d", (int)p->prec);
     fm_str_printf(fm_subst_add(t, "IN_TYPE"), "%d", (int)p->in_dtype);
     fm_str_printf(fm_subst_add(t, "OUT_TYPE"), "%d", (int)p->out_dtype);
     fm_str_printf(fm_subst_add(t, "ACT_STRIDE"), "%d", p->act_stride);
-    fm_str_printf(fm_subst_add(t, "BUFFERS"), "%d", p->buffers);
     fm_str_printf(fm_subst_add(t, "BLOCKS_PER_SM"), "%d", p->blocks_per_sm);
+    fm_str_printf(fm_subst_add(t, "B_FLOATS"), "%zu", p->b_floats);
+    fm_str_printf(fm_subst_add(t, "SMEM_BYTES"), "%zu", p->smem_bytes);
+    if (p->gemm) {
+        fm_str_append(fm_subst_add(t, "W_SMEM_ELEMS"), "0");
+        fm_render_gemm_substs(p, t);
+        return fm_render_gemm_layer(spec, p, fm_subst_add(t, "LAYERS"), err);
+    }
+    fm_str_printf(fm_subst_add(t, "M_TILES"), "%d", p->m_tiles);
+    fm_str_printf(fm_subst_add(t, "RESIDENT"), "%d", p->resident);
+    fm_str_printf(fm_subst_add(t, "BUFFERS"), "%d", p->buffers);
     fm_str_printf(fm_subst_add(t, "W_SMEM_ELEMS"), "%zu",
                   p->cluster ? p->w_rank_elems : (p->resident ? p->w_elems : 2 * p->w_slot_elems));
     fm_str_printf(fm_subst_add(t, "W_SLOT_ELEMS"), "%zu", p->w_slot_elems);
-    fm_str_printf(fm_subst_add(t, "B_FLOATS"), "%zu", p->b_floats);
-    fm_str_printf(fm_subst_add(t, "SMEM_BYTES"), "%zu", p->smem_bytes);
     if (p->wgmma) {
         fm_render_wgmma(p, fm_subst_add(t, "WGMMA"));
         fm_str_printf(fm_subst_add(t, "CLUSTER"), "%d", p->cluster);

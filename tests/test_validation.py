@@ -4,6 +4,7 @@ No GPU needed: construction validates everything on the CPU path, and compile() 
 without a device.
 """
 
+import os
 import re
 
 import numpy as np
@@ -329,12 +330,17 @@ def test_evaluate_fused_mlp_validates_the_same_way(net, rng):
     ([300, 16, 4], 0, 300, "input"),
     ([4, 64, 64, 1000], 2, 1000, "output"),
 ])
-def test_width_over_256_is_a_limit_error_at_compile(rng, widths, layer, count, side):
+def test_width_over_256_is_segmented_at_compile(rng, tmp_path, widths, layer, count, side):
+    """One fused kernel holds 256 features a layer (its plan says so, naming the layer); the network is then cut into
+    segments, the wide layer a GEMM, and compiles."""
     ws, bs = torch_init(rng, widths, True)
-    mlp = make(ws, bs, "tanh")
+    mlp = make(ws, bs, "tanh", cache_dir=tmp_path)
     with pytest.raises(LimitError, match=rf"layer {layer} has {count} {side} features; the fused kernel holds at most "
                                          r"256 features per layer"):
-        mlp.compile("sm_90")
+        mlp._net.plan(90)
+    paths = mlp.compile("sm_90")
+    assert isinstance(paths, tuple) and all(os.path.isfile(p) for p in paths)
+    assert any(line.startswith(f"layer {layer}: gemm") for line in mlp.segments)
     # The CPU path itself takes the wide network.
     x = rng.standard_normal((10, widths[0])).astype(np.float32)
     y = mlp(x)

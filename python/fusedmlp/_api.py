@@ -11,7 +11,7 @@ from importlib import resources
 
 import numpy as np
 
-from . import _dlpack, _env, _out, _tune
+from . import _dlpack, _env, _out, _segments, _tune
 from ._cache import KernelCache
 from .errors import ArgumentError, CompileError, DTypeError, ExpressionError, LimitError, ShapeError
 
@@ -22,6 +22,7 @@ log = logging.getLogger("fusedmlp")
 KERNEL_NAME = "fusedmlp_forward"
 TEMPLATE = "fused_mlp.cu"
 TEMPLATE_SM90 = "fused_mlp_sm90.cu"  # the plan's wgmma kernel (sm_90a)
+TEMPLATE_GEMM = "gemm_layer.cu"  # one layer of a segmented network as a GEMM with its epilogue (_segments.py)
 PRELUDE = "activations.cuh"
 
 #: Relative L2 error that ``check=True`` accepts between the GPU result and the CPU float64 reference. fp16
@@ -90,8 +91,11 @@ def _template(name, folder=None):
 
 
 def _source_of(plan):
-    """CUDA source of a plan: the sm_90a warpgroup template where the plan chose wgmma, else the mma.sync one."""
-    return plan.render(_template(PRELUDE), _template(TEMPLATE_SM90 if plan.info["wgmma"] else TEMPLATE), KERNEL_NAME)
+    """CUDA source of a plan: the sm_90a warpgroup template where the plan chose wgmma, the GEMM one for a GEMM plan,
+    else the mma.sync one."""
+    info = plan.info
+    name = TEMPLATE_GEMM if info.get("gemm") else TEMPLATE_SM90 if info["wgmma"] else TEMPLATE
+    return plan.render(_template(PRELUDE), _template(name), KERNEL_NAME)
 
 
 def _is_index(value, lo, hi):
@@ -433,6 +437,10 @@ class FusedMLP:
         self._concat = _layer_concat(n, concat)
         self._precision = _parse_precision(dtype)
         self._net = _core().Network(w, b, acts, self._residual, self._concat)
+        self._w, self._b, self._acts = w, b, acts  # a segmented network's fused stretches are networks of their own
+        self._cuts = {}  # target and dtypes -> the segments (None: one fused kernel), see _segments.py
+        self._chains = {}  # (in dtype, out dtype) -> _segments.Chain
+        self._segment_policy = "streamed"  # see _segments.plan: "resident" cuts networks streamed otherwise
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
         self._sm_count = 0  # the GPU's SMs, which size the untuned tile choice (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
@@ -491,10 +499,26 @@ class FusedMLP:
 
     @property
     def source(self):
-        """The generated CUDA source of the most recently built kernel (rendered for sm_90 if none was built)."""
+        """The generated CUDA source of the most recently built kernel (rendered for sm_90 if none was built; a
+        segmented network's kernels one after the other)."""
         if self._source is None:
-            self._source = self._render(90, 0, 0, "float32", "float32")[1]
+            if self._segments_for(90, 0, 0, 0, "float32", "float32") is not None:
+                self._source = "\n".join(_source_of(plan) for plan in _segments.plans(self, 90, "float32", "float32"))
+            else:
+                self._source = self._render(90, 0, 0, "float32", "float32")[1]
         return self._source
+
+    @property
+    def segments(self):
+        """How the network is cut for its GPU (for sm_90 when it runs on the CPU): None when it is one fused kernel,
+        else one line per segment saying its layers, its kernel and why the cut is there."""
+        if self._kind == "cuda":
+            info = self._gpu_info()
+            target = (info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"])
+        else:
+            target = (90, 0, 0, 0)
+        cut = self._segments_for(*target, "float32", "float32")
+        return None if cut is None else [seg.describe() for seg in cut]
 
     @property
     def cache_path(self):
@@ -514,8 +538,41 @@ class FusedMLP:
         res = f", residual={{{', '.join(res)}}}" if res else ""
         cat = [f"{i}: {'after' if c == 1 else 'before'}" for i, c in enumerate(self._concat) if c]
         cat = f", concat={{{', '.join(cat)}}}" if cat else ""
+        cut = self.segments if self._kind == "cuda" else None
+        cut = f", segments=[{'; '.join(cut)}]" if cut else ""
         return (f"FusedMLP(widths={widths}, activations=[{acts}], bias={bias}{res}{cat}, compute={self._precision} mma "
-                f"/ float32 accumulate, device={device}, cache_entry={self._cache_path})")
+                f"/ float32 accumulate, device={device}{cut}, cache_entry={self._cache_path})")
+
+    # -------------------------------------------------------------------------------------------- segments
+
+    def _segments_for(self, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
+        """The segments of this network for a target (_segments.plan), or None where it is one fused kernel."""
+        key = (arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, self._segment_policy)
+        if key not in self._cuts:
+            self._cuts[key] = _segments.plan(self, *key[:-1])
+        return self._cuts[key]
+
+    def _build_gemm(self, layer, a0, a1, res, out):
+        """Plans, renders, compiles (through the cache) and loads layer `layer` as a GEMM (gemm_layer.cu) for this
+        model's GPU; a0, a1, res, out: dtype names of its input parts, residual operand (None: absent) and result."""
+        gpu = _gpu(self._ordinal)
+        info = gpu.info
+        plan = self._gemm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
+                               a0, a1, res, out)
+        entry = compile_cubin(_source_of(plan), info["arch"], self._cache, False)
+        return plan.load(gpu, entry.cubin, KERNEL_NAME)
+
+    def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out):
+        return self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
+                                   precision=self._precision)
+
+    def _gpu_info(self):
+        """The model's GPU: arch, sm_count, smem_per_block, smem_per_sm, name (opens it on first use)."""
+        return _gpu(self._ordinal).info
+
+    def _device_buffer(self, nbytes):
+        """Device memory of this model's GPU, freed with the object (a segmented network's workspace)."""
+        return _core().Buffer(_gpu(self._ordinal), int(nbytes))
 
     # -------------------------------------------------------------------------------------------- kernels
 
@@ -525,7 +582,8 @@ class FusedMLP:
         return plan, _source_of(plan)
 
     def compile(self, arch="sm_90", io_dtype="float32"):
-        """Renders and compiles the kernel for a named GPU, no GPU needed; returns the cache entry's path.
+        """Renders and compiles the kernel for a named GPU, no GPU needed; returns the cache entry's path (a
+        segmented network's: a tuple of them, one per segment, see ``segments``).
 
         Args:
             arch: the target, e.g. 'sm_80' or 'sm_90'.
@@ -534,6 +592,13 @@ class FusedMLP:
         """
         number, _ = _parse_arch(arch)
         io_dtype = _io_dtype_name(io_dtype, "io_dtype")
+        if self._segments_for(number, 0, 0, 0, io_dtype, io_dtype) is not None:
+            plans = _segments.plans(self, number, io_dtype, io_dtype)
+            sources = [_source_of(plan) for plan in plans]
+            built = [compile_cubin(source, number, self._cache, plan.info["wgmma"])
+                     for plan, source in zip(plans, sources)]
+            self._source, self._cache_path = "\n".join(sources), _entry_path(built[-1])
+            return tuple(_entry_path(entry) for entry in built)
         plan, source = self._render(number, 0, 0, io_dtype, io_dtype)
         entry = compile_cubin(source, number, self._cache, plan.info["wgmma"])
         self._source, self._cache_path = source, _entry_path(entry)
@@ -582,6 +647,13 @@ class FusedMLP:
             kernel = self._calls.get(call_key)
             if kernel is not None:
                 return kernel
+        info = self._gpu_info()
+        if self._segments_for(info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"], dtype,
+                              out_dtype) is not None:
+            kernel = _segments.chain(self, dtype, out_dtype)
+            if call_key is not None:
+                self._calls[call_key] = kernel
+            return kernel
         if rows is None:
             options = None
         elif _env.autotune_enabled():

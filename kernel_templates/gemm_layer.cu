@@ -1,0 +1,244 @@
+// gemm_layer.cu - one layer of a network the fused kernels cannot hold on chip (a layer wider than they take, or a
+// stretch whose weights fit no CTA or cluster), as a tiled Tensor Core GEMM whose epilogue is the layer's whole
+// epilogue: y = post(act(x W^T + b) op r), converted to y's dtype in registers before the one store. This is CUTLASS's
+// residual-block epilogue Unary(Binary(Act(X.W + b), residual)) (NVIDIA/cutlass PR 391); there is no split-K, which
+// the PR rules out where the activation is not the identity.
+//
+// Rendered by csrc/render.c from a GEMM plan (csrc/gemm.c); Layer<0> is the network's layer the plan names.
+// Shape of the work:
+// - A CTA computes a BM x BN tile of y; the grid is 1-D with the column tiles fastest, so the CTAs that read the same
+//   rows of x run together and x's rows come from L2 after the first.
+// - K advances 64 bytes per stage (32 halves or 16 floats) through FM_STAGES shared-memory stages filled by cp.async
+//   while earlier stages compute (sm_80+; sm_75 copies synchronously). Rows are 64 + 16 bytes: the 8 rows one
+//   ldmatrix reads then fall in 8 different bank groups.
+// - The input is one part, or two for an input concat (NeRF's skip): part p is a row-major array of A<p>_REAL
+//   elements a row, in its own dtype; its K range is padded to whole stages in the weights, so a stage reads one
+//   part. A part already in the compute dtype with 16-byte rows is copied as it is; any other (float32 x of a float16
+//   network, an odd width) is converted element by element on the way in.
+// - Each warp owns a (BM / WARPS_M) x (BN / WARPS_N) piece of the tile: mma.sync fed by ldmatrix, as in fused_mlp.cu.
+//
+// Plan: {{PLAN_COMMENT}}
+
+#define FM_WARPS {{WARPS}}
+#define FM_STAGES {{STAGES}}
+#define FM_A1_TYPE {{A1_TYPE}}    // the concat's second part in global memory (-1: no concat), fm_dtype codes
+#define FM_RES_TYPE {{RES_TYPE}}  // the residual operand in global memory (-1: no residual)
+constexpr int ROWS_W = 16;        // (fm_common.cuh's input helper, which this kernel does not use, names it)
+constexpr int BM = {{BM}}, BN = {{BN}}, WARPS_M = {{WARPS_M}};
+constexpr int A0_REAL = {{A0_REAL}}, A1_REAL = {{A1_REAL}};  // real widths of the input's parts
+
+#include "fm_common.cuh"
+#include "fm_mma_sync.cuh"
+
+typedef Layer<0> Ly;
+constexpr int WARPS_N = FM_WARPS / WARPS_M;
+constexpr int TM = BM / WARPS_M, TN = BN / WARPS_N;  // a warp's piece of the tile
+constexpr int MT = TM / 16, NT = TN / 8;             // its m16 and n8 mma tiles
+constexpr int KT_B = 64;                             // bytes of K per stage
+constexpr int KT = KT_B / EB;                        // elements of K per stage
+constexpr int SROW_B = KT_B + 16;                    // bytes per shared-memory row of a stage
+constexpr int A_STAGE_B = BM * SROW_B, STAGE_B = (BM + BN) * SROW_B;
+constexpr int KTILES = Ly::K / KT, K0TILES = Ly::K0 / KT;
+static_assert(WARPS_M * WARPS_N == FM_WARPS && TM % 16 == 0 && TN % 16 == 0, "warp pieces are whole mma tiles");
+static_assert(Ly::K % KT == 0 && Ly::K0 % KT == 0 && Ly::N % BN == 0, "the plan pads K parts to stages, N to tiles");
+static_assert(FM_STAGES * STAGE_B == SMEM_BYTES, "the shared memory is the plan's (gemm.c)");
+static_assert((FM_A1_TYPE >= 0) == (Ly::K0 < Ly::K), "a second part exactly where the layer has a concat");
+
+// 16 bytes global -> shared (a shared-window address); asynchronous on sm_80+.
+__device__ __forceinline__ void fm_cp16(fm_u32 dst, const void *src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#else
+    const fm_v4 v = *(const fm_v4 *)src;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+#endif
+}
+
+// One global element of dtype T (fm_dtype codes) as a float.
+template <int T> __device__ __forceinline__ float fm_ld_f(const void *p, long long i) {
+    if constexpr (T == 0)
+        return ((const float *)p)[i];
+    else
+        return fm_16_to_f<T>(((const fm_half *)p)[i]);
+}
+
+// Columns [kcol, kcol + KT) of rows [row0, row0 + BM) of an input part (REAL elements a row, dtype T) into the stage's
+// A rows at `dst` (shared-window bytes), zero past the batch and past the part's width.
+template <int T, int REAL>
+__device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ src, long long row0, long long rows,
+                                          int kcol) {
+    constexpr bool RAW = T == (FM_PREC == 2 ? 0 : FM_PREC + 1) && (REAL * EB) % 16 == 0;
+    if constexpr (RAW) {  // the compute dtype with 16-byte rows: cp.async, the hardware zero-filling what is outside
+        constexpr int E16 = 16 / EB;
+        for (int c = threadIdx.x; c < BM * (KT_B / 16); c += THREADS) {
+            const int r = c / (KT_B / 16), q = c % (KT_B / 16);
+            const long long row = row0 + r;
+            const int col = kcol + q * E16;
+            const bool in = row < rows && col < REAL;
+            const act_t *g = (const act_t *)src + (in ? row * REAL + col : 0);
+#if __CUDA_ARCH__ >= 800
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + r * SROW_B + q * 16), "l"(g),
+                         "r"(in ? 16 : 0));
+#else
+            fm_v4 v = in ? *(const fm_v4 *)g : fm_v4{0u, 0u, 0u, 0u};
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst + r * SROW_B + q * 16), "r"(v.x),
+                         "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#endif
+        }
+    } else {  // converted on the way: element pairs, a row's pairs over consecutive threads
+        for (int c = threadIdx.x; c < BM * (KT / 2); c += THREADS) {
+            const int r = c / (KT / 2), k = (c % (KT / 2)) * 2;
+            const long long row = row0 + r;
+            const int col = kcol + k;
+            float v0 = 0.0f, v1 = 0.0f;
+            if (row < rows) {
+                if (col < REAL)
+                    v0 = fm_ld_f<T>(src, row * REAL + col);
+                if (col + 1 < REAL)
+                    v1 = fm_ld_f<T>(src, row * REAL + col + 1);
+            }
+            const fm_u32 at = dst + r * SROW_B + k * EB;
+#if FM_PREC == 2
+            fm_st_shared(at, fm_tf32(v0), fm_tf32(v1));
+#else
+            fm_st_shared(at, fm_pack2<FM_PREC + 1>(v0, v1));
+#endif
+        }
+    }
+}
+
+// Stage `kt` of K (both operands) into shared-memory stage `s`.
+__device__ __forceinline__ void fm_load_stage(fm_u32 smem, int s, int kt, const void *a0, const void *a1,
+                                              const act_t *__restrict__ w, long long row0, long long rows, int n0) {
+    const fm_u32 a_dst = smem + s * STAGE_B, b_dst = a_dst + A_STAGE_B;
+#if FM_A1_TYPE >= 0
+    if (kt >= K0TILES)
+        fm_load_a<FM_A1_TYPE, A1_REAL>(a_dst, a1, row0, rows, (kt - K0TILES) * KT);
+    else
+#endif
+        fm_load_a<FM_IN_TYPE, A0_REAL>(a_dst, a0, row0, rows, kt * KT);
+    (void)a1;
+    constexpr int E16 = 16 / EB;
+    for (int c = threadIdx.x; c < BN * (KT_B / 16); c += THREADS) {  // weights: whole rows of N x K, never outside
+        const int r = c / (KT_B / 16), q = c % (KT_B / 16);
+        fm_cp16(b_dst + r * SROW_B + q * 16, w + (long long)(n0 + r) * Ly::K + kt * KT + q * E16);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
+{{KERNEL_NAME}}(const void *__restrict__ x,      // input part 0: rows x A0_REAL of dtype FM_IN_TYPE
+                out_t *__restrict__ y,            // rows x NR of out_t
+                const act_t *__restrict__ w,      // N x K act_t: nn.Linear's weight, zero-padded, part 1 at K0
+                const float *__restrict__ bias,   // N floats (zero without a bias)
+                long long rows,                   // batch size, >= 1
+                const void *__restrict__ x1,      // input part 1 (a concat's): rows x A1_REAL of FM_A1_TYPE, or null
+                const void *__restrict__ res)     // the residual operand: rows x NR of FM_RES_TYPE, or null
+{
+    extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
+    const fm_u32 smem = fm_smem_addr(fm_smem_raw);
+    constexpr int NTILES = Ly::N / BN;
+    const long long tile = blockIdx.x;
+    const int n0 = (int)(tile % NTILES) * BN;
+    const long long row0 = tile / NTILES * BM;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int g = lane >> 2, t = lane & 3;
+
+    // Accumulators start at the bias, as in the fused kernels (no bias add in the epilogue).
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int col = n0 + wn * TN + nt * 8 + 2 * t;
+        const float b0 = Ly::BIAS ? bias[col] : 0.0f, b1 = Ly::BIAS ? bias[col + 1] : 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            acc[mt][nt][0] = acc[mt][nt][2] = b0;
+            acc[mt][nt][1] = acc[mt][nt][3] = b1;
+        }
+    }
+
+#pragma unroll
+    for (int s = 0; s < FM_STAGES - 1; ++s) {
+        if (s < KTILES)
+            fm_load_stage(smem, s, s, x, x1, w, row0, rows, n0);
+        fm_copy_commit();
+    }
+    // ldmatrix lane roles as in fused_mlp.cu: A lane l gives row l % 16, bytes 16 * (l / 16); B lane l gives row
+    // 8 * (l / 16) + l % 8, bytes 16 * (l / 8 % 2).
+    const fm_u32 a_lane = (wm * TM + (lane & 15)) * SROW_B + (lane >> 4) * 16;
+    const fm_u32 b_lane = A_STAGE_B + (wn * TN + (lane >> 4) * 8 + (lane & 7)) * SROW_B + ((lane >> 3) & 1) * 16;
+#pragma unroll 1
+    for (int kt = 0; kt < KTILES; ++kt) {
+        fm_copy_wait<FM_STAGES - 2>();
+        __syncthreads();  // stage kt landed for every thread, and every warp is done with stage kt - 1
+        const int next = kt + FM_STAGES - 1;
+        if (next < KTILES)
+            fm_load_stage(smem, next % FM_STAGES, next, x, x1, w, row0, rows, n0);
+        fm_copy_commit();
+        const fm_u32 stage = smem + (kt % FM_STAGES) * STAGE_B;
+#pragma unroll
+        for (int kk = 0; kk < KT_B; kk += 32) {
+            fm_u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                fm_ldmatrix_x4(a[mt], stage + a_lane + mt * 16 * SROW_B + kk);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                fm_u32 b[4];
+                fm_ldmatrix_x4(b, stage + b_lane + nt * 8 * SROW_B + kk);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    fm_mma(acc[mt][nt], a[mt], b[0], b[1]);
+                    fm_mma(acc[mt][nt + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+    }
+    fm_copy_wait<0>();  // leave no copy in flight at exit
+
+    // Epilogue: c0, c1 at (row g, columns 2t, 2t + 1) of each m16n8 tile, c2, c3 at row g + 8.
+    constexpr bool PAIRS = Ly::NR % 2 == 0;  // y's element pairs are whole aligned words
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const long long row = row0 + wm * TM + mt * 16 + g + 8 * h;
+            if (row >= rows)
+                continue;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int col = n0 + wn * TN + nt * 8 + 2 * t;
+                if (col >= Ly::NR)
+                    continue;
+                float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1], r0 = 0.0f, r1 = 0.0f;
+#if FM_RES_TYPE >= 0
+                r0 = fm_ld_f<FM_RES_TYPE>(res, row * Ly::NR + col);
+                if (col + 1 < Ly::NR)
+                    r1 = fm_ld_f<FM_RES_TYPE>(res, row * Ly::NR + col + 1);
+#endif
+                (void)res;
+                out_t *at = y + row * Ly::NR + col;
+#if FM_OUT_TYPE == 0
+                fm_epilogue<0>(v0, v1, r0, r1, col);
+                if constexpr (PAIRS) {
+                    *(fm_v2 *)at = fm_v2{__float_as_uint(v0), __float_as_uint(v1)};
+                } else {
+                    at[0] = v0;
+                    if (col + 1 < Ly::NR)
+                        at[1] = v1;
+                }
+#else
+                const fm_u32 pair = fm_epilogue16<0, FM_OUT_TYPE>(v0, v1, r0, r1, col);
+                if constexpr (PAIRS) {
+                    *(fm_u32 *)at = pair;
+                } else {
+                    at[0] = (fm_half)(pair & 0xffffu);
+                    if (col + 1 < Ly::NR)
+                        at[1] = (fm_half)(pair >> 16);
+                }
+#endif
+            }
+        }
+    }
+}

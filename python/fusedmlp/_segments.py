@@ -1,0 +1,344 @@
+"""Networks bigger than one fused kernel: the network cut into segments, chained through global memory.
+
+A stretch of layers whose weights stay resident on chip (one CTA, or a cluster of CTAs on sm_90a) stays one fused
+kernel; a layer that no such stretch takes (wider than the fused kernels hold, or whose input concat or residual
+operand comes from outside any stretch it could join) runs as a tiled Tensor Core GEMM with the layer's whole
+epilogue fused (kernel_templates/gemm_layer.cu). Between segments a value passes through global memory once, in the
+compute dtype, in workspace buffers that are planned once and reused by every call (the liveness of each value decides
+which values share one).
+"""
+
+import dataclasses
+import threading
+
+from .errors import LimitError
+
+#: Global-memory dtype of the values between segments, per compute dtype (tf32 values are float32).
+STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32"}
+_DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_ALIGN = 256  # bytes between workspace buffers: the GEMM's 16-byte loads, and a whole DRAM burst
+
+
+@dataclasses.dataclass
+class Segment:
+    """Layers [first, last] of the network as one kernel.
+
+    kind: 'fused' (a fused kernel over the stretch) or 'gemm' (one layer as a GEMM); reason: why the cut is there.
+    reads: the values the segment reads from global memory (-1 the network input, l layer l's output); writes: l.
+    """
+
+    first: int
+    last: int
+    kind: str
+    reason: str
+    reads: tuple = ()
+
+    @property
+    def writes(self):
+        return self.last
+
+    def describe(self):
+        span = f"layer {self.first}" if self.first == self.last else f"layers {self.first}-{self.last}"
+        return f"{span}: {self.kind} ({self.reason})"
+
+
+def _stretch_problem(first, last, residual, concat):
+    """Why layers [first, last] cannot be one fused kernel of their own, from the graph alone (None: they can).
+
+    A fused kernel reads only its input (value first - 1) from memory: a concat takes the network input, so it fits
+    only a stretch starting at layer 0 (whose input that is) and not as the stretch's own first layer; a residual must
+    read a value inside the stretch or its input."""
+    for j in range(first, last + 1):
+        if concat[j] and (first > 0 or j == first):
+            return f"layer {j}'s input concat reads the network input"
+        if residual[j] is not None:
+            src = residual[j][2]
+            if src < first - 1 or (src == -1 and first > 0):
+                return f"layer {j}'s residual reads the output of layer {src}" if src >= 0 else \
+                    f"layer {j}'s residual reads the network input"
+    return None
+
+
+def cut(num_layers, residual, concat, fits):
+    """The segments of a network, greedily: from the first layer not yet placed, the longest stretch that is one fused
+    kernel with resident weights (fits(first, last) -> (True, info) or (False, reason)); a layer that starts no such
+    stretch is a GEMM. Values a later segment reads (residual operands, the concat's input) end a stretch where they
+    are made, so each is in memory."""
+    needed = set()  # values some layer reads from another segment: each must be a segment's output
+    while True:
+        segments, first = [], 0
+        while first < num_layers:
+            best, why = None, None
+            for last in range(num_layers - 1, first - 1, -1):
+                if any(v in needed for v in range(first, last)):
+                    continue  # a value inside would be read by a later segment
+                problem = _stretch_problem(first, last, residual, concat)
+                if problem is None:
+                    ok, info = fits(first, last)
+                    if ok:
+                        best = (last, info)
+                        break
+                    problem = info
+                if last == first:
+                    why = problem
+            if best is not None:
+                last, info = best
+                segments.append(Segment(first, last, "fused", info, (first - 1,)))
+            else:
+                last = first
+                segments.append(Segment(first, first, "gemm", why, ()))
+            first = last + 1
+        # what each segment reads from memory: a fused one its input alone (its residuals and concat read inside),
+        # a GEMM also the concat's network input and its residual operand; each must be x or a segment's output
+        outputs = {-1} | {seg.last for seg in segments}
+        missing = set()
+        for seg in segments:
+            reads = {seg.first - 1}
+            if seg.kind == "gemm":
+                if concat[seg.first]:
+                    reads.add(-1)
+                if residual[seg.first] is not None:
+                    reads.add(residual[seg.first][2])
+            seg.reads = tuple(sorted(reads))
+            missing |= reads - outputs
+        if not missing:
+            return segments
+        needed |= missing
+
+
+def workspace_slots(segments, num_layers):
+    """Which workspace slot holds each intermediate value (not x, not the output): a value may take the slot of one
+    whose last reader came before its writer. Returns ({value: slot}, number of slots)."""
+    last_read = {}
+    for i, seg in enumerate(segments):
+        for v in seg.reads:
+            last_read[v] = i
+    slot_of, free_after = {}, []  # free_after[s]: index of the last segment reading slot s's value
+    for i, seg in enumerate(segments):
+        v = seg.writes
+        if v == num_layers - 1:
+            continue
+        for s, done in enumerate(free_after):
+            if done < i:
+                slot_of[v], free_after[s] = s, last_read.get(v, i)
+                break
+        else:
+            slot_of[v] = len(free_after)
+            free_after.append(last_read.get(v, i))
+    return slot_of, len(free_after)
+
+
+class Chain:
+    """A segmented network's kernels for one input/output dtype pair, launched in order on one stream.
+
+    It serves where a fused kernel (_core.Kernel) does: launch(x_ptr, y_ptr, rows, stream) for device arrays and
+    run(x, poison) for host arrays. The workspace grows on demand per stream and is never freed while the chain
+    lives, so a CUDA graph captured over a call keeps valid pointers."""
+
+    def __init__(self, mlp, segments, in_dtype, out_dtype, steps):
+        self.segments = segments
+        self._mlp = mlp
+        self._steps = steps  # per segment: (launch function(ptrs, rows, stream), needs)
+        self._in, self._out = in_dtype, out_dtype
+        self._storage = STORAGE[mlp._precision]
+        widths = mlp.widths
+        slot_of, count = workspace_slots(segments, len(widths) - 1)
+        self._slot_of = slot_of
+        self._slot_row_bytes = [0] * count
+        for v, s in slot_of.items():
+            self._slot_row_bytes[s] = max(self._slot_row_bytes[s], widths[v + 1] * _ITEMSIZE[self._storage])
+        self._workspaces = {}  # stream -> (rows capacity, Buffer, offsets)
+        self._keep = []  # outgrown workspaces: a captured graph may still use them
+        self._host = None  # (rows, x Buffer, y Buffer) for run()
+        self._lock = threading.Lock()
+        self.info = {"segments": [seg.describe() for seg in segments], "kernels": len(segments)}
+
+    def _workspace(self, rows, stream):
+        ws = self._workspaces.get(stream)
+        if ws is not None and ws[0] >= rows:
+            return ws
+        with self._lock:
+            ws = self._workspaces.get(stream)
+            if ws is None or ws[0] < rows:
+                cap = max(rows, 2 * ws[0]) if ws is not None else rows
+                offsets, total = [], 0
+                for row_bytes in self._slot_row_bytes:
+                    offsets.append(total)
+                    total += -(-cap * row_bytes // _ALIGN) * _ALIGN
+                buf = self._mlp._device_buffer(max(total, _ALIGN))
+                if ws is not None:
+                    self._keep.append(ws[1])
+                ws = self._workspaces[stream] = (cap, buf, offsets)
+        return ws
+
+    def launch(self, x, y, rows, stream=0):
+        _, buf, offsets = self._workspace(rows, stream)
+        last = len(self._mlp.widths) - 2
+
+        def ptr(v):
+            if v == -1:
+                return x
+            if v == last:
+                return y
+            return buf.ptr + offsets[self._slot_of[v]]
+
+        for launch in self._steps:
+            launch(ptr, rows, stream)
+
+    def run(self, x, poison=False):
+        """The outputs of a C-contiguous host array x (rows >= 1) of the chain's input dtype, synchronously."""
+        import numpy as np
+
+        rows = x.shape[0]
+        n_out = self._mlp.widths[-1]
+        out_np = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[self._out]
+        y = np.empty((rows, n_out), dtype=out_np)
+        with self._lock:
+            if self._host is None or self._host[0] < rows:
+                self._host = (rows, self._mlp._device_buffer(max(x.nbytes, 16)),
+                              self._mlp._device_buffer(max(y.nbytes, 16)))
+            _, xb, yb = self._host
+        xb.write(x)
+        if poison:
+            yb.fill(0xFF)
+        self.launch(xb.ptr, yb.ptr, rows, 0)
+        yb.read(y)
+        return y
+
+    def time(self, rows, reps=5):
+        raise LimitError("a segmented network is not tuned as one kernel; its fused segments are tuned on their own")
+
+
+def fused_options(mlp, first, last):
+    """The FusedMLP arguments of layers [first, last] as a network of their own: the input is value first - 1, a
+    residual reading it says 'input', one reading a layer inside names it by its index in the stretch."""
+    residual = {}
+    for j in range(first, last + 1):
+        r = mlp._residual[j]
+        if r is None:
+            continue
+        op = "add" if r[0] == 1 else "mul"
+        src = r[2] - first
+        residual[j - first] = {"op": op, "then": r[1], "from": "input" if src == -1 else src}
+    concat = {j: ("after" if mlp._concat[j] == 1 else "before") for j in range(first, last + 1) if mlp._concat[j]}
+    return residual, concat
+
+
+def dtype_code(name):
+    return _DTYPE_CODES[name]
+
+
+def _sub_network(mlp, first, last):
+    """Layers [first, last] as a _core.Network of their own (the whole network's object for all of it)."""
+    if first == 0 and last == len(mlp._w) - 1:
+        return mlp._net
+    residual = [None if r is None else (r[0], r[1], r[2] - first) for r in mlp._residual[first:last + 1]]
+    return type(mlp._net)(mlp._w[first:last + 1], mlp._b[first:last + 1], mlp._acts[first:last + 1], residual,
+                          mlp._concat[first:last + 1])
+
+
+def _value_dtype(mlp, v, in_dtype, out_dtype):
+    """The global-memory dtype of value v: x's, y's, or the compute dtype's storage between segments."""
+    return in_dtype if v == -1 else out_dtype if v == len(mlp._w) - 1 else STORAGE[mlp._precision]
+
+
+def _stretch_plan(mlp, first, last, target, in_dtype, out_dtype):
+    arch, smem_per_block, sm_count, smem_per_sm = target
+    return _sub_network(mlp, first, last).plan(
+        arch, smem_per_block, sm_count, _value_dtype(mlp, first - 1, in_dtype, out_dtype),
+        _value_dtype(mlp, last, in_dtype, out_dtype), smem_per_sm=smem_per_sm, precision=mlp._precision)
+
+
+def _kernel_words(info):
+    if info["cluster"]:
+        return f"wgmma on clusters of {info['cluster']}, weights resident"
+    return f"{'wgmma' if info['wgmma'] else 'mma.sync'}, weights resident"
+
+
+def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
+    """The segments of mlp for a target, or None where the whole network is one fused kernel: with its weights on
+    chip, or (mlp._segment_policy "streamed", the default) any fused kernel, streamed weights included; policy
+    "resident" cuts a network whose weights do not stay on chip into stretches whose weights do."""
+    target = (arch, smem_per_block, sm_count, smem_per_sm)
+    n = len(mlp._w)
+
+    def fits(first, last):
+        try:
+            info = _stretch_plan(mlp, first, last, target, in_dtype, out_dtype).info
+        except LimitError as e:
+            return False, str(e).split(" (hint:")[0]
+        if not info["resident"]:
+            return False, "its weights do not fit on chip (one CTA or a cluster)"
+        return True, _kernel_words(info)
+
+    whole, _ = fits(0, n - 1)
+    if whole:
+        return None
+    if mlp._segment_policy == "streamed":
+        try:
+            _stretch_plan(mlp, 0, n - 1, target, in_dtype, out_dtype)
+            return None
+        except LimitError:
+            pass
+    return cut(n, mlp._residual, mlp._concat, fits)
+
+
+def _gemm_operands(mlp, layer):
+    """Layer's GEMM operands as value indices: input part 0, the concat's part 1 (None) and the residual's (None)."""
+    cat = mlp._concat[layer]
+    p0, p1 = (-1, layer - 1) if cat == 2 else (layer - 1, -1 if cat == 1 else None)
+    res = mlp._residual[layer][2] if mlp._residual[layer] is not None else None
+    return p0, p1, res
+
+
+def plans(mlp, arch, in_dtype, out_dtype):
+    """Ahead of time: the plan of every segment's kernel for a named arch (fused stretches: their default plan)."""
+    target = (arch, 0, 0, 0)
+    out = []
+    for seg in mlp._segments_for(*target, in_dtype, out_dtype):
+        if seg.kind == "fused":
+            out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype))
+        else:
+            dt = [None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
+                  for v in (*_gemm_operands(mlp, seg.first), seg.last)]
+            out.append(mlp._gemm_plan(seg.first, arch, 0, 0, 0, *dt))
+    return out
+
+
+def chain(mlp, in_dtype, out_dtype):
+    """The Chain of mlp's segments on its GPU for one dtype pair, built (compiled, loaded) once."""
+    key = (in_dtype, out_dtype)
+    found = mlp._chains.get(key)
+    if found is not None:
+        return found
+    with mlp._lock:
+        found = mlp._chains.get(key)
+        if found is not None:
+            return found
+        info = mlp._gpu_info()
+        segments = mlp._segments_for(info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
+                                     in_dtype, out_dtype)
+        steps = []
+        for seg in segments:
+            f, last = seg.first, seg.last
+            if seg.kind == "fused":  # a network of its own, tuned and cached as any
+                residual, concat = fused_options(mlp, f, last)
+                sub = type(mlp)(mlp._w[f:last + 1], mlp._b[f:last + 1], mlp._acts[f:last + 1], residual=residual,
+                                concat=concat or None, dtype=mlp._precision, device=mlp.device,
+                                cache_dir=mlp._cache.directory)
+                k_in, k_out = (_value_dtype(mlp, v, in_dtype, out_dtype) for v in (f - 1, last))
+
+                def step(ptr, rows, stream, sub=sub, f=f, last=last, k_in=k_in, k_out=k_out):
+                    sub._kernel(k_in, k_out, rows).launch(ptr(f - 1), ptr(last), rows, stream)
+            else:
+                p0, p1, res = _gemm_operands(mlp, f)
+                dt = [None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype) for v in (p0, p1, res, f)]
+                kernel = mlp._build_gemm(f, *dt)
+
+                def step(ptr, rows, stream, kernel=kernel, p0=p0, p1=p1, res=res, f=f):
+                    kernel.launch(ptr(p0), ptr(f), rows, stream, 0 if p1 is None else ptr(p1),
+                                  0 if res is None else ptr(res))
+            steps.append(step)
+        found = mlp._chains[key] = Chain(mlp, segments, in_dtype, out_dtype, steps)
+        return found

@@ -1,0 +1,137 @@
+"""Segmented networks on the CPU: where the planner cuts a network too big for one fused kernel, which values pass
+through memory, how the workspace is shared, and that every segment's kernel renders and compiles ahead of time."""
+
+import os
+
+import numpy as np
+import pytest
+
+import fusedmlp
+from fusedmlp import _segments
+from conftest import graph_weights, reference, rel_l2
+
+
+def fits_up_to(span, wide=()):
+    """A fits() that takes stretches of at most `span` layers containing none of the `wide` layers."""
+    def fits(first, last):
+        if any(first <= w <= last for w in wide):
+            return False, "a wide layer"
+        return (True, "resident") if last - first < span else (False, "too many weights")
+    return fits
+
+
+def kinds(segments):
+    return [(s.first, s.last, s.kind) for s in segments]
+
+
+def test_cut_takes_the_longest_resident_stretches():
+    segs = _segments.cut(9, [None] * 9, [0] * 9, fits_up_to(4))
+    assert kinds(segs) == [(0, 3, "fused"), (4, 7, "fused"), (8, 8, "fused")]
+    assert [s.reads for s in segs] == [(-1,), (3,), (7,)]
+
+
+def test_a_layer_no_stretch_takes_is_a_gemm_with_the_reason():
+    segs = _segments.cut(5, [None] * 5, [0] * 5, fits_up_to(9, wide=(2,)))
+    assert kinds(segs) == [(0, 1, "fused"), (2, 2, "gemm"), (3, 4, "fused")]
+    assert segs[1].reason == "a wide layer"
+
+
+def test_a_concat_past_the_first_stretch_is_a_gemm_reading_the_network_input():
+    concat = [0, 0, 0, 0, 0, 2, 0, 0, 0]  # NeRF: the input joins layer 5
+    segs = _segments.cut(9, [None] * 9, concat, fits_up_to(5))
+    assert kinds(segs) == [(0, 4, "fused"), (5, 5, "gemm"), (6, 8, "fused")]
+    assert segs[1].reads == (-1, 4) and "concat" in segs[1].reason
+    # a stretch from layer 0 keeps its concat inside (its input is the network input)
+    assert kinds(_segments.cut(9, [None] * 9, concat, fits_up_to(9))) == [(0, 8, "fused")]
+
+
+def test_a_residual_read_across_a_cut_ends_the_stretch_that_makes_it():
+    residual = [None] * 8
+    residual[6] = (1, "none", 2)  # layer 6 adds layer 2's output
+    segs = _segments.cut(8, residual, [0] * 8, fits_up_to(4))
+    # 0-3 would hide value 2 inside a fused kernel: the stretch ends at layer 2, whose output is then the input of
+    # the next stretch, which takes layer 6's residual as reading its own input
+    assert kinds(segs) == [(0, 2, "fused"), (3, 6, "fused"), (7, 7, "fused")]
+    residual[6] = (1, "none", 1)  # from layer 1: read across two cuts, so layer 6 is a GEMM
+    segs = _segments.cut(8, residual, [0] * 8, fits_up_to(4))
+    assert kinds(segs) == [(0, 1, "fused"), (2, 5, "fused"), (6, 6, "gemm"), (7, 7, "fused")]
+    assert segs[2].reads == (1, 5)
+
+
+def test_workspace_slots_are_shared_by_values_whose_lives_do_not_overlap():
+    segs = [_segments.Segment(0, 0, "gemm", "", (-1,)), _segments.Segment(1, 1, "gemm", "", (0,)),
+            _segments.Segment(2, 2, "gemm", "", (1,)), _segments.Segment(3, 3, "gemm", "", (2, 0))]
+    slot_of, count = _segments.workspace_slots(segs, 4)
+    # value 0 lives to segment 3; 1 and 2 alternate with each other but never take 0's slot
+    assert count == 3 and slot_of[0] not in (slot_of[1], slot_of[2]) and slot_of[1] != slot_of[2]
+    chain = [_segments.Segment(i, i, "gemm", "", (i - 1,)) for i in range(5)]
+    slot_of, count = _segments.workspace_slots(chain, 5)
+    assert count == 2 and slot_of[0] == slot_of[2] and slot_of[1] == slot_of[3]
+
+
+def wide_model(rng, widths, **kwargs):
+    ws, bs = graph_weights(rng, widths, kwargs.get("concat", {}), 1.0)
+    return ws, bs, fusedmlp.FusedMLP(ws, bs, device="cpu", **kwargs)
+
+
+def test_a_network_that_fits_is_not_cut(rng):
+    _, _, mlp = wide_model(rng, [64, 128, 128, 16], activation="relu")
+    assert mlp.segments is None
+
+
+@pytest.mark.parametrize("widths, expect", [
+    ([64, 512, 512, 512, 512, 64], ["gemm"] * 5),                       # wide512: every layer reads or writes 512
+    ([256, 1024, 1024, 512, 256, 1], ["gemm"] * 4 + ["fused"]),          # rec1024
+    ([100, 2048, 3], ["gemm", "gemm"]),
+])
+def test_wide_layers_are_gemms_and_narrow_tails_fused(rng, widths, expect):
+    _, _, mlp = wide_model(rng, widths, activation="relu")
+    assert [line.split(": ")[1].split(" ")[0] for line in mlp.segments] == expect
+
+
+def test_sdf_decoder_cut_reads_the_input_where_it_joins(rng):
+    widths = [259] + [512] * 8 + [1]
+    _, _, mlp = wide_model(rng, widths, activation="relu", output_activation="tanh", concat={4: "before"})
+    assert len(mlp.segments) == 9
+    assert "layer 4: gemm" in mlp.segments[4]
+
+
+def test_cpu_path_of_a_wide_network_matches_float64(rng):
+    """The CPU path has no width limit and is unchanged: the oracle the GPU tests compare segmented kernels with."""
+    ws, bs, mlp = wide_model(rng, [40, 700, 300, 9], activation="gelu")
+    x = rng.standard_normal((33, 40)).astype(np.float32)
+    ref, _ = reference(x, ws, bs, mlp.activations)
+    assert rel_l2(mlp(x), ref) < 1e-6
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("prec", fusedmlp.PRECISIONS)
+def test_segmented_kernels_compile_ahead_of_time(rng, tmp_path, arch, prec):
+    """Every segment renders and NVRTC compiles (no GPU needed): a concat and a residual across the cuts, a GEMM of
+    an odd width, a fused tail."""
+    widths = [63, 384, 300, 300, 384, 20, 5]
+    ws, bs = graph_weights(rng, widths, {3: "before"}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=["relu", "gelu", "tanh", "silu", "relu", "none"], dtype=prec,
+                            concat={3: "before"}, residual={3: ("add", "none", 0), 2: "add"}, device="cpu",
+                            cache_dir=tmp_path)
+    paths = mlp.compile(arch=arch)
+    assert isinstance(paths, tuple) and len(paths) >= 4 and all(os.path.exists(p) for p in paths)
+    src = mlp.source
+    assert "mma.sync GEMM" in src and "(concat)" in src and "residual" in src
+    # the plan comment says which layer each GEMM is
+    for line in mlp.segments:
+        if ": gemm" in line:
+            layer = int(line.split(":")[0].split()[-1])
+            assert f"layer {layer} alone" in src
+
+
+def test_gemm_plan_refuses_bad_requests(rng):
+    ws, bs, mlp = wide_model(rng, [64, 512, 8], activation="relu")
+    with pytest.raises(ValueError, match="layer 5"):
+        mlp._gemm_plan(5, 90, 0, 0, 0, "float16", None, None, "float16")
+    with pytest.raises(ValueError, match="has no input concat"):
+        mlp._gemm_plan(1, 90, 0, 0, 0, "float16", "float16", None, "float16")
+    with pytest.raises(fusedmlp.LimitError, match="bfloat16"):
+        mlp._gemm_plan(0, 75, 0, 0, 0, "bfloat16", None, None, "float16")
+    info = mlp._gemm_plan(0, 90, 0, 0, 0, "float32", None, None, "float16").info
+    assert info["gemm"] == 1 and info["threads"] == 256 and info["smem_bytes"] <= 227 * 1024
