@@ -13,6 +13,22 @@ import pytest
 os.environ.setdefault("FUSEDMLP_AUTOTUNE", "0")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_kernel_cache(tmp_path_factory):
+    """Points the default kernel cache at a folder of this session's (one CPU run once left 19 kernels in
+    ~/.cache/fusedmlp, issue 31). _env reads FUSEDMLP_CACHE_DIR at call time and subprocesses inherit os.environ, so
+    setting it here covers every cache opened after collection. A test about the default location sets HOME or
+    XDG_CACHE_HOME to a tmp_path of its own."""
+    folder = tmp_path_factory.mktemp("fusedmlp-cache")
+    before = os.environ.get("FUSEDMLP_CACHE_DIR")
+    os.environ["FUSEDMLP_CACHE_DIR"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("FUSEDMLP_CACHE_DIR", None)
+    else:
+        os.environ["FUSEDMLP_CACHE_DIR"] = before
+
+
 def pytest_collection_modifyitems(config, items):
     # The marker, not `"gpu" in item.keywords`: keywords also hold parameter ids, so test_x[gpu] would be skipped.
     if any(item.get_closest_marker("gpu") for item in items) and not gpu_available():
