@@ -14,8 +14,10 @@ from collections import OrderedDict
 import re
 import threading
 
+import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ._api import FusedMLP
 from ._dlpack import call_torch
@@ -48,8 +50,139 @@ def _activation_text(module):
     return None
 
 
-SUPPORTED = ("Linear, ReLU, LeakyReLU, ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Mish, SELU, ReLU6, Hardtanh, "
-             "Hardsigmoid, Hardswish, Softsign, Identity, Dropout (in eval mode), nested Sequential")
+SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), ReLU, LeakyReLU, ELU, GELU, SiLU, Sigmoid, Tanh, "
+             "Softplus, Mish, SELU, ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Identity, Dropout and "
+             "BatchNorm1d (in eval mode), nested Sequential")
+
+
+# ------------------------------------------------------------------------------------------------ weights and folds
+
+
+def _hook_weight(module, name, label):
+    """The weight `name` of a module with an old-style weight_norm / spectral_norm forward pre-hook, computed from its
+    parameters as the hook computes it in eval mode (the attribute itself is what the last forward left there: stale
+    after load_state_dict until the next forward), or None when no such hook owns the name."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, WeightNorm) and hook.name == name:
+            return hook.compute_weight(module)
+        if isinstance(hook, SpectralNorm) and hook.name == name:
+            if module.training:
+                raise ArgumentError(f"{label}: spectral_norm runs a power iteration on each call in training mode; "
+                                    "call model.eval() first (fusedmlp reads the weight the eval-mode forward uses)")
+            return hook.compute_weight(module, do_power_iteration=False)
+    return None
+
+
+def _effective(module, name, label):
+    """module.<name> as the module's eval-mode forward uses it: plain, parametrized (weight_norm, spectral_norm or
+    any torch.nn.utils.parametrize parametrization) or computed by an old-style weight_norm / spectral_norm hook."""
+    hooked = _hook_weight(module, name, label)
+    if hooked is not None:
+        return hooked
+    if parametrize.is_parametrized(module, name):
+        from torch.nn.utils.parametrizations import _SpectralNorm
+
+        if any(isinstance(p, _SpectralNorm) and p.training for p in module.parametrizations[name]):
+            raise ArgumentError(f"{label}: spectral_norm runs a power iteration on each call in training mode; call "
+                                "model.eval() first (fusedmlp reads the weight the eval-mode forward uses)")
+    return getattr(module, name)
+
+
+def _numpy64(tensor):
+    return None if tensor is None else tensor.detach().to(torch.float64).cpu().numpy()
+
+
+def _batchnorm_affine(bn, label):
+    """(s, t), float64, with bn(x) = s * x + t in eval mode."""
+    if bn.training:
+        raise ArgumentError(f"{label}: BatchNorm1d is in training mode, where it normalizes each batch by its own "
+                            "statistics; call model.eval() first (fusedmlp folds the running statistics into a Linear)")
+    if bn.running_mean is None or bn.running_var is None:
+        raise ArgumentError(f"{label}: BatchNorm1d(track_running_stats=False) normalizes each batch by its own "
+                            "statistics, in eval mode too; fusedmlp folds running statistics into a Linear, so it needs "
+                            "track_running_stats=True")
+    s = 1.0 / np.sqrt(_numpy64(bn.running_var) + float(bn.eps))
+    if bn.weight is not None:
+        s = s * _numpy64(bn.weight)
+    t = -_numpy64(bn.running_mean) * s
+    if bn.bias is not None:
+        t = t + _numpy64(bn.bias)
+    return s, t
+
+
+class _Layers:
+    """The layers read so far, in float64 until the end (the folds are exact there, then rounded once to float32).
+
+    A BatchNorm1d directly after a Linear folds into it, W' = diag(s) W, b' = s b + t (into its LayerNorm / RMSNorm
+    affine where it has one: gamma' = s gamma, beta' = s beta + t); anywhere else it must come directly before a
+    Linear and folds into that one's input side, W' = W diag(s), b' = b + W t. Both are exact; a BatchNorm1d with an
+    activation, residual or concat between it and the next Linear, or at the end of the network after an activation,
+    has no exact fold and is an error naming it."""
+
+    def __init__(self):
+        self.weights, self.biases, self.acts = [], [], []
+        self.open = False  # the last layer's output is still W h + b (nothing but folds since its Linear)
+        self.pending = None  # (s, t, label) of BatchNorm1d(s) waiting for the next Linear
+
+    def linear(self, weight, bias, label):
+        w, b = _numpy64(weight), _numpy64(bias)
+        if self.pending is not None:
+            s, t, bn_label = self.pending
+            if w.ndim != 2 or w.shape[1] != s.shape[0]:
+                raise ShapeError(f"{bn_label}: BatchNorm1d has {s.shape[0]} features but the Linear after it "
+                                 f"({label}) takes {w.shape[1] if w.ndim == 2 else w.shape} inputs")
+            b = (b if b is not None else np.zeros(w.shape[0])) + w @ t
+            w = w * s[None, :]
+            self.pending = None
+        self.weights.append(w)
+        self.biases.append(b)
+        self.acts.append("none")
+        self.open = True
+
+    def batchnorm(self, bn, label):
+        s, t = _batchnorm_affine(bn, label)
+        if self.open:
+            w = self.weights[-1]
+            if s.shape[0] != w.shape[0]:
+                raise ShapeError(f"{label}: BatchNorm1d has {s.shape[0]} features but the Linear before it has "
+                                 f"{w.shape[0]} outputs")
+            b = self.biases[-1]
+            self.weights[-1] = w * s[:, None]
+            self.biases[-1] = s * (b if b is not None else 0.0) + t
+        elif self.pending is not None:  # two in a row: one affine map
+            s0, t0, first = self.pending
+            if s0.shape != s.shape:
+                raise ShapeError(f"{label}: BatchNorm1d has {s.shape[0]} features but the one before it ({first}) "
+                                 f"has {s0.shape[0]}")
+            self.pending = (s * s0, s * t0 + t, first)
+        else:
+            self.pending = (s, t, label)
+
+    def unfoldable(self, label, what):
+        """Raises if a BatchNorm1d waits for a Linear and `what` (at label) comes first."""
+        if self.pending is not None:
+            raise ArgumentError(f"{self.pending[2]}: BatchNorm1d is followed by {what} ({label}) before the next "
+                                "Linear, so it folds into no Linear exactly; fusedmlp folds a BatchNorm1d directly "
+                                "after a Linear or directly before one")
+
+    def activation(self, text, label):
+        self.unfoldable(label, "an activation")
+        self.acts[-1] = text if self.acts[-1] == "none" else _compose(text, self.acts[-1])
+        self.open = False
+
+    def finish(self, module):
+        if self.pending is not None:
+            raise ArgumentError(f"{self.pending[2]}: BatchNorm1d at the end of the network after an activation folds "
+                                "into no Linear; fusedmlp folds a BatchNorm1d directly after a Linear or directly "
+                                "before one")
+        if not self.weights:
+            raise ShapeError(f"{type(module).__name__} holds no Linear layer")
+        weights = [w.astype(np.float32) for w in self.weights]
+        biases = [None if b is None else b.astype(np.float32) for b in self.biases]
+        return weights, biases, self.acts
 
 
 def _compose(outer, inner):
@@ -86,14 +219,12 @@ def read_module(module, activations=None):
     if not isinstance(module, (nn.Sequential, nn.Linear)):
         return _read_traced(module, activations)
     activations = dict(activations or {})
-    weights, biases, acts = [], [], []
+    layers = _Layers()
     for path, leaf in _flatten(module, ""):
         label = path or type(module).__name__
         text = activations.pop(path, None)
         if text is None and isinstance(leaf, nn.Linear):
-            weights.append(leaf.weight.detach().float().cpu().numpy())
-            biases.append(None if leaf.bias is None else leaf.bias.detach().float().cpu().numpy())
-            acts.append("none")
+            layers.linear(_effective(leaf, "weight", label), _effective(leaf, "bias", label), label)
             continue
         if text is None and isinstance(leaf, (nn.Identity, nn.Flatten)):
             continue
@@ -102,19 +233,21 @@ def read_module(module, activations=None):
                 raise ArgumentError(f"{label}: Dropout(p={leaf.p}) is active because the model is in training mode; "
                                     "call model.eval() first (fusedmlp runs inference)")
             continue
+        if text is None and isinstance(leaf, nn.BatchNorm1d):
+            layers.batchnorm(leaf, label)
+            continue
         if text is None:
             text = _activation_text(leaf)
         if text is None:
             raise ArgumentError(f"{label}: {type(leaf).__name__} is not supported; supported: {SUPPORTED}; or map it "
                                 f"to an expression with activations={{'{label}': '...'}}")
-        if not weights:
+        if not layers.weights:
             raise ArgumentError(f"{label}: {type(leaf).__name__} comes before the first Linear; fusedmlp applies "
                                 "activations after a layer")
-        acts[-1] = text if acts[-1] == "none" else _compose(text, acts[-1])
+        layers.activation(text, label)
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    if not weights:
-        raise ShapeError(f"{type(module).__name__} holds no nn.Linear layer")
+    weights, biases, acts = layers.finish(module)
     return weights, biases, acts, {"residual": None, "concat": None}
 
 
@@ -129,10 +262,11 @@ _METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "sin": "sin", 
             "abs": "abs"}
 _ADD = {operator.add, operator.iadd, torch.add}
 _MUL = {operator.mul, operator.imul, torch.mul}
-TRACED_SUPPORTED = ("Linear / F.linear, activation modules and functions (relu, gelu, silu, tanh, sigmoid, softplus, "
-                    "leaky_relu, elu, ...), residuals h + f(h) and h * f(h) with the layer's own input, an earlier "
-                    "layer's output or the network input, torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden "
-                    "state with the network input before a Linear, Dropout in eval mode")
+TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized too), activation modules and functions "
+                    "(relu, gelu, silu, tanh, sigmoid, softplus, leaky_relu, elu, ...), residuals h + f(h) and "
+                    "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
+                    "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
+                    "a Linear, Dropout and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
 def _arg(node, index, name, default):
@@ -159,19 +293,46 @@ def _functional_text(node):
     return None
 
 
+def _traced_attr(root, node, label):
+    """The tensor an F.linear argument node stands for: a parameter or attribute (get_attr; an old-style weight_norm
+    hook's weight is computed from its parameters), or a parametrized weight (fx calls the module's
+    ParametrizationList, `<module>.parametrizations.<name>`, with no arguments), or a constant. Looked up in the
+    traced module itself (root): the GraphModule holds only the leaves it calls, under bare parent modules."""
+    if not isinstance(node, torch.fx.Node):
+        return node
+    target = node.target if isinstance(node.target, str) else ""
+    owner_path, _, name = target.rpartition(".")
+    if node.op == "call_module" and not node.args and ".parametrizations." in f".{target}":
+        owner_path, _, name = target.rpartition(".parametrizations.")
+        return _effective(root.get_submodule(owner_path), name, label)
+    if node.op == "get_attr":
+        return _effective(root.get_submodule(owner_path), name, label)
+    raise ArgumentError(f"{label}: F.linear's weight and bias must be parameters of the module (a computed weight is "
+                        "not read)")
+
+
+def _is_parametrization_call(gm, node):
+    """Whether node is fx's call of a ParametrizationList (a parametrized weight F.linear reads): not a layer op."""
+    return (node.op == "call_module" and not node.args and isinstance(node.target, str) and
+            isinstance(gm.get_submodule(node.target), parametrize.ParametrizationList))
+
+
 def _read_traced(module, activations):
     """Walks module's torch.fx graph as a chain: each Linear starts a layer, activations before a residual op are the
     layer's activation, the op with a kept value (the layer's input, an earlier layer's output, the network input) is
     its residual, activations after it the residual's; torch.cat of the hidden state with the network input right
-    before a Linear is that layer's input concat."""
+    before a Linear is that layer's input concat; BatchNorm1d folds into the Linear before or after it (_Layers)."""
     activations = dict(activations or {})
     try:
         gm = torch.fx.symbolic_trace(module)
     except Exception as e:  # data-dependent control flow and the like
         raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: {e}") from None
-    weights, biases, acts, residual, concat = [], [], [], [], {}
+    layers = _Layers()
+    residual, concat = [], {}
     cur = x_node = pending_cat = None
     value_of = {}  # graph node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
+    folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (not a value the kernel keeps)
+    before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as the kernel keeps it
     for node in gm.graph.nodes:
         label = f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})"
         if node.op == "placeholder":
@@ -180,7 +341,7 @@ def _read_traced(module, activations):
             cur = x_node = node
             value_of[node] = -1
             continue
-        if node.op == "get_attr":
+        if node.op == "get_attr" or _is_parametrization_call(gm, node):
             continue
         if node.op == "output":
             if node.args[0] is not cur or pending_cat is not None:
@@ -197,20 +358,27 @@ def _read_traced(module, activations):
             if not inputs or inputs[0] is not cur:
                 raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
             if pending_cat is not None:
-                concat[len(weights)] = pending_cat
+                concat[len(layers.weights)] = pending_cat
                 pending_cat = None
+            elif layers.pending is not None:  # cur is a BatchNorm1d this Linear absorbs: the value is before it
+                folded[cur] = layers.pending[2]
+                value_of.setdefault(before_bn, len(layers.weights) - 1)
             else:
-                value_of.setdefault(cur, len(weights) - 1)
+                value_of.setdefault(cur, len(layers.weights) - 1)
             if leaf is not None:
-                w, b = leaf.weight, leaf.bias
+                w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
             else:
-                w_node, b_node = node.args[1], _arg(node, 2, "bias", None)
-                w = gm.get_parameter(w_node.target) if isinstance(w_node, torch.fx.Node) else w_node
-                b = gm.get_parameter(b_node.target) if isinstance(b_node, torch.fx.Node) else b_node
-            weights.append(w.detach().float().cpu().numpy())
-            biases.append(None if b is None else b.detach().float().cpu().numpy())
-            acts.append("none")
+                w, b = _traced_attr(module, node.args[1], label), _traced_attr(module, _arg(node, 2, "bias", None), label)
+            layers.linear(w, b, label)
             residual.append(None)
+            cur = node
+            continue
+        if leaf is not None and text is None and isinstance(leaf, nn.BatchNorm1d):
+            if not inputs or inputs[0] is not cur:
+                raise ArgumentError(f"{node.target}: a BatchNorm1d that does not take the previous layer's output")
+            if layers.pending is None and not layers.open:
+                before_bn = cur
+            layers.batchnorm(leaf, node.target)
             cur = node
             continue
         if node.op == "call_function" and node.target is torch.cat:
@@ -219,7 +387,8 @@ def _read_traced(module, activations):
                     or cur is x_node or dim not in (-1, 1)):
                 raise ArgumentError(f"{label}: only torch.cat([h, x], -1) or torch.cat([x, h], -1) of the hidden state "
                                     "h with the network input x is supported")
-            value_of.setdefault(cur, len(weights) - 1)
+            layers.unfoldable(label, "torch.cat")
+            value_of.setdefault(cur, len(layers.weights) - 1)
             pending_cat = "after" if parts[0] is cur else "before"
             cur = node
             continue
@@ -236,17 +405,23 @@ def _read_traced(module, activations):
             continue
         if node.op in ("call_function", "call_method") and (node.target in _ADD or node.target in _MUL
                                                             or node.target in ("add", "mul", "add_", "mul_")):
-            if not weights or len(inputs) != 2 or cur not in inputs:
+            if not layers.weights or len(inputs) != 2 or cur not in inputs:
                 raise ArgumentError(f"{label}: only a residual of the current layer with a kept value is supported")
             other = inputs[0] if inputs[1] is cur else inputs[1]
+            if other in folded:
+                raise ArgumentError(f"{label}: the residual operand {other.name} is the output of {folded[other]} "
+                                    "(BatchNorm1d), which was folded into the next Linear's weights; the kernel keeps "
+                                    "no such value")
             if other not in value_of:
                 raise ArgumentError(f"{label}: the residual operand {other.name} is neither the network input nor a "
                                     "layer's output (the tensor a Linear or torch.cat consumed)")
             if residual[-1] is not None:
                 raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
+            layers.unfoldable(label, "a residual op")
             is_add = node.target in _ADD or node.target in ("add", "add_")
             src = value_of[other]
             residual[-1] = ["add" if is_add else "mul", "none", "input" if src < 0 else src]
+            layers.open = False
             cur = node
             continue
         if text is None:
@@ -257,18 +432,18 @@ def _read_traced(module, activations):
             raise ArgumentError(f"{node.target if leaf is not None else label}: {what} is not supported; supported: "
                                 f"{TRACED_SUPPORTED}" + (f"; or map it with activations={{'{node.target}': '...'}}"
                                                           if leaf is not None else ""))
-        if not weights:
+        if not layers.weights:
             raise ArgumentError(f"{label}: an activation before the first Linear; fusedmlp applies activations after a "
                                 "layer")
         if residual[-1] is None:
-            acts[-1] = text if acts[-1] == "none" else _compose(text, acts[-1])
+            layers.activation(text, label)
         else:
+            layers.unfoldable(label, "an activation")
             residual[-1][1] = text if residual[-1][1] == "none" else _compose(text, residual[-1][1])
         cur = node
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    if not weights:
-        raise ShapeError(f"{type(module).__name__} holds no Linear layer")
+    weights, biases, acts = layers.finish(module)
     return weights, biases, acts, {"residual": [tuple(r) if r else None for r in residual], "concat": concat or None}
 
 

@@ -1,0 +1,250 @@
+"""from_torch on models as they are written (issue 30), CPU path: BatchNorm1d folded into a neighbouring Linear,
+parametrized Linears read as their effective weight, in Sequentials and through torch.fx."""
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+from torch.nn.utils import parametrizations  # noqa: E402
+
+import fusedmlp  # noqa: E402
+from fusedmlp import torch as ft  # noqa: E402
+
+
+def ref64(module, x):
+    """The module's own eval-mode forward in float64 (on a copy, so the module keeps its dtype)."""
+    with torch.no_grad():
+        return copy.deepcopy(module).double()(x.double())
+
+
+def ref64_in_place(module, x):
+    """ref64 for modules deepcopy refuses (the old weight_norm hook's computed weight): the module itself in
+    float64, so read it before calling this."""
+    with torch.no_grad():
+        return module.double()(x.double())
+
+
+def rel(y, ref):
+    y = torch.as_tensor(y).double()
+    return float((y - ref).norm() / ref.norm())
+
+
+def trained_bn(features, seed, affine=True):
+    """A BatchNorm1d with running statistics far from (0, 1) and a random affine: a fold that ignored any of them
+    would be off by far more than float32 rounding."""
+    g = torch.Generator().manual_seed(seed)
+    bn = nn.BatchNorm1d(features, affine=affine)
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(features, generator=g) * 3)
+        bn.running_var.copy_(torch.rand(features, generator=g) * 4 + 0.05)
+        if affine:
+            bn.weight.copy_(torch.randn(features, generator=g))
+            bn.bias.copy_(torch.randn(features, generator=g))
+    return bn.eval()
+
+
+# ------------------------------------------------------------------------------------------------ BatchNorm1d
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batchnorm_after_each_linear_folds_exactly(affine):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(7, 32), trained_bn(32, 1, affine), nn.ReLU(), nn.Dropout(0.2),
+                          nn.Linear(32, 24, bias=False), trained_bn(24, 2, affine), nn.SiLU(),
+                          nn.Linear(24, 3)).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.widths == (7, 32, 24, 3) and mlp.activations == ("relu(x)", "silu(x)", "none(x)")
+    x = torch.randn(200, 7)
+    assert rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+def test_batchnorm_folds_into_the_weights_as_float64_then_float32():
+    """The fold's arrays are the float64 products rounded once: W' = diag(s) W, b' = s b + t."""
+    lin, bn = nn.Linear(5, 4), trained_bn(4, 3)
+    weights, biases, _, _ = ft.read_module(nn.Sequential(lin, bn).eval())
+    s = 1 / np.sqrt(bn.running_var.double().numpy() + bn.eps) * bn.weight.double().detach().numpy()
+    t = bn.bias.double().detach().numpy() - bn.running_mean.double().numpy() * s
+    w64, b64 = lin.weight.double().detach().numpy(), lin.bias.double().detach().numpy()
+    np.testing.assert_array_equal(weights[0], (s[:, None] * w64).astype(np.float32))
+    np.testing.assert_array_equal(biases[0], (s * b64 + t).astype(np.float32))
+    assert weights[0].dtype == np.float32 and biases[0].dtype == np.float32
+
+
+def test_batchnorm_before_a_linear_folds_into_its_input_side():
+    """Input normalisation (BN first), BN after an activation (BN -> Linear: W' = W diag(s), b' = b + W t), two BNs
+    in a row, and a BN after the output Linear."""
+    torch.manual_seed(4)
+    model = nn.Sequential(trained_bn(6, 5), nn.Linear(6, 40, bias=False), nn.Tanh(), trained_bn(40, 6),
+                          trained_bn(40, 7, affine=False), nn.Linear(40, 16), nn.GELU(), trained_bn(16, 8),
+                          nn.Identity(), nn.Linear(16, 2), trained_bn(2, 9)).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.widths == (6, 40, 16, 2)
+    x = torch.randn(300, 6)
+    assert rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+def test_batchnorm_in_torchvision_mlp():
+    tv = pytest.importorskip("torchvision")
+    try:
+        model = tv.ops.MLP(6, [32, 32, 3], norm_layer=nn.BatchNorm1d, activation_layer=nn.SiLU)
+    except Exception as e:  # torchvision's ops may fail to import beside this torch build
+        pytest.skip(f"torchvision unusable here: {e}")
+    for i, m in enumerate(model.modules()):
+        if isinstance(m, nn.BatchNorm1d):
+            m.load_state_dict(trained_bn(m.num_features, 20 + i).state_dict())
+    model.eval()
+    x = torch.randn(50, 6)
+    assert rel(fusedmlp.from_torch(model, device="cpu")(x), ref64(model, x)) <= 1e-6
+
+
+def test_batchnorm_in_training_mode_names_the_module():
+    model = nn.Sequential(nn.Linear(3, 8), nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)), nn.Linear(8, 1))
+    with pytest.raises(fusedmlp.ArgumentError, match=r"^1\.1: BatchNorm1d is in training mode.*model\.eval\(\)"):
+        fusedmlp.from_torch(model, device="cpu")
+
+
+@pytest.mark.parametrize("layers, match", [
+    # an activation between the BN and the next Linear: no exact fold
+    (lambda: [nn.Linear(4, 8), nn.ReLU(), trained_bn(8, 1), nn.ReLU(), nn.Linear(8, 2)],
+     r"^2: BatchNorm1d is followed by an activation \(3\) before the next Linear"),
+    # at the end, after an activation
+    (lambda: [nn.Linear(4, 8), nn.Tanh(), trained_bn(8, 1)], r"^2: BatchNorm1d at the end of the network"),
+    (lambda: [nn.Linear(4, 8), nn.BatchNorm1d(8, track_running_stats=False).eval(), nn.Linear(8, 2)],
+     r"^1: BatchNorm1d\(track_running_stats=False\)"),
+    (lambda: [nn.Linear(4, 8), trained_bn(6, 1), nn.Linear(6, 2)],
+     r"^1: BatchNorm1d has 6 features but the Linear before it has 8 outputs"),
+    (lambda: [nn.Linear(4, 8), nn.ReLU(), trained_bn(6, 1), nn.Linear(8, 2)],
+     r"^2: BatchNorm1d has 6 features but the Linear after it \(3\) takes 8 inputs"),
+])
+def test_batchnorm_without_an_exact_fold_is_an_error_naming_it(layers, match):
+    model = nn.Sequential(*layers())
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            m.eval()
+    model.eval()
+    with pytest.raises((fusedmlp.ArgumentError, fusedmlp.ShapeError), match=match):
+        fusedmlp.from_torch(model, device="cpu")
+
+
+class _TracedBN(nn.Module):
+    """A non-Sequential model: BN after a Linear, BN before a Linear (after an activation), a residual from the
+    pre-BN value and from the network input."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn_a = nn.Linear(10, 32), trained_bn(32, 11)
+        self.bn_h = trained_bn(32, 12)
+        self.b, self.c = nn.Linear(32, 32), nn.Linear(32, 10)
+        self.bn_c = trained_bn(10, 13)
+
+    def forward(self, x):
+        h = torch.relu(self.bn_a(self.a(x)))
+        g = self.bn_h(h)  # folded into b's input side; the residual below reads h, before it
+        h = h + nn.functional.silu(self.b(g))
+        return x * torch.sigmoid(self.bn_c(self.c(h)))
+
+
+def test_traced_batchnorm_folds_before_and_after_linears():
+    torch.manual_seed(7)
+    model = _TracedBN().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert [r[2] if r else None for r in mlp._residual] == [None, 0, -1]
+    x = torch.randn(120, 10)
+    assert rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+class _ResidualOfBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn, self.b = nn.Linear(8, 8), trained_bn(8, 14), nn.Linear(8, 8)
+
+    def forward(self, x):
+        g = self.bn(torch.tanh(self.a(x)))
+        return g + self.b(g)
+
+
+def test_traced_residual_of_a_folded_batchnorm_is_an_error():
+    with pytest.raises(fusedmlp.ArgumentError, match="residual operand bn is the output of bn .BatchNorm1d., which "
+                                                     "was folded into the next Linear"):
+        fusedmlp.from_torch(_ResidualOfBN().eval(), device="cpu")
+
+
+def test_traced_batchnorm_in_training_mode_names_the_module():
+    model = _TracedBN().eval()
+    model.bn_h.train()
+    with pytest.raises(fusedmlp.ArgumentError, match="^bn_h: BatchNorm1d is in training mode"):
+        fusedmlp.from_torch(model, device="cpu")
+
+
+# ------------------------------------------------------------------------------------------------ parametrizations
+
+
+def parametrized_model(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(parametrizations.weight_norm(nn.Linear(6, 32)), nn.SiLU(),
+                          parametrizations.spectral_norm(nn.Linear(32, 32)), nn.Tanh(),
+                          torch.nn.utils.weight_norm(nn.Linear(32, 24)), nn.ReLU(),
+                          parametrizations.weight_norm(nn.Linear(24, 4), dim=None))
+    with torch.no_grad():  # a weight_g far from the norm of weight_v: the effective weight differs from either
+        model[0].parametrizations.weight.original0.mul_(3.0)
+        model[4].weight_g.mul_(0.25)
+    return model.eval()
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.nn.utils.weight_norm.*:FutureWarning")
+def test_parametrized_linears_read_as_their_effective_weight():
+    model = parametrized_model(8)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    weights, _, _, _ = ft.read_module(model)
+    np.testing.assert_array_equal(weights[1], model[2].weight.detach().numpy())
+    x = torch.randn(100, 6)
+    assert rel(mlp(x), ref64_in_place(model, x)) <= 1e-6
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.nn.utils.weight_norm.*:FutureWarning")
+def test_fused_module_of_parametrized_linears_keeps_state_dict_keys_and_reloads():
+    model = parametrized_model(9)
+    fused = ft.FusedModule(model)
+    assert list(fused.state_dict()) == list(model.state_dict())
+    assert "4.weight_g" in fused.state_dict() and "0.parametrizations.weight.original1" in fused.state_dict()
+    x = torch.randn(40, 6)
+    with torch.no_grad():
+        assert rel(fused(x), model(x).double()) <= 1e-5
+        other = parametrized_model(10)
+        fused.load_state_dict(other.state_dict())  # the old hook's weight attribute is stale until a forward
+        assert rel(fused(x), ref64_in_place(other, x)) <= 1e-6
+
+
+def test_spectral_norm_in_training_mode_is_an_error():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), parametrizations.spectral_norm(nn.Linear(8, 2)))
+    with pytest.raises(fusedmlp.ArgumentError, match=r"^2: spectral_norm runs a power iteration.*model\.eval\(\)"):
+        fusedmlp.from_torch(model, device="cpu")
+
+
+class _TracedParametrized(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = parametrizations.weight_norm(nn.Linear(5, 16))
+        self.bn = trained_bn(16, 15)
+        self.b = parametrizations.spectral_norm(nn.Linear(16, 16))
+        self.c = parametrizations.weight_norm(nn.Linear(16, 3))
+
+    def forward(self, x):
+        h = nn.functional.gelu(self.bn(self.a(x)))
+        h = h + torch.tanh(self.b(h))
+        return nn.functional.linear(h, self.c.weight, self.c.bias)  # fx calls c's ParametrizationList here
+
+
+def test_traced_modules_see_through_parametrizations():
+    torch.manual_seed(11)
+    model = _TracedParametrized().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    x = torch.randn(80, 5)
+    assert rel(mlp(x), ref64(model, x)) <= 1e-6
+    fused = ft.FusedModule(model)
+    assert list(fused.state_dict()) == ["module." + k for k in model.state_dict()]
+    with torch.no_grad():
+        assert rel(fused(x), ref64(model, x)) <= 1e-6
