@@ -44,9 +44,9 @@ _gpu = None
 def gpu_available():
     global _gpu
     if _gpu is None:
-        from fusedmlp._api import _gpu_available
+        from fusedmlp import _gpu as gpu_handles
 
-        _gpu = _gpu_available()
+        _gpu = gpu_handles.available()
     return _gpu
 
 

@@ -13,6 +13,8 @@ import numpy as np
 
 from . import _dlpack, _env, _out, _segments, _tune
 from ._cache import KernelCache
+from ._gpu import available as _gpu_available, core as _core, gpu as _gpu, gpus as _gpus, nvrtc_info as _nvrtc_info
+from ._gpu import nvrtc_no_cache
 from .errors import ArgumentError, CompileError, DTypeError, ExpressionError, LimitError, ShapeError
 
 __version__ = "0.1.0"
@@ -33,48 +35,13 @@ CHECK_TOLERANCE = 2e-3
 _ACCEPTED_X = (np.float32, np.float16, np.float64)
 
 
-def _core():
-    # Imported on first use so `import fusedmlp` works (and says what is wrong) even when the extension is missing.
-    from . import _core as core
-
-    return core
-
-
 # ------------------------------------------------------------------------------------------------ shared state
 
-_lock = threading.Lock()
-_nvrtc = None  # (library path, (major, minor)) once loaded
-_gpus = {}  # ordinal -> _core.Gpu (retains the primary context for the process lifetime)
 _cpu_warned = False
-
-
-def _nvrtc_info():
-    global _nvrtc
-    with _lock:
-        if _nvrtc is None:
-            _nvrtc = _core().nvrtc_load(_env.nvrtc_search_path())
-        return _nvrtc
-
-
-def nvrtc_no_cache():
-    """The option that turns NVRTC's own compile cache off, where it has one (12.9 and later), else (). On the H100
-    machines (NVRTC 13.0) that cache returned a source an earlier process had compiled (comments aside) in 0.1-0.25 s
-    instead of ~1 s, with an empty log: what measures a cold compile, or reads ptxas's report, turns it off."""
-    return ("--no-cache",) if tuple(_nvrtc_info()[1]) >= (12, 9) else ()
-
 
 #: NVRTC options added to every compile in this process, outside the cache key (they must not change the code):
 #: bench.never_compiled_sources sets nvrtc_no_cache() here.
 _extra_options = ()
-
-
-def _gpu(ordinal):
-    with _lock:
-        gpu = _gpus.get(ordinal)
-        if gpu is None:
-            gpu = _core().Gpu(ordinal)
-            _gpus[ordinal] = gpu
-        return gpu
 
 
 def _template(name, folder=None):
@@ -376,15 +343,6 @@ def _parse_cache_dir(cache_dir):
         raise ArgumentError(f"cache_dir={cache_dir!r} is not a folder path: it is empty or holds a NUL character",
                             "pass None to use FUSEDMLP_CACHE_DIR (or its fallbacks)")
     return path
-
-
-def _gpu_available():
-    from .errors import LibraryNotFoundError, CudaError
-
-    try:
-        return _core().cuda_device_count() > 0
-    except (LibraryNotFoundError, CudaError):
-        return False
 
 
 # ------------------------------------------------------------------------------------------------ FusedMLP

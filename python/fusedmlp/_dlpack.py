@@ -26,9 +26,7 @@ def _bf16_native(mlp):
     """Whether the model's GPU reads and writes bfloat16 in the kernel (sm_80+; the plan refuses it below)."""
     native = mlp._bf16_io
     if native is None:
-        from . import _api
-
-        native = mlp._bf16_io = _api._gpu(mlp._ordinal).info["arch"] >= 80
+        native = mlp._bf16_io = mlp._gpu_info()["arch"] >= 80
     return native
 
 

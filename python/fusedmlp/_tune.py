@@ -133,8 +133,7 @@ def tune_bucket(mlp, dtype, out_dtype, rows, reps=5, bucket_rows=None, sm_count=
 
 def _plan_info(mlp, dtype, out_dtype, **options):
     """The info of the model's plan on its GPU with these options; LimitError where they do not fit the network."""
-    from ._api import _gpu
-    info = _gpu(mlp._ordinal).info
+    info = mlp._gpu_info()
     return mlp._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], dtype, out_dtype,
                          smem_per_sm=info["smem_per_sm"], precision=mlp._precision, **options).info
 
