@@ -21,7 +21,7 @@ from fusedmlp import ExpressionError, FusedMLP
 from fusedmlp import _core
 
 FUNCTIONS = _core.expr_functions()
-MAX_LEN = 4096  # FM_EXPR_MAX_LEN in csrc/expr.c
+MAX_LEN = 4096  # FM_EXPR_MAX_LEN in csrc/expr_internal.h
 
 SAFE_CUDA = re.compile(r"[A-Za-z0-9_.+\-*/(), ]*")
 GRAMMAR_CHARS = re.compile(r"[A-Za-z0-9_.+\-*/^(), \t]*")

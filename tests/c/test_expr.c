@@ -2,7 +2,7 @@
  * test_expr.c - pins down the activation-expression parser (errors and their columns, limits, hostile input), the
  * float64 value of every whitelisted function, the canonical text, the CUDA text, and fm_spec_init's checks.
  *
- *   gcc -std=c11 -Wall -Wextra -Werror -fsanitize=address,undefined -g -Icsrc csrc/util.c csrc/expr.c csrc/spec.c \
+ *   gcc -std=c11 -Wall -Wextra -Werror -fsanitize=address,undefined -g -Icsrc csrc/util.c csrc/expr_*.c csrc/spec.c \
  *       tests/c/test_expr.c -lm -o /tmp/test_expr && /tmp/test_expr
  */
 #include "fm.h"

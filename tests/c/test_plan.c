@@ -3,7 +3,7 @@
  * blob layout, the renderer (placeholders in, placeholders out, template errors) and the CPU forward (against a
  * naive float64 forward written here). No NVRTC, no GPU.
  *
- *   gcc -std=c11 -Wall -Wextra -Werror -fsanitize=address,undefined -g -Icsrc csrc/util.c csrc/expr.c csrc/spec.c \
+ *   gcc -std=c11 -Wall -Wextra -Werror -fsanitize=address,undefined -g -Icsrc csrc/util.c csrc/expr_*.c csrc/spec.c \
  *       csrc/plan.c csrc/render.c csrc/ref.c tests/c/test_plan.c -lm -o /tmp/test_plan && /tmp/test_plan .
  *
  * argv[1] is the repository root (for kernel_templates/). An optional "--quick" after it shrinks the CPU-forward
