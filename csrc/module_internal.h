@@ -1,0 +1,85 @@
+/* module_internal.h - what the CPython binding's files (csrc/module*.c) share; not part of the core's interface
+ * (fm.h). These files, and no others, include Python.h (through this header):
+ *
+ *   module.c          the module: its functions table, the types registered, the init (PyInit__core)
+ *   module_args.c     fm_error -> fusedmlp.errors exception; checks and conversions of arguments (dtypes, arrays, text)
+ *   module_compile.c  the module's functions on expressions (parse, evaluate, range) and NVRTC (load, compile)
+ *   module_network.c  Network: a validated spec with its own copy of the weights, and the CPU forward
+ *   module_plan.c     Plan: Network.plan / Network.gemm_plan, the source it renders, its info
+ *   module_gpu.c      Gpu (a device's retained primary context), cuda_device_count, Buffer (device memory)
+ *   module_launch.c   Kernel: Plan.load (CUBIN and weights onto the device), run, launch, time
+ *
+ * Types: Network (validated spec + float32 weights; the CPU forward), Plan (one fm_plan: renders the source and
+ * later fills the launch, so the two cannot drift), Gpu (a device's retained primary context), Kernel (a loaded
+ * CUBIN with the weights on the device), Buffer. The GIL is released around compiles, the CPU forward and GPU work. */
+#ifndef FM_MODULE_INTERNAL_H
+#define FM_MODULE_INTERNAL_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
+/* One NumPy C-API table for all the binding's files: module.c imports it (module_exec) and defines
+ * FM_MODULE_IMPORTS_NUMPY; the other files only refer to it. */
+#define PY_ARRAY_UNIQUE_SYMBOL fm_numpy_api
+#ifndef FM_MODULE_IMPORTS_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include "fm.h"
+
+/* ------------------------------------------------------------------------------------------------ objects */
+
+typedef struct {
+    PyObject_HEAD fm_gpu gpu;
+    int open;
+} GpuObject;
+
+typedef struct {
+    PyObject_HEAD fm_spec spec;
+    int has_spec;
+    float *w[FM_MAX_LAYERS]; /* owned copies, n x k row-major */
+    float *b[FM_MAX_LAYERS]; /* owned copies or NULL */
+} NetworkObject;
+
+typedef struct {
+    PyObject_HEAD NetworkObject *net;
+    fm_plan plan;
+    fm_target target;
+} PlanObject;
+
+extern PyTypeObject GpuType, NetworkType, PlanType, KernelType, BufferType;
+
+/* ------------------------------------------------------------------------------------------------ module_args.c */
+
+PyObject *fm_raise(const fm_error *err);
+PyObject *fm_raise_clear(fm_error *err);
+int fm_dtype_from_str(const char *s, fm_dtype *d);
+int fm_prec_from_str(const char *s, fm_prec *p);
+int fm_dtype_or_none(PyObject *o, int *d);
+int fm_npy_type(fm_dtype d);
+PyArrayObject *fm_array(PyObject *obj, int type, int ndim, const char *what);
+const char *fm_text(PyObject *obj, const char *what);
+
+/* ------------------------------------------------------------------------------------------------ functions */
+
+/* The module's functions, in module.c's table (module_compile.c, module_gpu.c). */
+
+PyObject *py_parse_expr(PyObject *self, PyObject *arg);
+PyObject *py_expr_range(PyObject *self, PyObject *args);
+PyObject *py_eval_expr(PyObject *self, PyObject *args);
+PyObject *py_expr_functions(PyObject *self, PyObject *noargs);
+PyObject *py_nvrtc_load(PyObject *self, PyObject *arg);
+PyObject *py_nvrtc_compile(PyObject *self, PyObject *args);
+PyObject *py_cuda_device_count(PyObject *self, PyObject *noargs);
+
+/* ------------------------------------------------------------------------------------------------ methods */
+
+/* Methods in a type's table whose body is in another file. */
+
+int Network_ready(NetworkObject *self);                                           /* module_network.c */
+PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds);      /* module_plan.c */
+PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds); /* module_plan.c */
+PyObject *Plan_load(PlanObject *self, PyObject *args);                            /* module_launch.c */
+
+#endif /* FM_MODULE_INTERNAL_H */

@@ -1,0 +1,348 @@
+/* module_launch.c - the Kernel type: Plan.load puts a CUBIN and the packed weights on the device; run (host arrays,
+ * synchronous), launch (device pointers on the caller's stream) and time (the tuner's measurement). */
+#include "module_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD PlanObject *plan;
+    GpuObject *gpu;
+    fm_kernel k;
+    int loaded;
+    fm_devptr w, b;          /* packed weights and biases on the device */
+    fm_devptr x_buf, y_buf;  /* staging for host arrays, grown on demand */
+    size_t x_cap, y_cap;
+    PyThread_type_lock lock; /* one launch at a time per kernel: the staging buffers are shared */
+} KernelObject;
+
+static void Kernel_free_device(KernelObject *self) {
+    if (self->gpu != NULL && self->gpu->open) {
+        fm_error err = {0};
+        fm_gpu_activate(&self->gpu->gpu, &err); /* teardown: failures (driver already shut down) are ignored */
+        fm_error_clear(&err);
+    }
+    fm_mem_free(self->x_buf);
+    fm_mem_free(self->y_buf);
+    fm_mem_free(self->w);
+    fm_mem_free(self->b);
+    self->x_buf = self->y_buf = self->w = self->b = 0;
+    if (self->loaded)
+        fm_kernel_unload(&self->k);
+    self->loaded = 0;
+}
+
+/* Uploads the packed weights and loads the module; runs with the GIL released. */
+static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char *name, fm_error *err) {
+    const fm_plan *p = &self->plan->plan;
+    const NetworkObject *net = self->plan->net;
+    fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
+    if (st != FM_OK)
+        return st;
+    if ((st = fm_kernel_load(&self->gpu->gpu, cubin, name, p->smem_bytes, p->warps * 32, &self->k, err)) != FM_OK)
+        return st;
+    self->loaded = 1;
+    if (p->cluster > 1 && (st = fm_kernel_cluster_occupancy(&self->k, p->cluster, err)) != FM_OK)
+        return st;
+    size_t w_bytes = p->w_elems * (size_t)p->elem_bytes;
+    void *wh = malloc(w_bytes);
+    float *bf = malloc((p->b_floats ? p->b_floats : 4) * sizeof *bf);
+    if (wh == NULL || bf == NULL)
+        st = fm_fail(err, FM_ERR_NOMEM, "out of host memory packing %zu weights", p->w_elems);
+    if (st == FM_OK) {
+        fm_plan_pack(p, (const float *const *)net->w, (const float *const *)net->b, wh, bf);
+        st = fm_mem_alloc(&self->w, w_bytes, err);
+    }
+    if (st == FM_OK)
+        st = fm_mem_alloc(&self->b, (p->b_floats ? p->b_floats : 4) * 4, err);
+    if (st == FM_OK)
+        st = fm_memcpy_htod(self->w, wh, w_bytes, NULL, err);
+    if (st == FM_OK && p->b_floats)
+        st = fm_memcpy_htod(self->b, bf, p->b_floats * 4, NULL, err);
+    if (st == FM_OK)
+        st = fm_stream_sync(NULL, err);
+    free(wh);
+    free(bf);
+    return st;
+}
+
+PyObject *Plan_load(PlanObject *self, PyObject *args) {
+    GpuObject *gpu;
+    const char *cubin, *name;
+    Py_ssize_t cubin_len;
+    if (!PyArg_ParseTuple(args, "O!y#s", &GpuType, &gpu, &cubin, &cubin_len, &name))
+        return NULL;
+    if (!gpu->open) {
+        PyErr_SetString(PyExc_RuntimeError, "Gpu is not initialised");
+        return NULL;
+    }
+    KernelObject *k = PyObject_New(KernelObject, &KernelType);
+    if (k == NULL)
+        return NULL;
+    memset((char *)k + offsetof(KernelObject, plan), 0, sizeof *k - offsetof(KernelObject, plan));
+    Py_INCREF(self);
+    k->plan = self;
+    Py_INCREF(gpu);
+    k->gpu = gpu;
+    k->lock = PyThread_allocate_lock();
+    if (k->lock == NULL) {
+        Py_DECREF(k);
+        return PyErr_NoMemory();
+    }
+    fm_error err = {0};
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS st = Kernel_setup(k, cubin, name, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) {
+        Py_DECREF(k);
+        return fm_raise_clear(&err);
+    }
+    return (PyObject *)k;
+}
+
+static void Kernel_dealloc(KernelObject *self) {
+    Kernel_free_device(self);
+    if (self->lock)
+        PyThread_free_lock(self->lock);
+    Py_XDECREF(self->plan);
+    Py_XDECREF(self->gpu);
+    PyObject_Free(self);
+}
+
+static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
+    const fm_plan *p = &self->plan->plan;
+    if (p->gemm) /* one CTA per tile of y, column tiles fastest (gemm_layer.cu) */
+        return (unsigned)((rows + p->gemm_bm - 1) / p->gemm_bm * (p->n_pad[p->gemm_layer] / p->gemm_bn));
+    /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile; as many clusters
+     * as can run at once (the GPCs' SM counts decide, not the SM count alone). */
+    int64_t cl = p->cluster > 1 ? p->cluster : 1;
+    int64_t tiles = (rows + p->rows_per_cta - 1) / p->rows_per_cta;
+    int64_t slots = (int64_t)self->gpu->gpu.sm_count * (self->k.blocks_per_sm > 0 ? self->k.blocks_per_sm : 1) / cl;
+    if (cl > 1 && self->k.max_clusters > 0)
+        slots = self->k.max_clusters;
+    int64_t grid = tiles < slots ? tiles : slots;
+    return (unsigned)((grid > 0 ? grid : 1) * cl);
+}
+
+/* Grows a device staging buffer; called with the kernel lock held. */
+static fm_status Kernel_reserve(fm_devptr *buf, size_t *cap, size_t bytes, fm_error *err) {
+    if (bytes <= *cap)
+        return FM_OK;
+    fm_mem_free(*buf);
+    *buf = 0;
+    *cap = 0;
+    fm_status st = fm_mem_alloc(buf, bytes, err);
+    if (st == FM_OK)
+        *cap = bytes;
+    return st;
+}
+
+/* Makes the context current, sizes the staging buffers for rows and copies the host input x into them (on the
+ * legacy default stream); *y_bytes receives the output's size. Called with the kernel lock held. */
+static fm_status Kernel_stage(KernelObject *self, const void *x, int64_t rows, size_t *y_bytes, fm_error *err) {
+    const fm_plan *p = &self->plan->plan;
+    size_t x_bytes = (size_t)rows * (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
+    if (p->gemm) /* one buffer wide enough for any of the GEMM's operands in float32 (time(): x, x1 and res) */
+        x_bytes = (size_t)rows * 4 *
+                  (size_t)(p->k_real[p->gemm_layer] > p->n_real[p->gemm_layer] ? p->k_real[p->gemm_layer]
+                                                                                  : p->n_real[p->gemm_layer]);
+    *y_bytes = (size_t)rows * (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
+    fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
+    if (st == FM_OK)
+        st = Kernel_reserve(&self->x_buf, &self->x_cap, x_bytes, err);
+    if (st == FM_OK)
+        st = Kernel_reserve(&self->y_buf, &self->y_cap, *y_bytes, err);
+    if (st == FM_OK)
+        st = fm_memcpy_htod(self->x_buf, x, x_bytes, NULL, err);
+    return st;
+}
+
+static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, int64_t rows, int poison,
+                                   fm_error *err) {
+    size_t y_bytes = 0;
+    fm_status st = Kernel_stage(self, x, rows, &y_bytes, err);
+    if (st == FM_OK && poison) /* 0xFF.. is NaN in float16 and float32: an unwritten element cannot pass */
+        st = fm_memset_d8(self->y_buf, 0xFF, y_bytes, NULL, err);
+    if (st == FM_OK) {
+        long long n = (long long)rows;
+        void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n, &self->x_buf, &self->x_buf};
+        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), NULL, params, err);
+    }
+    if (st == FM_OK)
+        st = fm_memcpy_dtoh(y, self->y_buf, y_bytes, NULL, err);
+    if (st == FM_OK)
+        st = fm_stream_sync(NULL, err);
+    return st;
+}
+
+/* run(x, poison=False) -> y: x a C-contiguous array of the plan's input dtype with >= 1 row. */
+static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"x", "poison", NULL};
+    PyObject *xobj;
+    int poison = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p", kwlist, &xobj, &poison))
+        return NULL;
+    const fm_plan *p = &self->plan->plan;
+    int in_type = fm_npy_type(p->in_dtype), out_type = fm_npy_type(p->out_dtype);
+    PyArrayObject *x = fm_array(xobj, in_type, 2, "x");
+    if (x == NULL)
+        return NULL;
+    if (PyArray_DIM(x, 1) != p->k_real[0] || PyArray_DIM(x, 0) < 1) {
+        PyErr_Format(PyExc_ValueError, "x has shape (%zd, %zd); the kernel takes (rows >= 1, %d)",
+                     (Py_ssize_t)PyArray_DIM(x, 0), (Py_ssize_t)PyArray_DIM(x, 1), p->k_real[0]);
+        Py_DECREF(x);
+        return NULL;
+    }
+    npy_intp dims[2] = {PyArray_DIM(x, 0), p->n_real[p->num_layers - 1]};
+    PyArrayObject *y = (PyArrayObject *)PyArray_SimpleNew(2, dims, out_type);
+    if (y == NULL) {
+        Py_DECREF(x);
+        return NULL;
+    }
+    fm_error err = {0};
+    fm_status st;
+    Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    st = Kernel_run_locked(self, PyArray_DATA(x), PyArray_DATA(y), dims[0], poison, &err);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS Py_DECREF(x);
+    if (st != FM_OK) {
+        Py_DECREF(y);
+        return fm_raise_clear(&err);
+    }
+    return (PyObject *)y;
+}
+
+/* launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0): device pointers (16-byte aligned, C-contiguous),
+ * asynchronous; x1 and res are a GEMM plan's concat part and residual operand (unused by the fused kernels). */
+static PyObject *Kernel_launch(KernelObject *self, PyObject *args) {
+    unsigned long long xp, yp, stream = 0, x1p = 0, resp = 0;
+    long long rows;
+    if (!PyArg_ParseTuple(args, "KKL|KKK", &xp, &yp, &rows, &stream, &x1p, &resp))
+        return NULL;
+    const fm_plan *p = &self->plan->plan;
+    if (p->gemm && ((p->a1_dtype >= 0 && (x1p == 0 || x1p % 16)) || (p->res_dtype >= 0 && (resp == 0 || resp % 16)))) {
+        PyErr_Format(PyExc_ValueError, "this GEMM reads %s%s%s: pass them as 16-byte aligned device pointers",
+                     p->a1_dtype >= 0 ? "a concat part (x1_ptr)" : "", p->a1_dtype >= 0 && p->res_dtype >= 0 ? " and " : "",
+                     p->res_dtype >= 0 ? "a residual operand (res_ptr)" : "");
+        return NULL;
+    }
+    if (rows < 1 || (xp % 16) != 0 || (yp % 16) != 0) {
+        PyErr_Format(PyExc_ValueError, "launch needs rows >= 1 (got %lld) and 16-byte aligned pointers", rows);
+        return NULL;
+    }
+    fm_error err = {0};
+    fm_status st;
+    fm_devptr x = xp, y = yp, x1 = x1p, res = resp;
+    Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&self->gpu->gpu, &err);
+    if (st == FM_OK) {
+        void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
+        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), (fm_stream)(uintptr_t)stream, params, &err);
+    }
+    Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
+    Py_RETURN_NONE;
+}
+
+/* Fills the staging input with N(0,1)-like values (a sum of uniforms; timing must not run on zeros): the first 2^20
+ * drawn, the rest copies of them. Drawing every value took seconds for a tuning batch of 2^21 rows of 64 features
+ * (H100 host: 6.6 s for a first call at 2^21 rows of a network with 64 inputs, two candidates). */
+static void Kernel_fill_random(void *x, size_t count, fm_dtype dtype) {
+    const size_t drawn = count < ((size_t)1 << 20) ? count : ((size_t)1 << 20), size = fm_dtype_size(dtype);
+    uint32_t state = 0x9e3779b9u;
+    for (size_t i = 0; i < drawn; ++i) {
+        float v = -2.0f;
+        for (int j = 0; j < 4; ++j) {
+            state = state * 1664525u + 1013904223u;
+            v += (float)(state >> 8) * (1.0f / 16777216.0f);
+        }
+        v *= 1.7320508f; /* variance of a sum of 4 uniforms is 1/3 */
+        if (dtype == FM_F32)
+            ((float *)x)[i] = v;
+        else
+            ((uint16_t *)x)[i] = (uint16_t)fm_round_bits(v, dtype == FM_F16 ? FM_PREC_F16 : FM_PREC_BF16);
+    }
+    for (size_t at = drawn; at < count; at += drawn) {
+        size_t n = count - at < drawn ? count - at : drawn;
+        memcpy((char *)x + at * size, x, n * size);
+    }
+}
+
+static fm_status Kernel_time_locked(KernelObject *self, int64_t rows, int reps, float *best_ms, fm_error *err) {
+    const fm_plan *p = &self->plan->plan;
+    size_t x_count = (size_t)rows * (size_t)p->k_real[0], y_bytes = 0;
+    void *host = malloc(x_count ? x_count * fm_dtype_size(p->in_dtype) : 1);
+    if (host == NULL)
+        return fm_fail(err, FM_ERR_NOMEM, "out of host memory for a %zu-value tuning input", x_count);
+    Kernel_fill_random(host, x_count, p->in_dtype);
+    fm_status st = Kernel_stage(self, host, rows, &y_bytes, err);
+    if (st == FM_OK) /* the copy reads host asynchronously: finish it before host can be freed on any path */
+        st = fm_stream_sync(NULL, err);
+    long long n = (long long)rows;
+    /* (a GEMM's two more operands, its concat part and residual, read the input buffer) */
+    void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n, &self->x_buf, &self->x_buf};
+    /* Enough launches per measurement to cover ~1 ms, so event resolution and launch gaps do not decide. */
+    float once = 0.0f, ms = 0.0f;
+    if (st == FM_OK)
+        st = fm_kernel_time(&self->k, Kernel_grid(self, rows), NULL, params, 3, &once, err);
+    int launches = once > 0.0f ? (int)(1.0f / once) + 1 : 1;
+    launches = launches > 1000 ? 1000 : launches;
+    *best_ms = 0.0f;
+    for (int r = 0; r < reps && st == FM_OK; ++r) {
+        st = fm_kernel_time(&self->k, Kernel_grid(self, rows), NULL, params, launches, &ms, err);
+        if (st == FM_OK && (r == 0 || ms < *best_ms))
+            *best_ms = ms;
+    }
+    free(host);
+    return st;
+}
+
+/* time(rows, reps=5) -> ms: the kernel's time per launch on `rows` random rows (best of reps), for the tuner. */
+static PyObject *Kernel_time(KernelObject *self, PyObject *args) {
+    long long rows;
+    int reps = 5;
+    if (!PyArg_ParseTuple(args, "L|i", &rows, &reps))
+        return NULL;
+    if (rows < 1 || reps < 1) {
+        PyErr_Format(PyExc_ValueError, "time needs rows >= 1 and reps >= 1 (got %lld, %d)", rows, reps);
+        return NULL;
+    }
+    fm_error err = {0};
+    fm_status st;
+    float ms = 0.0f;
+    Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    st = Kernel_time_locked(self, rows, reps, &ms, &err);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
+    return PyFloat_FromDouble((double)ms);
+}
+
+static PyObject *Kernel_get_info(KernelObject *self, void *closure) {
+    (void)closure;
+    return Py_BuildValue("{s:i,s:i,s:n,s:i,s:i,s:i}", "blocks_per_sm", self->k.blocks_per_sm, "max_clusters",
+                         self->k.max_clusters, "smem_bytes", (Py_ssize_t)self->k.smem_bytes, "threads",
+                         self->k.threads, "regs", self->k.regs, "local_bytes", self->k.local_bytes);
+}
+
+static PyMethodDef Kernel_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Kernel_run, METH_VARARGS | METH_KEYWORDS,
+     "run(x, poison=False) -> y: copy x in, launch, copy y out (synchronous)."},
+    {"launch", (PyCFunction)Kernel_launch, METH_VARARGS,
+     "launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0): asynchronous."},
+    {"time", (PyCFunction)Kernel_time, METH_VARARGS, "time(rows, reps=5) -> ms per launch on random rows (best)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Kernel_getset[] = {
+    {"info", (getter)Kernel_get_info, NULL,
+     "dict: blocks_per_sm, max_clusters (0: not a cluster kernel), smem_bytes, threads, regs (per thread), "
+     "local_bytes (per thread: spills and call frames)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject KernelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Kernel",
+    .tp_basicsize = sizeof(KernelObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A loaded fused-MLP kernel with its weights on the device (made by Plan.load).",
+    .tp_dealloc = (destructor)Kernel_dealloc,
+    .tp_methods = Kernel_methods,
+    .tp_getset = Kernel_getset,
+};

@@ -1,0 +1,253 @@
+/* module_network.c - the Network type: a validated fm_spec with the binding's own copy of the float32 weights, its
+ * widths and activations, and the CPU forward (fm_ref_forward, the GIL released). Its plan methods are in
+ * module_plan.c. */
+#include "module_internal.h"
+
+#include <string.h>
+
+static void Network_release(NetworkObject *self) {
+    for (int l = 0; l < FM_MAX_LAYERS; ++l) {
+        PyMem_RawFree(self->w[l]);
+        PyMem_RawFree(self->b[l]);
+        self->w[l] = self->b[l] = NULL;
+    }
+    if (self->has_spec)
+        fm_spec_free(&self->spec);
+    self->has_spec = 0;
+}
+
+/* Copies the float32 arrays into owned memory: later changes to the caller's arrays must not change the model. */
+static int Network_copy_arrays(NetworkObject *self, PyObject *weights, PyObject *biases, Py_ssize_t n) {
+    for (Py_ssize_t l = 0; l < n; ++l) {
+        PyArrayObject *w = fm_array(PyList_GET_ITEM(weights, l), NPY_FLOAT32, 2, "weights[l]");
+        if (w == NULL)
+            return -1;
+        size_t bytes = (size_t)PyArray_NBYTES(w);
+        self->w[l] = PyMem_RawMalloc(bytes ? bytes : 1);
+        if (self->w[l] != NULL)
+            memcpy(self->w[l], PyArray_DATA(w), bytes);
+        Py_DECREF(w);
+        if (self->w[l] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        PyObject *bobj = PyList_GET_ITEM(biases, l);
+        if (bobj == Py_None)
+            continue;
+        PyArrayObject *b = fm_array(bobj, NPY_FLOAT32, 1, "biases[l]");
+        if (b == NULL)
+            return -1;
+        bytes = (size_t)PyArray_NBYTES(b);
+        self->b[l] = PyMem_RawMalloc(bytes ? bytes : 1);
+        if (self->b[l] != NULL)
+            memcpy(self->b[l], PyArray_DATA(b), bytes);
+        Py_DECREF(b);
+        if (self->b[l] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* residuals: a list with, per layer, None or (op, post, src): op 1 = add, 2 = mul with value src (-1: the network
+ * input, l - 1: the layer's own input, k: layer k's output). */
+static int Network_set_residuals(NetworkObject *self, PyObject *residuals, Py_ssize_t n) {
+    if (!PyList_Check(residuals) || PyList_GET_SIZE(residuals) != n) {
+        PyErr_Format(PyExc_TypeError, "residuals must be a list with one entry per layer (%zd)", n);
+        return -1;
+    }
+    for (Py_ssize_t l = 0; l < n; ++l) {
+        PyObject *item = PyList_GET_ITEM(residuals, l);
+        if (item == Py_None)
+            continue;
+        int op, src;
+        PyObject *post_obj;
+        if (!PyArg_ParseTuple(item, "iUi", &op, &post_obj, &src))
+            return -1;
+        const char *post = fm_text(post_obj, "residual activation");
+        if (post == NULL)
+            return -1;
+        fm_error err = {0};
+        if (fm_spec_set_residual(&self->spec, (int)l, op, post, src, &err) != FM_OK) {
+            fm_raise_clear(&err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"weights", "biases", "activations", "residuals", "concat", NULL};
+    PyObject *weights, *biases, *acts, *residuals = Py_None, *concat = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|OO", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
+                                     &PyList_Type, &acts, &residuals, &concat))
+        return -1;
+    Network_release(self);
+    Py_ssize_t n = PyList_GET_SIZE(weights);
+    if (n < 1 || n > FM_MAX_LAYERS || PyList_GET_SIZE(biases) != n || PyList_GET_SIZE(acts) != n) {
+        PyErr_Format(PyExc_ValueError, "a network needs 1..%d layers and one bias and activation per layer", FM_MAX_LAYERS);
+        return -1;
+    }
+    int64_t shapes[2 * FM_MAX_LAYERS], bias_len[FM_MAX_LAYERS];
+    int cat[FM_MAX_LAYERS] = {0};
+    const char *act_text[FM_MAX_LAYERS];
+    if (concat != Py_None) { /* one FM_CAT_* per layer */
+        if (!PyList_Check(concat) || PyList_GET_SIZE(concat) != n) {
+            PyErr_Format(PyExc_TypeError, "concat must be a list with one mode per layer (%zd)", n);
+            return -1;
+        }
+        for (Py_ssize_t l = 0; l < n; ++l) {
+            long mode = PyLong_AsLong(PyList_GET_ITEM(concat, l));
+            if (mode == -1 && PyErr_Occurred())
+                return -1;
+            cat[l] = mode < 0 || mode > 2 ? 99 : (int)mode; /* fm_spec_init reports the bad mode */
+        }
+    }
+    for (Py_ssize_t l = 0; l < n; ++l) {
+        PyArrayObject *w = fm_array(PyList_GET_ITEM(weights, l), NPY_FLOAT32, 2, "weights[l]");
+        if (w == NULL)
+            return -1;
+        shapes[2 * l] = PyArray_DIM(w, 0);
+        shapes[2 * l + 1] = PyArray_DIM(w, 1);
+        Py_DECREF(w);
+        PyObject *b = PyList_GET_ITEM(biases, l);
+        bias_len[l] = b == Py_None ? -1 : (PyArray_Check(b) ? PyArray_SIZE((PyArrayObject *)b) : -2);
+        act_text[l] = fm_text(PyList_GET_ITEM(acts, l), "activation");
+        if (act_text[l] == NULL)
+            return -1;
+    }
+    fm_error err = {0};
+    if (fm_spec_init(&self->spec, (int)n, shapes, bias_len, act_text, cat, &err) != FM_OK) {
+        fm_raise_clear(&err);
+        return -1;
+    }
+    self->has_spec = 1;
+    if (residuals != Py_None && Network_set_residuals(self, residuals, n) < 0) {
+        Network_release(self);
+        return -1;
+    }
+    if (Network_copy_arrays(self, weights, biases, n) < 0) {
+        Network_release(self);
+        return -1;
+    }
+    fm_spec_bound_preacts(&self->spec, (const float *const *)self->w, (const float *const *)self->b);
+    return 0;
+}
+
+static void Network_dealloc(NetworkObject *self) {
+    Network_release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+int Network_ready(NetworkObject *self) {
+    if (!self->has_spec) {
+        PyErr_SetString(PyExc_RuntimeError, "Network is not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+/* preact_bounds() -> [float]: per layer, the weights' bound on |W h + b| over every input (inf: none). */
+static PyObject *Network_preact_bounds(NetworkObject *self, PyObject *unused) {
+    (void)unused;
+    if (!Network_ready(self))
+        return NULL;
+    PyObject *list = PyList_New(self->spec.num_layers);
+    for (int l = 0; list != NULL && l < self->spec.num_layers; ++l) {
+        PyObject *v = PyFloat_FromDouble(self->spec.z_bound[l]);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, l, v);
+    }
+    return list;
+}
+
+/* forward_cpu(x: float32 (rows, in) array, any strides) -> float32 (rows, out) array */
+static PyObject *Network_forward_cpu(NetworkObject *self, PyObject *xobj) {
+    if (!Network_ready(self))
+        return NULL;
+    if (!PyArray_Check(xobj) || PyArray_TYPE((PyArrayObject *)xobj) != NPY_FLOAT32 ||
+        PyArray_NDIM((PyArrayObject *)xobj) != 2 || !PyArray_ISALIGNED((PyArrayObject *)xobj)) {
+        PyErr_SetString(PyExc_TypeError, "x must be an aligned 2-D float32 array");
+        return NULL;
+    }
+    PyArrayObject *x = (PyArrayObject *)xobj;
+    if (PyArray_DIM(x, 1) != self->spec.width[0]) {
+        PyErr_Format(PyExc_ValueError, "x has %zd features; the network takes %d", (Py_ssize_t)PyArray_DIM(x, 1),
+                     self->spec.width[0]);
+        return NULL;
+    }
+    npy_intp dims[2] = {PyArray_DIM(x, 0), self->spec.width[self->spec.num_layers]};
+    PyArrayObject *y = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (y == NULL)
+        return NULL;
+    fm_error err = {0};
+    fm_status st;
+    int64_t srow = PyArray_STRIDE(x, 0) / 4, scol = PyArray_STRIDE(x, 1) / 4;
+    Py_BEGIN_ALLOW_THREADS st = fm_ref_forward(&self->spec, (const float *const *)self->w,
+                                               (const float *const *)self->b, PyArray_DATA(x), dims[0], srow, scol,
+                                               PyArray_DATA(y), &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) {
+        Py_DECREF(y);
+        return fm_raise_clear(&err);
+    }
+    return (PyObject *)y;
+}
+
+static PyObject *Network_get_widths(NetworkObject *self, void *closure) {
+    (void)closure;
+    if (!Network_ready(self))
+        return NULL;
+    PyObject *t = PyTuple_New(self->spec.num_layers + 1);
+    for (int l = 0; t && l <= self->spec.num_layers; ++l)
+        PyTuple_SET_ITEM(t, l, PyLong_FromLong(self->spec.width[l]));
+    return t;
+}
+
+static PyObject *Network_get_activations(NetworkObject *self, void *closure) {
+    (void)closure;
+    if (!Network_ready(self))
+        return NULL;
+    PyObject *t = PyTuple_New(self->spec.num_layers);
+    for (int l = 0; t && l < self->spec.num_layers; ++l) {
+        fm_str s = {0};
+        fm_expr_to_string(self->spec.act[l], &s);
+        PyTuple_SET_ITEM(t, l, PyUnicode_FromString(s.data ? s.data : ""));
+        fm_str_free(&s);
+    }
+    return t;
+}
+
+static PyMethodDef Network_methods[] = {
+    {"forward_cpu", (PyCFunction)Network_forward_cpu, METH_O, "forward_cpu(x) -> y: the CPU forward (float64 accumulate)."},
+    {"preact_bounds", (PyCFunction)Network_preact_bounds, METH_NOARGS,
+     "preact_bounds() -> [float]: per layer, a bound on |W h + b| for every input (inf: none known)."},
+    {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
+     "plan(arch, smem_per_block=0, sm_count=0, in_dtype='float32', out_dtype='float32', warps=0, m_tiles=0, "
+     "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1, cluster=0, kpipe=0) -> Plan"},
+    {"gemm_plan", (PyCFunction)(void (*)(void))Network_gemm_plan, METH_VARARGS | METH_KEYWORDS,
+     "gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=0, precision='float16', bm=0, "
+     "bn=0) -> Plan: the layer alone as a GEMM (dtype names; a1, res None where the layer has no concat/residual)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Network_getset[] = {
+    {"widths", (getter)Network_get_widths, NULL, "feature counts: input, then each layer's output", NULL},
+    {"activations", (getter)Network_get_activations, NULL, "canonical text of each layer's activation", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject NetworkType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Network",
+    .tp_basicsize = sizeof(NetworkObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Network(weights, biases, activations): a validated MLP with float32 weights (PyTorch layout).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Network_init,
+    .tp_dealloc = (destructor)Network_dealloc,
+    .tp_methods = Network_methods,
+    .tp_getset = Network_getset,
+};

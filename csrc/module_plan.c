@@ -1,0 +1,143 @@
+/* module_plan.c - the Plan type: Network.plan and Network.gemm_plan make one (fm_plan_make, fm_plan_gemm); it renders
+ * the kernel source and describes itself (info). Plan.load, which makes a Kernel of it, is in module_launch.c. */
+#include "module_internal.h"
+
+PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
+                             "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", "kpipe",
+                             NULL};
+    int arch, sm_count = 0;
+    Py_ssize_t smem = 0, smem_sm = 0;
+    const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
+    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0};
+    if (!Network_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
+                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm, &prec_s,
+                                     &opts.wgmma, &opts.cluster, &opts.kpipe))
+        return NULL;
+    fm_dtype in_d, out_d;
+    fm_prec prec;
+    if (fm_dtype_from_str(in_s, &in_d) < 0 || fm_dtype_from_str(out_s, &out_d) < 0 ||
+        fm_prec_from_str(prec_s, &prec) < 0)
+        return NULL;
+    PlanObject *p = PyObject_New(PlanObject, &PlanType);
+    if (p == NULL)
+        return NULL;
+    Py_INCREF(self);
+    p->net = self;
+    fm_error err = {0};
+    if (fm_target_for_arch(arch, &p->target, &err) != FM_OK)
+        goto fail;
+    if (smem > 0)
+        p->target.smem_per_block = (size_t)smem;
+    if (smem_sm > 0)
+        p->target.smem_per_sm = (size_t)smem_sm;
+    p->target.sm_count = sm_count;
+    if (fm_plan_make(&self->spec, &p->target, &opts, prec, in_d, out_d, &p->plan, &err) != FM_OK)
+        goto fail;
+    return (PyObject *)p;
+fail:
+    Py_DECREF(p);
+    return fm_raise_clear(&err);
+}
+
+PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"layer", "arch", "smem_per_block", "sm_count", "a0", "a1", "res", "out", "smem_per_sm",
+                             "precision", "bm", "bn", NULL};
+    int layer, arch, sm_count, bm = 0, bn = 0, a1, res;
+    Py_ssize_t smem, smem_sm = 0;
+    const char *a0_s, *out_s, *prec_s = "float16";
+    PyObject *a1_o, *res_o;
+    if (!Network_ready(self) ||
+        !PyArg_ParseTupleAndKeywords(args, kwds, "iinisOOs|$nsii", kwlist, &layer, &arch, &smem, &sm_count, &a0_s,
+                                     &a1_o, &res_o, &out_s, &smem_sm, &prec_s, &bm, &bn))
+        return NULL;
+    fm_dtype a0, out;
+    fm_prec prec;
+    if (fm_dtype_from_str(a0_s, &a0) < 0 || fm_dtype_from_str(out_s, &out) < 0 || fm_prec_from_str(prec_s, &prec) < 0 ||
+        fm_dtype_or_none(a1_o, &a1) < 0 || fm_dtype_or_none(res_o, &res) < 0)
+        return NULL;
+    PlanObject *p = PyObject_New(PlanObject, &PlanType);
+    if (p == NULL)
+        return NULL;
+    Py_INCREF(self);
+    p->net = self;
+    fm_error err = {0};
+    if (fm_target_for_arch(arch, &p->target, &err) != FM_OK)
+        goto fail;
+    if (smem > 0)
+        p->target.smem_per_block = (size_t)smem;
+    if (smem_sm > 0)
+        p->target.smem_per_sm = (size_t)smem_sm;
+    p->target.sm_count = sm_count;
+    if (fm_plan_gemm(&self->spec, layer, &p->target, prec, a0, a1, res, out, bm, bn, &p->plan, &err) != FM_OK)
+        goto fail;
+    return (PyObject *)p;
+fail:
+    Py_DECREF(p);
+    return fm_raise_clear(&err);
+}
+
+static void Plan_dealloc(PlanObject *self) {
+    Py_XDECREF(self->net);
+    PyObject_Free(self);
+}
+
+static PyObject *Plan_render(PlanObject *self, PyObject *args) {
+    const char *prelude, *tmpl, *name;
+    if (!PyArg_ParseTuple(args, "sss", &prelude, &tmpl, &name))
+        return NULL;
+    fm_error err = {0};
+    fm_str out = {0};
+    if (fm_render(&self->net->spec, &self->plan, prelude, tmpl, name, &out, &err) != FM_OK) {
+        fm_str_free(&out);
+        return fm_raise_clear(&err);
+    }
+    PyObject *res = PyUnicode_FromStringAndSize(out.data, (Py_ssize_t)out.len);
+    fm_str_free(&out);
+    return res;
+}
+
+static PyObject *Plan_get_info(PlanObject *self, void *closure) {
+    (void)closure;
+    const fm_plan *p = &self->plan;
+    PyObject *info = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma",
+                         p->wgmma, "cluster", p->cluster, "kpipe", p->kpipe,
+                         "warps", p->warps,
+                         "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "buffers",
+                         p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes,
+                         "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
+                         fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
+    if (info != NULL && p->gemm) {
+        PyObject *g = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "gemm", 1, "gemm_layer", p->gemm_layer, "bm", p->gemm_bm,
+                                    "bn", p->gemm_bn, "stages", p->gemm_stages);
+        if (g == NULL || PyDict_Update(info, g) < 0) {
+            Py_XDECREF(g);
+            Py_DECREF(info);
+            return NULL;
+        }
+        Py_DECREF(g);
+    }
+    return info;
+}
+
+static PyMethodDef Plan_methods[] = {
+    {"render", (PyCFunction)Plan_render, METH_VARARGS, "render(prelude, template, kernel_name) -> CUDA source"},
+    {"load", (PyCFunction)Plan_load, METH_VARARGS, "load(gpu, cubin, kernel_name) -> Kernel"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Plan_getset[] = {
+    {"info", (getter)Plan_get_info, NULL, "dict describing the chosen tiles and budget", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Plan",
+    .tp_basicsize = sizeof(PlanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A kernel plan for one network, target and dtype pair (made by Network.plan).",
+    .tp_dealloc = (destructor)Plan_dealloc,
+    .tp_methods = Plan_methods,
+    .tp_getset = Plan_getset,
+};
