@@ -1,0 +1,200 @@
+"""What Ray Data costs on top of fusedmlp: 2^24 rows through one GPU actor against a loop over the same blocks.
+
+For each workload (fusedmlp.bench.WORKLOADS) and block size (2^22 rows and up), the same float32 blocks run
+  - loop: one process, ``mlp(block)`` for each block in turn (NumPy in, NumPy out: host copies and the kernel), after
+    a warm-up call of the block size;
+  - ray: the blocks already in Ray's object store (``ray.data.from_numpy(blocks).materialize()``), mapped by one
+    ``FusedMLPPredictor`` actor (``num_gpus=1``, ``batch_size`` = the block, one tensor column in, one out) and
+    materialized in the object store. The actor builds its model from the kernel cache the loop filled and makes a
+    warm-up call of the block size in its constructor (``warmup_rows``); the time counted runs from the end of that
+    constructor (the actor reports it) to the end of ``materialize()``: reading every block, the calls, storing
+    every output. The time from the submission on (process start, import, model build) is reported too.
+overhead = ray / loop - 1, best of --reps runs of each. Both sides run the same kernel (the tuning record the loop
+wrote is in the shared cache), so the outputs are compared bit for bit.
+
+    python3 bench/ray_overhead.py --out ray_overhead.json
+Options: --rows (2^24), --block-rows (2^22 2^23), --workloads (pinn50 flex siren256 tcnn64), --reps (3), --cpu (the
+CPU path, no GPU: a smoke run of the script).
+
+Ray is not in the device machine's image and its wheel (79 MB) is over what a call carries, so it travels as an
+archive of the installed package without its Java jars and dashboard build (~38 MB). Here, once:
+    echo /.raysite/ >> .git/info/exclude
+    P="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64
+       --platform manylinux_2_17_x86_64"
+    python3 -m pip download -q --no-deps $P -d /tmp/raywhl ray==2.60.0 jsonschema jsonschema-specifications \
+        referencing rpds-py
+    python3 -m pip install -q --no-deps $P --target /tmp/raysite /tmp/raywhl/*.whl
+    rm -rf /tmp/raysite/ray/jars /tmp/raysite/ray/dashboard/client/build /tmp/raysite/bin
+    mkdir -p .raysite && tar -C /tmp/raysite -cJf .raysite/site.tar.xz .
+On the device (carry .raysite):
+    mkdir -p /tmp/site && tar -C /tmp/site -xJf .raysite/site.tar.xz && export PYTHONPATH=/tmp/site &&
+    source bench/device_setup.sh && python3 bench/ray_overhead.py --out $OUT/ray_overhead.json 2>&1 | grep -v INFO
+The other packages Ray needs (click, msgpack, protobuf, pyyaml, requests, aiohttp, pandas, pyarrow, ...) are in the
+image; the archive ran Ray Data's actors under CPython 3.12 with them.
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import fusedmlp
+import fusedmlp.ray
+from fusedmlp import _gpu
+from fusedmlp.bench import WORKLOADS, fused_options
+
+#: The actors' timing notes: one JSON line per event, appended by each actor process (same machine as the driver).
+_NOTES = os.path.join(tempfile.gettempdir(), f"fusedmlp-ray-overhead-{os.getpid()}.jsonl")
+
+
+class TimedPredictor(fusedmlp.ray.FusedMLPPredictor):
+    """FusedMLPPredictor that notes when its constructor ended and how long each call took (wall clock, time.time:
+    comparable with the driver's on one machine). Defined in __main__, so Ray ships it to the actor by value."""
+
+    def __init__(self, notes, **kwargs):
+        started = time.time()
+        super().__init__(**kwargs)
+        self._notes = notes
+        self._note(event="ready", start=started, end=time.time(), devices=self.model.devices)
+
+    def _note(self, **fields):
+        with open(self._notes, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+    def __call__(self, batch):
+        start = time.time()
+        out = super().__call__(batch)
+        self._note(event="call", start=start, end=time.time(), rows=len(out["y"]))
+        return out
+
+
+def _model(workload, folder, rng):
+    """Saves the workload's network with nn.Linear's initialisation as npz; returns (path, FusedMLP options)."""
+    wl = WORKLOADS[workload]
+    arrays = {}
+    for i, (n_in, n_out) in enumerate(zip(wl.layer_inputs(), wl.widths[1:])):
+        bound = 1 / np.sqrt(n_in)
+        arrays[f"{i}.weight"] = rng.uniform(-bound, bound, (n_out, n_in)).astype(np.float32)
+        if wl.bias:
+            arrays[f"{i}.bias"] = rng.uniform(-bound, bound, n_out).astype(np.float32)
+    path = os.path.join(folder, f"{workload}.npz")
+    np.savez(path, **arrays)
+    return path, fused_options(wl)
+
+
+def _loop(mlp, blocks, reps):
+    mlp(blocks[0])  # warm-up: kernel built or loaded, tuned for the block size
+    best, outputs = None, None
+    for _ in range(reps):
+        start = time.perf_counter()
+        outputs = [mlp(b) for b in blocks]
+        seconds = time.perf_counter() - start
+        best = seconds if best is None else min(best, seconds)
+    return best, outputs
+
+
+def _ray_once(ray, ds, kwargs, block_rows, resources):
+    if os.path.exists(_NOTES):
+        os.unlink(_NOTES)
+    submitted = time.time()
+    out = ds.map_batches(TimedPredictor, fn_constructor_kwargs=dict(notes=_NOTES, warmup_rows=block_rows, **kwargs),
+                         batch_size=block_rows, compute=ray.data.ActorPoolStrategy(size=1), **resources).materialize()
+    done = time.time()
+    with open(_NOTES) as f:
+        notes = [json.loads(line) for line in f]
+    ready = [n for n in notes if n["event"] == "ready"]
+    calls = [n for n in notes if n["event"] == "call"]
+    assert len(ready) == 1, f"expected one actor, got {len(ready)} (restarts?)"
+    return {"steady_s": done - ready[0]["end"], "from_submit_s": done - submitted,
+            "actor_start_s": ready[0]["end"] - submitted, "constructor_s": ready[0]["end"] - ready[0]["start"],
+            "calls_s": sum(n["end"] - n["start"] for n in calls), "calls": len(calls),
+            "devices": ready[0]["devices"]}, out
+
+
+def _gather(out):
+    """The outputs of a materialized dataset, in block order, as one array."""
+    return np.concatenate([b["y"] for b in out.iter_batches(batch_size=None, batch_format="numpy")])
+
+
+def measure(ray, workload, rows, block_rows, reps, folder, cache, rng, cpu=False):
+    path, options = _model(workload, folder, rng)
+    n_in = WORKLOADS[workload].widths[0]
+    x = rng.standard_normal((rows, n_in), dtype=np.float32)
+    blocks = [x[a:a + block_rows] for a in range(0, rows, block_rows)]
+    mlp = fusedmlp.FusedMLP.from_npz(path, device="cpu" if cpu else "cuda", cache_dir=cache, **options)
+    loop_s, loop_out = _loop(mlp, blocks, reps)
+    ds = ray.data.from_numpy(blocks).materialize()  # in the object store before the clock starts
+    kwargs = dict(model=path, input_columns="data", output_columns="y", keep_columns=False, cache_dir=cache, **options)
+    runs, out = [], None
+    for _ in range(reps):
+        run, out = _ray_once(ray, ds, kwargs, block_rows, {"num_cpus": 1} if cpu else {"num_gpus": 1})
+        runs.append(run)
+    best = min(runs, key=lambda r: r["steady_s"])
+    y = _gather(out)
+    same = bool(y.shape == (rows, WORKLOADS[workload].widths[-1]) and np.array_equal(y, np.concatenate(loop_out),
+                                                                                     equal_nan=True))
+    result = {"workload": workload, "widths": list(WORKLOADS[workload].widths), "rows": rows,
+              "block_rows": block_rows, "blocks": len(blocks), "loop_s": loop_s, "ray": best, "ray_runs": runs,
+              "overhead": best["steady_s"] / loop_s - 1, "overhead_from_submit": best["from_submit_s"] / loop_s - 1,
+              "loop_rows_per_s": rows / loop_s, "ray_rows_per_s": rows / best["steady_s"], "bit_identical": same}
+    print(f"{workload:9s} {block_rows:>9d} rows/block: loop {loop_s * 1e3:8.1f} ms, "
+          f"ray {best['steady_s'] * 1e3:8.1f} ms "
+          f"(calls {best['calls_s'] * 1e3:7.1f} ms; {best['from_submit_s']:.2f} s from submit), overhead "
+          f"{result['overhead'] * 100:+6.1f}%, same bits: {same}", flush=True)
+    del ds, out
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--rows", type=int, default=1 << 24)
+    parser.add_argument("--block-rows", type=int, nargs="+", default=[1 << 22, 1 << 23])
+    parser.add_argument("--workloads", nargs="+", default=["pinn50", "flex", "siren256", "tcnn64"],
+                        choices=sorted(WORKLOADS))
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cpu", action="store_true", help="a smoke run on the CPU path (no GPU needed)")
+    args = parser.parse_args(argv)
+
+    import ray
+
+    folder = tempfile.mkdtemp(prefix="fusedmlp-ray-overhead-")
+    cache = os.environ.get("FUSEDMLP_CACHE_DIR") or os.path.join(folder, "cache")
+    ray.init(include_dashboard=False)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.execution_options.preserve_order = True  # outputs in block order, to compare with the loop's
+    shm = shutil.disk_usage("/dev/shm").total if os.path.isdir("/dev/shm") else 0
+    report = {"argv": sys.argv, "ray": ray.__version__, "fusedmlp": fusedmlp.__version__,
+              "python": platform.python_version(), "resources": ray.cluster_resources(), "dev_shm_bytes": shm,
+              "gpu": "cpu" if args.cpu else _gpu.gpu(0).info["name"],
+              "autotune": os.environ.get("FUSEDMLP_AUTOTUNE", "on"),
+              "results": []}
+    print(f"{report['gpu']}, Ray {ray.__version__}, /dev/shm {shm / 2**30:.1f} GiB, object store "
+          f"{report['resources'].get('object_store_memory', 0) / 2**30:.1f} GiB", flush=True)
+    rng = np.random.default_rng(20261125)
+    try:
+        for workload in args.workloads:
+            for block_rows in args.block_rows:
+                report["results"].append(measure(ray, workload, args.rows, block_rows, args.reps, folder, cache, rng,
+                                                 args.cpu))
+    finally:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.path.exists(_NOTES):
+            os.unlink(_NOTES)
+    worst = max(r["overhead"] for r in report["results"])
+    print(f"worst overhead {worst * 100:+.1f}% over {len(report['results'])} runs; JSON: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
