@@ -3,8 +3,8 @@
  *
  * Stages, one file each: spec (validate the MLP) -> expr (custom activations) -> plan (padding, tiles, shared
  * memory budget) -> render (template -> CUDA source) -> nvrtc (source -> CUBIN) -> cuda (load, launch) and
- * ref (the CPU forward). Only module.c includes Python.h. The core never prints, exits or aborts: every fallible
- * function returns an fm_status and fills an fm_error.
+ * ref (the CPU forward). Only the binding (module*.c) includes Python.h. The core never prints, exits or aborts:
+ * every fallible function returns an fm_status and fills an fm_error.
  */
 #ifndef FM_H
 #define FM_H
@@ -148,10 +148,18 @@ typedef struct fm_spec {
     fm_expr *res_post[FM_MAX_LAYERS]; /* the unary after the binary op (owned; NULL when res_op is FM_RES_NONE) */
     /* A bound on |W x + b| of layer l for every input, from the weights (fm_spec_bound_preacts; INFINITY: none). */
     double z_bound[FM_MAX_LAYERS];
+    /* Normalization of layer l's z = W h + b over its width[l + 1] outputs, before the activation (issue 30):
+     * FM_NORM_LAYER z' = (z - mean) / sqrt(var + eps) * gamma + beta (var biased, as torch.nn.LayerNorm),
+     * FM_NORM_RMS z' = z / sqrt(mean(z^2) + eps) * gamma + beta (torch.nn.RMSNorm, plus an optional beta). */
+    int norm[FM_MAX_LAYERS];          /* FM_NORM_* */
+    double norm_eps[FM_MAX_LAYERS];   /* eps, >= 0 */
+    float *norm_w[FM_MAX_LAYERS];     /* gamma, width[l + 1] floats (owned), or NULL: ones */
+    float *norm_b[FM_MAX_LAYERS];     /* beta, width[l + 1] floats (owned), or NULL: zeros */
 } fm_spec;
 
 enum { FM_RES_NONE = 0, FM_RES_ADD = 1, FM_RES_MUL = 2 };
 enum { FM_CAT_NONE = 0, FM_CAT_AFTER = 1, FM_CAT_BEFORE = 2 };
+enum { FM_NORM_NONE = 0, FM_NORM_LAYER = 1, FM_NORM_RMS = 2 };
 
 /* Checks that weight shapes chain and parses every activation; shapes[2*l] = out_l, shapes[2*l+1] = in_l
  * (PyTorch's nn.Linear.weight layout), bias_len[l] = -1 for no bias, concat[l] an FM_CAT_* (NULL: none; layer 0
@@ -170,6 +178,13 @@ int fm_spec_in_features(const fm_spec *spec, int l);
  * layer's own input h, k < l - 1: layer k's output), then post (an activation text; NULL or "none" for identity).
  * The value must be as wide as the layer's output. */
 fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, int src, fm_error *err);
+/* Gives layer l a normalization of its W h + b before the activation: kind FM_NORM_LAYER or FM_NORM_RMS, eps >= 0
+ * and finite, gamma / beta (copied; NULL: ones / zeros) of weight_len / bias_len floats, each the layer's output
+ * width. Call before fm_spec_bound_preacts (a norm layer's pre-activations have no bound from the weights). */
+fm_status fm_spec_set_norm(fm_spec *spec, int layer, int kind, double eps, const float *gamma, int64_t weight_len,
+                           const float *beta, int64_t bias_len, fm_error *err);
+/* "layernorm", "rmsnorm" or "none" for an FM_NORM_* (anything else: "?"). */
+const char *fm_norm_name(int kind);
 
 /* ------------------------------------------------------------------------------------------------ plan */
 
@@ -252,6 +267,13 @@ typedef struct fm_plan {
     int gemm, gemm_layer;
     int gemm_bm, gemm_bn, gemm_warps_m, gemm_stages; /* CTA tile rows and columns, warps along the rows, K stages */
     int a1_dtype, res_dtype;
+    /* The spec's FM_NORM_* per layer. A norm layer's float blob holds n_pad floats of bias, then gamma, then beta
+     * (b_offset[l], + n_pad, + 2 n_pad; fm_plan_pack_norms). Its row statistics need every column of a row: the
+     * mma.sync kernel makes it one chunk where the accumulators allow, else runs its chunks twice (statistics, then
+     * output); the register-A kernel keeps it one column group (K-pipelined too: the norm runs on the whole
+     * accumulators before the pipelined epilogue); the cluster kernel's CTAs exchange partial statistics through
+     * distributed shared memory. The GEMM form (fm_plan_gemm) refuses it. */
+    int norm[FM_MAX_LAYERS];
 } fm_plan;
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
@@ -293,6 +315,9 @@ size_t fm_plan_wgmma_stage_bytes(const fm_plan *plan);
  * zero-padded blob of plan->w_elems elements of plan->elem_bytes (rounded to plan->prec) and the float blob
  * (plan->b_floats) that the kernel reads. */
 void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const *b, void *w_blob, float *b_blob);
+/* Writes the norm layers' gamma and beta (the spec's, ones / zeros where it has none; zero in padded columns) into
+ * the float blob fm_plan_pack filled, beside each norm layer's bias. */
+void fm_plan_pack_norms(const fm_plan *plan, const fm_spec *spec, float *b_blob);
 
 /* ------------------------------------------------------------------------------------------------ render */
 

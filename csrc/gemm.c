@@ -31,6 +31,11 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     if ((spec->res_op[l] != FM_RES_NONE) != (res != -1))
         return fm_fail(err, FM_ERR_VALUE, "layer %d %s residual, but res=%d (-1: none)", l,
                        spec->res_op[l] != FM_RES_NONE ? "has a" : "has no", res);
+    if (spec->norm[l] != FM_NORM_NONE)
+        return fm_fail(err, FM_ERR_LIMIT, "layer %d has a %s, whose row statistics need all its %d columns at once; "
+                       "the GEMM form computes a row in tiles of columns, so a norm layer runs in a fused kernel (up "
+                       "to %d features)", l, fm_norm_name(spec->norm[l]), spec->width[l + 1],
+                       FM_MAX_FUSED_WIDTH);
     if (target->arch < fm_prec_min_arch(prec)) {
         fm_fail(err, FM_ERR_LIMIT, "dtype='%s' needs Tensor Cores of sm_%d or newer; the target is sm_%d",
                 fm_prec_name(prec), fm_prec_min_arch(prec), target->arch);

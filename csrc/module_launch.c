@@ -51,6 +51,7 @@ static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char 
         st = fm_fail(err, FM_ERR_NOMEM, "out of host memory packing %zu weights", p->w_elems);
     if (st == FM_OK) {
         fm_plan_pack(p, (const float *const *)net->w, (const float *const *)net->b, wh, bf);
+        fm_plan_pack_norms(p, &net->spec, bf);
         st = fm_mem_alloc(&self->w, w_bytes, err);
     }
     if (st == FM_OK)

@@ -77,11 +77,47 @@ static int Network_set_residuals(NetworkObject *self, PyObject *residuals, Py_ss
     return 0;
 }
 
+/* norms: a list with, per layer, None or (kind, eps, weight, bias): kind 1 = layernorm, 2 = rmsnorm (FM_NORM_*), eps a
+ * float, weight and bias None or 1-D float32 arrays (the layer's output width; fm_spec_set_norm checks). */
+static int Network_set_norms(NetworkObject *self, PyObject *norms, Py_ssize_t n) {
+    if (!PyList_Check(norms) || PyList_GET_SIZE(norms) != n) {
+        PyErr_Format(PyExc_TypeError, "norms must be a list with one entry per layer (%zd)", n);
+        return -1;
+    }
+    for (Py_ssize_t l = 0; l < n; ++l) {
+        PyObject *item = PyList_GET_ITEM(norms, l), *wobj, *bobj;
+        if (item == Py_None)
+            continue;
+        int kind;
+        double eps;
+        if (!PyArg_ParseTuple(item, "idOO", &kind, &eps, &wobj, &bobj))
+            return -1;
+        PyArrayObject *w = NULL, *b = NULL;
+        if (wobj != Py_None && (w = fm_array(wobj, NPY_FLOAT32, 1, "norm weight")) == NULL)
+            return -1;
+        if (bobj != Py_None && (b = fm_array(bobj, NPY_FLOAT32, 1, "norm bias")) == NULL) {
+            Py_XDECREF(w);
+            return -1;
+        }
+        fm_error err = {0};
+        fm_status st = fm_spec_set_norm(&self->spec, (int)l, kind, eps, w ? (const float *)PyArray_DATA(w) : NULL,
+                                        w ? (int64_t)PyArray_SIZE(w) : -1, b ? (const float *)PyArray_DATA(b) : NULL,
+                                        b ? (int64_t)PyArray_SIZE(b) : -1, &err);
+        Py_XDECREF(w);
+        Py_XDECREF(b);
+        if (st != FM_OK) {
+            fm_raise_clear(&err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"weights", "biases", "activations", "residuals", "concat", NULL};
-    PyObject *weights, *biases, *acts, *residuals = Py_None, *concat = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|OO", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
-                                     &PyList_Type, &acts, &residuals, &concat))
+    static char *kwlist[] = {"weights", "biases", "activations", "residuals", "concat", "norms", NULL};
+    PyObject *weights, *biases, *acts, *residuals = Py_None, *concat = Py_None, *norms = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|OOO", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
+                                     &PyList_Type, &acts, &residuals, &concat, &norms))
         return -1;
     Network_release(self);
     Py_ssize_t n = PyList_GET_SIZE(weights);
@@ -123,7 +159,8 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->has_spec = 1;
-    if (residuals != Py_None && Network_set_residuals(self, residuals, n) < 0) {
+    if ((residuals != Py_None && Network_set_residuals(self, residuals, n) < 0) ||
+        (norms != Py_None && Network_set_norms(self, norms, n) < 0)) {
         Network_release(self);
         return -1;
     }

@@ -169,10 +169,16 @@ static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_ti
     p->rows_per_cta = warps * m_tiles * 16;
     p->resident = resident;
     p->w_slot_elems = 0;
+    int widest = 0; /* fm_plan_make's accumulator budget: m_tiles * n_chunk <= 128, 64 with layers over 128 wide */
+    for (int v = 0; v <= p->num_layers; ++v)
+        widest = value_pad[v] > widest ? value_pad[v] : widest;
     for (int l = 0; l < p->num_layers; ++l) {
         /* Balanced chunks (96 columns at most 64 wide: 48 + 48, not 64 + 32), so a layer usually needs one
-         * instantiation of the chunk code rather than two. */
-        int chunks = (p->n_pad[l] + n_chunk - 1) / n_chunk;
+         * instantiation of the chunk code rather than two. A norm layer is one chunk where that fits the accumulator
+         * budget (its statistics then come from the registers in one pass); over more chunks the kernel runs them
+         * twice, first for the statistics (fused_mlp.cu, fm_layer). */
+        int one = p->norm[l] && m_tiles * p->n_pad[l] <= (widest > 128 ? 64 : 128);
+        int chunks = one ? 1 : (p->n_pad[l] + n_chunk - 1) / n_chunk;
         p->n_chunk[l] = fm_round_up((p->n_pad[l] + chunks - 1) / chunks, 16);
         size_t chunk_elems = (size_t)p->n_chunk[l] * (size_t)fm_plan_w_stride(p, l);
         if (chunk_elems > p->w_slot_elems)
@@ -246,7 +252,7 @@ size_t fm_plan_wgmma_raw_bytes(const fm_plan *p) {
 static void fm_plan_wgmma_chunks(fm_plan *p, int forced) {
     int nc = forced > 0 ? fm_round_up(forced, 16) : 0;
     for (int l = 0; l < p->num_layers; ++l)
-        p->n_chunk[l] = nc > 0 && p->n_pad[l] > nc ? nc : p->n_pad[l];
+        p->n_chunk[l] = nc > 0 && p->n_pad[l] > nc && !p->norm[l] ? nc : p->n_pad[l]; /* a norm: the whole row */
 }
 
 /* Why the shared-memory-A (cluster) warpgroup kernel cannot run this network (NULL: it can). Its layer outputs live in
@@ -280,7 +286,8 @@ static int fm_plan_cluster_kmax(const fm_plan *p) {
  * differ, never the reverse). */
 static int fm_plan_same_layer(const fm_plan *p, const fm_spec *spec, int l) {
     if (p->k_pad[l] != p->k_pad[l + 1] || p->n_pad[l] != p->n_pad[l + 1] || p->k_real[l] != p->k_real[l + 1] ||
-        p->n_real[l] != p->n_real[l + 1] || p->has_bias[l] != p->has_bias[l + 1] || p->res_op[l] != p->res_op[l + 1])
+        p->n_real[l] != p->n_real[l + 1] || p->has_bias[l] != p->has_bias[l + 1] || p->res_op[l] != p->res_op[l + 1] ||
+        p->norm[l] != p->norm[l + 1])
         return 0;
     fm_str a = {0}, b = {0};
     fm_expr_to_string(spec->act[l], &a);
@@ -321,6 +328,15 @@ static void fm_plan_pipe(fm_plan *p, const fm_spec *spec, int on) {
     }
 }
 
+/* Per warpgroup of a cluster plan with norms: two rounds' slots of the CTAs' partial row statistics (64 rows of two
+ * floats each) and their two mbarriers (fused_mlp_sm90.cu, fm_cl_norm and NSTAT_B). */
+static size_t fm_plan_cluster_norm_bytes(const fm_plan *p) {
+    int any = 0;
+    for (int l = 0; l < p->num_layers; ++l)
+        any |= p->norm[l] != FM_NORM_NONE;
+    return p->cluster > 1 && any ? 2 * (size_t)p->cluster * 64 * 8 + 16 : 0;
+}
+
 /* The sm_90a layout: warps/4 warpgroups per CTA, each owning 64 rows (one 16-row strip per warp, with its own input
  * buffer, output stage and raw x buffer), all weights resident in the core-matrix layout, each layer in the column
  * groups of fm_plan_wgmma_chunks (set before). Returns the shared-memory bytes. */
@@ -348,7 +364,8 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
     size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems : p->w_elems);
     p->smem_bytes = w_bytes + 4 * p->b_floats + (size_t)warps * warp_bytes;
     if (p->cluster) /* per warpgroup: its 64 rows of the widest layer input (A buffer), and two mbarriers */
-        p->smem_bytes += (size_t)(warps / 4) * ((size_t)fm_plan_cluster_kmax(p) * 64 * (size_t)p->elem_bytes + 16);
+        p->smem_bytes += (size_t)(warps / 4) * ((size_t)fm_plan_cluster_kmax(p) * 64 * (size_t)p->elem_bytes + 16 +
+                                                fm_plan_cluster_norm_bytes(p));
     size_t per_sm = t->smem_per_sm ? t->smem_per_sm : t->smem_per_block;
     int by_smem = (int)(per_sm / (p->smem_bytes + 1024));
     int by_regs = 65536 / (fm_plan_wgmma_regs(p) * 32 * warps);
@@ -370,7 +387,7 @@ static void fm_plan_blobs(fm_plan *p) {
         size_t rows = (size_t)(p->cluster ? p->n_chunk[l] : p->n_pad[l]);
         p->w_elems += rows * (size_t)(p->wgmma ? p->k_pad[l] : fm_plan_w_stride(p, l));
         p->b_offset[l] = p->b_floats;
-        p->b_floats += (size_t)p->n_pad[l];
+        p->b_floats += (size_t)p->n_pad[l] * (p->norm[l] ? 3 : 1); /* a norm's gamma and beta after the bias */
     }
     p->b_floats = (p->b_floats + 3) / 4 * 4;
     p->w_rank_elems = p->cluster ? p->w_elems : 0;
@@ -516,6 +533,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         plan->res_op[l] = spec->res_op[l];
         plan->res_src[l] = spec->res_src[l];
         plan->cat[l] = spec->cat[l];
+        plan->norm[l] = spec->norm[l];
         /* A concat input is two parts, each padded on its own: they live in different activation buffers. */
         int first = spec->cat[l] == FM_CAT_BEFORE ? 0 : l, second = spec->cat[l] == FM_CAT_AFTER ? 0 : l;
         plan->k0_real[l] = spec->width[first];
@@ -604,6 +622,9 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     static const int warp_choices[] = {8, 4, 2, 1};
     static const int mt_choices[] = {2, 1};
     static const int nc_choices[] = {128, 64, 32, 16};
+    int norm_widest = 0; /* a norm layer is one chunk whatever nc: m_tiles * n_pad / 2 accumulators */
+    for (int l = 0; l < plan->num_layers; ++l)
+        norm_widest = plan->norm[l] && plan->n_pad[l] > norm_widest ? plan->n_pad[l] : norm_widest;
     fm_plan best, cand = *plan;
     int found = 0;
     for (int resident = 1; resident >= 0; --resident) {
@@ -615,7 +636,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                 continue;
             for (size_t mi = 0; mi < 2; ++mi) {
                 int mt = mt_choices[mi];
-                if (opts->m_tiles ? opts->m_tiles != mt : (mt == 2 && widest > 128))
+                if (opts->m_tiles ? opts->m_tiles != mt : (mt == 2 && (widest > 128 || norm_widest > 64)))
                     continue;
                 for (size_t ni = 0; ni < 4; ++ni) {
                     int nc = nc_choices[ni];
@@ -666,5 +687,17 @@ void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const
             }
         if (b != NULL && b[l] != NULL && plan->has_bias[l])
             memcpy(b_blob + plan->b_offset[l], b[l], (size_t)nr * sizeof(float));
+    }
+}
+
+void fm_plan_pack_norms(const fm_plan *plan, const fm_spec *spec, float *b_blob) {
+    for (int l = 0; l < plan->num_layers; ++l) {
+        if (!plan->norm[l])
+            continue;
+        float *gamma = b_blob + plan->b_offset[l] + plan->n_pad[l], *beta = gamma + plan->n_pad[l];
+        for (int n = 0; n < plan->n_real[l]; ++n) {
+            gamma[n] = spec->norm_w[l] != NULL ? spec->norm_w[l][n] : 1.0f;
+            beta[n] = spec->norm_b[l] != NULL ? spec->norm_b[l][n] : 0.0f;
+        }
     }
 }

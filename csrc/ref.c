@@ -1,10 +1,11 @@
 /* ref.c - the CPU forward: the no-GPU path and the oracle for check=True.
  *
- * Semantics: float32 storage between layers, float64 accumulation and activation (the GPU keeps fp16 between
+ * Semantics: float32 storage between layers, float64 accumulation, norm and activation (the GPU keeps fp16 between
  * layers and accumulates in fp32, so this is the more exact of the two). Rows go in blocks so each weight row is
  * read once per block, and four rows share each weight load. */
 #include "fm.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +40,25 @@ static void fm_ref_linear(const double *in, int rows, int k_in, const float *w, 
                 s += a[k] * (double)wn[k];
             out[(size_t)r * n_out + n] = s + bias;
         }
+    }
+}
+
+/* Layer l's norm (spec->norm[l]) over each of the nr rows of z (n_out wide), in place: the statistics in float64,
+ * the mean first and the variance about it (not E[z^2] - mean^2, which cancels where |mean| >> std). */
+static void fm_ref_norm(const fm_spec *spec, int l, double *z, int nr, int n_out) {
+    const float *gamma = spec->norm_w[l], *beta = spec->norm_b[l];
+    for (int r = 0; r < nr; ++r) {
+        double *row = z + (size_t)r * n_out, mean = 0.0, sq = 0.0;
+        if (spec->norm[l] == FM_NORM_LAYER) {
+            for (int j = 0; j < n_out; ++j)
+                mean += row[j];
+            mean /= n_out;
+        }
+        for (int j = 0; j < n_out; ++j)
+            sq += (row[j] - mean) * (row[j] - mean);
+        const double scale = 1.0 / sqrt(sq / n_out + spec->norm_eps[l]);
+        for (int j = 0; j < n_out; ++j)
+            row[j] = (row[j] - mean) * scale * (gamma ? (double)gamma[j] : 1.0) + (beta ? (double)beta[j] : 0.0);
     }
 }
 
@@ -97,6 +117,8 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
             size_t count = (size_t)nr * (size_t)n_out;
             const double *in = fm_ref_input(spec, l, cur, saved[0], nr, cat);
             fm_ref_linear(in, nr, fm_spec_in_features(spec, l), w[l], spec->has_bias[l] ? b[l] : NULL, n_out, next);
+            if (spec->norm[l] != FM_NORM_NONE)
+                fm_ref_norm(spec, l, next, nr, n_out);
             if ((st = fm_expr_eval(spec->act[l], next, next, count, err)) != FM_OK)
                 goto cleanup;
             if (spec->res_op[l] != FM_RES_NONE) { /* r: the kept value, as wide as this output */

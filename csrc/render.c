@@ -118,6 +118,8 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static constexpr bool PIPE = %s;  // its epilogue under the next layer's MMAs (plan.c)\n"
                       "    static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;\n"
                       "    static constexpr int RES = %d, RES_BUF = %d;  // residual: 0 none, 1 add, 2 mul\n"
+                      "    static constexpr int NORM = %d;  // of W h + b before act: 0 none, 1 layernorm, 2 rmsnorm\n"
+                      "    static constexpr float EPS = %.9ef;\n"
                       "%s"
                       "%s"
                       "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
@@ -127,7 +129,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
                       p->has_bias[l] ? "true" : "false", p->pipe[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l],
                       p->out_buf[l], spec->res_op[l],
-                      p->res_buf[l],
+                      p->res_buf[l], spec->norm[l], spec->norm[l] ? spec->norm_eps[l] : 0.0,
                       fm_plan_result_type(p, l) != 0 ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
                       pair.data, act.data, far ? "true" : "false", tracked.data ? tracked.data : "x",
                       post.data ? post.data : "x");
@@ -159,12 +161,13 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
         fm_str expr_text = {0};
         fm_expr_to_string(spec->act[l], &expr_text);
         fm_str_printf(out,
-                      "template <> struct Layer<%d> {  // %d -> %d, activation %s\n"
+                      "template <> struct Layer<%d> {  // %d -> %d, %s%sactivation %s\n"
                       "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
                       "    static constexpr int REPEAT = %d;  // layers from this one on with its code (render.c)\n"
                       "%s"
                       "};\n",
-                      l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", p->w_offset[l],
+                      l, p->k_real[l], p->n_real[l], spec->norm[l] ? fm_norm_name(spec->norm[l]) : "",
+                      spec->norm[l] ? ", " : "", expr_text.data ? expr_text.data : "?", p->w_offset[l],
                       p->b_offset[l], repeat[l], body[l].data ? body[l].data : "");
         fm_str_free(&expr_text);
     }

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The activation text for an error message: at most 60 bytes, non-printable bytes as '?', since the text is
@@ -131,6 +132,8 @@ void fm_spec_free(fm_spec *spec) {
     for (int l = 0; l < FM_MAX_LAYERS; l++) {
         fm_expr_free(spec->act[l]);
         fm_expr_free(spec->res_post[l]);
+        free(spec->norm_w[l]);
+        free(spec->norm_b[l]);
     }
     memset(spec, 0, sizeof *spec);
 }
@@ -173,10 +176,55 @@ fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *pos
     return FM_OK;
 }
 
+const char *fm_norm_name(int kind) {
+    return kind == FM_NORM_LAYER ? "layernorm" : kind == FM_NORM_RMS ? "rmsnorm" : kind == FM_NORM_NONE ? "none" : "?";
+}
+
+/* A copy of n floats (n >= 1), or NULL when malloc fails. */
+static float *fm_spec_copy_floats(const float *src, int64_t n) {
+    float *dst = malloc(sizeof(float) * (size_t)n);
+    if (dst != NULL)
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+    return dst;
+}
+
+fm_status fm_spec_set_norm(fm_spec *spec, int layer, int kind, double eps, const float *gamma, int64_t weight_len,
+                           const float *beta, int64_t bias_len, fm_error *err) {
+    if (layer < 0 || layer >= spec->num_layers)
+        return fm_fail(err, FM_ERR_VALUE, "norm layer %d does not exist; the network has layers 0..%d", layer,
+                       spec->num_layers - 1);
+    if (kind != FM_NORM_LAYER && kind != FM_NORM_RMS)
+        return fm_fail(err, FM_ERR_VALUE, "norm kind %d of layer %d is not layernorm (%d) or rmsnorm (%d)", kind, layer,
+                       FM_NORM_LAYER, FM_NORM_RMS);
+    if (!(eps >= 0.0) || !isfinite(eps))
+        return fm_fail(err, FM_ERR_VALUE, "norm eps of layer %d is %g; it must be a finite number >= 0", layer, eps);
+    const int n = spec->width[layer + 1];
+    if ((gamma != NULL && weight_len != n) || (beta != NULL && bias_len != n))
+        return fm_fail(err, FM_ERR_SHAPE, "norm %s of layer %d has %lld elements; the layer has %d outputs",
+                       gamma != NULL && weight_len != n ? "weight" : "bias", layer,
+                       (long long)(gamma != NULL && weight_len != n ? weight_len : bias_len), n);
+    float *w = gamma != NULL ? fm_spec_copy_floats(gamma, n) : NULL;
+    float *b = beta != NULL ? fm_spec_copy_floats(beta, n) : NULL;
+    if ((gamma != NULL && w == NULL) || (beta != NULL && b == NULL)) {
+        free(w);
+        free(b);
+        return fm_fail(err, FM_ERR_NOMEM, "out of memory copying layer %d's norm weights (%d floats)", layer, n);
+    }
+    free(spec->norm_w[layer]);
+    free(spec->norm_b[layer]);
+    spec->norm[layer] = kind;
+    spec->norm_eps[layer] = eps;
+    spec->norm_w[layer] = w;
+    spec->norm_b[layer] = b;
+    spec->z_bound[layer] = INFINITY;
+    return FM_OK;
+}
+
 void fm_spec_bound_preacts(fm_spec *spec, const float *const *w, const float *const *b) {
     for (int l = 0; l < spec->num_layers; l++) {
         spec->z_bound[l] = INFINITY;
-        if (l == 0 || spec->cat[l] != FM_CAT_NONE || spec->res_op[l - 1] != FM_RES_NONE)
+        /* a norm layer's activation reads gamma * z' + beta, not z: no bound from the weights (INFINITY) */
+        if (l == 0 || spec->cat[l] != FM_CAT_NONE || spec->res_op[l - 1] != FM_RES_NONE || spec->norm[l] != FM_NORM_NONE)
             continue;
         double lo, hi;
         fm_expr_range(spec->act[l - 1], -INFINITY, INFINITY, &lo, &hi);

@@ -195,7 +195,9 @@ template <int T> __device__ __forceinline__ fm_u32 fm_relu2(float lo, float hi) 
 //   REPEAT: how many layers from this one on (itself included) have its code, all but the offsets above;
 //   A0_BUF, A1_BUF: activation buffers holding input columns [0, K0) and [K0, K) (-1: no second part);
 //   OUT_BUF: where the output goes; RES (0 none, 1 add, 2 mul) and RES_BUF: the residual y = post(act(.) op r);
-//   act, post: emitted from the checked expression ASTs.
+//   act, post: emitted from the checked expression ASTs;
+//   NORM (0 none, 1 layernorm, 2 rmsnorm) and EPS: W h + b normalized over the row's NR columns before act, with
+//   gamma and beta at B_OFF + N and B_OFF + 2 N of the bias blob (fm_norm_*, below).
 template <int L> struct Layer;
 {{LAYERS}}
 
@@ -204,6 +206,76 @@ constexpr int IN_REAL = Layer<0>::KR;
 constexpr int IN_PAD = Layer<0>::K;
 constexpr int OUT_REAL = Layer<LAST>::NR;
 constexpr int OUT_PAD = Layer<LAST>::N;
+// ------------------------------------------------------------------------------------------------ norms
+
+// A layer with NORM normalizes each row of z = W h + b (bias included: the accumulators start at it) over its NR real
+// columns before the activation, in float32: layernorm (z - mean) * rsqrt(var + eps) * gamma + beta with the
+// variance about the mean (two passes over the registers, not E[z^2] - mean^2, which cancels where |mean| >> std),
+// rmsnorm z * rsqrt(mean(z^2) + eps) * gamma + beta. In both kernels' accumulator fragments (mma.sync's m16n8 tiles,
+// wgmma's m64nN) a lane holds columns 8 j + 2 t, + 1 of rows g and g + 8, and the four lanes of a quad (t = 0..3)
+// hold all of a row's columns: a row's sum is the lane's own, then two shuffles. v: the lane's NT 8-column tiles,
+// columns c0 + 8 j + 2 t (+ 1) of row g + 8 hh at v[4 j + 2 hh] (+ 1).
+
+__device__ __forceinline__ float fm_quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
+// This lane's part of row hh's sum over its real columns (d: subtracted first, squared when SQ), not yet over the
+// quad. Padded columns hold zeros (zero weights and bias), but (0 - d)^2 does not vanish: they are masked.
+template <int L, int NT, bool SQ>
+__device__ __forceinline__ float fm_norm_part(const float *v, int c0, int t, int hh, float d) {
+    typedef Layer<L> Ly;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float x = v[4 * j + 2 * hh + e] - d;
+            const float term = SQ ? x * x : x;
+            if constexpr (Ly::NR < Ly::N)
+                s += c0 + 8 * j + 2 * t + e < Ly::NR ? term : 0.0f;
+            else
+                s += term;
+        }
+    }
+    return s;
+}
+
+// Row hh's normalized values in place: (v - mean) * rstd * gamma + beta, gamma and beta from the bias blob (bias: the
+// blob's layer base, as the kernels pass it; zero in padded columns, so those stay zero).
+template <int L, int NT>
+__device__ __forceinline__ void fm_norm_apply(float *v, int c0, int t, int hh, float mean, float rstd,
+                                              const float *bias) {
+    typedef Layer<L> Ly;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = c0 + 8 * j + 2 * t + e;
+            float &x = v[4 * j + 2 * hh + e];
+            x = (x - mean) * rstd * bias[Ly::B_OFF + Ly::N + col] + bias[Ly::B_OFF + 2 * Ly::N + col];
+        }
+    }
+}
+
+// Layer L's norm of this lane's rows where its quad holds every column of them (all but a cluster's split layers).
+template <int L, int NT>
+__device__ __forceinline__ void fm_norm_tiles(float *v, int c0, int t, const float *bias) {
+    typedef Layer<L> Ly;
+    if constexpr (Ly::NORM != 0) {
+        constexpr float INV_N = 1.0f / (float)Ly::NR;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float mean = Ly::NORM == 1 ? fm_quad_sum(fm_norm_part<L, NT, false>(v, c0, t, hh, 0.0f)) * INV_N
+                                             : 0.0f;
+            const float var = fm_quad_sum(fm_norm_part<L, NT, true>(v, c0, t, hh, mean)) * INV_N;
+            fm_norm_apply<L, NT>(v, c0, t, hh, mean, rsqrtf(var + Ly::EPS), bias);
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------------ the epilogue
 
 // Layer L's epilogue for columns col, col + 1 of one row. v0, v1: the accumulators on entry (both kernels start

@@ -82,11 +82,46 @@ __device__ __forceinline__ void fm_accumulate(float (&acc)[FM_M_TILES][NT][4], f
     }
 }
 
+// A norm layer of more than one chunk (plan.c, fm_plan_layout) runs its chunks twice (fm_layer): first for the rows'
+// statistics, kept here per lane for its rows g and g + 8 of each m tile, then for the output. Pass 1 merges each
+// chunk's mean and M2 = sum (z - mean)^2 over its real columns into the running ones (Chan et al.'s pairwise update:
+// no E[z^2] - mean^2 cancellation); rmsnorm sums z^2 alone (mean stays 0).
+struct fm_row_stats {
+    float mean[FM_M_TILES][2], m2[FM_M_TILES][2];
+};
+
+template <int L, int NT>
+__device__ __forceinline__ void fm_row_stats_add(const float (&acc)[FM_M_TILES][NT][4], int n0, int t,
+                                                 fm_row_stats &st) {
+    typedef Layer<L> Ly;
+    // Real columns in this chunk and before it: >= 1 and n0 (every chunk but the last is all real columns, and a
+    // layer's padding is under 16 columns, a chunk 16 or more).
+    const float nb = (float)(Ly::NR - n0 < NT * 8 ? Ly::NR - n0 : NT * 8), na = (float)n0;
+#pragma unroll
+    for (int mt = 0; mt < FM_M_TILES; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float *v = &acc[mt][0][0];
+            if constexpr (Ly::NORM == 1) {
+                const float mb = fm_quad_sum(fm_norm_part<L, NT, false>(v, n0, t, hh, 0.0f)) / nb;
+                const float m2b = fm_quad_sum(fm_norm_part<L, NT, true>(v, n0, t, hh, mb));
+                const float delta = mb - st.mean[mt][hh];
+                st.mean[mt][hh] += delta * (nb / (na + nb));
+                st.m2[mt][hh] += m2b + delta * delta * (na * nb / (na + nb));
+            } else {
+                st.m2[mt][hh] += fm_quad_sum(fm_norm_part<L, NT, true>(v, n0, t, hh, 0.0f));
+            }
+        }
+    }
+}
+
 // Accumulates columns [n0, n0 + NCC) of layer L for this warp's strip and runs the epilogue. act: the warp's
 // buffer 0 (shared window byte address; buffer i at act + i * BUF_B); w: row 0 of the layer's weights (row n at
-// w + n * WSB).
-template <int L, int NCC>
-__device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float *bias, int n0, int lane) {
+// w + n * WSB). PASS (norm layers of more than one chunk): 1 only adds the chunk to the row statistics st, 2 normalizes
+// with the finished st; 0: a layer in one pass (a norm layer then one chunk, its statistics from the registers).
+template <int L, int NCC, int PASS = 0>
+__device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float *bias, int n0, int lane,
+                                               fm_row_stats &st) {
     typedef Layer<L> Ly;
     constexpr int NT = NCC / 8;  // n8 tiles, even because NCC is a multiple of 16
     constexpr int WSB = Ly::K * EB + 16;
@@ -118,6 +153,23 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
     fm_accumulate<Ly::K0, NT, WSB>(acc, act + Ly::A0_BUF * BUF_B + a_off, b_lane);
     if constexpr (Ly::A1_BUF >= 0)  // the concat's second part: weight columns from K0 on
         fm_accumulate<Ly::K - Ly::K0, NT, WSB>(acc, act + Ly::A1_BUF * BUF_B + a_off, b_lane + Ly::K0 * EB);
+    if constexpr (PASS == 1) {
+        fm_row_stats_add<L, NT>(acc, n0, t, st);
+        return;
+    } else if constexpr (PASS == 2) {
+        constexpr float INV_N = 1.0f / (float)Ly::NR;
+#pragma unroll
+        for (int mt = 0; mt < FM_M_TILES; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                fm_norm_apply<L, NT>(&acc[mt][0][0], n0, t, hh, st.mean[mt][hh],
+                                     rsqrtf(st.m2[mt][hh] * INV_N + Ly::EPS), bias);
+    } else if constexpr (Ly::NORM != 0) {  // one chunk: the quads hold whole rows
+        static_assert(NCC == Ly::N, "a norm layer in one pass is one chunk");
+#pragma unroll
+        for (int mt = 0; mt < FM_M_TILES; ++mt)
+            fm_norm_tiles<L, NT>(&acc[mt][0][0], 0, t, bias);
+    }
 
     if constexpr (Ly::OUT_BUF == Ly::A0_BUF || Ly::OUT_BUF == Ly::A1_BUF)
         __syncwarp();  // in place: every lane's reads of the input precede any lane's write of the output
@@ -185,26 +237,53 @@ template <int L> struct fm_chunks {
     static constexpr int FIRST_ELEMS = (NCH > 1 ? Layer<L>::NC : TAIL) * WS;  // elements of the first stage
 };
 
+// Chunk ch of layer L (NC columns; the last one TAIL) in pass PASS (fm_layer_chunk).
+template <int L, int PASS>
+__device__ __forceinline__ void fm_chunk_at(fm_u32 act, fm_u32 w, const float *bias, int ch, int lane,
+                                            fm_row_stats &st) {
+    typedef Layer<L> Ly;
+    typedef fm_chunks<L> C;
+    if constexpr (C::TAIL == Ly::NC) {
+        fm_layer_chunk<L, Ly::NC, PASS>(act, w, bias, ch * Ly::NC, lane, st);
+    } else {
+        if (ch + 1 < C::NCH)
+            fm_layer_chunk<L, Ly::NC, PASS>(act, w, bias, ch * Ly::NC, lane, st);
+        else
+            fm_layer_chunk<L, C::TAIL, PASS>(act, w, bias, ch * Ly::NC, lane, st);
+    }
+}
+
 template <int L>
 __device__ __forceinline__ void fm_layer(const fm_smem &s, const act_t *__restrict__ wg, fm_u32 act, int &slot,
                                          bool more_tiles, int lane) {
     typedef Layer<L> Ly;
     typedef fm_chunks<L> C;
+    constexpr bool TWO = Ly::NORM != 0 && C::NCH > 1;  // a norm over chunks: every chunk for the statistics first
+    fm_row_stats st = {};
 #if FM_RESIDENT
     const fm_u32 w = s.w_addr + EB * Ly::W_OFF;
+    if constexpr (TWO) {
+#pragma unroll 1
+        for (int c = 0; c < C::NCH - 1; ++c)
+            fm_layer_chunk<L, Ly::NC, 1>(act, w, s.bias, c * Ly::NC, lane, st);
+        fm_layer_chunk<L, C::TAIL, 1>(act, w, s.bias, (C::NCH - 1) * Ly::NC, lane, st);
+    }
 #pragma unroll 1
     for (int c = 0; c < C::NCH - 1; ++c)
-        fm_layer_chunk<L, Ly::NC>(act, w, s.bias, c * Ly::NC, lane);
-    fm_layer_chunk<L, C::TAIL>(act, w, s.bias, (C::NCH - 1) * Ly::NC, lane);
+        fm_layer_chunk<L, Ly::NC, TWO ? 2 : 0>(act, w, s.bias, c * Ly::NC, lane, st);
+    fm_layer_chunk<L, C::TAIL, TWO ? 2 : 0>(act, w, s.bias, (C::NCH - 1) * Ly::NC, lane, st);
 #else
+    constexpr int STAGES = TWO ? 2 * C::NCH : C::NCH;  // TWO streams the layer's weights twice
 #pragma unroll 1
-    for (int c = 0; c < C::NCH; ++c) {
+    for (int c = 0; c < STAGES; ++c) {
+        const int ch = c < C::NCH ? c : c - C::NCH;  // this stage's chunk
         // Prefetch the next stage into the other slot; the barrier that ended the previous stage freed it.
         const act_t *src = nullptr;
         int elems = 0;
-        if (c + 1 < C::NCH) {
-            src = wg + Ly::W_OFF + (c + 1) * Ly::NC * C::WS;
-            elems = (c + 2 < C::NCH ? Ly::NC : C::TAIL) * C::WS;
+        if (c + 1 < STAGES) {
+            const int next = c + 1 < C::NCH ? c + 1 : c + 1 - C::NCH;
+            src = wg + Ly::W_OFF + next * Ly::NC * C::WS;
+            elems = (next + 1 < C::NCH ? Ly::NC : C::TAIL) * C::WS;
         } else if (L < LAST) {
             constexpr int L2 = L < LAST ? L + 1 : 0;
             src = wg + Layer<L2>::W_OFF;
@@ -219,14 +298,14 @@ __device__ __forceinline__ void fm_layer(const fm_smem &s, const act_t *__restri
         fm_copy_wait<1>();
         __syncthreads();
         // The slot holds only this chunk's rows: shift the base back so row n of the layer is at w + n * WS.
-        const fm_u32 w = s.w_addr + EB * (slot * W_SLOT_ELEMS - c * Ly::NC * C::WS);
-        if constexpr (C::TAIL == Ly::NC) {
-            fm_layer_chunk<L, Ly::NC>(act, w, s.bias, c * Ly::NC, lane);
-        } else {
-            if (c + 1 < C::NCH)
-                fm_layer_chunk<L, Ly::NC>(act, w, s.bias, c * Ly::NC, lane);
+        const fm_u32 w = s.w_addr + EB * (slot * W_SLOT_ELEMS - ch * Ly::NC * C::WS);
+        if constexpr (TWO) {
+            if (c < C::NCH)
+                fm_chunk_at<L, 1>(act, w, s.bias, ch, lane, st);
             else
-                fm_layer_chunk<L, C::TAIL>(act, w, s.bias, c * Ly::NC, lane);
+                fm_chunk_at<L, 2>(act, w, s.bias, ch, lane, st);
+        } else {
+            fm_chunk_at<L, 0>(act, w, s.bias, ch, lane, st);
         }
         __syncthreads();
         slot ^= 1;

@@ -211,7 +211,8 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
     // values' registers are the accumulators (flex's 128 bytes of spills went). Not in networks with residuals:
     // there ptxas hoists the next layer's bias loads while the input fragments are still live (res128 at 12 warps
     // went from 159 registers to 168 and 228 bytes of spills).
-    constexpr bool BIAS_IN_D = Ly::BIAS && !fm_has_residual<LAST>();
+    // A norm layer has its bias in the accumulators in any network: its statistics are over W h + b.
+    constexpr bool BIAS_IN_D = Ly::BIAS && (Ly::NORM != 0 || !fm_has_residual<LAST>());
     // A group of a split layer always starts from accumulators this thread wrote (the bias, or zeros): with scale-d
     // 0 on the first k step (the instruction ignores the accumulators' old values), the second group of a split
     // layer came out wrong on the H100 (NVRTC 13, bench/wgmma_split_diag.py: every split layer without a bias in
@@ -223,6 +224,8 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
         fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
     fm_mma_issue<W, KS>(d, a, fm_desc(w + (C0 / 8) * SBO, SBO), D_SET);  // the group's W weight rows
     fm_mma_wait(d, a);
+    static_assert(Ly::NORM == 0 || W == Ly::N, "a norm layer is one column group (plan.c)");
+    fm_norm_tiles<L, W / 8>(d, C0, t, bias);
 
 #pragma unroll
     for (int j = 0; j < W / 8; ++j)  // 8-column tile C0 / 8 + j of the output
@@ -332,6 +335,7 @@ __device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (
                   "unsplit layers without residuals, each the next one's input");
     constexpr bool PIPE = Layer<L>::PIPE;
     constexpr fm_u32 SBO = Ln::K * EB * 8;
+    fm_norm_tiles<L, Layer<L>::N / 8>(d, 0, t, bias);  // all of d is here: the norm first, then the pipeline
     if constexpr (Ln::BIAS)
         fm_d_init<L + 1, Ln::N, true>(dn, 0, t, bias);
     const unsigned long long desc = fm_desc(w_next, SBO);
@@ -359,6 +363,7 @@ __device__ __forceinline__ void fm_pnetwork(float (&d)[Layer<L>::N / 2], fm_u32 
     typedef Layer<L> Ly;
     fm_u32 h[Ly::N / 16][4];
     if constexpr (L == LAST) {
+        fm_norm_tiles<L, Ly::N / 8>(d, 0, t, bias);
 #pragma unroll
         for (int j = 0; j < Ly::N / 8; ++j)
             fm_epi_tile<L, false>(d + 4 * j, j, a, h, bias, stage, t);
@@ -402,6 +407,18 @@ template <int L> __device__ constexpr int fm_kmax() {
 }
 constexpr int ABUF_B = FM_CLUSTER > 0 ? 64 * fm_kmax<1>() * EB : 0;  // one warpgroup's A buffer, bytes
 constexpr int CHUNK_B = 64 * 16;                                       // one 8-column chunk of it
+// Whether any of layers L.. has a norm.
+template <int L> __device__ constexpr bool fm_any_norm() {
+    if constexpr (L > LAST)
+        return false;
+    else
+        return Layer<L>::NORM != 0 || fm_any_norm<L + 1>();
+}
+// A cluster's norm layers exchange each row's partial statistics (fm_cl_norm): per warpgroup two rounds' slots of CL x
+// 64 rows x (mean, M2) floats, then two mbarriers (plan.c, fm_plan_wgmma_layout, counts them the same way).
+constexpr bool CL_NORM = FM_CLUSTER > 1 && fm_any_norm<0>();
+constexpr int NSTAT_SLOT_B = 64 * 8;  // one CTA's statistics of the warpgroup's 64 rows
+constexpr int NSTAT_B = CL_NORM ? 2 * CL * NSTAT_SLOT_B + 16 : 0;
 
 __device__ __forceinline__ fm_u32 fm_cluster_rank() {
     fm_u32 r;
@@ -498,6 +515,8 @@ struct fm_cl_state {
     fm_u32 rank;      // this CTA's rank in the cluster
     fm_u32 parity;    // of the next exchange
     fm_u32 st_lane;   // this lane's stmatrix row address in chunk 0 of the buffer
+    fm_u32 stats;     // CL_NORM: the warpgroup's norm statistics slots and their two mbarriers (fm_cl_norm)
+    fm_u32 nround;    // CL_NORM: norm exchanges done so far
     int wg, lane;
 };
 
@@ -662,6 +681,93 @@ __device__ __forceinline__ void fm_cl_copies_read(const fm_cl_state &s) {
     }
 }
 
+// The real columns of split layer L that CTA r computes: [r NC, (r + 1) NC) below NR.
+template <int L> __device__ constexpr int fm_cl_real_cols(int r) {
+    return Layer<L>::NR - r * Layer<L>::NC < 0 ? 0
+           : Layer<L>::NR - r * Layer<L>::NC < Layer<L>::NC ? Layer<L>::NR - r * Layer<L>::NC : Layer<L>::NC;
+}
+
+__device__ __forceinline__ void fm_st_shared_f2(fm_u32 on, fm_u32 addr, float v0, float v1) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p st.shared.v2.f32 [%1], {%2, %3};\n}" ::"r"(on),
+                 "r"(addr), "f"(v0), "f"(v1)
+                 : "memory");
+}
+
+// Layer L's norm of this lane's rows (d: its accumulators of this CTA's columns [c0, c0 + NC), waited), fm_norm_tiles
+// where the CTA holds whole rows. A split layer's rows are spread over the cluster, so its statistics are too: each
+// CTA reduces its own columns (n real ones) to a partial mean m and M2 = sum (z - m)^2 per row (rmsnorm: m = 0), and
+// every CTA combines all CTAs' partials in rank order, the same sums in the same order everywhere, as Chan et al.'s
+// pairwise update: mean = sum n_r m_r / NR, M2 = sum (M2_r + n_r (m_r - mean)^2). The exchange is the activation
+// exchange's protocol on slots of its own: the quad's first lane stores its two rows' partials into this CTA's slot,
+// the warpgroup's barrier (after a proxy fence), and the elected thread copies the slot (cp.async.bulk, 512 bytes) into
+// the same slot of every other CTA, completing bytes on their mbarrier of the round; every thread then waits for
+// this CTA's mbarrier, which completes once the others' slots have arrived. Rounds alternate between two slots and two
+// mbarriers: a CTA can be one round ahead of another (it waits for the others' partials of each round before the
+// next), never two, so round k + 2 finds round k's slot read and its mbarrier phase complete. The caller has waited for
+// this CTA's earlier copies to have read their source (fm_cl_copies_read) before the stores into its own slot.
+template <int L>
+__device__ __forceinline__ void fm_cl_norm(float (&d)[Layer<L>::NC / 2], int c0, int t, const float *bias,
+                                           fm_cl_state &s) {
+    typedef Layer<L> Ly;
+    constexpr int NC = Ly::NC, NT = NC / 8;
+    if constexpr (Ly::NORM != 0 && (CL == 1 || NC == Ly::N)) {
+        fm_norm_tiles<L, NT>(d, c0, t, bias);
+    } else if constexpr (Ly::NORM != 0) {
+        static_assert(CL_NORM && NC * CL == Ly::N, "a split layer: NC of the row's columns in each CTA");
+        constexpr float INV_N = 1.0f / (float)Ly::NR;
+        const int mine = fm_cl_real_cols<L>((int)s.rank);
+        const fm_u32 slots = s.stats + (s.nround & 1u) * (CL * NSTAT_SLOT_B);
+        const fm_u32 bar = s.stats + 2 * CL * NSTAT_SLOT_B + 8 * (s.nround & 1u);
+        const fm_u32 row_b = (fm_u32)(16 * ((threadIdx.x >> 5) & 3) + (s.lane >> 2)) * 8;  // row g's (m, M2)
+        const fm_u32 own = slots + s.rank * NSTAT_SLOT_B;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float m = 0.0f;
+            if constexpr (Ly::NORM == 1) {
+                const float sum = fm_quad_sum(fm_norm_part<L, NT, false>(d, c0, t, hh, 0.0f));
+                m = mine > 0 ? sum / (float)mine : 0.0f;
+            }
+            const float m2 = fm_quad_sum(fm_norm_part<L, NT, true>(d, c0, t, hh, m));
+            fm_st_shared_f2(t == 0, own + row_b + 64 * hh, m, m2);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, before the async proxy reads them
+        fm_wg_bar(s.wg);
+        const fm_u32 elected = (threadIdx.x & 127) == 0;
+        fm_mbar_expect(elected, bar, (CL - 1) * NSTAT_SLOT_B);
+#pragma unroll
+        for (int q = 1; q < CL; ++q) {
+            const fm_u32 peer = (s.rank + q) % CL;
+            fm_bulk_to_peer(elected, fm_mapa(own, peer), own, NSTAT_SLOT_B, fm_mapa(bar, peer));
+        }
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        fm_mbar_wait(bar, (s.nround >> 1) & 1u);
+        s.nround += 1u;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float m[CL], m2[CL], mean = 0.0f, var = 0.0f;
+#pragma unroll
+            for (int r = 0; r < CL; ++r) {
+                asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                             : "=f"(m[r]), "=f"(m2[r])
+                             : "r"(slots + r * NSTAT_SLOT_B + row_b + 64 * hh)
+                             : "memory");
+            }
+            if constexpr (Ly::NORM == 1) {
+#pragma unroll
+                for (int r = 0; r < CL; ++r)
+                    mean += (float)fm_cl_real_cols<L>(r) * m[r];
+                mean *= INV_N;
+            }
+#pragma unroll
+            for (int r = 0; r < CL; ++r) {
+                const float dm = m[r] - mean;
+                var += Ly::NORM == 1 ? m2[r] + (float)fm_cl_real_cols<L>(r) * dm * dm : m2[r];
+            }
+            fm_norm_apply<L, NT>(d, c0, t, hh, mean, rsqrtf(var * INV_N + Ly::EPS), bias);
+        }
+    }
+}
+
 // Layer L >= 1's k steps over input columns [q0, q0 + QK) x 16 (the columns one CTA computed in layer L - 1).
 template <int L, int QK>
 __device__ __forceinline__ void fm_cl_mma_part(float (&d)[Layer<L>::NC / 2], unsigned long long adesc,
@@ -728,6 +834,9 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
     fm_fence_regs(d);
 
     if constexpr (L == LAST) {
+        if constexpr (Ly::NORM != 0 && SPLIT_LAST)
+            fm_cl_copies_read(s);  // before fm_cl_norm stores into the slot an earlier round's copy read
+        fm_cl_norm<L>(d, c0, t, bias, s);
 #pragma unroll
         for (int p = 0; p < NC / 16; ++p) {
             fm_u32 r[4] = {0u, 0u, 0u, 0u};
@@ -754,6 +863,7 @@ __device__ __forceinline__ void fm_cl_layer(const fm_u32 (&a)[IN_PAD / 16][4], f
                 fm_mbar_arrive_cluster(1u, fm_mapa(s.empty, (s.rank + q) % CL));
         }
         fm_cl_copies_read(s);
+        fm_cl_norm<L>(d, c0, t, bias, s);
         // An activation with sin/cos goes through its branch-free form (act_t) and, where any lane's argument was
         // far, once more through act.
         bool far = false;
@@ -833,8 +943,8 @@ constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15
 constexpr int BUF_B = ROWS_W * ROW_B;
 constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_W * (int)sizeof(out_t);
 constexpr int WARP_B = BUF_B + STAGE_B + RAW_B;
-static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B + (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16) : 0) ==
-                  SMEM_BYTES,
+static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B +
+                      (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16 + NSTAT_B) : 0) == SMEM_BYTES,
               "the layout below is the plan's (plan.c: fm_plan_wgmma_layout, _stage_bytes, _raw_bytes)");
 
 __device__ __forceinline__ void fm_copy16_async(fm_u32 dst, const void *src) {
@@ -913,7 +1023,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                 long long rows)                   // batch size, >= 1
 {
     // Shared memory: [weights | biases | per warp: input buffer, output stage, raw x (WARP_B bytes) | FM_CLUSTER: per
-    // warpgroup, its A buffer (ABUF_B) | its two mbarriers].
+    // warpgroup, its A buffer (ABUF_B) | its two mbarriers | CL_NORM: per warpgroup, its norm slots (NSTAT_B)].
     extern __shared__ __attribute__((aligned(128))) unsigned char fm_smem_raw[];
     act_t *s_w = (act_t *)fm_smem_raw;
     float *s_bias = (float *)(s_w + W_SMEM_ELEMS);
@@ -937,11 +1047,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         cl.rank = rank;
         cl.parity = 0u;
         cl.st_lane = cl.abuf + (lane >> 4) * CHUNK_B + (16 * wq + (lane & 7) + ((lane >> 3) & 1) * 8) * 16;
+        cl.stats = abufs + WGS * (ABUF_B + 16) + wg * NSTAT_B;
+        cl.nround = 0u;
         cl.wg = wg;
         cl.lane = lane;
         if (FM_CLUSTER > 1 && (threadIdx.x & 127) == 0) {
             fm_mbar_init(cl.full, 1);
             fm_mbar_init(cl.empty, CL - 1);
+            if constexpr (CL_NORM) {
+                fm_mbar_init(cl.stats + 2 * CL * NSTAT_SLOT_B, 1);
+                fm_mbar_init(cl.stats + 2 * CL * NSTAT_SLOT_B + 8, 1);
+            }
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
     }

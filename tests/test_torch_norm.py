@@ -248,3 +248,130 @@ def test_traced_modules_see_through_parametrizations():
     assert list(fused.state_dict()) == ["module." + k for k in model.state_dict()]
     with torch.no_grad():
         assert rel(fused(x), ref64(model, x)) <= 1e-6
+
+
+# ------------------------------------------------------------------------------------------------ LayerNorm, RMSNorm
+
+
+def randomized(norm, seed):
+    """A LayerNorm / RMSNorm with a random affine (its defaults are ones and zeros, which would hide a mix-up)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        if norm.weight is not None:
+            norm.weight.copy_(torch.rand(norm.weight.shape, generator=g) + 0.5)
+        if getattr(norm, "bias", None) is not None:
+            norm.bias.copy_(torch.randn(norm.bias.shape, generator=g))
+    return norm
+
+
+def rl_mlp(seed, norm_layers):
+    """The MLP of recent RL agents: Linear -> norm -> SiLU / Mish per hidden layer."""
+    torch.manual_seed(seed)
+    layers, widths = [], [17, 64, 64, 48, 5]
+    for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(nn.Linear(k, n))
+        if i < len(widths) - 2:
+            layers += [randomized(norm_layers[i](n), seed + i), nn.SiLU() if i % 2 == 0 else nn.Mish()]
+    return nn.Sequential(*layers).eval()
+
+
+@pytest.mark.parametrize("norms", [
+    [lambda n: nn.LayerNorm(n)] * 3,
+    [lambda n: nn.LayerNorm(n, elementwise_affine=False), lambda n: nn.LayerNorm(n, bias=False),
+     lambda n: nn.LayerNorm(n, eps=1e-3)],
+    [lambda n: nn.RMSNorm(n), lambda n: nn.RMSNorm(n, eps=1e-6), lambda n: nn.RMSNorm(n, elementwise_affine=False)],
+], ids=["layernorm", "layernorm-variants", "rmsnorm"])
+def test_linear_norm_activation_stacks_are_fused(norms):
+    model = rl_mlp(12, norms)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.widths == (17, 64, 64, 48, 5) and len([n for n in mlp._norm if n]) == 3
+    x = torch.randn(150, 17)
+    assert rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+def test_rmsnorm_default_eps_is_float32_epsilon():
+    norm = nn.RMSNorm(8)
+    mlp = fusedmlp.from_torch(nn.Sequential(nn.Linear(3, 8), norm, nn.Tanh(), nn.Linear(8, 2)).eval(), device="cpu")
+    assert norm.eps is None and mlp._norm[0][1] == float(torch.finfo(torch.float32).eps)
+
+
+def test_batchnorm_after_a_layernorm_folds_into_its_affine():
+    torch.manual_seed(13)
+    model = nn.Sequential(nn.Linear(6, 32), randomized(nn.LayerNorm(32), 1), trained_bn(32, 16), nn.GELU(),
+                          nn.Linear(32, 32), nn.LayerNorm(32, elementwise_affine=False), trained_bn(32, 17),
+                          nn.ReLU(), nn.Linear(32, 3)).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.widths == (6, 32, 32, 3) and mlp._norm[1][2] is not None  # gamma' = s, beta' = t
+    x = torch.randn(90, 6)
+    assert rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+def test_fused_module_of_a_norm_mlp_round_trips_its_state_dict():
+    model = rl_mlp(14, [lambda n: nn.LayerNorm(n)] * 3)
+    fused = ft.FusedModule(model)
+    assert list(fused.state_dict()) == list(model.state_dict())
+    other = rl_mlp(15, [lambda n: nn.LayerNorm(n)] * 3)
+    x = torch.randn(30, 17)
+    with torch.no_grad():
+        fused.load_state_dict(other.state_dict())  # new gammas and betas: the fused model must follow
+        assert rel(fused(x), ref64(other, x)) <= 1e-6
+
+
+class _PreNormBlock(nn.Module):
+    """A traced module: Linear -> LayerNorm (module) -> SiLU, then residual blocks h + mish(F.layer_norm(W h)), a
+    functional rms_norm with a parameter, and BatchNorm1d folded before the output Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.ln = nn.Linear(9, 64), randomized(nn.LayerNorm(64), 3)
+        self.blocks = nn.ModuleList([nn.Linear(64, 64) for _ in range(2)])
+        self.block_norms = nn.ModuleList([randomized(nn.LayerNorm(64), 4 + i) for i in range(2)])
+        self.mid = nn.Linear(64, 32)
+        self.rms_weight = nn.Parameter(torch.rand(32) + 0.5)
+        self.bn = trained_bn(32, 18)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = nn.functional.silu(self.ln(self.inp(x)))
+        for lin, norm in zip(self.blocks, self.block_norms):
+            z = nn.functional.layer_norm(lin(h), (64,), norm.weight, norm.bias, 1e-5)
+            h = h + nn.functional.mish(z)
+        h = torch.tanh(nn.functional.rms_norm(self.mid(h), (32,), self.rms_weight, 1e-6))
+        return self.out(self.bn(h))
+
+
+def test_traced_norms_modules_and_functions():
+    torch.manual_seed(16)
+    model = _PreNormBlock().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert [n[0] if n else None for n in mlp._norm] == [1, 1, 1, 2, None]
+    assert [r[2] if r else None for r in mlp._residual] == [None, 0, 1, None, None]
+    x = torch.randn(70, 9)
+    assert rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+@pytest.mark.parametrize("layers, match", [
+    (lambda: [nn.Linear(4, 8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 2)],
+     r"^2: LayerNorm is not directly after a Linear; fusedmlp fuses a LayerNorm over a Linear's outputs"),
+    (lambda: [nn.LayerNorm(4), nn.Linear(4, 2)], r"^0: LayerNorm is not directly after a Linear"),
+    (lambda: [nn.Linear(4, 8), nn.LayerNorm(8), nn.RMSNorm(8), nn.Linear(8, 2)],
+     r"^2: RMSNorm is not directly after a Linear \(nor after one without a norm\)"),
+    (lambda: [nn.Linear(4, 8), nn.LayerNorm((2, 8)), nn.Linear(8, 2)],
+     r"^1: LayerNorm normalizes over \(2, 8\), but the Linear before it has 8 outputs"),
+    (lambda: [nn.Linear(4, 8), nn.ReLU(), trained_bn(8, 1), nn.LayerNorm(8), nn.Linear(8, 2)],
+     r"^2: BatchNorm1d is followed by a LayerNorm \(3\) before the next Linear"),
+])
+def test_norms_the_kernel_cannot_fuse_are_errors_naming_the_module(layers, match):
+    with pytest.raises((fusedmlp.ArgumentError, fusedmlp.ShapeError), match=match):
+        fusedmlp.from_torch(nn.Sequential(*layers()).eval(), device="cpu")
+
+
+@pytest.mark.gpu
+def test_gpu_rl_mlp_with_layernorm_matches_torch_float64():
+    model = rl_mlp(19, [lambda n: nn.LayerNorm(n)] * 3)
+    mlp = fusedmlp.from_torch(model.cuda())
+    x = torch.randn(4099, 17, device="cuda")
+    with torch.no_grad():
+        y = mlp(x)
+    assert y.dtype == torch.float32 and not torch.isnan(y).any()
+    assert rel(y.cpu(), ref64(model.cpu(), x.cpu())) <= 2e-3

@@ -41,7 +41,7 @@ def test_an_unwritable_store_keeps_the_choice_in_memory(tmp_path):
 def test_model_key_depends_on_everything_that_changes_the_best_tile():
     class Model:
         widths, activations, _has_bias = (3, 64, 1), ("relu(x)", "none(x)"), [True, True]
-        _precision, _residual, _concat = "float16", [None, None], [0, 0]
+        _precision, _residual, _concat, _norm = "float16", [None, None], [0, 0], [None, None]
 
     gpu = {"name": "NVIDIA H100 80GB HBM3", "arch": 90, "sm_count": 132}
     base = _tune._model_key(Model, "float16", "float16", gpu)
@@ -49,7 +49,8 @@ def test_model_key_depends_on_everything_that_changes_the_best_tile():
     assert base != _tune._model_key(Model, "float16", "float16", dict(gpu, sm_count=114))
     other = type("Other", (Model,), {"activations": ("tanh(x)", "none(x)")})
     assert base != _tune._model_key(other, "float16", "float16", gpu)
-    for field, value in [("_precision", "bfloat16"), ("_residual", [None, (1, "none", 0)]), ("_concat", [0, 1])]:
+    for field, value in [("_precision", "bfloat16"), ("_residual", [None, (1, "none", 0)]), ("_concat", [0, 1]),
+                         ("_norm", [(1, 1e-5, None, None), None])]:
         assert base != _tune._model_key(type("Changed", (Model,), {field: value}), "float16", "float16", gpu), field
 
 

@@ -11,7 +11,7 @@ from importlib import resources
 
 import numpy as np
 
-from . import _dlpack, _env, _out, _segments, _tune
+from . import _dlpack, _env, _norm, _out, _segments, _tune
 from ._cache import KernelCache
 from ._gpu import available as _gpu_available, core as _core, gpu as _gpu, gpus as _gpus, nvrtc_info as _nvrtc_info
 from ._gpu import nvrtc_no_cache
@@ -364,6 +364,11 @@ class FusedMLP:
         concat: NeRF-style input re-injection: a dict {layer: 'after' | 'before'}; that layer's input is
             torch.cat([h, x], -1) ('after') or torch.cat([x, h], -1) ('before'), x the network input, and its weight
             has h's plus x's features as in_features.
+        norm: LayerNorm / RMSNorm of a layer's W h + b before its activation, fused (the row's statistics in
+            float32 across its columns): a dict {layer: spec} (or a list with one spec or None per layer). A spec is
+            'layernorm' or 'rmsnorm' (no affine), (kind, weight, bias, eps) cut short anywhere after kind, or
+            {'kind': ..., 'weight': ..., 'bias': ..., 'eps': ...}: weight and bias (out_features,) arrays or None,
+            eps default 1e-5 (layernorm) / float32's machine epsilon (rmsnorm, as torch.nn.RMSNorm's eps=None).
         dtype: the Tensor Core compute dtype, 'float16' (default), 'bfloat16' or 'tf32' (sm_80+): what weights and
             the activations between layers are stored as on chip; every path accumulates in float32. Inputs and
             outputs keep the caller's dtype (float32, float16 or bfloat16) and are converted in the kernel.
@@ -374,7 +379,7 @@ class FusedMLP:
     """
 
     def __init__(self, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
-                 concat=None, dtype="float16", device="auto", check=False, cache_dir=None):
+                 concat=None, norm=None, dtype="float16", device="auto", check=False, cache_dir=None):
         if isinstance(weights, np.ndarray) or not isinstance(weights, (list, tuple)):
             raise ArgumentError("weights must be a list of (out_features, in_features) arrays, one per layer")
         if len(weights) == 0:
@@ -394,7 +399,8 @@ class FusedMLP:
         self._residual = _layer_residuals(n, residual)
         self._concat = _layer_concat(n, concat)
         self._precision = _parse_precision(dtype)
-        self._net = _core().Network(w, b, acts, self._residual, self._concat)
+        self._norm = _norm.parse(n, [wi.shape[0] for wi in w], norm)
+        self._net = _core().Network(w, b, acts, self._residual, self._concat, self._norm)
         self._w, self._b, self._acts = w, b, acts  # a segmented network's fused stretches are networks of their own
         self._cuts = {}  # target and dtypes -> the segments (None: one fused kernel), see _segments.py
         self._chains = {}  # (in dtype, out dtype) -> _segments.Chain
@@ -496,6 +502,7 @@ class FusedMLP:
         res = f", residual={{{', '.join(res)}}}" if res else ""
         cat = [f"{i}: {'after' if c == 1 else 'before'}" for i, c in enumerate(self._concat) if c]
         cat = f", concat={{{', '.join(cat)}}}" if cat else ""
+        cat += _norm.describe(self._norm)
         cut = self.segments if self._kind == "cuda" else None
         cut = f", segments=[{'; '.join(cut)}]" if cut else ""
         return (f"FusedMLP(widths={widths}, activations=[{acts}], bias={bias}{res}{cat}, compute={self._precision} mma "
@@ -796,11 +803,11 @@ def _warn_cpu_once():
 
 
 def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
-                       concat=None, dtype="float16", device="auto", check=False):
+                       concat=None, norm=None, dtype="float16", device="auto", check=False):
     """Runs an MLP given as PyTorch-layout weights on x in one fused kernel; see FusedMLP for the arguments.
 
     Returns:
         The (batch, out_features) outputs, with x's dtype.
     """
-    return FusedMLP(weights, biases, activation, output_activation, residual=residual, concat=concat, dtype=dtype,
-                    device=device, check=check)(x)
+    return FusedMLP(weights, biases, activation, output_activation, residual=residual, concat=concat, norm=norm,
+                    dtype=dtype, device=device, check=check)(x)

@@ -11,6 +11,7 @@ which values share one).
 import dataclasses
 import threading
 
+from . import _norm
 from .errors import LimitError
 
 #: Global-memory dtype of the values between segments, per compute dtype (tf32 values are float32).
@@ -235,7 +236,7 @@ def _sub_network(mlp, first, last):
         return mlp._net
     residual = [None if r is None else (r[0], r[1], r[2] - first) for r in mlp._residual[first:last + 1]]
     return type(mlp._net)(mlp._w[first:last + 1], mlp._b[first:last + 1], mlp._acts[first:last + 1], residual,
-                          mlp._concat[first:last + 1])
+                          mlp._concat[first:last + 1], mlp._norm[first:last + 1])
 
 
 def _value_dtype(mlp, v, in_dtype, out_dtype):
@@ -325,7 +326,8 @@ def chain(mlp, in_dtype, out_dtype):
             if seg.kind == "fused":  # a network of its own, tuned and cached as any
                 residual, concat = fused_options(mlp, f, last)
                 sub = type(mlp)(mlp._w[f:last + 1], mlp._b[f:last + 1], mlp._acts[f:last + 1], residual=residual,
-                                concat=concat or None, dtype=mlp._precision, device=mlp.device,
+                                concat=concat or None, norm=_norm.option(mlp._norm, f, last),
+                                dtype=mlp._precision, device=mlp.device,
                                 cache_dir=mlp._cache.directory)
                 k_in, k_out = (_value_dtype(mlp, v, in_dtype, out_dtype) for v in (f - 1, last))
 

@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 
+from . import _norm
 from .errors import CompileError, LimitError
 
 log = logging.getLogger("fusedmlp")
@@ -64,6 +65,8 @@ def _model_key(mlp, dtype, out_dtype, gpu_info):
     desc = [FORMAT, gpu_info["name"], gpu_info["arch"], gpu_info["sm_count"], list(mlp.widths), list(mlp.activations),
             list(mlp._has_bias), dtype, out_dtype, mlp._precision, [list(r) if r else None for r in mlp._residual],
             list(mlp._concat)]
+    if any(mlp._norm):  # only then: the keys of networks without norms stay as they were
+        desc.append(_norm.key(mlp._norm))
     return hashlib.sha256(json.dumps(desc).encode()).hexdigest()
 
 

@@ -50,9 +50,9 @@ def _activation_text(module):
     return None
 
 
-SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), ReLU, LeakyReLU, ELU, GELU, SiLU, Sigmoid, Tanh, "
-             "Softplus, Mish, SELU, ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Identity, Dropout and "
-             "BatchNorm1d (in eval mode), nested Sequential")
+SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (directly after a Linear), "
+             "ReLU, LeakyReLU, ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Mish, SELU, ReLU6, Hardtanh, Hardsigmoid, "
+             "Hardswish, Softsign, Identity, Dropout and BatchNorm1d (in eval mode), nested Sequential")
 
 
 # ------------------------------------------------------------------------------------------------ weights and folds
@@ -91,6 +91,22 @@ def _effective(module, name, label):
     return getattr(module, name)
 
 
+def _edges(residual, concat, norm):
+    """FusedMLP's graph arguments of a read model: residual and concat, and norm where it has norms."""
+    return {"residual": residual, "concat": concat, **({"norm": norm} if norm else {})}
+
+
+def _norm_module(module):
+    """(kind, normalized_shape, weight, bias, eps) of an nn.LayerNorm or nn.RMSNorm, else None. RMSNorm's eps=None
+    (torch.finfo of the input's dtype) stays None: FusedMLP's default for rmsnorm, float32's epsilon."""
+    if isinstance(module, nn.LayerNorm):
+        return "layernorm", module.normalized_shape, module.weight, module.bias, module.eps
+    rms = getattr(nn, "RMSNorm", None)  # torch 2.4 and later
+    if rms is not None and isinstance(module, rms):
+        return "rmsnorm", module.normalized_shape, module.weight, None, module.eps
+    return None
+
+
 def _numpy64(tensor):
     return None if tensor is None else tensor.detach().to(torch.float64).cpu().numpy()
 
@@ -124,7 +140,8 @@ class _Layers:
 
     def __init__(self):
         self.weights, self.biases, self.acts = [], [], []
-        self.open = False  # the last layer's output is still W h + b (nothing but folds since its Linear)
+        self.norms = []  # per layer None or [kind, weight, bias, eps] of its LayerNorm / RMSNorm (FusedMLP's norm=)
+        self.open = False  # the last layer's output is still W h + b, or its norm of it (only folds since its Linear)
         self.pending = None  # (s, t, label) of BatchNorm1d(s) waiting for the next Linear
 
     def linear(self, weight, bias, label):
@@ -140,6 +157,7 @@ class _Layers:
         self.weights.append(w)
         self.biases.append(b)
         self.acts.append("none")
+        self.norms.append(None)
         self.open = True
 
     def batchnorm(self, bn, label):
@@ -149,6 +167,11 @@ class _Layers:
             if s.shape[0] != w.shape[0]:
                 raise ShapeError(f"{label}: BatchNorm1d has {s.shape[0]} features but the Linear before it has "
                                  f"{w.shape[0]} outputs")
+            norm = self.norms[-1]
+            if norm is not None:  # Linear -> LayerNorm -> BatchNorm1d: into the norm's affine
+                norm[1] = s * (norm[1] if norm[1] is not None else 1.0)
+                norm[2] = s * (norm[2] if norm[2] is not None else 0.0) + t
+                return
             b = self.biases[-1]
             self.weights[-1] = w * s[:, None]
             self.biases[-1] = s * (b if b is not None else 0.0) + t
@@ -160,6 +183,22 @@ class _Layers:
             self.pending = (s * s0, s * t0 + t, first)
         else:
             self.pending = (s, t, label)
+
+    def norm(self, kind, shape, weight, bias, eps, label):
+        """A LayerNorm (kind 'layernorm') or RMSNorm ('rmsnorm') over `shape` (its normalized_shape) at label: the
+        last layer's norm, fused before its activation; it must come directly after that layer's Linear."""
+        name = "LayerNorm" if kind == "layernorm" else "RMSNorm"
+        self.unfoldable(label, f"a {name}")
+        if not self.open or self.norms[-1] is not None:
+            raise ArgumentError(f"{label}: {name} is not directly after a Linear" + (
+                " (nor after one without a norm)" if self.weights and self.norms[-1] is not None else "") +
+                f"; fusedmlp fuses a {name} over a Linear's outputs, before the layer's activation (Linear -> {name} "
+                "-> activation)")
+        width = self.weights[-1].shape[0]
+        if tuple(shape) != (width,):
+            raise ShapeError(f"{label}: {name} normalizes over {tuple(shape)}, but the Linear before it has {width} "
+                             f"outputs; fusedmlp fuses a norm over the layer's features, normalized_shape ({width},)")
+        self.norms[-1] = [kind, _numpy64(weight), _numpy64(bias), None if eps is None else float(eps)]
 
     def unfoldable(self, label, what):
         """Raises if a BatchNorm1d waits for a Linear and `what` (at label) comes first."""
@@ -174,15 +213,22 @@ class _Layers:
         self.open = False
 
     def finish(self, module):
+        """(weights, biases, activations, norm) in float32, norm FusedMLP's norm= argument (None without norms)."""
         if self.pending is not None:
             raise ArgumentError(f"{self.pending[2]}: BatchNorm1d at the end of the network after an activation folds "
                                 "into no Linear; fusedmlp folds a BatchNorm1d directly after a Linear or directly "
                                 "before one")
         if not self.weights:
             raise ShapeError(f"{type(module).__name__} holds no Linear layer")
-        weights = [w.astype(np.float32) for w in self.weights]
-        biases = [None if b is None else b.astype(np.float32) for b in self.biases]
-        return weights, biases, self.acts
+
+        def f32(a):
+            return None if a is None else a.astype(np.float32)
+
+        weights = [f32(w) for w in self.weights]
+        biases = [f32(b) for b in self.biases]
+        norm = {l: {"kind": n[0], "weight": f32(n[1]), "bias": f32(n[2]), "eps": n[3]}
+                for l, n in enumerate(self.norms) if n is not None}
+        return weights, biases, self.acts, norm or None
 
 
 def _compose(outer, inner):
@@ -205,16 +251,19 @@ def _flatten(module, prefix):
 
 
 def read_module(module, activations=None):
-    """Reads an MLP module into weights, biases, one activation per layer and residual epilogues.
+    """Reads an MLP module into weights, biases, one activation per layer, residual epilogues and norms.
 
     Args:
-        module: an nn.Linear, nn.Sequential (nested ones too), torchvision.ops.MLP without norm layers, or any module
-            whose forward torch.fx can trace into Linear / F.linear, activations, and x + f(x) / x * f(x) residuals.
+        module: an nn.Linear, nn.Sequential (nested ones too), torchvision.ops.MLP, or any module whose forward
+            torch.fx can trace into Linear / F.linear, activations, x + f(x) / x * f(x) residuals, input concats and
+            norms. Linears may carry weight_norm / spectral_norm parametrizations (their eval-mode weight is read);
+            BatchNorm1d in eval mode folds into the Linear before or after it; LayerNorm / RMSNorm directly after a
+            Linear becomes that layer's fused norm.
         activations: {module path: expression} for modules fusedmlp does not know (e.g. {"mlp.4": "x*tanh(x)"}).
 
     Returns:
         (weights, biases, activations, edges) ready for FusedMLP(weights, biases, activation=activations, **edges);
-        edges holds the residual and concat arguments.
+        edges holds the residual and concat arguments, and norm where the model has LayerNorm / RMSNorm.
     """
     if not isinstance(module, (nn.Sequential, nn.Linear)):
         return _read_traced(module, activations)
@@ -236,6 +285,9 @@ def read_module(module, activations=None):
         if text is None and isinstance(leaf, nn.BatchNorm1d):
             layers.batchnorm(leaf, label)
             continue
+        if text is None and _norm_module(leaf) is not None:
+            layers.norm(*_norm_module(leaf), label)
+            continue
         if text is None:
             text = _activation_text(leaf)
         if text is None:
@@ -247,8 +299,8 @@ def read_module(module, activations=None):
         layers.activation(text, label)
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    weights, biases, acts = layers.finish(module)
-    return weights, biases, acts, {"residual": None, "concat": None}
+    weights, biases, acts, norm = layers.finish(module)
+    return weights, biases, acts, _edges(None, None, norm)
 
 
 # ------------------------------------------------------------------------------------------------ traced graphs
@@ -266,7 +318,8 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "(relu, gelu, silu, tanh, sigmoid, softplus, leaky_relu, elu, ...), residuals h + f(h) and "
                     "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
                     "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
-                    "a Linear, Dropout and BatchNorm1d (folded into the Linear before or after it) in eval mode")
+                    "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) directly after a Linear, "
+                    "Dropout and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
 def _arg(node, index, name, default):
@@ -309,6 +362,23 @@ def _traced_attr(root, node, label):
         return _effective(root.get_submodule(owner_path), name, label)
     raise ArgumentError(f"{label}: F.linear's weight and bias must be parameters of the module (a computed weight is "
                         "not read)")
+
+
+def _traced_norm(root, node, leaf, label):
+    """(kind, normalized_shape, weight, bias, eps) of a LayerNorm / RMSNorm graph node (a module, or F.layer_norm /
+    F.rms_norm with the module's parameters), else None."""
+    if leaf is not None:
+        return _norm_module(leaf)
+    rms_norm = getattr(F, "rms_norm", None)  # torch 2.4 and later
+    if node.op != "call_function" or node.target not in (F.layer_norm, rms_norm) or node.target is None:
+        return None
+    shape = _arg(node, 1, "normalized_shape", None)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape) if isinstance(shape, (list, tuple)) else shape
+    if node.target is F.layer_norm:
+        return ("layernorm", shape, _traced_attr(root, _arg(node, 2, "weight", None), label),
+                _traced_attr(root, _arg(node, 3, "bias", None), label), float(_arg(node, 4, "eps", 1e-5)))
+    eps = _arg(node, 3, "eps", None)
+    return "rmsnorm", shape, _traced_attr(root, _arg(node, 2, "weight", None), label), None, eps
 
 
 def _is_parametrization_call(gm, node):
@@ -381,6 +451,13 @@ def _read_traced(module, activations):
             layers.batchnorm(leaf, node.target)
             cur = node
             continue
+        norm = _traced_norm(module, node, leaf if text is None else None, label)
+        if norm is not None:
+            if not inputs or inputs[0] is not cur:
+                raise ArgumentError(f"{label}: a norm that does not take the previous layer's output")
+            layers.norm(*norm, node.target if leaf is not None else label)
+            cur = node
+            continue
         if node.op == "call_function" and node.target is torch.cat:
             parts, dim = node.args[0], _arg(node, 1, "dim", 0)
             if (not isinstance(parts, (list, tuple)) or len(parts) != 2 or set(parts) != {cur, x_node}
@@ -443,15 +520,17 @@ def _read_traced(module, activations):
         cur = node
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    weights, biases, acts = layers.finish(module)
-    return weights, biases, acts, {"residual": [tuple(r) if r else None for r in residual], "concat": concat or None}
+    weights, biases, acts, norm = layers.finish(module)
+    return weights, biases, acts, _edges([tuple(r) if r else None for r in residual], concat or None, norm)
 
 
 def from_torch(module, activations=None, device=None, **kwargs):
     """Builds a FusedMLP from a PyTorch MLP.
 
     Args:
-        module: nn.Sequential (nested ones too), torchvision.ops.MLP without norm layers, or one nn.Linear.
+        module: nn.Sequential (nested ones too), torchvision.ops.MLP, one nn.Linear, or a module torch.fx traces
+            (read_module says what each may hold: BatchNorm1d is folded, LayerNorm / RMSNorm fused, parametrized
+            Linears read as their effective weight).
         activations: {module path: expression} for activation modules fusedmlp does not know.
         device: default: the module's device ('cuda:N' for CUDA parameters, else 'auto').
         kwargs: passed to FusedMLP (check, cache_dir).
