@@ -87,6 +87,8 @@ typedef struct fm_cuda_api {
                                unsigned block_y, unsigned block_z, unsigned smem_bytes, CUstream stream,
                                void **params, void **extra);
     CUresult (*cuMemAlloc)(CUdeviceptr *dptr, size_t bytes);
+    /* Optional (CUDA 10.1+): lets fm_mem_alloc run while the thread captures a CUDA graph, as PyTorch's allocator does. */
+    CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
     CUresult (*cuMemFree)(CUdeviceptr dptr);
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
     CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
@@ -202,6 +204,7 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     FM_RESOLVE(cuEventDestroy, "cuEventDestroy_v2");
 #undef FM_RESOLVE
     *(void **)&api->cuOccupancyMaxActiveClusters = dlsym(handle, "cuOccupancyMaxActiveClusters");
+    *(void **)&api->cuThreadExchangeStreamCaptureMode = dlsym(handle, "cuThreadExchangeStreamCaptureMode");
     return NULL;
 }
 
@@ -476,9 +479,18 @@ fm_status fm_mem_alloc(fm_devptr *p, size_t bytes, fm_error *err) {
     *p = 0;
     if (st != FM_OK || bytes == 0)
         return st; /* zero bytes: the null pointer, which fm_mem_free accepts */
-    CU_CHECK(cuMemAlloc, (&d, bytes));
+    /* An allocation is not a stream operation, but a thread capturing a CUDA graph in the default (global) mode may
+     * not call cuMemAlloc: relaxed mode around it, then the caller's mode back (a segmented network's first call of a
+     * batch size inside torch.cuda.graph allocates its workspace). */
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    if (g_api.cuThreadExchangeStreamCaptureMode != NULL)
+        g_api.cuThreadExchangeStreamCaptureMode(&mode);
+    CUresult r = g_api.cuMemAlloc(&d, bytes);
+    if (g_api.cuThreadExchangeStreamCaptureMode != NULL)
+        g_api.cuThreadExchangeStreamCaptureMode(&mode);
+    if (r != CUDA_SUCCESS)
+        return cu_failed(err, FM_ERR_CUDA, r, "cuMemAlloc(&d, bytes)", __FILE__, __LINE__);
     *p = (fm_devptr)d;
-cleanup:
     return st;
 }
 

@@ -279,11 +279,18 @@ typedef struct fm_plan {
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err);
 
+/* A GEMM plan's choices; zero fields (wgmma: -1) let the plan choose. */
+typedef struct fm_gemm_opts {
+    int bm, bn;  /* tile rows (64, 128) and columns (64, 128; 256 with wgmma) */
+    int stages;  /* shared-memory K stages (mma.sync 2..8, wgmma 3..8) */
+    int wgmma;   /* 1: the warpgroup form (sm_90a, 16-bit operands), 0: mma.sync, -1: wgmma where it can */
+} fm_gemm_opts;
+
 /* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual
- * operand (a1, res: -1 where the layer has none), out the result's; bm/bn force the tile (0: the plan's choice: 128
- * rows, 128 columns, or 64 for a layer of 64 or fewer). FM_ERR_LIMIT where the arch or shared memory cannot. */
+ * operand (a1, res: -1 where the layer has none), out the result's; opts (NULL: all auto) forces the tile. FM_ERR_LIMIT
+ * where the arch or shared memory cannot. */
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
-                       int res, fm_dtype out, int bm, int bn, fm_plan *plan, fm_error *err);
+                       int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err);
 
 /* The type layer l's result is stored as, in fm_dtype's codes: 0 float32 (tf32 activations, or a float32 output),
  * 1 float16, 2 bfloat16. Where it is 16-bit the activation may use the fast helpers, whose error is the size of

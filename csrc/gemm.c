@@ -15,7 +15,11 @@ static int fm_gemm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 static int fm_gemm_valid_dtype(int d) { return d == FM_F32 || d == FM_F16 || d == FM_BF16; }
 
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
-                       int res, fm_dtype out, int bm, int bn, fm_plan *plan, fm_error *err) {
+                       int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
+    const fm_gemm_opts auto_opts = {0, 0, 0, -1};
+    if (opts == NULL)
+        opts = &auto_opts;
+    const int bm = opts->bm, bn = opts->bn;
     memset(plan, 0, sizeof *plan);
     if (l < 0 || l >= spec->num_layers)
         return fm_fail(err, FM_ERR_VALUE, "layer %d: the network has layers 0..%d", l, spec->num_layers - 1);
@@ -45,8 +49,8 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     if ((a0 == FM_BF16 || a1 == FM_BF16 || res == FM_BF16 || out == FM_BF16) && target->arch < 80)
         return fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer; the target is sm_%d",
                        target->arch);
-    if ((bm != 0 && bm != 64 && bm != 128) || (bn != 0 && bn != 64 && bn != 128))
-        return fm_fail(err, FM_ERR_VALUE, "GEMM tile %dx%d: rows and columns are each 64 or 128 (0: auto)", bm, bn);
+    if ((bm != 0 && bm != 64 && bm != 128) || (bn != 0 && bn != 64 && bn != 128 && bn != 256))
+        return fm_fail(err, FM_ERR_VALUE, "GEMM tile %dx%d: rows 64 or 128, columns 64, 128 or 256 (0: auto)", bm, bn);
 
     plan->gemm = 1;
     plan->gemm_layer = l;
@@ -59,8 +63,15 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->a1_dtype = a1;
     plan->res_dtype = res;
 
-    /* K in stages of 64 bytes (32 halves or 16 floats), each input part padded to whole stages so a stage reads one. */
-    const int kt = 64 / plan->elem_bytes;
+    /* sm_90a takes the warpgroup MMA (16-bit operands; tf32 stays on mma.sync): wgmma.mma_async with both operands
+     * from shared memory, as the fused warpgroup kernel's layers. */
+    if (opts->wgmma > 0 && (target->arch != 90 || prec == FM_PREC_TF32))
+        return fm_fail(err, FM_ERR_LIMIT, "a wgmma GEMM needs sm_90a and float16 or bfloat16 (sm_%d, %s)", target->arch,
+                       fm_prec_name(prec));
+    plan->wgmma = opts->wgmma >= 0 ? opts->wgmma : target->arch == 90 && prec != FM_PREC_TF32;
+    /* K in stages of 64 bytes (mma.sync) or 128 (wgmma), each input part padded to whole stages so a stage reads
+     * one part. */
+    const int kt = (plan->wgmma ? 128 : 64) / plan->elem_bytes;
     const int first = spec->cat[l] == FM_CAT_BEFORE ? 0 : l, second = spec->cat[l] == FM_CAT_AFTER ? 0 : l;
     plan->k_real[l] = fm_spec_in_features(spec, l);
     plan->k0_real[l] = spec->width[first];
@@ -73,30 +84,48 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->cat[l] = spec->cat[l];
     plan->a1_buf[l] = plan->res_buf[l] = -1;
 
-    /* 128 x 128 tiles of 8 warps (64 x 32 each) by default: 4 stages are 80 KB, two CTAs an SM on sm_80..sm_90. A
-     * layer of 64 or fewer outputs takes 64 columns, warps 32 x 32, so no tile is mostly padding. */
+    /* mma.sync: 128 x 128 tiles of 8 warps (64 x 32 each) by default, 4 stages of 80 KB in all, two CTAs an SM on
+     * sm_80..sm_90; a layer of 64 or fewer outputs takes 64 columns (warps 32 x 32), so no tile is mostly padding.
+     * wgmma: two warpgroups of 64 rows, each all the tile's columns: 256 for a layer of more than 128 outputs (a
+     * warpgroup then reads each A fragment once for 256 columns), else 128 or 64; 4 stages of 128 bytes of K, 192 KB
+     * for 128 x 256. */
     plan->gemm_bm = bm ? bm : 128;
-    plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : 128);
-    plan->warps = 8;
-    plan->gemm_warps_m = plan->gemm_bn == 128 ? (plan->gemm_bm == 128 ? 2 : 1) : (plan->gemm_bm == 128 ? 4 : 2);
+    plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : plan->n_real[l] <= 128 || !plan->wgmma ? 128 : 256);
+    plan->warps = plan->wgmma ? plan->gemm_bm / 16 : 8;
+    if (plan->wgmma)
+        plan->gemm_warps_m = plan->warps; /* a warp's 16 rows of its warpgroup's 64, all columns */
+    else
+        plan->gemm_warps_m = plan->gemm_bn == 128 ? (plan->gemm_bm == 128 ? 2 : 1) : (plan->gemm_bm == 128 ? 4 : 2);
     plan->n_pad[l] = fm_gemm_round_up(plan->n_real[l], plan->gemm_bn);
     plan->n_chunk[l] = plan->gemm_bn;
     plan->rows_per_cta = plan->gemm_bm;
     plan->m_tiles = plan->gemm_bm / plan->gemm_warps_m / 16;
     plan->resident = 0;
 
-    const size_t stage = (size_t)(plan->gemm_bm + plan->gemm_bn) * (64 + 16);
-    int stages = 4;
-    while (stages > 2 && (size_t)stages * stage > target->smem_per_block)
+    if (plan->gemm_bn == 256 && !plan->wgmma)
+        return fm_fail(err, FM_ERR_VALUE, "GEMM tile columns 256 need the wgmma form (sm_90a, float16 or bfloat16)");
+    const size_t stage = (size_t)(plan->gemm_bm + plan->gemm_bn) * (plan->wgmma ? 128 : 64 + 16);
+    const int least = plan->wgmma ? 3 : 2; /* wgmma keeps two stages ahead of the one it reads */
+    if (opts->stages && (opts->stages < least || opts->stages > 8))
+        return fm_fail(err, FM_ERR_VALUE, "GEMM stages=%d: %d..8 (0: auto)", opts->stages, least);
+    /* Stages: 4 for 128 x 256 wgmma tiles (one CTA an SM; 3 were 4-7% slower) and for mma.sync (two CTAs an SM at
+     * 80 KB); 3 for 128 x 128 wgmma tiles, which then fit two CTAs an SM (8% faster than 4 at one). H100, 2^21 rows of
+     * wide512 and rec1024: docs/performance.md. */
+    int stages = opts->stages ? opts->stages : (plan->wgmma && plan->gemm_bn <= 128 ? 3 : 4);
+    const size_t align = plan->wgmma ? 1024 : 0;
+    while (!opts->stages && stages > least && (size_t)stages * stage + align > target->smem_per_block)
         --stages;
-    if ((size_t)stages * stage > target->smem_per_block)
-        return fm_fail(err, FM_ERR_LIMIT, "the GEMM tile %dx%d needs %zu bytes of shared memory; sm_%d gives a block "
-                       "%zu", plan->gemm_bm, plan->gemm_bn, 2 * stage, target->arch, target->smem_per_block);
+    if ((size_t)stages * stage + align > target->smem_per_block)
+        return fm_fail(err, FM_ERR_LIMIT, "the GEMM tile %dx%d in %d stages needs %zu bytes of shared memory; sm_%d "
+                       "gives a block %zu", plan->gemm_bm, plan->gemm_bn, stages, (size_t)stages * stage + align,
+                       target->arch, target->smem_per_block);
     plan->gemm_stages = stages;
-    plan->smem_bytes = (size_t)stages * stage;
+    plan->smem_bytes = (size_t)stages * stage + (plan->wgmma ? 1024 : 0); /* wgmma: room to align the swizzle atoms */
     size_t per_sm = target->smem_per_sm ? target->smem_per_sm : target->smem_per_block;
     int blocks = (int)(per_sm / (plan->smem_bytes + 1024)); /* the driver reserves 1 KB a block */
     plan->blocks_per_sm = blocks < 1 ? 1 : (blocks > 2 ? 2 : blocks);
+    if (plan->wgmma && plan->gemm_bn > 128) /* 128 accumulators a thread: two CTAs' threads would spill */
+        plan->blocks_per_sm = 1;
 
     plan->act_stride = 16 / plan->elem_bytes; /* fm_common.cuh's activation rows, which this kernel has none of */
     plan->w_offset[l] = 0;

@@ -267,7 +267,8 @@ static PyMethodDef Network_methods[] = {
      "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1, cluster=0, kpipe=0) -> Plan"},
     {"gemm_plan", (PyCFunction)(void (*)(void))Network_gemm_plan, METH_VARARGS | METH_KEYWORDS,
      "gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=0, precision='float16', bm=0, "
-     "bn=0) -> Plan: the layer alone as a GEMM (dtype names; a1, res None where the layer has no concat/residual)"},
+     "bn=0, stages=0, wgmma=-1) -> Plan: the layer alone as a GEMM (dtype names; a1, res None where the layer has no "
+     "concat/residual)"},
     {NULL, NULL, 0, NULL},
 };
 

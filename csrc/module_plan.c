@@ -43,14 +43,16 @@ fail:
 
 PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"layer", "arch", "smem_per_block", "sm_count", "a0", "a1", "res", "out", "smem_per_sm",
-                             "precision", "bm", "bn", NULL};
-    int layer, arch, sm_count, bm = 0, bn = 0, a1, res;
+                             "precision", "bm", "bn", "stages", "wgmma", NULL};
+    int layer, arch, sm_count, a1, res;
+    fm_gemm_opts opts = {0, 0, 0, -1};
     Py_ssize_t smem, smem_sm = 0;
     const char *a0_s, *out_s, *prec_s = "float16";
     PyObject *a1_o, *res_o;
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "iinisOOs|$nsii", kwlist, &layer, &arch, &smem, &sm_count, &a0_s,
-                                     &a1_o, &res_o, &out_s, &smem_sm, &prec_s, &bm, &bn))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "iinisOOs|$nsiiii", kwlist, &layer, &arch, &smem, &sm_count, &a0_s,
+                                     &a1_o, &res_o, &out_s, &smem_sm, &prec_s, &opts.bm, &opts.bn, &opts.stages,
+                                     &opts.wgmma))
         return NULL;
     fm_dtype a0, out;
     fm_prec prec;
@@ -70,7 +72,7 @@ PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds)
     if (smem_sm > 0)
         p->target.smem_per_sm = (size_t)smem_sm;
     p->target.sm_count = sm_count;
-    if (fm_plan_gemm(&self->spec, layer, &p->target, prec, a0, a1, res, out, bm, bn, &p->plan, &err) != FM_OK)
+    if (fm_plan_gemm(&self->spec, layer, &p->target, prec, a0, a1, res, out, &opts, &p->plan, &err) != FM_OK)
         goto fail;
     return (PyObject *)p;
 fail:

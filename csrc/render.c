@@ -226,7 +226,7 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
             fm_str_printf(out, "%s\"+f\"(d[%d])", r ? ", " : "", r);
         fm_str_printf(out, "\n                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(desc), "
                            "\"r\"(scale_d));\n    }\n");
-        if (p->cluster) { /* and with A (64 x 16 of the warpgroup's buffer) from a shared-memory descriptor too */
+        if (p->cluster || p->gemm) { /* and with A (64 x 16 of a shared-memory buffer) from a descriptor too */
             fm_str_printf(out,
                           "    static __device__ __forceinline__ void run_ss(float (&d)[%d], unsigned long long adesc, "
                           "unsigned long long desc, int scale_d) {\n"
@@ -251,15 +251,20 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(fm_subst_add(t, "BN"), "%d", p->gemm_bn);
     fm_str_printf(fm_subst_add(t, "WARPS_M"), "%d", p->gemm_warps_m);
     fm_str_printf(fm_subst_add(t, "STAGES"), "%d", p->gemm_stages);
+    fm_str_printf(fm_subst_add(t, "GEMM_WGMMA"), "%d", p->wgmma);
+    if (p->wgmma)
+        fm_render_wgmma(p, fm_subst_add(t, "WGMMA"));
+    else
+        fm_subst_add(t, "WGMMA"); /* the shared helpers' placeholder: no instruction forms */
     fm_str_printf(fm_subst_add(t, "A1_TYPE"), "%d", p->a1_dtype);
     fm_str_printf(fm_subst_add(t, "RES_TYPE"), "%d", p->res_dtype);
     fm_str_printf(fm_subst_add(t, "A0_REAL"), "%d", p->k0_real[l]);
     fm_str_printf(fm_subst_add(t, "A1_REAL"), "%d", p->k_real[l] - p->k0_real[l]);
     fm_str *c = fm_subst_add(t, "PLAN_COMMENT");
-    fm_str_printf(c, "layer %d alone, %d -> %d; sm_%d; %s mma.sync GEMM; %dx%d tiles of %d warps, %d stages of 64 B of "
+    fm_str_printf(c, "layer %d alone, %d -> %d; sm_%d; %s %s GEMM; %dx%d tiles of %d warps, %d stages of %d B of "
                   "K, %d CTAs/SM; %zu B shared memory; input %s", l, p->k_real[l], p->n_real[l], p->arch,
-                  fm_prec_name(p->prec), p->gemm_bm, p->gemm_bn, p->warps, p->gemm_stages, p->blocks_per_sm,
-                  p->smem_bytes, fm_dtype_name(p->in_dtype));
+                  fm_prec_name(p->prec), p->wgmma ? "wgmma" : "mma.sync", p->gemm_bm, p->gemm_bn, p->warps,
+                  p->gemm_stages, p->wgmma ? 128 : 64, p->blocks_per_sm, p->smem_bytes, fm_dtype_name(p->in_dtype));
     if (p->a1_dtype >= 0)
         fm_str_printf(c, " + %s (concat)", fm_dtype_name((fm_dtype)p->a1_dtype));
     if (p->res_dtype >= 0)

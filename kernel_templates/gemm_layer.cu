@@ -7,10 +7,19 @@
 // Rendered by csrc/render.c from a GEMM plan (csrc/gemm.c); Layer<0> is the network's layer the plan names.
 // Shape of the work:
 // - A CTA computes a BM x BN tile of y; the grid is 1-D with the column tiles fastest, so the CTAs that read the same
-//   rows of x run together and x's rows come from L2 after the first.
-// - K advances 64 bytes per stage (32 halves or 16 floats) through FM_STAGES shared-memory stages filled by cp.async
-//   while earlier stages compute (sm_80+; sm_75 copies synchronously). Rows are 64 + 16 bytes: the 8 rows one
-//   ldmatrix reads then fall in 8 different bank groups.
+//   rows of x run together and x's rows come from L2 after the first. (A persistent grid loading the next tile's first
+//   stages under this tile's epilogue was measured and not kept: -4% to +1%, H100, docs/performance.md.)
+// - K advances KT_B bytes per stage through FM_STAGES shared-memory stages filled by cp.async while earlier stages
+//   compute (sm_80+; sm_75 copies synchronously).
+// - Two ways to multiply, one per target (the plan's FM_WGMMA):
+//   mma.sync (sm_75..sm_90): stages of 64 bytes of K in rows of 64 + 16 bytes (the 8 rows one ldmatrix reads then
+//   fall in 8 different bank groups); each warp owns a (BM / WARPS_M) x (BN / WARPS_N) piece, fed by ldmatrix, as in
+//   fused_mlp.cu.
+//   wgmma (sm_90a): stages of 128 bytes of K in wgmma's K-major 128-byte-swizzle layout (a row's 16-byte chunks
+//   permuted by the row's index mod 8, in atoms of 8 rows = 1024 bytes); each warpgroup owns 64 rows and all BN
+//   columns, one m64nBNk16 per 16 of K with both operands from shared-memory descriptors, one wgmma group in flight
+//   under the next stage's wait. (The no-swizzle layout of the fused kernels' weights, with both operands read from
+//   shared memory, ran 1.5-2.4x slower than mma.sync here: H100, wide512 and rec1024 at 2^21 rows.)
 // - The input is one part, or two for an input concat (NeRF's skip): part p is a row-major array of A<p>_REAL
 //   elements a row, in its own dtype; its K range is padded to whole stages in the weights, so a stage reads one
 //   part. A part already in the compute dtype with 16-byte rows is copied as it is; any other (float32 x of a float16
@@ -20,6 +29,7 @@
 // Plan: {{PLAN_COMMENT}}
 
 #define FM_WARPS {{WARPS}}
+#define FM_WGMMA {{GEMM_WGMMA}}   // 1: warpgroup MMAs (sm_90a), 0: mma.sync
 #define FM_STAGES {{STAGES}}
 #define FM_A1_TYPE {{A1_TYPE}}    // the concat's second part in global memory (-1: no concat), fm_dtype codes
 #define FM_RES_TYPE {{RES_TYPE}}  // the residual operand in global memory (-1: no residual)
@@ -29,19 +39,44 @@ constexpr int A0_REAL = {{A0_REAL}}, A1_REAL = {{A1_REAL}};  // real widths of t
 
 #include "fm_common.cuh"
 #include "fm_mma_sync.cuh"
+#include "fm_wgmma.cuh"
 
 typedef Layer<0> Ly;
 constexpr int WARPS_N = FM_WARPS / WARPS_M;
-constexpr int TM = BM / WARPS_M, TN = BN / WARPS_N;  // a warp's piece of the tile
+constexpr int TM = BM / WARPS_M, TN = BN / WARPS_N;  // a warp's piece of the tile (wgmma: 16 rows x BN)
 constexpr int MT = TM / 16, NT = TN / 8;             // its m16 and n8 mma tiles
-constexpr int KT_B = 64;                             // bytes of K per stage
+constexpr int KT_B = FM_WGMMA ? 128 : 64;            // bytes of K per stage
 constexpr int KT = KT_B / EB;                        // elements of K per stage
-constexpr int SROW_B = KT_B + 16;                    // bytes per shared-memory row of a stage
+constexpr int CH = KT_B / 16;                        // 16-byte chunks of a row's K per stage
+constexpr int SROW_B = FM_WGMMA ? KT_B : KT_B + 16;  // bytes per shared-memory row of a stage
 constexpr int A_STAGE_B = BM * SROW_B, STAGE_B = (BM + BN) * SROW_B;
+static_assert(!FM_WGMMA || (WARPS_M == FM_WARPS && BM == 64 * (FM_WARPS / 4) && FM_PREC != 2),
+              "wgmma: each warpgroup 64 rows of all BN columns, 16-bit operands");
+static_assert(!FM_WGMMA || KT_B == 128, "the 128-byte swizzle: a stage's row of K is one swizzle row");
+// Byte offset of (row r, byte b of K) in a stage's operand: padded rows, or the 128-byte swizzle (chunk b / 16 of row
+// r at chunk (b / 16) ^ (r % 8); the 8 rows of an atom, whose chunk c then lie in 8 different bank groups).
+__device__ __forceinline__ fm_u32 fm_sm_off(int r, int b) {
+    if constexpr (FM_WGMMA)
+        return (fm_u32)(r * 128 + ((((b >> 4) ^ (r & 7))) << 4) + (b & 15));
+    else
+        return (fm_u32)(r * SROW_B + b);
+}
+// The 16-byte chunk c of a stage's operand: row c / CH, chunk c % CH (consecutive threads: a row's chunks, contiguous
+// in global memory and, padded or swizzled, in different bank groups).
+__device__ __forceinline__ void fm_chunk(int c, int &r, int &q) {
+    r = c / CH;
+    q = c % CH;
+}
+// The shared-memory descriptor of a K-major 128-byte-swizzled operand at `addr` (1024-byte aligned atoms of 8 rows;
+// a k step further is 32 bytes further): SBO 1024 bytes to the next 8 rows, LBO unused (1), layout type 1 (SW128).
+__device__ __forceinline__ unsigned long long fm_desc_sw128(fm_u32 addr) {
+    return (unsigned long long)((addr >> 4) & 0x3FFFu) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
 constexpr int KTILES = Ly::K / KT, K0TILES = Ly::K0 / KT;
 static_assert(WARPS_M * WARPS_N == FM_WARPS && TM % 16 == 0 && TN % 16 == 0, "warp pieces are whole mma tiles");
 static_assert(Ly::K % KT == 0 && Ly::K0 % KT == 0 && Ly::N % BN == 0, "the plan pads K parts to stages, N to tiles");
-static_assert(FM_STAGES * STAGE_B == SMEM_BYTES, "the shared memory is the plan's (gemm.c)");
+static_assert(FM_STAGES * STAGE_B + (FM_WGMMA ? 1024 : 0) == SMEM_BYTES, "the shared memory is the plan's (gemm.c)");
 static_assert((FM_A1_TYPE >= 0) == (Ly::K0 < Ly::K), "a second part exactly where the layer has a concat");
 
 // 16 bytes global -> shared (a shared-window address); asynchronous on sm_80+.
@@ -71,18 +106,19 @@ __device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ s
     constexpr bool RAW = T == (FM_PREC == 2 ? 0 : FM_PREC + 1) && (REAL * EB) % 16 == 0;
     if constexpr (RAW) {  // the compute dtype with 16-byte rows: cp.async, the hardware zero-filling what is outside
         constexpr int E16 = 16 / EB;
-        for (int c = threadIdx.x; c < BM * (KT_B / 16); c += THREADS) {
-            const int r = c / (KT_B / 16), q = c % (KT_B / 16);
+        for (int c = threadIdx.x; c < BM * CH; c += THREADS) {
+            int r, q;
+            fm_chunk(c, r, q);
             const long long row = row0 + r;
             const int col = kcol + q * E16;
             const bool in = row < rows && col < REAL;
             const act_t *g = (const act_t *)src + (in ? row * REAL + col : 0);
 #if __CUDA_ARCH__ >= 800
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + r * SROW_B + q * 16), "l"(g),
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + fm_sm_off(r, q * 16)), "l"(g),
                          "r"(in ? 16 : 0));
 #else
             fm_v4 v = in ? *(const fm_v4 *)g : fm_v4{0u, 0u, 0u, 0u};
-            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst + r * SROW_B + q * 16), "r"(v.x),
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst + fm_sm_off(r, q * 16)), "r"(v.x),
                          "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 #endif
         }
@@ -98,7 +134,7 @@ __device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ s
                 if (col + 1 < REAL)
                     v1 = fm_ld_f<T>(src, row * REAL + col + 1);
             }
-            const fm_u32 at = dst + r * SROW_B + k * EB;
+            const fm_u32 at = dst + fm_sm_off(r, k * EB);
 #if FM_PREC == 2
             fm_st_shared(at, fm_tf32(v0), fm_tf32(v1));
 #else
@@ -120,59 +156,73 @@ __device__ __forceinline__ void fm_load_stage(fm_u32 smem, int s, int kt, const 
         fm_load_a<FM_IN_TYPE, A0_REAL>(a_dst, a0, row0, rows, kt * KT);
     (void)a1;
     constexpr int E16 = 16 / EB;
-    for (int c = threadIdx.x; c < BN * (KT_B / 16); c += THREADS) {  // weights: whole rows of N x K, never outside
-        const int r = c / (KT_B / 16), q = c % (KT_B / 16);
-        fm_cp16(b_dst + r * SROW_B + q * 16, w + (long long)(n0 + r) * Ly::K + kt * KT + q * E16);
+    for (int c = threadIdx.x; c < BN * CH; c += THREADS) {  // weights: whole rows of N x K, never outside
+        int r, q;
+        fm_chunk(c, r, q);
+        fm_cp16(b_dst + fm_sm_off(r, q * 16), w + (long long)(n0 + r) * Ly::K + kt * KT + q * E16);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
-{{KERNEL_NAME}}(const void *__restrict__ x,      // input part 0: rows x A0_REAL of dtype FM_IN_TYPE
-                out_t *__restrict__ y,            // rows x NR of out_t
-                const act_t *__restrict__ w,      // N x K act_t: nn.Linear's weight, zero-padded, part 1 at K0
-                const float *__restrict__ bias,   // N floats (zero without a bias)
-                long long rows,                   // batch size, >= 1
-                const void *__restrict__ x1,      // input part 1 (a concat's): rows x A1_REAL of FM_A1_TYPE, or null
-                const void *__restrict__ res)     // the residual operand: rows x NR of FM_RES_TYPE, or null
-{
-    extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
-    const fm_u32 smem = fm_smem_addr(fm_smem_raw);
-    constexpr int NTILES = Ly::N / BN;
-    const long long tile = blockIdx.x;
-    const int n0 = (int)(tile % NTILES) * BN;
-    const long long row0 = tile / NTILES * BM;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
-    const int g = lane >> 2, t = lane & 3;
+// Stages loaded ahead of the one computing. mma.sync: FM_STAGES - 1 (a stage is free once every warp passed the
+// barrier after reading it). wgmma: FM_STAGES - 2, the load at step kt going to the stage step kt - 2 read, which every
+// warpgroup's wgmma.wait_group 1 at step kt - 1 finished before the barrier at step kt.
+constexpr int AHEAD = FM_WGMMA ? FM_STAGES - 2 : FM_STAGES - 1;
+static_assert(AHEAD >= 1, "wgmma needs 3 or more stages, mma.sync 2");
 
-    // Accumulators start at the bias, as in the fused kernels (no bias add in the epilogue).
-    float acc[MT][NT][4];
+// The first AHEAD stages of a tile, one cp.async group each (empty ones past K, so the counts stay the same).
+__device__ __forceinline__ void fm_prefetch(fm_u32 smem, const void *x, const void *x1, const act_t *__restrict__ w,
+                                            long long row0, long long rows, int n0) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int col = n0 + wn * TN + nt * 8 + 2 * t;
-        const float b0 = Ly::BIAS ? bias[col] : 0.0f, b1 = Ly::BIAS ? bias[col + 1] : 0.0f;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            acc[mt][nt][0] = acc[mt][nt][2] = b0;
-            acc[mt][nt][1] = acc[mt][nt][3] = b1;
-        }
-    }
-
-#pragma unroll
-    for (int s = 0; s < FM_STAGES - 1; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < KTILES)
             fm_load_stage(smem, s, s, x, x1, w, row0, rows, n0);
         fm_copy_commit();
     }
+}
+
+// acc += the tile's x rows [row0, row0 + BM) times weight rows [n0, n0 + BN), over all of K; its first AHEAD stages
+// are loaded or in flight (fm_prefetch). Returns with every MMA done.
+__device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem, const void *x, const void *x1,
+                                            const act_t *__restrict__ w, long long row0, long long rows, int n0,
+                                            int warp, int lane) {
+#if FM_WGMMA
+    (void)lane;
+    float (&d)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]);  // wgmma's fragment is acc's, j-major
+    const fm_u32 a_wg = (fm_u32)(warp >> 2) * 64 * 128;  // this warpgroup's 64 rows of the A stage
+#pragma unroll 1
+    for (int kt = 0; kt < KTILES; ++kt) {
+        fm_copy_wait<AHEAD - 1>();
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // this thread's stage writes, to wgmma's proxy
+        __syncthreads();
+        const int next = kt + AHEAD;
+        if (next < KTILES)
+            fm_load_stage(smem, next % FM_STAGES, next, x, x1, w, row0, rows, n0);
+        fm_copy_commit();
+        const fm_u32 stage = smem + (kt % FM_STAGES) * STAGE_B;
+        const unsigned long long adesc = fm_desc_sw128(stage + a_wg), bdesc = fm_desc_sw128(stage + A_STAGE_B);
+        fm_fence_regs(d);
+        fm_wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < CH / 2; ++ks)  // k16 steps: 32 bytes further along K each (2 in 16-byte units)
+            fm_wgmma<BN>::run_ss(d, adesc + (unsigned long long)(ks * 2), bdesc + (unsigned long long)(ks * 2), 1);
+        fm_wg_commit();
+        fm_fence_regs(d);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        fm_fence_regs(d);
+    }
+    fm_wg_wait();
+    fm_fence_regs(d);
+#else
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
     // ldmatrix lane roles as in fused_mlp.cu: A lane l gives row l % 16, bytes 16 * (l / 16); B lane l gives row
     // 8 * (l / 16) + l % 8, bytes 16 * (l / 8 % 2).
     const fm_u32 a_lane = (wm * TM + (lane & 15)) * SROW_B + (lane >> 4) * 16;
     const fm_u32 b_lane = A_STAGE_B + (wn * TN + (lane >> 4) * 8 + (lane & 7)) * SROW_B + ((lane >> 3) & 1) * 16;
 #pragma unroll 1
     for (int kt = 0; kt < KTILES; ++kt) {
-        fm_copy_wait<FM_STAGES - 2>();
+        fm_copy_wait<AHEAD - 1>();
         __syncthreads();  // stage kt landed for every thread, and every warp is done with stage kt - 1
-        const int next = kt + FM_STAGES - 1;
+        const int next = kt + AHEAD;
         if (next < KTILES)
             fm_load_stage(smem, next % FM_STAGES, next, x, x1, w, row0, rows, n0);
         fm_copy_commit();
@@ -195,9 +245,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
             }
         }
     }
-    fm_copy_wait<0>();  // leave no copy in flight at exit
+#endif
+}
 
-    // Epilogue: c0, c1 at (row g, columns 2t, 2t + 1) of each m16n8 tile, c2, c3 at row g + 8.
+// The layer's epilogue on the tile's accumulators and the one store of y.
+__device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
+                                                  const void *__restrict__ res, long long row0, long long rows, int n0,
+                                                  int wm, int wn, int g, int t) {
+    // c0, c1 at (row g, columns 2t, 2t + 1) of each m16n8 tile, c2, c3 at row g + 8 (wgmma's fragment too).
     constexpr bool PAIRS = Ly::NR % 2 == 0;  // y's element pairs are whole aligned words
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -241,4 +296,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
+{{KERNEL_NAME}}(const void *__restrict__ x,      // input part 0: rows x A0_REAL of dtype FM_IN_TYPE
+                out_t *__restrict__ y,            // rows x NR of out_t
+                const act_t *__restrict__ w,      // N x K act_t: nn.Linear's weight, zero-padded, part 1 at K0
+                const float *__restrict__ bias,   // N floats (zero without a bias)
+                long long rows,                   // batch size, >= 1
+                const void *__restrict__ x1,      // input part 1 (a concat's): rows x A1_REAL of FM_A1_TYPE, or null
+                const void *__restrict__ res)     // the residual operand: rows x NR of FM_RES_TYPE, or null
+{
+    extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
+    // wgmma's swizzle atoms are 1024-byte aligned: the plan gives that much more shared memory to align the stages
+    const fm_u32 smem = FM_WGMMA ? (fm_smem_addr(fm_smem_raw) + 1023u) & ~1023u : fm_smem_addr(fm_smem_raw);
+    constexpr int NTILES = Ly::N / BN;
+    const long long tile = blockIdx.x;
+    const int n0 = (int)(tile % NTILES) * BN;
+    const long long row0 = tile / NTILES * BM;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    const int g = lane >> 2, t = lane & 3;
+
+    fm_prefetch(smem, x, x1, w, row0, rows, n0);
+    // Accumulators start at the bias, as in the fused kernels (no bias add in the epilogue).
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int col = n0 + wn * TN + nt * 8 + 2 * t;
+        const float b0 = Ly::BIAS ? bias[col] : 0.0f, b1 = Ly::BIAS ? bias[col + 1] : 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            acc[mt][nt][0] = acc[mt][nt][2] = b0;
+            acc[mt][nt][1] = acc[mt][nt][3] = b1;
+        }
+    }
+    fm_mainloop(acc, smem, x, x1, w, row0, rows, n0, warp, lane);
+    fm_copy_wait<0>();  // leave no copy in flight at exit (the last stages' groups are empty)
+    fm_epilogue_store(acc, y, res, row0, rows, n0, wm, wn, g, t);
 }

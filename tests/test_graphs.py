@@ -183,12 +183,13 @@ def test_graph_kernels_compile_in_every_precision(arch, dtype, tmp_path):
         mlp = fusedmlp.FusedMLP(ws, None, activation="silu", residual=residual, concat=concat, dtype=dtype,
                                 device="cpu", cache_dir=tmp_path)
         for io in ("float32", "bfloat16"):
-            path = mlp.compile(arch, io)
-            with open(path, "rb") as f:
-                assert b"\x7fELF" in f.read()
+            paths = mlp.compile(arch, io)  # a tuple where sm_90 cuts a network that would stream its weights
+            for path in paths if isinstance(paths, tuple) else (paths,):
+                with open(path, "rb") as f:
+                    assert b"\x7fELF" in f.read()
             assert f"#define FM_PREC {fusedmlp.PRECISIONS.index(dtype)}" in mlp.source
             assert f"#define FM_IN_TYPE {0 if io == 'float32' else 2}" in mlp.source
-        if concat:
+        if concat and not isinstance(paths, tuple):
             assert "A1_BUF = -1" in mlp.source and any(f"A1_BUF = {b}," in mlp.source for b in range(4))
 
 

@@ -216,15 +216,21 @@ def test_valid_networks_and_inputs_match_a_numpy_float64_forward(data):
 
 @examples(60)
 @given(data=st.data())
-def test_networks_wider_than_the_kernel_run_on_the_cpu_and_refuse_to_render(data):
+def test_networks_wider_than_the_kernel_run_on_the_cpu_and_render_as_segments(data):
+    """A layer wider than one fused kernel holds: the CPU path computes it, the fused plan refuses it naming the width,
+    and the network renders as segments with that layer a GEMM."""
     wide = data.draw(st.integers(MAX_FUSED_WIDTH + 1, 3 * MAX_FUSED_WIDTH))
     widths = data.draw(st.lists(st.integers(1, 8), min_size=2, max_size=3))
-    widths[data.draw(st.integers(0, len(widths) - 1))] = wide
+    at = data.draw(st.integers(0, len(widths) - 1))
+    widths[at] = wide
     net = data.draw(networks(widths=widths))
     mlp = build(net)
     x = inputs(data.draw, net, rows=3)
     assert_matches(mlp(x), x, net["weights"], per_layer_biases(net), net["acts"])
-    raises(LimitError, f"has {wide} ", lambda: mlp.source)
+    raises(LimitError, f"has {wide} ", lambda: mlp._net.plan(90))
+    assert "GEMM" in mlp.source
+    gemms = {int(line.split(":")[0].split()[-1]) for line in mlp.segments if ": gemm" in line}
+    assert {at - 1, at} & set(range(len(widths) - 1)) <= gemms  # the layers reading or writing the wide value
 
 
 # ------------------------------------------------------------------------------------------------ wrong shapes

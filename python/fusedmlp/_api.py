@@ -404,7 +404,8 @@ class FusedMLP:
         self._w, self._b, self._acts = w, b, acts  # a segmented network's fused stretches are networks of their own
         self._cuts = {}  # target and dtypes -> the segments (None: one fused kernel), see _segments.py
         self._chains = {}  # (in dtype, out dtype) -> _segments.Chain
-        self._segment_policy = "streamed"  # see _segments.plan: "resident" cuts networks streamed otherwise
+        self._segment_policy = "auto"  # see _segments.plan: whether a network with streamed weights is cut
+        self._gemm_options = {}  # forced GEMM tile choices (bm, bn, stages, wgmma): the probe tool's A/B runs
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
         self._sm_count = 0  # the GPU's SMs, which size the untuned tile choice (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
@@ -524,12 +525,12 @@ class FusedMLP:
         info = gpu.info
         plan = self._gemm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
                                a0, a1, res, out)
-        entry = compile_cubin(_source_of(plan), info["arch"], self._cache, False)
+        entry = compile_cubin(_source_of(plan), info["arch"], self._cache, plan.info["wgmma"])
         return plan.load(gpu, entry.cubin, KERNEL_NAME)
 
     def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out):
         return self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
-                                   precision=self._precision)
+                                   precision=self._precision, **self._gemm_options)
 
     def _gpu_info(self):
         """The model's GPU: arch, sm_count, smem_per_block, smem_per_sm, name (opens it on first use)."""

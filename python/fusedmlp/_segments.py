@@ -259,16 +259,23 @@ def _kernel_words(info):
 
 def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
     """The segments of mlp for a target, or None where the whole network is one fused kernel: with its weights on
-    chip, or (mlp._segment_policy "streamed", the default) any fused kernel, streamed weights included; policy
-    "resident" cuts a network whose weights do not stay on chip into stretches whose weights do."""
+    chip, or (mlp._segment_policy "streamed") any fused kernel, streamed weights included; policy "resident" cuts a
+    network whose weights do not stay on chip into stretches whose weights do. "auto" (the default) is "resident" on
+    sm_90, where NeRF's trunk ran 9.56 ms cut against 11.0 ms streamed (H100, 2^21 rows: docs/performance.md), and
+    "streamed" on the GPUs not measured."""
     target = (arch, smem_per_block, sm_count, smem_per_sm)
     n = len(mlp._w)
 
+    from . import _core
+
     def fits(first, last):
+        widest = max(w for w in mlp.widths[first:last + 2])
+        if widest > _core.MAX_FUSED_WIDTH:
+            return False, f"{widest} features; a fused kernel holds {_core.MAX_FUSED_WIDTH} a layer"
         try:
             info = _stretch_plan(mlp, first, last, target, in_dtype, out_dtype).info
         except LimitError as e:
-            return False, str(e).split(" (hint:")[0]
+            return False, str(e)[: -len(f" ({e.hint})")] if e.hint else str(e)
         if not info["resident"]:
             return False, "its weights do not fit on chip (one CTA or a cluster)"
         return True, _kernel_words(info)
@@ -276,7 +283,10 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
     whole, _ = fits(0, n - 1)
     if whole:
         return None
-    if mlp._segment_policy == "streamed":
+    policy = mlp._segment_policy
+    if policy == "auto":
+        policy = "resident" if arch == 90 else "streamed"
+    if policy == "streamed":
         try:
             _stretch_plan(mlp, 0, n - 1, target, in_dtype, out_dtype)
             return None

@@ -1062,12 +1062,22 @@ static void expect_render_error(int line, const fm_spec *spec, const fm_plan *p,
 }
 #define EXPECT_RENDER_ERROR(spec, p, tmpl, needle) expect_render_error(__LINE__, spec, p, tmpl, needle)
 
-/* A kernel template with its #include "fm_common.cuh" pasted in, as python/fusedmlp/_api.py reads it. */
+/* A kernel template with each #include of a shared file pasted in, as python/fusedmlp/_api.py reads it. */
 static char *read_template(const char *root, const char *rel) {
-    char *tmpl = read_text(root, rel), *common = read_text(root, "kernel_templates/fm_common.cuh");
-    char *whole = tmpl && common ? replace_first(tmpl, "#include \"fm_common.cuh\"", common) : NULL;
-    free(tmpl);
-    free(common);
+    static const char *const shared[] = {"fm_common.cuh", "fm_mma_sync.cuh", "fm_wgmma.cuh"};
+    char *whole = read_text(root, rel);
+    for (size_t i = 0; i < sizeof shared / sizeof *shared && whole != NULL; ++i) {
+        char line[64], path[64];
+        snprintf(line, sizeof line, "#include \"%s\"", shared[i]);
+        snprintf(path, sizeof path, "kernel_templates/%s", shared[i]);
+        if (strstr(whole, line) == NULL)
+            continue;
+        char *text = read_text(root, path);
+        char *next = text ? replace_first(whole, line, text) : NULL;
+        free(text);
+        free(whole);
+        whole = next;
+    }
     return whole;
 }
 

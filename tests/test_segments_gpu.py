@@ -1,0 +1,116 @@
+"""Segmented networks on the GPU against float64: layers wider than one fused kernel holds as GEMMs with their whole
+epilogue, fused stretches between them, residuals and input concats read across the cuts, every compute dtype and
+I/O dtype, poisoned outputs. Marked `gpu`; skipped without a device."""
+
+import numpy as np
+import pytest
+
+import fusedmlp
+from conftest import graph_weights, rel_l2
+from test_gpu import PREC_TOL, graph_reference, run_io
+
+pytestmark = pytest.mark.gpu
+
+
+def random_wide_case(rng):
+    """A network of 1-6 layers mixing narrow (1-256) and wide (257-2048) widths, with residuals from any earlier value
+    of the same width and input concats, so cuts fall between fused stretches and GEMMs in every combination."""
+    depth = int(rng.integers(1, 7))
+    pool = [3, 16, 64, 100, 256, 300, 512, 777, 1024, 2048]
+    widths = [int(rng.choice([3, 63, 64, 259, 512]))] + [int(rng.choice(pool)) for _ in range(depth)]
+    concat = {l: str(rng.choice(["after", "before"])) for l in range(1, depth) if rng.random() < 0.25}
+    acts = [str(rng.choice(["relu", "gelu", "tanh", "silu", "sin", "none"])) for _ in range(depth - 1)]
+    acts.append(str(rng.choice(["none", "tanh", "sigmoid"])))
+    residual = {}
+    for l in range(depth):
+        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
+        if sources and rng.random() < 0.5:
+            src = int(rng.choice(sources))
+            residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu"])),
+                           "input" if src < 0 else src)
+    ws, bs = graph_weights(rng, widths, concat, 1.5)
+    return ws, bs, acts, residual, concat
+
+
+def check(mlp, ws, bs, prec, io, batch, seed):
+    x32 = np.random.default_rng(seed).standard_normal((batch, ws[0].shape[1])).astype(np.float32)
+    x, y = run_io(mlp, x32, io)
+    ref = graph_reference(x, ws, bs, mlp)
+    tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+    return rel_l2(y, ref), tol, np.isnan(y).any(), np.max(np.abs(ref))
+
+
+def test_random_wide_graphs_in_every_precision():
+    """48 random networks with widths up to 2048, each in float16, bfloat16 and tf32 with rotating I/O dtypes."""
+    rng = np.random.default_rng(20261125)
+    failures, checked, cut = [], 0, 0
+    for i in range(48):
+        ws, bs, acts, residual, concat = random_wide_case(rng)
+        for j, prec in enumerate(fusedmlp.PRECISIONS):
+            io = ("float32", "float16", "bfloat16")[(i + j) % 3]
+            mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=prec,
+                                    device="cuda")
+            cut += mlp.segments is not None
+            batch = int(rng.choice([1, 127, 1000, 4099]))
+            err, tol, nan, peak = check(mlp, ws, bs, prec, io, batch, i)
+            if (prec == "float16" or io == "float16") and peak > 6e4:
+                continue  # outside float16's range: inf is the right answer
+            checked += 1
+            if nan or not err <= tol:
+                failures.append((i, prec, io, [w.shape for w in ws], acts, residual, concat, batch, err,
+                                 mlp.segments))
+    print(f"\n{checked} runs checked, {cut} of them segmented, {len(failures)} failures")
+    assert checked >= 120 and cut >= 90
+    assert not failures, failures[:3]
+
+
+NETWORKS = {
+    "nerf": ([63] + [256] * 8 + [4], "relu", "none", {5: "before"}),
+    "sdf512": ([259] + [512] * 8 + [1], "relu", "tanh", {4: "before"}),
+    "rec1024": ([256, 1024, 1024, 512, 256, 1], "relu", "none", {}),
+    "wide512": ([64] + [512] * 4 + [64], "gelu", "none", {}),
+}
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+@pytest.mark.parametrize("policy", ["streamed", "resident"])
+def test_benchmark_networks_match_float64(rng, name, policy):
+    widths, act, out_act, concat = NETWORKS[name]
+    ws, bs = graph_weights(rng, widths, concat, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat or None, device="cuda")
+    mlp._segment_policy = policy
+    for batch, io in [(1, "float32"), (129, "float16"), (65537, "float32"), (4097, "bfloat16")]:
+        err, tol, nan, _ = check(mlp, ws, bs, "float16", io, batch, batch)
+        assert not nan and err <= tol, (name, policy, mlp.segments, batch, io, err)
+
+
+def test_torch_tensors_out_and_cuda_graphs_through_a_segmented_network(rng):
+    """CUDA tensors in and out (the torch call path), out=, batch 0, and a CUDA graph capture of a segmented call
+    after one warm-up call of its batch size: replaying with new inputs gives their outputs."""
+    torch = pytest.importorskip("torch")
+    widths, act, out_act, concat = NETWORKS["sdf512"]
+    ws, bs = graph_weights(rng, widths, concat, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat, device="cuda")
+    assert mlp.segments is not None and "segments=" in repr(mlp)
+    x = torch.randn(3000, widths[0], device="cuda", dtype=torch.float16)
+    y = mlp(x)
+    ref = graph_reference(x.double().cpu().numpy(), ws, bs, mlp)
+    assert rel_l2(y.double().cpu().numpy(), ref) <= PREC_TOL["float16"]
+    out = torch.full((3000, 1), float("nan"), device="cuda", dtype=torch.float32)
+    assert mlp(x, out=out) is out and rel_l2(out.double().cpu().numpy(), ref) <= PREC_TOL["float16"]
+    assert mlp(x[:0]).shape == (0, 1)
+    static_x = torch.randn(4096, widths[0], device="cuda", dtype=torch.float16)
+    static_y = torch.empty(4096, 1, device="cuda", dtype=torch.float16)
+    mlp(static_x, out=static_y)  # warm-up: builds the kernels
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mlp(static_x, out=static_y)
+    for seed in range(2):
+        static_x.copy_(torch.randn(4096, widths[0], device="cuda", dtype=torch.float16,
+                                   generator=torch.Generator("cuda").manual_seed(seed)))
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = graph_reference(static_x.double().cpu().numpy(), ws, bs, mlp)
+        assert rel_l2(static_y.double().cpu().numpy(), ref) <= PREC_TOL["float16"]
