@@ -37,7 +37,14 @@ def test_flops_count_real_widths_not_the_padded_ones():
 
 
 def test_workload_set_is_the_issue_set():
-    assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128"]
+    assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128",  # issue 4
+                                     "nerf", "deep256", "wide512", "sdf512", "rec1024"]  # issue 29
+    nerf, sdf = bench.WORKLOADS["nerf"], bench.WORKLOADS["sdf512"]
+    assert nerf.widths == (63,) + (256,) * 8 + (4,) and nerf.concat == ((5, "before"),)
+    assert nerf.layer_inputs()[5] == 63 + 256 and bench.flops(nerf.widths, 1, nerf.concat) == 2 * (
+        63 * 256 + 4 * 256 * 256 + 319 * 256 + 2 * 256 * 256 + 256 * 4)
+    assert sdf.output_activation == "tanh" and bench.fused_options(sdf) == {
+        "activation": "relu", "concat": {4: "before"}, "output_activation": "tanh"}
     flex = bench.WORKLOADS["flex"]
     assert flex.widths == (3, 64, 128, 96, 64, 32, 16, 4) and flex.activation == "silu" and flex.bias
     res = bench.WORKLOADS["res128"]  # 64-128, four blocks x + gelu(Linear128(x)), -64

@@ -59,12 +59,21 @@ class Workload:
         activation: the hidden layers' activation ('relu', 'silu', 'tanh' or 'sin'); the last layer has none.
         bias: whether every layer has a bias.
         residual: whether hidden layers add their input (a residual epilogue).
+        concat: ((layer, 'before' | 'after'), ...): layers whose input is torch.cat([x, h]) / torch.cat([h, x]).
+        output_activation: the last layer's activation.
     """
 
     widths: tuple
     activation: str
     bias: bool
     residual: bool = False
+    concat: tuple = ()
+    output_activation: str = "none"
+
+    def layer_inputs(self):
+        """Each layer's input features: the width before it, plus x's with a concat."""
+        cat = dict(self.concat)
+        return [a + (self.widths[0] if i in cat else 0) for i, a in enumerate(self.widths[:-1])]
 
 
 WORKLOADS = {
@@ -75,6 +84,14 @@ WORKLOADS = {
     "siren256": Workload((2, 256, 256, 256, 3), "sin", True),
     # issue 4's res128: 64-128, four blocks x + gelu(Linear128(x)), -64
     "res128": Workload((64, 128, 128, 128, 128, 128, 64), "gelu", True, residual=True),
+    # issue 29's networks bigger than one CTA's shared memory: NeRF's trunk (the encoded input joins layer 5), a deep
+    # 256-wide stack, and layers wider than one fused kernel holds (an SDF decoder with the input re-injected halfway,
+    # a recommendation top-MLP)
+    "nerf": Workload((63,) + (256,) * 8 + (4,), "relu", True, concat=((5, "before"),)),
+    "deep256": Workload((64,) + (256,) * 5 + (64,), "relu", False),
+    "wide512": Workload((64,) + (512,) * 4 + (64,), "gelu", True),
+    "sdf512": Workload((259,) + (512,) * 8 + (1,), "relu", True, concat=((4, "before"),), output_activation="tanh"),
+    "rec1024": Workload((256, 1024, 1024, 512, 256, 1), "relu", True),
 }
 
 DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)
@@ -101,9 +118,12 @@ FINAL_RESERVE_S = 20.0  # kept back from the budget for the plot and the files
 # ------------------------------------------------------------------------------------------------ pure arithmetic
 
 
-def flops(widths, rows):
-    """FLOPs of one forward: 2 * rows * sum(in_l * out_l) over the real widths (no padding, no activations)."""
-    return 2 * rows * sum(a * b for a, b in zip(widths[:-1], widths[1:]))
+def flops(widths, rows, concat=()):
+    """FLOPs of one forward: 2 * rows * sum(in_l * out_l) over the real widths (no padding, no activations); a layer
+    named in concat ((layer, mode), ...) also takes the input's widths[0] features."""
+    cat = dict(concat)
+    return 2 * rows * sum((a + (widths[0] if i in cat else 0)) * b
+                          for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])))
 
 
 def io_bytes(widths, rows, itemsize=2):
@@ -111,7 +131,7 @@ def io_bytes(widths, rows, itemsize=2):
     return rows * (widths[0] + widths[-1]) * itemsize
 
 
-def floor_ms(widths, rows, ceilings):
+def floor_ms(widths, rows, ceilings, concat=()):
     """The fastest any version can be, from the measured ceilings.
 
     Args:
@@ -123,7 +143,7 @@ def floor_ms(widths, rows, ceilings):
         (milliseconds, 'memory' or 'compute': the term that sets it).
     """
     memory = io_bytes(widths, rows) / (ceilings["copy_GBps"] * 1e9)
-    compute = flops(widths, rows) / (ceilings["matmul_TFLOPs"] * 1e12)
+    compute = flops(widths, rows, concat) / (ceilings["matmul_TFLOPs"] * 1e12)
     return max(memory, compute) * 1e3, ("memory" if memory >= compute else "compute")
 
 
@@ -464,6 +484,8 @@ def torch_model(torch, wl):
         def forward(self, x):
             return x + self.act(self.linear(x))
 
+    if wl.concat or wl.output_activation != "none":
+        return _concat_model(torch, wl, acts)
     layers = []
     last = len(wl.widths) - 2
     for i, (a, b) in enumerate(zip(wl.widths[:-1], wl.widths[1:])):
@@ -476,11 +498,42 @@ def torch_model(torch, wl):
     return nn.Sequential(*layers)
 
 
+def _concat_model(torch, wl, acts):
+    """NeRF's form: Linear + activation per layer, the input x concatenated into the named layers' inputs, the
+    output activation after the last."""
+    nn = torch.nn
+    cat = dict(wl.concat)
+    final = {"none": nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[wl.output_activation]
+
+    class ConcatMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linears = nn.ModuleList(nn.Linear(k, n, bias=wl.bias)
+                                         for k, n in zip(wl.layer_inputs(), wl.widths[1:]))
+            self.act = acts[wl.activation]()
+            self.final = final()
+
+        def forward(self, x):
+            h = x
+            for i, linear in enumerate(self.linears):
+                if i in cat:
+                    h = torch.cat([x, h] if cat[i] == "before" else [h, x], -1)
+                h = linear(h)
+                h = self.act(h) if i < len(self.linears) - 1 else self.final(h)
+            return h
+
+    return ConcatMLP()
+
+
 def fused_options(wl):
     """FusedMLP keyword arguments matching torch_model(wl)."""
     options = {"activation": wl.activation}
     if wl.residual:
         options["residual"] = {i: "add" for i in range(1, len(wl.widths) - 2)}
+    if wl.concat:
+        options["concat"] = dict(wl.concat)
+    if wl.output_activation != "none":
+        options["output_activation"] = wl.output_activation
     return options
 
 
@@ -612,6 +665,8 @@ def _plan_info(mlp):
     from . import _api
 
     info = _api._gpu(0).info
+    if mlp.segments is not None:  # cut into segments: how, and each segment's kernel
+        return {"segments": mlp.segments, "kernel": dict(mlp._kernel("float16").info), "cache_entry": mlp.cache_path}
     plan = mlp._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], "float16", "float16",
                          smem_per_sm=info["smem_per_sm"]).info
     return {"plan": dict(plan), "kernel": dict(mlp._kernel("float16").info), "cache_entry": mlp.cache_path}
@@ -629,9 +684,9 @@ class _Case:
                    for _ in range(n)]
         self.ref = ref_model(self.xs[0].double())
         self.model = model
-        ms, bound = floor_ms(wl.widths, rows, ceilings)
+        ms, bound = floor_ms(wl.widths, rows, ceilings, wl.concat)
         self.result = {"workload": name, "rows": rows, "n_buffers": n, "io_bytes": io_bytes(wl.widths, rows),
-                       "flops": flops(wl.widths, rows), "floor_ms": ms, "floor_bound": bound, "methods": {}}
+                       "flops": flops(wl.widths, rows, wl.concat), "floor_ms": ms, "floor_bound": bound, "methods": {}}
 
 
 def _seed(name, rows):
@@ -900,7 +955,9 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
     wl = WORKLOADS[wname]
     # "skipped" stays in the report format (readers of older results, where res128 was skipped, rely on it).
     winfo = {"widths": list(wl.widths), "activation": wl.activation, "bias": wl.bias, "residual": wl.residual,
-             "flops_per_row": flops(wl.widths, 1), "io_bytes_per_row": io_bytes(wl.widths, 1), "skipped": None}
+             "concat": dict(wl.concat), "output_activation": wl.output_activation,
+             "flops_per_row": flops(wl.widths, 1, wl.concat), "io_bytes_per_row": io_bytes(wl.widths, 1),
+             "skipped": None}
     report["workloads"][wname] = winfo
     model, ref_model = _models(torch, wl)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]

@@ -84,7 +84,7 @@ def weights(wl):
     """
     rng = np.random.default_rng(0)
     widths = wl.widths
-    ws = [rng.uniform(-1, 1, (n, k)).astype(np.float32) / np.sqrt(k) for k, n in zip(widths[:-1], widths[1:])]
+    ws = [rng.uniform(-1, 1, (n, k)).astype(np.float32) / np.sqrt(k) for k, n in zip(wl.layer_inputs(), widths[1:])]
     bs = [rng.uniform(-0.1, 0.1, n).astype(np.float32) for n in widths[1:]] if wl.bias else None
     return ws, bs
 
