@@ -1,11 +1,11 @@
-// activations.cuh - float32 device helpers that the activation expressions emitted by csrc/expr.c call.
+// activations.cuh - float32 device helpers that the activation expressions emitted by csrc/expr_emit.c call.
 //
 // Compiled by NVRTC with no include path: only CUDA's built-in math functions and intrinsics are used. The sigmoid
 // family, tanh and sin/cos use the hardware's exp2/reciprocal/sin units (__expf, __fdividef, __sinf) with their
 // argument handling done here: relative error ~1e-6, far below the 2^-11 (4.9e-4) of the fp16 storage between layers,
 // at a fraction of the cost; accurate expf + IEEE division made tanh/silu networks 2-3x slower than relu ones (H100). Each formula is
 // PyTorch's CUDA kernel for the same activation (aten/src/ATen/native/cuda/Activation*.cu), with its order of
-// operations, and propagates NaN as PyTorch does. csrc/expr.c holds the float64 twin of every helper.
+// operations, and propagates NaN as PyTorch does. csrc/expr_funcs.c holds the float64 twin of every helper.
 
 __device__ __forceinline__ float fm_min(float a, float b) { return (a < b || a != a) ? a : b; }
 __device__ __forceinline__ float fm_max(float a, float b) { return (a > b || a != a) ? a : b; }

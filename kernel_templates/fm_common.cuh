@@ -172,7 +172,7 @@ constexpr bool IN_RAW = FM_IN_TYPE != 0 && FM_PREC != 2 && FM_IN_TYPE == FM_PREC
 // busy (ncu, H100), and the pair form took its kernel from 0.140 to 0.094 ms. (tanh.approx.f16x2 for float16 tanh
 // was tried and dropped: ptxas splits it into two MUFU.TANH.F16, no faster than the float32 form (pinn50 0.212 vs
 // 0.198 ms), and it evaluates tanh at the argument rounded to float16, 1.1x the rounding bound where the float32
-// form is at 0.4x: bench/act16_probe.py.)
+// form is at 0.4x: results/h100/act16_probe.txt.)
 template <int T> __device__ __forceinline__ fm_u32 fm_relu2(float lo, float hi) {
 #if __CUDA_ARCH__ >= 800
     fm_u32 r;

@@ -170,7 +170,7 @@ __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 
 // layer, into the warp's output stage; then the next group. A layer is one group unless a forced n_chunk splits it
 // (NC < N). In the source each group is waited for and its epilogue run before the next starts, but ptxas issues the
 // next group's MMAs before the previous group's epilogue (the register fences are empty asm it does not see), so the
-// groups' accumulators are live together and a split saves no registers (bench/NOTES.md, v15). a: the layer's input
+// groups' accumulators are live together and a split saves no registers (docs/performance.md). a: the layer's input
 // fragments; w: the layer's first weight byte (shared window); stage: where the last layer's results go (fm_out).
 template <int L, int C0>
 __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4],
@@ -188,8 +188,8 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
     constexpr bool BIAS_IN_D = Ly::BIAS && (Ly::NORM != 0 || !fm_has_residual<LAST>());
     // A group of a split layer always starts from accumulators this thread wrote (the bias, or zeros): with scale-d
     // 0 on the first k step (the instruction ignores the accumulators' old values), the second group of a split
-    // layer came out wrong on the H100 (NVRTC 13, bench/wgmma_split_diag.py: every split layer without a bias in
-    // the accumulators, every group after the first reusing the first's registers).
+    // layer came out wrong on the H100 (NVRTC 13, results/h100/wgmma_split_diag.txt: every split layer without a bias
+    // in the accumulators, every group after the first reusing the first's registers).
     constexpr bool D_SET = BIAS_IN_D || W < Ly::N;
     const int t = lane & 3;
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
@@ -614,10 +614,10 @@ __device__ __forceinline__ void fm_cl_store_again(const float (&d)[Layer<L>::NC 
 // to CTA 0 only; there the others' `full` is completed by CTA 0's arrival once CTA 0 has passed its wait on `empty`.
 // Without that, nothing held a CTA r > 0 back: it went on to the next tile and arrived on CTA 0's `empty` again (after
 // its next layer 0 MMA), and where CTA 0 was slow to reach its wait (its far-argument redo, H100), that barrier
-// completed a second phase first and the wait on the parity of the first never returned (bench/sin_hang_probe.py). It
-// runs while the warpgroup's first MMAs of layer L + 1 are in flight, so it has no branch: every thread waits on
-// `empty`, and the elected thread's copies and arrivals are predicated (a divergent path there made ptxas serialize
-// every wgmma of the kernel, its warning C7519).
+// completed a second phase first and the wait on the parity of the first never returned
+// (results/h100/sin_hang_probe.txt). It runs while the warpgroup's first MMAs of layer L + 1 are in flight, so it has
+// no branch: every thread waits on `empty`, and the elected thread's copies and arrivals are predicated (a divergent
+// path there made ptxas serialize every wgmma of the kernel, its warning C7519).
 template <int L> __device__ __forceinline__ void fm_cl_send(const fm_cl_state &s) {
     if constexpr (CL > 1) {
         constexpr fm_u32 bytes = Layer<L>::NC * 64 * EB;

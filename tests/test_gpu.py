@@ -477,7 +477,7 @@ def test_fast_activations_of_float32_pre_activations(act):
     """As above, with the pre-activations a kernel really sees: float32 sums, not float16 values (here w * x, the
     product of two float16 values, exact in float32). The one-MUFU forms take the float32 argument as it is, so the
     stored result stays within 1.25 float16 roundings of act at the exact pre-activation (a float16 MUFU, which
-    rounds the argument first, reached 1.1x: bench/act16_probe.py)."""
+    rounds the argument first, reached 1.1x: bench/results/h100/act16_probe.txt)."""
     x = np.concatenate([np.linspace(-12, 12, 60001), np.geomspace(1e-4, 12, 3000), -np.geomspace(1e-4, 12, 3000)])
     x = x.astype(np.float16).astype(np.float32)[:, None]
     w = np.float32(np.float16(0.3))
@@ -665,7 +665,7 @@ def test_wgmma_k_pipelined_layers_keep_the_bits_of_the_unpipelined_kernel():
 
 
 def split_chain_cases():
-    """The random chains of the column-group test (bench/wgmma_split_diag.py runs them too), one namespace each:
+    """The random chains of the column-group test (bench/results/h100/wgmma_split_diag.txt), one namespace each:
     i, widths, acts, residual, prec, io, ws, bs, batch, n_chunk, mlp (on the GPU) and x32 (its input)."""
     rng = np.random.default_rng(20261122)
     for i in range(24):
@@ -688,7 +688,7 @@ def test_wgmma_layers_split_into_column_groups():
     96 = 64 + 32, ...), each group's MMA and epilogue after the previous group's in the source; vs float64 and,
     element for element, vs the same kernel unsplit (the same sums in the same order). Groups of layers without a
     bias in the accumulators came out wrong when the first k step ignored the accumulators (scale-d 0; 9 of these
-    24 cases on the H100, bench/wgmma_split_diag.py)."""
+    24 cases on the H100, bench/results/h100/wgmma_split_diag.txt)."""
     info = fusedmlp._api._gpu(0).info
     if info["arch"] != 90:
         pytest.skip(f"wgmma needs sm_90; this GPU is sm_{info['arch']}")

@@ -47,7 +47,7 @@ _extra_options = ()
 def _template(name, folder=None):
     """A kernel template's text, with each `#include "file"` of another template file pasted in its place (NVRTC
     compiles one self-contained source; the cache key covers all of it). folder: read the files from there instead
-    of the package's kernel_templates (bench/ab_probe.py's baselines)."""
+    of the package's kernel_templates (the probe tool's A/B baselines: `probe ab --base`)."""
     root = pathlib.Path(folder) if folder is not None else resources.files("fusedmlp") / "kernel_templates"
 
     def expand(file):

@@ -60,7 +60,7 @@ def call_torch(mlp, x, out_dtype=None, out=None):
     # The common case first, with nothing re-derived per call (36 us -> see bench call_us): a C-contiguous, aligned
     # float32/float16 CUDA tensor on the model's device, output in the same dtype (or into an out the kernel can write
     # as it is: no torch.empty; at batch 1024 on the H100 machine such calls took 9.8-17 us to mlp(x)'s 12.5-22 us,
-    # bench/host_probe.py), autograd not tracking it.
+    # `python -m fusedmlp.bench probe host`), autograd not tracking it.
     kinds, raw_stream, bump = _fast_tables(torch)
     kind = kinds.get(x.dtype)
     if kind == "bfloat16" and mlp._kind == "cuda" and not _bf16_native(mlp):

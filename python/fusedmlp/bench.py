@@ -626,8 +626,9 @@ def _fused_caller(torch, mlp, x):
 @contextlib.contextmanager
 def never_compiled_sources():
     """Within: NVRTC's own compile cache is off, so a cold first call pays the whole compile even where an earlier
-    process compiled the same source (on the H100 machines, 0.12-0.25 s instead of ~1 s for siren256; bench/NOTES.md,
-    v14 and v28). A comment appended to the source, the earlier way, did not keep that cache from answering."""
+    process compiled the same source (on the H100 machines, 0.12-0.25 s instead of ~1 s for siren256;
+    docs/performance.md, compile time and the kernel cache). A comment appended to the source, the earlier way, did
+    not keep that cache from answering."""
     from . import _api
 
     before = _api._extra_options
