@@ -2,6 +2,27 @@
  * the kernel source and describes itself (info). Plan.load, which makes a Kernel of it, is in module_launch.c. */
 #include "module_internal.h"
 
+/* A Plan of the network for a target: the arch's published limits, with the GPU's own figures where given (> 0). NULL
+ * with a Python error (no memory) or with err filled (an unknown arch); the caller plans into it. */
+static PlanObject *Plan_new(NetworkObject *self, int arch, Py_ssize_t smem, int sm_count, Py_ssize_t smem_sm,
+                            fm_error *err) {
+    PlanObject *p = PyObject_New(PlanObject, &PlanType);
+    if (p == NULL)
+        return NULL;
+    Py_INCREF(self);
+    p->net = self;
+    if (fm_target_for_arch(arch, &p->target, err) != FM_OK) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    if (smem > 0)
+        p->target.smem_per_block = (size_t)smem;
+    if (smem_sm > 0)
+        p->target.smem_per_sm = (size_t)smem_sm;
+    p->target.sm_count = sm_count;
+    return p;
+}
+
 PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
                              "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", "kpipe",
@@ -20,25 +41,12 @@ PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     if (fm_dtype_from_str(in_s, &in_d) < 0 || fm_dtype_from_str(out_s, &out_d) < 0 ||
         fm_prec_from_str(prec_s, &prec) < 0)
         return NULL;
-    PlanObject *p = PyObject_New(PlanObject, &PlanType);
-    if (p == NULL)
-        return NULL;
-    Py_INCREF(self);
-    p->net = self;
     fm_error err = {0};
-    if (fm_target_for_arch(arch, &p->target, &err) != FM_OK)
-        goto fail;
-    if (smem > 0)
-        p->target.smem_per_block = (size_t)smem;
-    if (smem_sm > 0)
-        p->target.smem_per_sm = (size_t)smem_sm;
-    p->target.sm_count = sm_count;
-    if (fm_plan_make(&self->spec, &p->target, &opts, prec, in_d, out_d, &p->plan, &err) != FM_OK)
-        goto fail;
-    return (PyObject *)p;
-fail:
-    Py_DECREF(p);
-    return fm_raise_clear(&err);
+    PlanObject *p = Plan_new(self, arch, smem, sm_count, smem_sm, &err);
+    if (p != NULL && fm_plan_make(&self->spec, &p->target, &opts, prec, in_d, out_d, &p->plan, &err) == FM_OK)
+        return (PyObject *)p;
+    Py_XDECREF(p);
+    return PyErr_Occurred() ? NULL : fm_raise_clear(&err);
 }
 
 PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
@@ -59,25 +67,13 @@ PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds)
     if (fm_dtype_from_str(a0_s, &a0) < 0 || fm_dtype_from_str(out_s, &out) < 0 || fm_prec_from_str(prec_s, &prec) < 0 ||
         fm_dtype_or_none(a1_o, &a1) < 0 || fm_dtype_or_none(res_o, &res) < 0)
         return NULL;
-    PlanObject *p = PyObject_New(PlanObject, &PlanType);
-    if (p == NULL)
-        return NULL;
-    Py_INCREF(self);
-    p->net = self;
     fm_error err = {0};
-    if (fm_target_for_arch(arch, &p->target, &err) != FM_OK)
-        goto fail;
-    if (smem > 0)
-        p->target.smem_per_block = (size_t)smem;
-    if (smem_sm > 0)
-        p->target.smem_per_sm = (size_t)smem_sm;
-    p->target.sm_count = sm_count;
-    if (fm_plan_gemm(&self->spec, layer, &p->target, prec, a0, a1, res, out, &opts, &p->plan, &err) != FM_OK)
-        goto fail;
-    return (PyObject *)p;
-fail:
-    Py_DECREF(p);
-    return fm_raise_clear(&err);
+    PlanObject *p = Plan_new(self, arch, smem, sm_count, smem_sm, &err);
+    if (p != NULL &&
+        fm_plan_gemm(&self->spec, layer, &p->target, prec, a0, a1, res, out, &opts, &p->plan, &err) == FM_OK)
+        return (PyObject *)p;
+    Py_XDECREF(p);
+    return PyErr_Occurred() ? NULL : fm_raise_clear(&err);
 }
 
 static void Plan_dealloc(PlanObject *self) {
@@ -103,13 +99,12 @@ static PyObject *Plan_render(PlanObject *self, PyObject *args) {
 static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
-    PyObject *info = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma",
-                         p->wgmma, "cluster", p->cluster, "kpipe", p->kpipe,
-                         "warps", p->warps,
-                         "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta, "resident", p->resident, "buffers",
-                         p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes,
-                         "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
-                         fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
+    PyObject *info = Py_BuildValue(
+        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma", p->wgmma, "cluster",
+        p->cluster, "kpipe", p->kpipe, "warps", p->warps, "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta,
+        "resident", p->resident, "buffers", p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes",
+        (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
+        fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
     if (info != NULL && p->gemm) {
         PyObject *g = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "gemm", 1, "gemm_layer", p->gemm_layer, "bm", p->gemm_bm,
                                     "bn", p->gemm_bn, "stages", p->gemm_stages);
