@@ -16,7 +16,6 @@ from .errors import LimitError
 
 #: Global-memory dtype of the values between segments, per compute dtype (tf32 values are float32).
 STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32"}
-_DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _ALIGN = 256  # bytes between workspace buffers: the GEMM's 16-byte loads, and a whole DRAM burst
 
@@ -141,19 +140,20 @@ class Chain:
         self.segments = segments
         self._mlp = mlp
         self._steps = steps  # per segment: (launch function(ptrs, rows, stream), needs)
-        self._in, self._out = in_dtype, out_dtype
-        self._storage = STORAGE[mlp._precision]
+        self._out = out_dtype
+        storage = STORAGE[mlp._precision]
         widths = mlp.widths
         slot_of, count = workspace_slots(segments, len(widths) - 1)
         self._slot_of = slot_of
         self._slot_row_bytes = [0] * count
         for v, s in slot_of.items():
-            self._slot_row_bytes[s] = max(self._slot_row_bytes[s], widths[v + 1] * _ITEMSIZE[self._storage])
+            self._slot_row_bytes[s] = max(self._slot_row_bytes[s], widths[v + 1] * _ITEMSIZE[storage])
         self._workspaces = {}  # stream -> (rows capacity, Buffer, offsets)
         self._keep = []  # outgrown workspaces: a captured graph may still use them
         self._host = None  # (rows, x Buffer, y Buffer) for run()
         self._lock = threading.Lock()
-        self.info = {"segments": [seg.describe() for seg in segments], "kernels": len(segments)}
+        self.info = {"segments": [seg.describe() for seg in segments], "kernels": len(segments), "in_dtype": in_dtype,
+                     "out_dtype": out_dtype}
 
     def _workspace(self, rows, stream):
         ws = self._workspaces.get(stream)
@@ -224,10 +224,6 @@ def fused_options(mlp, first, last):
         residual[j - first] = {"op": op, "then": r[1], "from": "input" if src == -1 else src}
     concat = {j: ("after" if mlp._concat[j] == 1 else "before") for j in range(first, last + 1) if mlp._concat[j]}
     return residual, concat
-
-
-def dtype_code(name):
-    return _DTYPE_CODES[name]
 
 
 def _sub_network(mlp, first, last):
