@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import fusedmlp
 from fusedmlp import bench
 
 CEILINGS = {"copy_GBps": 3000.0, "matmul_TFLOPs": 600.0}
@@ -38,7 +39,8 @@ def test_flops_count_real_widths_not_the_padded_ones():
 
 def test_workload_set_is_the_issue_set():
     assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128",  # issue 4
-                                     "nerf", "deep256", "wide512", "sdf512", "rec1024"]  # issue 29
+                                     "nerf", "deep256", "wide512", "sdf512", "rec1024",  # issue 29
+                                     "rl256"]  # issue 30
     nerf, sdf = bench.WORKLOADS["nerf"], bench.WORKLOADS["sdf512"]
     assert nerf.widths == (63,) + (256,) * 8 + (4,) and nerf.concat == ((5, "before"),)
     assert nerf.layer_inputs()[5] == 63 + 256 and bench.flops(nerf.widths, 1, nerf.concat) == 2 * (
@@ -359,3 +361,21 @@ def test_cold_first_calls_compile_with_nvrtcs_own_cache_off(tmp_path, monkeypatc
     no_cache = ("--no-cache",) if _api._nvrtc_info()[1] >= (12, 9) else ()
     assert options == [no_cache, ()] and _api.nvrtc_no_cache() == no_cache and _api._extra_options == ()
     assert cold.cubin == warm.cubin  # an option outside the cache key must not change the code
+
+
+@pytest.mark.parametrize("name", ["tcnn64", "res128", "nerf", "sdf512", "rl256"])
+def test_fused_options_describe_the_torch_model(name):
+    """The benchmark's torch model and the FusedMLP built from its Linears' weights with fused_options compute the
+    same function (CPU path vs torch in float64): residuals, concats, output activations and LayerNorms included."""
+    torch = pytest.importorskip("torch")
+    wl = bench.WORKLOADS[name]
+    torch.manual_seed(0)
+    model = bench.torch_model(torch, wl).double().eval()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weights = [m.weight.detach().float().numpy() for m in linears]
+    biases = [m.bias.detach().float().numpy() if wl.bias else None for m in linears]
+    mlp = fusedmlp.FusedMLP(weights, biases, device="cpu", **bench.fused_options(wl))
+    x = np.random.default_rng(0).standard_normal((33, wl.widths[0])).astype(np.float32)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x.astype(np.float64))).numpy()
+    assert np.linalg.norm(mlp(x) - ref) / np.linalg.norm(ref) < 1e-5

@@ -61,6 +61,7 @@ class Workload:
         residual: whether hidden layers add their input (a residual epilogue).
         concat: ((layer, 'before' | 'after'), ...): layers whose input is torch.cat([x, h]) / torch.cat([h, x]).
         output_activation: the last layer's activation.
+        norm: 'layernorm' after every hidden Linear (before its activation), or 'none'.
     """
 
     widths: tuple
@@ -69,6 +70,7 @@ class Workload:
     residual: bool = False
     concat: tuple = ()
     output_activation: str = "none"
+    norm: str = "none"
 
     def layer_inputs(self):
         """Each layer's input features: the width before it, plus x's with a concat."""
@@ -92,6 +94,8 @@ WORKLOADS = {
     "wide512": Workload((64,) + (512,) * 4 + (64,), "gelu", True),
     "sdf512": Workload((259,) + (512,) * 8 + (1,), "relu", True, concat=((4, "before"),), output_activation="tanh"),
     "rec1024": Workload((256, 1024, 1024, 512, 256, 1), "relu", True),
+    # issue 30's control-loop MLP of recent RL agents: Linear -> LayerNorm -> SiLU
+    "rl256": Workload((64, 256, 256, 256, 16), "silu", True, norm="layernorm"),
 }
 
 DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)
@@ -484,7 +488,7 @@ def torch_model(torch, wl):
         def forward(self, x):
             return x + self.act(self.linear(x))
 
-    if wl.concat or wl.output_activation != "none":
+    if wl.concat or wl.output_activation != "none" or wl.norm != "none":
         return _concat_model(torch, wl, acts)
     layers = []
     last = len(wl.widths) - 2
@@ -499,8 +503,8 @@ def torch_model(torch, wl):
 
 
 def _concat_model(torch, wl, acts):
-    """NeRF's form: Linear + activation per layer, the input x concatenated into the named layers' inputs, the
-    output activation after the last."""
+    """NeRF's form: Linear (+ LayerNorm) + activation per layer, the input x concatenated into the named layers'
+    inputs, the output activation after the last."""
     nn = torch.nn
     cat = dict(wl.concat)
     final = {"none": nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[wl.output_activation]
@@ -510,6 +514,8 @@ def _concat_model(torch, wl, acts):
             super().__init__()
             self.linears = nn.ModuleList(nn.Linear(k, n, bias=wl.bias)
                                          for k, n in zip(wl.layer_inputs(), wl.widths[1:]))
+            self.norms = nn.ModuleList(nn.LayerNorm(n) if wl.norm == "layernorm" else nn.Identity()
+                                       for n in wl.widths[1:-1])
             self.act = acts[wl.activation]()
             self.final = final()
 
@@ -519,7 +525,7 @@ def _concat_model(torch, wl, acts):
                 if i in cat:
                     h = torch.cat([x, h] if cat[i] == "before" else [h, x], -1)
                 h = linear(h)
-                h = self.act(h) if i < len(self.linears) - 1 else self.final(h)
+                h = self.act(self.norms[i](h)) if i < len(self.linears) - 1 else self.final(h)
             return h
 
     return ConcatMLP()
@@ -534,6 +540,8 @@ def fused_options(wl):
         options["concat"] = dict(wl.concat)
     if wl.output_activation != "none":
         options["output_activation"] = wl.output_activation
+    if wl.norm != "none":  # torch_model's LayerNorms keep their initial affine parameters: ones and zeros
+        options["norm"] = {i: wl.norm for i in range(len(wl.widths) - 2)}
     return options
 
 
