@@ -177,7 +177,8 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
 }
 
 /* Layer<0> of a GEMM plan: the spec's layer p->gemm_layer, with its activation's forms and shapes as the fused kernels
- * render them (its buffer numbers mean nothing there). */
+ * render them (its buffer numbers mean nothing there). The source does not say which layer it is: equal layers (an
+ * SDF decoder's six 512 x 512 relu layers) are one source, so one compile and one cache entry serve them all. */
 static fm_status fm_render_gemm_layer(const fm_spec *spec, const fm_plan *p, fm_str *out, fm_error *err) {
     const int l = p->gemm_layer;
     fm_str body = {0}, expr_text = {0};
@@ -185,11 +186,11 @@ static fm_status fm_render_gemm_layer(const fm_spec *spec, const fm_plan *p, fm_
     fm_expr_to_string(spec->act[l], &expr_text);
     if (st == FM_OK)
         fm_str_printf(out,
-                      "template <> struct Layer<0> {  // the network's layer %d: %d -> %d, activation %s\n"
+                      "template <> struct Layer<0> {  // %d -> %d, activation %s\n"
                       "    static constexpr int W_OFF = 0, B_OFF = 0, REPEAT = 1;\n"
                       "%s"
                       "};\n",
-                      l, p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", body.data);
+                      p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", body.data);
     fm_str_free(&body);
     fm_str_free(&expr_text);
     return st;
@@ -261,8 +262,8 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(fm_subst_add(t, "A0_REAL"), "%d", p->k0_real[l]);
     fm_str_printf(fm_subst_add(t, "A1_REAL"), "%d", p->k_real[l] - p->k0_real[l]);
     fm_str *c = fm_subst_add(t, "PLAN_COMMENT");
-    fm_str_printf(c, "layer %d alone, %d -> %d; sm_%d; %s %s GEMM; %dx%d tiles of %d warps, %d stages of %d B of "
-                  "K, %d CTAs/SM; %zu B shared memory; input %s", l, p->k_real[l], p->n_real[l], p->arch,
+    fm_str_printf(c, "one layer, %d -> %d; sm_%d; %s %s GEMM; %dx%d tiles of %d warps, %d stages of %d B of "
+                  "K, %d CTAs/SM; %zu B shared memory; input %s", p->k_real[l], p->n_real[l], p->arch,
                   fm_prec_name(p->prec), p->wgmma ? "wgmma" : "mma.sync", p->gemm_bm, p->gemm_bn, p->warps,
                   p->gemm_stages, p->wgmma ? 128 : 64, p->blocks_per_sm, p->smem_bytes, fm_dtype_name(p->in_dtype));
     if (p->a1_dtype >= 0)

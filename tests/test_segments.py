@@ -119,11 +119,22 @@ def test_segmented_kernels_compile_ahead_of_time(rng, tmp_path, arch, prec):
     src = mlp.source
     form = "wgmma" if arch == "sm_90" and prec != "tf32" else "mma.sync"  # sm_90a's warpgroup MMA takes 16-bit
     assert f"{form} GEMM" in src and "(concat)" in src and "residual" in src
-    # the plan comment says which layer each GEMM is
+    # each GEMM's plan comment names its shape; the layer's index is not in the source
     for line in mlp.segments:
         if ": gemm" in line:
             layer = int(line.split(":")[0].split()[-1])
-            assert f"layer {layer} alone" in src
+            assert f"-> {mlp.widths[layer + 1]}; sm_" in src and "// Plan: one layer, " in src
+
+
+def test_equal_layers_share_one_gemm_kernel(rng, tmp_path):
+    """An SDF decoder's hidden 512 x 512 layers render to one source: one compile, one cache entry for them all."""
+    widths = [259] + [512] * 8 + [1]
+    ws, _ = graph_weights(rng, widths, {4: "before"}, 1.0)
+    bs = [rng.uniform(-0.1, 0.1, w.shape[0]).astype(np.float32) for w in ws]  # every layer with a bias, as the SDF's
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", output_activation="tanh", concat={4: "before"}, device="cpu",
+                            cache_dir=tmp_path)
+    paths = mlp.compile("sm_90", "float16")
+    assert len(paths) == 9 and len(set(paths)) == 4  # layer 0, the six equal ones, the concat layer, the last
 
 
 def test_gemm_plan_refuses_bad_requests(rng):

@@ -1,5 +1,6 @@
 """The public API: FusedMLP and evaluate_fused_mlp."""
 
+import concurrent.futures
 import logging
 import os
 import pathlib
@@ -561,8 +562,9 @@ class FusedMLP:
         if self._segments_for(number, 0, 0, 0, io_dtype, io_dtype) is not None:
             plans = _segments.plans(self, number, io_dtype, io_dtype)
             sources = [_source_of(plan) for plan in plans]
-            built = [compile_cubin(source, number, self._cache, plan.info["wgmma"])
-                     for plan, source in zip(plans, sources)]
+            with concurrent.futures.ThreadPoolExecutor(min(8, len(plans))) as pool:  # NVRTC releases the GIL
+                built = list(pool.map(lambda ps: compile_cubin(ps[1], number, self._cache, ps[0].info["wgmma"]),
+                                      zip(plans, sources)))
             self._source, self._cache_path = "\n".join(sources), _entry_path(built[-1])
             return tuple(_entry_path(entry) for entry in built)
         plan, source = self._render(number, 0, 0, io_dtype, io_dtype)

@@ -8,6 +8,7 @@ compute dtype, in workspace buffers that are planned once and reused by every ca
 which values share one).
 """
 
+import concurrent.futures
 import dataclasses
 import threading
 
@@ -326,6 +327,17 @@ def chain(mlp, in_dtype, out_dtype):
         info = mlp._gpu_info()
         segments = mlp._segments_for(info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
                                      in_dtype, out_dtype)
+        # the GEMMs compile and load in parallel first, as the tuner's candidates do (NVRTC releases the GIL): sdf512's
+        # nine layers are four distinct sources
+        gemms = [seg.first for seg in segments if seg.kind == "gemm"]
+
+        def build(layer):
+            p0, p1, res = _gemm_operands(mlp, layer)
+            return mlp._build_gemm(layer, *(None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
+                                             for v in (p0, p1, res, layer)))
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(gemms)))) as pool:
+            built = dict(zip(gemms, pool.map(build, gemms)))
         steps = []
         for seg in segments:
             f, last = seg.first, seg.last
@@ -341,10 +353,8 @@ def chain(mlp, in_dtype, out_dtype):
                     sub._kernel(k_in, k_out, rows).launch(ptr(f - 1), ptr(last), rows, stream)
             else:
                 p0, p1, res = _gemm_operands(mlp, f)
-                dt = [None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype) for v in (p0, p1, res, f)]
-                kernel = mlp._build_gemm(f, *dt)
 
-                def step(ptr, rows, stream, kernel=kernel, p0=p0, p1=p1, res=res, f=f):
+                def step(ptr, rows, stream, kernel=built[f], p0=p0, p1=p1, res=res, f=f):
                     kernel.launch(ptr(p0), ptr(f), rows, stream, 0 if p1 is None else ptr(p1),
                                   0 if res is None else ptr(res))
             steps.append(step)
