@@ -209,3 +209,35 @@ def test_warpgroup_counts_a_smaller_one_dominates_are_not_compiled(monkeypatch, 
     assert sorted(built) == sorted(kept) and options is None and timings == {}
     assert not _tune._dominated({"wgmma": 1, "cluster": 4, "warps": 4}, 1024, 132)
     assert not _tune._dominated({"wgmma": 1, "warps": 16}, 1024, 0)  # SM count unknown: nothing is skipped
+
+
+def test_tune_of_a_segmented_network_tunes_each_fused_stretch(monkeypatch, tmp_path):
+    """fusedmlp.tune on a network cut into segments tunes each fused stretch as the network of its own it is (the
+    first from x's dtype to the compute dtype's storage, the last from it to y's), and reports per segment."""
+    import numpy as np
+
+    import fusedmlp
+    from fusedmlp import _api
+
+    class Gpu:
+        info = {"arch": 90, "smem_per_block": 232448, "smem_per_sm": 233472, "sm_count": 132}
+
+    Gpu.info = dict(Gpu.info, name="NVIDIA Fake 90")
+    monkeypatch.setattr(_api, "_gpu", lambda ordinal: Gpu)
+    rng = np.random.default_rng(2)
+    widths = [32, 64, 64, 512, 64, 16]  # layers 0-1 fused, 2 and 3 GEMMs (512 wide), 4 fused
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    mlp = fusedmlp.FusedMLP(ws, None, "relu", device="cpu", cache_dir=tmp_path)
+    mlp._kind, mlp._ordinal = "cuda", 0  # a model of the fake GPU (no driver is touched below)
+    tuned = []
+
+    def choose(m, d, o, rows, info, store, force=False):
+        tuned.append((list(m.widths), d, o, rows))
+        store.save(_tune._model_key(m, d, o, info), {str(_tune.bucket(rows)): {"options": {"wgmma": 1}, "ms": {}}})
+        return {"wgmma": 1}
+
+    monkeypatch.setattr(_tune, "choose", choose)
+    result = fusedmlp.tune(mlp, batch_sizes=(1024,), io_dtype="float32")
+    assert list(result) == ["layers 0-1: fused (wgmma, weights resident)", "layer 4: fused (wgmma, weights resident)"]
+    assert tuned == [([32, 64, 64], "float32", "float16", 1024), ([64, 16], "float16", "float32", 1024)]
+    assert all(r[1024]["options"] == {"wgmma": 1} for r in result.values())

@@ -762,18 +762,29 @@ def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), io_dtype="float16"):
         io_dtype: 'float16', 'float32' or 'bfloat16', the input and output dtype of the calls to tune for.
 
     Returns:
-        {batch size: {"options": chosen plan options, "ms": {candidate: kernel ms}}}.
+        {batch size: {"options": chosen plan options, "ms": {candidate: kernel ms}}}; for a segmented network (see
+        FusedMLP.segments) that per fused segment, {segment: {batch size: ...}}: each fused stretch tunes as the
+        network of its own it is (its records serve the model's calls), and its GEMMs have their one tile.
     """
     if mlp._kind != "cuda":
         raise ArgumentError(f"tune needs a model on a CUDA device; this one runs on {mlp.device}")
     dtype = _io_dtype_name(io_dtype, "io_dtype")
     info = _gpu(mlp._ordinal).info
+    cut = mlp._segments_for(info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"], dtype, dtype)
+    if cut is not None:
+        return {seg.describe(): _tune_sizes(*_segments.stretch_model(mlp, seg, dtype, dtype), batch_sizes, info)
+                for seg in cut if seg.kind == "fused"}
+    return _tune_sizes(mlp, dtype, dtype, batch_sizes, info)
+
+
+def _tune_sizes(mlp, dtype, out_dtype, batch_sizes, info):
+    """tune()'s records for one fused network and dtype pair."""
     results = {}
     for rows in batch_sizes:
-        options = _tune.choose(mlp, dtype, dtype, int(rows), info, mlp._tuning, force=True)
-        mlp._tuned[(dtype, dtype, _tune.bucket(int(rows)))] = options
+        options = _tune.choose(mlp, dtype, out_dtype, int(rows), info, mlp._tuning, force=True)
+        mlp._tuned[(dtype, out_dtype, _tune.bucket(int(rows)))] = options
         mlp._calls.clear()  # calls look their kernel up again, under the new choice
-        key = _tune._model_key(mlp, dtype, dtype, info)
+        key = _tune._model_key(mlp, dtype, out_dtype, info)
         results[int(rows)] = mlp._tuning.load(key)[str(_tune.bucket(int(rows)))]
     return results
 

@@ -314,6 +314,17 @@ def plans(mlp, arch, in_dtype, out_dtype):
     return out
 
 
+def stretch_model(mlp, seg, in_dtype, out_dtype):
+    """A fused segment's layers as a FusedMLP of their own (tuned and cached as any network: its tuning records are
+    the same for every model built of the same layers), with the dtypes of its input and output in memory."""
+    f, last = seg.first, seg.last
+    residual, concat = fused_options(mlp, f, last)
+    sub = type(mlp)(mlp._w[f:last + 1], mlp._b[f:last + 1], mlp._acts[f:last + 1], residual=residual,
+                    concat=concat or None, norm=_norm.option(mlp._norm, f, last), dtype=mlp._precision,
+                    device=mlp.device, cache_dir=mlp._cache.directory)
+    return sub, _value_dtype(mlp, f - 1, in_dtype, out_dtype), _value_dtype(mlp, last, in_dtype, out_dtype)
+
+
 def chain(mlp, in_dtype, out_dtype):
     """The Chain of mlp's segments on its GPU for one dtype pair, built (compiled, loaded) once."""
     key = (in_dtype, out_dtype)
@@ -341,13 +352,8 @@ def chain(mlp, in_dtype, out_dtype):
         steps = []
         for seg in segments:
             f, last = seg.first, seg.last
-            if seg.kind == "fused":  # a network of its own, tuned and cached as any
-                residual, concat = fused_options(mlp, f, last)
-                sub = type(mlp)(mlp._w[f:last + 1], mlp._b[f:last + 1], mlp._acts[f:last + 1], residual=residual,
-                                concat=concat or None, norm=_norm.option(mlp._norm, f, last),
-                                dtype=mlp._precision, device=mlp.device,
-                                cache_dir=mlp._cache.directory)
-                k_in, k_out = (_value_dtype(mlp, v, in_dtype, out_dtype) for v in (f - 1, last))
+            if seg.kind == "fused":
+                sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype)
 
                 def step(ptr, rows, stream, sub=sub, f=f, last=last, k_in=k_in, k_out=k_out):
                     sub._kernel(k_in, k_out, rows).launch(ptr(f - 1), ptr(last), rows, stream)
