@@ -242,3 +242,12 @@ def test_precompile_leaves_nothing_for_an_h100_worker_to_compile(model, tmp_path
         assert _api.compile_cubin(source, 90, mlp._cache, plan.info["wgmma"]).path is not None
         built += 1
     assert built >= 2
+
+
+def test_a_file_fusedmlp_save_wrote_needs_no_model_options(model, tmp_path):
+    """A model saved with FusedMLP.save carries its architecture: the predictor takes the file alone (no activation)
+    and gives the model's outputs; the in-process predictor path, no cluster needed."""
+    mlp = fusedmlp.FusedMLP.from_npz(model["path"], ACT, device="cpu")
+    path = mlp.save(tmp_path / "saved")
+    out = fray.FusedMLPPredictor(path, device="cpu", input_columns="x")({"x": model["x"]})
+    assert np.array_equal(out["y"], model["expected"], equal_nan=True)

@@ -1,6 +1,7 @@
 """The public API: FusedMLP and evaluate_fused_mlp."""
 
 import concurrent.futures
+import json
 import logging
 import os
 import pathlib
@@ -289,6 +290,10 @@ def _layer_concat(num_layers, concat):
     return out
 
 
+#: The npz entry FusedMLP.save writes the architecture into (JSON), and the version of its layout.
+_SAVED = "__fusedmlp__"
+_SAVE_FORMAT = 1
+
 #: Tensor Core compute dtypes: what weights and activations are stored as on chip (float32 accumulation always).
 PRECISIONS = ("float16", "bfloat16", "tf32")
 
@@ -427,14 +432,18 @@ class FusedMLP:
                 _warn_cpu_once()
 
     @classmethod
-    def from_npz(cls, path, activation="relu", output_activation=None, **kwargs):
-        """Loads a model saved as ``np.savez(path, **{k: v.cpu().numpy() for k, v in state_dict.items()})``.
+    def from_npz(cls, path, activation=None, output_activation=None, **kwargs):
+        """Loads a model saved as ``np.savez(path, **{k: v.cpu().numpy() for k, v in state_dict.items()})``, or by
+        FusedMLP.save.
 
         Layers are the ``<prefix>.weight`` arrays in natural order of their prefix (so '2' < '10'); each takes the
-        ``<prefix>.bias`` beside it if present.
+        ``<prefix>.bias`` beside it if present. A state dict's file takes the architecture from the arguments (the
+        activation defaults to 'relu'); a file FusedMLP.save wrote carries its own, so only device, check and
+        cache_dir may be given then.
         """
         with np.load(path) as data:
             arrays = {k: data[k] for k in data.files}
+        saved = arrays.pop(_SAVED, None)
         prefixes = [k[: -len(".weight")] for k in arrays if k.endswith(".weight") and arrays[k].ndim == 2]
         if not prefixes:
             raise ShapeError(f"{path} holds no '<name>.weight' 2-D arrays (keys: {sorted(arrays)})")
@@ -445,7 +454,64 @@ class FusedMLP:
         prefixes.sort(key=natural)
         weights = [arrays[p + ".weight"] for p in prefixes]
         biases = [arrays.get(p + ".bias") for p in prefixes]
-        return cls(weights, biases, activation, output_activation, **kwargs)
+        if saved is None:
+            return cls(weights, biases, "relu" if activation is None else activation, output_activation, **kwargs)
+        given = [k for k in ("residual", "concat", "norm", "dtype") if k in kwargs]
+        given += [k for k, v in (("activation", activation), ("output_activation", output_activation)) if v is not None]
+        if given:
+            raise ArgumentError(f"{path} was written by FusedMLP.save and carries its architecture; {', '.join(given)} "
+                                "cannot be given with it (only device, check and cache_dir)")
+        try:
+            meta = json.loads(str(saved))
+        except ValueError as e:
+            raise ArgumentError(f"{path}: its {_SAVED} entry is not the JSON FusedMLP.save writes ({e})") from None
+        if not isinstance(meta, dict) or meta.get("format") != _SAVE_FORMAT:
+            raise ArgumentError(f"{path}: {_SAVED} has format {meta.get('format') if isinstance(meta, dict) else '?'}; "
+                                f"this fusedmlp reads format {_SAVE_FORMAT}", "load it with the fusedmlp that saved it")
+        norm = {int(i): {"kind": n["kind"], "eps": n["eps"], "weight": arrays.get(f"{i}.norm.weight"),
+                         "bias": arrays.get(f"{i}.norm.bias")} for i, n in meta["norm"].items()}
+        mlp = cls(weights, biases, meta["activations"], None,
+                  residual={int(i): tuple(r) for i, r in meta["residual"].items()} or None,
+                  concat={int(i): c for i, c in meta["concat"].items()} or None, norm=norm or None,
+                  dtype=meta["dtype"], **kwargs)
+        if list(mlp.widths) != meta["widths"]:
+            raise ShapeError(f"{path}: the arrays give widths {list(mlp.widths)}, its architecture {meta['widths']}")
+        return mlp
+
+    def save(self, path):
+        """Writes the model to an npz file that FusedMLP.from_npz reads back whole (a Ray worker, another process).
+
+        The file holds ``<layer>.weight`` / ``<layer>.bias`` as float32 in PyTorch's layout (so tools that read state
+        dicts read it too), each norm's ``<layer>.norm.weight`` / ``.norm.bias``, and the architecture (activations,
+        residuals, concats, norms, compute dtype) as JSON in ``__fusedmlp__``.
+
+        Args:
+            path: a file name (``.npz`` is appended where it is missing, as numpy.savez does) or a binary file object.
+
+        Returns:
+            the path written (the file object as given).
+        """
+        arrays, norms = {}, {}
+        for i, (w, b) in enumerate(zip(self._w, self._b)):
+            arrays[f"{i}.weight"] = w
+            if b is not None:
+                arrays[f"{i}.bias"] = b
+        for i, entry in enumerate(self._norm):
+            if entry is not None:
+                code, eps, weight, bias = entry
+                norms[str(i)] = {"kind": _norm.NAMES[code], "eps": eps}
+                for name, value in (("weight", weight), ("bias", bias)):
+                    if value is not None:
+                        arrays[f"{i}.norm.{name}"] = value
+        meta = {"format": _SAVE_FORMAT, "widths": list(self.widths), "activations": list(self._acts),
+                "dtype": self._precision, "norm": norms,
+                "residual": {str(i): ["add" if r[0] == 1 else "mul", r[1], "input" if r[2] < 0 else r[2]]
+                             for i, r in enumerate(self._residual) if r},
+                "concat": {str(i): "after" if c == 1 else "before" for i, c in enumerate(self._concat) if c}}
+        np.savez(path, **arrays, **{_SAVED: np.array(json.dumps(meta))})
+        if isinstance(path, (str, os.PathLike)) and not os.fspath(path).endswith(".npz"):
+            return os.fspath(path) + ".npz"
+        return path
 
     # -------------------------------------------------------------------------------------------- properties
 

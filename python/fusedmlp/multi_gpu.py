@@ -96,7 +96,7 @@ class MultiDeviceMLP:
                     lambda device: FusedMLP(weights, biases, activation, output_activation, device=device, **options))
 
     @classmethod
-    def from_npz(cls, path, activation="relu", output_activation=None, *, devices=None,
+    def from_npz(cls, path, activation=None, output_activation=None, *, devices=None,
                  min_rows_per_device=MIN_ROWS_PER_DEVICE, **options):
         """Loads a model as FusedMLP.from_npz does (from a path or a binary file object), the file read once."""
         if hasattr(path, "read"):

@@ -30,7 +30,7 @@ from .multi_gpu import MultiDeviceMLP
 __all__ = ["FusedMLPPredictor", "precompile", "put_model"]
 
 #: FusedMLP's arguments that describe the model (the rest of a predictor's keyword arguments are about columns).
-_MODEL_OPTIONS = ("activation", "output_activation", "residual", "concat", "dtype", "check")
+_MODEL_OPTIONS = ("activation", "output_activation", "residual", "concat", "norm", "dtype", "check")
 
 
 def _ray():
