@@ -152,7 +152,8 @@ class Chain:
         self._workspaces = {}  # stream -> (rows capacity, Buffer, offsets)
         self._keep = []  # outgrown workspaces: a captured graph may still use them
         self._host = None  # (rows, x Buffer, y Buffer) for run()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # growing the workspaces
+        self._run_lock = threading.Lock()  # one run() at a time: its staging buffers are shared, as _core.Kernel's
         self.info = {"segments": [seg.describe() for seg in segments], "kernels": len(segments), "in_dtype": in_dtype,
                      "out_dtype": out_dtype}
 
@@ -196,16 +197,16 @@ class Chain:
         n_out = self._mlp.widths[-1]
         out_np = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[self._out]
         y = np.empty((rows, n_out), dtype=out_np)
-        with self._lock:
+        with self._run_lock:
             if self._host is None or self._host[0] < rows:
                 self._host = (rows, self._mlp._device_buffer(max(x.nbytes, 16)),
                               self._mlp._device_buffer(max(y.nbytes, 16)))
             _, xb, yb = self._host
-        xb.write(x)
-        if poison:
-            yb.fill(0xFF)
-        self.launch(xb.ptr, yb.ptr, rows, 0)
-        yb.read(y)
+            xb.write(x)
+            if poison:
+                yb.fill(0xFF)
+            self.launch(xb.ptr, yb.ptr, rows, 0)
+            yb.read(y)
         return y
 
     def time(self, rows, reps=5):
