@@ -154,6 +154,10 @@ class Chain:
         self._host = None  # (rows, x Buffer, y Buffer) for run()
         self._lock = threading.Lock()  # growing the workspaces
         self._run_lock = threading.Lock()  # one run() at a time: its staging buffers are shared, as _core.Kernel's
+        # one launch sequence at a time: two threads on one stream would otherwise interleave their segments on it,
+        # the second's first kernel overwriting a value the first's next kernel reads (launches are asynchronous,
+        # so this orders the host's few microseconds only)
+        self._launch_lock = threading.Lock()
         self.info = {"segments": [seg.describe() for seg in segments], "kernels": len(segments), "in_dtype": in_dtype,
                      "out_dtype": out_dtype}
 
@@ -186,8 +190,9 @@ class Chain:
                 return y
             return buf.ptr + offsets[self._slot_of[v]]
 
-        for launch in self._steps:
-            launch(ptr, rows, stream)
+        with self._launch_lock:
+            for launch in self._steps:
+                launch(ptr, rows, stream)
 
     def run(self, x, poison=False):
         """The outputs of a C-contiguous host array x (rows >= 1) of the chain's input dtype, synchronously."""
