@@ -137,15 +137,20 @@ static fm_status Kernel_reserve(fm_devptr *buf, size_t *cap, size_t bytes, fm_er
     return st;
 }
 
-/* Makes the context current, sizes the staging buffers for rows and copies the host input x into them (on the
- * legacy default stream); *y_bytes receives the output's size. Called with the kernel lock held. */
+/* Bytes of the input staging for rows: x's; for a GEMM plan (timed only: run() refuses it), a buffer wide enough for
+ * any of its operands in float32, since time() passes it as the concat part and the residual operand too. */
+static size_t Kernel_x_bytes(const fm_plan *p, int64_t rows) {
+    if (!p->gemm)
+        return (size_t)rows * (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
+    const int l = p->gemm_layer;
+    return (size_t)rows * 4 * (size_t)(p->k_real[l] > p->n_real[l] ? p->k_real[l] : p->n_real[l]);
+}
+
+/* Makes the context current, sizes the staging buffers for rows and copies the host input x (Kernel_x_bytes of it)
+ * into them (on the legacy default stream); *y_bytes receives the output's size. Called with the kernel lock held. */
 static fm_status Kernel_stage(KernelObject *self, const void *x, int64_t rows, size_t *y_bytes, fm_error *err) {
     const fm_plan *p = &self->plan->plan;
-    size_t x_bytes = (size_t)rows * (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
-    if (p->gemm) /* one buffer wide enough for any of the GEMM's operands in float32 (time(): x, x1 and res) */
-        x_bytes = (size_t)rows * 4 *
-                  (size_t)(p->k_real[p->gemm_layer] > p->n_real[p->gemm_layer] ? p->k_real[p->gemm_layer]
-                                                                                  : p->n_real[p->gemm_layer]);
+    size_t x_bytes = Kernel_x_bytes(p, rows);
     *y_bytes = (size_t)rows * (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st == FM_OK)
@@ -183,6 +188,11 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p", kwlist, &xobj, &poison))
         return NULL;
     const fm_plan *p = &self->plan->plan;
+    if (p->gemm) { /* its operands come from its network's other values: python/fusedmlp/_segments.py's Chain */
+        PyErr_SetString(PyExc_ValueError, "run() takes a fused kernel; a GEMM layer's kernel runs inside its network's "
+                                          "chain (launch() with its operands' device pointers)");
+        return NULL;
+    }
     int in_type = fm_npy_type(p->in_dtype), out_type = fm_npy_type(p->out_dtype);
     PyArrayObject *x = fm_array(xobj, in_type, 2, "x");
     if (x == NULL)
@@ -268,8 +278,8 @@ static void Kernel_fill_random(void *x, size_t count, fm_dtype dtype) {
 
 static fm_status Kernel_time_locked(KernelObject *self, int64_t rows, int reps, float *best_ms, fm_error *err) {
     const fm_plan *p = &self->plan->plan;
-    size_t x_count = (size_t)rows * (size_t)p->k_real[0], y_bytes = 0;
-    void *host = malloc(x_count ? x_count * fm_dtype_size(p->in_dtype) : 1);
+    size_t x_bytes = Kernel_x_bytes(p, rows), x_count = x_bytes / fm_dtype_size(p->in_dtype), y_bytes = 0;
+    void *host = malloc(x_bytes ? x_bytes : 1);
     if (host == NULL)
         return fm_fail(err, FM_ERR_NOMEM, "out of host memory for a %zu-value tuning input", x_count);
     Kernel_fill_random(host, x_count, p->in_dtype);

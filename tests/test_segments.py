@@ -147,3 +147,18 @@ def test_gemm_plan_refuses_bad_requests(rng):
         mlp._gemm_plan(0, 75, 0, 0, 0, "bfloat16", None, None, "float16")
     info = mlp._gemm_plan(0, 90, 0, 0, 0, "float32", None, None, "float16").info
     assert info["gemm"] == 1 and info["threads"] == 256 and info["smem_bytes"] <= 227 * 1024
+
+
+def test_a_norm_layer_a_gemm_would_take_keeps_the_one_streamed_kernel(rng, tmp_path):
+    """NeRF with a LayerNorm on its concat layer: the cut would make that layer a GEMM, which takes no norm (a row
+    arrives in column tiles), so the network keeps the one kernel that streams its weights; a wide norm layer, which
+    no kernel takes, is the GEMM's error naming the layer."""
+    widths = [63] + [256] * 8 + [4]
+    ws, bs = graph_weights(rng, widths, {5: "after"}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", concat={5: "after"}, norm={5: "layernorm"}, device="cpu",
+                            cache_dir=tmp_path)
+    assert mlp.segments is None and isinstance(mlp.compile("sm_90", "float16"), str)
+    ws, bs = graph_weights(rng, [16, 512, 8], {}, 1.0)
+    wide = fusedmlp.FusedMLP(ws, bs, activation="relu", norm={0: "layernorm"}, device="cpu", cache_dir=tmp_path)
+    with pytest.raises(fusedmlp.LimitError, match="layer 0"):
+        wide.compile("sm_90")

@@ -837,9 +837,9 @@ def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), io_dtype="float16"):
     dtype = _io_dtype_name(io_dtype, "io_dtype")
     info = _gpu(mlp._ordinal).info
     cut = mlp._segments_for(info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"], dtype, dtype)
-    if cut is not None:
-        return {seg.describe(): _tune_sizes(*_segments.stretch_model(mlp, seg, dtype, dtype), batch_sizes, info)
-                for seg in cut if seg.kind == "fused"}
+    if cut is not None:  # the chain's own stretch models, so its next calls take the choices at once
+        return {seg.describe(): _tune_sizes(sub, k_in, k_out, batch_sizes, info)
+                for seg, sub, k_in, k_out in _segments.chain(mlp, dtype, dtype).fused}
     return _tune_sizes(mlp, dtype, dtype, batch_sizes, info)
 
 

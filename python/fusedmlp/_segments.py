@@ -278,7 +278,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
         try:
             info = _stretch_plan(mlp, first, last, target, in_dtype, out_dtype).info
         except LimitError as e:
-            return False, str(e)[: -len(f" ({e.hint})")] if e.hint else str(e)
+            return False, e.message
         if not info["resident"]:
             return False, "its weights do not fit on chip (one CTA or a cluster)"
         return True, _kernel_words(info)
@@ -289,13 +289,29 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
     policy = mlp._segment_policy
     if policy == "auto":
         policy = "resident" if arch == 90 else "streamed"
-    if policy == "streamed":
+
+    def one_kernel():  # the whole network's plan of any form (streamed weights included), or None
         try:
-            _stretch_plan(mlp, 0, n - 1, target, in_dtype, out_dtype)
-            return None
+            return _stretch_plan(mlp, 0, n - 1, target, in_dtype, out_dtype)
         except LimitError:
-            pass
-    return cut(n, mlp._residual, mlp._concat, fits)
+            return None
+
+    if policy == "streamed" and one_kernel() is not None:
+        return None
+    segments = cut(n, mlp._residual, mlp._concat, fits)
+    # A layer the cut leaves to a GEMM may be one no GEMM takes (a norm: its row arrives in column tiles): then the
+    # one streamed kernel where the network has it, else the GEMM's error, which names the layer and the rule.
+    for seg in segments:
+        if seg.kind == "gemm":
+            dtypes = [None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
+                      for v in (*_gemm_operands(mlp, seg.first), seg.first)]
+            try:
+                mlp._gemm_plan(seg.first, *target, *dtypes)
+            except LimitError:
+                if one_kernel() is not None:
+                    return None
+                raise
+    return segments
 
 
 def _gemm_operands(mlp, layer):
@@ -355,11 +371,12 @@ def chain(mlp, in_dtype, out_dtype):
 
         with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(gemms)))) as pool:
             built = dict(zip(gemms, pool.map(build, gemms)))
-        steps = []
+        steps, fused = [], []
         for seg in segments:
             f, last = seg.first, seg.last
             if seg.kind == "fused":
                 sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype)
+                fused.append((seg, sub, k_in, k_out))
 
                 def step(ptr, rows, stream, sub=sub, f=f, last=last, k_in=k_in, k_out=k_out):
                     sub._kernel(k_in, k_out, rows).launch(ptr(f - 1), ptr(last), rows, stream)
@@ -371,4 +388,5 @@ def chain(mlp, in_dtype, out_dtype):
                                   0 if res is None else ptr(res))
             steps.append(step)
         found = mlp._chains[key] = Chain(mlp, segments, in_dtype, out_dtype, steps)
+        found.fused = fused  # (segment, its FusedMLP, its input and output dtypes): what tune() tunes
         return found
