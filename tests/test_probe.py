@@ -194,3 +194,15 @@ def test_check_and_alternate_on_two_builds_of_one_plan(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("tcnn64      check, 4099 rows: A: A bits, rel err ")
     times = probe.alternate(kernels, 4096, rounds=3, launches=2)
     assert [len(t) for t in times] == [3, 3] and all(0 < ms < 100 for t in times for ms in t)
+
+
+def test_list_shows_how_a_gpu_cuts_a_network_and_each_segments_kernel():
+    """probe list on a segmented workload: a line per segment with its reason and kernel (no GPU needed)."""
+    nerf = probe.segment_table(probe.workload("nerf"), probe.GPUS["h100"])
+    assert [line.split(":")[0] for line in nerf] == ["layers 0-4", "layer 5", "layers 6-8"]
+    assert "wgmma GEMM 128x256 tiles" in nerf[1] and "input concat" in nerf[1] and "cluster" in nerf[0]
+    rec = probe.segment_table(probe.workload("rec1024"), probe.GPUS["a100"])  # no wgmma on sm_80
+    assert len(rec) == 5 and all("mma.sync GEMM" in line for line in rec[:4]) and ": fused" in rec[4]
+    assert probe.segment_table(probe.workload("tcnn64"), probe.GPUS["h100"]) is None
+    # the A100 keeps NeRF's one streamed kernel (the cut is measured on sm_90 only)
+    assert probe.segment_table(probe.workload("nerf"), probe.GPUS["a100"]) is None

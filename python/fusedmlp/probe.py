@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from . import _api, _tune, bench
+from . import _api, _segments, _tune, bench
 from .errors import LimitError
 
 __all__ = ["EXTRA", "GPUS", "main", "plan_table", "weights", "workload"]
@@ -125,6 +125,29 @@ def shape(info, kernel=None):
             text += f" x{kernel.info['max_clusters']}"
     return (text + f", resident {info['resident']}, kpipe {info['kpipe']}, {info['blocks_per_sm']} CTA/SM, "
             f"{info['smem_bytes']} B")
+
+
+def segment_table(wl, gpu, io="float16", dtype="float16"):
+    """How a GPU cuts a workload into segments (None where it runs one fused kernel): a line per segment, its layers,
+    kernel and reason, then its plan's shape (a fused stretch's default plan, a GEMM's tile and stages)."""
+    mlp = model(wl, device="cpu", dtype=dtype)
+    target = (gpu["arch"], gpu["smem_per_block"], gpu["sm_count"], gpu["smem_per_sm"])
+    cut = mlp._segments_for(*target, io, io)
+    if cut is None:
+        return None
+    lines = []
+    for seg in cut:
+        if seg.kind == "fused":
+            info = _segments._stretch_plan(mlp, seg.first, seg.last, target, io, io).info
+            detail = shape(info)
+        else:
+            dtypes = [None if v is None else _segments._value_dtype(mlp, v, io, io)
+                      for v in (*_segments._gemm_operands(mlp, seg.first), seg.first)]
+            info = mlp._gemm_plan(seg.first, *target, *dtypes).info
+            detail = (f"{'wgmma' if info['wgmma'] else 'mma.sync'} GEMM {info['bm']}x{info['bn']} tiles, "
+                      f"{info['stages']} stages, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
+        lines.append(f"{seg.describe()}: {detail}")
+    return lines
 
 
 def require_gpu(command):
@@ -287,6 +310,11 @@ def list_plans(args):
     print(f"{gpu['name']} (sm_{gpu['arch']}, {gpu['sm_count']} SMs, {gpu['smem_per_block']} B shared memory per "
           f"block), {args.io} x and y, {args.dtype} compute", flush=True)
     for name in args.workloads:
+        segments = segment_table(workload(name), gpu, args.io, args.dtype)
+        for line in segments or ():
+            print(f"{name:11s} {line}")
+        if segments:
+            continue  # a cut network's stretches are tuned as networks of their own; list them by their widths
         for entry in plan_table(workload(name), gpu, args.io, args.dtype, args.plan, args.rows):
             if "rows" not in entry:
                 what = entry["info"] and shape(entry["info"]) or f"not planned ({entry['error']})"
