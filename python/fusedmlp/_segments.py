@@ -137,10 +137,11 @@ class Chain:
     run(x, poison) for host arrays. The workspace grows on demand per stream and is never freed while the chain
     lives, so a CUDA graph captured over a call keeps valid pointers."""
 
-    def __init__(self, mlp, segments, in_dtype, out_dtype, steps):
+    def __init__(self, mlp, segments, in_dtype, out_dtype, steps, fused):
         self.segments = segments
         self._mlp = mlp
-        self._steps = steps  # per segment: (launch function(ptrs, rows, stream), needs)
+        self._steps = steps  # per segment: its launch function (ptr of a value, rows, stream)
+        self.fused = fused  # (segment, its FusedMLP, its input and output dtypes): what tune() tunes
         self._out = out_dtype
         storage = STORAGE[mlp._precision]
         widths = mlp.widths
@@ -303,10 +304,8 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
     # one streamed kernel where the network has it, else the GEMM's error, which names the layer and the rule.
     for seg in segments:
         if seg.kind == "gemm":
-            dtypes = [None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
-                      for v in (*_gemm_operands(mlp, seg.first), seg.first)]
             try:
-                mlp._gemm_plan(seg.first, *target, *dtypes)
+                mlp._gemm_plan(seg.first, *target, *gemm_dtypes(mlp, seg.first, in_dtype, out_dtype))
             except LimitError:
                 if one_kernel() is not None:
                     return None
@@ -322,6 +321,13 @@ def _gemm_operands(mlp, layer):
     return p0, p1, res
 
 
+def gemm_dtypes(mlp, layer, in_dtype, out_dtype):
+    """The global dtypes of layer's GEMM operands (part 0, the concat's part 1, the residual's: None where absent) and
+    of its result, as gemm_plan takes them."""
+    return tuple(None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
+                 for v in (*_gemm_operands(mlp, layer), layer))
+
+
 def plans(mlp, arch, in_dtype, out_dtype):
     """Ahead of time: the plan of every segment's kernel for a named arch (fused stretches: their default plan)."""
     target = (arch, 0, 0, 0)
@@ -330,9 +336,7 @@ def plans(mlp, arch, in_dtype, out_dtype):
         if seg.kind == "fused":
             out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype))
         else:
-            dt = [None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
-                  for v in (*_gemm_operands(mlp, seg.first), seg.last)]
-            out.append(mlp._gemm_plan(seg.first, arch, 0, 0, 0, *dt))
+            out.append(mlp._gemm_plan(seg.first, *target, *gemm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
     return out
 
 
@@ -364,13 +368,9 @@ def chain(mlp, in_dtype, out_dtype):
         # nine layers are four distinct sources
         gemms = [seg.first for seg in segments if seg.kind == "gemm"]
 
-        def build(layer):
-            p0, p1, res = _gemm_operands(mlp, layer)
-            return mlp._build_gemm(layer, *(None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
-                                             for v in (p0, p1, res, layer)))
-
         with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(gemms)))) as pool:
-            built = dict(zip(gemms, pool.map(build, gemms)))
+            built = dict(zip(gemms, pool.map(lambda l: mlp._build_gemm(l, *gemm_dtypes(mlp, l, in_dtype, out_dtype)),
+                                             gemms)))
         steps, fused = [], []
         for seg in segments:
             f, last = seg.first, seg.last
@@ -387,6 +387,5 @@ def chain(mlp, in_dtype, out_dtype):
                     kernel.launch(ptr(p0), ptr(f), rows, stream, 0 if p1 is None else ptr(p1),
                                   0 if res is None else ptr(res))
             steps.append(step)
-        found = mlp._chains[key] = Chain(mlp, segments, in_dtype, out_dtype, steps)
-        found.fused = fused  # (segment, its FusedMLP, its input and output dtypes): what tune() tunes
+        found = mlp._chains[key] = Chain(mlp, segments, in_dtype, out_dtype, steps, fused)
         return found

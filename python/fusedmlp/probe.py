@@ -141,9 +141,7 @@ def segment_table(wl, gpu, io="float16", dtype="float16"):
             info = _segments._stretch_plan(mlp, seg.first, seg.last, target, io, io).info
             detail = shape(info)
         else:
-            dtypes = [None if v is None else _segments._value_dtype(mlp, v, io, io)
-                      for v in (*_segments._gemm_operands(mlp, seg.first), seg.first)]
-            info = mlp._gemm_plan(seg.first, *target, *dtypes).info
+            info = mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
             detail = (f"{'wgmma' if info['wgmma'] else 'mma.sync'} GEMM {info['bm']}x{info['bn']} tiles, "
                       f"{info['stages']} stages, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
         lines.append(f"{seg.describe()}: {detail}")
