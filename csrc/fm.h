@@ -119,14 +119,20 @@ const char *fm_dtype_name(fm_dtype d);
 size_t fm_dtype_size(fm_dtype d);
 
 /* Tensor Core compute precision: what the weights and the activations between layers are stored as on chip; every
- * path accumulates in float32. TF32 keeps float32's range (and storage) with fp16's 10-bit mantissa per product. */
-typedef enum fm_prec { FM_PREC_F16 = 0, FM_PREC_BF16 = 1, FM_PREC_TF32 = 2 } fm_prec;
-const char *fm_prec_name(fm_prec p);
-size_t fm_prec_size(fm_prec p); /* bytes per stored element: 2, 2, 4 */
-int fm_prec_min_arch(fm_prec p); /* 75 for fp16 (m16n8k8 pairs), 80 for bf16 and tf32 mma */
+ * path accumulates in float32. TF32 keeps float32's range (and storage) with fp16's 10-bit mantissa per product.
+ * The 8-bit ones (issue 26) store scaled codes: int8 (s8 x s8 -> s32 accumulate) and float8 e4m3 (f32 accumulate),
+ * with per-output-channel weight scales and one scale per layer input (fm_spec.quant, csrc/quant.c). */
+typedef enum fm_prec { FM_PREC_F16 = 0, FM_PREC_BF16 = 1, FM_PREC_TF32 = 2, FM_PREC_INT8 = 3, FM_PREC_E4M3 = 4 } fm_prec;
+const char *fm_prec_name(fm_prec p); /* "float16", "bfloat16", "tf32", "int8", "float8" */
+size_t fm_prec_size(fm_prec p); /* bytes per stored element: 2, 2, 4, 1, 1 */
+/* 75 for fp16 (m16n8k8 pairs), 80 for bf16, tf32 and int8 mma (m16n8k32 .s8), 89 for e4m3 mma (m16n8k32 .e4m3) */
+int fm_prec_min_arch(fm_prec p);
+/* 1 for the 8-bit precisions */
+int fm_prec_is_8bit(fm_prec p);
 
 /* Rounds f to the precision (nearest even) and returns the stored bits: binary16, bfloat16 (16 bits) or the float32
- * bits of the nearest TF32 value (the low 13 mantissa bits zero). */
+ * bits of the nearest TF32 value (the low 13 mantissa bits zero); for the 8-bit ones the code of f, already divided
+ * by its scale (fm_quant8). */
 uint32_t fm_round_bits(float f, fm_prec p);
 /* The float value of those bits. */
 float fm_bits_value(uint32_t bits, fm_prec p);
@@ -155,6 +161,14 @@ typedef struct fm_spec {
     double norm_eps[FM_MAX_LAYERS];   /* eps, >= 0 */
     float *norm_w[FM_MAX_LAYERS];     /* gamma, width[l + 1] floats (owned), or NULL: ones */
     float *norm_b[FM_MAX_LAYERS];     /* beta, width[l + 1] floats (owned), or NULL: zeros */
+    /* Low-bit operands (issue 26; fm_spec_set_quant). quant: FM_PREC_INT8 or FM_PREC_E4M3 where the network runs with
+     * 8-bit weights and activations, FM_PREC_F16 (0) where it does not. w_scale[l]: layer l's per-output-channel weight
+     * scales (width[l + 1] floats, owned): W[n][k] is stored as the code of W[n][k] / w_scale[l][n]. act_scale[l]:
+     * the scale of layer l's input (the value it reads; a concat layer's two parts share it with layer 0's, x), 0
+     * until calibrated: a stored activation v is the code of v * (1 / act_scale). */
+    fm_prec quant;
+    float *w_scale[FM_MAX_LAYERS];
+    float act_scale[FM_MAX_LAYERS];
 } fm_spec;
 
 enum { FM_RES_NONE = 0, FM_RES_ADD = 1, FM_RES_MUL = 2 };
@@ -185,6 +199,29 @@ fm_status fm_spec_set_norm(fm_spec *spec, int layer, int kind, double eps, const
                            const float *beta, int64_t bias_len, fm_error *err);
 /* "layernorm", "rmsnorm" or "none" for an FM_NORM_* (anything else: "?"). */
 const char *fm_norm_name(int kind);
+
+/* ------------------------------------------------------------------------------------------------ quant */
+
+/* The largest code magnitude of an 8-bit precision: 127 (int8, symmetric: -128 is never produced) or 448 (e4m3's
+ * largest finite value). */
+float fm_quant_max(fm_prec p);
+/* The 8-bit code of v (already divided by its scale), as the kernels' conversions produce it. int8: v clamped to
+ * [-127, 127] with fmaxf/fminf (so NaN becomes -127: fmaxf returns the number), then rounded to nearest even.
+ * e4m3: rounded to nearest even, magnitudes past 448 saturating to 448 (cvt.rn.satfinite), NaN to the NaN code 0x7f. */
+uint8_t fm_quant8(float v, fm_prec p);
+/* The value of a code (e4m3's NaN codes: NaN). */
+float fm_dequant8(uint8_t code, fm_prec p);
+/* A per-channel weight scale: max |row[k]| / fm_quant_max, in float32, at least FLT_MIN (a row of float32 denormals
+ * would otherwise get scale 0); 1 for an all-zero row (its codes are all zero whatever the scale). */
+float fm_quant_weight_scale(const float *row, int k, fm_prec p);
+/* Makes spec an 8-bit network of precision p (FM_PREC_F16: back to none): weight scales from w (as fm_plan_pack
+ * takes them), activation scales from act_scale (NULL: not calibrated yet, all 0; else num_layers floats, each finite,
+ * >= FLT_MIN, and a concat layer's equal to layer 0's: its two parts share one scale). FM_ERR_VALUE naming the layer
+ * and the rule; FM_ERR_NOMEM. */
+fm_status fm_spec_set_quant(fm_spec *spec, fm_prec p, const float *const *w, const float *act_scale, fm_error *err);
+/* FM_OK where spec runs in 8 bits and is calibrated, or does not run in 8 bits; else FM_ERR_VALUE saying to call
+ * calibrate (`what` names the operation refused). */
+fm_status fm_spec_check_calibrated(const fm_spec *spec, const char *what, fm_error *err);
 
 /* ------------------------------------------------------------------------------------------------ plan */
 
@@ -274,6 +311,15 @@ typedef struct fm_plan {
      * accumulators before the pipelined epilogue); the cluster kernel's CTAs exchange partial statistics through
      * distributed shared memory. The GEMM form (fm_plan_gemm) refuses it. */
     int norm[FM_MAX_LAYERS];
+    /* 8-bit plans (fm_prec_is_8bit(prec)): the weight blob holds codes (fm_quant8 of W / w_scale), the float blob
+     * per layer also n_pad dequantisation factors act_scale[l] * w_scale[l][n] at dq_offset[l] (after the bias and a
+     * norm's gamma and beta): the accumulators times these, plus the bias, are W h + b. act_scale[l] is the spec's
+     * (layer l's input scale; the kernels take inverses and residual scales from the rendered source), w_scale[l]
+     * points at the spec's weight scales (the spec outlives its plans). Widths are padded to 32: an 8-bit mma's k
+     * step. */
+    size_t dq_offset[FM_MAX_LAYERS];
+    float act_scale[FM_MAX_LAYERS];
+    const float *w_scale[FM_MAX_LAYERS];
 } fm_plan;
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
@@ -407,8 +453,16 @@ fm_status fm_stream_sync(fm_stream stream, fm_error *err);
 
 /* CPU forward with the kernel's semantics: float32 storage, float64 accumulation. x: rows x width[0] with
  * element strides (x_row, x_col) in floats; y: rows x width[L], C order. w[l]/b[l] as in fm_plan_pack.
- * Releases nothing; needs no GPU. */
+ * Releases nothing; needs no GPU. An 8-bit spec (fm_spec.quant) runs quantised, as fm_ref_forward_ex with quant 1. */
 fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float *const *b, const float *x,
                          int64_t rows, int64_t x_row, int64_t x_col, float *y, fm_error *err);
+/* The same with options. quant 1: emulate the spec's 8-bit quantisation as the kernel computes it (x and every value
+ * between layers stored as codes with their layer-input scale and read back as code * scale, weights as code *
+ * w_scale); the spec must be calibrated. quant 0: float32 storage whatever the spec says. amax: NULL, or num_layers +
+ * 1 doubles that receive, per value v = -1 .. L-1 at amax[v + 1], the largest |v| over the rows as stored (NaN where
+ * any element was NaN): what calibration scales from. */
+fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const float *const *b, const float *x,
+                            int64_t rows, int64_t x_row, int64_t x_col, float *y, int quant, double *amax,
+                            fm_error *err);
 
 #endif /* FM_H */

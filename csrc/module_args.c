@@ -75,12 +75,12 @@ int fm_dtype_from_str(const char *s, fm_dtype *d) {
 }
 
 int fm_prec_from_str(const char *s, fm_prec *p) {
-    for (int i = FM_PREC_F16; i <= FM_PREC_TF32; ++i)
+    for (int i = FM_PREC_F16; i <= FM_PREC_E4M3; ++i)
         if (strcmp(s, fm_prec_name((fm_prec)i)) == 0) {
             *p = (fm_prec)i;
             return 0;
         }
-    PyErr_Format(PyExc_ValueError, "precision '%s' is not one of float16, bfloat16, tf32", s);
+    PyErr_Format(PyExc_ValueError, "precision '%s' is not one of float16, bfloat16, tf32, int8, float8", s);
     return -1;
 }
 

@@ -202,10 +202,8 @@ static PyObject *Network_preact_bounds(NetworkObject *self, PyObject *unused) {
     return list;
 }
 
-/* forward_cpu(x: float32 (rows, in) array, any strides) -> float32 (rows, out) array */
-static PyObject *Network_forward_cpu(NetworkObject *self, PyObject *xobj) {
-    if (!Network_ready(self))
-        return NULL;
+/* x as the CPU forward takes it: an aligned 2-D float32 array of the network's input width (NULL with an error). */
+static PyArrayObject *Network_input(NetworkObject *self, PyObject *xobj) {
     if (!PyArray_Check(xobj) || PyArray_TYPE((PyArrayObject *)xobj) != NPY_FLOAT32 ||
         PyArray_NDIM((PyArrayObject *)xobj) != 2 || !PyArray_ISALIGNED((PyArrayObject *)xobj)) {
         PyErr_SetString(PyExc_TypeError, "x must be an aligned 2-D float32 array");
@@ -217,21 +215,169 @@ static PyObject *Network_forward_cpu(NetworkObject *self, PyObject *xobj) {
                      self->spec.width[0]);
         return NULL;
     }
+    return x;
+}
+
+/* The CPU forward of x into y (quant: fm_ref_forward_ex's; amax: NULL or L + 1 doubles), the GIL released. */
+static int Network_run_cpu(NetworkObject *self, PyArrayObject *x, float *y, int quant, double *amax) {
+    fm_error err = {0};
+    fm_status st;
+    int64_t srow = PyArray_STRIDE(x, 0) / 4, scol = PyArray_STRIDE(x, 1) / 4, rows = PyArray_DIM(x, 0);
+    Py_BEGIN_ALLOW_THREADS st = fm_ref_forward_ex(&self->spec, (const float *const *)self->w,
+                                                  (const float *const *)self->b, PyArray_DATA(x), rows, srow, scol,
+                                                  y, quant, amax, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) {
+        fm_raise_clear(&err);
+        return -1;
+    }
+    return 0;
+}
+
+/* forward_cpu(x: float32 (rows, in) array, any strides, quantised=None) -> float32 (rows, out) array. quantised:
+ * None emulates the network's 8-bit quantisation where it has one, False computes in float32 storage regardless. */
+static PyObject *Network_forward_cpu(NetworkObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"x", "quantised", NULL};
+    PyObject *xobj, *qobj = Py_None;
+    if (!Network_ready(self) || !PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kwlist, &xobj, &qobj))
+        return NULL;
+    PyArrayObject *x = Network_input(self, xobj);
+    if (x == NULL)
+        return NULL;
+    int quant = fm_prec_is_8bit(self->spec.quant);
+    if (qobj != Py_None && (quant = PyObject_IsTrue(qobj)) < 0)
+        return NULL;
     npy_intp dims[2] = {PyArray_DIM(x, 0), self->spec.width[self->spec.num_layers]};
     PyArrayObject *y = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
     if (y == NULL)
         return NULL;
-    fm_error err = {0};
-    fm_status st;
-    int64_t srow = PyArray_STRIDE(x, 0) / 4, scol = PyArray_STRIDE(x, 1) / 4;
-    Py_BEGIN_ALLOW_THREADS st = fm_ref_forward(&self->spec, (const float *const *)self->w,
-                                               (const float *const *)self->b, PyArray_DATA(x), dims[0], srow, scol,
-                                               PyArray_DATA(y), &err);
-    Py_END_ALLOW_THREADS if (st != FM_OK) {
+    if (Network_run_cpu(self, x, PyArray_DATA(y), quant, NULL) < 0) {
         Py_DECREF(y);
-        return fm_raise_clear(&err);
+        return NULL;
     }
     return (PyObject *)y;
+}
+
+/* amax(x) -> tuple of L + 1 floats: max |v| over x's rows of each value v = -1 (x) .. L-1 as the float forward
+ * (no quantisation) stores it; NaN where an element was NaN. What calibrate scales from. */
+static PyObject *Network_amax(NetworkObject *self, PyObject *xobj) {
+    if (!Network_ready(self))
+        return NULL;
+    PyArrayObject *x = Network_input(self, xobj);
+    if (x == NULL)
+        return NULL;
+    const int L = self->spec.num_layers;
+    size_t ybytes = sizeof(float) * (size_t)PyArray_DIM(x, 0) * (size_t)self->spec.width[L];
+    float *y = PyMem_RawMalloc(ybytes ? ybytes : 1);
+    if (y == NULL)
+        return PyErr_NoMemory();
+    double amax[FM_MAX_LAYERS + 1];
+    int rc = Network_run_cpu(self, x, y, 0, amax);
+    PyMem_RawFree(y);
+    if (rc < 0)
+        return NULL;
+    PyObject *t = PyTuple_New(L + 1);
+    for (int v = 0; t != NULL && v <= L; ++v) {
+        PyObject *f = PyFloat_FromDouble(amax[v]);
+        if (f == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, v, f);
+    }
+    return t;
+}
+
+/* set_quant(precision, act_scales=None): 'int8' or 'float8' makes the network 8-bit (weight scales from its weights;
+ * act_scales: None, not calibrated, or one float per layer), 'float16' undoes it (fm_spec_set_quant's rules). */
+static PyObject *Network_set_quant(NetworkObject *self, PyObject *args) {
+    const char *prec_s;
+    PyObject *scales_obj = Py_None;
+    if (!Network_ready(self) || !PyArg_ParseTuple(args, "s|O", &prec_s, &scales_obj))
+        return NULL;
+    fm_prec prec;
+    if (fm_prec_from_str(prec_s, &prec) < 0)
+        return NULL;
+    float scales[FM_MAX_LAYERS];
+    const int L = self->spec.num_layers;
+    if (scales_obj != Py_None) {
+        PyObject *seq = PySequence_Fast(scales_obj, "act_scales must be a sequence of floats");
+        if (seq == NULL)
+            return NULL;
+        if (PySequence_Fast_GET_SIZE(seq) != L) {
+            PyErr_Format(PyExc_ValueError, "act_scales has %zd entries; the network has %d layers",
+                         PySequence_Fast_GET_SIZE(seq), L);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        for (int l = 0; l < L; ++l) {
+            double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, l));
+            if (v == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+            scales[l] = (float)v;
+        }
+        Py_DECREF(seq);
+    }
+    fm_error err = {0};
+    if (fm_spec_set_quant(&self->spec, prec == FM_PREC_BF16 || prec == FM_PREC_TF32 ? FM_PREC_F16 : prec,
+                          (const float *const *)self->w, scales_obj == Py_None ? NULL : scales, &err) != FM_OK)
+        return fm_raise_clear(&err);
+    Py_RETURN_NONE;
+}
+
+/* quant8_value(v, precision) -> float: the value of v's 8-bit code (fm_quant8, then fm_dequant8), v already divided by
+ * its scale: what the kernels and the CPU path store. A static method (the module's own function table is
+ * module.c's), for tests and tools that check the roundings. */
+static PyObject *Network_quant8_value(PyObject *unused, PyObject *args) {
+    (void)unused;
+    double v;
+    const char *prec_s;
+    fm_prec prec;
+    if (!PyArg_ParseTuple(args, "ds", &v, &prec_s) || fm_prec_from_str(prec_s, &prec) < 0)
+        return NULL;
+    if (!fm_prec_is_8bit(prec))
+        return PyErr_Format(PyExc_ValueError, "quant8_value takes 'int8' or 'float8', not '%s'", prec_s);
+    return PyFloat_FromDouble((double)fm_dequant8(fm_quant8((float)v, prec), prec));
+}
+
+/* The network's 8-bit scales: (precision name, act_scales tuple or None, [float32 weight-scale arrays]); None when
+ * it is not an 8-bit network. */
+static PyObject *Network_get_quant(NetworkObject *self, void *closure) {
+    (void)closure;
+    if (!Network_ready(self))
+        return NULL;
+    if (!fm_prec_is_8bit(self->spec.quant))
+        Py_RETURN_NONE;
+    const int L = self->spec.num_layers;
+    PyObject *acts = Py_None, *ws = PyList_New(L);
+    Py_INCREF(acts);
+    if (ws != NULL && self->spec.act_scale[0] > 0.0f) {
+        Py_DECREF(acts);
+        acts = PyTuple_New(L);
+        for (int l = 0; acts != NULL && l < L; ++l) {
+            PyObject *f = PyFloat_FromDouble((double)self->spec.act_scale[l]);
+            if (f == NULL) {
+                Py_CLEAR(acts);
+                break;
+            }
+            PyTuple_SET_ITEM(acts, l, f);
+        }
+    }
+    for (int l = 0; ws != NULL && acts != NULL && l < L; ++l) {
+        npy_intp n = self->spec.width[l + 1];
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+        if (a == NULL) {
+            Py_CLEAR(ws);
+            break;
+        }
+        memcpy(PyArray_DATA(a), self->spec.w_scale[l], sizeof(float) * (size_t)n);
+        PyList_SET_ITEM(ws, l, (PyObject *)a);
+    }
+    PyObject *res = ws != NULL && acts != NULL ? Py_BuildValue("(sOO)", fm_prec_name(self->spec.quant), acts, ws) : NULL;
+    Py_XDECREF(acts);
+    Py_XDECREF(ws);
+    return res;
 }
 
 static PyObject *Network_get_widths(NetworkObject *self, void *closure) {
@@ -259,7 +405,15 @@ static PyObject *Network_get_activations(NetworkObject *self, void *closure) {
 }
 
 static PyMethodDef Network_methods[] = {
-    {"forward_cpu", (PyCFunction)Network_forward_cpu, METH_O, "forward_cpu(x) -> y: the CPU forward (float64 accumulate)."},
+    {"forward_cpu", (PyCFunction)(void (*)(void))Network_forward_cpu, METH_VARARGS | METH_KEYWORDS,
+     "forward_cpu(x, quantised=None) -> y: the CPU forward (float64 accumulate; an 8-bit network emulated unless "
+     "quantised=False)."},
+    {"amax", (PyCFunction)Network_amax, METH_O,
+     "amax(x) -> (max|x|, max|layer 0's output|, ...): the float forward's value ranges (calibration)."},
+    {"quant8_value", (PyCFunction)Network_quant8_value, METH_VARARGS | METH_STATIC,
+     "quant8_value(v, precision) -> float: v rounded to its int8 / float8 code's value (v already scaled)."},
+    {"set_quant", (PyCFunction)Network_set_quant, METH_VARARGS,
+     "set_quant(precision, act_scales=None): make the network int8/float8 (or 'float16': not) with these scales."},
     {"preact_bounds", (PyCFunction)Network_preact_bounds, METH_NOARGS,
      "preact_bounds() -> [float]: per layer, a bound on |W h + b| for every input (inf: none known)."},
     {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
@@ -275,6 +429,7 @@ static PyMethodDef Network_methods[] = {
 static PyGetSetDef Network_getset[] = {
     {"widths", (getter)Network_get_widths, NULL, "feature counts: input, then each layer's output", NULL},
     {"activations", (getter)Network_get_activations, NULL, "canonical text of each layer's activation", NULL},
+    {"quant", (getter)Network_get_quant, NULL, "(precision, act_scales or None, [weight scales]) or None", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -211,6 +211,8 @@ static const char *fm_plan_warpgroup_unfit(const fm_plan *p, int widest) {
         return "wgmma needs sm_90 (sm_90a)";
     if (p->prec == FM_PREC_TF32)
         return "the wgmma kernel takes float16 or bfloat16";
+    if (fm_prec_is_8bit(p->prec)) /* its accumulator-as-A path is k16 halves; 8-bit needs k32 (docs/design.md) */
+        return "int8 and float8 run on the mma.sync kernel (the wgmma kernel has no 8-bit form yet)";
     if (widest > 256)
         return "the wgmma kernel takes layers up to 256 wide";
     return NULL;
@@ -388,6 +390,9 @@ static void fm_plan_blobs(fm_plan *p) {
         p->w_elems += rows * (size_t)(p->wgmma ? p->k_pad[l] : fm_plan_w_stride(p, l));
         p->b_offset[l] = p->b_floats;
         p->b_floats += (size_t)p->n_pad[l] * (p->norm[l] ? 3 : 1); /* a norm's gamma and beta after the bias */
+        p->dq_offset[l] = p->b_floats; /* 8-bit: the dequantisation factors after those */
+        if (fm_prec_is_8bit(p->prec))
+            p->b_floats += (size_t)p->n_pad[l];
     }
     p->b_floats = (p->b_floats + 3) / 4 * 4;
     p->w_rank_elems = p->cluster ? p->w_elems : 0;
@@ -483,6 +488,27 @@ static int fm_plan_better(const fm_plan *a, const fm_plan *b) {
     return 0;
 }
 
+/* Whether the target has the precision's mma and the spec what an 8-bit plan needs (its scales, calibrated). */
+static fm_status fm_plan_check_prec(const fm_spec *spec, const fm_target *target, fm_prec prec, fm_error *err) {
+    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && prec != FM_PREC_TF32 && !fm_prec_is_8bit(prec))
+        return fm_fail(err, FM_ERR_VALUE, "precision %d is not float16 (0), bfloat16 (1), tf32 (2), int8 (3) or "
+                       "float8 (4)", (int)prec);
+    if (target->arch < fm_prec_min_arch(prec)) {
+        fm_fail(err, FM_ERR_LIMIT, "dtype='%s' needs Tensor Cores of sm_%d or newer; the target is sm_%d",
+                fm_prec_name(prec), fm_prec_min_arch(prec), target->arch);
+        fm_error_hint(err, prec == FM_PREC_E4M3 && target->arch >= 80 ? "use dtype='int8' (sm_80+) or 'float16' on "
+                      "this GPU" : "use dtype='float16' on this GPU");
+        return FM_ERR_LIMIT;
+    }
+    if (!fm_prec_is_8bit(prec))
+        return FM_OK;
+    if (spec->quant != prec)
+        return fm_fail(err, FM_ERR_VALUE, "a dtype='%s' plan needs the network's %s scales, and it has %s", 
+                       fm_prec_name(prec), fm_prec_name(prec),
+                       fm_prec_is_8bit(spec->quant) ? fm_prec_name(spec->quant) : "none (it is not an 8-bit network)");
+    return fm_spec_check_calibrated(spec, "planning the kernel", err);
+}
+
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
     fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0};
@@ -495,13 +521,12 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     plan->arch = target->arch;
     plan->prec = prec;
     plan->elem_bytes = (int)fm_prec_size(prec);
-    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && prec != FM_PREC_TF32)
-        return fm_fail(err, FM_ERR_VALUE, "precision %d is not float16 (0), bfloat16 (1) or tf32 (2)", (int)prec);
-    if (target->arch < fm_prec_min_arch(prec)) {
-        fm_fail(err, FM_ERR_LIMIT, "dtype='%s' needs Tensor Cores of sm_%d or newer; the target is sm_%d",
-                fm_prec_name(prec), fm_prec_min_arch(prec), target->arch);
-        fm_error_hint(err, "use dtype='float16' on this GPU");
-        return FM_ERR_LIMIT;
+    fm_status st = fm_plan_check_prec(spec, target, prec, err);
+    if (st != FM_OK)
+        return st;
+    for (int l = 0; l < spec->num_layers && fm_prec_is_8bit(prec); ++l) {
+        plan->act_scale[l] = spec->act_scale[l];
+        plan->w_scale[l] = spec->w_scale[l];
     }
     if ((in_dtype == FM_BF16 || out_dtype == FM_BF16) && target->arch < 80) {
         fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer (cvt.rn.bf16x2); the target is sm_%d",
@@ -524,7 +549,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
             return FM_ERR_LIMIT;
         }
         widest = w > widest ? w : widest;
-        value_pad[v] = fm_round_up(w, 16);
+        value_pad[v] = fm_round_up(w, fm_prec_is_8bit(prec) ? 32 : 16); /* whole k steps: 16 halves, 32 bytes */
     }
     for (int l = 0; l < spec->num_layers; ++l) {
         plan->k_real[l] = fm_spec_in_features(spec, l);
@@ -668,8 +693,16 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     return FM_ERR_LIMIT;
 }
 
+/* Weight (n, k) of layer l as the plan stores it: rounded (nearest even) to the compute precision, or for 8-bit the
+ * code of w / w_scale[l][n] (the quotient in float64, rounded once to float32, as ref.c's emulation takes it). */
+static uint32_t fm_plan_weight_bits(const fm_plan *plan, int l, int n, float w) {
+    if (!fm_prec_is_8bit(plan->prec))
+        return fm_round_bits(w, plan->prec);
+    return fm_quant8((float)((double)w / (double)plan->w_scale[l][n]), plan->prec);
+}
+
 void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const *b, void *w_blob, float *b_blob) {
-    /* Rounded (nearest even) to the compute precision on the host, so the kernel reads ready operands. */
+    /* Rounded on the host, so the kernel reads ready operands. */
     memset(w_blob, 0, plan->w_elems * (size_t)plan->elem_bytes);
     memset(b_blob, 0, plan->b_floats * sizeof *b_blob);
     for (int l = 0; l < plan->num_layers; ++l) {
@@ -679,14 +712,18 @@ void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const
         for (int n = 0; n < nr; ++n)
             for (int k = 0; k < kr; ++k) {
                 size_t at = fm_plan_w_index(plan, l, n, k < k0r ? k : k + shift);
-                uint32_t bits = fm_round_bits(w[l][(size_t)n * kr + k], plan->prec);
-                if (plan->elem_bytes == 2)
+                uint32_t bits = fm_plan_weight_bits(plan, l, n, w[l][(size_t)n * kr + k]);
+                if (plan->elem_bytes == 1)
+                    ((uint8_t *)w_blob)[at] = (uint8_t)bits;
+                else if (plan->elem_bytes == 2)
                     ((uint16_t *)w_blob)[at] = (uint16_t)bits;
                 else
                     ((uint32_t *)w_blob)[at] = bits;
             }
         if (b != NULL && b[l] != NULL && plan->has_bias[l])
             memcpy(b_blob + plan->b_offset[l], b[l], (size_t)nr * sizeof(float));
+        for (int n = 0; fm_prec_is_8bit(plan->prec) && n < nr; ++n) /* padded columns: 0, their outputs stay 0 */
+            b_blob[plan->dq_offset[l] + n] = (float)((double)plan->act_scale[l] * (double)plan->w_scale[l][n]);
     }
 }
 

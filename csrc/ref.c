@@ -2,7 +2,9 @@
  *
  * Semantics: float32 storage between layers, float64 accumulation, norm and activation (the GPU keeps fp16 between
  * layers and accumulates in fp32, so this is the more exact of the two). Rows go in blocks so each weight row is
- * read once per block, and four rows share each weight load. */
+ * read once per block, and four rows share each weight load. An 8-bit network (fm_spec.quant) is emulated instead:
+ * its weights and the values between layers are replaced by code * scale with the kernels' own roundings
+ * (fm_quant8), so the CPU path computes what the GPU does up to float32-versus-float64 arithmetic. */
 #include "fm.h"
 
 #include <math.h>
@@ -76,9 +78,58 @@ static const double *fm_ref_input(const fm_spec *spec, int l, const double *cur,
     return cat;
 }
 
+/* v stored as an 8-bit code with scale s and read back: what an 8-bit kernel keeps of a value between layers. The
+ * product with the inverse is a float32 one, as on the GPU (render.c writes the same float32 inverse). */
+static double fm_ref_fake_quant(double v, float s, fm_prec p) {
+    const float inv = 1.0f / s;
+    return (double)fm_dequant8(fm_quant8((float)v * inv, p), p) * (double)s;
+}
+
+/* Layer l's weights as the 8-bit kernel multiplies them: code * w_scale[n], rounded once to float32. The GPU scales
+ * the sum of code products by act_scale * w_scale[n] instead; the two differ by float32 roundings only. */
+static float *fm_ref_quant_weights(const fm_spec *spec, int l, const float *w) {
+    const int n_out = spec->width[l + 1], k_in = fm_spec_in_features(spec, l);
+    float *q = malloc(sizeof(float) * (size_t)n_out * (size_t)k_in + 1);
+    for (int n = 0; q != NULL && n < n_out; ++n) {
+        const float s = spec->w_scale[l][n];
+        for (int k = 0; k < k_in; ++k) {
+            const size_t i = (size_t)n * (size_t)k_in + (size_t)k;
+            q[i] = (float)((double)fm_dequant8(fm_quant8((float)((double)w[i] / (double)s), spec->quant),
+                                               spec->quant) * (double)s);
+        }
+    }
+    return q;
+}
+
+/* Folds |v| of count values into *m (a NaN is remembered in *nan: fmax would drop it). */
+static void fm_ref_amax(const double *v, size_t count, double *m, int *nan) {
+    for (size_t i = 0; i < count; ++i) {
+        const double a = fabs(v[i]);
+        if (isnan(a))
+            *nan = 1;
+        else if (a > *m)
+            *m = a;
+    }
+}
+
 fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float *const *b, const float *x,
                          int64_t rows, int64_t x_row, int64_t x_col, float *y, fm_error *err) {
+    return fm_ref_forward_ex(spec, w, b, x, rows, x_row, x_col, y, fm_prec_is_8bit(spec->quant), NULL, err);
+}
+
+fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const float *const *b, const float *x,
+                            int64_t rows, int64_t x_row, int64_t x_col, float *y, int quant, double *amax,
+                            fm_error *err) {
     const int L = spec->num_layers;
+    if (quant && !fm_prec_is_8bit(spec->quant))
+        return fm_fail(err, FM_ERR_VALUE, "a quantised CPU forward needs an int8 or float8 network; this one is not");
+    if (quant && fm_spec_check_calibrated(spec, "the CPU forward", err) != FM_OK)
+        return FM_ERR_VALUE;
+    const fm_prec qp = spec->quant;
+    int amax_nan[FM_MAX_LAYERS + 1] = {0};
+    if (amax != NULL)
+        for (int v = 0; v <= L; ++v)
+            amax[v] = 0.0;
     /* Values read again later (residual operands, x for a concat) are kept per row block: saved[v + 1]. */
     int keep[FM_MAX_LAYERS + 1] = {0}, widest = 0, widest_in = 0;
     for (int l = 0; l < L; ++l) {
@@ -92,6 +143,8 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
     for (int v = 0; v <= L; ++v)
         widest = spec->width[v] > widest ? spec->width[v] : widest;
     double *saved[FM_MAX_LAYERS + 1] = {NULL};
+    float *wq[FM_MAX_LAYERS] = {NULL};
+    const float *wl[FM_MAX_LAYERS];
     double *cur = malloc(sizeof(double) * FM_REF_ROWS * (size_t)widest);
     double *next = malloc(sizeof(double) * FM_REF_ROWS * (size_t)widest);
     double *cat = malloc(sizeof(double) * FM_REF_ROWS * (size_t)widest_in);
@@ -100,6 +153,11 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
     for (int v = 0; v <= L && !oom; ++v)
         if (keep[v] && (saved[v] = malloc(sizeof(double) * FM_REF_ROWS * (size_t)spec->width[v])) == NULL)
             oom = 1;
+    for (int l = 0; l < L; ++l) {
+        wl[l] = w[l];
+        if (quant && !oom && (wl[l] = wq[l] = fm_ref_quant_weights(spec, l, w[l])) == NULL)
+            oom = 1;
+    }
     if (oom) {
         st = fm_fail(err, FM_ERR_NOMEM, "out of memory for the CPU forward (%d features wide)", widest_in);
         goto cleanup;
@@ -110,13 +168,17 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
         for (int r = 0; r < nr; ++r)
             for (int k = 0; k < k0; ++k)
                 cur[(size_t)r * k0 + k] = (double)x[(r0 + r) * x_row + (int64_t)k * x_col];
+        if (amax != NULL)
+            fm_ref_amax(cur, (size_t)nr * (size_t)k0, &amax[0], &amax_nan[0]);
+        for (size_t i = 0; quant && i < (size_t)nr * (size_t)k0; ++i)
+            cur[i] = fm_ref_fake_quant(cur[i], spec->act_scale[0], qp);
         if (keep[0])
             memcpy(saved[0], cur, sizeof(double) * (size_t)nr * (size_t)k0);
         for (int l = 0; l < L; ++l) {
             int n_out = spec->width[l + 1];
             size_t count = (size_t)nr * (size_t)n_out;
             const double *in = fm_ref_input(spec, l, cur, saved[0], nr, cat);
-            fm_ref_linear(in, nr, fm_spec_in_features(spec, l), w[l], spec->has_bias[l] ? b[l] : NULL, n_out, next);
+            fm_ref_linear(in, nr, fm_spec_in_features(spec, l), wl[l], spec->has_bias[l] ? b[l] : NULL, n_out, next);
             if (spec->norm[l] != FM_NORM_NONE)
                 fm_ref_norm(spec, l, next, nr, n_out);
             if ((st = fm_expr_eval(spec->act[l], next, next, count, err)) != FM_OK)
@@ -130,6 +192,10 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
             }
             for (size_t i = 0; i < count; ++i) /* float32 storage between layers */
                 next[i] = (double)(float)next[i];
+            if (amax != NULL)
+                fm_ref_amax(next, count, &amax[l + 1], &amax_nan[l + 1]);
+            for (size_t i = 0; quant && l + 1 < L && i < count; ++i) /* 8-bit storage: layer l + 1's input scale */
+                next[i] = fm_ref_fake_quant(next[i], spec->act_scale[l + 1], qp);
             if (keep[l + 1])
                 memcpy(saved[l + 1], next, sizeof(double) * count);
             double *swap = cur;
@@ -139,7 +205,12 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
         for (size_t i = 0; i < (size_t)nr * (size_t)n_last; ++i)
             y[(size_t)r0 * n_last + i] = (float)cur[i];
     }
+    for (int v = 0; amax != NULL && v <= L; ++v)
+        if (amax_nan[v])
+            amax[v] = NAN;
 cleanup:
+    for (int l = 0; l < L; ++l)
+        free(wq[l]);
     for (int v = 0; v <= L; ++v)
         free(saved[v]);
     free(cur);

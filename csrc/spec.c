@@ -134,6 +134,7 @@ void fm_spec_free(fm_spec *spec) {
         fm_expr_free(spec->res_post[l]);
         free(spec->norm_w[l]);
         free(spec->norm_b[l]);
+        free(spec->w_scale[l]);
     }
     memset(spec, 0, sizeof *spec);
 }

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 const char *fm_status_to_string(fm_status st) {
@@ -162,14 +163,19 @@ const char *fm_prec_name(fm_prec p) {
     case FM_PREC_F16: return "float16";
     case FM_PREC_BF16: return "bfloat16";
     case FM_PREC_TF32: return "tf32";
+    case FM_PREC_INT8: return "int8";
+    case FM_PREC_E4M3: return "float8";
     }
     return "?";
 }
 
-size_t fm_prec_size(fm_prec p) { return p == FM_PREC_TF32 ? 4 : 2; }
+size_t fm_prec_size(fm_prec p) { return p == FM_PREC_TF32 ? 4 : fm_prec_is_8bit(p) ? 1 : 2; }
 
-/* bf16 and tf32 mma.sync shapes arrived with Ampere (PTX ISA, "Matrix shape" table: .bf16/.tf32 need sm_80). */
-int fm_prec_min_arch(fm_prec p) { return p == FM_PREC_F16 ? 75 : 80; }
+int fm_prec_is_8bit(fm_prec p) { return p == FM_PREC_INT8 || p == FM_PREC_E4M3; }
+
+/* bf16, tf32 and s8 m16n8k32 mma.sync shapes arrived with Ampere, e4m3 m16n8k32 with Ada (PTX ISA, "Matrix shape"
+ * table: .bf16/.tf32/.s8 need sm_80, .e4m3 sm_89). */
+int fm_prec_min_arch(fm_prec p) { return p == FM_PREC_F16 ? 75 : p == FM_PREC_E4M3 ? 89 : 80; }
 
 /* float32 bits with the low `drop` mantissa bits rounded off to nearest even; NaN stays a quiet NaN, values past
  * the largest finite result round to inf through the exponent carry, as the hardware's cvt.rn does. */
@@ -188,15 +194,62 @@ uint32_t fm_round_bits(float f, fm_prec p) {
     case FM_PREC_F16: return fm_float_to_half(f);
     case FM_PREC_BF16: return fm_round_mantissa(x, 16) >> 16;
     case FM_PREC_TF32: return fm_round_mantissa(x, 13);
+    case FM_PREC_INT8:
+    case FM_PREC_E4M3: return fm_quant8(f, p);
     }
     return 0;
 }
 
 float fm_bits_value(uint32_t bits, fm_prec p) {
+    if (fm_prec_is_8bit(p))
+        return fm_dequant8((uint8_t)bits, p);
     if (p == FM_PREC_F16)
         return fm_half_to_float((uint16_t)bits);
     uint32_t x = p == FM_PREC_BF16 ? bits << 16 : bits;
     float f;
     memcpy(&f, &x, sizeof f);
     return f;
+}
+
+float fm_quant_max(fm_prec p) { return p == FM_PREC_E4M3 ? 448.0f : 127.0f; }
+
+/* e4m3 (OCP FP8 E4M3, "fn": no infinities, 0x7f / 0xff NaN): 4 exponent bits of bias 7, 3 mantissa bits, normals
+ * from 2^-6, subnormals in steps of 2^-9, largest finite 448 = 1.75 * 2^8. Nearest even, saturating. */
+static uint8_t fm_e4m3_code(float v) {
+    if (isnan(v))
+        return 0x7f;
+    const uint8_t sign = signbit(v) ? 0x80 : 0;
+    const double a = fabs((double)v);
+    if (a >= 448.0) /* satfinite: 464 and up would round past the largest finite value; it saturates there */
+        return sign | 0x7e;
+    int e;
+    frexp(a, &e);    /* a = f * 2^e, f in [0.5, 1): the binade [2^(e-1), 2^e) */
+    int q_exp = e - 1 < -6 ? -6 : e - 1;           /* subnormals share the smallest normal binade's step */
+    const double step = ldexp(1.0, q_exp - 3);     /* 3 mantissa bits */
+    const double r = nearbyint(a / step) * step;   /* exact: a / step is a power-of-two scaling; ties to even */
+    if (r == 0.0)
+        return sign;
+    frexp(r, &e);
+    if (e - 1 < -6) /* subnormal: exponent field 0, mantissa r / 2^-9 */
+        return sign | (uint8_t)(r / ldexp(1.0, -9));
+    const int mant = (int)(r / ldexp(1.0, e - 1) * 8.0) - 8;
+    return sign | (uint8_t)((e - 1 + 7) << 3) | (uint8_t)mant;
+}
+
+uint8_t fm_quant8(float v, fm_prec p) {
+    if (p == FM_PREC_E4M3)
+        return fm_e4m3_code(v);
+    /* The kernel clamps with fmaxf/fminf, then cvt.rni: NaN meets fmaxf first and becomes -127. */
+    const float t = fminf(fmaxf(v, -127.0f), 127.0f);
+    return (uint8_t)(int8_t)nearbyintf(t);
+}
+
+float fm_dequant8(uint8_t code, fm_prec p) {
+    if (p != FM_PREC_E4M3)
+        return (float)(int8_t)code;
+    const int e = (code >> 3) & 0xf, m = code & 7;
+    if (e == 15 && m == 7)
+        return NAN;
+    const double mag = e == 0 ? ldexp((double)m, -9) : ldexp((double)(8 + m), e - 10);
+    return (float)((code & 0x80) ? -mag : mag);
 }

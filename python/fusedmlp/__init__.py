@@ -7,7 +7,8 @@
 Importing needs neither the CUDA driver nor NVRTC: they are loaded on first GPU use.
 """
 
-from ._api import CHECK_TOLERANCE, CHECK_TOLERANCES, PRECISIONS, FusedMLP, __version__, evaluate_fused_mlp, tune
+from ._api import (CHECK_TOLERANCE, CHECK_TOLERANCES, LOWBIT_PRECISIONS, PRECISIONS, FusedMLP, __version__,
+                   evaluate_fused_mlp, tune)
 
 
 def from_torch(module, activations=None, device=None, **kwargs):
@@ -37,6 +38,7 @@ __all__ = [
     "tune",
     "CHECK_TOLERANCE",
     "CHECK_TOLERANCES",
+    "LOWBIT_PRECISIONS",
     "PRECISIONS",
     "FusedMLPError",
     "ArgumentError",

@@ -297,19 +297,30 @@ _SAVE_FORMAT = 1
 #: Tensor Core compute dtypes: what weights and activations are stored as on chip (float32 accumulation always).
 PRECISIONS = ("float16", "bfloat16", "tf32")
 
+#: The 8-bit compute dtypes (issue 26), which need calibrate() before use: per-output-channel weight scales, one
+#: activation scale per layer input; the largest code of each (int8 symmetric, float8 e4m3's largest finite value).
+#: int8 accumulates in int32, exactly, scaled to float32 in the epilogue; float8 in float32.
+LOWBIT = {"int8": 127.0, "float8": 448.0}
+LOWBIT_PRECISIONS = tuple(LOWBIT)
+
 #: Relative L2 error that ``check=True`` accepts per compute dtype (see the README's precision table: bfloat16 keeps
 #: 7 explicit mantissa bits to float16's 10, so its rounding error is 8x float16's; tf32 keeps float16's 10 bits with
 #: float32's range). The measured maxima over 240 random graphs on an H100: 2.5e-3, 8.6e-3, 2.0e-3.
-CHECK_TOLERANCES = {"float16": CHECK_TOLERANCE, "bfloat16": 1.6e-2, "tf32": CHECK_TOLERANCE}
+CHECK_TOLERANCES = {"float16": CHECK_TOLERANCE, "bfloat16": 1.6e-2, "tf32": CHECK_TOLERANCE,
+                    # 8-bit, against the float reference: see the README's low-bit table (CPU emulation, which
+                    # computes the GPU's roundings; tests/test_lowbit.py measures it over random graphs)
+                    "int8": 1e-1, "float8": 2e-1}
 
 
 def _parse_precision(dtype):
     text = str(dtype) if dtype is not None else ""
     text = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "half": "float16", "bf16": "bfloat16",
-            "fp16": "float16"}.get(text, text)
-    if text not in PRECISIONS:
-        raise DTypeError(f"dtype={dtype!r} is not a compute dtype; it must be one of {', '.join(PRECISIONS)} (the "
-                         "Tensor Core inputs; accumulation is float32 in each)")
+            "fp16": "float16", "torch.int8": "int8", "fp8": "float8", "e4m3": "float8", "float8_e4m3fn": "float8",
+            "torch.float8_e4m3fn": "float8"}.get(text, text)
+    if text not in PRECISIONS + LOWBIT_PRECISIONS:
+        raise DTypeError(f"dtype={dtype!r} is not a compute dtype; it must be one of "
+                         f"{', '.join(PRECISIONS + LOWBIT_PRECISIONS)} (the Tensor Core inputs; accumulation is float32 "
+                         "in each, int32 for int8)")
     return text
 
 
@@ -351,6 +362,47 @@ def _parse_cache_dir(cache_dir):
     return path
 
 
+def _calibration_input(x_sample, n_in):
+    """x_sample as a C-contiguous float32 (rows >= 1, n_in) array of finite values, or the error naming what is off."""
+    arr = _as_array(x_sample, "x_sample")
+    if arr.dtype.kind not in "fiu" and arr.dtype.name != "bfloat16" or arr.dtype == np.bool_:
+        raise DTypeError(f"x_sample has dtype {arr.dtype}; calibration takes real numbers (float32 usual)")
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape[1] != n_in or arr.shape[0] == 0:
+        raise ShapeError(f"x_sample has shape {np.shape(x_sample)}; calibration takes (rows >= 1, {n_in}) inputs")
+    with np.errstate(over="ignore"):
+        x = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.all(np.isfinite(x)):
+        row, col = (int(i) for i in np.argwhere(~np.isfinite(x))[0])
+        raise ArgumentError(f"x_sample[{row}, {col}] is {x[row, col]} (as float32); a scale is max |value| over the "
+                            "sample, so every sample value must be finite", "drop or clip the rows that are not")
+    return x
+
+
+def _activation_scales(amax, concat, qmax):
+    """One scale per layer input from the float forward's ranges amax (x, then each layer's output): max / qmax, x's
+    and every concat layer's input sharing their largest; float32's smallest normal at least."""
+    num_layers = len(concat)
+    names = ["x (the network input)"] + [f"layer {v}'s output" for v in range(num_layers)]
+    for v, a in enumerate(amax):
+        if not np.isfinite(a):
+            raise ArgumentError(f"calibrate: {names[v]} is {'NaN' if np.isnan(a) else 'infinite'} on x_sample (float32 "
+                                "overflow, or an activation undefined there), so it has no scale",
+                                "check the network on that sample; an 8-bit network cannot represent it either")
+    ranges = [float(a) for a in amax[:num_layers]]
+    for v, a in enumerate(ranges):
+        if a == 0.0:  # a dead layer on this sample: its range is unknown, and a zero scale has no inverse
+            warnings.warn(f"fusedmlp: calibrate: {names[v]} is zero on every row of x_sample; its scale assumes "
+                          f"|values| <= 1 (give a sample on which it is not zero)", RuntimeWarning, stacklevel=3)
+            ranges[v] = 1.0
+    group = [0] + [l for l in range(num_layers) if concat[l]]  # x joins each concat layer's input
+    shared = max(ranges[v] for v in group)
+    scales = [shared if l in group else ranges[l] for l in range(num_layers)]
+    tiny = float(np.finfo(np.float32).tiny)
+    return [max(float(np.float32(a / qmax)), tiny) for a in scales]
+
+
 # ------------------------------------------------------------------------------------------------ FusedMLP
 
 
@@ -378,6 +430,8 @@ class FusedMLP:
         dtype: the Tensor Core compute dtype, 'float16' (default), 'bfloat16' or 'tf32' (sm_80+): what weights and
             the activations between layers are stored as on chip; every path accumulates in float32. Inputs and
             outputs keep the caller's dtype (float32, float16 or bfloat16) and are converted in the kernel.
+            'int8' (sm_80+) and 'float8' (e4m3, sm_89+) store 8-bit codes with per-output-channel weight scales and
+            one scale per layer input, which calibrate() sets: call it before the first call.
         device: 'auto' (the GPU when one exists, else the CPU path with a warning), 'cuda', 'cuda:N' or 'cpu'.
         check: also run the CPU reference on every call and raise if the GPU result's relative L2 error exceeds
             CHECK_TOLERANCE.
@@ -407,6 +461,9 @@ class FusedMLP:
         self._precision = _parse_precision(dtype)
         self._norm = _norm.parse(n, [wi.shape[0] for wi in w], norm)
         self._net = _core().Network(w, b, acts, self._residual, self._concat, self._norm)
+        if self._precision in LOWBIT:  # the weight scales now; the activation scales come from calibrate()
+            self._net.set_quant(self._precision)
+        self.calibration_error = None  # calibrate()'s relative L2 error on its sample
         self._w, self._b, self._acts = w, b, acts  # a segmented network's fused stretches are networks of their own
         self._cuts = {}  # target and dtypes -> the segments (None: one fused kernel), see _segments.py
         self._chains = {}  # (in dtype, out dtype) -> _segments.Chain
@@ -422,7 +479,7 @@ class FusedMLP:
         self._cache = KernelCache(_parse_cache_dir(cache_dir))
         self._tuning = _tune.TuningStore(self._cache.directory)
         self._kernels = {}  # (in dtype, out dtype, plan options) -> _core.Kernel
-        self._calls = {}  # _kernel's answers for calls: (dtypes, batch bucket, size class, FUSEDMLP_AUTOTUNE) -> Kernel
+        self._calls = _dlpack.CallTable()  # _kernel's answers for calls, and their C mirror (the fast path)
         self._lock = threading.Lock()
         self._source = None
         self._cache_path = None
@@ -476,6 +533,8 @@ class FusedMLP:
                   dtype=meta["dtype"], **kwargs)
         if list(mlp.widths) != meta["widths"]:
             raise ShapeError(f"{path}: the arrays give widths {list(mlp.widths)}, its architecture {meta['widths']}")
+        if meta.get("act_scales") is not None:  # an 8-bit model saved calibrated: the weight scales follow the weights
+            mlp._set_act_scales(meta["act_scales"])
         return mlp
 
     def save(self, path):
@@ -483,7 +542,7 @@ class FusedMLP:
 
         The file holds ``<layer>.weight`` / ``<layer>.bias`` as float32 in PyTorch's layout (so tools that read state
         dicts read it too), each norm's ``<layer>.norm.weight`` / ``.norm.bias``, and the architecture (activations,
-        residuals, concats, norms, compute dtype) as JSON in ``__fusedmlp__``.
+        residuals, concats, norms, compute dtype, an 8-bit model's activation scales) as JSON in ``__fusedmlp__``.
 
         Args:
             path: a file name (``.npz`` is appended where it is missing, as numpy.savez does) or a binary file object.
@@ -508,10 +567,68 @@ class FusedMLP:
                 "residual": {str(i): ["add" if r[0] == 1 else "mul", r[1], "input" if r[2] < 0 else r[2]]
                              for i, r in enumerate(self._residual) if r},
                 "concat": {str(i): "after" if c == 1 else "before" for i, c in enumerate(self._concat) if c}}
+        if self.act_scales is not None:  # float32 values, exact through JSON's float64 text
+            meta["act_scales"] = [float(v) for v in self.act_scales]
         np.savez(path, **arrays, **{_SAVED: np.array(json.dumps(meta))})
         if isinstance(path, (str, os.PathLike)) and not os.fspath(path).endswith(".npz"):
             return os.fspath(path) + ".npz"
         return path
+
+    # -------------------------------------------------------------------------------------------- low-bit
+
+    def calibrate(self, x_sample):
+        """Sets an 8-bit model's activation scales from a batch of typical inputs (dtype 'int8' or 'float8').
+
+        Each layer's input gets one scale, max |value| over the sample as the float network computes it divided by
+        the largest code (127, or 448 for float8), so the sample's largest value maps to the largest code and larger
+        ones later saturate; a concat layer shares x's scale (its two parts are one dot product). The scales are
+        kept with the model (save / from_npz) and change the kernels, which are rebuilt at the next call.
+
+        Args:
+            x_sample: (rows, in_features) or (in_features,) real array (NumPy, torch, lists), finite.
+
+        Returns:
+            self. ``calibration_error`` then holds the relative L2 error of the 8-bit network against the float one
+            on the sample; a RuntimeWarning says so where it exceeds ``CHECK_TOLERANCES[dtype]``.
+        """
+        if self._precision not in LOWBIT:
+            raise ArgumentError(f"calibrate sets the activation scales of dtype='int8' or 'float8' models; this one "
+                                f"computes in {self._precision}, which needs none")
+        x = _calibration_input(x_sample, self.widths[0])
+        scales = _activation_scales(self._net.amax(x), self._concat, LOWBIT[self._precision])
+        self._set_act_scales(scales)
+        ref = self._net.forward_cpu(x, quantised=False).astype(np.float64)
+        err = float(np.linalg.norm(self._net.forward_cpu(x).astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+        self.calibration_error = err
+        bound = CHECK_TOLERANCES[self._precision]
+        if not err <= bound:
+            warnings.warn(f"fusedmlp: calibrate: this network's {self._precision} error on the sample is {err:.3g} "
+                          f"(relative L2 against float), over the {bound} that check=True accepts for {self._precision}; "
+                          "consider dtype='float16' (or 'int8' for a float8 model)", RuntimeWarning, stacklevel=2)
+        return self
+
+    def _set_act_scales(self, scales):
+        """Gives the network these activation scales (the C core checks them) and drops the kernels built before."""
+        self._net.set_quant(self._precision, [float(v) for v in scales])
+        with self._lock:  # the scales are in the kernels' source and packed data: every kernel is rebuilt
+            self._kernels.clear()
+            self._calls.clear()
+            self._chains.clear()
+            self._source = None
+
+    @property
+    def act_scales(self):
+        """An 8-bit model's activation scale of each layer's input (a stored value v is the code of v / scale), or
+        None: not calibrated, or not an 8-bit model."""
+        quant = self._net.quant
+        return None if quant is None or quant[1] is None else np.array(quant[1], dtype=np.float32)
+
+    @property
+    def weight_scales(self):
+        """An 8-bit model's per-output-channel weight scales (one float32 array per layer: max |W[n, :]| / the
+        largest code; 1 for an all-zero row), or None."""
+        quant = self._net.quant
+        return None if quant is None else quant[2]
 
     # -------------------------------------------------------------------------------------------- properties
 
@@ -573,6 +690,8 @@ class FusedMLP:
         cat += _norm.describe(self._norm)
         cut = self.segments if self._kind == "cuda" else None
         cut = f", segments=[{'; '.join(cut)}]" if cut else ""
+        if self._precision in LOWBIT:
+            cat += ", calibrated" if self.act_scales is not None else ", not calibrated (call calibrate)"
         return (f"FusedMLP(widths={widths}, activations=[{acts}], bias={bias}{res}{cat}, compute={self._precision} mma "
                 f"/ float32 accumulate, device={device}{cut}, cache_entry={self._cache_path})")
 
@@ -581,8 +700,8 @@ class FusedMLP:
     def _segments_for(self, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
         """The segments of this network for a target (_segments.plan), or None where it is one fused kernel."""
         key = (arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, self._segment_policy)
-        if key not in self._cuts:
-            self._cuts[key] = _segments.plan(self, *key[:-1])
+        if key not in self._cuts:  # an 8-bit network has no GEMM form: one fused kernel, or the plan's LimitError
+            self._cuts[key] = None if self._precision in LOWBIT else _segments.plan(self, *key[:-1])
         return self._cuts[key]
 
     def _build_gemm(self, layer, a0, a1, res, out):
@@ -788,7 +907,8 @@ class FusedMLP:
         return y
 
     def _verify(self, x, y):
-        ref = self._net.forward_cpu(np.asarray(x, dtype=np.float32)).astype(np.float64)
+        # against the float network: an 8-bit model's bound is its quantisation error too (CHECK_TOLERANCES)
+        ref = self._net.forward_cpu(np.asarray(x, dtype=np.float32), quantised=False).astype(np.float64)
         err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
         tolerance = CHECK_TOLERANCES[self._precision]
         if not err <= tolerance:  # also catches NaN

@@ -524,7 +524,7 @@ def _read_traced(module, activations):
     return weights, biases, acts, _edges([tuple(r) if r else None for r in residual], concat or None, norm)
 
 
-def from_torch(module, activations=None, device=None, **kwargs):
+def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
     """Builds a FusedMLP from a PyTorch MLP.
 
     Args:
@@ -533,7 +533,8 @@ def from_torch(module, activations=None, device=None, **kwargs):
             Linears read as their effective weight).
         activations: {module path: expression} for activation modules fusedmlp does not know.
         device: default: the module's device ('cuda:N' for CUDA parameters, else 'auto').
-        kwargs: passed to FusedMLP (check, cache_dir).
+        calibrate: for dtype='int8' or 'float8': a batch of typical inputs, passed to FusedMLP.calibrate.
+        kwargs: passed to FusedMLP (dtype, check, cache_dir).
 
     Returns:
         A FusedMLP with the module's weights (copied: later changes to the module do not affect it).
@@ -544,7 +545,8 @@ def from_torch(module, activations=None, device=None, **kwargs):
         device = str(params[0].device) if params and params[0].is_cuda else "auto"
         if device == "cuda":
             device = f"cuda:{torch.cuda.current_device()}"
-    return FusedMLP(weights, biases, activation=acts, device=device, **edges, **kwargs)
+    mlp = FusedMLP(weights, biases, activation=acts, device=device, **edges, **kwargs)
+    return mlp if calibrate is None else mlp.calibrate(calibrate)
 
 
 # ------------------------------------------------------------------------------------------------ the custom op

@@ -1,0 +1,386 @@
+"""Low-bit inference (issue 26), no GPU needed: int8 and float8 (e4m3) models, their scales, calibration, the CPU
+path's emulation of the kernels' quantisation, saving, errors, and (with NVRTC) the 8-bit kernels' rendering and
+ahead-of-time compiles for sm_80 / sm_89 / sm_90a.
+
+The emulation is checked against an independent NumPy one written here from the rules in csrc/fm.h (fm_quant8):
+int8 clamps to [-127, 127] and rounds to nearest even; e4m3 rounds to nearest even with 3 mantissa bits, subnormals
+in steps of 2^-9, saturating at 448.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import fusedmlp
+from fusedmlp import _core
+from fusedmlp.errors import ArgumentError, DTypeError, LimitError, ShapeError
+from conftest import graph_weights, rel_l2, torch_init
+
+LOWBIT = fusedmlp.LOWBIT_PRECISIONS
+QMAX = {"int8": 127.0, "float8": 448.0}
+TINY = float(np.finfo(np.float32).tiny)
+
+
+# ------------------------------------------------------------------------------------------------ NumPy emulation
+
+
+def e4m3_round(v):
+    """Nearest e4m3 value of each float (ties to even), saturating to +-448; NaN stays NaN."""
+    v = np.asarray(v, dtype=np.float64)
+    a = np.abs(v)
+    _, e = np.frexp(a)  # a = f * 2^e, f in [0.5, 1)
+    step = np.ldexp(1.0, np.maximum(e - 1, -6) - 3)
+    r = np.round(a / step) * step  # numpy rounds half to even
+    r = np.where(a >= 448.0, 448.0, r)
+    return np.where(np.isnan(v), np.nan, np.copysign(r, v))
+
+
+def int8_round(v):
+    return np.round(np.clip(np.asarray(v, dtype=np.float64), -127, 127))
+
+
+def code_round(v, dtype):
+    return int8_round(v) if dtype == "int8" else e4m3_round(v)
+
+
+def fake_quant(v, scale, dtype):
+    """v stored with `scale` and read back: the product with the float32 inverse is a float32 one."""
+    inv = np.float32(1) / np.float32(scale)
+    return code_round(np.asarray(v, dtype=np.float32) * inv, dtype) * np.float64(np.float32(scale))
+
+
+def weight_scales(w, dtype):
+    amax = np.max(np.abs(w.astype(np.float64)), axis=1)
+    s = (amax / QMAX[dtype]).astype(np.float32)
+    return np.where(amax == 0, np.float32(1), np.maximum(s, np.float32(TINY)))
+
+
+def emulate(x, ws, bs, mlp, dtype, act_scales):
+    """The 8-bit network in float64: x and every value between layers as code * scale, weights as code * w_scale."""
+    def act(text, y):
+        return _core.eval_expr(text, np.ascontiguousarray(y.ravel())).reshape(y.shape)
+
+    wq = []
+    for w in ws:
+        s = weight_scales(w, dtype)
+        codes = code_round((w.astype(np.float64) / s[:, None].astype(np.float64)).astype(np.float32), dtype)
+        wq.append((codes * s[:, None].astype(np.float64)).astype(np.float32).astype(np.float64))
+    x0 = fake_quant(x, act_scales[0], dtype)
+    values, h = {-1: x0}, x0
+    last = len(ws) - 1
+    for l, (w, b, text) in enumerate(zip(wq, bs, mlp.activations)):
+        cat = mlp._concat[l]
+        inp = h if not cat else np.concatenate([h, x0] if cat == 1 else [x0, h], 1)
+        y = act(text, inp @ w.T + (0 if b is None else b.astype(np.float64)))
+        res = mlp._residual[l]
+        if res is not None:
+            r = values[res[2]]
+            y = act(res[1], y + r if res[0] == 1 else y * r)
+        y = y.astype(np.float32).astype(np.float64)
+        h = values[l] = y if l == last else fake_quant(y, act_scales[l + 1], dtype)
+    return h
+
+
+def float_reference(x, ws, bs, mlp):
+    return mlp._net.forward_cpu(np.asarray(x, dtype=np.float32), quantised=False).astype(np.float64)
+
+
+def random_graph(rng):
+    """A random graph as the GPU tests draw them: residuals from the layer's input, earlier layers and x, concats."""
+    depth = int(rng.integers(1, 7))
+    common = int(rng.choice([3, 16, 32, 48, 64, 100, 128, 200, 256]))
+    widths = [common if rng.random() < 0.4 else int(rng.integers(1, 64))]
+    widths += [common if rng.random() < 0.75 else int(rng.integers(1, 257)) for _ in range(depth)]
+    concat = {l: str(rng.choice(["after", "before"])) for l in range(1, depth) if rng.random() < 0.3}
+    acts = [str(rng.choice(["relu", "gelu", "tanh", "silu", "sigmoid", "none"])) for _ in range(depth - 1)]
+    acts += [str(rng.choice(["none", "tanh"]))]
+    residual = {}
+    for l in range(depth):
+        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
+        if sources and rng.random() < 0.6:
+            src = int(rng.choice(sources))
+            residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
+                           "input" if src < 0 else src)
+    ws, bs = graph_weights(rng, widths, concat, 1.7)
+    return ws, bs, acts, residual, concat
+
+
+def calibrated(rng, dtype, widths=(8, 64, 64, 4), rows=256, **kwargs):
+    ws, bs = torch_init(rng, list(widths))
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", dtype=dtype, device="cpu", **kwargs)
+    x = rng.standard_normal((rows, widths[0])).astype(np.float32)
+    return mlp.calibrate(x), ws, bs, x
+
+
+# ------------------------------------------------------------------------------------------------ the codes
+
+
+def test_e4m3_codes_round_to_nearest_even_and_saturate_as_the_emulation_says():
+    values = np.concatenate([np.linspace(-500, 500, 20001), np.geomspace(1e-4, 460, 5001),
+                             -np.geomspace(1e-4, 460, 5001), [0.0, 2.0 ** -10, 3 * 2.0 ** -10, 1.0625, 1.1875,
+                                                              464.0, 480.0, 1e30, np.inf, -np.inf]]).astype(np.float32)
+    got = np.array([_core.Network.quant8_value(float(v), "float8") for v in values])
+    want = e4m3_round(values)
+    assert np.array_equal(got, want), values[np.flatnonzero(got != want)[:5]]
+    # 2^-10 is halfway between 0 and the smallest subnormal 2^-9: even (0); 3 * 2^-10 halfway to 2^-8: even (2^-8);
+    # 1.0625 halfway between 1 and 1.125: even (1); 1.1875 between 1.125 and 1.25: even (1.25).
+    assert [_core.Network.quant8_value(v, "float8") for v in (2.0 ** -10, 3 * 2.0 ** -10, 1.0625, 1.1875)] == \
+        [0.0, 2.0 ** -8, 1.0, 1.25]
+    assert _core.Network.quant8_value(1e30, "float8") == 448.0 and _core.Network.quant8_value(-np.inf, "float8") == -448.0
+    assert np.isnan(_core.Network.quant8_value(np.nan, "float8"))
+
+
+def test_int8_codes_round_half_to_even_and_clamp_to_127():
+    values = np.concatenate([np.arange(-140, 140, 0.25), [0.5, 1.5, 2.5, -0.5, -2.5, 1e9, -1e9]]).astype(np.float32)
+    got = np.array([_core.Network.quant8_value(float(v), "int8") for v in values])
+    assert np.array_equal(got, int8_round(values))
+    assert _core.Network.quant8_value(-200.0, "int8") == -127.0  # symmetric: -128 is never produced
+
+
+# ------------------------------------------------------------------------------------------------ scales
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_weight_scales_are_per_output_channel_amax_over_the_largest_code(rng, dtype):
+    ws, bs = torch_init(rng, [20, 48, 5])
+    ws[0][3] = 0.0  # an all-zero (pruned) channel: scale 1, codes 0, never a division by zero
+    ws[1][2] = 1e-40  # float32 denormals: the scale is held at float32's smallest normal
+    mlp = fusedmlp.FusedMLP(ws, bs, dtype=dtype, device="cpu")
+    got = mlp.weight_scales
+    for w, s in zip(ws, got):
+        assert s.dtype == np.float32 and s.shape == (w.shape[0],)
+        assert np.array_equal(s, weight_scales(w, dtype))
+    assert got[0][3] == 1.0 and got[1][2] == np.float32(TINY)
+    assert mlp.act_scales is None
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_calibrate_scales_each_layer_input_by_its_amax_on_the_sample(rng, dtype):
+    mlp, ws, bs, x = calibrated(rng, dtype)
+    h0 = np.maximum(x @ ws[0].T.astype(np.float64) + bs[0], 0)
+    h1 = np.maximum(h0.astype(np.float32) @ ws[1].T.astype(np.float64) + bs[1], 0)
+    want = [np.abs(x).max(), np.abs(h0.astype(np.float32)).max(), np.abs(h1.astype(np.float32)).max()]
+    want = np.array(want, dtype=np.float64) / QMAX[dtype]
+    np.testing.assert_allclose(mlp.act_scales, want, rtol=1e-6)
+    assert mlp.act_scales.dtype == np.float32
+    assert 0 < mlp.calibration_error <= fusedmlp.CHECK_TOLERANCES[dtype]
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_a_concat_layer_shares_the_network_inputs_scale(rng, dtype):
+    ws, bs = graph_weights(rng, [6, 40, 40, 3], {2: "after"}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", concat={2: "after"}, dtype=dtype, device="cpu")
+    x = rng.standard_normal((300, 6)).astype(np.float32) * 9  # x's range larger than layer 1's output
+    amax = mlp._net.amax(x)
+    mlp.calibrate(x)
+    s = mlp.act_scales
+    assert s[0] == s[2] == np.float32(max(amax[0], amax[2]) / QMAX[dtype])
+    assert s[1] == np.float32(amax[1] / QMAX[dtype])
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_a_layer_dead_on_the_sample_gets_a_unit_range_and_a_warning_naming_it(rng, dtype):
+    ws, bs = torch_init(rng, [4, 16, 16, 2])
+    bs[0][:] = -100.0  # relu(W x - 100) is zero for every sample row
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", dtype=dtype, device="cpu")
+    with pytest.warns(RuntimeWarning, match="layer 0's output is zero on every row"):
+        mlp.calibrate(rng.standard_normal((64, 4)).astype(np.float32))
+    assert mlp.act_scales[1] == np.float32(1.0 / QMAX[dtype])
+    assert np.all(np.isfinite(mlp(rng.standard_normal((9, 4)).astype(np.float32))))
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_a_sample_with_inf_or_nan_is_refused_naming_the_element(rng, dtype):
+    mlp = fusedmlp.FusedMLP(*torch_init(rng, [5, 16, 2]), dtype=dtype, device="cpu")
+    x = rng.standard_normal((10, 5)).astype(np.float32)
+    x[7, 3] = np.inf
+    with pytest.raises(ArgumentError, match=r"x_sample\[7, 3\] is inf"):
+        mlp.calibrate(x)
+    x[7, 3] = np.nan
+    with pytest.raises(ArgumentError, match=r"x_sample\[7, 3\] is nan"):
+        mlp.calibrate(x)
+    assert mlp.act_scales is None  # a refused calibration leaves the model as it was
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_a_layer_that_overflows_on_the_sample_is_named(rng, dtype):
+    ws, bs = torch_init(rng, [3, 8, 2])
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="exp(x) * 1e30", dtype=dtype, device="cpu")
+    x = np.abs(rng.standard_normal((16, 3))).astype(np.float32) * 100
+    with pytest.raises(ArgumentError, match="layer 0's output is infinite on x_sample"):
+        mlp.calibrate(x)
+
+
+def test_a_scale_whose_dequantisation_factor_leaves_float32_is_named(rng):
+    ws, bs = torch_init(rng, [3, 8, 2])
+    ws[0] *= 1e30
+    mlp = fusedmlp.FusedMLP(ws, bs, dtype="int8", device="cpu")
+    with pytest.raises(ArgumentError, match=r"layer 0, channel \d+: act_scale .* overflows float32"):
+        mlp._set_act_scales([1e15, 1.0])
+    with pytest.raises(ArgumentError, match=r"act_scale\[1\] is 0"):
+        mlp._set_act_scales([1.0, 0.0])
+
+
+def test_calibrate_warns_where_the_calibrated_error_exceeds_the_dtypes_bound(rng):
+    # y = (x + 1000) - 1000: the hidden values' one scale (1000 / 127) has no code for x's small differences
+    ws = [np.array([[1.0], [0.0]], np.float32), np.array([[1.0, -1.0]], np.float32)]
+    bs = [np.array([1000.0, 1000.0], np.float32), None]
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="none", dtype="int8", device="cpu")
+    with pytest.warns(RuntimeWarning, match="over the 0.1 that check=True accepts for int8"):
+        mlp.calibrate(rng.uniform(-1, 1, (200, 1)).astype(np.float32))
+    assert mlp.calibration_error > fusedmlp.CHECK_TOLERANCES["int8"]
+
+
+# ------------------------------------------------------------------------------------------------ the CPU path
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_cpu_path_computes_the_numpy_emulation_on_random_graphs(dtype):
+    rng = np.random.default_rng(26)
+    for i in range(30):
+        ws, bs, acts, residual, concat = random_graph(rng)
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=dtype, device="cpu")
+        mlp.calibrate(rng.standard_normal((128, ws[0].shape[1])).astype(np.float32))
+        x = rng.standard_normal((77, ws[0].shape[1])).astype(np.float32)
+        want = emulate(x, ws, bs, mlp, dtype, mlp.act_scales)
+        got = mlp(x)
+        # the same roundings; float64 sums in another order can only flip a code where a value sits on a rounding
+        # boundary to within 1e-16, which these draws do not hit
+        assert rel_l2(got, want) <= 1e-6, (i, [w.shape for w in ws], acts, residual, concat)
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_random_graphs_stay_within_the_check_bound_on_fresh_inputs(dtype):
+    """The quantisation error against the float network (relative L2) on inputs the calibration did not see: what
+    the README's table reports and what check=True accepts."""
+    rng = np.random.default_rng(2026)
+    errors = []
+    for i in range(60):
+        ws, bs, acts, residual, concat = random_graph(rng)
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=dtype, device="cpu")
+        mlp.calibrate(rng.standard_normal((512, ws[0].shape[1])).astype(np.float32))
+        x = rng.standard_normal((1000, ws[0].shape[1])).astype(np.float32)
+        errors.append(rel_l2(mlp(x), float_reference(x, ws, bs, mlp)))
+    print(f"\n{dtype}: median {np.median(errors):.2e}, max {max(errors):.2e}")
+    assert max(errors) <= fusedmlp.CHECK_TOLERANCES[dtype]
+    assert np.median(errors) <= fusedmlp.CHECK_TOLERANCES[dtype] / 2
+
+
+def test_int8_is_closer_than_float8_and_both_further_than_float16_on_a_relu_mlp(rng):
+    ws, bs = torch_init(rng, [32, 128, 128, 128, 16])
+    x = rng.standard_normal((2000, 32)).astype(np.float32)
+    errs = {}
+    for dtype in LOWBIT:
+        mlp = fusedmlp.FusedMLP(ws, bs, dtype=dtype, device="cpu").calibrate(x[:500])
+        errs[dtype] = rel_l2(mlp(x[500:]), float_reference(x[500:], ws, bs, mlp))
+    # int8 keeps 1/127 of the range everywhere; e4m3 3 mantissa bits (a relative step of 1/16 to 1/8)
+    assert 1e-3 < errs["int8"] < errs["float8"] < 0.1, errs
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_a_low_bit_call_before_calibrate_says_what_to_call(rng, dtype):
+    mlp = fusedmlp.FusedMLP(*torch_init(rng, [4, 16, 2]), dtype=dtype, device="cpu")
+    with pytest.raises(ArgumentError, match=rf"dtype='{dtype}' needs an activation scale per layer") as e:
+        mlp(rng.standard_normal((3, 4)).astype(np.float32))
+    assert "mlp.calibrate(x_sample)" in str(e.value)
+    with pytest.raises(ArgumentError, match="calibrate"):
+        mlp.compile("sm_90")
+
+
+def test_calibrate_on_a_16_bit_model_is_refused(rng):
+    mlp = fusedmlp.FusedMLP(*torch_init(rng, [4, 16, 2]), device="cpu")
+    with pytest.raises(ArgumentError, match="dtype='int8' or 'float8' models; this one computes in float16"):
+        mlp.calibrate(np.ones((2, 4), np.float32))
+
+
+def test_dtype_names_and_bad_samples(rng):
+    ws, bs = torch_init(rng, [4, 8, 2])
+    for name, want in (("fp8", "float8"), ("e4m3", "float8"), ("torch.float8_e4m3fn", "float8"), ("torch.int8", "int8")):
+        assert fusedmlp.FusedMLP(ws, bs, dtype=name, device="cpu")._precision == want
+    with pytest.raises(DTypeError, match="int8, float8"):
+        fusedmlp.FusedMLP(ws, bs, dtype="int4", device="cpu")
+    mlp = fusedmlp.FusedMLP(ws, bs, dtype="int8", device="cpu")
+    with pytest.raises(ShapeError, match=r"calibration takes \(rows >= 1, 4\)"):
+        mlp.calibrate(np.ones((3, 5), np.float32))
+    with pytest.raises(DTypeError, match="x_sample has dtype"):
+        mlp.calibrate(np.array([["a"] * 4]))
+    one_row = rng.standard_normal(4).astype(np.float32) + 3
+    assert mlp.calibrate(one_row) is mlp and mlp.act_scales[0] == np.float32(np.abs(one_row).max() / 127)
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_check_true_compares_against_the_float_network(rng, dtype, monkeypatch):
+    mlp, ws, bs, x = calibrated(rng, dtype)
+    y = mlp(x)
+    mlp._verify(x, y)  # the CPU path's own result passes its dtype's bound
+    with pytest.raises(fusedmlp.FusedMLPError, match=f"dtype={dtype}"):
+        mlp._verify(x, y * 1.5)
+
+
+# ------------------------------------------------------------------------------------------------ saving, torch
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_scales_survive_save_and_from_npz(rng, dtype, tmp_path):
+    ws, bs, acts, residual, concat = random_graph(np.random.default_rng(3))
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=dtype, device="cpu")
+    mlp.calibrate(rng.standard_normal((64, ws[0].shape[1])).astype(np.float32))
+    back = fusedmlp.FusedMLP.from_npz(mlp.save(tmp_path / "m"), device="cpu")
+    assert back._precision == dtype
+    assert np.array_equal(back.act_scales, mlp.act_scales)
+    assert all(np.array_equal(a, b) for a, b in zip(back.weight_scales, mlp.weight_scales))
+    x = rng.standard_normal((33, ws[0].shape[1])).astype(np.float32)
+    assert np.array_equal(back(x), mlp(x))
+    uncalibrated = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=dtype,
+                                     device="cpu")
+    again = fusedmlp.FusedMLP.from_npz(uncalibrated.save(tmp_path / "u"), device="cpu")
+    assert again.act_scales is None
+
+
+def test_from_torch_calibrates_when_given_a_sample(rng):
+    torch = pytest.importorskip("torch")
+    from fusedmlp.torch import from_torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.GELU(), torch.nn.Linear(32, 3))
+    x = torch.randn(200, 12)
+    mlp = from_torch(module, dtype="int8", device="cpu", calibrate=x)
+    assert mlp.act_scales is not None and mlp.act_scales[0] == np.float32(x.abs().max().item() / 127)
+    with torch.no_grad():
+        want = module(x).double().numpy()
+    assert rel_l2(mlp(x.numpy()), want) <= fusedmlp.CHECK_TOLERANCES["int8"]
+    assert from_torch(module, dtype="int8", device="cpu").act_scales is None
+
+
+# ------------------------------------------------------------------------------------------------ plans, errors
+
+
+@pytest.mark.parametrize("dtype,arch", [("int8", 75), ("float8", 80), ("float8", 86)])
+def test_an_arch_without_the_instructions_is_a_limit_error_naming_dtype_and_sm(rng, dtype, arch):
+    mlp, *_ = calibrated(rng, dtype)
+    need = 80 if dtype == "int8" else 89
+    with pytest.raises(LimitError, match=rf"dtype='{dtype}' needs Tensor Cores of sm_{need} or newer; the target is "
+                                         rf"sm_{arch}"):
+        mlp._net.plan(arch, precision=dtype)
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_low_bit_plans_pad_to_32_and_use_the_mma_sync_kernel_on_sm_90(rng, dtype):
+    mlp, *_ = calibrated(rng, dtype, widths=(7, 40, 33, 5))
+    for arch in (80, 89, 90):
+        if arch < (89 if dtype == "float8" else 80):
+            continue
+        info = mlp._net.plan(arch, precision=dtype).info
+        assert info["precision"] == dtype and info["wgmma"] == 0
+    with pytest.raises(LimitError, match="int8 and float8 run on the mma.sync kernel"):
+        mlp._net.plan(90, precision=dtype, wgmma=1)
+    assert mlp.segments is None  # no GEMM form: one fused kernel or a LimitError
+    with pytest.raises(LimitError, match=f"dtype='{dtype}' has no GEMM form yet"):
+        mlp._net.gemm_plan(0, 90, 0, 0, "float32", None, None, "float32", precision=dtype)
+
+
+def test_too_wide_a_low_bit_network_is_a_limit_error_not_a_segment_chain(rng):
+    mlp, *_ = calibrated(rng, "int8", widths=(8, 300, 4))
+    with pytest.raises(LimitError, match="at most 256 features per layer"):
+        mlp.compile("sm_90")
