@@ -448,6 +448,11 @@ fm_status fm_memcpy_htod(fm_devptr dst, const void *src, size_t bytes, fm_stream
 fm_status fm_memcpy_dtoh(void *dst, fm_devptr src, size_t bytes, fm_stream stream, fm_error *err);
 fm_status fm_memset_d8(fm_devptr dst, unsigned char value, size_t bytes, fm_stream stream, fm_error *err);
 fm_status fm_stream_sync(fm_stream stream, fm_error *err);
+/* The launch floor: host microseconds per launch of `name` (an empty kernel taking the fused kernels' arguments) from
+ * `cubin`, one CTA of 32 threads, `calls` back to back (*async_us: no wait between them) and each followed by a
+ * synchronize (*sync_us): what no call into the driver can beat (issue 25's benchmark). */
+fm_status fm_launch_floor(const fm_gpu *gpu, const void *cubin, const char *name, int calls, double *async_us,
+                          double *sync_us, fm_error *err);
 
 /* ------------------------------------------------------------------------------------------------ ref */
 

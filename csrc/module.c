@@ -20,8 +20,8 @@ static PyMethodDef module_methods[] = {
 static int module_exec(PyObject *m) {
     if (PyArray_ImportNumPyAPI() < 0)
         return -1;
-    PyTypeObject *types[] = {&GpuType, &NetworkType, &PlanType, &KernelType, &BufferType};
-    const char *names[] = {"Gpu", "Network", "Plan", "Kernel", "Buffer"};
+    PyTypeObject *types[] = {&GpuType, &NetworkType, &PlanType, &KernelType, &BufferType, &FastPathType};
+    const char *names[] = {"Gpu", "Network", "Plan", "Kernel", "Buffer", "FastPath"};
     for (size_t i = 0; i < sizeof types / sizeof *types; ++i) {
         if (PyType_Ready(types[i]) < 0)
             return -1;

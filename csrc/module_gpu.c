@@ -61,6 +61,31 @@ static PyGetSetDef Gpu_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+/* launch_floor(cubin, name, calls=2000) -> (async_us, sync_us): fm_launch_floor (the benchmark's launch floor). */
+static PyObject *Gpu_launch_floor(GpuObject *self, PyObject *args) {
+    const char *cubin, *name;
+    Py_ssize_t cubin_len;
+    int calls = 2000;
+    if (!PyArg_ParseTuple(args, "y#s|i", &cubin, &cubin_len, &name, &calls))
+        return NULL;
+    if (!self->open) {
+        PyErr_SetString(PyExc_RuntimeError, "Gpu is not initialised");
+        return NULL;
+    }
+    fm_error err = {0};
+    fm_status st;
+    double async_us = 0.0, sync_us = 0.0;
+    Py_BEGIN_ALLOW_THREADS st = fm_launch_floor(&self->gpu, cubin, name, calls, &async_us, &sync_us, &err);
+    Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
+    return Py_BuildValue("(dd)", async_us, sync_us);
+}
+
+static PyMethodDef Gpu_methods[] = {
+    {"launch_floor", (PyCFunction)Gpu_launch_floor, METH_VARARGS,
+     "launch_floor(cubin, name, calls=2000) -> (async_us, sync_us): host us per launch of an empty kernel."},
+    {NULL, NULL, 0, NULL},
+};
+
 PyTypeObject GpuType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedmlp._core.Gpu",
     .tp_basicsize = sizeof(GpuObject),
@@ -70,6 +95,7 @@ PyTypeObject GpuType = {
     .tp_init = (initproc)Gpu_init,
     .tp_dealloc = (destructor)Gpu_dealloc,
     .tp_getset = Gpu_getset,
+    .tp_methods = Gpu_methods,
 };
 
 /* ------------------------------------------------------------------------------------------------ Buffer */

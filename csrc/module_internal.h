@@ -8,6 +8,7 @@
  *   module_plan.c     Plan: Network.plan / Network.gemm_plan, the source it renders, its info
  *   module_gpu.c      Gpu (a device's retained primary context), cuda_device_count, Buffer (device memory)
  *   module_launch.c   Kernel: Plan.load (CUBIN and weights onto the device), run, launch, time
+ *   module_fast.c     FastPath: a model's steady-state CUDA-tensor call in one call into C (DLPack in, torch.empty out)
  *
  * Types: Network (validated spec + float32 weights; the CPU forward), Plan (one fm_plan: renders the source and
  * later fills the launch, so the two cannot drift), Gpu (a device's retained primary context), Kernel (a loaded
@@ -48,7 +49,7 @@ typedef struct {
     fm_target target;
 } PlanObject;
 
-extern PyTypeObject GpuType, NetworkType, PlanType, KernelType, BufferType;
+extern PyTypeObject GpuType, NetworkType, PlanType, KernelType, BufferType, FastPathType;
 
 /* ------------------------------------------------------------------------------------------------ module_args.c */
 
@@ -81,5 +82,10 @@ int Network_ready(NetworkObject *self);                                         
 PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds);      /* module_plan.c */
 PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds); /* module_plan.c */
 PyObject *Plan_load(PlanObject *self, PyObject *args);                            /* module_launch.c */
+
+/* module_launch.c, for module_fast.c: */
+int Kernel_is_gemm(PyObject *kernel);
+fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
+                             fm_error *err);
 
 #endif /* FM_MODULE_INTERNAL_H */

@@ -252,6 +252,19 @@ static PyObject *Kernel_launch(KernelObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+int Kernel_is_gemm(PyObject *kernel) { return ((KernelObject *)kernel)->plan->plan.gemm != 0; }
+
+/* The fast path's launch (module_fast.c): x and y are checked device pointers, rows >= 1; the GIL stays held. */
+fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
+                             fm_error *err) {
+    KernelObject *self = (KernelObject *)kernel;
+    fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
+    if (st != FM_OK)
+        return st;
+    void *params[] = {&x, &y, &self->w, &self->b, &rows, &x, &x}; /* (the last two: a GEMM's, unused here) */
+    return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, err);
+}
+
 /* Fills the staging input with N(0,1)-like values (a sum of uniforms; timing must not run on zeros): the first 2^20
  * drawn, the rest copies of them. Drawing every value took seconds for a tuning batch of 2^21 rows of 64 features
  * (H100 host: 6.6 s for a first call at 2^21 rows of a network with 64 inputs, two candidates). */

@@ -861,6 +861,11 @@ class FusedMLP:
         Returns:
             out if given; else the outputs, of x's kind (array or tensor) and dtype (or out_dtype), on x's device.
         """
+        fast = self._calls.fast  # a steady-state CUDA tensor call, in C (csrc/module_fast.c); NotImplemented: not one
+        if fast is not None:
+            y = fast(x, out_dtype, out)
+            if y is not NotImplemented:
+                return y
         if not isinstance(x, np.ndarray) and _is_device_array(x):
             return _dlpack.call(self, x, out_dtype, out)
         arr = _as_array(x, "x")

@@ -7,8 +7,46 @@ surrounding work and can be captured in a CUDA graph (after a first, warm-up cal
 
 import numpy as np
 
-from . import _out
+from . import _core, _out
 from .errors import ArgumentError, DTypeError, ShapeError
+
+
+class CallTable(dict):
+    """FusedMLP._kernel's answers for calls ((dtypes, batch bucket, size class, FUSEDMLP_AUTOTUNE) -> kernel), and
+    their mirror in C: `fast` is the model's _core.FastPath.call once a CUDA tensor call has gone through the checked
+    path (remember() makes it), which then answers the same calls in one call into C. Clearing the table (a tuning,
+    new scales) clears the mirror, so the two cannot disagree."""
+
+    fast = None
+    _path = None
+
+    def clear(self):
+        super().clear()
+        if self._path is not None:
+            self._path.clear()
+
+
+_KIND_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}  # csrc/module_fast.c's kinds
+
+
+def remember(torch, mlp, k_in, k_out, rows, kernel):
+    """Adds a kernel a torch call just launched to the model's C fast path, so the next calls in its batch bucket
+    skip Python (csrc/module_fast.c). Only fused kernels (a chain of segments stays here) of calls without
+    check=True, on a torch that exports DLPack in C."""
+    table = mlp._calls
+    if mlp._check or type(kernel) is not _core.Kernel or not isinstance(table, CallTable):
+        return
+    path = table._path
+    if path is None:
+        to_dlpack = getattr(torch._C, "_to_dlpack", None)
+        if to_dlpack is None:
+            return
+        _, raw_stream, bump = _fast_tables(torch)
+        path = _core.FastPath(mlp._n_in, mlp._n_out, mlp._ordinal)
+        path.set_torch(torch.Tensor, to_dlpack, raw_stream, torch.empty, bump,
+                       (torch.float32, torch.float16, torch.bfloat16), torch.device("cuda", mlp._ordinal))
+        table._path, table.fast = path, path.call
+    path.add(_KIND_CODES[k_in], _KIND_CODES[k_out], rows, mlp._sm_count, kernel)
 
 
 def call(mlp, x, out_dtype=None, out=None):
@@ -48,7 +86,7 @@ def _fast_tables(torch):
                 return torch.cuda.current_stream(index).cuda_stream
         # A kernel writing into out behind torch's back must bump out's version counter, as torch's own out= ops do:
         # autograd then refuses a backward through an op that saved out's old values (0.3 us a call; torch >= 2.1).
-        bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None) or (lambda t: None)
+        bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
         _fast = ({torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}, raw_stream, bump)
     return _fast
 
@@ -72,17 +110,20 @@ def call_torch(mlp, x, out_dtype=None, out=None):
         if out is None:
             if out_dtype is None:
                 y = torch.empty((rows, mlp._n_out), device=x.device, dtype=x.dtype)
-                return _launch(mlp, kind, kind, x, y, rows, raw_stream)
+                return _launch(torch, mlp, kind, kind, x, y, rows, raw_stream)
         else:
             out_kind = _direct_out_kind(torch, mlp, x, out, out_dtype)
             if out_kind is not None:
-                bump(out)
-                return _launch(mlp, kind, out_kind, x, out, rows, raw_stream)
+                if bump is not None:
+                    bump(out)
+                return _launch(torch, mlp, kind, out_kind, x, out, rows, raw_stream)
     return _call_torch_checked(torch, mlp, x, out_dtype, out)
 
 
-def _launch(mlp, k_in, k_out, x, y, rows, raw_stream):
-    mlp._kernel(k_in, k_out, rows).launch(x.data_ptr(), y.data_ptr(), rows, raw_stream(mlp._ordinal))
+def _launch(torch, mlp, k_in, k_out, x, y, rows, raw_stream):
+    kernel = mlp._kernel(k_in, k_out, rows)
+    kernel.launch(x.data_ptr(), y.data_ptr(), rows, raw_stream(mlp._ordinal))
+    remember(torch, mlp, k_in, k_out, rows, kernel)
     if mlp._check:
         mlp._verify(x.float().cpu().numpy(), y.float().cpu().numpy())
     return y
@@ -156,11 +197,13 @@ def _run_cuda(torch, mlp, x, out_dtype, out, rows):
               and out.data_ptr() % 16 == 0)
     if direct:
         y = out.view(rows, n_out)
-        bump(out)
+        if bump is not None:
+            bump(out)
     else:
         y = torch.empty((rows, n_out), device=x.device, dtype=getattr(torch, k_out))
     kernel = mlp._kernel(k_in, k_out, rows)
     kernel.launch(xin.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream(x.device).cuda_stream)
+    remember(torch, mlp, k_in, k_out, rows, kernel)
     if mlp._check:
         mlp._verify(x.detach().reshape(rows, n_in).float().cpu().numpy(), y.float().cpu().numpy())
     if out is None:

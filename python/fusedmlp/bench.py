@@ -47,6 +47,8 @@ import tempfile
 import threading
 import time
 
+from . import bench_host
+
 __all__ = ["WORKLOADS", "Workload", "main", "floor_ms", "flops", "io_bytes", "format_table", "plot", "device_slug"]
 
 
@@ -282,7 +284,8 @@ def format_table(report):
                  "tuner's choice (wgN: wgmma, N warps; wNmM: mma.sync, N warps x 16M rows; every candidate's time in "
                  "the JSON)")
     lines.extend(f"error: {f}" for f in failures)
-    return "\n".join(lines)
+    section = bench_host.format_section(report.get("host"))
+    return "\n".join(lines) + ("\n" + section if section else "")
 
 
 _PLOT_LINES = (  # method, label, style
@@ -886,6 +889,7 @@ def _parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="20 reps and 50 host calls instead of 100 and 200")
     ap.add_argument("--reps", type=int, help="timed groups per method (default 100, --quick 20)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--no-host", action="store_true", help="skip the host section (small calls' host time)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="wall-clock seconds for the whole run; torch.compile measurements that would not fit are "
                          "skipped (default 420)")
@@ -959,7 +963,7 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
     """Phase 1 for one workload: first-call times, then every method but torch.compile at every row count.
 
     Returns:
-        (fp16 model, whether a fusedmlp method failed).
+        (fp16 model, the benchmarked FusedMLP or None, whether a fusedmlp method failed).
     """
     wl = WORKLOADS[wname]
     # "skipped" stays in the report format (readers of older results, where res128 was skipped, rely on it).
@@ -999,7 +1003,7 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
                 failed = True
         del case, setups
         save()
-    return model, failed
+    return model, mlp, failed
 
 
 def _models(torch, wl):
@@ -1088,12 +1092,18 @@ def main(argv=None):
     _init_fusedmlp(report)
     models, failed, stopped = {}, False, False
     with tempfile.TemporaryDirectory(prefix="fusedmlp-bench-") as cache_root, torch.inference_mode():
+        fused = {}
         for wname in args.workloads:
-            model, workload_failed = _run_workload(torch, fusedmlp, args, report, wname, cache_root, save)
+            model, mlp, workload_failed = _run_workload(torch, fusedmlp, args, report, wname, cache_root, save)
             failed |= workload_failed
             if model is not None:
                 models[wname] = model
+            if mlp is not None:
+                fused[wname] = (mlp, model)
         save(with_plot=True)
+        if not args.no_host:
+            bench_host.run(torch, report, fused, os.path.join(cache_root, "launch-floor"), not args.no_compile, _say)
+            save()
         if args.no_compile:
             for r in report["results"]:
                 r["methods"]["torch_compile"] = {"skipped": "--no-compile"}

@@ -20,7 +20,6 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ._api import FusedMLP
-from ._dlpack import call_torch
 from .errors import ArgumentError, ShapeError
 
 __all__ = ["from_torch", "FusedModule", "mlp_forward"]
@@ -566,7 +565,7 @@ def _register(mlp):
 @torch.library.custom_op("fusedmlp::mlp_forward", mutates_args=())
 def mlp_forward(x: torch.Tensor, handle: int) -> torch.Tensor:
     """The fused forward of the registered model `handle` on x (..., in) -> (..., out), x's dtype and device."""
-    return call_torch(_registry[handle], x)
+    return _registry[handle](x)  # FusedMLP.__call__: its C fast path once the shape is known
 
 
 @mlp_forward.register_fake
@@ -629,7 +628,9 @@ class FusedModule(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
             raise ArgumentError("FusedModule is inference-only (no backward): call it under torch.no_grad() or "
                                 "torch.inference_mode(), or freeze the parameters with requires_grad_(False)")
-        return mlp_forward(x, self._handle)
+        if torch.compiler.is_compiling():
+            return mlp_forward(x, self._handle)  # the op the graph records
+        return _registry[self._handle](x)  # eager: straight to the model's call, without the op's dispatch
 
     def extra_repr(self):
         return repr(_registry.get(self._handle))

@@ -1,0 +1,54 @@
+"""The C fast path's table and its refusals, without a GPU (test_fast_path_gpu.py runs its calls)."""
+
+import numpy as np
+import pytest
+
+from fusedmlp import _core, _dlpack
+
+
+def test_fast_path_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="n_in=0"):
+        _core.FastPath(0, 4, 0)
+    path = _core.FastPath(3, 4, 0)
+    with pytest.raises(TypeError):
+        path.add(1, 1, 1024, 132, object())  # only a loaded fusedmlp._core.Kernel
+    with pytest.raises(TypeError, match="x, out_dtype, out"):
+        path.call(np.zeros(3))
+    with pytest.raises(ValueError, match="float32, float16, bfloat16"):
+        path.set_torch(object, len, len, len, None, (1, 2), "cuda")
+
+
+def test_fast_path_sends_calls_it_cannot_take_back():
+    """With no kernel known, or for anything not a CUDA tensor, the answer is NotImplemented (the checked path)."""
+    path = _core.FastPath(3, 4, 0)
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    assert path.call(x, None, None) is NotImplemented
+    assert path.stats == {"calls": 0, "misses": 1, "entries": 0}
+
+
+def test_fast_path_sends_cpu_tensors_back():
+    torch = pytest.importorskip("torch")
+    path = _core.FastPath(3, 4, 0)
+    path.set_torch(torch.Tensor, torch._C._to_dlpack, lambda i: 0, torch.empty, None,
+                   (torch.float32, torch.float16, torch.bfloat16), torch.device("cpu"))
+    x = torch.randn(5, 3)
+    assert path.call(x, None, None) is NotImplemented
+    assert path.call(x, torch.float16, None) is NotImplemented
+    assert path.call(x, torch.int8, None) is NotImplemented
+
+
+def test_call_table_clears_its_mirror():
+    cleared = []
+
+    class Path:
+        def clear(self):
+            cleared.append(True)
+
+    table = _dlpack.CallTable()
+    table[("float16", "float16", 1024, 0, None)] = "kernel"
+    table.clear()
+    assert not table and not cleared  # no mirror yet
+    table._path = Path()
+    table["k"] = "kernel"
+    table.clear()
+    assert not table and cleared == [True]

@@ -1,0 +1,186 @@
+"""The C fast path (csrc/module_fast.c) on the GPU: after a first call, a CUDA tensor call of a known dtype and batch
+bucket runs in one call into C; it must give what the checked path gives, and every call it cannot take as it is
+must still get the checked path's answer or error."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import fusedmlp  # noqa: E402
+from fusedmlp import _dlpack, torch as ft  # noqa: E402
+from fusedmlp.errors import ArgumentError, ShapeError  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+N_IN, N_OUT = 24, 10
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(N_IN, 64), nn.SiLU(), nn.Linear(64, 64), nn.Tanh(),
+                         nn.Linear(64, N_OUT)).eval().cuda()
+
+
+def reference(model, x):
+    import copy
+
+    with torch.no_grad():
+        return copy.deepcopy(model).double()(x.double())
+
+
+def rel(y, ref):
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def stats(mlp):
+    path = mlp._calls._path
+    return dict(path.stats) if path is not None else {"calls": 0, "misses": 0, "entries": 0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 64, 1024, 5000])
+def test_fast_call_matches_checked_call(model, dtype, rows):
+    """The second call of a shape runs in C and gives the checked path's bits; each call fresh random inputs."""
+    mlp = fusedmlp.from_torch(model)
+    x0 = torch.randn(rows, N_IN, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        y0 = mlp(x0)  # the checked path: builds the kernel, adds it to the table
+        before = stats(mlp)
+        assert before["entries"] >= 1
+        x = torch.randn(rows, N_IN, device="cuda", dtype=dtype)
+        y = mlp(x)
+        y_again = mlp(x)
+    after = stats(mlp)
+    assert after["calls"] == before["calls"] + 2, after
+    assert y.dtype == dtype and y.shape == (rows, N_OUT) and y.is_cuda
+    assert torch.equal(y, y_again)
+    tol = 2e-3 if dtype != torch.bfloat16 else 6e-3
+    assert rel(y, reference(model, x)) <= tol
+    assert rel(y0, reference(model, x0)) <= tol
+    with torch.no_grad():
+        slow = _dlpack.call_torch(mlp, x)  # the Python launch of the same kernel on the same x: identical bits
+    assert torch.equal(slow, y)
+
+
+def test_out_is_written_in_place_poisoned_first(model):
+    mlp = fusedmlp.from_torch(model)
+    x = torch.randn(1024, N_IN, device="cuda", dtype=torch.float16)
+    out = torch.full((1024, N_OUT), float("nan"), device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        mlp(x, out=out)  # warm: the checked path
+        out.fill_(float("nan"))
+        x2 = torch.randn_like(x)
+        calls = stats(mlp)["calls"]
+        version = out._version
+        r = mlp(x2, out=out)
+    assert r is out and stats(mlp)["calls"] == calls + 1
+    assert out._version > version  # autograd sees the write, as with torch's own out= ops
+    assert not torch.isnan(out).any()
+    assert rel(out, reference(model, x2)) <= 2e-3
+
+
+def test_out_dtype_and_leading_dims(model):
+    mlp = fusedmlp.from_torch(model)
+    x = torch.randn(4, 33, N_IN, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        mlp(x, out_dtype=torch.float32)
+        calls = stats(mlp)["calls"]
+        x = torch.randn_like(x)
+        y = mlp(x, out_dtype=torch.float32)
+        one = torch.randn(N_IN, device="cuda", dtype=torch.float16)
+        mlp(one)
+        y1 = mlp(one)
+    assert stats(mlp)["calls"] >= calls + 2
+    assert y.shape == (4, 33, N_OUT) and y.dtype == torch.float32
+    assert rel(y, reference(model, x)) <= 2e-3
+    assert y1.shape == (N_OUT,) and rel(y1, reference(model, one)) <= 2e-3
+
+
+def test_calls_the_fast_path_cannot_take_get_the_checked_answer(model):
+    mlp = fusedmlp.from_torch(model)
+    x = torch.randn(1024, N_IN, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        mlp(x)
+    # a strided view: the checked path copies it and gives the right values
+    wide = torch.randn(1024, 2 * N_IN, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        y = mlp(wide[:, ::2])
+    assert rel(y, reference(model, wide[:, ::2])) <= 2e-3
+    # autograd tracking x: still the inference-only error
+    g = torch.randn(1024, N_IN, device="cuda", requires_grad=True)
+    with pytest.raises(ArgumentError, match="requires grad"):
+        mlp(g)
+    with pytest.raises(ShapeError, match=r"\(\.\.\., 24\)"):
+        mlp(torch.randn(1024, N_IN + 1, device="cuda", dtype=torch.float16))
+    # out overlapping x, and out of the wrong shape: the checked path's errors
+    buf = torch.randn(1024, N_IN, device="cuda", dtype=torch.float16)
+    with pytest.raises(ArgumentError), torch.no_grad():
+        mlp(buf, out=buf[:, :N_OUT])
+    with pytest.raises(ShapeError), torch.no_grad():
+        mlp(x, out=torch.empty(1023, N_OUT, device="cuda", dtype=torch.float16))
+    # a CPU tensor: the CPU path
+    xc = torch.randn(7, N_IN)
+    assert rel(mlp(xc), reference(model.cpu(), xc)) <= 1e-5
+
+
+def test_tuning_clears_the_table(model):
+    mlp = fusedmlp.from_torch(model)
+    x = torch.randn(1024, N_IN, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        mlp(x)
+    assert stats(mlp)["entries"] >= 1
+    fusedmlp.tune(mlp, batch_sizes=(1024,))
+    assert stats(mlp)["entries"] == 0
+    with torch.no_grad():
+        y = mlp(x)
+    assert rel(y, reference(model, x)) <= 2e-3
+
+
+def test_cuda_graph_capture_of_fast_calls(model):
+    mlp = fusedmlp.from_torch(model)
+    x = torch.randn(256, N_IN, device="cuda", dtype=torch.float16)
+    out = torch.empty(256, N_OUT, device="cuda", dtype=torch.float16)
+    s = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(s):
+        mlp(x, out=out)
+        mlp(x)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(g):
+        mlp(x, out=out)
+    x.copy_(torch.randn_like(x))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel(out, reference(model, x)) <= 2e-3
+
+
+def test_custom_op_and_module_take_the_fast_path(model):
+    fused = ft.FusedModule(model)
+    x = torch.randn(1024, N_IN, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        fused(x)
+        mlp = ft._registry[fused._handle]
+        calls = stats(mlp)["calls"]
+        y = fused(x)
+    assert stats(mlp)["calls"] == calls + 1
+    assert rel(y, reference(model, x)) <= 2e-3
+
+
+def test_segmented_networks_stay_on_their_chain():
+    """A network cut into segments (a 512-wide layer) is never in the C table; its calls stay right."""
+    rng = np.random.default_rng(5)
+    widths = [32, 512, 512, 16]
+    w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(3)]
+    mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
+    x = torch.randn(2048, 32, device="cuda", dtype=torch.float16)
+    y1, y2 = mlp(x), mlp(x)
+    assert stats(mlp)["entries"] == 0
+    assert torch.equal(y1, y2)
+    h = x.double().cpu().numpy()
+    for i, wi in enumerate(w):
+        h = h @ wi.astype(np.float64).T
+        h = np.maximum(h, 0) if i < 2 else h
+    assert np.linalg.norm(y2.double().cpu().numpy() - h) / np.linalg.norm(h) <= 2e-3
