@@ -215,9 +215,10 @@ float fm_dequant8(uint8_t code, fm_prec p);
  * would otherwise get scale 0); 1 for an all-zero row (its codes are all zero whatever the scale). */
 float fm_quant_weight_scale(const float *row, int k, fm_prec p);
 /* Makes spec an 8-bit network of precision p (FM_PREC_F16: back to none): weight scales from w (as fm_plan_pack
- * takes them), activation scales from act_scale (NULL: not calibrated yet, all 0; else num_layers floats, each finite,
- * >= FLT_MIN, and a concat layer's equal to layer 0's: its two parts share one scale). FM_ERR_VALUE naming the layer
- * and the rule; FM_ERR_NOMEM. */
+ * takes them; computed once per precision, so plans' pointers to them stay valid across calibrations), activation
+ * scales from act_scale (NULL: not calibrated yet, all 0; else num_layers floats, each finite, >= FLT_MIN, and a
+ * concat layer's equal to layer 0's: its two parts share one scale). FM_ERR_VALUE naming the layer and the rule (the
+ * scales before stay); FM_ERR_NOMEM. */
 fm_status fm_spec_set_quant(fm_spec *spec, fm_prec p, const float *const *w, const float *act_scale, fm_error *err);
 /* FM_OK where spec runs in 8 bits and is calibrated, or does not run in 8 bits; else FM_ERR_VALUE saying to call
  * calibrate (`what` names the operation refused). */
@@ -338,8 +339,8 @@ typedef struct fm_gemm_opts {
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err);
 
-/* The type layer l's result is stored as, in fm_dtype's codes: 0 float32 (tf32 activations, or a float32 output),
- * 1 float16, 2 bfloat16. Where it is 16-bit the activation may use the fast helpers, whose error is the size of
+/* The type layer l's result is stored as, in fm_dtype's codes: 0 float32 (tf32 activations, a float32 output, or an
+ * 8-bit plan's hidden layer, whose activations take the accurate float32 forms), 1 float16, 2 bfloat16. Where it is 16-bit the activation may use the fast helpers, whose error is the size of
  * that rounding, and relu/identity a two-column form that rounds as it converts. */
 int fm_plan_result_type(const fm_plan *plan, int l);
 

@@ -118,7 +118,9 @@ int fm_plan_wgmma_regs(const fm_plan *plan) {
 int fm_plan_result_type(const fm_plan *plan, int l) {
     if (l == plan->num_layers - 1)
         return (int)plan->out_dtype;
-    return plan->prec == FM_PREC_TF32 ? 0 : (int)plan->prec + 1;
+    /* 8-bit: float32 forms. A fast form's 16-bit-sized error would move values near the top of a layer's range by up
+     * to 1/16 of an int8 step and flip their code where the CPU emulation (exact activations) does not. */
+    return plan->prec == FM_PREC_TF32 || fm_prec_is_8bit(plan->prec) ? 0 : (int)plan->prec + 1;
 }
 
 /* Assigns the per-warp activation buffers (a register allocation over the values x, layer 0's output, ...): x

@@ -51,13 +51,8 @@ static fm_status fm_spec_check_act_scales(const fm_spec *spec, const float *act_
     return FM_OK;
 }
 
-fm_status fm_spec_set_quant(fm_spec *spec, fm_prec p, const float *const *w, const float *act_scale, fm_error *err) {
-    fm_spec_free_scales(spec);
-    if (p == FM_PREC_F16)
-        return FM_OK;
-    if (!fm_prec_is_8bit(p))
-        return fm_fail(err, FM_ERR_VALUE, "quantisation precision %d is not int8 (%d) or float8 (%d)", (int)p,
-                       (int)FM_PREC_INT8, (int)FM_PREC_E4M3);
+/* Layer l's weight scales from its weights, allocated once (plans keep pointers to them: fm_plan.w_scale). */
+static fm_status fm_spec_weight_scales(fm_spec *spec, fm_prec p, const float *const *w, fm_error *err) {
     for (int l = 0; l < spec->num_layers; ++l) {
         const int n_out = spec->width[l + 1], k_in = fm_spec_in_features(spec, l);
         spec->w_scale[l] = malloc(sizeof(float) * (size_t)n_out);
@@ -69,15 +64,33 @@ fm_status fm_spec_set_quant(fm_spec *spec, fm_prec p, const float *const *w, con
             spec->w_scale[l][n] = fm_quant_weight_scale(w[l] + (size_t)n * (size_t)k_in, k_in, p);
     }
     spec->quant = p;
-    if (act_scale == NULL)
-        return FM_OK;
-    fm_status st = fm_spec_check_act_scales(spec, act_scale, err);
-    if (st != FM_OK) {
-        fm_spec_free_scales(spec);
-        return st;
-    }
-    memcpy(spec->act_scale, act_scale, sizeof(float) * (size_t)spec->num_layers);
     return FM_OK;
+}
+
+fm_status fm_spec_set_quant(fm_spec *spec, fm_prec p, const float *const *w, const float *act_scale, fm_error *err) {
+    if (p != FM_PREC_F16 && !fm_prec_is_8bit(p))
+        return fm_fail(err, FM_ERR_VALUE, "quantisation precision %d is not int8 (%d) or float8 (%d)", (int)p,
+                       (int)FM_PREC_INT8, (int)FM_PREC_E4M3);
+    /* The same precision again (a calibration): the weights, so their scales, are unchanged, and plans made before
+     * keep valid pointers to them; only the activation scales change, and a refused set leaves the old ones. */
+    if (p != spec->quant) {
+        fm_spec_free_scales(spec);
+        if (p == FM_PREC_F16)
+            return FM_OK;
+        fm_status st = fm_spec_weight_scales(spec, p, w, err);
+        if (st != FM_OK)
+            return st;
+    }
+    if (p == FM_PREC_F16)
+        return FM_OK;
+    if (act_scale == NULL) {
+        memset(spec->act_scale, 0, sizeof spec->act_scale);
+        return FM_OK;
+    }
+    fm_status st = fm_spec_check_act_scales(spec, act_scale, err);
+    if (st == FM_OK)
+        memcpy(spec->act_scale, act_scale, sizeof(float) * (size_t)spec->num_layers);
+    return st;
 }
 
 fm_status fm_spec_check_calibrated(const fm_spec *spec, const char *what, fm_error *err) {

@@ -142,6 +142,23 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
     return st;
 }
 
+/* An 8-bit plan's scales of layer l (fm_plan.act_scale; nothing for other plans): where its dequantisation factors
+ * are, and the inverse scales and the residual operand's scale as exact float32 hex literals. They are outside the
+ * layer's body, like the offsets, so equal layers keep one REPEAT stretch; being in the source, they are in the kernel
+ * cache's key, and two models with other scales never share a kernel. The inverses are the float32 quotients
+ * 1.0f / scale that csrc/ref.c's emulation multiplies by. */
+static void fm_render_quant(const fm_plan *p, int l, fm_str *out) {
+    if (!fm_prec_is_8bit(p->prec))
+        return;
+    const int last = l == p->num_layers - 1, res = p->res_op[l] != FM_RES_NONE;
+    const float qin = 1.0f / p->act_scale[l], qout = last ? 0.0f : 1.0f / p->act_scale[l + 1];
+    const float rscale = res ? p->act_scale[p->res_src[l] + 1] : 0.0f;
+    fm_str_printf(out,
+                  "    static constexpr int DQ_OFF = %zu;  // act_scale * w_scale[n] per column (float blob)\n"
+                  "    static constexpr float QIN = %af, QOUT = %af, RSCALE = %af;  // 1/in scale, 1/out, r's scale\n",
+                  p->dq_offset[l], (double)qin, (double)qout, (double)rscale);
+}
+
 /* Layer<l> for every layer. REPEAT: how many layers from l on have l's body (l's included; 1 where the next
  * differs), so the template may run such a stretch as one loop over its layers' weights and biases instead of
  * compiling the same code once per layer (fused_mlp_sm90.cu, fm_network). */
@@ -160,15 +177,18 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
     for (int l = 0; l < p->num_layers && st == FM_OK; ++l) {
         fm_str expr_text = {0};
         fm_expr_to_string(spec->act[l], &expr_text);
+        fm_str quant = {0};
+        fm_render_quant(p, l, &quant);
         fm_str_printf(out,
                       "template <> struct Layer<%d> {  // %d -> %d, %s%sactivation %s\n"
                       "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
                       "    static constexpr int REPEAT = %d;  // layers from this one on with its code (render.c)\n"
-                      "%s"
+                      "%s%s"
                       "};\n",
                       l, p->k_real[l], p->n_real[l], spec->norm[l] ? fm_norm_name(spec->norm[l]) : "",
                       spec->norm[l] ? ", " : "", expr_text.data ? expr_text.data : "?", p->w_offset[l],
-                      p->b_offset[l], repeat[l], body[l].data ? body[l].data : "");
+                      p->b_offset[l], repeat[l], quant.data ? quant.data : "", body[l].data ? body[l].data : "");
+        fm_str_free(&quant);
         fm_str_free(&expr_text);
     }
     for (int l = 0; l < p->num_layers; ++l)

@@ -9,7 +9,7 @@ struct alignas(8) fm_v2 { fm_u32 x, y; };
 
 #define FM_BLOCKS_PER_SM {{BLOCKS_PER_SM}} // the plan's occupancy: caps registers at 64K / (threads * this)
 #define FM_NUM_LAYERS {{NUM_LAYERS}}
-#define FM_PREC {{PREC}}          // on-chip weights and activations: 0 fp16, 1 bf16, 2 tf32
+#define FM_PREC {{PREC}}          // on-chip weights and activations: 0 fp16, 1 bf16, 2 tf32, 3 int8, 4 e4m3
 #define FM_IN_TYPE {{IN_TYPE}}    // x in global memory: 0 float32, 1 float16, 2 bfloat16
 #define FM_OUT_TYPE {{OUT_TYPE}}  // y in global memory: same codes
 
@@ -22,6 +22,8 @@ constexpr int SMEM_BYTES = {{SMEM_BYTES}};       // the dynamic shared memory th
 
 #if FM_PREC == 2
 typedef float act_t;
+#elif FM_PREC >= 3
+typedef unsigned char act_t;  // an 8-bit code (int8 or e4m3) of value / its layer input's scale (Layer<l>::QIN)
 #else
 typedef fm_half act_t;
 #endif
@@ -95,9 +97,54 @@ __device__ __forceinline__ void fm_unpack2(fm_u32 r, float &v0, float &v1) {
     v0 = fm_16_to_f<FM_PREC + 1>((fm_half)(r & 0xffffu));
     v1 = fm_16_to_f<FM_PREC + 1>((fm_half)(r >> 16));
 }
-// Two act_t elements at a shared address, as floats (a residual operand), and back (an epilogue result).
+#if FM_PREC >= 3
+// ------------------------------------------------------------------------------------------------ 8-bit codes
+// What csrc/util.c's fm_quant8 / fm_dequant8 compute on the host (the CPU path emulates these, bit for bit): int8
+// clamps with fmaxf/fminf (NaN meets fmaxf first: -127) and rounds to nearest even; e4m3 rounds to nearest even and
+// saturates at +-448 (cvt.rn.satfinite, sm_89+).
+
+// Two floats, already times the inverse scale, as two codes: lo in the low byte.
+__device__ __forceinline__ unsigned short fm_quant2(float lo, float hi) {
+#if FM_PREC == 3
+    int a, b;
+    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(a) : "f"(fminf(fmaxf(lo, -127.0f), 127.0f)));
+    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(b) : "f"(fminf(fmaxf(hi, -127.0f), 127.0f)));
+    return (unsigned short)((a & 0xff) | ((b & 0xff) << 8));
+#else
+    unsigned short r;  // the PTX ISA's cvt: operand a goes to the upper byte, b to the lower
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#endif
+}
+// Four floats (times the inverse scale) as four codes, the first in the lowest byte.
+__device__ __forceinline__ fm_u32 fm_quant4(float a, float b, float c, float d) {
+    return (fm_u32)fm_quant2(a, b) | ((fm_u32)fm_quant2(c, d) << 16);
+}
+// The values of two codes (lo: the low byte), as floats; times the scale is the value they stand for.
+__device__ __forceinline__ void fm_code2_to_f(unsigned short c2, float &v0, float &v1) {
+#if FM_PREC == 3
+    v0 = (float)(signed char)(c2 & 0xffu);
+    v1 = (float)(signed char)(c2 >> 8);
+#else
+    fm_u32 h2;  // e4m3 -> f16 is exact (f16 has more exponent and mantissa bits)
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c2));
+    v0 = fm_h2f((fm_half)(h2 & 0xffffu));
+    v1 = fm_h2f((fm_half)(h2 >> 16));
+#endif
+}
+__device__ __forceinline__ void fm_st_code2(fm_u32 addr, unsigned short c2) {
+    asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(c2) : "memory");
+}
+#endif
+
+// Two act_t elements at a shared address, as floats (a residual operand), and back (an epilogue result). 8-bit: the
+// codes' values (the caller multiplies by the value's scale).
 __device__ __forceinline__ void fm_ld_act2(fm_u32 addr, float &v0, float &v1) {
-#if FM_PREC == 2
+#if FM_PREC >= 3
+    unsigned short c2;
+    asm volatile("ld.shared.b16 %0, [%1];" : "=h"(c2) : "r"(addr) : "memory");
+    fm_code2_to_f(c2, v0, v1);
+#elif FM_PREC == 2
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v0), "=f"(v1) : "r"(addr) : "memory");
 #else
     fm_u32 r;
@@ -106,7 +153,9 @@ __device__ __forceinline__ void fm_ld_act2(fm_u32 addr, float &v0, float &v1) {
 #endif
 }
 __device__ __forceinline__ void fm_st_act2(fm_u32 addr, float v0, float v1) {
-#if FM_PREC == 2
+#if FM_PREC >= 3  // v0, v1 already times the inverse scale
+    fm_st_code2(addr, fm_quant2(v0, v1));
+#elif FM_PREC == 2
     fm_st_shared(addr, fm_tf32(v0), fm_tf32(v1));
 #else
     fm_st_shared(addr, fm_pack2<FM_PREC + 1>(v0, v1));
@@ -197,7 +246,10 @@ template <int T> __device__ __forceinline__ fm_u32 fm_relu2(float lo, float hi) 
 //   OUT_BUF: where the output goes; RES (0 none, 1 add, 2 mul) and RES_BUF: the residual y = post(act(.) op r);
 //   act, post: emitted from the checked expression ASTs;
 //   NORM (0 none, 1 layernorm, 2 rmsnorm) and EPS: W h + b normalized over the row's NR columns before act, with
-//   gamma and beta at B_OFF + N and B_OFF + 2 N of the bias blob (fm_norm_*, below).
+//   gamma and beta at B_OFF + N and B_OFF + 2 N of the bias blob (fm_norm_*, below);
+//   8-bit plans only: DQ_OFF, the float blob's act_scale * w_scale[n] per column (accumulator -> W h); QIN and QOUT,
+//   the inverse scales of the layer's input and output values (QOUT 0 for the last layer, stored unscaled); RSCALE,
+//   the scale of the residual operand's value (its codes times this are its values).
 template <int L> struct Layer;
 {{LAYERS}}
 
@@ -328,9 +380,11 @@ __device__ __forceinline__ fm_u32 fm_epilogue16(float v0, float v1, float r0, fl
 
 // ------------------------------------------------------------------------------------------------ input, output
 
-// Stores NW 32-bit words at a shared address aligned to 4 * NW bytes (NW = 2, 4 or 8).
+// Stores NW 32-bit words at a shared address aligned to 4 * NW bytes (NW = 1, 2, 4 or 8).
 template <int NW> __device__ __forceinline__ void fm_st_words(act_t *dst, const fm_u32 (&w)[NW]) {
-    if constexpr (NW == 2) {
+    if constexpr (NW == 1) {  // 8-bit codes of four float32 elements
+        *(fm_u32 *)dst = w[0];
+    } else if constexpr (NW == 2) {
         *(fm_v2 *)dst = fm_v2{w[0], w[1]};
     } else {
 #pragma unroll
@@ -360,6 +414,13 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
                         words[j] = u[j];
                 } else {
                     const in_t *e = (const in_t *)&raw;
+#if FM_PREC >= 3  // x's codes with layer 0's input scale
+                    constexpr float Q = Layer<0>::QIN;
+#pragma unroll
+                    for (int j = 0; j < VEC; j += 4)
+                        words[j / 4] = fm_quant4(fm_in_to_f(e[j]) * Q, fm_in_to_f(e[j + 1]) * Q,
+                                                 fm_in_to_f(e[j + 2]) * Q, fm_in_to_f(e[j + 3]) * Q);
+#else
 #pragma unroll
                     for (int j = 0; j < VEC; j += 2) {
 #if FM_PREC == 2
@@ -369,6 +430,7 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
                         words[j / 2] = fm_pack2<FM_PREC + 1>(fm_in_to_f(e[j]), fm_in_to_f(e[j + 1]));
 #endif
                     }
+#endif
                 }
             } else {
 #pragma unroll
@@ -384,10 +446,14 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
             const int row = e / IN_REAL, col = e % IN_REAL;
             act_t v = (act_t)0;
             if (e < count) {
+#if FM_PREC >= 3
+                v = (act_t)(fm_quant2(fm_in_to_f(x[base + e]) * Layer<0>::QIN, 0.0f) & 0xffu);
+#else
                 if constexpr (IN_RAW)
                     v = x[base + e];
                 else
                     v = fm_f_to_act(fm_in_to_f(x[base + e]));
+#endif
             }
             buf[row * ACT_STRIDE + col] = v;
         }

@@ -10,9 +10,12 @@
 //   inside a strip need only __syncwarp, never a CTA barrier. The plan assigns the buffers like registers (plan.c,
 //   fm_plan_buffers): x arrives in buffer 0; a layer that is one accumulator chunk and whose input nobody reads
 //   later is updated in place; values read again later (a residual operand, x for a concat) keep their buffer.
-// - Activations and weights on chip are act_t: fp16 or bf16 bits, or float32 rounded to TF32 (PREC). The mma
-//   fragments of all three come from the same ldmatrix byte offsets (a 16-byte row of 8 halves or 4 floats), so only
-//   the mma instruction and the conversions differ; k advances 32 bytes per mma (k16 halves, k8 floats).
+// - Activations and weights on chip are act_t: fp16 or bf16 bits, float32 rounded to TF32, or 8-bit codes (int8,
+//   e4m3) of values divided by their scale (PREC). The mma fragments of all of them come from the same ldmatrix byte
+//   offsets (a 16-byte row of 8 halves, 4 floats or 16 codes), so only the mma instruction and the conversions
+//   differ; k advances 32 bytes per mma (k16 halves, k8 floats, k32 codes). 8-bit accumulators start at zero and are
+//   dequantised (times act_scale * w_scale[n], plus the bias) before the norm and the epilogue, whose result is
+//   stored as the next layer's codes (times its input's inverse scale, QOUT).
 // - Weights sit in shared memory in the layout the host packed them in (row n of layer l: K elements + 16 bytes,
 //   the pad makes the 8 rows an ldmatrix touches fall in 8 different bank groups). RESIDENT: all layers are loaded
 //   once per CTA. Otherwise each (layer, column chunk) stage is streamed with cp.async into one of two slots while
@@ -82,6 +85,26 @@ __device__ __forceinline__ void fm_accumulate(float (&acc)[FM_M_TILES][NT][4], f
     }
 }
 
+#if FM_PREC >= 3
+// 8-bit: the accumulators of columns n0 + 8 nt + 2t (+1) become W h + b: times the column's act_scale * w_scale
+// (Ly::DQ_OFF in the float blob), plus its bias, in one fma (csrc/ref.c's emulation rounds these in float64).
+template <int L, int NT>
+__device__ __forceinline__ void fm_dequant(float (&acc)[FM_M_TILES][NT][4], const float *bias, int n0, int t) {
+    typedef Layer<L> Ly;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int col = n0 + nt * 8 + 2 * t;
+        const float d0 = bias[Ly::DQ_OFF + col], d1 = bias[Ly::DQ_OFF + col + 1];
+        const float b0 = Ly::BIAS ? bias[Ly::B_OFF + col] : 0.0f, b1 = Ly::BIAS ? bias[Ly::B_OFF + col + 1] : 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < FM_M_TILES; ++mt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                acc[mt][nt][i] = fmaf(fm_acc_value(acc[mt][nt][i]), i & 1 ? d1 : d0, i & 1 ? b1 : b0);
+    }
+}
+#endif
+
 // A norm layer of more than one chunk (plan.c, fm_plan_layout) runs its chunks twice (fm_layer): first for the rows'
 // statistics, kept here per lane for its rows g and g + 8 of each m tile, then for the output. Pass 1 merges each
 // chunk's mean and M2 = sum (z - mean)^2 over its real columns into the running ones (Chan et al.'s pairwise update:
@@ -128,13 +151,13 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
     static_assert(NCC % 16 == 0 && NCC > 0, "chunks are whole 16-column groups");
 
     // Accumulator fragment: c0,c1 at (row g, cols 2t, 2t+1), c2,c3 at (row g+8, same cols). They start at the
-    // bias (zero without one), so the epilogue has none to add.
+    // bias (zero without one), so the epilogue has none to add; 8-bit ones at zero (fm_dequant adds it).
     const int g = lane >> 2, t = lane & 3;
     float acc[FM_M_TILES][NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         float b0 = 0.0f, b1 = 0.0f;
-        if constexpr (Ly::BIAS) {
+        if constexpr (Ly::BIAS && FM_PREC < 3) {
             b0 = bias[Ly::B_OFF + n0 + nt * 8 + 2 * t];
             b1 = bias[Ly::B_OFF + n0 + nt * 8 + 2 * t + 1];
         }
@@ -153,6 +176,9 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
     fm_accumulate<Ly::K0, NT, WSB>(acc, act + Ly::A0_BUF * BUF_B + a_off, b_lane);
     if constexpr (Ly::A1_BUF >= 0)  // the concat's second part: weight columns from K0 on
         fm_accumulate<Ly::K - Ly::K0, NT, WSB>(acc, act + Ly::A1_BUF * BUF_B + a_off, b_lane + Ly::K0 * EB);
+#if FM_PREC >= 3
+    fm_dequant<L, NT>(acc, bias, n0, t);
+#endif
     if constexpr (PASS == 1) {
         fm_row_stats_add<L, NT>(acc, n0, t, st);
         return;
@@ -195,20 +221,29 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
                 if constexpr (Ly::RES != 0) {
                     if (live)
                         fm_ld_act2(r_lane + (mt * 16 + 8 * h) * ROW_B + nt * 8 * EB, r0, r1);
+#if FM_PREC >= 3  // codes -> values
+                    r0 *= Ly::RSCALE;
+                    r1 *= Ly::RSCALE;
+#endif
                 }
                 const fm_u32 addr = e_lane + (mt * 16 + 8 * h) * OUT_ROW_B + nt * 8 * OUT_COL_B;
                 // The result's storage: out_t for the last layer, act_t for the others; 16-bit pairs take the
-                // layer's pair form where it has one.
-                constexpr int T = L == LAST ? FM_OUT_TYPE : (FM_PREC == 2 ? 0 : FM_PREC + 1);
+                // layer's pair form where it has one. 8-bit: the next layer's codes (T 0, then times QOUT).
+                constexpr int T = L == LAST ? FM_OUT_TYPE : (FM_PREC == 2 || FM_PREC >= 3 ? 0 : FM_PREC + 1);
                 if constexpr (T == 0) {
                     if (live)
                         fm_epilogue<L>(v0, v1, r0, r1, col);
                     else
                         v0 = v1 = 0.0f;
-                    if constexpr (L == LAST)
+                    if constexpr (L == LAST) {
                         fm_st_out2(addr, v0, v1);
-                    else
+                    } else {
+#if FM_PREC >= 3
+                        v0 *= Ly::QOUT;
+                        v1 *= Ly::QOUT;
+#endif
                         fm_st_act2(addr, v0, v1);
+                    }
                 } else {
                     fm_st_shared(addr, live ? fm_epilogue16<L, T>(v0, v1, r0, r1, col) : 0u);
                 }

@@ -7,7 +7,7 @@ int8 clamps to [-127, 127] and rounds to nearest even; e4m3 rounds to nearest ev
 in steps of 2^-9, saturating at 448.
 """
 
-import warnings
+import re
 
 import numpy as np
 import pytest
@@ -384,3 +384,107 @@ def test_too_wide_a_low_bit_network_is_a_limit_error_not_a_segment_chain(rng):
     mlp, *_ = calibrated(rng, "int8", widths=(8, 300, 4))
     with pytest.raises(LimitError, match="at most 256 features per layer"):
         mlp.compile("sm_90")
+
+
+# ------------------------------------------------------------------------------------------------ kernels, ahead of time
+
+
+def nvrtc_or_skip():
+    try:
+        fusedmlp._api._nvrtc_info()
+    except fusedmlp.errors.LibraryNotFoundError as e:
+        pytest.skip(f"NVRTC is not installed: {e.message}")
+
+
+def cubin_sm(path):
+    """The SM version in a cache entry's CUBIN (ELF e_flags bits 8..15, as test_compile_matrix reads it)."""
+    import pathlib
+    import struct
+
+    from fusedmlp._cache import MAGIC
+
+    data = pathlib.Path(path).read_bytes()
+    magic, _version, header_length = struct.unpack_from("<8sII", data)
+    cubin = data[16 + header_length:]
+    assert magic == MAGIC and cubin[:4] == b"\x7fELF"
+    return (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF
+
+
+def c_hex(v):
+    """A float as C's printf("%a") writes it (Python's float.hex keeps trailing zeros: 0x1.8000000000000p+1)."""
+    return re.sub(r"\.?0+p", "p", float(v).hex())
+
+
+MMA = {"int8": "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+       "float8": "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"}
+
+#: (widths, concat, residual, norm): a chain, odd widths, a graph with a concat, residuals from the layer's input, an
+#: earlier layer and x, and a layernorm, and a network whose 8-bit weights (200 KB) stream on sm_80/86/89.
+AOT_NETWORKS = [
+    ([8, 64, 64, 4], None, None, None),
+    ([7, 100, 33, 250, 9], None, None, None),
+    ([20, 96, 96, 96, 40, 20], {3: "after"}, {1: "add", 2: ("add", "none", 0), 4: ("mul", "tanh", "input")},
+     {4: "layernorm"}),
+    ([2, 256, 256, 256, 3], {2: "before"}, None, {1: "rmsnorm"}),
+]
+
+
+def aot_model(n, dtype, cache_dir=None):
+    widths, concat, residual, norm = AOT_NETWORKS[n]
+    rng = np.random.default_rng(n)
+    ws, bs = graph_weights(rng, widths, concat or {}, 1.0)
+    acts = ["gelu", "relu", "silu", "tanh", "sigmoid"][: len(widths) - 2] + ["none"]
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, concat=concat, residual=residual, norm=norm, dtype=dtype,
+                            device="cpu", cache_dir=cache_dir)
+    return mlp.calibrate(rng.standard_normal((256, widths[0])).astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype,archs", [("int8", (80, 86, 89, 90)), ("float8", (89, 90))])
+def test_every_low_bit_network_compiles_for_every_arch_and_io_dtype(dtype, archs, tmp_path):
+    nvrtc_or_skip()
+    for n in range(len(AOT_NETWORKS)):
+        mlp = aot_model(n, dtype, tmp_path)
+        for a, arch in enumerate(archs):
+            io = ("float32", "float16", "bfloat16")[(n + a) % 3]
+            path = mlp.compile(f"sm_{arch}", io)
+            label = f"{AOT_NETWORKS[n][0]} {dtype} sm_{arch} {io}"
+            assert cubin_sm(path) == arch, label
+            source = mlp.source
+            assert MMA[dtype] in source and f"#define FM_PREC {3 if dtype == 'int8' else 4}" in source, label
+            assert f"{dtype} mma.sync" in source, label  # the plan line: sm_90 takes mma.sync for 8-bit too
+            # the scales are in the source, so in the cache key: layer 0's input scale as its exact float32 inverse
+            assert f"QIN = {c_hex(np.float32(1) / mlp.act_scales[0])}f" in source, label
+    plan = aot_model(3, dtype)._net.plan(89 if dtype == "float8" else 80, 0, 0, "float32", "float32", precision=dtype)
+    assert plan.info["resident"] == 0  # 200 KB of codes do not fit 99 / 163 KB: the streamed form was compiled
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+@pytest.mark.parametrize("options", [{"resident": 0}, {"m_tiles": 1}, {"m_tiles": 2, "n_chunk": 32},
+                                     {"warps": 1, "n_chunk": 16}, {"warps": 8, "m_tiles": 1, "n_chunk": 64}],
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_forced_mma_sync_forms_compile_for_sm_89_and_sm_90a(dtype, options, tmp_path):
+    """The tile shapes the GPU tests force (tests/test_lowbit_gpu.py), for Ada and, as the arch-specific target the
+    wgmma kernels use, sm_90a."""
+    nvrtc_or_skip()
+    mlp = aot_model(2, dtype)
+    cache = fusedmlp._cache.KernelCache(tmp_path)
+    for arch, arch_a in ((89, False), (90, True)):
+        plan, source = mlp._render(arch, 0, 0, "float16", "float32", **options)
+        assert plan.info["wgmma"] == 0 and plan.info["precision"] == dtype
+        entry = fusedmlp._api.compile_cubin(source, arch, cache, arch_a)
+        assert cubin_sm(entry.path) == arch
+
+
+def test_different_scales_are_different_kernels_and_equal_ones_one_entry(tmp_path):
+    nvrtc_or_skip()
+    rng = np.random.default_rng(9)
+    ws, bs = torch_init(rng, [8, 64, 4])
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    a = fusedmlp.FusedMLP(ws, bs, dtype="int8", device="cpu", cache_dir=tmp_path).calibrate(x)
+    b = fusedmlp.FusedMLP(ws, bs, dtype="int8", device="cpu", cache_dir=tmp_path).calibrate(x * 2)
+    c = fusedmlp.FusedMLP(ws, bs, dtype="int8", device="cpu", cache_dir=tmp_path).calibrate(x)
+    pa, pb, pc = (m.compile("sm_89") for m in (a, b, c))
+    assert pa != pb and pa == pc
+    before = a.source
+    a.calibrate(x * 3)  # a recalibrated model renders (and so keys) a new kernel
+    assert a.source != before and a.compile("sm_89") not in (pa, pb)
