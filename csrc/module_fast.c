@@ -4,8 +4,9 @@
  * Python took 16-21 us around them (attribute reads, dict lookups, torch.empty through Python; docs/performance.md,
  * "Small batches"). FastPath does the whole steady-state call here: it reads x (and out) through one DLPack export
  * (torch._C._to_dlpack: 0.26 us for pointer, shape, strides, dtype and device on that machine, against 0.08-0.16 us per
- * attribute), finds the loaded kernel for the batch in a table keyed as FusedMLP._kernel keys its calls, allocates the
- * output through torch.empty (torch's caching allocator, one vectorcall), and launches on torch's current stream.
+ * attribute; CuPy's toDlpack), finds the loaded kernel for the batch in a table keyed as FusedMLP._kernel keys its
+ * calls, allocates the output through the library's own empty (torch's caching allocator, CuPy's pool: one
+ * vectorcall), and launches on the library's current stream.
  *
  * Python stays the authority: a call FastPath cannot take as it is (a CPU tensor, a view, a dtype or batch size not
  * yet in its table, autograd tracking x, an out it cannot write in place, the model's check=True) returns
@@ -43,7 +44,7 @@ typedef struct fm_dl_managed {
     void (*deleter)(struct fm_dl_managed *);
 } fm_dl_managed;
 
-enum { FAST_MAX_DIMS = 8, FAST_MAX_ENTRIES = 64, FAST_KINDS = 3 }; /* kinds: 0 float32, 1 float16, 2 bfloat16 */
+enum { FAST_MAX_DIMS = 8, FAST_MAX_ENTRIES = 64, FAST_KINDS = 3, FAST_LIBS = 2 }; /* kinds: 0 f32, 1 f16, 2 bf16 */
 
 typedef struct {
     int in, out;       /* kinds */
@@ -53,13 +54,26 @@ typedef struct {
     PyObject *kernel;  /* a fusedmlp._core.Kernel (fused plans only: a chain of segments stays in Python) */
 } FastEntry;
 
+/* An array library's pieces (torch, CuPy), given once by set_library: none is looked up per call. */
+typedef struct {
+    PyObject *type;      /* its array type, matched exactly (subclasses take the checked path) */
+    PyObject *export;    /* export(x) -> "dltensor" capsule: torch._C._to_dlpack, cupy.ndarray.toDlpack */
+    PyObject *stream;    /* stream(*stream_arg) -> the current stream: an int, or an object with .ptr (CuPy's) */
+    PyObject *stream_arg; /* torch: the ordinal; NULL: called without arguments */
+    PyObject *empty;     /* empty(*shape, **extra) (torch) or empty(shape, **extra) (CuPy, shape_tuple) */
+    int shape_tuple;
+    PyObject *extra;     /* a tuple of (name, value) pairs after dtype: torch's device */
+    PyObject *kwnames;   /* ("dtype", *names of extra) */
+    PyObject *bump;      /* bump(out) after writing into out (torch's version counter), or None */
+    int check_grad;      /* refuse arrays whose requires_grad is True (torch) */
+    PyObject *dtypes[FAST_KINDS]; /* the library's dtype objects by kind (None where it has none) */
+} FastLib;
+
 typedef struct {
     PyObject_HEAD int n_in, n_out, ordinal, sm_count;
     FastEntry entries[FAST_MAX_ENTRIES];
     int n_entries;
-    /* torch's pieces, given once by set_torch: none is looked up per call */
-    PyObject *tensor_type, *to_dlpack, *raw_stream, *empty, *bump, *device, *ordinal_obj, *kwnames;
-    PyObject *dtypes[FAST_KINDS];
+    FastLib libs[FAST_LIBS];
     long long calls, misses; /* how often the fast path answered, and how often it sent the call back */
 } FastObject;
 
@@ -87,32 +101,33 @@ static void Fast_clear_entries(FastObject *self) {
     self->n_entries = 0;
 }
 
+/* The library's references, for traverse and clear alike. */
+#define FAST_LIB_REFS(lib)                                                                                            \
+    PyObject **refs[] = {&(lib)->type,  &(lib)->export,  &(lib)->stream,     &(lib)->stream_arg, &(lib)->empty,      \
+                         &(lib)->extra, &(lib)->kwnames, &(lib)->bump,       &(lib)->dtypes[0],  &(lib)->dtypes[1], \
+                         &(lib)->dtypes[2]}
+
 static int Fast_traverse(FastObject *self, visitproc visit, void *arg) {
     for (int i = 0; i < self->n_entries; ++i)
         Py_VISIT(self->entries[i].kernel);
-    Py_VISIT(self->tensor_type);
-    Py_VISIT(self->to_dlpack);
-    Py_VISIT(self->raw_stream);
-    Py_VISIT(self->empty);
-    Py_VISIT(self->bump);
-    Py_VISIT(self->device);
-    for (int i = 0; i < FAST_KINDS; ++i)
-        Py_VISIT(self->dtypes[i]);
+    for (int l = 0; l < FAST_LIBS; ++l) {
+        FAST_LIB_REFS(&self->libs[l]);
+        for (size_t i = 0; i < sizeof refs / sizeof *refs; ++i)
+            Py_VISIT(*refs[i]);
+    }
     return 0;
+}
+
+static void Fast_clear_lib(FastLib *lib) {
+    FAST_LIB_REFS(lib);
+    for (size_t i = 0; i < sizeof refs / sizeof *refs; ++i)
+        Py_CLEAR(*refs[i]);
 }
 
 static int Fast_clear(FastObject *self) {
     Fast_clear_entries(self);
-    Py_CLEAR(self->tensor_type);
-    Py_CLEAR(self->to_dlpack);
-    Py_CLEAR(self->raw_stream);
-    Py_CLEAR(self->empty);
-    Py_CLEAR(self->bump);
-    Py_CLEAR(self->device);
-    Py_CLEAR(self->ordinal_obj);
-    Py_CLEAR(self->kwnames);
-    for (int i = 0; i < FAST_KINDS; ++i)
-        Py_CLEAR(self->dtypes[i]);
+    for (int l = 0; l < FAST_LIBS; ++l)
+        Fast_clear_lib(&self->libs[l]);
     return 0;
 }
 
@@ -142,38 +157,50 @@ static PyObject *Fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)self;
 }
 
-/* set_torch(tensor_type, to_dlpack, raw_stream, empty, bump, (float32, float16, bfloat16), device) */
-static PyObject *Fast_set_torch(FastObject *self, PyObject *args) {
-    PyObject *tensor_type, *to_dlpack, *raw_stream, *empty, *bump, *dtypes, *device;
-    if (!PyArg_ParseTuple(args, "OOOOOO!O", &tensor_type, &to_dlpack, &raw_stream, &empty, &bump, &PyTuple_Type,
-                          &dtypes, &device))
+/* set_library(index, type, export, stream, stream_args, empty, shape_tuple, extra, bump, check_grad, dtypes):
+ * index 0 torch, 1 CuPy; stream_args a tuple of zero or one argument; extra a tuple of (keyword, value) pairs
+ * passed to empty after dtype; dtypes three dtype objects (float32, float16, bfloat16; None where there is none). */
+static PyObject *Fast_set_library(FastObject *self, PyObject *args) {
+    int index, shape_tuple, check_grad;
+    PyObject *type, *export, *stream, *stream_args, *empty, *extra, *bump, *dtypes;
+    if (!PyArg_ParseTuple(args, "iOOOO!OpO!OpO!", &index, &type, &export, &stream, &PyTuple_Type, &stream_args,
+                          &empty, &shape_tuple, &PyTuple_Type, &extra, &bump, &check_grad, &PyTuple_Type, &dtypes))
         return NULL;
-    if (PyTuple_GET_SIZE(dtypes) != FAST_KINDS) {
-        PyErr_SetString(PyExc_ValueError, "set_torch: dtypes must be (float32, float16, bfloat16)");
-        return NULL;
-    }
-    PyObject *ordinal_obj = PyLong_FromLong(self->ordinal);
-    PyObject *kwnames = Py_BuildValue("(ss)", "dtype", "device");
-    if (ordinal_obj == NULL || kwnames == NULL) {
-        Py_XDECREF(ordinal_obj);
-        Py_XDECREF(kwnames);
+    if (index < 0 || index >= FAST_LIBS || !PyType_Check(type) || PyTuple_GET_SIZE(dtypes) != FAST_KINDS ||
+        PyTuple_GET_SIZE(stream_args) > 1 || PyTuple_GET_SIZE(extra) > 4) {
+        PyErr_Format(PyExc_ValueError, "set_library: index 0-%d, a type, at most one stream argument, at most 4 extra "
+                     "keywords and three dtypes (float32, float16, bfloat16)", FAST_LIBS - 1);
         return NULL;
     }
-    Fast_clear(self);
-    PyObject **slots[] = {&self->tensor_type, &self->to_dlpack, &self->raw_stream, &self->empty, &self->bump,
-                          &self->device};
-    PyObject *values[] = {tensor_type, to_dlpack, raw_stream, empty, bump, device};
-    for (size_t i = 0; i < sizeof slots / sizeof *slots; ++i) {
-        Py_INCREF(values[i]);
-        *slots[i] = values[i];
+    Py_ssize_t n_extra = PyTuple_GET_SIZE(extra);
+    PyObject *kwnames = PyTuple_New(1 + n_extra), *values = PyTuple_New(n_extra);
+    if (kwnames == NULL || values == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(kwnames, 0, PyUnicode_InternFromString("dtype"));
+    for (Py_ssize_t i = 0; i < n_extra; ++i) {
+        PyObject *pair = PyTuple_GET_ITEM(extra, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))) {
+            PyErr_SetString(PyExc_ValueError, "set_library: extra must hold (keyword, value) pairs");
+            goto fail;
+        }
+        PyTuple_SET_ITEM(kwnames, 1 + i, Py_NewRef(PyTuple_GET_ITEM(pair, 0)));
+        PyTuple_SET_ITEM(values, i, Py_NewRef(PyTuple_GET_ITEM(pair, 1)));
     }
-    for (int i = 0; i < FAST_KINDS; ++i) {
-        self->dtypes[i] = PyTuple_GET_ITEM(dtypes, i);
-        Py_INCREF(self->dtypes[i]);
-    }
-    self->ordinal_obj = ordinal_obj;
-    self->kwnames = kwnames;
+    if (PyTuple_GET_ITEM(kwnames, 0) == NULL)
+        goto fail;
+    FastLib *lib = &self->libs[index];
+    Fast_clear_lib(lib);
+    *lib = (FastLib){.type = Py_NewRef(type), .export = Py_NewRef(export), .stream = Py_NewRef(stream),
+                     .stream_arg = PyTuple_GET_SIZE(stream_args) ? Py_NewRef(PyTuple_GET_ITEM(stream_args, 0)) : NULL,
+                     .empty = Py_NewRef(empty), .shape_tuple = shape_tuple, .extra = values, .kwnames = kwnames,
+                     .bump = Py_NewRef(bump), .check_grad = check_grad};
+    for (int i = 0; i < FAST_KINDS; ++i)
+        lib->dtypes[i] = Py_NewRef(PyTuple_GET_ITEM(dtypes, i));
     Py_RETURN_NONE;
+fail:
+    Py_XDECREF(kwnames);
+    Py_XDECREF(values);
+    return NULL;
 }
 
 /* add(in_kind, out_kind, rows, sm_count, kernel): the kernel FusedMLP._kernel gave for a call of `rows` rows (kinds: 0
@@ -203,17 +230,14 @@ static PyObject *Fast_add(FastObject *self, PyObject *args) {
         FastEntry *e = &self->entries[i];
         if (e->in == in && e->out == out && e->bucket == bucket && e->size_class == size_class &&
             fast_same_env(e->autotune, env)) {
-            Py_INCREF(kernel);
-            Py_SETREF(e->kernel, kernel);
+            Py_SETREF(e->kernel, Py_NewRef(kernel));
             Py_RETURN_NONE;
         }
     }
     char *copy = NULL;
     if (env != NULL && (copy = strdup(env)) == NULL)
         return PyErr_NoMemory();
-    FastEntry *e = &self->entries[self->n_entries++];
-    *e = (FastEntry){in, out, bucket, size_class, copy, kernel};
-    Py_INCREF(kernel);
+    self->entries[self->n_entries++] = (FastEntry){in, out, bucket, size_class, copy, Py_NewRef(kernel)};
     Py_RETURN_NONE;
 }
 
@@ -245,22 +269,24 @@ static int fast_kind(fm_dl_dtype d) {
     return -1;
 }
 
-/* Exports t (a torch.Tensor, exactly) through DLPack and checks what the kernel needs of it: on the model's GPU, not
- * tracked by autograd, float32/float16/bfloat16, C-contiguous (size-1 dimensions aside, as torch counts it), 16-byte
- * aligned, at most FAST_MAX_DIMS dimensions. Returns 1 when it qualifies (a->capsule then owned by the caller), 0 when
- * not (no exception set; the checked path will say why if it is an error), -1 on an exception. */
-static int Fast_export(FastObject *self, PyObject *t, FastArray *a) {
+/* Exports t (lib's array type, exactly) through DLPack and checks what the kernel needs of it: on the model's GPU,
+ * not tracked by autograd, float32/float16/bfloat16, C-contiguous (size-1 dimensions aside, as torch counts it),
+ * 16-byte aligned, at most FAST_MAX_DIMS dimensions. Returns 1 when it qualifies (a->capsule then owned by the
+ * caller), 0 when not (no exception set; the checked path will say why if it is an error), -1 on an exception. */
+static int Fast_export(FastObject *self, const FastLib *lib, PyObject *t, FastArray *a) {
     a->capsule = NULL;
-    if (Py_TYPE(t) != (PyTypeObject *)self->tensor_type)
+    if (Py_TYPE(t) != (PyTypeObject *)lib->type)
         return 0;
-    PyObject *rg = PyObject_GetAttrString(t, "requires_grad");
-    if (rg == NULL)
-        return -1;
-    int tracked = rg == Py_True;
-    Py_DECREF(rg);
-    if (tracked)
-        return 0;
-    PyObject *capsule = PyObject_CallOneArg(self->to_dlpack, t);
+    if (lib->check_grad) {
+        PyObject *rg = PyObject_GetAttrString(t, "requires_grad");
+        if (rg == NULL)
+            return -1;
+        int tracked = rg == Py_True;
+        Py_DECREF(rg);
+        if (tracked)
+            return 0;
+    }
+    PyObject *capsule = PyObject_CallOneArg(lib->export, t);
     if (capsule == NULL) { /* e.g. a conjugate view: the checked path deals with it */
         PyErr_Clear();
         return 0;
@@ -291,12 +317,12 @@ static int Fast_export(FastObject *self, PyObject *t, FastArray *a) {
     return 1;
 }
 
-/* The kind of a torch dtype object given as out_dtype: -1 for None, -2 for anything else (the checked path). */
-static int Fast_dtype_kind(FastObject *self, PyObject *dtype) {
+/* The kind of a dtype object given as out_dtype: -1 for None, -2 for anything else (the checked path). */
+static int Fast_dtype_kind(const FastLib *lib, PyObject *dtype) {
     if (dtype == Py_None)
         return -1;
     for (int i = 0; i < FAST_KINDS; ++i)
-        if (dtype == self->dtypes[i])
+        if (dtype == lib->dtypes[i] && dtype != Py_None)
             return i;
     return -2;
 }
@@ -314,23 +340,38 @@ static FastEntry *Fast_find(FastObject *self, int in, int out, long long rows) {
     return NULL;
 }
 
-/* torch.empty((*x.shape[:-1], n_out), dtype=..., device=...) through one vectorcall. */
-static PyObject *Fast_empty(FastObject *self, const fm_dl_tensor *x, int kind) {
-    PyObject *argv[FAST_MAX_DIMS + 2];
-    int n = x->ndim;
+/* lib's empty((*x.shape[:-1], n_out), dtype=..., **extra) through one vectorcall. */
+static PyObject *Fast_empty(FastObject *self, const FastLib *lib, const fm_dl_tensor *x, int kind) {
+    PyObject *dims[FAST_MAX_DIMS], *argv[FAST_MAX_DIMS + 8], *y = NULL, *shape = NULL;
+    const int n = x->ndim;
+    const Py_ssize_t n_kw = PyTuple_GET_SIZE(lib->kwnames);
     for (int i = 0; i < n; ++i) {
-        argv[i] = PyLong_FromLongLong(i == n - 1 ? self->n_out : x->shape[i]);
-        if (argv[i] == NULL) {
+        if ((dims[i] = PyLong_FromLongLong(i == n - 1 ? self->n_out : x->shape[i])) == NULL) {
             while (i-- > 0)
-                Py_DECREF(argv[i]);
+                Py_DECREF(dims[i]);
             return NULL;
         }
     }
-    argv[n] = self->dtypes[kind];
-    argv[n + 1] = self->device;
-    PyObject *y = PyObject_Vectorcall(self->empty, argv, (size_t)n, self->kwnames);
+    int n_pos = n;
+    if (lib->shape_tuple) { /* CuPy: one shape argument */
+        if ((shape = PyTuple_New(n)) == NULL)
+            goto done;
+        for (int i = 0; i < n; ++i)
+            PyTuple_SET_ITEM(shape, i, Py_NewRef(dims[i]));
+        argv[0] = shape;
+        n_pos = 1;
+    } else {
+        for (int i = 0; i < n; ++i)
+            argv[i] = dims[i];
+    }
+    argv[n_pos] = lib->dtypes[kind];
+    for (Py_ssize_t i = 1; i < n_kw && i < 8; ++i)
+        argv[n_pos + i] = PyTuple_GET_ITEM(lib->extra, i - 1);
+    y = PyObject_Vectorcall(lib->empty, argv, (size_t)n_pos, lib->kwnames);
+done:
+    Py_XDECREF(shape);
     for (int i = 0; i < n; ++i)
-        Py_DECREF(argv[i]);
+        Py_DECREF(dims[i]);
     return y;
 }
 
@@ -348,6 +389,18 @@ static int Fast_out_fits(FastObject *self, const FastArray *x, const FastArray *
     return o_end <= x->ptr || x_end <= o->ptr;
 }
 
+/* The library's current stream as a driver handle (torch: an int; CuPy: a Stream whose .ptr is one). */
+static int Fast_stream(const FastLib *lib, fm_stream *stream) {
+    PyObject *s = lib->stream_arg ? PyObject_CallOneArg(lib->stream, lib->stream_arg) : PyObject_CallNoArgs(lib->stream);
+    if (s != NULL && !PyLong_Check(s))
+        Py_SETREF(s, PyObject_GetAttrString(s, "ptr"));
+    if (s == NULL)
+        return -1;
+    *stream = (fm_stream)(uintptr_t)PyLong_AsUnsignedLongLong(s);
+    Py_DECREF(s);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* fp(x, out_dtype, out) -> y, or NotImplemented when the checked path must take the call. */
 static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -355,13 +408,17 @@ static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     PyObject *xobj = args[0], *out_dtype = args[1], *outobj = args[2], *y = NULL;
-    if (self->n_entries == 0 || self->tensor_type == NULL)
+    const FastLib *lib = NULL;
+    for (int l = 0; l < FAST_LIBS; ++l)
+        if (self->libs[l].type != NULL && Py_TYPE(xobj) == (PyTypeObject *)self->libs[l].type)
+            lib = &self->libs[l];
+    if (self->n_entries == 0 || lib == NULL)
         goto miss;
-    int want = Fast_dtype_kind(self, out_dtype);
+    int want = Fast_dtype_kind(lib, out_dtype);
     if (want == -2)
         goto miss;
     FastArray x, o = {0};
-    int r = Fast_export(self, xobj, &x);
+    int r = Fast_export(self, lib, xobj, &x);
     if (r <= 0) {
         if (r < 0)
             return NULL;
@@ -373,7 +430,7 @@ static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t n
         goto miss_x;
     int out_kind = want >= 0 ? want : x.kind;
     if (outobj != Py_None) {
-        if ((r = Fast_export(self, outobj, &o)) <= 0) {
+        if ((r = Fast_export(self, lib, outobj, &o)) <= 0) {
             Py_DECREF(x.capsule);
             if (r < 0)
                 return NULL;
@@ -384,36 +441,32 @@ static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t n
         out_kind = o.kind;
     }
     FastEntry *e = Fast_find(self, x.kind, out_kind, rows);
-    if (e == NULL)
+    if (e == NULL || lib->dtypes[out_kind] == Py_None)
         goto miss_xo;
     if (outobj == Py_None) {
-        if ((y = Fast_empty(self, xt, out_kind)) == NULL)
+        if ((y = Fast_empty(self, lib, xt, out_kind)) == NULL)
             goto fail;
-        FastArray ya;
-        if ((r = Fast_export(self, y, &ya)) <= 0) { /* torch.empty gave what we asked for: only an error lands here */
-            if (r == 0)
-                PyErr_SetString(PyExc_RuntimeError, "FastPath: torch.empty returned a tensor the kernel cannot write");
-            goto fail;
+        if ((r = Fast_export(self, lib, y, &o)) <= 0) {
+            if (r < 0)
+                goto fail;
+            /* only where the library allocated elsewhere (CuPy's current device is not the model's): the checked
+             * path allocates on the model's device */
+            Py_CLEAR(y);
+            goto miss_x;
         }
-        o = ya;
     } else {
-        if (self->bump != Py_None) { /* out's version counter, as torch's own out= ops bump it (_dlpack.py) */
-            PyObject *bumped = PyObject_CallOneArg(self->bump, outobj);
+        if (lib->bump != Py_None) { /* out's version counter, as torch's own out= ops bump it (_dlpack.py) */
+            PyObject *bumped = PyObject_CallOneArg(lib->bump, outobj);
             if (bumped == NULL)
                 goto fail;
             Py_DECREF(bumped);
         }
-        y = outobj;
-        Py_INCREF(y);
+        y = Py_NewRef(outobj);
     }
-    PyObject *s = PyObject_CallOneArg(self->raw_stream, self->ordinal_obj);
-    if (s == NULL)
+    fm_stream stream;
+    if (Fast_stream(lib, &stream) < 0)
         goto fail;
-    fm_stream stream = (fm_stream)(uintptr_t)PyLong_AsUnsignedLongLong(s);
-    Py_DECREF(s);
-    if (PyErr_Occurred())
-        goto fail;
-    /* The launch keeps the GIL: cuLaunchKernel only queues (3.3 us on the H100 machine), and a release and re-take
+    /* The launch keeps the GIL: cuLaunchKernel only queues (3.6 us on the H100 machine), and a release and re-take
      * around it would cost more than it frees and can wait on another thread's switch interval. */
     fm_error err = {0};
     if (Kernel_launch_ptrs(e->kernel, x.ptr, o.ptr, rows, stream, &err) != FM_OK) {
@@ -448,8 +501,8 @@ static PyMethodDef Fast_methods[] = {
      "call(x, out_dtype, out) -> y, or NotImplemented when the checked Python path must take the call."},
     {"add", (PyCFunction)Fast_add, METH_VARARGS,
      "add(in_kind, out_kind, rows, sm_count, kernel): kinds 0 float32, 1 float16, 2 bfloat16."},
-    {"set_torch", (PyCFunction)Fast_set_torch, METH_VARARGS,
-     "set_torch(Tensor, _to_dlpack, raw_stream, empty, bump, (float32, float16, bfloat16), device)."},
+    {"set_library", (PyCFunction)Fast_set_library, METH_VARARGS,
+     "set_library(index, type, export, stream, stream_args, empty, shape_tuple, extra, bump, check_grad, dtypes)."},
     {"clear", (PyCFunction)Fast_clear_method, METH_NOARGS, "clear(): forget every kernel (the next calls re-add)."},
     {NULL, NULL, 0, NULL},
 };

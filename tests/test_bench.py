@@ -40,7 +40,7 @@ def test_flops_count_real_widths_not_the_padded_ones():
 def test_workload_set_is_the_issue_set():
     assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128",  # issue 4
                                      "nerf", "deep256", "wide512", "sdf512", "rec1024",  # issue 29
-                                     "rl256"]  # issue 30
+                                     "rl256", "r256"]  # issue 30 (r256: rl256 without its norm)
     nerf, sdf = bench.WORKLOADS["nerf"], bench.WORKLOADS["sdf512"]
     assert nerf.widths == (63,) + (256,) * 8 + (4,) and nerf.concat == ((5, "before"),)
     assert nerf.layer_inputs()[5] == 63 + 256 and bench.flops(nerf.widths, 1, nerf.concat) == 2 * (
@@ -379,3 +379,17 @@ def test_fused_options_describe_the_torch_model(name):
     with torch.no_grad():
         ref = model(torch.from_numpy(x.astype(np.float64))).numpy()
     assert np.linalg.norm(mlp(x) - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_host_section_lists_each_measure_and_the_floor():
+    from fusedmlp import bench_host
+
+    text = bench_host.format_section({"launch_floor": {"async_us": 3.59, "sync_us": 9.52},
+                                      "rows": [{"workload": "tcnn64", "rows": 1024, "kernel_us": 4.03, "call_us": 8.41,
+                                                "call_out_us": 5.8},
+                                               {"workload": "res128", "rows": 1, "error": "CudaError: boom"}]})
+    assert "launch floor from C: 3.59 back to back, 9.52 with a sync" in text
+    line = next(l for l in text.splitlines() if l.startswith("tcnn64"))
+    assert line.split()[:5] == ["tcnn64", "1024", "4.03", "8.41", "5.80"] and line.split()[5] == "-"
+    assert "res128         1 error: CudaError: boom" in text
+    assert bench_host.format_section(None) == ""

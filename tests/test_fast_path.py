@@ -15,7 +15,11 @@ def test_fast_path_rejects_bad_arguments():
     with pytest.raises(TypeError, match="x, out_dtype, out"):
         path.call(np.zeros(3))
     with pytest.raises(ValueError, match="float32, float16, bfloat16"):
-        path.set_torch(object, len, len, len, None, (1, 2), "cuda")
+        path.set_library(0, object, len, len, (), len, False, (), None, True, (1, 2))
+    with pytest.raises(ValueError, match="index 0-1"):
+        path.set_library(2, object, len, len, (), len, False, (), None, True, (1, 2, 3))
+    with pytest.raises(ValueError, match="keyword, value"):
+        path.set_library(0, object, len, len, (), len, False, (("device",),), None, True, (1, 2, 3))
 
 
 def test_fast_path_sends_calls_it_cannot_take_back():
@@ -29,8 +33,8 @@ def test_fast_path_sends_calls_it_cannot_take_back():
 def test_fast_path_sends_cpu_tensors_back():
     torch = pytest.importorskip("torch")
     path = _core.FastPath(3, 4, 0)
-    path.set_torch(torch.Tensor, torch._C._to_dlpack, lambda i: 0, torch.empty, None,
-                   (torch.float32, torch.float16, torch.bfloat16), torch.device("cpu"))
+    path.set_library(0, torch.Tensor, torch._C._to_dlpack, lambda i: 0, (0,), torch.empty, False,
+                     (("device", torch.device("cpu")),), None, True, (torch.float32, torch.float16, torch.bfloat16))
     x = torch.randn(5, 3)
     assert path.call(x, None, None) is NotImplemented
     assert path.call(x, torch.float16, None) is NotImplemented

@@ -19,6 +19,7 @@ class CallTable(dict):
 
     fast = None
     _path = None
+    _libraries = ()
 
     def clear(self):
         super().clear()
@@ -27,25 +28,50 @@ class CallTable(dict):
 
 
 _KIND_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}  # csrc/module_fast.c's kinds
+_TORCH, _CUPY = 0, 1  # its libraries
 
 
-def remember(torch, mlp, k_in, k_out, rows, kernel):
-    """Adds a kernel a torch call just launched to the model's C fast path, so the next calls in its batch bucket
-    skip Python (csrc/module_fast.c). Only fused kernels (a chain of segments stays here) of calls without
-    check=True, on a torch that exports DLPack in C."""
+def _torch_library(torch, mlp):
+    """FastPath.set_library's arguments for torch tensors, or None where this torch exports no DLPack in C."""
+    export = getattr(torch._C, "_to_dlpack", None)
+    if export is None:
+        return None
+    _, raw_stream, bump = _fast_tables(torch)
+    return (_TORCH, torch.Tensor, export, raw_stream, (mlp._ordinal,), torch.empty, False,
+            (("device", torch.device("cuda", mlp._ordinal)),), bump, True,
+            (torch.float32, torch.float16, torch.bfloat16))
+
+
+def _cupy_library(cupy, mlp):
+    """FastPath.set_library's arguments for CuPy arrays (float32 and float16: CuPy has no bfloat16), or None."""
+    export = getattr(cupy.ndarray, "toDlpack", None)
+    if export is None:
+        return None
+    return (_CUPY, cupy.ndarray, export, cupy.cuda.get_current_stream, (), cupy.empty, True, (), None, False,
+            (np.dtype(np.float32), np.dtype(np.float16), None))
+
+
+def remember(mlp, library, k_in, k_out, rows, kernel):
+    """Adds a kernel a call just launched to the model's C fast path, so the next calls in its batch bucket skip
+    Python (csrc/module_fast.c). Only fused kernels (a chain of segments stays here) of calls without check=True.
+
+    Args:
+        library: (_TORCH or _CUPY, a function of no arguments giving FastPath.set_library's arguments or None)."""
     table = mlp._calls
     if mlp._check or type(kernel) is not _core.Kernel or not isinstance(table, CallTable):
         return
+    index, make = library
     path = table._path
     if path is None:
-        to_dlpack = getattr(torch._C, "_to_dlpack", None)
-        if to_dlpack is None:
-            return
-        _, raw_stream, bump = _fast_tables(torch)
         path = _core.FastPath(mlp._n_in, mlp._n_out, mlp._ordinal)
-        path.set_torch(torch.Tensor, to_dlpack, raw_stream, torch.empty, bump,
-                       (torch.float32, torch.float16, torch.bfloat16), torch.device("cuda", mlp._ordinal))
-        table._path, table.fast = path, path.call
+        table._path, table._libraries = path, set()
+    if index not in table._libraries:
+        arguments = make()
+        if arguments is None:
+            return
+        path.set_library(*arguments)
+        table._libraries.add(index)
+    table.fast = path.call
     path.add(_KIND_CODES[k_in], _KIND_CODES[k_out], rows, mlp._sm_count, kernel)
 
 
@@ -123,7 +149,7 @@ def call_torch(mlp, x, out_dtype=None, out=None):
 def _launch(torch, mlp, k_in, k_out, x, y, rows, raw_stream):
     kernel = mlp._kernel(k_in, k_out, rows)
     kernel.launch(x.data_ptr(), y.data_ptr(), rows, raw_stream(mlp._ordinal))
-    remember(torch, mlp, k_in, k_out, rows, kernel)
+    remember(mlp, (_TORCH, lambda: _torch_library(torch, mlp)), k_in, k_out, rows, kernel)
     if mlp._check:
         mlp._verify(x.float().cpu().numpy(), y.float().cpu().numpy())
     return y
@@ -203,7 +229,7 @@ def _run_cuda(torch, mlp, x, out_dtype, out, rows):
         y = torch.empty((rows, n_out), device=x.device, dtype=getattr(torch, k_out))
     kernel = mlp._kernel(k_in, k_out, rows)
     kernel.launch(xin.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream(x.device).cuda_stream)
-    remember(torch, mlp, k_in, k_out, rows, kernel)
+    remember(mlp, (_TORCH, lambda: _torch_library(torch, mlp)), k_in, k_out, rows, kernel)
     if mlp._check:
         mlp._verify(x.detach().reshape(rows, n_in).float().cpu().numpy(), y.float().cpu().numpy())
     if out is None:
@@ -240,6 +266,7 @@ def _call_cupy(mlp, x, out_dtype, out=None):
         y = out.reshape(rows, n_out) if direct else cupy.empty((rows, n_out), dtype=out_dtype)
         kernel = mlp._kernel(x.dtype.name, out_dtype.name, rows)
         kernel.launch(xin.data.ptr, y.data.ptr, rows, cupy.cuda.get_current_stream().ptr)
+        remember(mlp, (_CUPY, lambda: _cupy_library(cupy, mlp)), x.dtype.name, out_dtype.name, rows, kernel)
         if out is None:
             return y.reshape(*lead, n_out)
         if not direct:

@@ -98,6 +98,7 @@ WORKLOADS = {
     "rec1024": Workload((256, 1024, 1024, 512, 256, 1), "relu", True),
     # issue 30's control-loop MLP of recent RL agents: Linear -> LayerNorm -> SiLU
     "rl256": Workload((64, 256, 256, 256, 16), "silu", True, norm="layernorm"),
+    "r256": Workload((64, 256, 256, 256, 16), "silu", True),  # rl256 without its LayerNorm: what the norm costs
 }
 
 DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)

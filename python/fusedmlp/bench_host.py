@@ -103,17 +103,20 @@ def measure(torch, mlp, model, n_in, rows, compiled=None):
     row["graph_us"] = back_to_back_us(torch, graph.replay)
     row["graph_sync_us"] = synced_us(torch, graph.replay)
     if compiled is not None:
-        module, fast = compiled
+        module, fast, floor = compiled
         row["module_us"] = back_to_back_us(torch, lambda: module(x))
         fast(x)  # compiles for this shape
         row["compiled_us"] = back_to_back_us(torch, lambda: fast(x))
         row["compiled_sync_us"] = synced_us(torch, lambda: fast(x))
+        floor(x)
+        row["compile_floor_us"] = back_to_back_us(torch, lambda: floor(x))
     return row
 
 
 COLUMNS = (("kernel_us", "kernel"), ("call_us", "call"), ("call_out_us", "call+out"), ("call_sync_us", "call s"),
            ("call_out_sync_us", "call+out s"), ("graph_us", "t.graph"), ("graph_sync_us", "t.graph s"),
-           ("module_us", "module"), ("compiled_us", "compiled"), ("compiled_sync_us", "compiled s"))
+           ("module_us", "module"), ("compiled_us", "compiled"), ("compiled_sync_us", "compiled s"),
+           ("compile_floor_us", "c.floor"))
 
 
 def format_section(host):
@@ -132,7 +135,8 @@ def format_section(host):
         lines.append(f"{r['workload']:11s} {r['rows']:>4d} " + "".join(f"{_us(r.get(key)):>11s}" for key, _ in COLUMNS))
     lines.append("call = mlp(x) on a CUDA float16 tensor; call+out = mlp(x, out=y); t.graph = PyTorch eager replayed as "
                  "a CUDA graph; module = fusedmlp.torch.FusedModule called directly; compiled = torch.compile of it "
-                 "(the custom op in the graph)")
+                 "(the custom op in the graph); c.floor = torch.compile of torch.sin, one op: what any compiled call "
+                 "costs")
     return "\n".join(lines)
 
 
@@ -159,7 +163,8 @@ def run(torch, report, fused, cache_dir, compile_first, say):
         if compile_first:
             try:
                 module = FusedModule(model)
-                compiled = (module, torch.compile(module, fullgraph=True, dynamic=False))
+                compiled = (module, torch.compile(module, fullgraph=True, dynamic=False),
+                            torch.compile(torch.sin, fullgraph=True, dynamic=False))  # torch.compile's own floor
                 compile_first = False
             except Exception:  # noqa: BLE001 - a model from_torch cannot read (residual workloads): no module row
                 compiled = None
