@@ -213,8 +213,8 @@ static const char *fm_plan_warpgroup_unfit(const fm_plan *p, int widest) {
         return "wgmma needs sm_90 (sm_90a)";
     if (p->prec == FM_PREC_TF32)
         return "the wgmma kernel takes float16 or bfloat16";
-    if (fm_prec_is_8bit(p->prec)) /* its accumulator-as-A path is k16 halves; 8-bit needs k32 (docs/design.md) */
-        return "int8 and float8 run on the mma.sync kernel (the wgmma kernel has no 8-bit form yet)";
+    if (p->prec == FM_PREC_INT8) /* s32 accumulators; only e4m3 has a register-A wgmma form here (docs/design.md) */
+        return "int8 runs on the mma.sync kernel (the wgmma kernel's 8-bit form is float8's)";
     if (widest > 256)
         return "the wgmma kernel takes layers up to 256 wide";
     return NULL;
@@ -235,6 +235,10 @@ static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
             return "the wgmma kernel has no input concat";
         if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
             return "the wgmma kernel takes residuals from a layer's own input only";
+        /* Its residual operand is the layer's own input fragment at the same (row, column): k32 fragments of codes
+         * hold other columns than the lane's accumulators (fused_mlp_sm90.cu, fm_epi_codes). */
+        if (fm_prec_is_8bit(p->prec) && p->res_op[l] != FM_RES_NONE)
+            return "the wgmma kernel's float8 form takes no residuals";
     }
     return NULL;
 }
@@ -266,6 +270,8 @@ static const char *fm_plan_cluster_unfit(const fm_plan *p, int widest) {
     const char *why = fm_plan_warpgroup_unfit(p, widest);
     if (why != NULL)
         return why;
+    if (fm_prec_is_8bit(p->prec))
+        return "the cluster kernel has no 8-bit form";
     if (p->num_layers < 2)
         return "the cluster kernel splits hidden layers, and a one-layer network has none";
     for (int l = 0; l < p->num_layers; ++l) {
@@ -322,7 +328,7 @@ static int fm_plan_loops(const fm_plan *p, const fm_spec *spec) {
  * for each layer but the last whose activation has no one-cvt pair form (relu's and the identity's epilogue is a
  * few instructions: nothing to hide, and the per-step fences cost tcnn128 6% at 2^21 rows, H100). */
 static void fm_plan_pipe(fm_plan *p, const fm_spec *spec, int on) {
-    int able = on && !fm_plan_loops(p, spec);
+    int able = on && !fm_plan_loops(p, spec) && !fm_prec_is_8bit(p->prec); /* 8-bit: not written */
     for (int l = 0; l < p->num_layers; ++l)
         able = able && p->res_op[l] == FM_RES_NONE && p->n_chunk[l] == p->n_pad[l];
     p->kpipe = 0;
@@ -576,6 +582,13 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     const char *unfit = fm_plan_wgmma_unfit(plan, widest);
     int shape_free = !opts->m_tiles && !opts->n_chunk && opts->resident != 0 && opts->warps % 4 == 0;
     int want_wgmma = opts->wgmma > 0 || (opts->wgmma < 0 && shape_free);
+    /* float8's wgmma form only where asked for (wgmma=1): it has not run on a GPU yet; mma.sync is the default. It
+     * runs each layer as one column group (its epilogue gathers whole k32 fragments). */
+    if (fm_prec_is_8bit(prec) && opts->wgmma <= 0)
+        want_wgmma = 0;
+    if (fm_prec_is_8bit(prec) && want_wgmma && (opts->n_chunk || opts->kpipe > 0))
+        return fm_fail(err, FM_ERR_LIMIT, "wgmma=1 with dtype='%s' runs each layer whole: n_chunk=%d and kpipe=%d "
+                       "cannot be forced", fm_prec_name(prec), opts->n_chunk, opts->kpipe);
     if (opts->kpipe > 0 && (opts->cluster > 0 || !want_wgmma || unfit != NULL))
         return fm_fail(err, FM_ERR_LIMIT, "kpipe=1 was asked for, but only the register-A warpgroup kernel pipelines "
                        "its layers, and %s", unfit != NULL ? unfit : "this plan is not that kernel");

@@ -223,7 +223,10 @@ static fm_status fm_render_gemm_layer(const fm_spec *spec, const fm_plan *p, fm_
  * one. */
 static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
     int done[257] = {0};
-    const char *ty = p->prec == FM_PREC_BF16 ? "bf16" : "f16";
+    const char *ty = p->prec == FM_PREC_BF16 ? "bf16" : p->prec == FM_PREC_E4M3 ? "e4m3" : "f16";
+    /* e4m3: k32 steps (32 bytes, as 16 halves), and no transpose operand: 8-bit B is K-major only (PTX ISA, wgmma) */
+    const int k = p->prec == FM_PREC_E4M3 ? 32 : 16;
+    const char *trans = p->prec == FM_PREC_E4M3 ? "" : ", 0";
     for (int g = 0; g < 2 * p->num_layers; ++g) {
         int l = g / 2, nc = p->n_chunk[l];
         if (g % 2 == 1)
@@ -237,12 +240,12 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
                       "    static __device__ __forceinline__ void run(float (&d)[%d], const fm_u32 (&a)[4], "
                       "unsigned long long desc, int scale_d) {\n"
                       "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"\n"
-                      "                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {",
-                      nc, nd, nd + 5, nc, ty, ty);
+                      "                     \"wgmma.mma_async.sync.aligned.m64n%dk%d.f32.%s.%s {",
+                      nc, nd, nd + 5, nc, k, ty, ty);
         for (int r = 0; r < nd; ++r)
             fm_str_printf(out, "%s%%%d", r ? ", " : "", r);
-        fm_str_printf(out, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 0;\\n}\\n\"\n                     : ",
-                      nd, nd + 1, nd + 2, nd + 3, nd + 4);
+        fm_str_printf(out, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1%s;\\n}\\n\"\n                     : ",
+                      nd, nd + 1, nd + 2, nd + 3, nd + 4, trans);
         for (int r = 0; r < nd; ++r)
             fm_str_printf(out, "%s\"+f\"(d[%d])", r ? ", " : "", r);
         fm_str_printf(out, "\n                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(desc), "

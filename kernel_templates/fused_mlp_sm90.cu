@@ -38,7 +38,9 @@ static_assert({{M_TILES}} == 1 && {{RESIDENT}} == 1 && {{BUFFERS}} == 1 && {{W_S
 #include "fm_common.cuh"
 
 static_assert(FM_WARPS % 4 == 0, "whole warpgroups");
-static_assert(FM_PREC != 2, "the wgmma kernel takes float16 or bfloat16");
+static_assert(FM_PREC != 2 && FM_PREC != 3, "the wgmma kernel takes float16, bfloat16 or float8 (e4m3)");
+static_assert(FM_PREC < 3 || (FM_CLUSTER == 0 && !FM_KPIPE), "float8: the register-A form, not K-pipelined");
+constexpr int KE = 32 / EB;            // elements of one k step (32 bytes): k16 halves, k32 e4m3 codes
 constexpr int WGS = FM_WARPS / 4;      // warpgroups per CTA
 constexpr int ROWS_CTA = 64 * WGS;     // rows per CTA tile
 
@@ -138,8 +140,8 @@ template <int L> __device__ constexpr bool fm_has_residual() {
 // residual (a: the layer's input fragments), into h, the next layer's A fragments (fragment J / 2, half J % 2), or for
 // the last layer into the output stage.
 template <int L, bool ADD_BIAS>
-__device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 (&a)[Layer<L>::K / 16][4],
-                                            fm_u32 (&h)[Layer<L>::N / 16][4], const float *bias, const fm_out &stage,
+__device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 (&a)[Layer<L>::K / KE][4],
+                                            fm_u32 (&h)[Layer<L>::N / KE][4], const float *bias, const fm_out &stage,
                                             int t) {
     typedef Layer<L> Ly;
     const int col = 8 * J + 2 * t;  // this lane's columns col, col + 1 in rows g and g + 8
@@ -165,6 +167,62 @@ __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 
     }
 }
 
+#if FM_PREC >= 3
+// float8: the accumulators of columns c0 + 8 j + 2 t (+1) (d[4 j + 2 hh], rows g + 8 hh) become W h + b: times the
+// column's act_scale * w_scale (Ly::DQ_OFF in the float blob), plus its bias, as fused_mlp.cu's fm_dequant.
+template <int L, int W>
+__device__ __forceinline__ void fm_dequant_d(float (&d)[W / 2], int c0, int t, const float *bias) {
+    typedef Layer<L> Ly;
+#pragma unroll
+    for (int j = 0; j < W / 8; ++j) {
+        const int col = c0 + 8 * j + 2 * t;
+        const float q0 = bias[Ly::DQ_OFF + col], q1 = bias[Ly::DQ_OFF + col + 1];
+        const float b0 = Ly::BIAS ? bias[Ly::B_OFF + col] : 0.0f, b1 = Ly::BIAS ? bias[Ly::B_OFF + col + 1] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            d[4 * j + i] = fmaf(d[4 * j + i], i & 1 ? q1 : q0, i & 1 ? b1 : b0);
+    }
+}
+
+// float8: hidden layer L's epilogue (activation, mask; no residuals in this form) over all its columns, stored as the
+// next layer's A fragments of codes (times QOUT, the next input's inverse scale). A k32 A register of lane (g, t) is
+// row g + 8 (q % 2), columns 32 s + 16 (q / 2) + 4 t .. + 3 (the PTX ISA's wgmma / mma m16n8k32 8-bit A layout); a
+// lane's accumulators are columns 8 j + 2 t, + 1 of each 8-column tile j. So lane t's four codes are the code pairs
+// of lanes 2 t % 4 and (2 t + 1) % 4 of its quad, in tile 4 s + 2 (q / 2) + t / 2: each source lane sends the pairs
+// of both candidate tiles in one word, and the reader keeps the half of the tile it needs.
+template <int L>
+__device__ __forceinline__ void fm_epi_codes(float (&d)[Layer<L>::N / 2], fm_u32 (&h)[Layer<L>::N / KE][4],
+                                             int lane) {
+    typedef Layer<L> Ly;
+    static_assert(Ly::N % 32 == 0, "8-bit widths are padded to whole k32 steps (plan.c)");
+    const int t = lane & 3;
+    fm_u32 pairs[Ly::N / 8][2];  // tile j, row g + 8 hh: the codes of columns 8 j + 2 t, + 1 (low 16 bits)
+#pragma unroll
+    for (int j = 0; j < Ly::N / 8; ++j) {
+        const int col = 8 * j + 2 * t;
+        const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;  // compile-time: a padding tile holds zeros
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1];
+            if (live)
+                fm_epilogue<L>(v0, v1, 0.0f, 0.0f, col);
+            pairs[j][hh] = live ? (fm_u32)fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT) : 0u;
+        }
+    }
+    const int quad = lane & ~3, src0 = quad | ((2 * t) & 3), src1 = quad | ((2 * t + 1) & 3), sh = (t >> 1) * 16;
+#pragma unroll
+    for (int s = 0; s < Ly::N / 32; ++s) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int j0 = 4 * s + 2 * (q >> 1), hh = q & 1;
+            const fm_u32 both = pairs[j0][hh] | (pairs[j0 + 1][hh] << 16);
+            const fm_u32 lo = __shfl_sync(0xffffffffu, both, src0), hi = __shfl_sync(0xffffffffu, both, src1);
+            h[s][q] = ((lo >> sh) & 0xffffu) | (((hi >> sh) & 0xffffu) << 16);
+        }
+    }
+}
+#endif
+
 // Columns [C0, C0 + W) of layer L for this warpgroup's 64 rows, W = min(NC, N - C0): one wgmma group over the whole
 // input, then the epilogue into the output fragments (h: the next layer's A, one [4] per 16 columns) or, for the last
 // layer, into the warp's output stage; then the next group. A layer is one group unless a forced n_chunk splits it
@@ -173,19 +231,20 @@ __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 
 // groups' accumulators are live together and a split saves no registers (docs/performance.md). a: the layer's input
 // fragments; w: the layer's first weight byte (shared window); stage: where the last layer's results go (fm_out).
 template <int L, int C0>
-__device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4],
+__device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4],
                                               fm_u32 w, const float *bias, const fm_out &stage, int lane) {
     typedef Layer<L> Ly;
     constexpr int W = Ly::N - C0 < Ly::NC ? Ly::N - C0 : Ly::NC;
     static_assert(W % 16 == 0 && C0 % 16 == 0, "whole 16-column groups");
-    constexpr int KS = Ly::K / 16;               // k16 steps
+    constexpr int KS = Ly::K / KE;               // k steps (32 bytes each)
     constexpr fm_u32 SBO = Ly::K * EB * 8;       // bytes from one 8-row group of weights to the next
     // The accumulators start at the bias (then every k step accumulates): no FADDs in the epilogue, and the bias
     // values' registers are the accumulators (flex's 128 bytes of spills went). Not in networks with residuals:
     // there ptxas hoists the next layer's bias loads while the input fragments are still live (res128 at 12 warps
     // went from 159 registers to 168 and 228 bytes of spills).
     // A norm layer has its bias in the accumulators in any network: its statistics are over W h + b.
-    constexpr bool BIAS_IN_D = Ly::BIAS && (Ly::NORM != 0 || !fm_has_residual<LAST>());
+    // float8: accumulators start at zero and fm_dequant_d adds the bias with the scales.
+    constexpr bool BIAS_IN_D = FM_PREC < 3 && Ly::BIAS && (Ly::NORM != 0 || !fm_has_residual<LAST>());
     // A group of a split layer always starts from accumulators this thread wrote (the bias, or zeros): with scale-d
     // 0 on the first k step (the instruction ignores the accumulators' old values), the second group of a split
     // layer came out wrong on the H100 (NVRTC 13, results/h100/wgmma_split_diag.txt: every split layer without a bias
@@ -197,19 +256,30 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / 16][4], 
         fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
     fm_mma_issue<W, KS>(d, a, fm_desc(w + (C0 / 8) * SBO, SBO), D_SET);  // the group's W weight rows
     fm_mma_wait(d, a);
+#if FM_PREC >= 3
+    fm_dequant_d<L, W>(d, C0, t, bias);
+#endif
     static_assert(Ly::NORM == 0 || W == Ly::N, "a norm layer is one column group (plan.c)");
     fm_norm_tiles<L, W / 8>(d, C0, t, bias);
 
+#if FM_PREC >= 3
+    if constexpr (L != LAST) {  // the next layer's k32 fragments of codes
+        static_assert(C0 == 0 && W == Ly::N, "float8: a layer is one column group (plan.c)");
+        fm_epi_codes<L>(d, h, lane);
+    } else
+#endif
+    {
 #pragma unroll
-    for (int j = 0; j < W / 8; ++j)  // 8-column tile C0 / 8 + j of the output
-        fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 4 * j, C0 / 8 + j, a, h, bias, stage, t);
+        for (int j = 0; j < W / 8; ++j)  // 8-column tile C0 / 8 + j of the output
+            fm_epi_tile<L, FM_PREC < 3 && Ly::BIAS && !BIAS_IN_D>(d + 4 * j, C0 / 8 + j, a, h, bias, stage, t);
+    }
     if constexpr (C0 + W < Ly::N)
         fm_layer_cols<L, C0 + W>(a, h, w, bias, stage, lane);
 }
 
 // Layer L for this warpgroup's 64 rows (see fm_layer_cols).
 template <int L>
-__device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 (&h)[Layer<L>::N / 16][4], fm_u32 w,
+__device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4], fm_u32 w,
                                          const float *bias, const fm_out &stage, int lane) {
     static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || Layer<L>::K == Layer<L>::N),
                   "no concat; residuals from the own input");
@@ -223,7 +293,7 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u3
 // rows: tcnn64's three 64-wide layers 3% slower looped, pinn50's four 56-wide 2%; tcnn128's three 128-wide even,
 // res128's four 128-wide 0.7% faster, and its compile 1.9 -> 0.5 s).
 template <int L> __device__ constexpr int fm_loop_len() {
-    if constexpr (L >= LAST) {
+    if constexpr (L >= LAST || FM_PREC >= 3) {  // float8: each layer has its own scales (QOUT) in its code
         return 1;
     } else {
         constexpr int r = L + Layer<L>::REPEAT - 1 < LAST ? Layer<L>::REPEAT : LAST - L;
@@ -245,10 +315,10 @@ template <int L, int R> __device__ constexpr bool fm_even_offsets() {
 // that code once per layer: NVRTC's time grows with the instructions it is given (res128: 1.2 s in NVVM and 0.7 s
 // in ptxas for six straight-line layers).
 template <int L>
-__device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 w_base, const float *bias,
+__device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 w_base, const float *bias,
                                            const fm_out &stage, int lane) {
     constexpr int R = fm_loop_len<L>();
-    fm_u32 h[Layer<L>::N / 16][4];
+    fm_u32 h[Layer<L>::N / KE][4];
     if constexpr (R > 1) {
         typedef Layer<L> Ly;
         static_assert(Ly::K == Ly::N && fm_even_offsets<L, R>(), "a loop's layers: as wide as their input, evenly "
@@ -286,13 +356,13 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / 16][4], fm_
 
 // Layer L's MMAs over its whole input a into d, waited for (the first layer's, before the pipeline starts).
 template <int L>
-__device__ __forceinline__ void fm_mma_all(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / 16][4], fm_u32 w,
+__device__ __forceinline__ void fm_mma_all(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 w,
                                            const float *bias, int t) {
     typedef Layer<L> Ly;
     constexpr fm_u32 SBO = Ly::K * EB * 8;
     if constexpr (Ly::BIAS)
         fm_d_init<L, Ly::N, true>(d, 0, t, bias);
-    fm_mma_issue<Ly::N, Ly::K / 16>(d, a, fm_desc(w, SBO), Ly::BIAS);
+    fm_mma_issue<Ly::N, Ly::K / KE>(d, a, fm_desc(w, SBO), Ly::BIAS);
     fm_mma_wait(d, a);
 }
 
@@ -300,8 +370,8 @@ __device__ __forceinline__ void fm_mma_all(float (&d)[Layer<L>::N / 2], fm_u32 (
 // residual) and layer L + 1's MMAs over h into dn, interleaved 16 columns at a time where Layer<L>::PIPE; then those
 // MMAs waited for. w_next: layer L + 1's first weight byte.
 template <int L>
-__device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / 16][4],
-                                           fm_u32 (&h)[Layer<L>::N / 16][4], float (&dn)[Layer<L + 1>::N / 2],
+__device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / KE][4],
+                                           fm_u32 (&h)[Layer<L>::N / KE][4], float (&dn)[Layer<L + 1>::N / 2],
                                            fm_u32 w_next, const float *bias, const fm_out &stage, int t) {
     typedef Layer<L + 1> Ln;
     static_assert(Ln::K == Layer<L>::N && Ln::NC == Ln::N && Layer<L>::RES == 0,
@@ -313,7 +383,7 @@ __device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (
         fm_d_init<L + 1, Ln::N, true>(dn, 0, t, bias);
     const unsigned long long desc = fm_desc(w_next, SBO);
 #pragma unroll
-    for (int s = 0; s < Ln::K / 16; ++s) {
+    for (int s = 0; s < Ln::K / KE; ++s) {
         fm_epi_tile<L, false>(d + 8 * s, 2 * s, a, h, bias, stage, t);
         fm_epi_tile<L, false>(d + 8 * s + 4, 2 * s + 1, a, h, bias, stage, t);
         if constexpr (PIPE) {
@@ -322,7 +392,7 @@ __device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (
         }
     }
     if constexpr (!PIPE)
-        fm_mma_issue<Ln::N, Ln::K / 16>(dn, h, desc, Ln::BIAS);
+        fm_mma_issue<Ln::N, Ln::K / KE>(dn, h, desc, Ln::BIAS);
     fm_mma_wait(dn, h);
 }
 
@@ -331,10 +401,10 @@ __device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (
 // MMAs one at a time, C7511 "insufficient register resources for the wgmma pipeline": the next pass's accumulators
 // are this pass's, a copy it cannot rename).
 template <int L>
-__device__ __forceinline__ void fm_pnetwork(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / 16][4],
+__device__ __forceinline__ void fm_pnetwork(float (&d)[Layer<L>::N / 2], fm_u32 (&a)[Layer<L>::K / KE][4],
                                             fm_u32 w_base, const float *bias, const fm_out &stage, int t) {
     typedef Layer<L> Ly;
-    fm_u32 h[Ly::N / 16][4];
+    fm_u32 h[Ly::N / KE][4];
     if constexpr (L == LAST) {
         fm_norm_tiles<L, Ly::N / 8>(d, 0, t, bias);
 #pragma unroll
@@ -892,11 +962,14 @@ __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4],
 
 // The network for one tile, in the kernel's form (a template, so only that form's code is instantiated).
 template <int C>
-__device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / 16][4], fm_u32 w_base, const float *bias,
+__device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u32 w_base, const float *bias,
                                                const fm_out &stage, int lane, fm_cl_state &cl) {
+#if FM_PREC < 3  // float8 has no cluster form (plan.c), and its fragments are not the cluster kernel's
     if constexpr (C > 0) {
         fm_cl_network<0>(a, w_base, bias, stage, cl);
-    } else if constexpr (FM_KPIPE) {
+    } else
+#endif
+    if constexpr (FM_KPIPE) {
         float d[Layer<0>::N / 2];
         fm_mma_all<0>(d, a, w_base + EB * Layer<0>::W_OFF, bias, lane & 3);
         fm_pnetwork<0>(d, a, w_base, bias, stage, lane & 3);
@@ -1070,9 +1143,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
             fm_load_input<false>(in_buf, raw, 0, ROWS_W, lane);  // rows past x arrived as zeros
             __syncwarp();
         }
-        fm_u32 a[IN_PAD / 16][4];
+        fm_u32 a[IN_PAD / KE][4];  // ldmatrix's 16 x 32 bytes are a k16 (halves) or k32 (codes) A fragment
 #pragma unroll
-        for (int s = 0; s < IN_PAD / 16; ++s)
+        for (int s = 0; s < IN_PAD / KE; ++s)
             fm_ldmatrix_x4(a[s], a_lane + s * 32);
         __syncwarp();  // every lane has its fragments before the next tile's x lands over them
         if (tile + FM_TILE_STEP < tiles)

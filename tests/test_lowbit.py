@@ -373,8 +373,11 @@ def test_low_bit_plans_pad_to_32_and_use_the_mma_sync_kernel_on_sm_90(rng, dtype
             continue
         info = mlp._net.plan(arch, precision=dtype).info
         assert info["precision"] == dtype and info["wgmma"] == 0
-    with pytest.raises(LimitError, match="int8 and float8 run on the mma.sync kernel"):
-        mlp._net.plan(90, precision=dtype, wgmma=1)
+    if dtype == "int8":
+        with pytest.raises(LimitError, match="int8 runs on the mma.sync kernel"):
+            mlp._net.plan(90, precision=dtype, wgmma=1)
+    else:  # float8's wgmma form is opt-in until it has run on a GPU
+        assert mlp._net.plan(90, precision=dtype, wgmma=1).info["wgmma"] == 1
     assert mlp.segments is None  # no GEMM form: one fused kernel or a LimitError
     with pytest.raises(LimitError, match=f"dtype='{dtype}' has no GEMM form yet"):
         mlp._net.gemm_plan(0, 90, 0, 0, "float32", None, None, "float32", precision=dtype)
@@ -488,3 +491,49 @@ def test_different_scales_are_different_kernels_and_equal_ones_one_entry(tmp_pat
     before = a.source
     a.calibrate(x * 3)  # a recalibrated model renders (and so keys) a new kernel
     assert a.source != before and a.compile("sm_89") not in (pa, pb)
+
+
+#: Networks the float8 wgmma form takes: no residuals, no concat (the register-A kernel's rules); widths padded to 32.
+WGMMA_NETWORKS = [([8, 64, 64, 4], None), ([7, 100, 33, 250, 9], None), ([32, 128, 128, 128, 16], {1: "layernorm"}),
+                  ([3, 96, 96, 1], None), ([2, 50, 50, 50, 50, 1], None)]
+
+
+def wgmma_model(n, device="cpu"):
+    widths, norm = WGMMA_NETWORKS[n]
+    rng = np.random.default_rng(100 + n)
+    ws, bs = torch_init(rng, widths)
+    acts = ["gelu", "tanh", "silu", "relu"][: len(widths) - 2] + ["none"]
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, norm=norm, dtype="float8", device=device)
+    return mlp.calibrate(rng.standard_normal((256, widths[0])).astype(np.float32))
+
+
+def test_the_float8_wgmma_form_compiles_for_sm_90a_without_spills(tmp_path):
+    """The opt-in register-A wgmma form for float8 (m64nNk32.f32.e4m3.e4m3, K-major B), every I/O dtype; ptxas's
+    report (-v) says no spills and no serialised wgmma (C7519)."""
+    nvrtc_or_skip()
+    cache = fusedmlp._cache.KernelCache(tmp_path)
+    for n in range(len(WGMMA_NETWORKS)):
+        mlp = wgmma_model(n)
+        for io in ("float32", "float16", "bfloat16"):
+            plan, source = mlp._render(90, 0, 0, io, io, wgmma=1)
+            assert plan.info["wgmma"] == 1 and plan.info["cluster"] == 0 and plan.info["kpipe"] == 0
+            assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", source)
+            assert cubin_sm(fusedmlp._api.compile_cubin(source, 90, cache, True).path) == 90
+        _, log = _core.nvrtc_compile(source, "fused_mlp.cu", 90, True, ("--ptxas-options=-v",))
+        assert re.findall(r"(\d+) bytes spill stores", log) == ["0"], log
+        assert "C7519" not in log and "C7510" not in log, log
+
+
+def test_the_float8_wgmma_form_is_opt_in_and_refuses_what_it_has_not(rng):
+    mlp = wgmma_model(0)
+    assert mlp._net.plan(90, precision="float8").info["wgmma"] == 0  # the default stays mma.sync
+    with pytest.raises(LimitError, match="runs each layer whole: n_chunk=32"):
+        mlp._net.plan(90, precision="float8", wgmma=1, n_chunk=32)
+    with pytest.raises(LimitError, match="cluster kernel has no 8-bit form"):
+        mlp._net.plan(90, precision="float8", cluster=2)
+    ws, bs = torch_init(rng, [8, 64, 64, 4])
+    res = fusedmlp.FusedMLP(ws, bs, residual={1: "add"}, dtype="float8", device="cpu")
+    res.calibrate(rng.standard_normal((64, 8)).astype(np.float32))
+    with pytest.raises(LimitError, match="float8 form takes no residuals"):
+        res._net.plan(90, precision="float8", wgmma=1)
+
