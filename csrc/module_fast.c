@@ -43,6 +43,32 @@ typedef struct fm_dl_managed {
     void *manager_ctx;
     void (*deleter)(struct fm_dl_managed *);
 } fm_dl_managed;
+/* DLPack 1.0's versioned form ("dltensor_versioned" capsules): the tensor comes last. */
+typedef struct fm_dl_managed_versioned {
+    uint32_t major, minor;
+    void *manager_ctx;
+    void (*deleter)(struct fm_dl_managed_versioned *);
+    uint64_t flags;
+    fm_dl_tensor t;
+} fm_dl_managed_versioned;
+
+/* The tensor a capsule holds, unversioned or versioned; NULL (no exception) when it is neither or already used. */
+static const fm_dl_tensor *fast_capsule_tensor(PyObject *capsule) {
+    const char *name = PyCapsule_GetName(capsule);
+    if (name == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (strcmp(name, "dltensor") == 0) {
+        const fm_dl_managed *m = PyCapsule_GetPointer(capsule, name);
+        return m != NULL ? &m->t : NULL;
+    }
+    if (strcmp(name, "dltensor_versioned") == 0) {
+        const fm_dl_managed_versioned *m = PyCapsule_GetPointer(capsule, name);
+        return m != NULL && m->major == 1 ? &m->t : NULL;
+    }
+    return NULL;
+}
 
 enum { FAST_MAX_DIMS = 8, FAST_MAX_ENTRIES = 64, FAST_KINDS = 3, FAST_LIBS = 2 }; /* kinds: 0 f32, 1 f16, 2 bf16 */
 
@@ -291,14 +317,15 @@ static int Fast_export(FastObject *self, const FastLib *lib, PyObject *t, FastAr
         PyErr_Clear();
         return 0;
     }
-    const fm_dl_managed *m = PyCapsule_GetPointer(capsule, "dltensor");
-    if (m == NULL) {
+    const fm_dl_tensor *d = PyCapsule_CheckExact(capsule) ? fast_capsule_tensor(capsule) : NULL;
+    if (d == NULL) {
         Py_DECREF(capsule);
         PyErr_Clear();
         return 0;
     }
-    const fm_dl_tensor *d = &m->t;
-    int ok = d->device.device_type == 2 && d->device.device_id == self->ordinal && d->ndim >= 1 &&
+    /* device memory (kDLCUDA) or managed memory (kDLCUDAManaged, 13), which the kernel reads the same way */
+    int ok = (d->device.device_type == 2 || d->device.device_type == 13) && d->device.device_id == self->ordinal &&
+             d->ndim >= 1 &&
              d->ndim <= FAST_MAX_DIMS && (a->kind = fast_kind(d->dtype)) >= 0;
     long long numel = 1;
     for (int i = d->ndim - 1; ok && i >= 0; --i) {
@@ -491,6 +518,45 @@ miss:
     Py_RETURN_NOTIMPLEMENTED;
 }
 
+/* export(x) -> dict: what the fast path reads of x through its library's export (for "why is this call slow?"), or
+ * None where x is not an array of a library it knows. */
+static PyObject *Fast_export_info(FastObject *self, PyObject *x) {
+    const FastLib *lib = NULL;
+    for (int l = 0; l < FAST_LIBS; ++l)
+        if (self->libs[l].type != NULL && Py_TYPE(x) == (PyTypeObject *)self->libs[l].type)
+            lib = &self->libs[l];
+    if (lib == NULL)
+        Py_RETURN_NONE;
+    PyObject *capsule = PyObject_CallOneArg(lib->export, x);
+    if (capsule == NULL)
+        return NULL;
+    const char *name = PyCapsule_GetName(capsule);
+    const fm_dl_tensor *d = name != NULL ? fast_capsule_tensor(capsule) : NULL;
+    PyObject *info = NULL, *shape = NULL, *strides = NULL;
+    if (d == NULL) {
+        info = Py_BuildValue("{s:s}", "capsule", name != NULL ? name : "?");
+        goto done;
+    }
+    shape = PyTuple_New(d->ndim);
+    strides = d->strides != NULL ? PyTuple_New(d->ndim) : Py_NewRef(Py_None);
+    if (shape == NULL || strides == NULL)
+        goto done;
+    for (int i = 0; i < d->ndim; ++i) {
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(d->shape[i]));
+        if (d->strides != NULL)
+            PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(d->strides[i]));
+    }
+    info = Py_BuildValue("{s:s,s:(ii),s:(iii),s:O,s:O,s:K,s:K}", "capsule", name, "device", d->device.device_type,
+                         d->device.device_id, "dtype", d->dtype.code, d->dtype.bits, d->dtype.lanes, "shape", shape,
+                         "strides", strides, "data", (unsigned long long)(uintptr_t)d->data, "byte_offset",
+                         (unsigned long long)d->byte_offset);
+done:
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    Py_DECREF(capsule);
+    return info;
+}
+
 static PyObject *Fast_get_stats(FastObject *self, void *closure) {
     (void)closure;
     return Py_BuildValue("{s:L,s:L,s:i}", "calls", self->calls, "misses", self->misses, "entries", self->n_entries);
@@ -503,6 +569,8 @@ static PyMethodDef Fast_methods[] = {
      "add(in_kind, out_kind, rows, sm_count, kernel): kinds 0 float32, 1 float16, 2 bfloat16."},
     {"set_library", (PyCFunction)Fast_set_library, METH_VARARGS,
      "set_library(index, type, export, stream, stream_args, empty, shape_tuple, extra, bump, check_grad, dtypes)."},
+    {"export", (PyCFunction)Fast_export_info, METH_O,
+     "export(x) -> dict of what the fast path reads of x (capsule, device, dtype, shape, strides, data), or None."},
     {"clear", (PyCFunction)Fast_clear_method, METH_NOARGS, "clear(): forget every kernel (the next calls re-add)."},
     {NULL, NULL, 0, NULL},
 };

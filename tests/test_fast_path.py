@@ -56,3 +56,16 @@ def test_call_table_clears_its_mirror():
     table["k"] = "kernel"
     table.clear()
     assert not table and cleared == [True]
+
+
+def test_export_says_what_the_fast_path_reads():
+    torch = pytest.importorskip("torch")
+    path = _core.FastPath(3, 4, 0)
+    path.set_library(0, torch.Tensor, torch._C._to_dlpack, lambda i: 0, (0,), torch.empty, False,
+                     (("device", torch.device("cpu")),), None, True, (torch.float32, torch.float16, torch.bfloat16))
+    x = torch.randn(5, 3, dtype=torch.float16)[:, :2]
+    info = path.export(x)
+    assert info["capsule"] == "dltensor" and info["device"] == (1, 0)  # kDLCPU: a call the fast path sends back
+    assert info["dtype"] == (2, 16, 1) and info["shape"] == (5, 2) and info["strides"] == (3, 1)
+    assert info["data"] + info["byte_offset"] == x.data_ptr()
+    assert path.export(np.zeros(3)) is None  # not an array of a library it knows

@@ -132,10 +132,16 @@ def test_siren_sin30_error_is_bounded_by_its_slope(rng):
     assert rel_l2(y, ref) <= 30 * FP16_TOL
 
 
-def test_widths_past_the_limit_are_a_clear_error(rng):
+def test_widths_past_one_fused_kernel_run_as_segments(rng):
+    """A layer wider than the fused kernels take (257 > 256) was a LimitError; since issue 29 the network is cut
+    into segments (a GEMM layer here) and gives the float64 answer through the same call."""
     ws, _ = torch_init(rng, [8, 257, 4], False)
-    with pytest.raises(fusedmlp.LimitError, match="257"):
-        fusedmlp.FusedMLP(ws, None, device="cuda")(rng.standard_normal((4, 8)).astype(np.float32))
+    mlp = fusedmlp.FusedMLP(ws, None, device="cuda")
+    x = rng.standard_normal((4099, 8)).astype(np.float32)
+    y = mlp(x)
+    ref, _ = reference(x, ws, [None, None], mlp.activations)
+    assert mlp.segments is not None
+    assert rel_l2(y, ref) <= FP16_TOL
 
 
 def test_zero_rows_and_one_dimensional_input(rng):
