@@ -288,6 +288,15 @@ def test_a_low_bit_call_before_calibrate_says_what_to_call(rng, dtype):
         mlp.compile("sm_90")
 
 
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_evaluate_fused_mlp_calibrates_on_its_own_batch(rng, dtype):
+    ws, bs = torch_init(rng, [6, 32, 3])
+    x = rng.standard_normal((50, 6)).astype(np.float32)
+    y = fusedmlp.evaluate_fused_mlp(x, ws, bs, dtype=dtype, device="cpu")
+    want = fusedmlp.FusedMLP(ws, bs, dtype=dtype, device="cpu").calibrate(x)(x)
+    assert np.array_equal(y, want)
+
+
 def test_calibrate_on_a_16_bit_model_is_refused(rng):
     mlp = fusedmlp.FusedMLP(*torch_init(rng, [4, 16, 2]), device="cpu")
     with pytest.raises(ArgumentError, match="dtype='int8' or 'float8' models; this one computes in float16"):

@@ -1009,10 +1009,14 @@ def _warn_cpu_once():
 
 def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
                        concat=None, norm=None, dtype="float16", device="auto", check=False):
-    """Runs an MLP given as PyTorch-layout weights on x in one fused kernel; see FusedMLP for the arguments.
+    """Runs an MLP given as PyTorch-layout weights on x in one fused kernel; see FusedMLP for the arguments. An 8-bit
+    dtype ('int8', 'float8') is calibrated on x itself, the only batch there is (FusedMLP.calibrate).
 
     Returns:
         The (batch, out_features) outputs, with x's dtype.
     """
-    return FusedMLP(weights, biases, activation, output_activation, residual=residual, concat=concat, norm=norm,
-                    dtype=dtype, device=device, check=check)(x)
+    mlp = FusedMLP(weights, biases, activation, output_activation, residual=residual, concat=concat, norm=norm,
+                   dtype=dtype, device=device, check=check)
+    if mlp._precision in LOWBIT:
+        mlp.calibrate(x)
+    return mlp(x)

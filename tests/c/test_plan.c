@@ -1384,6 +1384,92 @@ static void test_ref(void) {
     }
 }
 
+/* 8-bit plans (issue 26): widths padded to 32, weight codes at fm_plan_w_index equal fm_quant8(w / w_scale[n]), the
+ * dequantisation factors act_scale * w_scale[n] at dq_offset (after the bias), padded columns zero; the quantised CPU
+ * forward with amax runs clean under the sanitizers; the scales' rules refuse what they should. */
+static void test_lowbit(void) {
+    static const int widths[] = {7, 40, 33, 5};
+    static const fm_prec precs[] = {FM_PREC_INT8, FM_PREC_E4M3};
+    for (int pi = 0; pi < 2; ++pi) {
+        const fm_prec prec = precs[pi];
+        fm_spec spec;
+        if (!make_spec(&spec, widths, 3, 0))
+            return;
+        float *w[3], *b[3];
+        for (int l = 0; l < 3; ++l) {
+            w[l] = malloc(sizeof(float) * (size_t)widths[l] * (size_t)widths[l + 1]);
+            b[l] = malloc(sizeof(float) * (size_t)widths[l + 1]);
+            for (int i = 0; i < widths[l] * widths[l + 1]; ++i)
+                w[l][i] = sym(0.5);
+            for (int i = 0; i < widths[l + 1]; ++i)
+                b[l][i] = sym(0.1);
+        }
+        for (int k = 0; k < widths[0]; ++k)
+            w[0][2 * widths[0] + k] = 0.0f; /* an all-zero channel: scale 1 */
+        fm_error err = {0};
+        fm_target t;
+        fm_target_for_arch(prec == FM_PREC_INT8 ? 80 : 89, &t, &err);
+        fm_plan plan;
+        CHECK(fm_spec_set_quant(&spec, prec, (const float *const *)w, NULL, &err) == FM_OK, "set_quant: %s",
+              err.message);
+        CHECK(fm_plan_make(&spec, &t, NULL, prec, FM_F32, FM_F32, &plan, &err) == FM_ERR_VALUE &&
+                  strstr(err.message, "needs an activation scale") != NULL,
+              "an uncalibrated 8-bit plan is refused: %s", err.message);
+        fm_error_clear(&err);
+        const float bad[3] = {0.01f, 0.0f, 0.02f}, good[3] = {0.02f, 0.05f, 0.03f};
+        CHECK(fm_spec_set_quant(&spec, prec, (const float *const *)w, bad, &err) == FM_ERR_VALUE &&
+                  strstr(err.message, "act_scale[1]") != NULL, "a zero scale is named: %s", err.message);
+        fm_error_clear(&err);
+        CHECK(spec.w_scale[0][2] == 1.0f, "all-zero channel scale %g", (double)spec.w_scale[0][2]);
+        CHECK(fm_spec_set_quant(&spec, prec, (const float *const *)w, good, &err) == FM_OK, "set_quant: %s",
+              err.message);
+        fm_status st = fm_plan_make(&spec, &t, NULL, prec, FM_F32, FM_F32, &plan, &err);
+        CHECK(st == FM_OK && plan.elem_bytes == 1 && plan.k_pad[0] == 32 && plan.n_pad[0] == 64 &&
+                  plan.n_pad[1] == 64 && plan.n_pad[2] == 32 && !plan.wgmma,
+              "8-bit plan: %s k %d n %d %d %d", err.message, plan.k_pad[0], plan.n_pad[0], plan.n_pad[1],
+              plan.n_pad[2]);
+        fm_error_clear(&err);
+        if (st == FM_OK) {
+            uint8_t *wb = malloc(plan.w_elems);
+            float *bb = malloc(sizeof(float) * plan.b_floats);
+            fm_plan_pack(&plan, (const float *const *)w, (const float *const *)b, wb, bb);
+            int bad_codes = 0, bad_dq = 0;
+            for (int l = 0; l < 3; ++l) {
+                CHECK(plan.dq_offset[l] == plan.b_offset[l] + (size_t)plan.n_pad[l], "layer %d dq offset", l);
+                for (int n = 0; n < plan.n_pad[l]; ++n) {
+                    const float want = n < widths[l + 1] ? (float)((double)good[l] * (double)spec.w_scale[l][n]) : 0.0f;
+                    bad_dq += bb[plan.dq_offset[l] + (size_t)n] != want;
+                    for (int k = 0; k < widths[l] && n < widths[l + 1]; ++k) {
+                        const float v = (float)((double)w[l][n * widths[l] + k] / (double)spec.w_scale[l][n]);
+                        bad_codes += wb[fm_plan_w_index(&plan, l, n, k)] != fm_quant8(v, prec);
+                    }
+                }
+            }
+            CHECK(bad_codes == 0 && bad_dq == 0, "%s pack: %d codes, %d dequantisation factors differ",
+                  fm_prec_name(prec), bad_codes, bad_dq);
+            free(wb);
+            free(bb);
+        }
+        float x[3 * 7], y[3 * 5];
+        double amax[4];
+        for (int i = 0; i < 21; ++i)
+            x[i] = sym(2.0);
+        st = fm_ref_forward_ex(&spec, (const float *const *)w, (const float *const *)b, x, 3, 7, 1, y, 1, amax, &err);
+        CHECK(st == FM_OK && amax[0] > 0 && isfinite(amax[3]), "quantised forward: %s", err.message);
+        for (int i = 0; i < 15; ++i)
+            CHECK(isfinite(y[i]), "y[%d] = %g", i, (double)y[i]);
+        fm_error_clear(&err);
+        for (int l = 0; l < 3; ++l) {
+            free(w[l]);
+            free(b[l]);
+        }
+        fm_spec_free(&spec);
+    }
+    CHECK(fm_dequant8(fm_quant8(1000.0f, FM_PREC_E4M3), FM_PREC_E4M3) == 448.0f, "e4m3 saturates");
+    CHECK(fm_dequant8(fm_quant8(-1000.0f, FM_PREC_INT8), FM_PREC_INT8) == -127.0f, "int8 clamps to -127");
+    CHECK(fm_dequant8(fm_quant8(2.5f, FM_PREC_INT8), FM_PREC_INT8) == 2.0f, "int8 rounds half to even");
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : ".";
     g_quick = argc > 2 && strcmp(argv[2], "--quick") == 0;
@@ -1397,6 +1483,7 @@ int main(int argc, char **argv) {
     test_cluster_plans();
     test_render(root);
     test_ref();
+    test_lowbit();
     printf("plans: %d made and checked; ref: %ld values, max relative error %.3g\n", g_plans_made, g_ref_values,
            g_ref_max_err);
     printf("%s: %d checks, %d failed\n", g_failures ? "FAILED" : "ok", g_checks, g_failures);
