@@ -483,13 +483,21 @@ static int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_op
     return 0;
 }
 
+/* Whether a candidate's residency counts first in fm_plan_better. An 8-bit plan's weights are half as large, so
+ * residency often fits only with one warp per SM (res128 on sm_89: its float32 output stage widens every activation
+ * row), which leaves three of the SM's four schedulers idle; there it must come with 4 warps per SM at least.
+ * Unmeasured: a rule of thumb until the 8-bit kernels have been timed (tests/test_lowbit_gpu.py). */
+static int fm_plan_resident_rank(const fm_plan *p) {
+    return p->resident && (!fm_prec_is_8bit(p->prec) || p->blocks_per_sm * p->warps >= 4);
+}
+
 /* Candidate order: resident weights (loaded once per CTA) beat streaming them per row tile; then more warps per SM
  * (each warp runs its layers serially, so the SM needs several in flight to hide latency); then more rows per CTA
  * (streamed weights are re-read from L2 once per tile); then more rows per warp and wider chunks (fewer ldmatrix per
  * mma). Returns 1 when a beats b. */
 static int fm_plan_better(const fm_plan *a, const fm_plan *b) {
-    int ka[5] = {a->resident, a->blocks_per_sm * a->warps, a->rows_per_cta, a->m_tiles, a->n_chunk[0]};
-    int kb[5] = {b->resident, b->blocks_per_sm * b->warps, b->rows_per_cta, b->m_tiles, b->n_chunk[0]};
+    int ka[5] = {fm_plan_resident_rank(a), a->blocks_per_sm * a->warps, a->rows_per_cta, a->m_tiles, a->n_chunk[0]};
+    int kb[5] = {fm_plan_resident_rank(b), b->blocks_per_sm * b->warps, b->rows_per_cta, b->m_tiles, b->n_chunk[0]};
     for (int i = 0; i < 5; ++i)
         if (ka[i] != kb[i])
             return ka[i] > kb[i];
