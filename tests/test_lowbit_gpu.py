@@ -73,6 +73,10 @@ def calibrated(ws, bs, dtype, rng, **kwargs):
 
 
 ONE_LAYER = [[64, 32], [100, 40], [256, 256], [7, 3]]
+#: One layer against the emulation, max |difference| over max |y|: int8's sums are exact integers and the scaling one
+#: fma (the CPU's float64 product rounds to the same float32 but for a double-rounding tie); e4m3's products are
+#: summed in float32 (reportedly with fewer bits on Hopper's FP8 path), over up to 256 terms.
+ONE_TOL = {"int8": 1e-5, "float8": 5e-4}
 
 
 @pytest.mark.parametrize("dtype", LOWBIT)
@@ -101,10 +105,11 @@ def test_one_and_two_layers_match_the_emulation_to_float32_rounding(dtype, wgmma
         assert not np.isnan(y).any(), widths
         worst = float(np.max(np.abs(y - emu)) / max(np.max(np.abs(emu)), 1e-30))
         if len(widths) == 2:
-            assert worst <= 1e-5, (widths, worst)  # float32 sums of 256 products: a few ulps of the largest value
+            assert worst <= ONE_TOL[dtype], (widths, worst)
         else:
-            flipped = float(np.mean(np.abs(y - emu) > 1e-5 * np.max(np.abs(emu))))
-            assert flipped <= 1e-3 and rel_l2(y, emu) <= EMU_TOLS[dtype], (widths, flipped, rel_l2(y, emu))
+            flipped = float(np.mean(np.abs(y - emu) > ONE_TOL[dtype] * np.max(np.abs(emu))))
+            assert rel_l2(y, emu) <= EMU_TOLS[dtype], (widths, flipped, rel_l2(y, emu))
+            assert dtype != "int8" or flipped <= 1e-3, (widths, flipped)
 
 
 @pytest.mark.parametrize("dtype", LOWBIT)
