@@ -235,10 +235,6 @@ static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
             return "the wgmma kernel has no input concat";
         if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
             return "the wgmma kernel takes residuals from a layer's own input only";
-        /* Its residual operand is the layer's own input fragment at the same (row, column): k32 fragments of codes
-         * hold other columns than the lane's accumulators (fused_mlp_sm90.cu, fm_epi_codes). */
-        if (fm_prec_is_8bit(p->prec) && p->res_op[l] != FM_RES_NONE)
-            return "the wgmma kernel's float8 form takes no residuals";
     }
     return NULL;
 }

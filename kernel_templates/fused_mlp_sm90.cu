@@ -135,6 +135,22 @@ template <int L> __device__ constexpr bool fm_has_residual() {
         return Layer<L>::RES != 0 || fm_has_residual<L - 1>();
 }
 
+#if FM_PREC >= 3
+// float8, a residual from the layer's own input (its k32 A fragments a): the values at (row g + 8 hh, cols 8 j + 2 t,
+// + 1), codes times the input's scale RSCALE. The inverse of fm_epi_codes' gather below: that pair is half t % 2 of
+// register 2 ((j % 4) / 2) + hh of fragment j / 4 in lane 2 (j % 2) + t / 2 of the quad. All lanes shuffle the same
+// register (j, hh are the same in the warp), each from its own source lane.
+template <int L, int KF>
+__device__ __forceinline__ void fm_res_codes(const fm_u32 (&a)[KF][4], int j, int hh, int lane, float &r0,
+                                             float &r1) {
+    const int t = lane & 3;
+    const fm_u32 w = __shfl_sync(0xffffffffu, a[j / 4][2 * ((j % 4) / 2) + hh], (lane & ~3) | (2 * (j % 2) + (t >> 1)));
+    fm_code2_to_f((unsigned short)(w >> ((t & 1) * 16)), r0, r1);
+    r0 *= Layer<L>::RSCALE;
+    r1 *= Layer<L>::RSCALE;
+}
+#endif
+
 // The epilogue of layer L's 8-column tile J for this lane (v: its accumulators, (row g, cols 8 J + 2 t, + 1) at v[0],
 // v[1] and row g + 8's at v[2], v[3]): the bias where it is not in the accumulators (ADD_BIAS), activation, the
 // residual (a: the layer's input fragments), into h, the next layer's A fragments (fragment J / 2, half J % 2), or for
@@ -158,8 +174,13 @@ __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 
             v0 += b0;
             v1 += b1;
         }
-        if constexpr (Ly::RES != 0)  // the own input at the same (row, col): fragment J/2, half J%2
+        if constexpr (Ly::RES != 0) {  // the own input at the same (row, col): fragment J/2, half J%2
+#if FM_PREC >= 3
+            fm_res_codes<L>(a, J, hh, (int)(threadIdx.x & 31), r0, r1);  // k32 fragments of codes
+#else
             fm_unpack2(a[J / 2][(J % 2) * 2 + hh], r0, r1);
+#endif
+        }
         if constexpr (L == LAST)
             fm_stage_pair<L>(stage, hh, col, col, live, v0, v1, r0, r1);
         else
@@ -184,15 +205,15 @@ __device__ __forceinline__ void fm_dequant_d(float (&d)[W / 2], int c0, int t, c
     }
 }
 
-// float8: hidden layer L's epilogue (activation, mask; no residuals in this form) over all its columns, stored as the
+// float8: hidden layer L's epilogue (activation, residual from its input a, mask) over all its columns, stored as the
 // next layer's A fragments of codes (times QOUT, the next input's inverse scale). A k32 A register of lane (g, t) is
 // row g + 8 (q % 2), columns 32 s + 16 (q / 2) + 4 t .. + 3 (the PTX ISA's wgmma / mma m16n8k32 8-bit A layout); a
 // lane's accumulators are columns 8 j + 2 t, + 1 of each 8-column tile j. So lane t's four codes are the code pairs
 // of lanes 2 t % 4 and (2 t + 1) % 4 of its quad, in tile 4 s + 2 (q / 2) + t / 2: each source lane sends the pairs
 // of both candidate tiles in one word, and the reader keeps the half of the tile it needs.
 template <int L>
-__device__ __forceinline__ void fm_epi_codes(float (&d)[Layer<L>::N / 2], fm_u32 (&h)[Layer<L>::N / KE][4],
-                                             int lane) {
+__device__ __forceinline__ void fm_epi_codes(float (&d)[Layer<L>::N / 2], const fm_u32 (&a)[Layer<L>::K / KE][4],
+                                             fm_u32 (&h)[Layer<L>::N / KE][4], int lane) {
     typedef Layer<L> Ly;
     static_assert(Ly::N % 32 == 0, "8-bit widths are padded to whole k32 steps (plan.c)");
     const int t = lane & 3;
@@ -203,9 +224,11 @@ __device__ __forceinline__ void fm_epi_codes(float (&d)[Layer<L>::N / 2], fm_u32
         const bool live = Ly::NR == Ly::N || 8 * j < Ly::NR;  // compile-time: a padding tile holds zeros
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1];
+            float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
+            if constexpr (Ly::RES != 0)
+                fm_res_codes<L>(a, j, hh, lane, r0, r1);
             if (live)
-                fm_epilogue<L>(v0, v1, 0.0f, 0.0f, col);
+                fm_epilogue<L>(v0, v1, r0, r1, col);
             pairs[j][hh] = live ? (fm_u32)fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT) : 0u;
         }
     }
@@ -265,7 +288,7 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
 #if FM_PREC >= 3
     if constexpr (L != LAST) {  // the next layer's k32 fragments of codes
         static_assert(C0 == 0 && W == Ly::N, "float8: a layer is one column group (plan.c)");
-        fm_epi_codes<L>(d, h, lane);
+        fm_epi_codes<L>(d, a, h, lane);
     } else
 #endif
     {

@@ -502,17 +502,21 @@ def test_different_scales_are_different_kernels_and_equal_ones_one_entry(tmp_pat
     assert a.source != before and a.compile("sm_89") not in (pa, pb)
 
 
-#: Networks the float8 wgmma form takes: no residuals, no concat (the register-A kernel's rules); widths padded to 32.
-WGMMA_NETWORKS = [([8, 64, 64, 4], None), ([7, 100, 33, 250, 9], None), ([32, 128, 128, 128, 16], {1: "layernorm"}),
-                  ([3, 96, 96, 1], None), ([2, 50, 50, 50, 50, 1], None)]
+#: Networks the float8 wgmma form takes (the register-A kernel's rules: no concat, residuals from the layer's own
+#: input); widths padded to 32. (widths, norm, residual)
+WGMMA_NETWORKS = [([8, 64, 64, 4], None, None), ([7, 100, 33, 250, 9], None, None),
+                  ([32, 128, 128, 128, 16], {1: "layernorm"}, None), ([3, 96, 96, 1], None, None),
+                  ([2, 50, 50, 50, 50, 1], None, {2: "add", 3: ("mul", "tanh")}),
+                  ([64, 128, 128, 128, 128, 64], None, {1: "add", 2: "add", 3: ("add", "relu")}),
+                  ([16, 48, 48, 48], None, {2: "add"})]  # the last layer's residual (fm_epi_tile)
 
 
 def wgmma_model(n, device="cpu"):
-    widths, norm = WGMMA_NETWORKS[n]
+    widths, norm, residual = WGMMA_NETWORKS[n]
     rng = np.random.default_rng(100 + n)
     ws, bs = torch_init(rng, widths)
     acts = ["gelu", "tanh", "silu", "relu"][: len(widths) - 2] + ["none"]
-    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, norm=norm, dtype="float8", device=device)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, norm=norm, residual=residual, dtype="float8", device=device)
     return mlp.calibrate(rng.standard_normal((256, widths[0])).astype(np.float32))
 
 
@@ -540,9 +544,9 @@ def test_the_float8_wgmma_form_is_opt_in_and_refuses_what_it_has_not(rng):
         mlp._net.plan(90, precision="float8", wgmma=1, n_chunk=32)
     with pytest.raises(LimitError, match="cluster kernel has no 8-bit form"):
         mlp._net.plan(90, precision="float8", cluster=2)
-    ws, bs = torch_init(rng, [8, 64, 64, 4])
-    res = fusedmlp.FusedMLP(ws, bs, residual={1: "add"}, dtype="float8", device="cpu")
+    ws, bs = torch_init(rng, [8, 64, 64, 64])
+    res = fusedmlp.FusedMLP(ws, bs, residual={2: ("add", "none", 0)}, dtype="float8", device="cpu")
     res.calibrate(rng.standard_normal((64, 8)).astype(np.float32))
-    with pytest.raises(LimitError, match="float8 form takes no residuals"):
+    with pytest.raises(LimitError, match="residuals from a layer's own input only"):
         res._net.plan(90, precision="float8", wgmma=1)
 
