@@ -550,3 +550,39 @@ def test_the_float8_wgmma_form_is_opt_in_and_refuses_what_it_has_not(rng):
     with pytest.raises(LimitError, match="residuals from a layer's own input only"):
         res._net.plan(90, precision="float8", wgmma=1)
 
+
+
+def ptx_k32_a_fragment(lane, s, q):
+    """The (row, column) of each byte of register q of an m16n8k32 / wgmma k32 8-bit A fragment, k step s, for lane
+    (the PTX ISA's layout: a lane (g, t) holds row g + 8 (q % 2), columns 32 s + 16 (q // 2) + 4 t .. + 3)."""
+    g, t = lane >> 2, lane & 3
+    return [(g + 8 * (q % 2), 32 * s + 16 * (q // 2) + 4 * t + b) for b in range(4)]
+
+
+def test_the_wgmma_k32_gathers_index_algebra():
+    """fm_epi_codes and fm_res_codes (fused_mlp_sm90.cu) replayed on element labels over one warp's 32 lanes, with the
+    kernel's index expressions: the gather turns accumulator pairs (lane (g, t): columns 8 j + 2 t, + 1 of rows g,
+    g + 8) into exactly the PTX k32 A fragments, and the residual read takes from A fragments the pair at the lane's
+    own accumulator positions. (It checks the algebra against the PTX layout as written above, not the hardware.)"""
+    n = 96
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        src0, src1, sh = (lane & ~3) | ((2 * t) & 3), (lane & ~3) | ((2 * t + 1) & 3), t >> 1
+
+        def pairs(src, j, hh):  # what lane src holds for tile j, row half hh: two (row, col) labels
+            gs, ts = src >> 2, src & 3
+            return [(gs + 8 * hh, 8 * j + 2 * ts), (gs + 8 * hh, 8 * j + 2 * ts + 1)]
+
+        for s in range(n // 32):
+            for q in range(4):
+                j0, hh = 4 * s + 2 * (q >> 1), q & 1
+                both0 = [pairs(src0, j0, hh), pairs(src0, j0 + 1, hh)]  # low half: tile j0, high: j0 + 1
+                both1 = [pairs(src1, j0, hh), pairs(src1, j0 + 1, hh)]
+                got = both0[sh] + both1[sh]
+                assert got == ptx_k32_a_fragment(lane, s, q), (lane, s, q, got)
+        for j in range(n // 8):
+            for hh in range(2):
+                src = (lane & ~3) | (2 * (j % 2) + (t >> 1))
+                reg = ptx_k32_a_fragment(src, j // 4, 2 * ((j % 4) // 2) + hh)
+                got = reg[2 * (t & 1): 2 * (t & 1) + 2]  # the 16-bit half (t & 1)
+                assert got == [(g + 8 * hh, 8 * j + 2 * t), (g + 8 * hh, 8 * j + 2 * t + 1)], (lane, j, hh, got)
