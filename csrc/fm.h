@@ -122,7 +122,13 @@ size_t fm_dtype_size(fm_dtype d);
  * path accumulates in float32. TF32 keeps float32's range (and storage) with fp16's 10-bit mantissa per product.
  * The 8-bit ones (issue 26) store scaled codes: int8 (s8 x s8 -> s32 accumulate) and float8 e4m3 (f32 accumulate),
  * with per-output-channel weight scales and one scale per layer input (fm_spec.quant, csrc/quant.c). */
-typedef enum fm_prec { FM_PREC_F16 = 0, FM_PREC_BF16 = 1, FM_PREC_TF32 = 2, FM_PREC_INT8 = 3, FM_PREC_E4M3 = 4 } fm_prec;
+typedef enum fm_prec {
+    FM_PREC_F16 = 0,
+    FM_PREC_BF16 = 1,
+    FM_PREC_TF32 = 2,
+    FM_PREC_INT8 = 3, /* int8 codes, s32 accumulation (exact) */
+    FM_PREC_E4M3 = 4  /* float8 e4m3 codes ("float8"), f32 accumulation */
+} fm_prec;
 const char *fm_prec_name(fm_prec p); /* "float16", "bfloat16", "tf32", "int8", "float8" */
 size_t fm_prec_size(fm_prec p); /* bytes per stored element: 2, 2, 4, 1, 1 */
 /* 75 for fp16 (m16n8k8 pairs), 80 for bf16, tf32 and int8 mma (m16n8k32 .s8), 89 for e4m3 mma (m16n8k32 .e4m3) */
@@ -340,8 +346,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err);
 
 /* The type layer l's result is stored as, in fm_dtype's codes: 0 float32 (tf32 activations, a float32 output, or an
- * 8-bit plan's hidden layer, whose activations take the accurate float32 forms), 1 float16, 2 bfloat16. Where it is 16-bit the activation may use the fast helpers, whose error is the size of
- * that rounding, and relu/identity a two-column form that rounds as it converts. */
+ * 8-bit plan's hidden layer, whose activations take the accurate float32 forms), 1 float16, 2 bfloat16. Where it is
+ * 16-bit the activation may use the fast helpers, whose error is the size of that rounding, and relu/identity a
+ * two-column form that rounds as it converts. */
 int fm_plan_result_type(const fm_plan *plan, int l);
 
 /* Elements per weight row of layer l in the mma.sync kernel's blob and shared memory: k_pad + one 16-byte pad. */

@@ -374,7 +374,8 @@ static PyObject *Network_get_quant(NetworkObject *self, void *closure) {
         memcpy(PyArray_DATA(a), self->spec.w_scale[l], sizeof(float) * (size_t)n);
         PyList_SET_ITEM(ws, l, (PyObject *)a);
     }
-    PyObject *res = ws != NULL && acts != NULL ? Py_BuildValue("(sOO)", fm_prec_name(self->spec.quant), acts, ws) : NULL;
+    PyObject *res =
+        ws != NULL && acts != NULL ? Py_BuildValue("(sOO)", fm_prec_name(self->spec.quant), acts, ws) : NULL;
     Py_XDECREF(acts);
     Py_XDECREF(ws);
     return res;

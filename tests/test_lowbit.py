@@ -127,7 +127,8 @@ def test_e4m3_codes_round_to_nearest_even_and_saturate_as_the_emulation_says():
     # 1.0625 halfway between 1 and 1.125: even (1); 1.1875 between 1.125 and 1.25: even (1.25).
     assert [_core.Network.quant8_value(v, "float8") for v in (2.0 ** -10, 3 * 2.0 ** -10, 1.0625, 1.1875)] == \
         [0.0, 2.0 ** -8, 1.0, 1.25]
-    assert _core.Network.quant8_value(1e30, "float8") == 448.0 and _core.Network.quant8_value(-np.inf, "float8") == -448.0
+    assert _core.Network.quant8_value(1e30, "float8") == 448.0
+    assert _core.Network.quant8_value(-np.inf, "float8") == -448.0
     assert np.isnan(_core.Network.quant8_value(np.nan, "float8"))
 
 
@@ -305,7 +306,8 @@ def test_calibrate_on_a_16_bit_model_is_refused(rng):
 
 def test_dtype_names_and_bad_samples(rng):
     ws, bs = torch_init(rng, [4, 8, 2])
-    for name, want in (("fp8", "float8"), ("e4m3", "float8"), ("torch.float8_e4m3fn", "float8"), ("torch.int8", "int8")):
+    names = (("fp8", "float8"), ("e4m3", "float8"), ("torch.float8_e4m3fn", "float8"), ("torch.int8", "int8"))
+    for name, want in names:
         assert fusedmlp.FusedMLP(ws, bs, dtype=name, device="cpu")._precision == want
     with pytest.raises(DTypeError, match="int8, float8"):
         fusedmlp.FusedMLP(ws, bs, dtype="int4", device="cpu")
@@ -398,7 +400,7 @@ def test_too_wide_a_low_bit_network_is_a_limit_error_not_a_segment_chain(rng):
         mlp.compile("sm_90")
 
 
-# ------------------------------------------------------------------------------------------------ kernels, ahead of time
+# ------------------------------------------------------------------------------------------- kernels, ahead of time
 
 
 def nvrtc_or_skip():
