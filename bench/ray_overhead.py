@@ -114,6 +114,9 @@ def _ray_once(ray, ds, kwargs, block_rows, resources):
     return {"steady_s": done - ready[0]["end"], "from_submit_s": done - submitted,
             "actor_start_s": ready[0]["end"] - submitted, "constructor_s": ready[0]["end"] - ready[0]["start"],
             "calls_s": sum(n["end"] - n["start"] for n in calls), "calls": len(calls),
+            # where the rest of steady_s goes: before the first block reaches the actor, and after the last call
+            "first_call_wait_s": min(n["start"] for n in calls) - ready[0]["end"],
+            "after_last_call_s": done - max(n["end"] for n in calls),
             "devices": ready[0]["devices"]}, out
 
 
