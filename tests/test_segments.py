@@ -162,3 +162,48 @@ def test_a_norm_layer_a_gemm_would_take_keeps_the_one_streamed_kernel(rng, tmp_p
     wide = fusedmlp.FusedMLP(ws, bs, activation="relu", norm={0: "layernorm"}, device="cpu", cache_dir=tmp_path)
     with pytest.raises(fusedmlp.LimitError, match="layer 0"):
         wide.compile("sm_90")
+
+
+@pytest.mark.parametrize("rows, n, default, expect", [
+    (1024, 512, (128, 256), (64, 64)),  # no tile fills 132 SMs: the smallest (128 CTAs)
+    (2048, 512, (128, 256), (64, 64)),  # 256 CTAs of 64 x 64; 64 x 128 gives 128
+    (4096, 512, (128, 256), (64, 128)),  # 256 CTAs
+    (8448, 512, (128, 256), (128, 256)),  # the default's 66 x 2 = 132 CTAs fill the SMs once
+    (2 ** 21, 1024, (128, 256), (128, 256)),
+    (1024, 1, (128, 64), (64, 64)),  # a one-output layer: rows alone decide
+    (1024, 512, (128, 128), (64, 64)),  # mma.sync's default: no 256-column tiles to step down from
+])
+def test_small_batches_take_gemm_tiles_that_fill_the_sms(rows, n, default, expect):
+    assert _segments.gemm_tile(rows, n, default, 132) == expect
+
+
+@pytest.mark.parametrize("arch, prec", [(90, "float16"), (90, "bfloat16"), (80, "float16"), (90, "tf32")])
+@pytest.mark.parametrize("tile", _segments.SMALL_TILES)
+def test_small_gemm_tiles_compile_ahead_of_time(rng, tmp_path, arch, prec, tile):
+    """Each smaller tile a small batch takes renders and NVRTC compiles, with a concat part and a residual."""
+    from fusedmlp import _api
+    from fusedmlp._cache import KernelCache
+
+    widths = [63, 512, 512]
+    ws, bs = graph_weights(rng, widths, {1: "before"}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, dtype=prec, concat={1: "before"}, device="cpu", cache_dir=tmp_path)
+    plan = mlp._gemm_plan(1, arch, 232448 if arch == 90 else 166912, 132, 233472, "float16", "float16", None,
+                          "float32", bm=tile[0], bn=tile[1])
+    assert (plan.info["bm"], plan.info["bn"]) == tile
+    entry = _api.compile_cubin(_api._source_of(plan), arch, KernelCache(tmp_path), plan.info["wgmma"])
+    assert os.path.getsize(entry.path) > 0
+
+
+def test_a_chain_builds_a_small_tile_for_a_small_batch_once(rng, monkeypatch):
+    """The chain's GEMM layer builds the default tile with the chain and a smaller one on the first small call."""
+    widths = [64, 512, 512, 64]
+    ws, bs = graph_weights(rng, widths, {}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, device="cpu")
+    built = []
+    monkeypatch.setattr(mlp, "_build_gemm", lambda layer, *dtypes, **tile: built.append((layer, tile)) or object())
+    gemm = _segments.GemmLayer(mlp, 1, ("float16", None, None, "float16"), (128, 256), "default kernel", 132)
+    assert gemm.kernel(2 ** 20) == "default kernel" and not built
+    small = gemm.kernel(1024)
+    assert built == [(1, {"bm": 64, "bn": 64})] and gemm.kernel(1000) is small and len(built) == 1
+    mlp._gemm_options = {"bm": 128}  # a forced tile (the probe tool's A/B runs): always the chain's own kernel
+    assert gemm.kernel(1024) == "default kernel"

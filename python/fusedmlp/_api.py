@@ -704,19 +704,20 @@ class FusedMLP:
             self._cuts[key] = None if self._precision in LOWBIT else _segments.plan(self, *key[:-1])
         return self._cuts[key]
 
-    def _build_gemm(self, layer, a0, a1, res, out):
+    def _build_gemm(self, layer, a0, a1, res, out, **tile):
         """Plans, renders, compiles (through the cache) and loads layer `layer` as a GEMM (gemm_layer.cu) for this
-        model's GPU; a0, a1, res, out: dtype names of its input parts, residual operand (None: absent) and result."""
+        model's GPU; a0, a1, res, out: dtype names of its input parts, residual operand (None: absent) and result;
+        tile: bm, bn (the plan's default where absent; _gemm_options, when set, win)."""
         gpu = _gpu(self._ordinal)
         info = gpu.info
         plan = self._gemm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
-                               a0, a1, res, out)
+                               a0, a1, res, out, **tile)
         entry = compile_cubin(_source_of(plan), info["arch"], self._cache, plan.info["wgmma"])
         return plan.load(gpu, entry.cubin, KERNEL_NAME)
 
-    def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out):
+    def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out, **tile):
         return self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
-                                   precision=self._precision, **self._gemm_options)
+                                   precision=self._precision, **{**tile, **self._gemm_options})
 
     def _gpu_info(self):
         """The model's GPU: arch, sm_count, smem_per_block, smem_per_sm, name (opens it on first use)."""

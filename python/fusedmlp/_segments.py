@@ -351,6 +351,46 @@ def stretch_model(mlp, seg, in_dtype, out_dtype):
     return sub, _value_dtype(mlp, f - 1, in_dtype, out_dtype), _value_dtype(mlp, last, in_dtype, out_dtype)
 
 
+#: Smaller GEMM tiles, largest first (rows, columns), for calls whose default tile leaves SMs idle.
+SMALL_TILES = ((128, 128), (64, 128), (64, 64))
+
+
+def gemm_tile(rows, n, default, sm_count):
+    """The GEMM tile (bm, bn) for a call of `rows` rows of a layer of n outputs: the plan's default tile (bm, bn)
+    where its tiles fill the GPU's SMs at least once, else the largest smaller tile that does, else the smallest.
+
+    At 2^10 rows a 512-wide layer's default 128 x 256 tile makes 16 CTAs for 132 SMs; each then runs the whole K loop
+    alone (wide512's five GEMMs took 66 us at 2^10 rows on the H100, PyTorch's CUDA graph 25)."""
+    tiles = [default] + [t for t in SMALL_TILES if t[0] <= default[0] and t[1] <= default[1] and t != default]
+    for bm, bn in tiles:
+        if -(-rows // bm) * -(-n // bn) >= sm_count:
+            return bm, bn
+    return tiles[-1]
+
+
+class GemmLayer:
+    """One GEMM layer of a chain: its kernel for each tile a call's batch size asks for (gemm_tile), built on first
+    use; the default tile's is built with the chain."""
+
+    def __init__(self, mlp, layer, dtypes, default, kernel, sm_count):
+        self._mlp, self._layer, self._dtypes, self._sm_count = mlp, layer, dtypes, sm_count
+        self._n = mlp.widths[layer + 1]
+        self.default = default
+        self._kernels = {default: kernel}
+        self._lock = threading.Lock()
+
+    def kernel(self, rows):
+        tile = self.default if self._mlp._gemm_options else gemm_tile(rows, self._n, self.default, self._sm_count)
+        found = self._kernels.get(tile)
+        if found is None:
+            with self._lock:
+                found = self._kernels.get(tile)
+                if found is None:
+                    found = self._kernels[tile] = self._mlp._build_gemm(self._layer, *self._dtypes, bm=tile[0],
+                                                                        bn=tile[1])
+        return found
+
+
 def chain(mlp, in_dtype, out_dtype):
     """The Chain of mlp's segments on its GPU for one dtype pair, built (compiled, loaded) once."""
     key = (in_dtype, out_dtype)
@@ -382,10 +422,14 @@ def chain(mlp, in_dtype, out_dtype):
                     sub._kernel(k_in, k_out, rows).launch(ptr(f - 1), ptr(last), rows, stream)
             else:
                 p0, p1, res = _gemm_operands(mlp, f)
+                dtypes = gemm_dtypes(mlp, f, in_dtype, out_dtype)
+                plan = mlp._gemm_plan(f, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
+                                      *dtypes).info
+                gemm = GemmLayer(mlp, f, dtypes, (plan["bm"], plan["bn"]), built[f], info["sm_count"])
 
-                def step(ptr, rows, stream, kernel=built[f], p0=p0, p1=p1, res=res, f=f):
-                    kernel.launch(ptr(p0), ptr(f), rows, stream, 0 if p1 is None else ptr(p1),
-                                  0 if res is None else ptr(res))
+                def step(ptr, rows, stream, gemm=gemm, p0=p0, p1=p1, res=res, f=f):
+                    gemm.kernel(rows).launch(ptr(p0), ptr(f), rows, stream, 0 if p1 is None else ptr(p1),
+                                             0 if res is None else ptr(res))
             steps.append(step)
         found = mlp._chains[key] = Chain(mlp, segments, in_dtype, out_dtype, steps, fused)
         return found
