@@ -103,13 +103,25 @@ __device__ __forceinline__ void fm_unpack2(fm_u32 r, float &v0, float &v1) {
 // clamps with fmaxf/fminf (NaN meets fmaxf first: -127) and rounds to nearest even; e4m3 rounds to nearest even and
 // saturates at +-448 (cvt.rn.satfinite, sm_89+).
 
+// int8 without the conversion unit. FM_MAGIC = 1.5 * 2^23: between 2^23 and 2^24 a float's ulp is 1, so for |v| <=
+// 2^22, FM_MAGIC + v rounds v to an integer k, to nearest even (FM_MAGIC is even, so k's parity is the sum's): the
+// rounding cvt.rni makes. The sum's bits are FM_MAGIC's plus k, whose low byte is k's two's complement code. One
+// FADD (FMA pipe) replaces a cvt.rni.s32.f32 (F2I, a conversion: 16 a clock per SM on sm_80/90 by the CUDA
+// Programming Guide's throughput table), and a byte permute packs two codes (the F2I path needed masks and shifts).
+constexpr float FM_MAGIC = 12582912.0f;
+constexpr fm_u32 FM_MAGIC_BITS = 0x4b400000u;
+__device__ __forceinline__ fm_u32 fm_prmt(fm_u32 a, fm_u32 b, fm_u32 sel) {
+    fm_u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
 // Two floats, already times the inverse scale, as two codes: lo in the low byte.
 __device__ __forceinline__ unsigned short fm_quant2(float lo, float hi) {
 #if FM_PREC == 3
-    int a, b;
-    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(a) : "f"(fminf(fmaxf(lo, -127.0f), 127.0f)));
-    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(b) : "f"(fminf(fmaxf(hi, -127.0f), 127.0f)));
-    return (unsigned short)((a & 0xff) | ((b & 0xff) << 8));
+    // clamp (NaN meets fmaxf first: -127), then round as cvt.rni (above); __fadd_rn is never contracted
+    const float a = __fadd_rn(fminf(fmaxf(lo, -127.0f), 127.0f), FM_MAGIC);
+    const float b = __fadd_rn(fminf(fmaxf(hi, -127.0f), 127.0f), FM_MAGIC);
+    return (unsigned short)fm_prmt(__float_as_uint(a), __float_as_uint(b), 0x0040u);  // a's low byte, b's above it
 #else
     unsigned short r;  // the PTX ISA's cvt: operand a goes to the upper byte, b to the lower
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
@@ -123,8 +135,11 @@ __device__ __forceinline__ fm_u32 fm_quant4(float a, float b, float c, float d) 
 // The values of two codes (lo: the low byte), as floats; times the scale is the value they stand for.
 __device__ __forceinline__ void fm_code2_to_f(unsigned short c2, float &v0, float &v1) {
 #if FM_PREC == 3
-    v0 = (float)(signed char)(c2 & 0xffu);
-    v1 = (float)(signed char)(c2 >> 8);
+    // Without the conversion unit (I2F.S8) either: code c ^ 0x80 is c + 128 in 0..255; placed in FM_MAGIC's low byte
+    // (which is zero) it makes the float FM_MAGIC + c + 128, and subtracting FM_MAGIC + 128 leaves c, exactly.
+    const fm_u32 u = (fm_u32)c2 ^ 0x8080u;
+    v0 = __fsub_rn(__uint_as_float(fm_prmt(u, FM_MAGIC_BITS, 0x7650u)), FM_MAGIC + 128.0f);
+    v1 = __fsub_rn(__uint_as_float(fm_prmt(u, FM_MAGIC_BITS, 0x7651u)), FM_MAGIC + 128.0f);
 #else
     fm_u32 h2;  // e4m3 -> f16 is exact (f16 has more exponent and mantissa bits)
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(c2));

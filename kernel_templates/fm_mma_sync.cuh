@@ -3,7 +3,8 @@
 // fm_ldmatrix_x4 returns for all: the PTX ISA's m16n8k32 .s8/.e4m3 A and B fragments hold the same bytes per lane
 // as m16n8k16's halves (a0: row g, bytes 4t..4t+3; a1: row g + 8; a2, a3: bytes 16 on; b0, b1 likewise down k), and
 // its accumulators the same (row, column) pairs. int8 accumulates in s32: c holds the integers' bits until the
-// epilogue converts them (fm_acc_value), exact below 2^24 (127 * 127 * K for K <= 1040).
+// epilogue converts them (fm_acc_value), exact below 2^24 (127 * 127 * K for K <= 1040); or, for layers whose sums
+// stay below 2^22, c starts at FM_MAGIC's bits and one FADD converts it (fused_mlp.cu, fm_acc_magic).
 __device__ __forceinline__ void fm_mma(float c[4], const fm_u32 a[4], fm_u32 b0, fm_u32 b1) {
 #if FM_PREC == 3
     int d0 = __float_as_int(c[0]), d1 = __float_as_int(c[1]), d2 = __float_as_int(c[2]), d3 = __float_as_int(c[3]);

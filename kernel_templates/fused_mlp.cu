@@ -13,9 +13,9 @@
 // - Activations and weights on chip are act_t: fp16 or bf16 bits, float32 rounded to TF32, or 8-bit codes (int8,
 //   e4m3) of values divided by their scale (PREC). The mma fragments of all of them come from the same ldmatrix byte
 //   offsets (a 16-byte row of 8 halves, 4 floats or 16 codes), so only the mma instruction and the conversions
-//   differ; k advances 32 bytes per mma (k16 halves, k8 floats, k32 codes). 8-bit accumulators start at zero and are
-//   dequantised (times act_scale * w_scale[n], plus the bias) before the norm and the epilogue, whose result is
-//   stored as the next layer's codes (times its input's inverse scale, QOUT).
+//   differ; k advances 32 bytes per mma (k16 halves, k8 floats, k32 codes). 8-bit accumulators start at zero (or,
+//   int8, at fm_acc_magic's constant) and are dequantised (times act_scale * w_scale[n], plus the bias) before the
+//   norm and the epilogue, whose result is stored as the next layer's codes (times its input's inverse scale, QOUT).
 // - Weights sit in shared memory in the layout the host packed them in (row n of layer l: K elements + 16 bytes,
 //   the pad makes the 8 rows an ldmatrix touches fall in 8 different bank groups). RESIDENT: all layers are loaded
 //   once per CTA. Otherwise each (layer, column chunk) stage is streamed with cp.async into one of two slots while
@@ -86,6 +86,20 @@ __device__ __forceinline__ void fm_accumulate(float (&acc)[FM_M_TILES][NT][4], f
 }
 
 #if FM_PREC >= 3
+// int8 layers whose sums stay below 2^22 in magnitude (127 * 127 * K < 2^22: K <= 256, every layer without a concat,
+// since 8-bit layers are at most 256 wide) start their s32 accumulators at FM_MAGIC's bits (fm_common.cuh): the sum
+// s then leaves FM_MAGIC_BITS + s, whose bits are the float FM_MAGIC + s (ulp 1 between 2^23 and 2^24), and one
+// exact FADD gives s where an I2FP (a conversion) did. Wider sums (a concat) keep zero and the conversion.
+template <int L> struct fm_acc_magic {
+    static constexpr bool ON = FM_PREC == 3 && Layer<L>::K * 127 * 127 < (1 << 22);
+};
+template <int L> __device__ __forceinline__ float fm_acc_to_f(float c) {
+    if constexpr (fm_acc_magic<L>::ON)
+        return __fsub_rn(c, FM_MAGIC);  // exact: an integer below 2^22
+    else
+        return fm_acc_value(c);
+}
+
 // 8-bit: the accumulators of columns n0 + 8 nt + 2t (+1) become W h + b: times the column's act_scale * w_scale
 // (Ly::DQ_OFF in the float blob), plus its bias, in one fma (csrc/ref.c's emulation rounds these in float64).
 template <int L, int NT>
@@ -100,7 +114,7 @@ __device__ __forceinline__ void fm_dequant(float (&acc)[FM_M_TILES][NT][4], cons
         for (int mt = 0; mt < FM_M_TILES; ++mt)
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-                acc[mt][nt][i] = fmaf(fm_acc_value(acc[mt][nt][i]), i & 1 ? d1 : d0, i & 1 ? b1 : b0);
+                acc[mt][nt][i] = fmaf(fm_acc_to_f<L>(acc[mt][nt][i]), i & 1 ? d1 : d0, i & 1 ? b1 : b0);
     }
 }
 #endif
@@ -151,12 +165,17 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
     static_assert(NCC % 16 == 0 && NCC > 0, "chunks are whole 16-column groups");
 
     // Accumulator fragment: c0,c1 at (row g, cols 2t, 2t+1), c2,c3 at (row g+8, same cols). They start at the
-    // bias (zero without one), so the epilogue has none to add; 8-bit ones at zero (fm_dequant adds it).
+    // bias (zero without one), so the epilogue has none to add; 8-bit ones at zero (fm_dequant adds it), or for
+    // int8 at FM_MAGIC's bits (fm_acc_magic).
     const int g = lane >> 2, t = lane & 3;
     float acc[FM_M_TILES][NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
+#if FM_PREC == 3
+        float b0 = fm_acc_magic<L>::ON ? __uint_as_float(FM_MAGIC_BITS) : 0.0f, b1 = b0;
+#else
         float b0 = 0.0f, b1 = 0.0f;
+#endif
         if constexpr (Ly::BIAS && FM_PREC < 3) {
             b0 = bias[Ly::B_OFF + n0 + nt * 8 + 2 * t];
             b1 = bias[Ly::B_OFF + n0 + nt * 8 + 2 * t + 1];

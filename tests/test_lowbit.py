@@ -139,6 +139,28 @@ def test_int8_codes_round_half_to_even_and_clamp_to_127():
     assert _core.Network.quant8_value(-200.0, "int8") == -127.0  # symmetric: -128 is never produced
 
 
+def test_the_kernels_int8_arithmetic_without_conversions_is_cvt_rni_and_exact():
+    """fm_common.cuh / fused_mlp.cu, replayed in float32: after the clamp, adding 1.5 * 2^23 rounds to nearest even
+    and leaves the code in the low byte (as cvt.rni + masking did); a code c, as c ^ 0x80 in that constant's low byte,
+    minus (1.5 * 2^23 + 128) is c (as I2F did); an s32 sum s started at the constant's bits reads as the float
+    1.5 * 2^23 + s for |s| <= 127^2 * 256 (fm_acc_magic), minus the constant is s (as I2FP did)."""
+    magic = np.float32(12582912.0)
+    rng = np.random.default_rng(3)
+    halves = (np.arange(-300, 301) + 0.5).astype(np.float32)
+    v = np.concatenate([rng.uniform(-300, 300, 1_000_000).astype(np.float32), halves,
+                        np.nextafter(halves, np.float32(np.inf)), np.nextafter(halves, np.float32(-np.inf)),
+                        np.array([np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45], np.float32)])
+    t = np.fmin(np.fmax(v, np.float32(-127)), np.float32(127))
+    assert np.array_equal((t + magic).view(np.uint32) & 0xFF, int8_round(v).astype(np.int32) & 0xFF)
+    codes = np.arange(256, dtype=np.uint32)
+    value = (np.uint32(0x4B400000) | (codes ^ 0x80)).view(np.float32) - np.float32(12582912.0 + 128.0)
+    assert np.array_equal(value, codes.astype(np.uint8).view(np.int8).astype(np.float32))
+    s = np.arange(-127 * 127 * 256, 127 * 127 * 256 + 1, 997, dtype=np.int64)
+    s = np.concatenate([s, [-127 * 127 * 256, 127 * 127 * 256, -1, 0, 1]])
+    assert np.array_equal((s + 0x4B400000).astype(np.uint32).view(np.float32) - magic, s.astype(np.float32))
+    assert 127 * 127 * 256 < 2**22 <= 127 * 127 * 288  # K <= 256 (no concat) takes the constant, wider K the I2FP
+
+
 # ------------------------------------------------------------------------------------------------ scales
 
 

@@ -30,6 +30,14 @@ MIN_ARCH = {"int8": 80, "float8": 89}
 #: fewer bits than float32 on Hopper), hence float8's larger allowance. If these fail by a small margin with errors
 #: against float64 well inside CHECK_TOLERANCES, the allowance is what to revisit; a large one (or NaN) is a bug.
 EMU_TOLS = {"int8": 2e-3, "float8": 5e-3}
+#: The float8 wgmma form (Hopper's QGMMA) against the emulation: its sums differ from float32 ones by more than the
+#: mma.sync form's (which ptxas runs on sm_90 as float16 HMMAs accumulated in float32, exact products). On the H100
+#: (bench/results/h100-lowbit/gpu_tests_each.txt) the networks of WGMMA_NETWORKS came out 5.2e-3 .. 8.4e-3 from the
+#: emulation (relative L2, float32 and float16 I/O) with errors against float64 of 0.066 .. 0.080, well inside the 0.2
+#: bound, and one layer of 256 inputs 6.2e-4 (max |difference| / max |y|) against ONE_TOL's 5e-4. Read as the
+#: accumulation, not a fragment or a gather (a wrong one is off by tens of percent). Allowances: 1.4x and 1.6x those.
+WGMMA_EMU_TOL = 1.2e-2
+WGMMA_ONE_TOL = 1e-3
 
 
 def arch():
@@ -104,11 +112,12 @@ def test_one_and_two_layers_match_the_emulation_to_float32_rounding(dtype, wgmma
         emu = mlp._net.forward_cpu(x).astype(np.float64)
         assert not np.isnan(y).any(), widths
         worst = float(np.max(np.abs(y - emu)) / max(np.max(np.abs(emu)), 1e-30))
+        one_tol, emu_tol = (WGMMA_ONE_TOL, WGMMA_EMU_TOL) if wgmma else (ONE_TOL[dtype], EMU_TOLS[dtype])
         if len(widths) == 2:
-            assert worst <= ONE_TOL[dtype], (widths, worst)
+            assert worst <= one_tol, (widths, worst)
         else:
-            flipped = float(np.mean(np.abs(y - emu) > ONE_TOL[dtype] * np.max(np.abs(emu))))
-            assert rel_l2(y, emu) <= EMU_TOLS[dtype], (widths, flipped, rel_l2(y, emu))
+            flipped = float(np.mean(np.abs(y - emu) > one_tol * np.max(np.abs(emu))))
+            assert rel_l2(y, emu) <= emu_tol, (widths, flipped, rel_l2(y, emu))
             assert dtype != "int8" or flipped <= 1e-3, (widths, flipped)
 
 
@@ -174,7 +183,7 @@ def test_the_float8_wgmma_form_matches_the_emulation(n, io):
     for rows in (1, 63, 65, 4099):
         x_seen, y = run_kernel(kernel, rng.standard_normal((rows, WGMMA_NETWORKS[n][0][0])).astype(np.float32), io)
         e_emu, e_ref = compare(mlp, x_seen, y, f"wgmma {WGMMA_NETWORKS[n][0]} {io} rows={rows}")
-        tol = EMU_TOLS["float8"] + (4e-3 if io == "bfloat16" else 1e-3 if io == "float16" else 0)
+        tol = WGMMA_EMU_TOL + (4e-3 if io == "bfloat16" else 1e-3 if io == "float16" else 0)
         assert e_emu <= tol and e_ref <= fusedmlp.CHECK_TOLERANCES["float8"], (rows, e_emu, e_ref)
 
 
@@ -247,6 +256,15 @@ def test_speed_against_float16_is_reported(workload, capsys):
             report[dtype] = f"{ms:.4f} ms, rel. L2 {err:.2e}"
         except fusedmlp.LimitError as e:
             report[dtype] = f"LimitError: {e.message}"
+        if dtype == "float8" and arch() == 90:  # the opt-in wgmma form (native e4m3; mma.sync is HMMA on sm_90)
+            try:
+                kernel = mlp._build("float16", wgmma=1)[0]
+                ms = kernel.time(1 << 20)
+                _, y = run_kernel(mlp._build("float32", wgmma=1)[0], x[4096:], "float32")
+                err = rel_l2(y, mlp._net.forward_cpu(x[4096:], quantised=False).astype(np.float64))
+                report["float8 wgmma=1"] = f"{ms:.4f} ms, rel. L2 {err:.2e}"
+            except fusedmlp.LimitError as e:
+                report["float8 wgmma=1"] = f"LimitError: {e.message}"
     with capsys.disabled():
         print(f"\n{workload} at 2^20 rows, float16 I/O: {report}")
     assert "float16" in report
