@@ -72,12 +72,31 @@ static const fm_dl_tensor *fast_capsule_tensor(PyObject *capsule) {
 
 enum { FAST_MAX_DIMS = 8, FAST_MAX_ENTRIES = 64, FAST_KINDS = 3, FAST_LIBS = 2 }; /* kinds: 0 f32, 1 f16, 2 bf16 */
 
+/* A segmented network's launches (python/fusedmlp/_segments.py, Chain.program): each step's operands by code,
+ * FAST_X / FAST_Y the call's x and y, FAST_NONE absent, >= 0 a byte offset into the chain's workspace for the stream
+ * the entry was made on. */
+enum { FAST_X = -1, FAST_NONE = -2, FAST_Y = -3 };
+typedef struct {
+    PyObject *kernel; /* a fusedmlp._core.Kernel: a fused stretch's or a GEMM layer's */
+    long long x, y, x1, res;
+} FastStep;
+typedef struct {
+    int n;
+    FastStep *steps;
+    PyObject *owner;  /* the Chain: holds the workspace (never freed while it lives) */
+    PyObject *lock;   /* its launch lock: two threads' sequences must not interleave on one stream */
+    fm_stream stream; /* the stream the workspace belongs to: a call on another stream takes the checked path */
+    fm_devptr base;   /* the workspace */
+    long long cap;    /* its rows */
+} FastChain;
+
 typedef struct {
     int in, out;       /* kinds */
     long long bucket;  /* _tune.bucket(rows) */
     int size_class;    /* _tune.size_class(rows, sm_count) */
     char *autotune;    /* FUSEDMLP_AUTOTUNE when the entry was made (NULL: unset); part of FusedMLP._kernel's key */
-    PyObject *kernel;  /* a fusedmlp._core.Kernel (fused plans only: a chain of segments stays in Python) */
+    PyObject *kernel;  /* a fusedmlp._core.Kernel; NULL for a chain */
+    FastChain *chain;  /* a segmented network's launches; NULL for one kernel */
 } FastEntry;
 
 /* An array library's pieces (torch, CuPy), given once by set_library: none is looked up per call. */
@@ -119,10 +138,23 @@ static int fast_same_env(const char *a, const char *b) {
     return (a == NULL || b == NULL) ? a == b : strcmp(a, b) == 0;
 }
 
+static void Fast_free_chain(FastChain *c) {
+    if (c == NULL)
+        return;
+    for (int i = 0; i < c->n; ++i)
+        Py_XDECREF(c->steps[i].kernel);
+    free(c->steps);
+    Py_XDECREF(c->owner);
+    Py_XDECREF(c->lock);
+    free(c);
+}
+
 static void Fast_clear_entries(FastObject *self) {
     for (int i = 0; i < self->n_entries; ++i) {
         free(self->entries[i].autotune);
         Py_CLEAR(self->entries[i].kernel);
+        Fast_free_chain(self->entries[i].chain);
+        self->entries[i].chain = NULL;
     }
     self->n_entries = 0;
 }
@@ -134,8 +166,13 @@ static void Fast_clear_entries(FastObject *self) {
                          &(lib)->dtypes[2]}
 
 static int Fast_traverse(FastObject *self, visitproc visit, void *arg) {
-    for (int i = 0; i < self->n_entries; ++i)
+    for (int i = 0; i < self->n_entries; ++i) {
         Py_VISIT(self->entries[i].kernel);
+        if (self->entries[i].chain != NULL) {
+            Py_VISIT(self->entries[i].chain->owner);
+            Py_VISIT(self->entries[i].chain->lock);
+        }
+    }
     for (int l = 0; l < FAST_LIBS; ++l) {
         FAST_LIB_REFS(&self->libs[l]);
         for (size_t i = 0; i < sizeof refs / sizeof *refs; ++i)
@@ -229,21 +266,15 @@ fail:
     return NULL;
 }
 
-/* add(in_kind, out_kind, rows, sm_count, kernel): the kernel FusedMLP._kernel gave for a call of `rows` rows (kinds: 0
- * float32, 1 float16, 2 bfloat16) answers every later call in the same batch bucket and size class. */
-static PyObject *Fast_add(FastObject *self, PyObject *args) {
-    int in, out, sm_count;
-    long long rows;
-    PyObject *kernel;
-    if (!PyArg_ParseTuple(args, "iiLiO!", &in, &out, &rows, &sm_count, &KernelType, &kernel))
-        return NULL;
+/* Puts kernel (a new reference, or NULL) or chain (owned, or NULL) in the table for calls like one of `rows` rows;
+ * frees chain on failure. */
+static PyObject *Fast_put(FastObject *self, int in, int out, long long rows, int sm_count, PyObject *kernel,
+                          FastChain *chain) {
     if (in < 0 || in >= FAST_KINDS || out < 0 || out >= FAST_KINDS || rows < 1 || sm_count < 1) {
-        PyErr_Format(PyExc_ValueError, "add(%d, %d, %lld, %d, kernel): kinds are 0-2, rows and sm_count >= 1", in, out,
+        PyErr_Format(PyExc_ValueError, "add(%d, %d, %lld, %d, ...): kinds are 0-2, rows and sm_count >= 1", in, out,
                      rows, sm_count);
-        return NULL;
-    }
-    if (Kernel_is_gemm(kernel)) {
-        PyErr_SetString(PyExc_ValueError, "add: a GEMM layer's kernel runs inside its network's chain, not alone");
+        Py_XDECREF(kernel);
+        Fast_free_chain(chain);
         return NULL;
     }
     const char *env = getenv("FUSEDMLP_AUTOTUNE");
@@ -252,19 +283,95 @@ static PyObject *Fast_add(FastObject *self, PyObject *args) {
     if (self->n_entries == FAST_MAX_ENTRIES)
         Fast_clear_entries(self); /* more shapes than the table holds: start over (a miss only costs the slow path) */
     self->sm_count = sm_count;
-    for (int i = 0; i < self->n_entries; ++i) {
-        FastEntry *e = &self->entries[i];
-        if (e->in == in && e->out == out && e->bucket == bucket && e->size_class == size_class &&
-            fast_same_env(e->autotune, env)) {
-            Py_SETREF(e->kernel, Py_NewRef(kernel));
-            Py_RETURN_NONE;
-        }
+    FastEntry *e = NULL;
+    for (int i = 0; i < self->n_entries && e == NULL; ++i) {
+        FastEntry *o = &self->entries[i];
+        if (o->in == in && o->out == out && o->bucket == bucket && o->size_class == size_class &&
+            fast_same_env(o->autotune, env))
+            e = o;
     }
-    char *copy = NULL;
-    if (env != NULL && (copy = strdup(env)) == NULL)
-        return PyErr_NoMemory();
-    self->entries[self->n_entries++] = (FastEntry){in, out, bucket, size_class, copy, Py_NewRef(kernel)};
+    if (e == NULL) {
+        char *copy = NULL;
+        if (env != NULL && (copy = strdup(env)) == NULL) {
+            Py_XDECREF(kernel);
+            Fast_free_chain(chain);
+            return PyErr_NoMemory();
+        }
+        e = &self->entries[self->n_entries++];
+        *e = (FastEntry){in, out, bucket, size_class, copy, NULL, NULL};
+    }
+    Py_XSETREF(e->kernel, kernel);
+    Fast_free_chain(e->chain);
+    e->chain = chain;
     Py_RETURN_NONE;
+}
+
+/* add(in_kind, out_kind, rows, sm_count, kernel): the kernel FusedMLP._kernel gave for a call of `rows` rows (kinds: 0
+ * float32, 1 float16, 2 bfloat16) answers every later call in the same batch bucket and size class. */
+static PyObject *Fast_add(FastObject *self, PyObject *args) {
+    int in, out, sm_count;
+    long long rows;
+    PyObject *kernel;
+    if (!PyArg_ParseTuple(args, "iiLiO!", &in, &out, &rows, &sm_count, &KernelType, &kernel))
+        return NULL;
+    if (Kernel_is_gemm(kernel)) {
+        PyErr_SetString(PyExc_ValueError, "add: a GEMM layer's kernel runs inside its network's chain, not alone");
+        return NULL;
+    }
+    return Fast_put(self, in, out, rows, sm_count, Py_NewRef(kernel), NULL);
+}
+
+/* add_chain(in_kind, out_kind, rows, sm_count, owner, lock, stream, base, cap, steps): a segmented network's
+ * launches for calls like one of `rows` rows on `stream`; steps a sequence of (kernel, x, y, x1, res) with operand
+ * codes -1 x, -3 y, -2 none, >= 0 a byte offset from base (the workspace of cap rows). */
+static PyObject *Fast_add_chain(FastObject *self, PyObject *args) {
+    int in, out, sm_count;
+    long long rows, cap;
+    unsigned long long stream, base;
+    PyObject *owner, *lock, *steps;
+    if (!PyArg_ParseTuple(args, "iiLiOOKKLO", &in, &out, &rows, &sm_count, &owner, &lock, &stream, &base, &cap,
+                          &steps))
+        return NULL;
+    PyObject *seq = PySequence_Fast(steps, "add_chain: steps must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    FastChain *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->steps = calloc(n > 0 ? (size_t)n : 1, sizeof *c->steps)) == NULL) {
+        free(c);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    *c = (FastChain){0, c->steps, Py_NewRef(owner), Py_NewRef(lock), (fm_stream)(uintptr_t)stream, base, cap};
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        FastStep *st = &c->steps[i];
+        PyObject *kernel;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "O!LLLL", &KernelType, &kernel, &st->x, &st->y,
+                              &st->x1, &st->res)) {
+            Py_DECREF(seq);
+            Fast_free_chain(c);
+            return NULL;
+        }
+        long long codes[] = {st->x, st->y, st->x1, st->res};
+        for (int j = 0; j < 4; ++j)
+            if (codes[j] < FAST_Y) {
+                PyErr_Format(PyExc_ValueError, "add_chain: step %zd has operand code %lld (-3..-1 or an offset)", i,
+                             codes[j]);
+                Py_DECREF(seq);
+                Fast_free_chain(c);
+                return NULL;
+            }
+        st->kernel = Py_NewRef(kernel);
+        c->n = (int)i + 1;
+    }
+    Py_DECREF(seq);
+    if (n < 1 || cap < rows) {
+        PyErr_Format(PyExc_ValueError, "add_chain: %zd steps, workspace of %lld rows for %lld: need >= 1 and >= rows",
+                     n, cap, rows);
+        Fast_free_chain(c);
+        return NULL;
+    }
+    return Fast_put(self, in, out, rows, sm_count, NULL, c);
 }
 
 static PyObject *Fast_clear_method(FastObject *self, PyObject *noargs) {
@@ -428,6 +535,40 @@ static int Fast_stream(const FastLib *lib, fm_stream *stream) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+static fm_devptr fast_operand(long long code, fm_devptr x, fm_devptr y, fm_devptr base) {
+    return code == FAST_X ? x : code == FAST_Y ? y : code == FAST_NONE ? 0 : base + (fm_devptr)code;
+}
+
+/* A chain's launches in order, under its launch lock (taken without waiting: held, the checked path waits for it). */
+static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
+                                fm_error *err) {
+    PyObject *got = PyObject_CallMethod(c->lock, "acquire", "O", Py_False);
+    if (got == NULL)
+        return fm_fail(err, FM_ERR_VALUE, "a segmented call could not take its chain's launch lock");
+    int held = got == Py_True;
+    Py_DECREF(got);
+    if (!held) { /* another thread is launching this chain: wait for it (the GIL is released while waiting) */
+        if ((got = PyObject_CallMethod(c->lock, "acquire", NULL)) == NULL)
+            return fm_fail(err, FM_ERR_VALUE, "a segmented call could not take its chain's launch lock");
+        Py_DECREF(got);
+    }
+    fm_status st = FM_OK;
+    for (int i = 0; i < c->n && st == FM_OK; ++i) {
+        const FastStep *s = &c->steps[i];
+        st = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, c->base), fast_operand(s->y, x, y, c->base),
+                                rows, stream, fast_operand(s->x1, x, y, c->base), fast_operand(s->res, x, y, c->base),
+                                err);
+    }
+    PyObject *released = PyObject_CallMethod(c->lock, "release", NULL);
+    if (released == NULL) {
+        PyErr_Clear();
+        if (st == FM_OK)
+            st = fm_fail(err, FM_ERR_VALUE, "a segmented call could not release its chain's launch lock");
+    }
+    Py_XDECREF(released);
+    return st;
+}
+
 /* fp(x, out_dtype, out) -> y, or NotImplemented when the checked path must take the call. */
 static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -470,6 +611,15 @@ static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t n
     FastEntry *e = Fast_find(self, x.kind, out_kind, rows);
     if (e == NULL || lib->dtypes[out_kind] == Py_None)
         goto miss_xo;
+    fm_stream stream;
+    if (Fast_stream(lib, &stream) < 0) {
+        Py_DECREF(x.capsule);
+        Py_XDECREF(o.capsule);
+        return NULL;
+    }
+    /* a chain's workspace is its stream's and as large as its largest call so far: others take the checked path */
+    if (e->chain != NULL && (e->chain->stream != stream || e->chain->cap < rows))
+        goto miss_xo;
     if (outobj == Py_None) {
         if ((y = Fast_empty(self, lib, xt, out_kind)) == NULL)
             goto fail;
@@ -490,13 +640,12 @@ static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t n
         }
         y = Py_NewRef(outobj);
     }
-    fm_stream stream;
-    if (Fast_stream(lib, &stream) < 0)
-        goto fail;
-    /* The launch keeps the GIL: cuLaunchKernel only queues (3.6 us on the H100 machine), and a release and re-take
+    /* The launches keep the GIL: cuLaunchKernel only queues (3.6 us on the H100 machine), and a release and re-take
      * around it would cost more than it frees and can wait on another thread's switch interval. */
     fm_error err = {0};
-    if (Kernel_launch_ptrs(e->kernel, x.ptr, o.ptr, rows, stream, &err) != FM_OK) {
+    fm_status st = e->chain != NULL ? Fast_run_chain(e->chain, x.ptr, o.ptr, rows, stream, &err)
+                                    : Kernel_launch_ptrs(e->kernel, x.ptr, o.ptr, rows, stream, 0, 0, &err);
+    if (st != FM_OK) {
         fm_raise_clear(&err);
         goto fail;
     }
@@ -565,6 +714,8 @@ static PyObject *Fast_get_stats(FastObject *self, void *closure) {
 static PyMethodDef Fast_methods[] = {
     {"call", (PyCFunction)(void (*)(void))Fast_call, METH_FASTCALL,
      "call(x, out_dtype, out) -> y, or NotImplemented when the checked Python path must take the call."},
+    {"add_chain", (PyCFunction)Fast_add_chain, METH_VARARGS,
+     "add_chain(in_kind, out_kind, rows, sm_count, owner, lock, stream, base, cap, steps): a segmented network."},
     {"add", (PyCFunction)Fast_add, METH_VARARGS,
      "add(in_kind, out_kind, rows, sm_count, kernel): kinds 0 float32, 1 float16, 2 bfloat16."},
     {"set_library", (PyCFunction)Fast_set_library, METH_VARARGS,

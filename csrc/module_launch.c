@@ -254,14 +254,15 @@ static PyObject *Kernel_launch(KernelObject *self, PyObject *args) {
 
 int Kernel_is_gemm(PyObject *kernel) { return ((KernelObject *)kernel)->plan->plan.gemm != 0; }
 
-/* The fast path's launch (module_fast.c): x and y are checked device pointers, rows >= 1; the GIL stays held. */
-fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
-                             fm_error *err) {
+/* The fast path's launch (module_fast.c): x, y (and a GEMM's x1 and res) are checked device pointers, rows >= 1;
+ * the GIL stays held. */
+fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long long rows, fm_stream stream, fm_devptr x1,
+                             fm_devptr res, fm_error *err) {
     KernelObject *self = (KernelObject *)kernel;
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st != FM_OK)
         return st;
-    void *params[] = {&x, &y, &self->w, &self->b, &rows, &x, &x}; /* (the last two: a GEMM's, unused here) */
+    void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
     return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, err);
 }
 

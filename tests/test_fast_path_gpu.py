@@ -169,21 +169,71 @@ def test_custom_op_and_module_take_the_fast_path(model):
     assert rel(y, reference(model, x)) <= 2e-3
 
 
-def test_segmented_networks_stay_on_their_chain():
-    """A network cut into segments (a 512-wide layer) is never in the C table; its calls stay right."""
+def _wide_reference(w, x, acts):
+    h = x.double().cpu().numpy()
+    for wi, act in zip(w, acts):
+        h = h @ wi.astype(np.float64).T
+        h = np.maximum(h, 0) if act == "relu" else h
+    return h
+
+
+def test_segmented_networks_take_the_fast_path_on_their_stream():
+    """A network cut into segments (512-wide layers: GEMMs) runs its chain from C after a first call: the same bits
+    as the chain launched from Python, on the stream its workspace belongs to; another stream, or a batch larger than
+    the workspace, takes the checked path and stays right."""
     rng = np.random.default_rng(5)
     widths = [32, 512, 512, 16]
     w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(3)]
+    acts = ["relu", "relu", "none"]
     mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
-    x = torch.randn(2048, 32, device="cuda", dtype=torch.float16)
-    y1, y2 = mlp(x), mlp(x)
-    assert stats(mlp)["entries"] == 0
-    assert torch.equal(y1, y2)
-    h = x.double().cpu().numpy()
-    for i, wi in enumerate(w):
-        h = h @ wi.astype(np.float64).T
-        h = np.maximum(h, 0) if i < 2 else h
-    assert np.linalg.norm(y2.double().cpu().numpy() - h) / np.linalg.norm(h) <= 2e-3
+    assert mlp.segments is not None
+    x = torch.randn(1024, 32, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        y1 = mlp(x)  # checked path: builds the chain, adds it
+        calls = stats(mlp)["calls"]
+        y2 = mlp(x)
+        assert stats(mlp)["calls"] == calls + 1 and stats(mlp)["entries"] >= 1
+        slow = _dlpack.call_torch(mlp, x)
+    assert torch.equal(y1, y2) and torch.equal(y2, slow)
+    ref = _wide_reference(w, x, acts)
+    assert np.linalg.norm(y2.double().cpu().numpy() - ref) / np.linalg.norm(ref) <= 2e-3
+    s = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(s):
+        x2 = torch.randn(1024, 32, device="cuda", dtype=torch.float16)
+        y3 = mlp(x2)  # another stream: its own workspace through the checked path (which then adds this stream's)
+        y4 = mlp(x2)
+    torch.cuda.synchronize()
+    ref2 = _wide_reference(w, x2, acts)
+    for y in (y3, y4):
+        assert np.linalg.norm(y.double().cpu().numpy() - ref2) / np.linalg.norm(ref2) <= 2e-3
+    big = torch.randn(4000, 32, device="cuda", dtype=torch.float16)  # a workspace larger than the stream's
+    with torch.no_grad():
+        yb = mlp(big)
+    refb = _wide_reference(w, big, acts)
+    assert np.linalg.norm(yb.double().cpu().numpy() - refb) / np.linalg.norm(refb) <= 2e-3
+
+
+def test_cuda_graph_capture_of_a_segmented_fast_call():
+    rng = np.random.default_rng(6)
+    widths = [32, 512, 16]
+    w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(2)]
+    mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
+    x = torch.randn(512, 32, device="cuda", dtype=torch.float16)
+    out = torch.empty(512, 16, device="cuda", dtype=torch.float16)
+    s = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(s):
+        mlp(x, out=out)
+        mlp(x, out=out)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(g, stream=s):
+        mlp(x, out=out)
+    x.copy_(torch.randn_like(x))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = _wide_reference(w, x, ["relu", "none"])
+    assert np.linalg.norm(out.double().cpu().numpy() - ref) / np.linalg.norm(ref) <= 2e-3
 
 
 def test_cupy_arrays_take_the_fast_path(model):

@@ -7,7 +7,7 @@ surrounding work and can be captured in a CUDA graph (after a first, warm-up cal
 
 import numpy as np
 
-from . import _core, _out
+from . import _core, _out, _segments
 from .errors import ArgumentError, DTypeError, ShapeError
 
 
@@ -51,14 +51,22 @@ def _cupy_library(cupy, mlp):
             (np.dtype(np.float32), np.dtype(np.float16), None))
 
 
-def remember(mlp, library, k_in, k_out, rows, kernel):
-    """Adds a kernel a call just launched to the model's C fast path, so the next calls in its batch bucket skip
-    Python (csrc/module_fast.c). Only fused kernels (a chain of segments stays here) of calls without check=True.
+def remember(mlp, library, k_in, k_out, rows, kernel, stream):
+    """Adds what a call just launched to the model's C fast path, so the next calls in its batch bucket skip Python
+    (csrc/module_fast.c): a fused kernel, or a segmented network's chain with its workspace on `stream` (calls on
+    other streams, or larger than that workspace, stay here). Not for calls with check=True.
 
     Args:
         library: (_TORCH or _CUPY, a function of no arguments giving FastPath.set_library's arguments or None)."""
     table = mlp._calls
-    if mlp._check or type(kernel) is not _core.Kernel or not isinstance(table, CallTable):
+    if mlp._check or not isinstance(table, CallTable):
+        return
+    program = None
+    if isinstance(kernel, _segments.Chain):
+        program = kernel.program(rows, stream)
+        if any(type(step[0]) is not _core.Kernel for step in program[0]):
+            return
+    elif type(kernel) is not _core.Kernel:
         return
     index, make = library
     path = table._path
@@ -72,7 +80,12 @@ def remember(mlp, library, k_in, k_out, rows, kernel):
         path.set_library(*arguments)
         table._libraries.add(index)
     table.fast = path.call
-    path.add(_KIND_CODES[k_in], _KIND_CODES[k_out], rows, mlp._sm_count, kernel)
+    if program is None:
+        path.add(_KIND_CODES[k_in], _KIND_CODES[k_out], rows, mlp._sm_count, kernel)
+    else:
+        steps, base, cap = program
+        path.add_chain(_KIND_CODES[k_in], _KIND_CODES[k_out], rows, mlp._sm_count, kernel, kernel._launch_lock,
+                       stream, base, cap, steps)
 
 
 def call(mlp, x, out_dtype=None, out=None):
@@ -148,8 +161,9 @@ def call_torch(mlp, x, out_dtype=None, out=None):
 
 def _launch(torch, mlp, k_in, k_out, x, y, rows, raw_stream):
     kernel = mlp._kernel(k_in, k_out, rows)
-    kernel.launch(x.data_ptr(), y.data_ptr(), rows, raw_stream(mlp._ordinal))
-    remember(mlp, (_TORCH, lambda: _torch_library(torch, mlp)), k_in, k_out, rows, kernel)
+    stream = raw_stream(mlp._ordinal)
+    kernel.launch(x.data_ptr(), y.data_ptr(), rows, stream)
+    remember(mlp, (_TORCH, lambda: _torch_library(torch, mlp)), k_in, k_out, rows, kernel, stream)
     if mlp._check:
         mlp._verify(x.float().cpu().numpy(), y.float().cpu().numpy())
     return y
@@ -228,8 +242,9 @@ def _run_cuda(torch, mlp, x, out_dtype, out, rows):
     else:
         y = torch.empty((rows, n_out), device=x.device, dtype=getattr(torch, k_out))
     kernel = mlp._kernel(k_in, k_out, rows)
-    kernel.launch(xin.data_ptr(), y.data_ptr(), rows, torch.cuda.current_stream(x.device).cuda_stream)
-    remember(mlp, (_TORCH, lambda: _torch_library(torch, mlp)), k_in, k_out, rows, kernel)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    kernel.launch(xin.data_ptr(), y.data_ptr(), rows, stream)
+    remember(mlp, (_TORCH, lambda: _torch_library(torch, mlp)), k_in, k_out, rows, kernel, stream)
     if mlp._check:
         mlp._verify(x.detach().reshape(rows, n_in).float().cpu().numpy(), y.float().cpu().numpy())
     if out is None:
@@ -265,8 +280,9 @@ def _call_cupy(mlp, x, out_dtype, out=None):
         direct = out is not None and out.flags.c_contiguous and out.data.ptr % 16 == 0
         y = out.reshape(rows, n_out) if direct else cupy.empty((rows, n_out), dtype=out_dtype)
         kernel = mlp._kernel(x.dtype.name, out_dtype.name, rows)
-        kernel.launch(xin.data.ptr, y.data.ptr, rows, cupy.cuda.get_current_stream().ptr)
-        remember(mlp, (_CUPY, lambda: _cupy_library(cupy, mlp)), x.dtype.name, out_dtype.name, rows, kernel)
+        stream = cupy.cuda.get_current_stream().ptr
+        kernel.launch(xin.data.ptr, y.data.ptr, rows, stream)
+        remember(mlp, (_CUPY, lambda: _cupy_library(cupy, mlp)), x.dtype.name, out_dtype.name, rows, kernel, stream)
         if out is None:
             return y.reshape(*lead, n_out)
         if not direct:

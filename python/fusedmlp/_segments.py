@@ -140,7 +140,7 @@ class Chain:
     def __init__(self, mlp, segments, in_dtype, out_dtype, steps, fused):
         self.segments = segments
         self._mlp = mlp
-        self._steps = steps  # per segment: its launch function (ptr of a value, rows, stream)
+        self._steps = steps  # per segment: (kernel of rows, its input value, output, concat part, residual)
         self.fused = fused  # (segment, its FusedMLP, its input and output dtypes): what tune() tunes
         self._out = out_dtype
         storage = STORAGE[mlp._precision]
@@ -180,20 +180,31 @@ class Chain:
                 ws = self._workspaces[stream] = (cap, buf, offsets)
         return ws
 
+    def _operand(self, v, offsets):
+        """Value v's place in a call: -1 the input x, -3 the output y, -2 none, else its byte offset in the
+        workspace (csrc/module_fast.c reads the same codes)."""
+        if v is None:
+            return -2
+        if v == -1:
+            return -1
+        if v == len(self._mlp.widths) - 2:
+            return -3
+        return offsets[self._slot_of[v]]
+
     def launch(self, x, y, rows, stream=0):
         _, buf, offsets = self._workspace(rows, stream)
-        last = len(self._mlp.widths) - 2
-
-        def ptr(v):
-            if v == -1:
-                return x
-            if v == last:
-                return y
-            return buf.ptr + offsets[self._slot_of[v]]
-
+        where = {-1: x, -2: 0, -3: y}
         with self._launch_lock:
-            for launch in self._steps:
-                launch(ptr, rows, stream)
+            for kernel, *values in self._steps:
+                a, b, a1, r = (where.get(c, buf.ptr + c) for c in (self._operand(v, offsets) for v in values))
+                kernel(rows).launch(a, b, rows, stream, a1, r)
+
+    def program(self, rows, stream):
+        """What a call of `rows` rows on `stream` launches, for the C fast path (FastPath.add_chain): (steps, the
+        workspace's address, its rows), steps as (kernel, x, y, x1, res) in _operand's codes."""
+        cap, buf, offsets = self._workspace(rows, stream)
+        steps = [(kernel(rows), *(self._operand(v, offsets) for v in values)) for kernel, *values in self._steps]
+        return steps, buf.ptr, cap
 
     def run(self, x, poison=False):
         """The outputs of a C-contiguous host array x (rows >= 1) of the chain's input dtype, synchronously."""
@@ -417,19 +428,14 @@ def chain(mlp, in_dtype, out_dtype):
             if seg.kind == "fused":
                 sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype)
                 fused.append((seg, sub, k_in, k_out))
-
-                def step(ptr, rows, stream, sub=sub, f=f, last=last, k_in=k_in, k_out=k_out):
-                    sub._kernel(k_in, k_out, rows).launch(ptr(f - 1), ptr(last), rows, stream)
+                kernel = lambda rows, sub=sub, k_in=k_in, k_out=k_out: sub._kernel(k_in, k_out, rows)  # noqa: E731
+                steps.append((kernel, f - 1, last, None, None))
             else:
                 p0, p1, res = _gemm_operands(mlp, f)
                 dtypes = gemm_dtypes(mlp, f, in_dtype, out_dtype)
                 plan = mlp._gemm_plan(f, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
                                       *dtypes).info
                 gemm = GemmLayer(mlp, f, dtypes, (plan["bm"], plan["bn"]), built[f], info["sm_count"])
-
-                def step(ptr, rows, stream, gemm=gemm, p0=p0, p1=p1, res=res, f=f):
-                    gemm.kernel(rows).launch(ptr(p0), ptr(f), rows, stream, 0 if p1 is None else ptr(p1),
-                                             0 if res is None else ptr(res))
-            steps.append(step)
+                steps.append((gemm.kernel, p0, f, p1, res))
         found = mlp._chains[key] = Chain(mlp, segments, in_dtype, out_dtype, steps, fused)
         return found
