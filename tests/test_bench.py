@@ -393,3 +393,21 @@ def test_host_section_lists_each_measure_and_the_floor():
     assert line.split()[:5] == ["tcnn64", "1024", "4.03", "8.41", "5.80"] and line.split()[5] == "-"
     assert "res128         1 error: CudaError: boom" in text
     assert bench_host.format_section(None) == ""
+
+
+def test_low_bit_dtypes_are_timed_beside_float16_with_their_own_bounds(cpu_bench, tmp_path, capsys):
+    code = bench.main(["--workloads", "tcnn64", "--rows", "32", "--reps", "10", "--no-compile", "--no-host",
+                       "--dtype", "float16", "int8", "float8", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads((tmp_path / "bench.json").read_text())
+    r = report["results"][0]
+    for dtype in ("int8", "float8"):
+        entry = r["methods"][f"fusedmlp_{dtype}"]
+        assert entry["ms"] > 0 and entry["check_ok"] is True, entry
+        assert 1e-4 < entry["rel_l2"] <= fusedmlp.CHECK_TOLERANCES[dtype]  # 8-bit codes: an error, bounded by its own
+    assert "matmul8_TFLOPs" in report["ceilings"] or "matmul8_error" in report["ceilings"]
+    text = (tmp_path / "bench.txt").read_text()
+    assert "low-bit kernels, ms" in text
+    line = next(l for l in text.splitlines() if l.startswith("tcnn64") and len(l.split()) == 9)
+    assert line.split()[1] == "2^5" and all(c != "err" for c in line.split()[2:5])

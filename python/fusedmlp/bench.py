@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 
-from . import bench_host
+from . import bench_host, bench_lowbit
 
 __all__ = ["WORKLOADS", "Workload", "main", "floor_ms", "flops", "io_bytes", "format_table", "plot", "device_slug"]
 
@@ -285,8 +285,8 @@ def format_table(report):
                  "tuner's choice (wgN: wgmma, N warps; wNmM: mma.sync, N warps x 16M rows; every candidate's time in "
                  "the JSON)")
     lines.extend(f"error: {f}" for f in failures)
-    section = bench_host.format_section(report.get("host"))
-    return "\n".join(lines) + ("\n" + section if section else "")
+    sections = [bench_lowbit.format_section(report), bench_host.format_section(report.get("host"))]
+    return "\n".join(lines + [section for section in sections if section])
 
 
 _PLOT_LINES = (  # method, label, style
@@ -891,6 +891,8 @@ def _parse_args(argv):
     ap.add_argument("--reps", type=int, help="timed groups per method (default 100, --quick 20)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-host", action="store_true", help="skip the host section (small calls' host time)")
+    ap.add_argument("--dtype", nargs="+", default=["float16"], choices=("float16",) + bench_lowbit.LOWBIT,
+                    help="compute dtypes to time: float16 always, int8 and float8 beside it (the low-bit section)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="wall-clock seconds for the whole run; torch.compile measurements that would not fit are "
                          "skipped (default 420)")
@@ -990,6 +992,11 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
         winfo["fusedmlp_error"] = _error_text(e)
         _say(f"{wname:9s} fusedmlp failed: {winfo['fusedmlp_error']}")
         failed, mlp = True, None
+    low = {}
+    if mlp is not None and any(d in bench_lowbit.LOWBIT for d in args.dtype):
+        low = bench_lowbit.models(torch, fusedmlp, args.dtype, weights, biases,
+                                  dict(fused_options(wl), cache_dir=os.path.join(cache_root, wname)), wl.widths[0],
+                                  DEVICE)
     for rows in args.rows:
         case = _Case(torch, wname, wl, rows, model, ref_model, report["ceilings"])
         report["results"].append(case.result)
@@ -997,9 +1004,15 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
         if mlp is not None:
             caller, winfo["call_path"] = _fused_caller(torch, mlp, case.xs[0])
             setups.update(_fused_methods(torch, case, mlp, caller))
+        if low:
+            setups.update(bench_lowbit.setups(case, low))
+            case.result["floor8_ms"] = bench_lowbit.floor_ms(case.result["flops"], case.result["io_bytes"],
+                                                             report["ceilings"])
         setups.update(_torch_methods(torch, case))
         for method, setup in setups.items():
-            entry = _measure(torch, case, method, setup, fusedmlp.CHECK_TOLERANCE, args.reps, args.host_calls)
+            dtype = method[len("fusedmlp_"):] if method.startswith("fusedmlp_") else "float16"
+            tolerance = fusedmlp.CHECK_TOLERANCES.get(dtype, fusedmlp.CHECK_TOLERANCE)
+            entry = _measure(torch, case, method, setup, tolerance, args.reps, args.host_calls)
             if method.startswith("fusedmlp") and (entry.get("error") or entry.get("check_ok") is False):
                 failed = True
         del case, setups
@@ -1089,6 +1102,8 @@ def main(argv=None):
     _say(f"{name}, torch {torch.__version__} (CUDA {report['torch_cuda']}), fusedmlp {fusedmlp.__version__}; "
          f"workloads {' '.join(args.workloads)}; rows {' '.join(rows_label(r) for r in args.rows)}")
     report["ceilings"] = c = measure_ceilings(torch)
+    if any(d in bench_lowbit.LOWBIT for d in args.dtype):
+        c.update(bench_lowbit.ceiling(torch, MATMUL_N, _median_ms, DEVICE))
     _say(f"ceilings: copy {c['copy_GBps']:.0f} GB/s (read + write), fp16 matmul {c['matmul_TFLOPs']:.0f} TFLOP/s")
     _init_fusedmlp(report)
     models, failed, stopped = {}, False, False
