@@ -251,3 +251,28 @@ def test_cupy_arrays_take_the_fast_path(model):
     assert r is out and bool((out == y).all())
     xt = torch.as_tensor(cupy.asnumpy(x), device="cuda")
     assert rel(torch.as_tensor(cupy.asnumpy(y), device="cuda"), reference(model, xt)) <= 2e-3
+
+
+class Producer:
+    """A DLPack producer that is not a torch tensor (as a JAX array is to fusedmlp)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __dlpack__(self, **kwargs):
+        return self.tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
+
+
+def test_other_dlpack_producers_take_the_fast_path_after_the_conversion(model):
+    mlp = fusedmlp.from_torch(model)
+    x = torch.randn(1024, N_IN, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        mlp(Producer(x))  # the checked path: adds the kernel
+        calls = stats(mlp)["calls"]
+        x = torch.randn_like(x)
+        y = mlp(Producer(x))
+    assert stats(mlp)["calls"] == calls + 1
+    assert isinstance(y, torch.Tensor) and rel(y, reference(model, x)) <= 2e-3
