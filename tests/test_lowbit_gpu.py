@@ -16,6 +16,7 @@ import pytest
 
 import fusedmlp
 from fusedmlp._gpu import gpu as _gpu
+from test_gpu import run_io_kernel as run_kernel  # io-typed input and output, bfloat16 as bits
 from conftest import graph_weights, rel_l2, torch_init
 from test_lowbit import WGMMA_NETWORKS, random_graph, wgmma_model
 
@@ -47,24 +48,6 @@ def arch():
 def need(dtype):
     if arch() < MIN_ARCH[dtype]:
         pytest.skip(f"dtype={dtype} needs sm_{MIN_ARCH[dtype]}; this GPU is sm_{arch()}")
-
-
-def to_bf16_bits(a):
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16_bits(b):
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
-def run_kernel(kernel, x32, io):
-    """The kernel on x32 as io-typed input and output: (the input as the kernel saw it as float32, output float64)."""
-    if io == "bfloat16":
-        bits = to_bf16_bits(x32)
-        return from_bf16_bits(bits), from_bf16_bits(kernel.run(bits, poison=True)).astype(np.float64)
-    x = x32.astype(io)
-    return x.astype(np.float32), kernel.run(x, poison=True).astype(np.float64)
 
 
 def compare(mlp, x_seen, y, what):

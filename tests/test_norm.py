@@ -11,6 +11,7 @@ import pytest
 import fusedmlp
 from fusedmlp import _api, _core
 from fusedmlp._cache import KernelCache
+from test_gpu import run_io_kernel as run_kernel  # io-typed input and output, bfloat16 as bits
 from conftest import rel_l2
 
 ACTS = ["relu", "gelu", "silu", "tanh", "none", "mish", "x * tanh(softplus(x))", "sigmoid"]
@@ -360,24 +361,6 @@ def gpu_forms():
     if fusedmlp._api._gpu(0).info["arch"] == 90:
         forms.update(SM90_FORMS)
     return forms
-
-
-def to_bf16_bits(a):
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16_bits(b):
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
-def run_kernel(kernel, x32, io):
-    """(x as the kernel saw it, y as float64) of a kernel built for io in and out, its output poisoned first."""
-    if io == "bfloat16":
-        bits = to_bf16_bits(x32)
-        return from_bf16_bits(bits), from_bf16_bits(kernel.run(bits, poison=True)).astype(np.float64)
-    x = x32.astype(io)
-    return x, kernel.run(x, poison=True).astype(np.float64)
 
 
 def check_forms(mlp, g, x32, io, forms, seen, failures, label):
