@@ -104,7 +104,8 @@ def _ray_once(ray, ds, kwargs, block_rows, resources):
         os.unlink(_NOTES)
     submitted = time.time()
     out = ds.map_batches(TimedPredictor, fn_constructor_kwargs=dict(notes=_NOTES, warmup_rows=block_rows, **kwargs),
-                         batch_size=block_rows, compute=ray.data.ActorPoolStrategy(size=1), **resources).materialize()
+                         batch_size=block_rows, compute=ray.data.ActorPoolStrategy(size=1), zero_copy_batch=True,
+                         **resources).materialize()
     done = time.time()
     with open(_NOTES) as f:
         notes = [json.loads(line) for line in f]

@@ -82,7 +82,7 @@ def main():
     t0 = time.perf_counter()
     ds = ray.data.read_parquet(points).map_batches(
         fusedmlp.ray.FusedMLPPredictor, fn_constructor_kwargs=kwargs, batch_size=args.batch_size,
-        compute=ray.data.ActorPoolStrategy(size=actors), **resources)
+        compute=ray.data.ActorPoolStrategy(size=actors), zero_copy_batch=True, **resources)
     ds.write_parquet(colors)
     seconds = time.perf_counter() - t0
 

@@ -6,7 +6,7 @@
 >>> fusedmlp.ray.precompile(arch="sm_90", **kwargs)        # on the driver, no GPU needed: the workers start warm
 >>> ds = ray.data.read_parquet("points/").map_batches(
 ...     fusedmlp.ray.FusedMLPPredictor, fn_constructor_kwargs=kwargs, batch_size=1 << 22, num_gpus=1,
-...     compute=ray.data.ActorPoolStrategy(size=8))
+...     compute=ray.data.ActorPoolStrategy(size=8), zero_copy_batch=True)
 >>> ds.write_parquet("colors/")
 
 Each actor builds its FusedMLP once, from the model file, its bytes, its arrays or an object-store reference to them
