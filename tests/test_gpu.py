@@ -338,14 +338,18 @@ def run_io_kernel(kernel, x32, io):
     return x, kernel.run(x, poison=True).astype(np.float64)
 
 
-def random_graph_case(rng):
-    depth = int(rng.integers(1, 8))
+HIDDEN_ACTS = ("relu", "gelu", "tanh", "silu", "sigmoid", "none", "x * tanh(softplus(x))")
+
+
+def random_graph(rng, max_depth=7, hidden_acts=HIDDEN_ACTS):
+    """(ws, bs, acts, residual, concat) of a random graph: 1..max_depth layers up to 256 wide, input concats, residuals
+    from the layer's input, earlier layers and x."""
+    depth = int(rng.integers(1, max_depth + 1))
     common = int(rng.choice([3, 16, 32, 48, 64, 100, 128, 200, 256]))
     widths = [common if rng.random() < 0.4 else int(rng.integers(1, 64))]
     widths += [common if rng.random() < 0.75 else int(rng.integers(1, 257)) for _ in range(depth)]
     concat = {l: str(rng.choice(["after", "before"])) for l in range(1, depth) if rng.random() < 0.3}
-    acts = [str(rng.choice(["relu", "gelu", "tanh", "silu", "sigmoid", "none", "x * tanh(softplus(x))"]))
-            for _ in range(depth - 1)] + [str(rng.choice(["none", "tanh"]))]
+    acts = [str(rng.choice(hidden_acts)) for _ in range(depth - 1)] + [str(rng.choice(["none", "tanh"]))]
     residual = {}
     for l in range(depth):
         sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
@@ -354,8 +358,12 @@ def random_graph_case(rng):
             residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
                            "input" if src < 0 else src)
     ws, bs = graph_weights(rng, widths, concat, 1.7)
-    batch = int(rng.choice([1, 127, 129, 2049, 4099]))
-    return ws, bs, acts, residual, concat, batch
+    return ws, bs, acts, residual, concat
+
+
+def random_graph_case(rng):
+    """random_graph's network and a batch size."""
+    return (*random_graph(rng), int(rng.choice([1, 127, 129, 2049, 4099])))
 
 
 def test_random_graphs_in_every_precision():

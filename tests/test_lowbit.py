@@ -16,6 +16,7 @@ import fusedmlp
 from fusedmlp import _core
 from fusedmlp.errors import ArgumentError, DTypeError, LimitError, ShapeError
 from conftest import graph_weights, rel_l2, torch_init
+from test_gpu import random_graph as gpu_graph
 
 LOWBIT = fusedmlp.LOWBIT_PRECISIONS
 QMAX = {"int8": 127.0, "float8": 448.0}
@@ -87,23 +88,9 @@ def float_reference(x, ws, bs, mlp):
 
 
 def random_graph(rng):
-    """A random graph as the GPU tests draw them: residuals from the layer's input, earlier layers and x, concats."""
-    depth = int(rng.integers(1, 7))
-    common = int(rng.choice([3, 16, 32, 48, 64, 100, 128, 200, 256]))
-    widths = [common if rng.random() < 0.4 else int(rng.integers(1, 64))]
-    widths += [common if rng.random() < 0.75 else int(rng.integers(1, 257)) for _ in range(depth)]
-    concat = {l: str(rng.choice(["after", "before"])) for l in range(1, depth) if rng.random() < 0.3}
-    acts = [str(rng.choice(["relu", "gelu", "tanh", "silu", "sigmoid", "none"])) for _ in range(depth - 1)]
-    acts += [str(rng.choice(["none", "tanh"]))]
-    residual = {}
-    for l in range(depth):
-        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
-        if sources and rng.random() < 0.6:
-            src = int(rng.choice(sources))
-            residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
-                           "input" if src < 0 else src)
-    ws, bs = graph_weights(rng, widths, concat, 1.7)
-    return ws, bs, acts, residual, concat
+    """test_gpu's random graph with at most six layers and no mish (the draws the README's accuracy table was made
+    from): residuals from the layer's input, earlier layers and x, concats."""
+    return gpu_graph(rng, max_depth=6, hidden_acts=("relu", "gelu", "tanh", "silu", "sigmoid", "none"))
 
 
 def calibrated(rng, dtype, widths=(8, 64, 64, 4), rows=256, **kwargs):
