@@ -11,6 +11,8 @@ nn = torch.nn
 import fusedmlp  # noqa: E402
 from fusedmlp import _dlpack, torch as ft  # noqa: E402
 from fusedmlp.errors import ArgumentError, ShapeError  # noqa: E402
+from conftest import reference, rel_l2  # noqa: E402
+from test_torch_gpu import rel  # noqa: E402 (y against the torch model in float64)
 
 pytestmark = pytest.mark.gpu
 N_IN, N_OUT = 24, 10
@@ -21,17 +23,6 @@ def model():
     torch.manual_seed(3)
     return nn.Sequential(nn.Linear(N_IN, 64), nn.SiLU(), nn.Linear(64, 64), nn.Tanh(),
                          nn.Linear(64, N_OUT)).eval().cuda()
-
-
-def reference(model, x):
-    import copy
-
-    with torch.no_grad():
-        return copy.deepcopy(model).double()(x.double())
-
-
-def rel(y, ref):
-    return float((y.double() - ref).norm() / ref.norm())
 
 
 def stats(mlp):
@@ -57,8 +48,8 @@ def test_fast_call_matches_checked_call(model, dtype, rows):
     assert y.dtype == dtype and y.shape == (rows, N_OUT) and y.is_cuda
     assert torch.equal(y, y_again)
     tol = 2e-3 if dtype != torch.bfloat16 else 6e-3
-    assert rel(y, reference(model, x)) <= tol
-    assert rel(y0, reference(model, x0)) <= tol
+    assert rel(y, model, x) <= tol
+    assert rel(y0, model, x0) <= tol
     with torch.no_grad():
         slow = _dlpack.call_torch(mlp, x)  # the Python launch of the same kernel on the same x: identical bits
     assert torch.equal(slow, y)
@@ -78,7 +69,7 @@ def test_out_is_written_in_place_poisoned_first(model):
     assert r is out and stats(mlp)["calls"] == calls + 1
     assert out._version > version  # autograd sees the write, as with torch's own out= ops
     assert not torch.isnan(out).any()
-    assert rel(out, reference(model, x2)) <= 2e-3
+    assert rel(out, model, x2) <= 2e-3
 
 
 def test_out_dtype_and_leading_dims(model):
@@ -94,8 +85,8 @@ def test_out_dtype_and_leading_dims(model):
         y1 = mlp(one)
     assert stats(mlp)["calls"] >= calls + 2
     assert y.shape == (4, 33, N_OUT) and y.dtype == torch.float32
-    assert rel(y, reference(model, x)) <= 2e-3
-    assert y1.shape == (N_OUT,) and rel(y1, reference(model, one)) <= 2e-3
+    assert rel(y, model, x) <= 2e-3
+    assert y1.shape == (N_OUT,) and rel(y1, model, one) <= 2e-3
 
 
 def test_calls_the_fast_path_cannot_take_get_the_checked_answer(model):
@@ -107,7 +98,7 @@ def test_calls_the_fast_path_cannot_take_get_the_checked_answer(model):
     wide = torch.randn(1024, 2 * N_IN, device="cuda", dtype=torch.float16)
     with torch.no_grad():
         y = mlp(wide[:, ::2])
-    assert rel(y, reference(model, wide[:, ::2])) <= 2e-3
+    assert rel(y, model, wide[:, ::2]) <= 2e-3
     # autograd tracking x: still the inference-only error
     g = torch.randn(1024, N_IN, device="cuda", requires_grad=True)
     with pytest.raises(ArgumentError, match="requires grad"):
@@ -122,7 +113,7 @@ def test_calls_the_fast_path_cannot_take_get_the_checked_answer(model):
         mlp(x, out=torch.empty(1023, N_OUT, device="cuda", dtype=torch.float16))
     # a CPU tensor: the CPU path
     xc = torch.randn(7, N_IN)
-    assert rel(mlp(xc), reference(model.cpu(), xc)) <= 2e-3  # the CPU path rounds as the GPU model does
+    assert rel(mlp(xc), model.cpu(), xc) <= 2e-3  # the CPU path rounds as the GPU model does
 
 
 def test_tuning_clears_the_table(model):
@@ -135,7 +126,7 @@ def test_tuning_clears_the_table(model):
     assert stats(mlp)["entries"] == 0
     with torch.no_grad():
         y = mlp(x)
-    assert rel(y, reference(model, x)) <= 2e-3
+    assert rel(y, model, x) <= 2e-3
 
 
 def test_cuda_graph_capture_of_fast_calls(model):
@@ -154,7 +145,7 @@ def test_cuda_graph_capture_of_fast_calls(model):
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    assert rel(out, reference(model, x)) <= 2e-3
+    assert rel(out, model, x) <= 2e-3
 
 
 def test_custom_op_and_module_take_the_fast_path(model):
@@ -166,15 +157,12 @@ def test_custom_op_and_module_take_the_fast_path(model):
         calls = stats(mlp)["calls"]
         y = fused(x)
     assert stats(mlp)["calls"] == calls + 1
-    assert rel(y, reference(model, x)) <= 2e-3
+    assert rel(y, model, x) <= 2e-3
 
 
-def _wide_reference(w, x, acts):
-    h = x.double().cpu().numpy()
-    for wi, act in zip(w, acts):
-        h = h @ wi.astype(np.float64).T
-        h = np.maximum(h, 0) if act == "relu" else h
-    return h
+def _wide_reference(mlp, w, x):
+    """The float64 forward of a bias-free network (conftest.reference) on a CUDA tensor's values."""
+    return reference(x.double().cpu().numpy(), w, [None] * len(w), mlp.activations)[0]
 
 
 def test_segmented_networks_take_the_fast_path_on_their_stream():
@@ -184,7 +172,6 @@ def test_segmented_networks_take_the_fast_path_on_their_stream():
     rng = np.random.default_rng(5)
     widths = [32, 512, 512, 16]
     w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(3)]
-    acts = ["relu", "relu", "none"]
     mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
     assert mlp.segments is not None
     x = torch.randn(1024, 32, device="cuda", dtype=torch.float16)
@@ -195,22 +182,22 @@ def test_segmented_networks_take_the_fast_path_on_their_stream():
         assert stats(mlp)["calls"] == calls + 1 and stats(mlp)["entries"] >= 1
         slow = _dlpack.call_torch(mlp, x)
     assert torch.equal(y1, y2) and torch.equal(y2, slow)
-    ref = _wide_reference(w, x, acts)
-    assert np.linalg.norm(y2.double().cpu().numpy() - ref) / np.linalg.norm(ref) <= 2e-3
+    ref = _wide_reference(mlp, w, x)
+    assert rel_l2(y2.double().cpu().numpy(), ref) <= 2e-3
     s = torch.cuda.Stream()
     with torch.no_grad(), torch.cuda.stream(s):
         x2 = torch.randn(1024, 32, device="cuda", dtype=torch.float16)
         y3 = mlp(x2)  # another stream: its own workspace through the checked path (which then adds this stream's)
         y4 = mlp(x2)
     torch.cuda.synchronize()
-    ref2 = _wide_reference(w, x2, acts)
+    ref2 = _wide_reference(mlp, w, x2)
     for y in (y3, y4):
-        assert np.linalg.norm(y.double().cpu().numpy() - ref2) / np.linalg.norm(ref2) <= 2e-3
+        assert rel_l2(y.double().cpu().numpy(), ref2) <= 2e-3
     big = torch.randn(4000, 32, device="cuda", dtype=torch.float16)  # a workspace larger than the stream's
     with torch.no_grad():
         yb = mlp(big)
-    refb = _wide_reference(w, big, acts)
-    assert np.linalg.norm(yb.double().cpu().numpy() - refb) / np.linalg.norm(refb) <= 2e-3
+    refb = _wide_reference(mlp, w, big)
+    assert rel_l2(yb.double().cpu().numpy(), refb) <= 2e-3
 
 
 def test_cuda_graph_capture_of_a_segmented_fast_call():
@@ -232,8 +219,8 @@ def test_cuda_graph_capture_of_a_segmented_fast_call():
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    ref = _wide_reference(w, x, ["relu", "none"])
-    assert np.linalg.norm(out.double().cpu().numpy() - ref) / np.linalg.norm(ref) <= 2e-3
+    ref = _wide_reference(mlp, w, x)
+    assert rel_l2(out.double().cpu().numpy(), ref) <= 2e-3
 
 
 def test_cupy_arrays_take_the_fast_path(model):
@@ -250,7 +237,7 @@ def test_cupy_arrays_take_the_fast_path(model):
     assert isinstance(y, cupy.ndarray) and y.dtype == cupy.float16 and y.shape == (1024, N_OUT)
     assert r is out and bool((out == y).all())
     xt = torch.as_tensor(cupy.asnumpy(x), device="cuda")
-    assert rel(torch.as_tensor(cupy.asnumpy(y), device="cuda"), reference(model, xt)) <= 2e-3
+    assert rel(torch.as_tensor(cupy.asnumpy(y), device="cuda"), model, xt) <= 2e-3
 
 
 class Producer:
@@ -275,4 +262,4 @@ def test_other_dlpack_producers_take_the_fast_path_after_the_conversion(model):
         x = torch.randn_like(x)
         y = mlp(Producer(x))
     assert stats(mlp)["calls"] == calls + 1
-    assert isinstance(y, torch.Tensor) and rel(y, reference(model, x)) <= 2e-3
+    assert isinstance(y, torch.Tensor) and rel(y, model, x) <= 2e-3
