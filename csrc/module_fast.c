@@ -122,6 +122,19 @@ typedef struct {
     long long calls, misses; /* how often the fast path answered, and how often it sent the call back */
 } FastObject;
 
+/* Attribute and method names the call reads, interned once (FastPath's constructor) instead of made per call. */
+static PyObject *s_requires_grad, *s_acquire, *s_release;
+
+static int fast_intern_names(void) {
+    if (s_requires_grad == NULL)
+        s_requires_grad = PyUnicode_InternFromString("requires_grad");
+    if (s_acquire == NULL)
+        s_acquire = PyUnicode_InternFromString("acquire");
+    if (s_release == NULL)
+        s_release = PyUnicode_InternFromString("release");
+    return s_requires_grad != NULL && s_acquire != NULL && s_release != NULL ? 0 : -1;
+}
+
 static long long fast_bucket(long long rows) {
     long long b = 1;
     while (b < rows)
@@ -211,6 +224,8 @@ static PyObject *Fast_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
                      n_in, n_out, ordinal);
         return NULL;
     }
+    if (fast_intern_names() < 0)
+        return NULL;
     FastObject *self = (FastObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
@@ -411,7 +426,7 @@ static int Fast_export(FastObject *self, const FastLib *lib, PyObject *t, FastAr
     if (Py_TYPE(t) != (PyTypeObject *)lib->type)
         return 0;
     if (lib->check_grad) {
-        PyObject *rg = PyObject_GetAttrString(t, "requires_grad");
+        PyObject *rg = PyObject_GetAttr(t, s_requires_grad);
         if (rg == NULL)
             return -1;
         int tracked = rg == Py_True;
@@ -456,7 +471,7 @@ static int Fast_dtype_kind(const FastLib *lib, PyObject *dtype) {
     if (dtype == Py_None)
         return -1;
     for (int i = 0; i < FAST_KINDS; ++i)
-        if (dtype == lib->dtypes[i] && dtype != Py_None)
+        if (dtype == lib->dtypes[i])
             return i;
     return -2;
 }
@@ -542,13 +557,13 @@ static fm_devptr fast_operand(long long code, fm_devptr x, fm_devptr y, fm_devpt
 /* A chain's launches in order, under its launch lock (taken without waiting: held, the checked path waits for it). */
 static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
                                 fm_error *err) {
-    PyObject *got = PyObject_CallMethod(c->lock, "acquire", "O", Py_False);
+    PyObject *got = PyObject_CallMethodOneArg(c->lock, s_acquire, Py_False);
     if (got == NULL)
         return fm_fail(err, FM_ERR_VALUE, "a segmented call could not take its chain's launch lock");
     int held = got == Py_True;
     Py_DECREF(got);
     if (!held) { /* another thread is launching this chain: wait for it (the GIL is released while waiting) */
-        if ((got = PyObject_CallMethod(c->lock, "acquire", NULL)) == NULL)
+        if ((got = PyObject_CallMethodNoArgs(c->lock, s_acquire)) == NULL)
             return fm_fail(err, FM_ERR_VALUE, "a segmented call could not take its chain's launch lock");
         Py_DECREF(got);
     }
@@ -559,7 +574,7 @@ static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, lo
                                 rows, stream, fast_operand(s->x1, x, y, c->base), fast_operand(s->res, x, y, c->base),
                                 err);
     }
-    PyObject *released = PyObject_CallMethod(c->lock, "release", NULL);
+    PyObject *released = PyObject_CallMethodNoArgs(c->lock, s_release);
     if (released == NULL) {
         PyErr_Clear();
         if (st == FM_OK)
@@ -612,11 +627,8 @@ static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t n
     if (e == NULL || lib->dtypes[out_kind] == Py_None)
         goto miss_xo;
     fm_stream stream;
-    if (Fast_stream(lib, &stream) < 0) {
-        Py_DECREF(x.capsule);
-        Py_XDECREF(o.capsule);
-        return NULL;
-    }
+    if (Fast_stream(lib, &stream) < 0)
+        goto fail; /* (y is still NULL) */
     /* a chain's workspace is its stream's and as large as its largest call so far: others take the checked path */
     if (e->chain != NULL && (e->chain->stream != stream || e->chain->cap < rows))
         goto miss_xo;
