@@ -96,7 +96,7 @@ def call(mlp, x, out_dtype=None, out=None):
 
     if not isinstance(x, torch.Tensor):  # another DLPack producer (JAX, ...): a torch view of the same memory, then
         x = torch.from_dlpack(x)         # the C fast path as for any tensor (the checked path if it declines)
-        fast = mlp._calls.fast if isinstance(mlp._calls, CallTable) else None
+        fast = mlp._calls.fast
         if fast is not None:
             y = fast(x, out_dtype, out)
             if y is not NotImplemented:

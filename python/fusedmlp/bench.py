@@ -1010,9 +1010,8 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
                                                              report["ceilings"])
         setups.update(_torch_methods(torch, case))
         for method, setup in setups.items():
-            dtype = method[len("fusedmlp_"):] if method.startswith("fusedmlp_") else "float16"
-            tolerance = fusedmlp.CHECK_TOLERANCES.get(dtype, fusedmlp.CHECK_TOLERANCE)
-            entry = _measure(torch, case, method, setup, tolerance, args.reps, args.host_calls)
+            entry = _measure(torch, case, method, setup, bench_lowbit.tolerance(fusedmlp, method), args.reps,
+                             args.host_calls)
             if method.startswith("fusedmlp") and (entry.get("error") or entry.get("check_ok") is False):
                 failed = True
         del case, setups

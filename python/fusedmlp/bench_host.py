@@ -12,6 +12,8 @@ launched from C with cuLaunchKernel (``Gpu.launch_floor``).
 import statistics
 import time
 
+from . import _core
+
 HOST_ROWS = (1, 64, 1024)
 BACK_TO_BACK = 100  # calls per timed group: below the driver's launch queue, so the host is never held up by it
 GROUPS = 15
@@ -93,7 +95,7 @@ def measure(torch, mlp, model, n_in, rows, compiled=None):
     out = torch.empty_like(y)
     row = {}
     kernel = mlp._kernel("float16", rows=rows)
-    if type(kernel).__name__ == "Kernel":  # a chain of segments has no one kernel to time
+    if isinstance(kernel, _core.Kernel):  # a chain of segments has no one kernel to time
         row["kernel_us"] = _kernel_us(torch, kernel, x, out, rows)
     row["call_us"] = back_to_back_us(torch, lambda: mlp(x))
     row["call_out_us"] = back_to_back_us(torch, lambda: mlp(x, out=out))

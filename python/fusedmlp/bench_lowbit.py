@@ -15,6 +15,14 @@ def method(dtype):
     return f"fusedmlp_{dtype}"
 
 
+def tolerance(fusedmlp, name):
+    """The accuracy bound of benchmark method `name`: its 8-bit dtype's check=True bound, else float16's."""
+    for dtype in LOWBIT:
+        if name == method(dtype):
+            return fusedmlp.CHECK_TOLERANCES[dtype]
+    return fusedmlp.CHECK_TOLERANCE
+
+
 def ceiling(torch, n, median_ms, device):
     """The e4m3 matmul rate {"matmul8_TFLOPs", "matmul8_ms"} through torch._scaled_mm, or {"matmul8_error": why}."""
     try:
@@ -85,6 +93,8 @@ def _setup(case, mlp):
 def format_section(report):
     """The low-bit section's text: per (workload, rows), ms per dtype, each 8-bit time against float16, and each
     against the 8-bit floor; empty when the run had no 8-bit dtype."""
+    from .bench import rows_label
+
     rows = [r for r in report.get("results", []) if any(method(d) in r["methods"] for d in LOWBIT)]
     if not rows:
         return ""
@@ -102,8 +112,6 @@ def format_section(report):
         cells += [f"{fp16 / times[d]['ms']:.2f}" if fp16 and times[d].get("ms") else "-" for d in LOWBIT]
         floor8 = r.get("floor8_ms")
         cells += [f"{times[d]['ms'] / floor8:.2f}" if floor8 and times[d].get("ms") else "-" for d in LOWBIT]
-        from .bench import rows_label
-
         lines.append(f"{r['workload']:9s} {rows_label(r['rows']):>6s} " + " ".join(f"{c:>10s}" for c in cells))
     return "\n".join(lines)
 
