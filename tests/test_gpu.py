@@ -329,13 +329,14 @@ def run_io(mlp, x32, io):
 
 
 def run_io_kernel(kernel, x32, io):
-    """run_io with a given kernel (built for io in and out)."""
+    """run_io with a given kernel (built for io in and out); the input comes back as float32 (exact), which both the
+    float64 references and the CPU forward (float32 only) take."""
     if io == "bfloat16":
         bits = to_bf16_bits(x32)
         y = kernel.run(bits, poison=True)
         return from_bf16_bits(bits), from_bf16_bits(y).astype(np.float64)
     x = x32.astype(io)
-    return x, kernel.run(x, poison=True).astype(np.float64)
+    return x.astype(np.float32), kernel.run(x, poison=True).astype(np.float64)
 
 
 HIDDEN_ACTS = ("relu", "gelu", "tanh", "silu", "sigmoid", "none", "x * tanh(softplus(x))")
