@@ -283,7 +283,9 @@ typedef struct fm_plan {
     int act_stride;                  /* elements per row of a warp's activation buffers */
     int buffers;                     /* activation buffers per warp */
     int blocks_per_sm;               /* CTAs the plan expects per SM (the kernel's __launch_bounds__ minimum) */
-    size_t w_slot_elems;             /* streamed mode: elements per weight slot (two slots) */
+    size_t w_slot_elems;             /* streamed mode: elements per weight slot (mma.sync: two slots) */
+    int stream_slots;                /* the warpgroup kernel's streamed form (fm_plan_stream): its weight slots, each
+                                        holding one column group (n_chunk[l] rows) of a layer; 0: resident weights */
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */
     int arch;                        /* target compute capability */

@@ -100,9 +100,9 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
     PyObject *info = Py_BuildValue(
-        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma", p->wgmma, "cluster",
-        p->cluster, "kpipe", p->kpipe, "warps", p->warps, "m_tiles", p->m_tiles, "rows_per_cta", p->rows_per_cta,
-        "resident", p->resident, "buffers", p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes",
+        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma", p->wgmma,
+        "cluster", p->cluster, "kpipe", p->kpipe, "warps", p->warps, "m_tiles", p->m_tiles, "rows_per_cta",
+        p->rows_per_cta, "resident", p->resident, "stream_slots", p->stream_slots, "buffers", p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes",
         (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
         fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
     if (info != NULL && p->gemm) {

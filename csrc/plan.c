@@ -87,7 +87,10 @@ enum { PIPE_REGS = 24 };
  * addresses, bias and the activation's temporaries. All n accumulators also where a forced n_chunk splits the layer
  * into column groups: ptxas runs one group's epilogue under the next group's MMAs, so they are live together. */
 static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
-    int regs = p->n_pad[l] / 2 + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
+    /* The streamed form's groups are apart: a wait for each group's slot sits between one group's epilogue and the
+     * next group's MMAs, which ptxas does not move MMAs across, so one group's accumulators are live at a time. */
+    int acc = p->stream_slots ? p->n_chunk[l] / 2 : p->n_pad[l] / 2;
+    int regs = acc + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
     if (p->pipe[l]) { /* both layers' accumulators, and this layer's input fragments as they become its output's */
         int k_or_n = p->k_pad[l] > p->n_pad[l] ? p->k_pad[l] : p->n_pad[l];
         int piped = p->n_pad[l] / 2 + p->n_pad[l + 1] / 2 + k_or_n / 4 + PIPE_REGS;
@@ -350,8 +353,9 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
     p->warps = warps;
     p->m_tiles = 1;
     p->rows_per_cta = warps * 16;
-    p->resident = 1;
-    p->w_slot_elems = 0;
+    p->resident = p->stream_slots == 0;
+    if (p->resident)
+        p->w_slot_elems = 0;
     p->buffers = 1;
     for (int l = 0; l < p->num_layers; ++l) {
         p->a0_buf[l] = 0;
@@ -367,8 +371,12 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
     p->act_stride = fm_act_stride(p, &in_only, 1, 0);
     size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + fm_plan_wgmma_stage_bytes(p) +
                         fm_plan_wgmma_raw_bytes(p);
-    size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems : p->w_elems);
+    size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems
+                                              : p->stream_slots ? (size_t)p->stream_slots * p->w_slot_elems
+                                              : p->w_elems);
     p->smem_bytes = w_bytes + 4 * p->b_floats + (size_t)warps * warp_bytes;
+    if (p->stream_slots) /* per slot: its `full` mbarrier and its counter, in whole 16 bytes */
+        p->smem_bytes += (size_t)(12 * p->stream_slots + 15) / 16 * 16;
     if (p->cluster) /* per warpgroup: its 64 rows of the widest layer input (A buffer), and two mbarriers */
         p->smem_bytes += (size_t)(warps / 4) * ((size_t)fm_plan_cluster_kmax(p) * 64 * (size_t)p->elem_bytes + 16 +
                                                 fm_plan_cluster_norm_bytes(p));
@@ -477,6 +485,82 @@ static int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_op
         }
     }
     return 0;
+}
+
+/* Why the streamed form of the register-A warpgroup kernel cannot run this network (NULL: it can): the register-A
+ * form's rules (no concat, residuals from the layer's own input) and no norm layer (its statistics need the whole
+ * row's accumulators, which the streamed form never holds at once). */
+static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
+    const char *why = fm_plan_warpgroup_unfit(p, widest);
+    if (why != NULL)
+        return why;
+    if (fm_prec_is_8bit(p->prec))
+        return "the streamed warpgroup kernel takes float16 or bfloat16";
+    for (int l = 0; l < p->num_layers; ++l) {
+        if (p->cat[l] != FM_CAT_NONE)
+            return "the streamed warpgroup kernel has no input concat";
+        if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
+            return "the streamed warpgroup kernel takes residuals from a layer's own input only";
+        if (p->norm[l] != FM_NORM_NONE)
+            return "the streamed warpgroup kernel has no norm layers (a norm needs the whole row's accumulators)";
+    }
+    return NULL;
+}
+
+enum { STREAM_NC = 64, STREAM_MAX_SLOTS = 8 };
+
+/* The register-A warpgroup kernel with streamed weights (fused_mlp_sm90.cu, FM_STREAM): every layer in column groups
+ * of n_chunk (opts->n_chunk, else STREAM_NC) columns whose weights pass through slots of shared memory, each slot
+ * one group (the largest group's bytes), as many slots as fit beside the per-warp buffers (up to
+ * STREAM_MAX_SLOTS), and two warpgroups per CTA (opts->warps may say otherwise). */
+static fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int widest,
+                                const int *value_pad, fm_error *err) {
+    const char *unfit = fm_plan_stream_unfit(p, widest);
+    if (unfit != NULL)
+        return fm_fail(err, FM_ERR_LIMIT, "wgmma=1 with resident=0 asks for the streamed warpgroup kernel, but %s",
+                       unfit);
+    if (opts->kpipe > 0)
+        return fm_fail(err, FM_ERR_LIMIT, "kpipe=1 was asked for, but the streamed warpgroup kernel does not "
+                       "pipeline its layers");
+    p->wgmma = 1;
+    p->cluster = 0;
+    fm_plan_blobs(p);
+    p->kpipe = 0;
+    memset(p->pipe, 0, sizeof p->pipe);
+    int nc = opts->n_chunk > 0 ? fm_round_up(opts->n_chunk, 16) : STREAM_NC;
+    size_t slot = 0;
+    for (int l = 0; l < p->num_layers; ++l) {
+        p->n_chunk[l] = p->n_pad[l] < nc ? p->n_pad[l] : nc;
+        size_t bytes = (size_t)p->n_chunk[l] * (size_t)p->k_pad[l] * (size_t)p->elem_bytes;
+        slot = bytes > slot ? bytes : slot;
+    }
+    p->w_slot_elems = slot / (size_t)p->elem_bytes;
+    int warps = opts->warps ? opts->warps : 8;
+    if (warps % 4 != 0)
+        return fm_fail(err, FM_ERR_VALUE, "warps=%d: the warpgroup kernel runs whole warpgroups (4 warps)", warps);
+    p->stream_slots = 2;
+    fm_plan_wgmma_layout(p, t, warps, value_pad);
+    if (p->smem_bytes > t->smem_per_block)
+        return fm_fail(err, FM_ERR_LIMIT, "the streamed warpgroup kernel's two weight slots of %zu bytes and %d warps' "
+                       "buffers take %zu bytes of shared memory; a block may use %zu on sm_%d", slot, warps,
+                       p->smem_bytes, t->smem_per_block, t->arch);
+    int regs = fm_plan_wgmma_regs(p);
+    if (65536 / (warps * 32) < regs) {
+        fm_fail(err, FM_ERR_LIMIT, "warps=%d leaves %d registers per thread; the streamed warpgroup kernel of this "
+                "network needs about %d", warps, 65536 / (warps * 32), regs);
+        fm_error_hint(err, "use fewer warps (4 per warpgroup), or a smaller n_chunk");
+        return FM_ERR_LIMIT;
+    }
+    while (p->stream_slots < STREAM_MAX_SLOTS) { /* as many slots as fit */
+        p->stream_slots++;
+        fm_plan_wgmma_layout(p, t, warps, value_pad);
+        if (p->smem_bytes > t->smem_per_block) {
+            p->stream_slots--;
+            fm_plan_wgmma_layout(p, t, warps, value_pad);
+            break;
+        }
+    }
+    return FM_OK;
 }
 
 /* Whether a candidate's residency counts first in fm_plan_better. An 8-bit plan's weights are half as large, so
@@ -600,6 +684,8 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                        "its layers, and %s", unfit != NULL ? unfit : "this plan is not that kernel");
     if (opts->cluster > 0)
         return fm_plan_cluster(plan, target, opts, opts->cluster, widest, value_pad, err);
+    if (opts->wgmma > 0 && opts->resident == 0)
+        return fm_plan_stream(plan, target, opts, widest, value_pad, err);
     if (want_wgmma && unfit == NULL) {
         plan->wgmma = 1;
         fm_plan_blobs(plan);

@@ -317,12 +317,15 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(fm_subst_add(t, "RESIDENT"), "%d", p->resident);
     fm_str_printf(fm_subst_add(t, "BUFFERS"), "%d", p->buffers);
     fm_str_printf(fm_subst_add(t, "W_SMEM_ELEMS"), "%zu",
-                  p->cluster ? p->w_rank_elems : (p->resident ? p->w_elems : 2 * p->w_slot_elems));
+                  p->cluster ? p->w_rank_elems
+                  : p->resident ? p->w_elems
+                  : (size_t)(p->stream_slots ? p->stream_slots : 2) * p->w_slot_elems);
     fm_str_printf(fm_subst_add(t, "W_SLOT_ELEMS"), "%zu", p->w_slot_elems);
     if (p->wgmma) {
         fm_render_wgmma(p, fm_subst_add(t, "WGMMA"));
         fm_str_printf(fm_subst_add(t, "CLUSTER"), "%d", p->cluster);
         fm_str_printf(fm_subst_add(t, "KPIPE"), "%d", p->kpipe);
+        fm_str_printf(fm_subst_add(t, "STREAM_SLOTS"), "%d", p->stream_slots);
         fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"), p->cluster > 1 ? "__cluster_dims__(FM_CLUSTER, 1, 1)" : "");
     }
 
@@ -333,6 +336,9 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(c, "; sm_%d%s; %s %s; %d warps x %d rows, %d CTAs/SM; %s weights", p->arch, p->wgmma ? "a" : "",
                   fm_prec_name(p->prec), p->wgmma ? "wgmma" : "mma.sync", p->warps, p->m_tiles * 16,
                   p->blocks_per_sm, p->resident ? "resident" : "streamed");
+    if (p->stream_slots)
+        fm_str_printf(c, " (%d slots of %zu B, one layer's column group each)", p->stream_slots,
+                      p->w_slot_elems * (size_t)p->elem_bytes);
     if (p->cluster)
         fm_str_printf(c, " (1/%d per CTA of a cluster of %d), activations in shared memory", p->cluster, p->cluster);
     if (p->kpipe)

@@ -31,15 +31,19 @@
 #define FM_WARPS {{WARPS}}
 #define FM_CLUSTER {{CLUSTER}}  // 0: activations in registers; n >= 1: in shared memory, clusters of n CTAs (below)
 #define FM_KPIPE {{KPIPE}}      // 1: layers with Layer<>::PIPE run their epilogue under the next layer's MMAs
+#define FM_STREAM {{STREAM_SLOTS}}  // 0: resident weights; n > 0: streamed through n slots (below)
+#define FM_SLOT_ELEMS {{W_SLOT_ELEMS}}
 constexpr int ROWS_W = 16;  // rows per warp
-static_assert({{M_TILES}} == 1 && {{RESIDENT}} == 1 && {{BUFFERS}} == 1 && {{W_SLOT_ELEMS}} == 0,
-              "the wgmma plan: 16 rows per warp, resident weights, its own per-warp buffers");
+static_assert({{M_TILES}} == 1 && {{BUFFERS}} == 1 && ({{RESIDENT}} == 1) == (FM_SLOT_ELEMS == 0),
+              "the wgmma plan: 16 rows per warp, its own per-warp buffers; weights resident or in stream slots");
 
 #include "fm_common.cuh"
 
 static_assert(FM_WARPS % 4 == 0, "whole warpgroups");
 static_assert(FM_PREC != 2 && FM_PREC != 3, "the wgmma kernel takes float16, bfloat16 or float8 (e4m3)");
 static_assert(FM_PREC < 3 || (FM_CLUSTER == 0 && !FM_KPIPE), "float8: the register-A form, not K-pipelined");
+static_assert(FM_STREAM == 0 || (FM_CLUSTER == 0 && !FM_KPIPE && FM_PREC < 3 && {{RESIDENT}} == 0),
+              "streamed weights: the register-A form, 16-bit, not K-pipelined");
 constexpr int KE = 32 / EB;            // elements of one k step (32 bytes): k16 halves, k32 e4m3 codes
 constexpr int WGS = FM_WARPS / 4;      // warpgroups per CTA
 constexpr int ROWS_CTA = 64 * WGS;     // rows per CTA tile
@@ -79,6 +83,150 @@ template <int ND, int KS> __device__ __forceinline__ void fm_mma_wait(float (&d)
     fm_wg_wait();
     fm_fence_regs(d);
     fm_fence_regs(a);
+}
+
+// ------------------------------------------------------------------------------------------------ mbarriers
+//
+// Used by the cluster exchange (A in shared memory, below) and the streamed weights (next section).
+
+__device__ __forceinline__ void fm_mbar_init(fm_u32 bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// (This, fm_mbar_arrive_cluster and fm_bulk_to_peer act only where `on` is not zero, by a predicate rather than a
+// branch: see fm_cl_send.)
+__device__ __forceinline__ void fm_mbar_expect(fm_u32 on, fm_u32 bar, fm_u32 bytes) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
+                 "@p mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%1], %2;\n}" ::"r"(on), "r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+// The exchange's arrivals and waits are CTA-scoped (release.cta, acquire.cta: the defaults), as CUTLASS's cluster
+// pipelines are: what they order is async-proxy traffic (wgmma reads finished by wgmma.wait_group, bulk copies that
+// complete_tx on the barrier), not generic loads. Cluster scope cost a CCTL.IVALL (an L1 invalidation) after every
+// wait and MEMBAR.ALL.GPU before every remote arrival: 14% and 3% of siren256's stall samples (ncu, H100).
+__device__ __forceinline__ void fm_mbar_arrive_cluster(fm_u32 on, fm_u32 bar_cluster) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p mbarrier.arrive.shared::cluster.b64 _, [%1];\n}" ::"r"(on),
+                 "r"(bar_cluster)
+                 : "memory");
+}
+__device__ __forceinline__ fm_u32 fm_mbar_try_wait(fm_u32 bar, fm_u32 parity) {
+    fm_u32 done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return done;
+}
+// An exchange's waits last microseconds. One past FM_WAIT_LIMIT_CYCLES (2^37: 70-120 s at the H100's clocks) means
+// the protocol is broken (session 9's cluster deadlock hung its callers for good). The waiting thread then stores to
+// address 0, so the kernel ends and the call fails with the driver's CUDA_ERROR_ILLEGAL_ADDRESS instead of never
+// returning. Not __trap(): an exit on a divergent path makes ptxas serialize every wgmma of the kernel (its C7518;
+// siren256 +22%), and a predicated store is no exit. The SM's cycle counter is read only once a try has failed.
+#ifndef FM_WAIT_LIMIT_CYCLES
+#define FM_WAIT_LIMIT_CYCLES (1ll << 37)
+#endif
+__device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
+    if (fm_mbar_try_wait(bar, parity))
+        return;
+    const long long start = clock64();
+    while (!fm_mbar_try_wait(bar, parity))
+        asm volatile("{\n.reg .pred p;\nsetp.gt.s64 p, %0, %1;\n@p st.global.u32 [%2], 0;\n}" ::"l"(clock64() - start),
+                     "l"(FM_WAIT_LIMIT_CYCLES), "l"(0ull)
+                     : "memory");
+}
+// ------------------------------------------------------------------------------------------------ streamed weights
+//
+// FM_STREAM > 0 (plan.c, fm_plan_stream): the register-A form for networks whose weights do not stay in shared memory
+// or whose layers are too wide for all their accumulators and fragments at once (256 -> 256: 128 + 64 + 64 registers).
+// The weights stay in global memory (read from L2: a 256-wide layer is 128 KB) and pass through FM_STREAM slots of
+// SLOT_B bytes. Each layer runs as column groups of Layer<L>::NC columns; a group's weights (NC rows of the layer in
+// the core-matrix layout) are contiguous in the blob, so filling a slot is one cp.async.bulk that completes on the
+// slot's `full` mbarrier, and the group's wgmma reads the slot through the same descriptor form as resident weights.
+// Every warp runs the same groups in the same order (layer by layer, tile by tile: Q groups per tile), so the CTA's
+// group number seq uses slot seq % FM_STREAM, in that slot's fill seq / FM_STREAM (the barrier's phase parity). A warp
+// done with a group's MMAs adds one to its slot's counter; the warp whose addition completes the CTA's count refills
+// the slot with group seq + FM_STREAM. So no warp waits to refill and none is a dedicated producer; FM_STREAM slots
+// keep that many groups in flight ahead of the slowest warp.
+constexpr int SLOT_B = FM_STREAM ? FM_SLOT_ELEMS * EB : 0;
+// The stream's barriers after the per-warp buffers: FM_STREAM `full` mbarriers, then FM_STREAM counters.
+constexpr int STREAM_BAR_B = FM_STREAM ? (12 * FM_STREAM + 15) / 16 * 16 : 0;
+
+// Layer L's column groups (its last one takes the rest), and the groups of layers L.. together.
+template <int L> __device__ constexpr int fm_groups() { return (Layer<L>::N + Layer<L>::NC - 1) / Layer<L>::NC; }
+template <int L> __device__ constexpr int fm_groups_from() {
+    if constexpr (L > LAST)
+        return 0;
+    else
+        return fm_groups<L>() + fm_groups_from<L + 1>();
+}
+constexpr int STREAM_Q = fm_groups_from<0>();  // groups per tile
+// The first group of layer L in a tile's sequence.
+template <int L> __device__ constexpr int fm_group0() {
+    if constexpr (L == 0)
+        return 0;
+    else
+        return fm_group0<L - 1>() + fm_groups<L - 1>();
+}
+struct fm_group_span {
+    unsigned long long off;  // bytes from the blob's start
+    fm_u32 bytes;
+};
+// Group q of a tile's sequence (layers L.. from group q of layer L on): its weights' place in the blob.
+template <int L> __device__ constexpr fm_group_span fm_group_at(int q) {
+    if constexpr (L > LAST) {
+        return {0ull, 0u};
+    } else {
+        typedef Layer<L> Ly;
+        if (q >= fm_groups<L>())
+            return fm_group_at<L + 1>(q - fm_groups<L>());
+        const int c0 = q * Ly::NC, w = Ly::N - c0 < Ly::NC ? Ly::N - c0 : Ly::NC;
+        return {(unsigned long long)EB * ((unsigned long long)Ly::W_OFF + (unsigned long long)c0 * Ly::K),
+                (fm_u32)(EB * w * Ly::K)};
+    }
+}
+
+struct fm_stream {
+    fm_u32 slots;  // shared: slot 0
+    fm_u32 bars;   // shared: the `full` mbarriers, then the counters
+    fm_u32 seq;    // the CTA's group this warp runs next
+    fm_u32 total;  // the CTA's groups over its whole run (its tiles x STREAM_Q)
+    const unsigned char *w;
+};
+
+// Fills the slot of group number seq with the weights of group q of the tile sequence (seq % STREAM_Q == q), where
+// `on`: one arrival announcing the bytes, and the copy completing them.
+__device__ __forceinline__ void fm_stream_fill(fm_u32 on, const fm_stream &st, fm_u32 seq, fm_group_span g) {
+    const fm_u32 slot = seq % FM_STREAM, bar = st.bars + 8 * slot;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
+                 "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n"
+                 "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%3], [%4], %2, [%1];\n}"
+                 ::"r"(on), "r"(bar), "r"(g.bytes), "r"(st.slots + slot * SLOT_B), "l"(st.w + g.off)
+                 : "memory");
+}
+// The slot of this warp's next group, once its weights have landed.
+__device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st) {
+    const fm_u32 slot = st.seq % FM_STREAM;
+    fm_mbar_wait(st.bars + 8 * slot, (st.seq / FM_STREAM) & 1u);
+    return st.slots + slot * SLOT_B;
+}
+// After this warp's MMAs of group Q (of the tile sequence) are done: its arrival on the slot's counter and, from the
+// CTA's last warp to arrive, the slot's refill with group Q + FM_STREAM. Predicated, no branch: a divergent path near
+// the MMAs made ptxas serialize every wgmma of the kernel (its warning C7519; see fm_cl_send).
+template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
+    constexpr fm_group_span next = fm_group_at<0>((Q + FM_STREAM) % STREAM_Q);
+    const fm_u32 slot = st.seq % FM_STREAM;
+    const fm_u32 on = (lane == 0) & (st.seq + FM_STREAM < st.total);
+    fm_u32 last;
+    __syncwarp();  // every lane's wgmma wait has returned
+    asm volatile("{\n.reg .pred p, q;\n.reg .b32 old, r;\nsetp.ne.u32 p, %1, 0;\nmov.u32 old, 0;\n"
+                 "@p atom.shared.add.u32 old, [%2], 1;\n"
+                 "rem.u32 r, old, %3;\nsetp.eq.u32 q, r, %4;\nand.pred q, q, p;\nselp.u32 %0, 1, 0, q;\n}"
+                 : "=r"(last)
+                 : "r"(on), "r"(st.bars + 8 * FM_STREAM + 4 * slot), "n"(FM_WARPS), "n"(FM_WARPS - 1)
+                 : "memory");
+    fm_stream_fill(last, st, st.seq + FM_STREAM, next);
+    ++st.seq;
 }
 
 // ------------------------------------------------------------------------------------------------ the layers
@@ -255,7 +403,8 @@ __device__ __forceinline__ void fm_epi_codes(float (&d)[Layer<L>::N / 2], const 
 // fragments; w: the layer's first weight byte (shared window); stage: where the last layer's results go (fm_out).
 template <int L, int C0>
 __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4],
-                                              fm_u32 w, const float *bias, const fm_out &stage, int lane) {
+                                              fm_u32 w, const float *bias, const fm_out &stage, int lane,
+                                              fm_stream &st) {
     typedef Layer<L> Ly;
     constexpr int W = Ly::N - C0 < Ly::NC ? Ly::N - C0 : Ly::NC;
     static_assert(W % 16 == 0 && C0 % 16 == 0, "whole 16-column groups");
@@ -277,8 +426,12 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
     if constexpr (D_SET)
         fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
-    fm_mma_issue<W, KS>(d, a, fm_desc(w + (C0 / 8) * SBO, SBO), D_SET);  // the group's W weight rows
+    // the group's W weight rows: resident, or streamed through a slot (which holds just them)
+    const fm_u32 w_group = FM_STREAM ? fm_stream_acquire(st) : w + (C0 / 8) * SBO;
+    fm_mma_issue<W, KS>(d, a, fm_desc(w_group, SBO), D_SET);
     fm_mma_wait(d, a);
+    if constexpr (FM_STREAM > 0)
+        fm_stream_release<fm_group0<L>() + C0 / Ly::NC>(st, lane);
 #if FM_PREC >= 3
     fm_dequant_d<L, W>(d, C0, t, bias);
 #endif
@@ -297,16 +450,16 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
             fm_epi_tile<L, FM_PREC < 3 && Ly::BIAS && !BIAS_IN_D>(d + 4 * j, C0 / 8 + j, a, h, bias, stage, t);
     }
     if constexpr (C0 + W < Ly::N)
-        fm_layer_cols<L, C0 + W>(a, h, w, bias, stage, lane);
+        fm_layer_cols<L, C0 + W>(a, h, w, bias, stage, lane, st);
 }
 
 // Layer L for this warpgroup's 64 rows (see fm_layer_cols).
 template <int L>
 __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4], fm_u32 w,
-                                         const float *bias, const fm_out &stage, int lane) {
+                                         const float *bias, const fm_out &stage, int lane, fm_stream &st) {
     static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || Layer<L>::K == Layer<L>::N),
                   "no concat; residuals from the own input");
-    fm_layer_cols<L, 0>(a, h, w, bias, stage, lane);
+    fm_layer_cols<L, 0>(a, h, w, bias, stage, lane, st);
 }
 
 // How many layers from L on run as one loop (fm_network): the layers with layer L's code
@@ -316,7 +469,9 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u3
 // rows: tcnn64's three 64-wide layers 3% slower looped, pinn50's four 56-wide 2%; tcnn128's three 128-wide even,
 // res128's four 128-wide 0.7% faster, and its compile 1.9 -> 0.5 s).
 template <int L> __device__ constexpr int fm_loop_len() {
-    if constexpr (L >= LAST || FM_PREC >= 3) {  // float8: each layer has its own scales (QOUT) in its code
+    // float8: each layer has its own scales (QOUT) in its code; streamed weights: each group's refill names its
+    // successor's place at compile time (fm_stream_release)
+    if constexpr (L >= LAST || FM_PREC >= 3 || FM_STREAM > 0) {
         return 1;
     } else {
         constexpr int r = L + Layer<L>::REPEAT - 1 < LAST ? Layer<L>::REPEAT : LAST - L;
@@ -339,7 +494,7 @@ template <int L, int R> __device__ constexpr bool fm_even_offsets() {
 // in ptxas for six straight-line layers).
 template <int L>
 __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 w_base, const float *bias,
-                                           const fm_out &stage, int lane) {
+                                           const fm_out &stage, int lane, fm_stream &st) {
     constexpr int R = fm_loop_len<L>();
     fm_u32 h[Layer<L>::N / KE][4];
     if constexpr (R > 1) {
@@ -349,19 +504,19 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / KE][4], fm_
         constexpr int W_STEP = Layer<L + 1>::W_OFF - Ly::W_OFF, B_STEP = Layer<L + 1>::B_OFF - Ly::B_OFF;
 #pragma unroll 1
         for (int i = 0; i < R; ++i) {
-            fm_layer<L>(a, h, w_base + EB * (Ly::W_OFF + i * W_STEP), bias + i * B_STEP, stage, lane);
+            fm_layer<L>(a, h, w_base + EB * (Ly::W_OFF + i * W_STEP), bias + i * B_STEP, stage, lane, st);
 #pragma unroll
             for (int s = 0; s < Ly::N / 16; ++s)
 #pragma unroll
                 for (int q = 0; q < 4; ++q)
                     a[s][q] = h[s][q];
         }
-        fm_network<L + R>(a, w_base, bias, stage, lane);  // the last layer, at least, follows the loop
+        fm_network<L + R>(a, w_base, bias, stage, lane, st);  // the last layer, at least, follows the loop
     } else {
-        fm_layer<L>(a, h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane);
+        fm_layer<L>(a, h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane, st);
         if constexpr (L < LAST) {
             static_assert(Layer<L + 1>::K == Layer<L>::N, "a layer's input is the previous layer's output");
-            fm_network<L + 1>(h, w_base, bias, stage, lane);
+            fm_network<L + 1>(h, w_base, bias, stage, lane, st);
         }
     }
 }
@@ -509,52 +664,6 @@ __device__ __forceinline__ fm_u32 fm_mapa(fm_u32 addr, fm_u32 rank) {
 }
 __device__ __forceinline__ void fm_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void fm_mbar_init(fm_u32 bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-// (This, fm_mbar_arrive_cluster and fm_bulk_to_peer act only where `on` is not zero, by a predicate rather than a
-// branch: see fm_cl_send.)
-__device__ __forceinline__ void fm_mbar_expect(fm_u32 on, fm_u32 bar, fm_u32 bytes) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
-                 "@p mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%1], %2;\n}" ::"r"(on), "r"(bar),
-                 "r"(bytes)
-                 : "memory");
-}
-// The exchange's arrivals and waits are CTA-scoped (release.cta, acquire.cta: the defaults), as CUTLASS's cluster
-// pipelines are: what they order is async-proxy traffic (wgmma reads finished by wgmma.wait_group, bulk copies that
-// complete_tx on the barrier), not generic loads. Cluster scope cost a CCTL.IVALL (an L1 invalidation) after every
-// wait and MEMBAR.ALL.GPU before every remote arrival: 14% and 3% of siren256's stall samples (ncu, H100).
-__device__ __forceinline__ void fm_mbar_arrive_cluster(fm_u32 on, fm_u32 bar_cluster) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p mbarrier.arrive.shared::cluster.b64 _, [%1];\n}" ::"r"(on),
-                 "r"(bar_cluster)
-                 : "memory");
-}
-__device__ __forceinline__ fm_u32 fm_mbar_try_wait(fm_u32 bar, fm_u32 parity) {
-    fm_u32 done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return done;
-}
-// An exchange's waits last microseconds. One past FM_WAIT_LIMIT_CYCLES (2^37: 70-120 s at the H100's clocks) means
-// the protocol is broken (session 9's cluster deadlock hung its callers for good). The waiting thread then stores to
-// address 0, so the kernel ends and the call fails with the driver's CUDA_ERROR_ILLEGAL_ADDRESS instead of never
-// returning. Not __trap(): an exit on a divergent path makes ptxas serialize every wgmma of the kernel (its C7518;
-// siren256 +22%), and a predicated store is no exit. The SM's cycle counter is read only once a try has failed.
-#ifndef FM_WAIT_LIMIT_CYCLES
-#define FM_WAIT_LIMIT_CYCLES (1ll << 37)
-#endif
-__device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
-    if (fm_mbar_try_wait(bar, parity))
-        return;
-    const long long start = clock64();
-    while (!fm_mbar_try_wait(bar, parity))
-        asm volatile("{\n.reg .pred p;\nsetp.gt.s64 p, %0, %1;\n@p st.global.u32 [%2], 0;\n}" ::"l"(clock64() - start),
-                     "l"(FM_WAIT_LIMIT_CYCLES), "l"(0ull)
-                     : "memory");
 }
 // Copies `bytes` of this CTA's shared memory at src to dst in another CTA (a shared::cluster address), completing
 // `bytes` of the transaction count of the mbarrier bar there.
@@ -986,7 +1095,7 @@ __device__ __forceinline__ void fm_cl_network(const fm_u32 (&a)[IN_PAD / 16][4],
 // The network for one tile, in the kernel's form (a template, so only that form's code is instantiated).
 template <int C>
 __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u32 w_base, const float *bias,
-                                               const fm_out &stage, int lane, fm_cl_state &cl) {
+                                               const fm_out &stage, int lane, fm_cl_state &cl, fm_stream &st) {
 #if FM_PREC < 3  // float8 has no cluster form (plan.c), and its fragments are not the cluster kernel's
     if constexpr (C > 0) {
         fm_cl_network<0>(a, w_base, bias, stage, cl);
@@ -997,7 +1106,7 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u
         fm_mma_all<0>(d, a, w_base + EB * Layer<0>::W_OFF, bias, lane & 3);
         fm_pnetwork<0>(d, a, w_base, bias, stage, lane & 3);
     } else {
-        fm_network<0>(a, w_base, bias, stage, lane);
+        fm_network<0>(a, w_base, bias, stage, lane, st);
     }
 }
 
@@ -1013,7 +1122,7 @@ constexpr int BUF_B = ROWS_W * ROW_B;
 constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_W * (int)sizeof(out_t);
 constexpr int WARP_B = BUF_B + STAGE_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B +
-                      (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16 + NSTAT_B) : 0) == SMEM_BYTES,
+                      (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16 + NSTAT_B) : 0) + STREAM_BAR_B == SMEM_BYTES,
               "the layout below is the plan's (plan.c: fm_plan_wgmma_layout, _stage_bytes, _raw_bytes)");
 
 __device__ __forceinline__ void fm_copy16_async(fm_u32 dst, const void *src) {
@@ -1091,8 +1200,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                 const float *__restrict__ bias,   // packed biases: B_OFF/N of each Layer<l>
                 long long rows)                   // batch size, >= 1
 {
-    // Shared memory: [weights | biases | per warp: input buffer, output stage, raw x (WARP_B bytes) | FM_CLUSTER: per
-    // warpgroup, its A buffer (ABUF_B) | its two mbarriers | CL_NORM: per warpgroup, its norm slots (NSTAT_B)].
+    // Shared memory: [weights (FM_STREAM: its slots) | biases | per warp: input buffer, output stage, raw x (WARP_B
+    // bytes) | FM_CLUSTER: per warpgroup, its A buffer (ABUF_B) | its two mbarriers | CL_NORM: per warpgroup, its norm
+    // slots (NSTAT_B) | FM_STREAM: the slots' mbarriers and counters (STREAM_BAR_B)].
     extern __shared__ __attribute__((aligned(128))) unsigned char fm_smem_raw[];
     act_t *s_w = (act_t *)fm_smem_raw;
     float *s_bias = (float *)(s_w + W_SMEM_ELEMS);
@@ -1131,17 +1241,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         }
     }
 
+    // The streamed weights' barriers, and the first FM_STREAM groups on their way (after the barrier below, which
+    // orders the initialisation before any warp's wait).
+    const long long tiles = (rows + ROWS_CTA - 1) / ROWS_CTA;
+    fm_stream st;
+    if constexpr (FM_STREAM > 0) {
+        st.slots = fm_smem_addr(s_w);
+        st.bars = fm_smem_addr(s_warps + FM_WARPS * WARP_B);
+        st.seq = 0u;
+        const long long mine = tiles > (long long)blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+        st.total = (fm_u32)(mine * STREAM_Q);
+        st.w = (const unsigned char *)w;
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < FM_STREAM; ++i) {
+                fm_mbar_init(st.bars + 8 * i, 1);
+                fm_st_shared(st.bars + 8 * FM_STREAM + 4 * i, 0u);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+    }
     for (int i = threadIdx.x; i < B_FLOATS; i += THREADS)
         s_bias[i] = bias[i];
     // FM_CLUSTER: this CTA's share; a last layer not split has its weights (at the end of a share) only in CTA 0.
+    // FM_STREAM: none (the slots fill as the groups run).
     fm_copy_block(s_w, w + (size_t)rank * W_SMEM_ELEMS,
-                  FM_CLUSTER > 0 && !SPLIT_LAST && rank != 0 ? (int)Layer<LAST>::W_OFF : W_SMEM_ELEMS);
+                  FM_STREAM > 0 ? 0
+                  : FM_CLUSTER > 0 && !SPLIT_LAST && rank != 0 ? (int)Layer<LAST>::W_OFF : W_SMEM_ELEMS);
     fm_copy_commit();
     // The input buffer's padding columns stay zero: only x's columns are ever written into it.
     for (int i = lane; i < BUF_B / 16; i += 32)
         *(fm_v4 *)((unsigned char *)in_buf + 16 * i) = fm_v4{0u, 0u, 0u, 0u};
     __syncwarp();
-    const long long tiles = (rows + ROWS_CTA - 1) / ROWS_CTA;
     const int strip = wg * 64 + wq * ROWS_W;  // this warp's first row in a tile
     if ((long long)FM_TILE0 < tiles)
         fm_prefetch_x(in_addr, raw_addr, x, FM_TILE0 * (long long)ROWS_CTA + strip, rows, lane);
@@ -1152,6 +1282,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         fm_cluster_sync();  // also: every CTA's barriers are initialised before any other CTA signals them
     else
         __syncthreads();
+    if constexpr (FM_STREAM > 0) {
+        if (threadIdx.x == 0)
+            for (fm_u32 i = 0; i < FM_STREAM && i < st.total; ++i)
+                fm_stream_fill(1u, st, i, fm_group_at<0>((int)(i % STREAM_Q)));
+    }
 
     const fm_u32 w_base = fm_smem_addr(s_w);
     const fm_u32 a_lane = in_addr + (lane & 15) * ROW_B + (lane >> 4) * 16;  // ldmatrix roles, as in fused_mlp.cu
@@ -1174,7 +1309,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         if (tile + FM_TILE_STEP < tiles)
             fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
         const fm_out out = {stage_lane, y, r0 + (lane >> 2), nrows - (lane >> 2)};
-        fm_run_network<FM_CLUSTER>(a, w_base, s_bias, out, lane, cl);
+        fm_run_network<FM_CLUSTER>(a, w_base, s_bias, out, lane, cl, st);
         if constexpr (!OUT_DIRECT) {
             __syncwarp();
             if constexpr (SPLIT_LAST) {  // this CTA's columns of y (none past its real columns)

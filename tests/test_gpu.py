@@ -778,6 +778,59 @@ def test_cluster_kernel_on_random_wide_chains():
     assert not failures, failures[:5]
 
 
+def stream_cases():
+    """Random chains for the streamed register-A kernel: widths 1-256 (224-256 hidden layers included, which the
+    resident register-A kernel cannot hold), own-input residuals, a forced column group (16-256 columns: one slot's
+    weights) and warpgroup count, float16 and bfloat16 compute, every I/O dtype, odd batches; long enough runs that a
+    CTA's slots wrap around many times."""
+    rng = np.random.default_rng(20261126)
+    for i in range(36):
+        depth = int(rng.integers(1, 7))
+        widths = ([int(rng.choice([1, 2, 3, 17, 64, 200]))] + [int(rng.choice([16, 64, 100, 160, 224, 250, 256]))
+                                                               for _ in range(depth - 1)]
+                  + [int(rng.choice([1, 3, 16, 40, 256]))])
+        acts = [str(rng.choice(["sin", "relu", "tanh", "gelu", "silu", "none"])) for _ in range(depth - 1)] + [
+            str(rng.choice(["none", "sigmoid"]))]
+        residual = {l: "add" for l in range(1, depth) if widths[l] == widths[l + 1] and rng.random() < 0.5}
+        prec, io = ("float16", "bfloat16")[i % 2], ("float32", "float16", "bfloat16")[i % 3]
+        ws, bs = graph_weights(rng, widths, {}, 1.0)
+        batch = int(rng.choice([1, 63, 129, 1000, 4099, 70001, 300001]))
+        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+        yield types.SimpleNamespace(i=i, widths=widths, acts=acts, residual=residual, prec=prec, io=io, ws=ws, bs=bs,
+                                    batch=batch, n_chunk=(64, 16, 128, 32, 256)[i % 5], warps=(8, 4, 12)[(i // 5) % 3],
+                                    x32=x32)
+
+
+def test_streamed_wgmma_kernel_on_random_chains():
+    """The register-A warpgroup kernel with its weights streamed from global memory through shared-memory slots
+    (wgmma=1, resident=0: a bulk copy per column group, refilled by the last warp done with it), vs float64."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
+    failures, checked, slots = [], 0, set()
+    for c in stream_cases():
+        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None, dtype=c.prec,
+                                device="cuda")
+        built = None
+        for options in ({"n_chunk": c.n_chunk, "warps": c.warps}, {"n_chunk": c.n_chunk}, {}):
+            try:
+                built = mlp._build(c.io, c.io, wgmma=1, resident=0, **options)[:2]
+                break
+            except fusedmlp.LimitError:  # that group width or warp count does not fit the registers or slots
+                continue
+        assert built is not None, (c.i, c.widths)
+        kernel, plan = built
+        assert plan.info["stream_slots"] >= 2 and not plan.info["resident"], plan.info
+        if tally(kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures,
+                 (c.i, plan.info["warps"], plan.info["stream_slots"], c.n_chunk, c.widths, c.acts, c.residual, c.prec,
+                  c.io, c.batch)):
+            checked += 1
+            slots.add(plan.info["stream_slots"])
+    print(f"\nstreamed wgmma kernel: {checked} runs checked, slot counts {sorted(slots)}, {len(failures)} failures")
+    assert checked >= 25
+    assert not failures, failures[:5]
+
+
 @pytest.mark.parametrize("widths,act,residual,loop", [
     ([3, 256, 256, 256, 256, 5], "sin", None, (1, 3)),  # a SIREN's hidden layers (fm_sin_d): layers 1-3, one loop
     ([2, 128, 256, 256, 256, 3], "tanh", None, (2, 2)),  # layer 1 (128 -> 256) has code of its own
