@@ -12,9 +12,23 @@ For each workload (fusedmlp.bench.WORKLOADS) and block size (2^22 rows and up), 
 overhead = ray / loop - 1, best of --reps runs of each. Both sides run the same kernel (the tuning record the loop
 wrote is in the shared cache), so the outputs are compared bit for bit.
 
+Fairness: neither side counts its one-time costs (process start, import, kernel load, tuning, a warm-up call of the
+block size). Both read blocks where they live (the loop: its process's memory; Ray: the object store, mapped into
+the actor, whose first touch of each page is counted: a real cost of Ray's) and produce NumPy outputs (Ray's then
+stored in the object store, counted). Ray's wait for the first block after the actor is ready and its time after the
+last call are counted: every pipeline pays them. The printed line splits the Ray time into those parts.
+
+Each Ray variant (--variants FORMAT/CALLS) is timed against the same loop: FORMAT is Ray Data's fixed-shape tensor
+format (DataContext.arrow_fixed_shape_tensor_format: v2, Ray 2.60's default, a list array with an int64 offset per
+row; native, pyarrow's fixed_shape_tensor, no offsets), CALLS is ActorPoolStrategy's
+max_concurrent_calls_per_actor (2: Ray Data reads the next block and stores the last output in a second thread while
+the predictor's calls stay one at a time).
+
     python3 bench/ray_overhead.py --out ray_overhead.json
-Options: --rows (2^24), --block-rows (2^22 2^23), --workloads (pinn50 flex siren256 tcnn64), --reps (3), --cpu (the
-CPU path, no GPU: a smoke run of the script).
+Options: --rows (2^24), --block-rows (2^22 2^23), --workloads (pinn50 flex siren256 tcnn64), --reps (3),
+--variants (v2/1 native/1 native/2), --cpu (the CPU path, no GPU: a smoke run of the script; ~5 s per 2^20 rows of
+pinn50 on two cores, so give it small --rows), --stand-in (a NumPy stand-in for the model on both sides, CPU actors:
+Ray's part alone, in seconds).
 
 Ray is not in the device machine's image and its wheel (79 MB) is over what a call carries, so it travels as an
 archive of the installed package without its Java jars and dashboard build (~38 MB). Here, once:
@@ -28,7 +42,8 @@ archive of the installed package without its Java jars and dashboard build (~38 
     mkdir -p .raysite && tar -C /tmp/raysite -cJf .raysite/site.tar.xz .
 On the device (carry .raysite):
     mkdir -p /tmp/site && tar -C /tmp/site -xJf .raysite/site.tar.xz && export PYTHONPATH=/tmp/site &&
-    source bench/device_setup.sh && python3 bench/ray_overhead.py --out $OUT/ray_overhead.json 2>&1 | grep -v INFO
+    source bench/device_setup.sh && python3 bench/ray_overhead.py --workloads pinn50 siren256 tcnn64 --reps 2 \
+        --out $OUT/ray_overhead.json 2>&1 | grep -v INFO
 The other packages Ray needs (click, msgpack, protobuf, pyyaml, requests, aiohttp, pandas, pyarrow, ...) are in the
 image; the archive ran Ray Data's actors under CPython 3.12 with them.
 """
@@ -53,13 +68,30 @@ from fusedmlp.bench import WORKLOADS, fused_options
 _NOTES = os.path.join(tempfile.gettempdir(), f"fusedmlp-ray-overhead-{os.getpid()}.jsonl")
 
 
+class StandIn:
+    """--stand-in's model: reads every input row (its first feature) and writes every output, in NumPy, so that a CPU
+    run measures Ray's part in seconds (the CPU path takes ~5 s per 2^20 rows of pinn50 on two cores)."""
+
+    def __init__(self, widths):
+        self.widths = tuple(widths)
+        self.devices = ["stand-in"]
+
+    def __call__(self, x):
+        y = np.empty((len(x), self.widths[-1]), dtype=np.float32)
+        y[...] = x[:, :1]
+        return y
+
+
 class TimedPredictor(fusedmlp.ray.FusedMLPPredictor):
     """FusedMLPPredictor that notes when its constructor ended and how long each call took (wall clock, time.time:
     comparable with the driver's on one machine). Defined in __main__, so Ray ships it to the actor by value."""
 
-    def __init__(self, notes, **kwargs):
+    def __init__(self, notes, stand_in=False, warmup_rows=0, **kwargs):
         started = time.time()
-        super().__init__(**kwargs)
+        super().__init__(warmup_rows=0 if stand_in else warmup_rows, **kwargs)
+        if stand_in:
+            self._mlp = StandIn(self._mlp.widths)
+            self._mlp(np.zeros((warmup_rows, self._mlp.widths[0]), dtype=np.float32))
         self._notes = notes
         self._note(event="ready", start=started, end=time.time(), devices=self.model.devices)
 
@@ -99,24 +131,49 @@ def _loop(mlp, blocks, reps):
     return best, outputs
 
 
-def _ray_once(ray, ds, kwargs, block_rows, resources):
+#: DataContext.arrow_fixed_shape_tensor_format's values by the names --variants uses.
+_FORMATS = {"v2": "V2", "native": "ARROW_NATIVE"}
+
+
+def _variant(text):
+    """'native/2' -> ('native', 2): the tensor format, and max_concurrent_calls_per_actor."""
+    fmt, _, calls = text.partition("/")
+    if fmt not in _FORMATS or not calls.isdigit() or int(calls) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a variant is FORMAT/CALLS, FORMAT one of {sorted(_FORMATS)}, "
+                                         "CALLS >= 1 (max_concurrent_calls_per_actor)")
+    return fmt, int(calls)
+
+
+def _tensor_format(ray, fmt):
+    """Sets the driver's DataContext (Ray Data ships it to the actors with the pipeline)."""
+    from ray.data._internal.tensor_extensions.arrow import FixedShapeTensorFormat
+
+    ray.data.DataContext.get_current().arrow_fixed_shape_tensor_format = getattr(FixedShapeTensorFormat, _FORMATS[fmt])
+
+
+def _ray_once(ray, ds, kwargs, block_rows, resources, calls_per_actor):
     if os.path.exists(_NOTES):
         os.unlink(_NOTES)
     submitted = time.time()
+    # max_concurrent_calls_per_actor > 1: Ray Data reads the next block and stores the last output in other threads
+    # of the actor while the UDF runs one call at a time (enable_true_multi_threading stays False)
+    pool = ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=calls_per_actor)
     out = ds.map_batches(TimedPredictor, fn_constructor_kwargs=dict(notes=_NOTES, warmup_rows=block_rows, **kwargs),
-                         batch_size=block_rows, compute=ray.data.ActorPoolStrategy(size=1), zero_copy_batch=True,
-                         **resources).materialize()
+                         batch_size=block_rows, compute=pool, zero_copy_batch=True, **resources).materialize()
     done = time.time()
     with open(_NOTES) as f:
         notes = [json.loads(line) for line in f]
     ready = [n for n in notes if n["event"] == "ready"]
-    calls = [n for n in notes if n["event"] == "call"]
+    calls = sorted((n for n in notes if n["event"] == "call"), key=lambda n: n["start"])
     assert len(ready) == 1, f"expected one actor, got {len(ready)} (restarts?)"
     return {"steady_s": done - ready[0]["end"], "from_submit_s": done - submitted,
             "actor_start_s": ready[0]["end"] - submitted, "constructor_s": ready[0]["end"] - ready[0]["start"],
             "calls_s": sum(n["end"] - n["start"] for n in calls), "calls": len(calls),
-            # where the rest of steady_s goes: before the first block reaches the actor, and after the last call
-            "first_call_wait_s": min(n["start"] for n in calls) - ready[0]["end"],
+            # where the rest of steady_s goes: before the first block reaches the actor, between calls (the actor
+            # idle: its last output stored, the next block read), and after the last call (its output stored, the
+            # executor's end, materialize's return)
+            "first_call_wait_s": calls[0]["start"] - ready[0]["end"],
+            "between_calls_s": sum(max(0.0, b["start"] - a["end"]) for a, b in zip(calls, calls[1:])),
             "after_last_call_s": done - max(n["end"] for n in calls),
             "devices": ready[0]["devices"]}, out
 
@@ -126,33 +183,50 @@ def _gather(out):
     return np.concatenate([b["y"] for b in out.iter_batches(batch_size=None, batch_format="numpy")])
 
 
-def measure(ray, workload, rows, block_rows, reps, folder, cache, rng, cpu=False):
+def measure(ray, workload, rows, block_rows, reps, folder, cache, rng, variants, cpu=False, stand_in=False):
+    """The loop once, then each variant (tensor format, calls per actor) of the Ray pipeline: a list of results."""
     path, options = _model(workload, folder, rng)
-    n_in = WORKLOADS[workload].widths[0]
-    x = rng.standard_normal((rows, n_in), dtype=np.float32)
+    widths = WORKLOADS[workload].widths
+    x = rng.standard_normal((rows, widths[0]), dtype=np.float32)
     blocks = [x[a:a + block_rows] for a in range(0, rows, block_rows)]
-    mlp = fusedmlp.FusedMLP.from_npz(path, device="cpu" if cpu else "cuda", cache_dir=cache, **options)
+    if stand_in:
+        mlp = StandIn(widths)
+    else:
+        mlp = fusedmlp.FusedMLP.from_npz(path, device="cpu" if cpu else "cuda", cache_dir=cache, **options)
     loop_s, loop_out = _loop(mlp, blocks, reps)
-    ds = ray.data.from_numpy(blocks).materialize()  # in the object store before the clock starts
-    kwargs = dict(model=path, input_columns="data", output_columns="y", keep_columns=False, cache_dir=cache, **options)
-    runs, out = [], None
-    for _ in range(reps):
-        run, out = _ray_once(ray, ds, kwargs, block_rows, {"num_cpus": 1} if cpu else {"num_gpus": 1})
-        runs.append(run)
-    best = min(runs, key=lambda r: r["steady_s"])
-    y = _gather(out)
-    same = bool(y.shape == (rows, WORKLOADS[workload].widths[-1]) and np.array_equal(y, np.concatenate(loop_out),
-                                                                                     equal_nan=True))
-    result = {"workload": workload, "widths": list(WORKLOADS[workload].widths), "rows": rows,
-              "block_rows": block_rows, "blocks": len(blocks), "loop_s": loop_s, "ray": best, "ray_runs": runs,
-              "overhead": best["steady_s"] / loop_s - 1, "overhead_from_submit": best["from_submit_s"] / loop_s - 1,
-              "loop_rows_per_s": rows / loop_s, "ray_rows_per_s": rows / best["steady_s"], "bit_identical": same}
-    print(f"{workload:9s} {block_rows:>9d} rows/block: loop {loop_s * 1e3:8.1f} ms, "
-          f"ray {best['steady_s'] * 1e3:8.1f} ms "
-          f"(calls {best['calls_s'] * 1e3:7.1f} ms; {best['from_submit_s']:.2f} s from submit), overhead "
-          f"{result['overhead'] * 100:+6.1f}%, same bits: {same}", flush=True)
-    del ds, out
-    return result
+    loop_y = np.concatenate(loop_out)
+    del loop_out
+    kwargs = dict(model=path, input_columns="data", output_columns="y", keep_columns=False, cache_dir=cache,
+                  stand_in=stand_in, **options)
+    results = []
+    for fmt, calls_per_actor in variants:
+        _tensor_format(ray, fmt)
+        ds = ray.data.from_numpy(blocks).materialize()  # in the object store, in this format, before the clock starts
+        stored = str(ds.schema().base_schema.field("data").type)  # Ray falls back to V2 where pyarrow is older than 16
+        runs, same = [], True
+        for _ in range(reps):
+            run, out = _ray_once(ray, ds, kwargs, block_rows, {"num_cpus": 1} if cpu or stand_in else {"num_gpus": 1},
+                                 calls_per_actor)
+            y = _gather(out)
+            same = same and bool(y.shape == loop_y.shape and np.array_equal(y, loop_y, equal_nan=True))
+            del out, y  # the object store holds one run's outputs at a time
+            runs.append(run)
+        del ds
+        best = min(runs, key=lambda r: r["steady_s"])
+        result = {"workload": workload, "widths": list(widths), "rows": rows, "block_rows": block_rows,
+                  "blocks": len(blocks), "tensor_format": fmt, "max_concurrent_calls_per_actor": calls_per_actor,
+                  "stored_as": stored,
+                  "stand_in": stand_in, "loop_s": loop_s, "ray": best, "ray_runs": runs,
+                  "overhead": best["steady_s"] / loop_s - 1,
+                  "overhead_from_submit": best["from_submit_s"] / loop_s - 1,
+                  "loop_rows_per_s": rows / loop_s, "ray_rows_per_s": rows / best["steady_s"], "bit_identical": same}
+        print(f"{workload:9s} {block_rows:>9d} rows/block {fmt:>6s}/{calls_per_actor}: loop {loop_s * 1e3:7.1f} ms, "
+              f"ray {best['steady_s'] * 1e3:7.1f} ms = first wait {best['first_call_wait_s'] * 1e3:5.1f} + calls "
+              f"{best['calls_s'] * 1e3:7.1f} + between {best['between_calls_s'] * 1e3:6.1f} + after last "
+              f"{best['after_last_call_s'] * 1e3:5.1f} ({best['from_submit_s']:.2f} s from submit), overhead "
+              f"{result['overhead'] * 100:+6.1f}%, same bits: {same}", flush=True)
+        results.append(result)
+    return results
 
 
 def main(argv=None):
@@ -163,7 +237,12 @@ def main(argv=None):
     parser.add_argument("--workloads", nargs="+", default=["pinn50", "flex", "siren256", "tcnn64"],
                         choices=sorted(WORKLOADS))
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", type=_variant, default=[("v2", 1), ("native", 1), ("native", 2)],
+                        help="Ray pipelines to time, each FORMAT/CALLS: the fixed-shape tensor format (v2: Ray's "
+                             "default; native: pyarrow's fixed_shape_tensor) and max_concurrent_calls_per_actor")
     parser.add_argument("--cpu", action="store_true", help="a smoke run on the CPU path (no GPU needed)")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="a NumPy stand-in for the model on both sides (CPU actors): Ray's part alone")
     args = parser.parse_args(argv)
 
     import ray
@@ -175,19 +254,21 @@ def main(argv=None):
     context.enable_progress_bars = False
     context.execution_options.preserve_order = True  # outputs in block order, to compare with the loop's
     shm = shutil.disk_usage("/dev/shm").total if os.path.isdir("/dev/shm") else 0
-    report = {"argv": sys.argv, "ray": ray.__version__, "fusedmlp": fusedmlp.__version__,
+    import pyarrow
+
+    report = {"argv": sys.argv, "ray": ray.__version__, "pyarrow": pyarrow.__version__, "fusedmlp": fusedmlp.__version__,
               "python": platform.python_version(), "resources": ray.cluster_resources(), "dev_shm_bytes": shm,
-              "gpu": "cpu" if args.cpu else _gpu.gpu(0).info["name"],
+              "gpu": "stand-in" if args.stand_in else "cpu" if args.cpu else _gpu.gpu(0).info["name"],
               "autotune": os.environ.get("FUSEDMLP_AUTOTUNE", "on"),
               "results": []}
-    print(f"{report['gpu']}, Ray {ray.__version__}, /dev/shm {shm / 2**30:.1f} GiB, object store "
+    print(f"{report['gpu']}, Ray {ray.__version__}, pyarrow {pyarrow.__version__}, /dev/shm {shm / 2**30:.1f} GiB, object store "
           f"{report['resources'].get('object_store_memory', 0) / 2**30:.1f} GiB", flush=True)
     rng = np.random.default_rng(20261125)
     try:
         for workload in args.workloads:
             for block_rows in args.block_rows:
-                report["results"].append(measure(ray, workload, args.rows, block_rows, args.reps, folder, cache, rng,
-                                                 args.cpu))
+                report["results"].extend(measure(ray, workload, args.rows, block_rows, args.reps, folder, cache, rng,
+                                                 args.variants, args.cpu, args.stand_in))
     finally:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
@@ -196,8 +277,14 @@ def main(argv=None):
         shutil.rmtree(folder, ignore_errors=True)
         if os.path.exists(_NOTES):
             os.unlink(_NOTES)
-    worst = max(r["overhead"] for r in report["results"])
-    print(f"worst overhead {worst * 100:+.1f}% over {len(report['results'])} runs; JSON: {args.out}")
+    for fmt, calls_per_actor in args.variants:
+        mine = [r for r in report["results"] if (r["tensor_format"], r["max_concurrent_calls_per_actor"])
+                == (fmt, calls_per_actor)]
+        worst = max(mine, key=lambda r: r["overhead"])
+        print(f"{fmt}/{calls_per_actor}: worst overhead {worst['overhead'] * 100:+.1f}% ({worst['workload']}, "
+              f"{worst['block_rows']} rows/block) over {len(mine)} runs, all bit-identical: "
+              f"{all(r['bit_identical'] for r in mine)}")
+    print(f"JSON: {args.out}")
 
 
 if __name__ == "__main__":

@@ -253,3 +253,59 @@ def test_a_file_fusedmlp_save_wrote_needs_no_model_options(model, tmp_path):
     path = mlp.save(tmp_path / "saved")
     out = fray.FusedMLPPredictor(path, device="cpu", input_columns="x")({"x": model["x"]})
     assert np.array_equal(out["y"], model["expected"], equal_nan=True)
+
+
+def native_tensor_table(x, chunks=1):
+    """x as one column 'x' of pyarrow's fixed_shape_tensor (Ray's ARROW_NATIVE format), in `chunks` chunks."""
+    cuts = np.linspace(0, len(x), chunks + 1).astype(int)
+    parts = [pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(x[a:b])) for a, b in zip(cuts, cuts[1:])]
+    return pa.table({"id": np.arange(len(x)), "x": pa.chunked_array(parts)})
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_native_tensor_columns_give_evaluate_fused_mlps_bits(model, chunks):
+    out = predictor(model, input_columns="x", keep_columns=["id"])(native_tensor_table(model["x"], chunks))
+    np.testing.assert_array_equal(np.concatenate([c.to_numpy_ndarray() for c in out.column("y").chunks]),
+                                  model["expected"])
+
+
+def test_one_chunk_tensor_columns_are_read_in_place(model):
+    # a 2^22-row block's copy cost more than the pinn50 kernel on the H100 (docs/scale-out.md, What Ray costs)
+    x = np.ascontiguousarray(model["x"])
+    for column in (pa.FixedShapeTensorArray.from_numpy_ndarray(x), ArrowTensorArray.from_numpy(x)):
+        values = fray._arrow_column(pa.chunked_array([column]), "x")
+        assert values.shape == x.shape and np.shares_memory(values, x)
+        np.testing.assert_array_equal(values, x)
+
+
+def test_a_native_tensor_column_of_the_wrong_width_names_the_column(model):
+    table = native_tensor_table(np.ones((20, 4), np.float32))
+    with pytest.raises(fusedmlp.ShapeError, match=r"column 'x' holds rows of shape \(4,\); the network takes 3"):
+        predictor(model, input_columns="x")(table)
+
+
+@pytest.fixture
+def native_tensors():
+    """Ray Data's fixed-shape tensor columns as pyarrow's fixed_shape_tensor for one test (DataContext is global)."""
+    from ray.data._internal.tensor_extensions.arrow import FixedShapeTensorFormat
+
+    context = ray.data.DataContext.get_current()
+    saved = context.arrow_fixed_shape_tensor_format
+    context.arrow_fixed_shape_tensor_format = FixedShapeTensorFormat.ARROW_NATIVE
+    yield
+    context.arrow_fixed_shape_tensor_format = saved
+
+
+@pytest.mark.parametrize("batch_format", ["numpy", "pyarrow"])
+def test_native_tensor_pipeline_stores_outputs_as_fixed_shape_tensors(cluster, model, native_tensors, batch_format):
+    x = model["x"]
+    ds = ray.data.from_arrow(pa.table({"data": pa.FixedShapeTensorArray.from_numpy_ndarray(x), "id": np.arange(len(x))}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        out = ds.map_batches(fray.FusedMLPPredictor, batch_size=700, batch_format=batch_format, zero_copy_batch=True,
+                             compute=ray.data.ActorPoolStrategy(size=2),
+                             fn_constructor_kwargs=dict(model=model["path"], input_columns="data", keep_columns=["id"],
+                                                        activation=ACT)).materialize()
+    assert isinstance(out.schema().base_schema.field("y").type, pa.FixedShapeTensorType)  # stored without offsets
+    frame = out.to_pandas().sort_values("id")
+    np.testing.assert_array_equal(np.stack(frame["y"].to_numpy()), model["expected"])

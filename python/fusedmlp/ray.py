@@ -208,10 +208,12 @@ def _arrow_column(chunked, name):
     kind = chunked.type
     if not chunked.num_chunks:
         return np.empty((0,), dtype=np.float32)
-    if isinstance(kind, pa.ExtensionType) and hasattr(chunked.chunk(0), "to_numpy_ndarray"):  # arrow.fixed_shape_tensor
-        return np.concatenate([c.to_numpy_ndarray() for c in chunked.chunks])
-    if isinstance(kind, pa.ExtensionType):  # Ray's ArrowTensorArray
-        return np.concatenate([np.asarray(c.to_numpy()) for c in chunked.chunks])
+    if isinstance(kind, pa.BaseExtensionType):
+        # pyarrow's fixed_shape_tensor is a BaseExtensionType (not the Python-defined ExtensionType, which Ray's
+        # ArrowTensorType is): both hand out views of the column's buffer; a one-chunk column is used in place
+        parts = [np.asarray(c.to_numpy_ndarray() if hasattr(c, "to_numpy_ndarray") else c.to_numpy())
+                 for c in chunked.chunks]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
     if pa.types.is_fixed_size_list(kind):
         if chunked.null_count:
             raise ShapeError(f"column {name!r} has {chunked.null_count} null rows; a feature vector per row is needed")
