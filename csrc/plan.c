@@ -91,6 +91,11 @@ static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
      * next group's MMAs, which ptxas does not move MMAs across, so one group's accumulators are live at a time. */
     int acc = p->stream_slots ? p->n_chunk[l] / 2 : p->n_pad[l] / 2;
     int regs = acc + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
+    for (int j = l + 1; j < p->num_layers; ++j) /* x's fragments, kept for a later layer's concat */
+        if (p->cat[j] != FM_CAT_NONE) {
+            regs += p->k_pad[0] / 4;
+            break;
+        }
     if (p->pipe[l]) { /* both layers' accumulators, and this layer's input fragments as they become its output's */
         int k_or_n = p->k_pad[l] > p->n_pad[l] ? p->k_pad[l] : p->n_pad[l];
         int piped = p->n_pad[l] / 2 + p->n_pad[l + 1] / 2 + k_or_n / 4 + PIPE_REGS;
@@ -470,16 +475,20 @@ static fm_status fm_plan_cluster(fm_plan *p, const fm_target *t, const fm_plan_o
  * Clusters of 4 come after one warpgroup on clusters of 2 because the H100 runs only 30 of them at once (120 of its
  * 132 SMs, cuOccupancyMaxActiveClusters) and each CTA sends to three others: 64-256-256-192 and 2-256-256-256 ran
  * 12-14% faster at 2^18 and 2^21 rows on clusters of 2 with one warpgroup (bench/results/h100/plan_probe_s15.txt).
- * Returns 1 with the plan in *p, else 0 (*p unchanged). */
+ * Entries [from, to) of that order; returns 1 with the plan in *p, else 0 (*p unchanged). (fm_plan_make puts the
+ * streamed register-A form between the first two entries and the rest.) */
 static int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int widest,
-                                const int *value_pad) {
+                                const int *value_pad, int from, int to) {
     static const int order[][2] = {{1, 8}, {2, 8}, {2, 4}, {4, 8}, {1, 4}, {4, 4}}; /* CTAs, fewest warps */
-    for (int i = 0; i < 6; ++i) {
+    for (int i = from; i < to && i < 6; ++i) {
         fm_plan cand = *p;
         fm_error quiet = {0};
         fm_status st = fm_plan_cluster(&cand, t, opts, order[i][0], widest, value_pad, &quiet);
         fm_error_clear(&quiet);
-        if (st == FM_OK && (cand.warps >= order[i][1] || opts->warps)) {
+        /* A forced warp count takes any entry but the first two, which are for two warpgroups only (so warps=4 on a
+         * network the streamed form takes gets that form: r256 and deep256 ran it 1.7-4.3x faster than one
+         * warpgroup on clusters of 2 or 4 at 16384 rows, H100). */
+        if (st == FM_OK && (cand.warps >= order[i][1] || (opts->warps && i >= 2))) {
             *p = cand;
             return 1;
         }
@@ -487,9 +496,10 @@ static int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_op
     return 0;
 }
 
-/* Why the streamed form of the register-A warpgroup kernel cannot run this network (NULL: it can): the register-A
- * form's rules (no concat, residuals from the layer's own input) and no norm layer (its statistics need the whole
- * row's accumulators, which the streamed form never holds at once). */
+/* Why the streamed form of the register-A warpgroup kernel cannot run this network (NULL: it can): residuals from
+ * the layer's own input only (none on a concat layer), and no norm layer (its statistics need the whole row's
+ * accumulators, which the streamed form never holds at once). An input concat (NeRF's skip) takes x's A fragments,
+ * which the kernel keeps in registers from layer 0 on. */
 static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
     const char *why = fm_plan_warpgroup_unfit(p, widest);
     if (why != NULL)
@@ -497,8 +507,8 @@ static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
     if (fm_prec_is_8bit(p->prec))
         return "the streamed warpgroup kernel takes float16 or bfloat16";
     for (int l = 0; l < p->num_layers; ++l) {
-        if (p->cat[l] != FM_CAT_NONE)
-            return "the streamed warpgroup kernel has no input concat";
+        if (p->cat[l] != FM_CAT_NONE && p->res_op[l] != FM_RES_NONE)
+            return "the streamed warpgroup kernel takes no residual on a layer with an input concat";
         if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
             return "the streamed warpgroup kernel takes residuals from a layer's own input only";
         if (p->norm[l] != FM_NORM_NONE)
@@ -507,39 +517,40 @@ static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
     return NULL;
 }
 
-enum { STREAM_NC = 64, STREAM_MAX_SLOTS = 8 };
+/* Default group width and the most slots. On the H100 (2^21 rows, fp16) groups of 128 columns ran r256 (64-256-256-
+ * 256-16, silu) in 1.05 ms and deep256 (64-256x5-64, relu) in 1.55 against 1.23 and 1.63 with 64 and 1.55 and 2.27
+ * with 32 (bench/results/h100-stream/). */
+enum { STREAM_NC = 128, STREAM_MAX_SLOTS = 8 };
+/* The most estimated registers for STREAM_NC-wide groups: ptxas (NVRTC 13) used 198 and 252 registers for r256's and
+ * deep256's estimated 232, and for NeRF's 248 (x's fragments kept for its concat) 254 with 48 bytes of spills and
+ * serialized wgmma; its 64-wide groups took 218. */
+enum { STREAM_WIDE_REGS = 240 };
 
 /* The register-A warpgroup kernel with streamed weights (fused_mlp_sm90.cu, FM_STREAM): every layer in column groups
  * of n_chunk (opts->n_chunk, else STREAM_NC) columns whose weights pass through slots of shared memory, each slot
  * one group (the largest group's bytes), as many slots as fit beside the per-warp buffers (up to
  * STREAM_MAX_SLOTS), and two warpgroups per CTA (opts->warps may say otherwise). */
-static fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int widest,
-                                const int *value_pad, fm_error *err) {
-    const char *unfit = fm_plan_stream_unfit(p, widest);
-    if (unfit != NULL)
-        return fm_fail(err, FM_ERR_LIMIT, "wgmma=1 with resident=0 asks for the streamed warpgroup kernel, but %s",
-                       unfit);
-    if (opts->kpipe > 0)
-        return fm_fail(err, FM_ERR_LIMIT, "kpipe=1 was asked for, but the streamed warpgroup kernel does not "
-                       "pipeline its layers");
-    p->wgmma = 1;
-    p->cluster = 0;
-    fm_plan_blobs(p);
-    p->kpipe = 0;
-    memset(p->pipe, 0, sizeof p->pipe);
-    int nc = opts->n_chunk > 0 ? fm_round_up(opts->n_chunk, 16) : STREAM_NC;
+/* fm_plan_stream's plan at a given warp count (the layout, groups and slots; the rest of *p set). */
+static fm_status fm_plan_stream_at(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int warps,
+                                   const int *value_pad, fm_error *err) {
+    /* The widest groups whose registers and two slots fit (STREAM_NC, else half of it): wider groups mean fewer,
+     * longer MMA runs and fewer waits per layer. */
     size_t slot = 0;
-    for (int l = 0; l < p->num_layers; ++l) {
-        p->n_chunk[l] = p->n_pad[l] < nc ? p->n_pad[l] : nc;
-        size_t bytes = (size_t)p->n_chunk[l] * (size_t)p->k_pad[l] * (size_t)p->elem_bytes;
-        slot = bytes > slot ? bytes : slot;
+    for (int nc = opts->n_chunk > 0 ? fm_round_up(opts->n_chunk, 16) : STREAM_NC;; nc /= 2) {
+        slot = 0;
+        for (int l = 0; l < p->num_layers; ++l) {
+            p->n_chunk[l] = p->n_pad[l] < nc ? p->n_pad[l] : nc;
+            size_t bytes = (size_t)p->n_chunk[l] * (size_t)p->k_pad[l] * (size_t)p->elem_bytes;
+            slot = bytes > slot ? bytes : slot;
+        }
+        p->stream_slots = 2;
+        p->w_slot_elems = slot / (size_t)p->elem_bytes;
+        fm_plan_wgmma_layout(p, t, warps, value_pad);
+        int regs = fm_plan_wgmma_regs(p);
+        if (opts->n_chunk > 0 || nc < STREAM_NC ||
+            (65536 / (warps * 32) >= regs && regs <= STREAM_WIDE_REGS && p->smem_bytes <= t->smem_per_block))
+            break;
     }
-    p->w_slot_elems = slot / (size_t)p->elem_bytes;
-    int warps = opts->warps ? opts->warps : 8;
-    if (warps % 4 != 0)
-        return fm_fail(err, FM_ERR_VALUE, "warps=%d: the warpgroup kernel runs whole warpgroups (4 warps)", warps);
-    p->stream_slots = 2;
-    fm_plan_wgmma_layout(p, t, warps, value_pad);
     if (p->smem_bytes > t->smem_per_block)
         return fm_fail(err, FM_ERR_LIMIT, "the streamed warpgroup kernel's two weight slots of %zu bytes and %d warps' "
                        "buffers take %zu bytes of shared memory; a block may use %zu on sm_%d", slot, warps,
@@ -561,6 +572,38 @@ static fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_op
         }
     }
     return FM_OK;
+}
+
+static fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int widest,
+                                const int *value_pad, fm_error *err) {
+    const char *unfit = fm_plan_stream_unfit(p, widest);
+    if (unfit != NULL)
+        return fm_fail(err, FM_ERR_LIMIT, "wgmma=1 with resident=0 asks for the streamed warpgroup kernel, but %s",
+                       unfit);
+    if (opts->kpipe > 0)
+        return fm_fail(err, FM_ERR_LIMIT, "kpipe=1 was asked for, but the streamed warpgroup kernel does not "
+                       "pipeline its layers");
+    if (opts->warps % 4 != 0)
+        return fm_fail(err, FM_ERR_VALUE, "warps=%d: the warpgroup kernel runs whole warpgroups (4 warps)",
+                       opts->warps);
+    p->wgmma = 1;
+    p->cluster = 0;
+    fm_plan_blobs(p);
+    p->kpipe = 0;
+    memset(p->pipe, 0, sizeof p->pipe);
+    /* Two warpgroups, else one (an SM then has one warpgroup: its epilogues leave the tensor pipe idle, so it is the
+     * fallback for buffers too large for two, such as a wide float32 x's landing buffers). */
+    if (opts->warps)
+        return fm_plan_stream_at(p, t, opts, opts->warps, value_pad, err);
+    fm_plan two = *p;
+    fm_error quiet = {0};
+    fm_status st = fm_plan_stream_at(&two, t, opts, 8, value_pad, &quiet);
+    fm_error_clear(&quiet);
+    if (st == FM_OK) {
+        *p = two;
+        return FM_OK;
+    }
+    return fm_plan_stream_at(p, t, opts, 4, value_pad, err);
 }
 
 /* Whether a candidate's residency counts first in fm_plan_better. An 8-bit plan's weights are half as large, so
@@ -734,9 +777,27 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         plan->wgmma = 0; /* the resident weights and stages do not fit one CTA */
         fm_plan_pipe(plan, spec, 0);
     }
-    if (want_wgmma && opts->cluster == 0 && shape_free &&
-        fm_plan_cluster_auto(plan, target, opts, widest, value_pad))
-        return FM_OK;
+    /* Where the register-A form with resident weights does not take the network: two warpgroups on clusters of 1 or
+     * 2 CTAs (the shared-memory-A form), else the register-A form with streamed weights, else the other cluster
+     * shapes. On the H100 (2^21 rows, fp16; bench/results/h100-stream/) the streamed form ran r256 2.2x and deep256
+     * 4.9x faster than their one-warpgroup clusters of 2 and 4, and siren256 (sin) 10% slower than its two-warpgroup
+     * cluster of 2. */
+    if (want_wgmma && opts->cluster <= 0 && shape_free) {
+        if (opts->cluster == 0 && fm_plan_cluster_auto(plan, target, opts, widest, value_pad, 0, 2))
+            return FM_OK;
+        fm_plan cand = *plan;
+        fm_error quiet = {0};
+        fm_plan_opts streamed = *opts;
+        streamed.resident = 0;
+        fm_status st_stream = fm_plan_stream(&cand, target, &streamed, widest, value_pad, &quiet);
+        fm_error_clear(&quiet);
+        if (st_stream == FM_OK) {
+            *plan = cand;
+            return FM_OK;
+        }
+        if (opts->cluster == 0 && fm_plan_cluster_auto(plan, target, opts, widest, value_pad, 2, 6))
+            return FM_OK;
+    }
     if (opts->wgmma > 0) {
         if (unfit != NULL)
             fm_fail(err, FM_ERR_LIMIT, "wgmma=1 was asked for, but %s", unfit);

@@ -114,6 +114,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
             fm_str_append(&pair, "    static constexpr int PAIR = 0;\n");
         fm_str_printf(out,
                       "    static constexpr int K = %d, K0 = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
+                      "    static constexpr int CAT = %d;  // x joins the input: 0 no, 1 after h, 2 before h\n"
                       "    static constexpr bool BIAS = %s;\n"
                       "    static constexpr bool PIPE = %s;  // its epilogue under the next layer's MMAs (plan.c)\n"
                       "    static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;\n"
@@ -126,7 +127,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static constexpr bool FAR = %s;  // act_t: act without sin/cos's far branch (render.c)\n"
                       "    static __device__ __forceinline__ float act_t(float x, bool &far) { (void)far; return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n",
-                      p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
+                      p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l], p->cat[l],
                       p->has_bias[l] ? "true" : "false", p->pipe[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l],
                       p->out_buf[l], spec->res_op[l],
                       p->res_buf[l], spec->norm[l], spec->norm[l] ? spec->norm_eps[l] : 0.0,

@@ -458,7 +458,7 @@ template <int L>
 __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4], fm_u32 w,
                                          const float *bias, const fm_out &stage, int lane, fm_stream &st) {
     static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || Layer<L>::K == Layer<L>::N),
-                  "no concat; residuals from the own input");
+                  "a concat arrives as one array (fm_network); residuals from the own input");
     fm_layer_cols<L, 0>(a, h, w, bias, stage, lane, st);
 }
 
@@ -488,16 +488,41 @@ template <int L, int R> __device__ constexpr bool fm_even_offsets() {
                fm_even_offsets<L + 1, R - 1>();
 }
 
-// Layers L.. for this warpgroup's 64 rows, from layer L's input fragments a. A stretch of layers with the same code
+// The width of the value layer L reads from the layer before (x for layer 0): its whole input but x's part, where
+// x joins it (Layer<L>::CAT, an input concat: streamed weights only, plan.c).
+template <int L> __device__ constexpr int fm_hk() {
+    if constexpr (L == 0)
+        return Layer<0>::K;
+    else
+        return Layer<L - 1>::N;
+}
+
+// Layers L.. for this warpgroup's 64 rows, from layer L's input fragments a (xa: x's, for a later input concat). A
+// stretch of layers with the same code
 // (res128's four residual blocks, tcnn128's three hidden layers) is one loop over their weights and biases, not
 // that code once per layer: NVRTC's time grows with the instructions it is given (res128: 1.2 s in NVVM and 0.7 s
 // in ptxas for six straight-line layers).
 template <int L>
-__device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 w_base, const float *bias,
-                                           const fm_out &stage, int lane, fm_stream &st) {
+__device__ __forceinline__ void fm_network(fm_u32 (&a)[fm_hk<L>() / KE][4], const fm_u32 (&xa)[IN_PAD / KE][4],
+                                           fm_u32 w_base, const float *bias, const fm_out &stage, int lane,
+                                           fm_stream &st) {
     constexpr int R = fm_loop_len<L>();
     fm_u32 h[Layer<L>::N / KE][4];
-    if constexpr (R > 1) {
+    if constexpr (Layer<L>::CAT != 0) {  // x joins the input: its fragments before (CAT 2) or after (1) a's
+        typedef Layer<L> Ly;
+        constexpr int XS = IN_PAD / KE, HS = fm_hk<L>() / KE;
+        static_assert(FM_STREAM > 0 && L > 0 && Ly::K == IN_PAD + fm_hk<L>() && Ly::RES == 0,
+                      "an input concat: the streamed form, x and the previous layer's output, no residual");
+        fm_u32 ac[Ly::K / KE][4];
+#pragma unroll
+        for (int s = 0; s < XS + HS; ++s)
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                ac[s][q] = Ly::CAT == 2 ? (s < XS ? xa[s][q] : a[s - XS][q]) : (s < HS ? a[s][q] : xa[s - HS][q]);
+        fm_layer<L>(ac, h, w_base + EB * Ly::W_OFF, bias, stage, lane, st);
+        if constexpr (L < LAST)
+            fm_network<L + 1>(h, xa, w_base, bias, stage, lane, st);
+    } else if constexpr (R > 1) {
         typedef Layer<L> Ly;
         static_assert(Ly::K == Ly::N && fm_even_offsets<L, R>(), "a loop's layers: as wide as their input, evenly "
                                                                   "spaced weights and biases");
@@ -511,12 +536,13 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[Layer<L>::K / KE][4], fm_
                 for (int q = 0; q < 4; ++q)
                     a[s][q] = h[s][q];
         }
-        fm_network<L + R>(a, w_base, bias, stage, lane, st);  // the last layer, at least, follows the loop
+        fm_network<L + R>(a, xa, w_base, bias, stage, lane, st);  // the last layer, at least, follows the loop
     } else {
         fm_layer<L>(a, h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane, st);
         if constexpr (L < LAST) {
-            static_assert(Layer<L + 1>::K == Layer<L>::N, "a layer's input is the previous layer's output");
-            fm_network<L + 1>(h, w_base, bias, stage, lane, st);
+            static_assert(Layer<L + 1>::CAT != 0 || Layer<L + 1>::K == Layer<L>::N,
+                          "a layer's input is the previous layer's output");
+            fm_network<L + 1>(h, xa, w_base, bias, stage, lane, st);
         }
     }
 }
@@ -1106,7 +1132,7 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u
         fm_mma_all<0>(d, a, w_base + EB * Layer<0>::W_OFF, bias, lane & 3);
         fm_pnetwork<0>(d, a, w_base, bias, stage, lane & 3);
     } else {
-        fm_network<0>(a, w_base, bias, stage, lane, st);
+        fm_network<0>(a, a, w_base, bias, stage, lane, st);
     }
 }
 

@@ -780,8 +780,8 @@ def test_cluster_kernel_on_random_wide_chains():
 
 def stream_cases():
     """Random chains for the streamed register-A kernel: widths 1-256 (224-256 hidden layers included, which the
-    resident register-A kernel cannot hold), own-input residuals, a forced column group (16-256 columns: one slot's
-    weights) and warpgroup count, float16 and bfloat16 compute, every I/O dtype, odd batches; long enough runs that a
+    resident register-A kernel cannot hold), own-input residuals, input concats (x before or after a hidden layer's
+    input: NeRF's skip), a forced column group (16-256 columns: one slot's weights) and warpgroup count, float16 and bfloat16 compute, every I/O dtype, odd batches; long enough runs that a
     CTA's slots wrap around many times."""
     rng = np.random.default_rng(20261126)
     for i in range(36):
@@ -792,13 +792,18 @@ def stream_cases():
         acts = [str(rng.choice(["sin", "relu", "tanh", "gelu", "silu", "none"])) for _ in range(depth - 1)] + [
             str(rng.choice(["none", "sigmoid"]))]
         residual = {l: "add" for l in range(1, depth) if widths[l] == widths[l + 1] and rng.random() < 0.5}
+        concat = {}
+        if depth > 1 and rng.random() < 0.4:
+            j = int(rng.integers(1, depth))
+            concat[j] = str(rng.choice(["before", "after"]))
+            residual.pop(j, None)
         prec, io = ("float16", "bfloat16")[i % 2], ("float32", "float16", "bfloat16")[i % 3]
-        ws, bs = graph_weights(rng, widths, {}, 1.0)
+        ws, bs = graph_weights(rng, widths, concat, 1.0)
         batch = int(rng.choice([1, 63, 129, 1000, 4099, 70001, 300001]))
         x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
-        yield types.SimpleNamespace(i=i, widths=widths, acts=acts, residual=residual, prec=prec, io=io, ws=ws, bs=bs,
-                                    batch=batch, n_chunk=(64, 16, 128, 32, 256)[i % 5], warps=(8, 4, 12)[(i // 5) % 3],
-                                    x32=x32)
+        yield types.SimpleNamespace(i=i, widths=widths, acts=acts, residual=residual, concat=concat, prec=prec, io=io,
+                                    ws=ws, bs=bs, batch=batch, n_chunk=(64, 16, 128, 32, 256)[i % 5],
+                                    warps=(8, 4, 12)[(i // 5) % 3], x32=x32)
 
 
 def test_streamed_wgmma_kernel_on_random_chains():
@@ -809,8 +814,8 @@ def test_streamed_wgmma_kernel_on_random_chains():
         pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
     failures, checked, slots = [], 0, set()
     for c in stream_cases():
-        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None, dtype=c.prec,
-                                device="cuda")
+        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None, concat=c.concat or None,
+                                dtype=c.prec, device="cuda")
         built = None
         for options in ({"n_chunk": c.n_chunk, "warps": c.warps}, {"n_chunk": c.n_chunk}, {}):
             try:
@@ -822,12 +827,14 @@ def test_streamed_wgmma_kernel_on_random_chains():
         kernel, plan = built
         assert plan.info["stream_slots"] >= 2 and not plan.info["resident"], plan.info
         if tally(kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures,
-                 (c.i, plan.info["warps"], plan.info["stream_slots"], c.n_chunk, c.widths, c.acts, c.residual, c.prec,
-                  c.io, c.batch)):
+                 (c.i, plan.info["warps"], plan.info["stream_slots"], c.n_chunk, c.widths, c.acts, c.residual,
+                  c.concat, c.prec, c.io, c.batch)):
             checked += 1
             slots.add(plan.info["stream_slots"])
-    print(f"\nstreamed wgmma kernel: {checked} runs checked, slot counts {sorted(slots)}, {len(failures)} failures")
-    assert checked >= 25
+    concats = sum(bool(c.concat) for c in stream_cases())
+    print(f"\nstreamed wgmma kernel: {checked} runs checked ({concats} with a concat), slot counts {sorted(slots)}, "
+          f"{len(failures)} failures")
+    assert checked >= 25 and concats >= 8
     assert not failures, failures[:5]
 
 

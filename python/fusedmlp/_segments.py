@@ -269,6 +269,8 @@ def _stretch_plan(mlp, first, last, target, in_dtype, out_dtype):
 def _kernel_words(info):
     if info["cluster"]:
         return f"wgmma on clusters of {info['cluster']}, weights resident"
+    if info["stream_slots"]:
+        return f"wgmma, weights streamed from L2 through {info['stream_slots']} slots"
     return f"{'wgmma' if info['wgmma'] else 'mma.sync'}, weights resident"
 
 
@@ -291,7 +293,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
             info = _stretch_plan(mlp, first, last, target, in_dtype, out_dtype).info
         except LimitError as e:
             return False, e.message
-        if not info["resident"]:
+        if not info["resident"] and not info["stream_slots"]:  # the mma.sync kernel's per-tile weight stream
             return False, "its weights do not fit on chip (one CTA or a cluster)"
         return True, _kernel_words(info)
 
