@@ -789,7 +789,8 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         fm_error quiet = {0};
         fm_plan_opts streamed = *opts;
         streamed.resident = 0;
-        fm_status st_stream = fm_plan_stream(&cand, target, &streamed, widest, value_pad, &quiet);
+        fm_status st_stream = opts->resident < 0 ? fm_plan_stream(&cand, target, &streamed, widest, value_pad, &quiet)
+                                                 : FM_ERR_LIMIT;
         fm_error_clear(&quiet);
         if (st_stream == FM_OK) {
             *plan = cand;

@@ -287,10 +287,57 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
           want);
 }
 
+/* The streamed register-A plan's invariants (fused_mlp_sm90.cu, FM_STREAM): whole warpgroups, weights not resident
+ * but in the resident form's blob (the core-matrix layout, so a column group of n_chunk rows is contiguous), 2..8
+ * slots each holding the largest group, residuals from the own input (none on a concat layer), no norms, an input
+ * concat's width x's padded width plus the previous layer's, one group's accumulators in the register estimate, and
+ * shared memory of the slots, the biases, the per-warp buffers and the slots' barriers. */
+static void check_stream_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, const char *what) {
+    const int L = spec->num_layers;
+    CHECK(t->arch == 90 && (p->prec == FM_PREC_F16 || p->prec == FM_PREC_BF16), "%s: stream on sm_%d %s", what,
+          t->arch, fm_prec_name(p->prec));
+    CHECK(p->warps % 4 == 0 && p->warps >= 4 && p->m_tiles == 1 && p->rows_per_cta == 16 * p->warps,
+          "%s: stream warps %d", what, p->warps);
+    CHECK(p->resident == 0 && p->buffers == 1 && p->stream_slots >= 2 && p->stream_slots <= 8 && !p->kpipe,
+          "%s: stream resident %d slots %d", what, p->resident, p->stream_slots);
+    size_t w = 0, b = 0, slot = 0;
+    for (int l = 0; l < L; ++l) {
+        int x_pad = (spec->width[0] + 15) / 16 * 16, h_pad = l ? p->n_pad[l - 1] : x_pad;
+        CHECK(spec->norm[l] == FM_NORM_NONE && (spec->res_op[l] == FM_RES_NONE ||
+              (spec->res_src[l] == l - 1 && spec->cat[l] == FM_CAT_NONE)),
+              "%s: layer %d norm/residual in a stream plan", what, l);
+        CHECK(p->k_pad[l] == h_pad + (spec->cat[l] != FM_CAT_NONE ? x_pad : 0) && is_mult16(p->n_pad[l]) &&
+                  p->n_pad[l] >= spec->width[l + 1] && p->n_pad[l] < spec->width[l + 1] + 16,
+              "%s: layer %d pads %d x %d", what, l, p->k_pad[l], p->n_pad[l]);
+        CHECK(p->n_pad[l] <= 256 && is_mult16(p->n_chunk[l]) && p->n_chunk[l] <= p->n_pad[l],
+              "%s: layer %d n_chunk %d", what, l, p->n_chunk[l]);
+        int regs = p->n_chunk[l] / 2 + p->k_pad[l] / 4 + (l < L - 1 ? p->n_pad[l] / 4 : 0);
+        CHECK(regs + 40 <= fm_plan_wgmma_regs(p) && fm_plan_wgmma_regs(p) * 32 * p->warps <= 65536,
+              "%s: layer %d needs %d registers", what, l, regs);
+        CHECK(p->w_offset[l] == w && p->b_offset[l] == b, "%s: layer %d offsets", what, l);
+        size_t group = (size_t)p->n_chunk[l] * (size_t)p->k_pad[l];
+        slot = group > slot ? group : slot;
+        w += (size_t)p->n_pad[l] * (size_t)p->k_pad[l];
+        b += (size_t)p->n_pad[l];
+    }
+    CHECK(p->w_elems == w && p->w_slot_elems == slot, "%s: blob %zu slot %zu", what, p->w_elems, p->w_slot_elems);
+    int stage_row = p->out_dtype == FM_F32 ? 0 : p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
+    size_t warp_bytes = 16 * ((size_t)p->act_stride * (size_t)p->elem_bytes + (size_t)stage_row) +
+                        fm_plan_wgmma_raw_bytes(p);
+    size_t want = (size_t)p->elem_bytes * slot * (size_t)p->stream_slots + 4 * p->b_floats +
+                  (size_t)p->warps * warp_bytes + (size_t)(12 * p->stream_slots + 15) / 16 * 16;
+    CHECK(p->smem_bytes == want && p->smem_bytes <= t->smem_per_block, "%s: smem %zu, want %zu", what, p->smem_bytes,
+          want);
+}
+
 /* Every invariant the kernel relies on. `auto_opts`: the plan chose everything, so its register rules apply too. */
 static void check_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, int auto_opts, const char *what) {
     if (p->cluster) {
         check_cluster_plan(p, spec, t, what);
+        return;
+    }
+    if (p->stream_slots) {
+        check_stream_plan(p, spec, t, what);
         return;
     }
     if (p->wgmma) {
@@ -814,17 +861,20 @@ static void test_wgmma_plans(void) {
             }
             /* The default plan: each layer one group, its accumulators, input and output fragments within 255
              * registers (64 x n fp32 over 128 threads, 64 x k halves, 64 x n halves but for the last layer, 40 more);
-             * a network over that, or over one CTA's shared memory, takes the cluster form instead. */
+             * a network over that, or over one CTA's shared memory, takes the cluster form or the streamed one
+             * (column groups, one at a time in the registers) instead. */
             int over = 0;
             for (int l = 0; l < p.num_layers; ++l) {
                 int regs = p.n_pad[l] / 2 + p.k_pad[l] / 4 + (l == p.num_layers - 1 ? 0 : p.n_pad[l] / 4) + 40;
                 over |= regs > 255;
-                CHECK(p.cluster || (p.n_chunk[l] == p.n_pad[l] && regs <= 255), "%s: layer %d (%d -> %d) in groups "
-                      "of %d", g_nets[n].name, l, p.k_pad[l], p.n_pad[l], p.n_chunk[l]);
+                CHECK(p.cluster || p.stream_slots || (p.n_chunk[l] == p.n_pad[l] && regs <= 255),
+                      "%s: layer %d (%d -> %d) in groups of %d", g_nets[n].name, l, p.k_pad[l], p.n_pad[l],
+                      p.n_chunk[l]);
             }
             check_plan(&p, &spec, &t90, 0, g_nets[n].name);
-            if (p.cluster && !over) { /* then the register-A kernel's weights and stages do not fit one CTA */
-                fm_plan_opts regs_a = {0, 0, 0, -1, 1, -1, 0};
+            if ((p.cluster || p.stream_slots) && !over) { /* then the register-A kernel's weights and stages do not fit
+                                                             one CTA */
+                fm_plan_opts regs_a = {0, 0, 0, 1, 1, -1, 0}; /* resident weights: no streamed form either */
                 CHECK(fm_plan_make(&spec, &t90, &regs_a, (fm_prec)prec, FM_F32, FM_F16, &p, &err) == FM_ERR_LIMIT &&
                           strstr(err.message, "do not fit"),
                       "%s: cluster chosen, but the register-A kernel fits: %s", g_nets[n].name, err.message);
