@@ -149,6 +149,7 @@ __device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
 // the slot with group seq + FM_STREAM. So no warp waits to refill and none is a dedicated producer; FM_STREAM slots
 // keep that many groups in flight ahead of the slowest warp.
 constexpr int SLOT_B = FM_STREAM ? FM_SLOT_ELEMS * EB : 0;
+constexpr fm_u32 NSLOT = FM_STREAM > 0 ? FM_STREAM : 1;  // (a divisor NVRTC sees even where the form is off)
 // The stream's barriers after the per-warp buffers: FM_STREAM `full` mbarriers, then FM_STREAM counters.
 constexpr int STREAM_BAR_B = FM_STREAM ? (12 * FM_STREAM + 15) / 16 * 16 : 0;
 
@@ -197,7 +198,7 @@ struct fm_stream {
 // Fills the slot of group number seq with the weights of group q of the tile sequence (seq % STREAM_Q == q), where
 // `on`: one arrival announcing the bytes, and the copy completing them.
 __device__ __forceinline__ void fm_stream_fill(fm_u32 on, const fm_stream &st, fm_u32 seq, fm_group_span g) {
-    const fm_u32 slot = seq % FM_STREAM, bar = st.bars + 8 * slot;
+    const fm_u32 slot = seq % NSLOT, bar = st.bars + 8 * slot;
     asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
                  "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n"
                  "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%3], [%4], %2, [%1];\n}"
@@ -206,8 +207,8 @@ __device__ __forceinline__ void fm_stream_fill(fm_u32 on, const fm_stream &st, f
 }
 // The slot of this warp's next group, once its weights have landed.
 __device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st) {
-    const fm_u32 slot = st.seq % FM_STREAM;
-    fm_mbar_wait(st.bars + 8 * slot, (st.seq / FM_STREAM) & 1u);
+    const fm_u32 slot = st.seq % NSLOT;
+    fm_mbar_wait(st.bars + 8 * slot, (st.seq / NSLOT) & 1u);
     return st.slots + slot * SLOT_B;
 }
 // After this warp's MMAs of group Q (of the tile sequence) are done: its arrival on the slot's counter and, from the
@@ -215,7 +216,7 @@ __device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st) {
 // the MMAs made ptxas serialize every wgmma of the kernel (its warning C7519; see fm_cl_send).
 template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
     constexpr fm_group_span next = fm_group_at<0>((Q + FM_STREAM) % STREAM_Q);
-    const fm_u32 slot = st.seq % FM_STREAM;
+    const fm_u32 slot = st.seq % NSLOT;
     const fm_u32 on = (lane == 0) & (st.seq + FM_STREAM < st.total);
     fm_u32 last;
     __syncwarp();  // every lane's wgmma wait has returned
@@ -1310,7 +1311,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         __syncthreads();
     if constexpr (FM_STREAM > 0) {
         if (threadIdx.x == 0)
-            for (fm_u32 i = 0; i < FM_STREAM && i < st.total; ++i)
+            for (fm_u32 i = 0; i < NSLOT && i < st.total; ++i)
                 fm_stream_fill(1u, st, i, fm_group_at<0>((int)(i % STREAM_Q)));
     }
 
