@@ -20,6 +20,17 @@
 //   columns, one m64nBNk16 per 16 of K with both operands from shared-memory descriptors, one wgmma group in flight
 //   under the next stage's wait. (The no-swizzle layout of the fused kernels' weights, with both operands read from
 //   shared memory, ran 1.5-2.4x slower than mma.sync here: H100, wide512 and rec1024 at 2^21 rows.)
+// - Clusters of two (FM_GEMM_CLUSTER 2, wgmma only; the plan's gemm_cluster): the one-CTA form above reads a stage of
+//   A (BM x 128 B) and B (BN x 128 B) per CTA, 48 KB for a 128 x 256 tile per ~1,024 cycles of MMA, about 11 TB/s
+//   of L2 traffic over 132 SMs, twice what L2 delivers (docs/performance.md). So, as CUTLASS's sm90 kernels do, the
+//   two CTAs of a cluster take adjacent row tiles of one column tile and share its B tile: the host lays B out as one
+//   contiguous block per (column tile, K stage) in exactly the swizzled layout the descriptor reads (plan.c,
+//   fm_plan_w_index), so each CTA's thread 0 copies half of a stage's B block to the same slot of both CTAs with one
+//   cp.async.bulk ... multicast::cluster, and a CTA pair reads B once (32 KB a stage instead of 64). A stays as it
+//   was (cp.async from every thread, or converted on the way), joining the same per-stage full mbarrier; a slot is
+//   refilled once both CTAs' warps finished reading it (cluster-wide empty mbarriers). The protocol is at
+//   fm_full_bar; all threads still both load and compute (no producer warp), FM_STAGES - 1 stages ahead. Not yet
+//   timed on a GPU: gemm.c's FM_GEMM_CLUSTER_AUTO keeps the one-CTA form the default until it is.
 // - The input is one part, or two for an input concat (NeRF's skip): part p is a row-major array of A<p>_REAL
 //   elements a row, in its own dtype; its K range is padded to whole stages in the weights, so a stage reads one
 //   part. A part already in the compute dtype with 16-byte rows is copied as it is; any other (float32 x of a float16
