@@ -308,10 +308,15 @@ typedef struct fm_plan {
     /* A GEMM plan (fm_plan_gemm; 0: a fused plan): layer gemm_layer of the spec alone as a tiled GEMM with the layer's
      * whole epilogue (gemm_layer.cu), for a layer or stretch the fused kernels cannot hold. Only that layer's entries
      * of the per-layer arrays are set (num_layers = gemm_layer + 1); its input parts are padded to whole 64-byte K
-     * stages and its output to whole column tiles; the blob is n_pad rows of k_pad (row-major). in_dtype is part 0's
-     * dtype in global memory, a1_dtype the concat part's (-1: none), res_dtype the residual operand's (-1: none). */
+     * stages and its output to whole column tiles; the blob is n_pad rows of k_pad (row-major; gemm_cluster 2: in
+     * tiles). in_dtype is part 0's dtype in global memory, a1_dtype the concat part's (-1: none), res_dtype the
+     * residual operand's (-1: none). */
     int gemm, gemm_layer;
     int gemm_bm, gemm_bn, gemm_warps_m, gemm_stages; /* CTA tile rows and columns, warps along the rows, K stages */
+    /* 2: the wgmma GEMM on clusters of two CTAs along the rows, sharing each stage's weight tile through one TMA
+     * multicast per CTA; its blob is then one block per (column tile, K stage), BN rows x 128 bytes in the 128-byte
+     * swizzle the wgmma descriptor reads (fm_plan_w_index). 1: one CTA per tile, the blob row-major. */
+    int gemm_cluster;
     int a1_dtype, res_dtype;
     /* The spec's FM_NORM_* per layer. A norm layer's float blob holds n_pad floats of bias, then gamma, then beta
      * (b_offset[l], + n_pad, + 2 n_pad; fm_plan_pack_norms). Its row statistics need every column of a row: the
@@ -339,6 +344,8 @@ typedef struct fm_gemm_opts {
     int bm, bn;  /* tile rows (64, 128) and columns (64, 128; 256 with wgmma) */
     int stages;  /* shared-memory K stages (mma.sync 2..8, wgmma 3..8) */
     int wgmma;   /* 1: the warpgroup form (sm_90a, 16-bit operands), 0: mma.sync, -1: wgmma where it can */
+    int cluster; /* the wgmma form on clusters of 2 CTAs sharing the weight tile (fm_plan.gemm_cluster) or 1 CTA a
+                    tile; 0: auto */
 } fm_gemm_opts;
 
 /* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual
@@ -358,7 +365,9 @@ int fm_plan_w_stride(const fm_plan *plan, int l);
 
 /* Where weight (n, k) of layer l (padded coordinates) sits in the blob, as an element index. mma.sync: row-major
  * rows of fm_plan_w_stride. wgmma: wgmma's no-swizzle K-major layout, 8x16-byte core matrices of 128 contiguous
- * bytes, the K direction fastest (core matrix (n/8, 16-byte chunk c of k) at (n/8 * k_pad*elem/16 + c) * 128 bytes). */
+ * bytes, the K direction fastest (core matrix (n/8, 16-byte chunk c of k) at (n/8 * k_pad*elem/16 + c) * 128 bytes).
+ * A GEMM plan: row-major n_pad x k_pad, or with gemm_cluster 2 the tiles its stages copy whole (fm_plan.gemm_cluster).
+ */
 size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k);
 
 /* The sm_90a kernel's per-thread register estimate for a plan (accumulators, the input and output fragments, and

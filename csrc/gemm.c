@@ -9,6 +9,10 @@
 
 #include <string.h>
 
+/* fm_gemm_opts.cluster's auto choice for the wgmma form: 1 (one CTA a tile) until clusters of two are measured on an
+ * H100 against it (docs/performance.md, "Networks bigger than the chip"); 2 makes them the default. */
+enum { FM_GEMM_CLUSTER_AUTO = 1 };
+
 static int fm_gemm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
 /* Whether d is a global dtype code: 0 float32, 1 float16, 2 bfloat16. */
@@ -16,7 +20,7 @@ static int fm_gemm_valid_dtype(int d) { return d == FM_F32 || d == FM_F16 || d =
 
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
-    const fm_gemm_opts auto_opts = {0, 0, 0, -1};
+    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0};
     if (opts == NULL)
         opts = &auto_opts;
     const int bm = opts->bm, bn = opts->bn;
@@ -72,6 +76,16 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return fm_fail(err, FM_ERR_LIMIT, "a wgmma GEMM needs sm_90a and float16 or bfloat16 (sm_%d, %s)", target->arch,
                        fm_prec_name(prec));
     plan->wgmma = opts->wgmma >= 0 ? opts->wgmma : target->arch == 90 && prec != FM_PREC_TF32;
+    /* Clusters of two CTAs on adjacent row tiles of one column tile, each loading half of every stage's weight tile
+     * into both (one TMA multicast): a 128 x 256 stage reads 48 KB from L2 for about 1,024 cycles of MMA, twice what
+     * L2 delivers to 132 SMs at that rate; the pair reads B once, 32 KB a stage instead of 64. */
+    if (opts->cluster < 0 || opts->cluster > 2)
+        return fm_fail(err, FM_ERR_VALUE, "GEMM cluster=%d: 1 (one CTA a tile) or 2 (pairs sharing the weight tile); "
+                       "0: auto", opts->cluster);
+    if (opts->cluster == 2 && !plan->wgmma)
+        return fm_fail(err, FM_ERR_LIMIT, "a GEMM on clusters of 2 needs the wgmma form (sm_90a, float16 or bfloat16; "
+                       "sm_%d, %s)", target->arch, fm_prec_name(prec));
+    plan->gemm_cluster = opts->cluster ? opts->cluster : plan->wgmma ? FM_GEMM_CLUSTER_AUTO : 1;
     /* K in stages of 64 bytes (mma.sync) or 128 (wgmma), each input part padded to whole stages so a stage reads
      * one part. */
     const int kt = (plan->wgmma ? 128 : 64) / plan->elem_bytes;
@@ -107,7 +121,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
 
     if (plan->gemm_bn == 256 && !plan->wgmma)
         return fm_fail(err, FM_ERR_VALUE, "GEMM tile columns 256 need the wgmma form (sm_90a, float16 or bfloat16)");
-    const size_t stage = (size_t)(plan->gemm_bm + plan->gemm_bn) * (plan->wgmma ? 128 : 64 + 16);
+    /* a stage's A and B rows, and in the cluster form its two mbarriers (full, empty) */
+    const size_t stage = (size_t)(plan->gemm_bm + plan->gemm_bn) * (plan->wgmma ? 128 : 64 + 16) +
+                         (plan->gemm_cluster > 1 ? 16 : 0);
     const int least = plan->wgmma ? 3 : 2; /* wgmma keeps two stages ahead of the one it reads */
     if (opts->stages && (opts->stages < least || opts->stages > 8))
         return fm_fail(err, FM_ERR_VALUE, "GEMM stages=%d: %d..8 (0: auto)", opts->stages, least);

@@ -42,7 +42,9 @@ static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char 
     if ((st = fm_kernel_load(&self->gpu->gpu, cubin, name, p->smem_bytes, p->warps * 32, &self->k, err)) != FM_OK)
         return st;
     self->loaded = 1;
-    if (p->cluster > 1 && (st = fm_kernel_cluster_occupancy(&self->k, p->cluster, err)) != FM_OK)
+    /* (a GEMM's grid is one CTA a tile whatever runs at once: the query only checks that a cluster fits) */
+    const int cluster = p->gemm ? p->gemm_cluster : p->cluster;
+    if (cluster > 1 && (st = fm_kernel_cluster_occupancy(&self->k, cluster, err)) != FM_OK)
         return st;
     size_t w_bytes = p->w_elems * (size_t)p->elem_bytes;
     void *wh = malloc(w_bytes);
@@ -111,8 +113,11 @@ static void Kernel_dealloc(KernelObject *self) {
 
 static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     const fm_plan *p = &self->plan->plan;
-    if (p->gemm) /* one CTA per tile of y, column tiles fastest (gemm_layer.cu) */
-        return (unsigned)((rows + p->gemm_bm - 1) / p->gemm_bm * (p->n_pad[p->gemm_layer] / p->gemm_bn));
+    if (p->gemm) { /* one CTA per tile of y, column tiles fastest; clusters: row tiles in pairs (gemm_layer.cu) */
+        const int64_t pair = p->gemm_cluster > 1 ? p->gemm_cluster : 1;
+        const int64_t row_tiles = (rows + p->gemm_bm - 1) / p->gemm_bm;
+        return (unsigned)((row_tiles + pair - 1) / pair * pair * (p->n_pad[p->gemm_layer] / p->gemm_bn));
+    }
     /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile; as many clusters
      * as can run at once (the GPCs' SM counts decide, not the SM count alone). */
     int64_t cl = p->cluster > 1 ? p->cluster : 1;

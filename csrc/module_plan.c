@@ -2,6 +2,8 @@
  * the kernel source and describes itself (info). Plan.load, which makes a Kernel of it, is in module_launch.c. */
 #include "module_internal.h"
 
+#include <stdlib.h>
+
 /* A Plan of the network for a target: the arch's published limits, with the GPU's own figures where given (> 0). NULL
  * with a Python error (no memory) or with err filled (an unknown arch); the caller plans into it. */
 static PlanObject *Plan_new(NetworkObject *self, int arch, Py_ssize_t smem, int sm_count, Py_ssize_t smem_sm,
@@ -51,16 +53,16 @@ PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
 
 PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"layer", "arch", "smem_per_block", "sm_count", "a0", "a1", "res", "out", "smem_per_sm",
-                             "precision", "bm", "bn", "stages", "wgmma", NULL};
+                             "precision", "bm", "bn", "stages", "wgmma", "cluster", NULL};
     int layer, arch, sm_count, a1, res;
-    fm_gemm_opts opts = {0, 0, 0, -1};
+    fm_gemm_opts opts = {0, 0, 0, -1, 0};
     Py_ssize_t smem, smem_sm = 0;
     const char *a0_s, *out_s, *prec_s = "float16";
     PyObject *a1_o, *res_o;
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "iinisOOs|$nsiiii", kwlist, &layer, &arch, &smem, &sm_count, &a0_s,
+        !PyArg_ParseTupleAndKeywords(args, kwds, "iinisOOs|$nsiiiii", kwlist, &layer, &arch, &smem, &sm_count, &a0_s,
                                      &a1_o, &res_o, &out_s, &smem_sm, &prec_s, &opts.bm, &opts.bn, &opts.stages,
-                                     &opts.wgmma))
+                                     &opts.wgmma, &opts.cluster))
         return NULL;
     fm_dtype a0, out;
     fm_prec prec;
@@ -106,8 +108,8 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
         (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
         fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
     if (info != NULL && p->gemm) {
-        PyObject *g = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "gemm", 1, "gemm_layer", p->gemm_layer, "bm", p->gemm_bm,
-                                    "bn", p->gemm_bn, "stages", p->gemm_stages);
+        PyObject *g = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "gemm", 1, "gemm_layer", p->gemm_layer, "bm",
+                                    p->gemm_bm, "bn", p->gemm_bn, "stages", p->gemm_stages, "cluster", p->gemm_cluster);
         if (g == NULL || PyDict_Update(info, g) < 0) {
             Py_XDECREF(g);
             Py_DECREF(info);
@@ -118,8 +120,29 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     return info;
 }
 
+/* The weight blob Plan.load uploads (fm_plan_pack), for tests that read its layout back on the host. */
+static PyObject *Plan_packed_weights(PlanObject *self, PyObject *unused) {
+    (void)unused;
+    const fm_plan *p = &self->plan;
+    const size_t bytes = p->w_elems * (size_t)p->elem_bytes;
+    void *wh = malloc(bytes ? bytes : 1);
+    float *bf = malloc((p->b_floats ? p->b_floats : 4) * sizeof *bf);
+    PyObject *res = NULL;
+    if (wh == NULL || bf == NULL)
+        PyErr_NoMemory();
+    else {
+        fm_plan_pack(p, (const float *const *)self->net->w, (const float *const *)self->net->b, wh, bf);
+        res = PyBytes_FromStringAndSize((const char *)wh, (Py_ssize_t)bytes);
+    }
+    free(wh);
+    free(bf);
+    return res;
+}
+
 static PyMethodDef Plan_methods[] = {
     {"render", (PyCFunction)Plan_render, METH_VARARGS, "render(prelude, template, kernel_name) -> CUDA source"},
+    {"packed_weights", (PyCFunction)Plan_packed_weights, METH_NOARGS,
+     "packed_weights() -> bytes: the weight blob load() puts on the device, in the plan's layout"},
     {"load", (PyCFunction)Plan_load, METH_VARARGS, "load(gpu, cubin, kernel_name) -> Kernel"},
     {NULL, NULL, 0, NULL},
 };

@@ -61,8 +61,14 @@ static int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values,
 int fm_plan_w_stride(const fm_plan *plan, int l) { return plan->k_pad[l] + 16 / plan->elem_bytes; }
 
 size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
-    if (plan->gemm)
+    if (plan->gemm && plan->gemm_cluster < 2)
         return (size_t)n * (size_t)plan->k_pad[l] + (size_t)k;
+    if (plan->gemm) { /* block (column tile, K stage), BN rows of 128 bytes, 16-byte chunk c of row r at c ^ (r % 8) */
+        const int kt = 128 / plan->elem_bytes, per16 = 16 / plan->elem_bytes, bn = plan->gemm_bn;
+        const int r = n % bn, kk = k % kt;
+        const size_t block = (size_t)(n / bn) * (size_t)(plan->k_pad[l] / kt) + (size_t)(k / kt);
+        return (block * (size_t)bn + (size_t)r) * (size_t)kt + (size_t)(((kk / per16) ^ (r & 7)) * per16 + kk % per16);
+    }
     if (!plan->wgmma)
         return plan->w_offset[l] + (size_t)n * (size_t)fm_plan_w_stride(plan, l) + (size_t)k;
     const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */

@@ -14,7 +14,7 @@ typedef struct fm_subst {
     int used;
 } fm_subst;
 
-enum { FM_MAX_SUBST = 24 };
+enum { FM_MAX_SUBST = 32 };
 
 typedef struct fm_substs {
     fm_subst item[FM_MAX_SUBST];
@@ -277,6 +277,9 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(fm_subst_add(t, "WARPS_M"), "%d", p->gemm_warps_m);
     fm_str_printf(fm_subst_add(t, "STAGES"), "%d", p->gemm_stages);
     fm_str_printf(fm_subst_add(t, "GEMM_WGMMA"), "%d", p->wgmma);
+    fm_str_printf(fm_subst_add(t, "GEMM_CLUSTER"), "%d", p->gemm_cluster);
+    fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"),
+                  p->gemm_cluster > 1 ? "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" : "");
     if (p->wgmma)
         fm_render_wgmma(p, fm_subst_add(t, "WGMMA"));
     else
@@ -290,6 +293,8 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
                   "K, %d CTAs/SM; %zu B shared memory; input %s", p->k_real[l], p->n_real[l], p->arch,
                   fm_prec_name(p->prec), p->wgmma ? "wgmma" : "mma.sync", p->gemm_bm, p->gemm_bn, p->warps,
                   p->gemm_stages, p->wgmma ? 128 : 64, p->blocks_per_sm, p->smem_bytes, fm_dtype_name(p->in_dtype));
+    if (p->gemm_cluster > 1)
+        fm_str_printf(c, "; clusters of %d sharing the weight tile (TMA multicast)", p->gemm_cluster);
     if (p->a1_dtype >= 0)
         fm_str_printf(c, " + %s (concat)", fm_dtype_name((fm_dtype)p->a1_dtype));
     if (p->res_dtype >= 0)

@@ -85,56 +85,12 @@ template <int ND, int KS> __device__ __forceinline__ void fm_mma_wait(float (&d)
     fm_fence_regs(a);
 }
 
-// ------------------------------------------------------------------------------------------------ mbarriers
+// ------------------------------------------------------------------------------------------------ clusters, mbarriers
 //
-// Used by the cluster exchange (A in shared memory, below) and the streamed weights (next section).
+// Used by the streamed weights (next section) and the cluster exchange (A in shared memory, below).
 
-__device__ __forceinline__ void fm_mbar_init(fm_u32 bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-// (This, fm_mbar_arrive_cluster and fm_bulk_to_peer act only where `on` is not zero, by a predicate rather than a
-// branch: see fm_cl_send.)
-__device__ __forceinline__ void fm_mbar_expect(fm_u32 on, fm_u32 bar, fm_u32 bytes) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
-                 "@p mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%1], %2;\n}" ::"r"(on), "r"(bar),
-                 "r"(bytes)
-                 : "memory");
-}
-// The exchange's arrivals and waits are CTA-scoped (release.cta, acquire.cta: the defaults), as CUTLASS's cluster
-// pipelines are: what they order is async-proxy traffic (wgmma reads finished by wgmma.wait_group, bulk copies that
-// complete_tx on the barrier), not generic loads. Cluster scope cost a CCTL.IVALL (an L1 invalidation) after every
-// wait and MEMBAR.ALL.GPU before every remote arrival: 14% and 3% of siren256's stall samples (ncu, H100).
-__device__ __forceinline__ void fm_mbar_arrive_cluster(fm_u32 on, fm_u32 bar_cluster) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n@p mbarrier.arrive.shared::cluster.b64 _, [%1];\n}" ::"r"(on),
-                 "r"(bar_cluster)
-                 : "memory");
-}
-__device__ __forceinline__ fm_u32 fm_mbar_try_wait(fm_u32 bar, fm_u32 parity) {
-    fm_u32 done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return done;
-}
-// An exchange's waits last microseconds. One past FM_WAIT_LIMIT_CYCLES (2^37: 70-120 s at the H100's clocks) means
-// the protocol is broken (session 9's cluster deadlock hung its callers for good). The waiting thread then stores to
-// address 0, so the kernel ends and the call fails with the driver's CUDA_ERROR_ILLEGAL_ADDRESS instead of never
-// returning. Not __trap(): an exit on a divergent path makes ptxas serialize every wgmma of the kernel (its C7518;
-// siren256 +22%), and a predicated store is no exit. The SM's cycle counter is read only once a try has failed.
-#ifndef FM_WAIT_LIMIT_CYCLES
-#define FM_WAIT_LIMIT_CYCLES (1ll << 37)
-#endif
-__device__ __forceinline__ void fm_mbar_wait(fm_u32 bar, fm_u32 parity) {
-    if (fm_mbar_try_wait(bar, parity))
-        return;
-    const long long start = clock64();
-    while (!fm_mbar_try_wait(bar, parity))
-        asm volatile("{\n.reg .pred p;\nsetp.gt.s64 p, %0, %1;\n@p st.global.u32 [%2], 0;\n}" ::"l"(clock64() - start),
-                     "l"(FM_WAIT_LIMIT_CYCLES), "l"(0ull)
-                     : "memory");
-}
+#include "fm_cluster.cuh"
+
 // ------------------------------------------------------------------------------------------------ streamed weights
 //
 // FM_STREAM > 0 (plan.c, fm_plan_stream): the register-A form for networks whose weights do not stay in shared memory
@@ -668,38 +624,6 @@ constexpr bool CL_NORM = FM_CLUSTER > 1 && fm_any_norm<0>();
 constexpr int NSTAT_SLOT_B = 64 * 8;  // one CTA's statistics of the warpgroup's 64 rows
 constexpr int NSTAT_B = CL_NORM ? 2 * CL * NSTAT_SLOT_B + 16 : 0;
 
-__device__ __forceinline__ fm_u32 fm_cluster_rank() {
-    fm_u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ fm_u32 fm_cluster_id() {
-    fm_u32 r;
-    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ fm_u32 fm_cluster_count() {
-    fm_u32 r;
-    asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
-    return r;
-}
-// The address of the same shared-memory byte in CTA `rank` of the cluster.
-__device__ __forceinline__ fm_u32 fm_mapa(fm_u32 addr, fm_u32 rank) {
-    fm_u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void fm_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// Copies `bytes` of this CTA's shared memory at src to dst in another CTA (a shared::cluster address), completing
-// `bytes` of the transaction count of the mbarrier bar there.
-__device__ __forceinline__ void fm_bulk_to_peer(fm_u32 on, fm_u32 dst, fm_u32 src, fm_u32 bytes, fm_u32 bar) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
-                 "@p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%1], [%2], %3, [%4];\n}"
-                 ::"r"(on), "r"(dst), "r"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
 __device__ __forceinline__ void fm_stmatrix_x4(fm_u32 addr, const fm_u32 (&r)[4]) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
                  "r"(r[1]), "r"(r[2]), "r"(r[3])

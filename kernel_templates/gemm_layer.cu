@@ -20,6 +20,17 @@
 //   columns, one m64nBNk16 per 16 of K with both operands from shared-memory descriptors, one wgmma group in flight
 //   under the next stage's wait. (The no-swizzle layout of the fused kernels' weights, with both operands read from
 //   shared memory, ran 1.5-2.4x slower than mma.sync here: H100, wide512 and rec1024 at 2^21 rows.)
+// - Clusters of two (FM_GEMM_CLUSTER 2, wgmma only; the plan's gemm_cluster): the one-CTA form above reads a stage of
+//   A (BM x 128 B) and B (BN x 128 B) per CTA, 48 KB for a 128 x 256 tile per ~1,024 cycles of MMA, about 11 TB/s
+//   of L2 traffic over 132 SMs, twice what L2 delivers (docs/performance.md). So, as CUTLASS's sm90 kernels do, the
+//   two CTAs of a cluster take adjacent row tiles of one column tile and share its B tile: the host lays B out as one
+//   contiguous block per (column tile, K stage) in exactly the swizzled layout the descriptor reads (plan.c,
+//   fm_plan_w_index), so each CTA's thread 0 copies half of a stage's B block to the same slot of both CTAs with one
+//   cp.async.bulk ... multicast::cluster, and a CTA pair reads B once (32 KB a stage instead of 64). A stays as it
+//   was (cp.async from every thread, or converted on the way), joining the same per-stage full mbarrier; a slot is
+//   refilled once both CTAs' warps finished reading it (cluster-wide empty mbarriers). The protocol is at
+//   fm_full_bar; all threads still both load and compute (no producer warp), FM_STAGES - 1 stages ahead. Not yet
+//   timed on a GPU: gemm.c's FM_GEMM_CLUSTER_AUTO keeps the one-CTA form the default until it is.
 // - The input is one part, or two for an input concat (NeRF's skip): part p is a row-major array of A<p>_REAL
 //   elements a row, in its own dtype; its K range is padded to whole stages in the weights, so a stage reads one
 //   part. A part already in the compute dtype with 16-byte rows is copied as it is; any other (float32 x of a float16
@@ -31,6 +42,7 @@
 #define FM_WARPS {{WARPS}}
 #define FM_WGMMA {{GEMM_WGMMA}}   // 1: warpgroup MMAs (sm_90a), 0: mma.sync
 #define FM_STAGES {{STAGES}}
+#define FM_GEMM_CLUSTER {{GEMM_CLUSTER}}  // 2: CTA pairs sharing each stage's weight tile (below), 1: a CTA a tile
 #define FM_A1_TYPE {{A1_TYPE}}    // the concat's second part in global memory (-1: no concat), fm_dtype codes
 #define FM_RES_TYPE {{RES_TYPE}}  // the residual operand in global memory (-1: no residual)
 constexpr int ROWS_W = 16;        // (fm_common.cuh's input helper, which this kernel does not use, names it)
@@ -40,6 +52,9 @@ constexpr int A0_REAL = {{A0_REAL}}, A1_REAL = {{A1_REAL}};  // real widths of t
 #include "fm_common.cuh"
 #include "fm_mma_sync.cuh"
 #include "fm_wgmma.cuh"
+#if FM_GEMM_CLUSTER > 1
+#include "fm_cluster.cuh"
+#endif
 
 typedef Layer<0> Ly;
 constexpr int WARPS_N = FM_WARPS / WARPS_M;
@@ -49,7 +64,8 @@ constexpr int KT_B = FM_WGMMA ? 128 : 64;            // bytes of K per stage
 constexpr int KT = KT_B / EB;                        // elements of K per stage
 constexpr int CH = KT_B / 16;                        // 16-byte chunks of a row's K per stage
 constexpr int SROW_B = FM_WGMMA ? KT_B : KT_B + 16;  // bytes per shared-memory row of a stage
-constexpr int A_STAGE_B = BM * SROW_B, STAGE_B = (BM + BN) * SROW_B;
+constexpr int A_STAGE_B = BM * SROW_B, B_STAGE_B = BN * SROW_B, STAGE_B = A_STAGE_B + B_STAGE_B;
+constexpr int BAR_B = FM_GEMM_CLUSTER > 1 ? 16 * FM_STAGES : 0;  // the cluster form's mbarriers: full[s], empty[s]
 static_assert(!FM_WGMMA || (WARPS_M == FM_WARPS && BM == 64 * (FM_WARPS / 4) && FM_PREC != 2),
               "wgmma: each warpgroup 64 rows of all BN columns, 16-bit operands");
 static_assert(!FM_WGMMA || KT_B == 128, "the 128-byte swizzle: a stage's row of K is one swizzle row");
@@ -76,7 +92,10 @@ __device__ __forceinline__ unsigned long long fm_desc_sw128(fm_u32 addr) {
 constexpr int KTILES = Ly::K / KT, K0TILES = Ly::K0 / KT;
 static_assert(WARPS_M * WARPS_N == FM_WARPS && TM % 16 == 0 && TN % 16 == 0, "warp pieces are whole mma tiles");
 static_assert(Ly::K % KT == 0 && Ly::K0 % KT == 0 && Ly::N % BN == 0, "the plan pads K parts to stages, N to tiles");
-static_assert(FM_STAGES * STAGE_B + (FM_WGMMA ? 1024 : 0) == SMEM_BYTES, "the shared memory is the plan's (gemm.c)");
+static_assert(FM_STAGES * STAGE_B + (FM_WGMMA ? 1024 : 0) + BAR_B == SMEM_BYTES,
+              "the shared memory is the plan's (gemm.c)");
+static_assert(FM_GEMM_CLUSTER == 1 || (FM_GEMM_CLUSTER == 2 && FM_WGMMA && BN % 16 == 0),
+              "clusters of 2 in the wgmma form, each CTA copying whole swizzle atoms (8 rows) of the B tile");
 static_assert((FM_A1_TYPE >= 0) == (Ly::K0 < Ly::K), "a second part exactly where the layer has a concat");
 
 // 16 bytes global -> shared (a shared-window address); asynchronous on sm_80+.
@@ -98,12 +117,17 @@ template <int T> __device__ __forceinline__ float fm_ld_f(const void *p, long lo
         return fm_16_to_f<T>(((const fm_half *)p)[i]);
 }
 
+// Whether an input part (REAL elements a row, dtype T) is copied as it is: the compute dtype with 16-byte rows.
+template <int T, int REAL> __device__ constexpr bool fm_a_raw() {
+    return T == (FM_PREC == 2 ? 0 : FM_PREC + 1) && (REAL * EB) % 16 == 0;
+}
+
 // Columns [kcol, kcol + KT) of rows [row0, row0 + BM) of an input part (REAL elements a row, dtype T) into the stage's
 // A rows at `dst` (shared-window bytes), zero past the batch and past the part's width.
 template <int T, int REAL>
 __device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ src, long long row0, long long rows,
                                           int kcol) {
-    constexpr bool RAW = T == (FM_PREC == 2 ? 0 : FM_PREC + 1) && (REAL * EB) % 16 == 0;
+    constexpr bool RAW = fm_a_raw<T, REAL>();
     if constexpr (RAW) {  // the compute dtype with 16-byte rows: cp.async, the hardware zero-filling what is outside
         constexpr int E16 = 16 / EB;
         for (int c = threadIdx.x; c < BM * CH; c += THREADS) {
@@ -248,6 +272,99 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem
 #endif
 }
 
+#if FM_GEMM_CLUSTER > 1
+// The cluster form. Per stage slot s two mbarriers, after the stages:
+// - full[s]: the slot holds stage kt (this CTA's A rows and the whole B tile). THREADS + 1 arrivals: every thread's
+//   once its A copies of the stage have landed (cp.async.mbarrier.arrive.noinc; a part converted on the way is stored
+//   by the thread and arrives at once, the arrival releasing its stores), and thread 0's announcing the B tile's
+//   B_STAGE_B bytes, which the two CTAs' multicasts complete (complete_tx), half each. A's completion joins B's barrier
+//   this way rather than a second wait: one wait a stage.
+// - empty[s]: both CTAs' warps have finished reading the slot (their wgmma.wait_group), so either CTA may refill it,
+//   in its own shared memory (A) and in both (its half of B). 2 x FM_WARPS arrivals: each warp's lane 0 arrives on
+//   the barrier of both CTAs. Arrivals and waits are CTA-scoped, as fm_cluster.cuh says why; what they order is the
+//   async proxy's reads (wgmma) and writes (the bulk copies).
+// Stage kt uses use kt / FM_STAGES of its slot, so phase parity (kt / FM_STAGES) & 1. A CTA's multicast into its
+// partner's slot waits for that slot's empty phase, which needs the partner's consumers past the slot's previous use,
+// hence past its full phase: the bytes it completes always land in the phase they belong to. Any transaction count
+// that lands before thread 0's announcement leaves the phase incomplete (its arrival is still pending).
+__device__ __forceinline__ fm_u32 fm_full_bar(fm_u32 bars, int s) { return bars + 8 * s; }
+__device__ __forceinline__ fm_u32 fm_empty_bar(fm_u32 bars, int s) { return bars + 8 * (FM_STAGES + s); }
+
+// Stage kt into its slot once both CTAs are done with the slot's previous use: this CTA's A rows (every thread's
+// chunks), and half `rank` of the B tile (thread 0, one bulk copy to the same slot of both CTAs). The blob holds
+// block (column tile, K stage) as the B_STAGE_B bytes the stage reads (plan.c, fm_plan_w_index).
+__device__ __forceinline__ void fm_cl_produce(fm_u32 smem, fm_u32 bars, int kt, const void *a0, const void *a1,
+                                              const act_t *__restrict__ w, long long row0, long long rows, int ntile,
+                                              fm_u32 rank) {
+    const int s = kt % FM_STAGES;
+    const fm_u32 full = fm_full_bar(bars, s), a_dst = smem + s * STAGE_B;
+    if (kt >= FM_STAGES)
+        fm_mbar_wait(fm_empty_bar(bars, s), (fm_u32)(kt / FM_STAGES - 1) & 1u);
+    if (threadIdx.x == 0) {
+        constexpr fm_u32 HALF_B = B_STAGE_B / 2;
+        const char *block = (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B;
+        fm_mbar_expect(1u, full, (fm_u32)B_STAGE_B);
+        fm_bulk_multicast(a_dst + A_STAGE_B + rank * HALF_B, block + rank * HALF_B, HALF_B, full, 0x3);
+    }
+    bool raw = fm_a_raw<FM_IN_TYPE, A0_REAL>();
+#if FM_A1_TYPE >= 0
+    if (kt >= K0TILES) {
+        fm_load_a<FM_A1_TYPE, A1_REAL>(a_dst, a1, row0, rows, (kt - K0TILES) * KT);
+        raw = fm_a_raw<FM_A1_TYPE, A1_REAL>();
+    } else
+#endif
+        fm_load_a<FM_IN_TYPE, A0_REAL>(a_dst, a0, row0, rows, kt * KT);
+    (void)a1;
+    if (raw)
+        fm_mbar_arrive_copies(full);
+    else
+        fm_mbar_arrive(full);
+}
+
+// Both CTAs' warps are done reading stage kt's slot: each warp's lane 0 tells the slot's empty barrier in both.
+__device__ __forceinline__ void fm_cl_release(fm_u32 bars, int kt, int lane) {
+    const fm_u32 empty = fm_empty_bar(bars, kt % FM_STAGES);
+#pragma unroll
+    for (fm_u32 peer = 0; peer < FM_GEMM_CLUSTER; ++peer)
+        fm_mbar_arrive_cluster(lane == 0, fm_mapa(empty, peer));
+}
+
+// fm_mainloop's cluster form: FM_STAGES - 1 stages in flight ahead of the one computing (a slot is refilled once
+// both CTAs' MMAs of its previous stage are done, not behind a CTA-wide barrier). Returns with every MMA done.
+__device__ __forceinline__ void fm_mainloop_cluster(float (&acc)[MT][NT][4], fm_u32 smem, fm_u32 bars, const void *x,
+                                                    const void *x1, const act_t *__restrict__ w, long long row0,
+                                                    long long rows, int ntile, fm_u32 rank, int warp, int lane) {
+    float (&d)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]);
+    const fm_u32 a_wg = (fm_u32)(warp >> 2) * 64 * 128;
+#pragma unroll 1
+    for (int kt = 0; kt < FM_STAGES - 1 && kt < KTILES; ++kt)
+        fm_cl_produce(smem, bars, kt, x, x1, w, row0, rows, ntile, rank);
+#pragma unroll 1
+    for (int kt = 0; kt < KTILES; ++kt) {
+        fm_mbar_wait(fm_full_bar(bars, kt % FM_STAGES), (fm_u32)(kt / FM_STAGES) & 1u);
+        // the A rows other threads stored (cp.async, st.shared: the generic proxy), to wgmma's async proxy
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        const fm_u32 stage = smem + (kt % FM_STAGES) * STAGE_B;
+        const unsigned long long adesc = fm_desc_sw128(stage + a_wg), bdesc = fm_desc_sw128(stage + A_STAGE_B);
+        fm_fence_regs(d);
+        fm_wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < CH / 2; ++ks)
+            fm_wgmma<BN>::run_ss(d, adesc + (unsigned long long)(ks * 2), bdesc + (unsigned long long)(ks * 2), 1);
+        fm_wg_commit();
+        fm_fence_regs(d);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1's MMAs are done
+        fm_fence_regs(d);
+        if (kt > 0)
+            fm_cl_release(bars, kt - 1, lane);
+        if (kt + FM_STAGES - 1 < KTILES)  // into the slot of stage kt - 1
+            fm_cl_produce(smem, bars, kt + FM_STAGES - 1, x, x1, w, row0, rows, ntile, rank);
+    }
+    fm_wg_wait();
+    fm_fence_regs(d);
+}
+#endif
+
 // The layer's epilogue on the tile's accumulators and the one store of y.
 __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
                                                   const void *__restrict__ res, long long row0, long long rows, int n0,
@@ -298,7 +415,7 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
+extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTER_DIMS}}
 {{KERNEL_NAME}}(const void *__restrict__ x,      // input part 0: rows x A0_REAL of dtype FM_IN_TYPE
                 out_t *__restrict__ y,            // rows x NR of out_t
                 const act_t *__restrict__ w,      // N x K act_t: nn.Linear's weight, zero-padded, part 1 at K0
@@ -311,14 +428,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
     // wgmma's swizzle atoms are 1024-byte aligned: the plan gives that much more shared memory to align the stages
     const fm_u32 smem = FM_WGMMA ? (fm_smem_addr(fm_smem_raw) + 1023u) & ~1023u : fm_smem_addr(fm_smem_raw);
     constexpr int NTILES = Ly::N / BN;
+#if FM_GEMM_CLUSTER > 1
+    // A cluster takes adjacent row tiles of one column tile (so its CTAs share B), column tiles fastest; a CTA whose
+    // rows are all past the batch (the grid's row tiles are even) loads its half of B and stores nothing.
+    const fm_u32 rank = fm_cluster_rank();
+    const long long pair = blockIdx.x / FM_GEMM_CLUSTER;
+    const int ntile = (int)(pair % NTILES), n0 = ntile * BN;
+    const long long row0 = (pair / NTILES * FM_GEMM_CLUSTER + rank) * BM;
+    const fm_u32 bars = smem + FM_STAGES * STAGE_B;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < FM_STAGES; ++s) {
+            fm_mbar_init(fm_full_bar(bars, s), THREADS + 1);
+            fm_mbar_init(fm_empty_bar(bars, s), 2 * FM_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    fm_cluster_sync();  // every CTA's barriers are initialised before the other's copies and arrivals reach them
+#else
     const long long tile = blockIdx.x;
     const int n0 = (int)(tile % NTILES) * BN;
     const long long row0 = tile / NTILES * BM;
+#endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm = warp % WARPS_M, wn = warp / WARPS_M;
     const int g = lane >> 2, t = lane & 3;
 
+#if FM_GEMM_CLUSTER == 1
     fm_prefetch(smem, x, x1, w, row0, rows, n0);
+#endif
     // Accumulators start at the bias, as in the fused kernels (no bias add in the epilogue).
     float acc[MT][NT][4];
 #pragma unroll
@@ -331,7 +468,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
             acc[mt][nt][1] = acc[mt][nt][3] = b1;
         }
     }
+#if FM_GEMM_CLUSTER > 1
+    fm_mainloop_cluster(acc, smem, bars, x, x1, w, row0, rows, ntile, rank, warp, lane);
+    // No CTA may leave while the other can still arrive on its barriers: the last arrivals came before this.
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    fm_epilogue_store(acc, y, res, row0, rows, n0, wm, wn, g, t);
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
     fm_mainloop(acc, smem, x, x1, w, row0, rows, n0, warp, lane);
     fm_copy_wait<0>();  // leave no copy in flight at exit (the last stages' groups are empty)
     fm_epilogue_store(acc, y, res, row0, rows, n0, wm, wn, g, t);
+#endif
 }

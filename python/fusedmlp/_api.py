@@ -468,7 +468,7 @@ class FusedMLP:
         self._cuts = {}  # target and dtypes -> the segments (None: one fused kernel), see _segments.py
         self._chains = {}  # (in dtype, out dtype) -> _segments.Chain
         self._segment_policy = "auto"  # see _segments.plan: whether a network with streamed weights is cut
-        self._gemm_options = {}  # forced GEMM tile choices (bm, bn, stages, wgmma): the probe tool's A/B runs
+        self._gemm_options = {}  # forced GEMM choices (bm, bn, stages, wgmma, cluster): the probe tool's A/B runs
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
         self._sm_count = 0  # the GPU's SMs, which size the untuned tile choice (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
@@ -716,8 +716,16 @@ class FusedMLP:
         return plan.load(gpu, entry.cubin, KERNEL_NAME)
 
     def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out, **tile):
-        return self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
-                                   precision=self._precision, **{**tile, **self._gemm_options})
+        """Layer `layer`'s GEMM plan; FUSEDMLP_GEMM_CLUSTER (_env.gemm_cluster) picks the wgmma form's clusters where
+        neither tile nor _gemm_options does."""
+        options = {**tile, **self._gemm_options}
+        plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
+                                   precision=self._precision, **options)
+        forced = _env.gemm_cluster()
+        if forced and "cluster" not in options and plan.info["wgmma"] and plan.info["cluster"] != forced:
+            plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
+                                       smem_per_sm=smem_per_sm, precision=self._precision, cluster=forced, **options)
+        return plan
 
     def _gpu_info(self):
         """The model's GPU: arch, sm_count, smem_per_block, smem_per_sm, name (opens it on first use)."""

@@ -8,6 +8,8 @@ test can change ``os.environ`` and see the effect without reloading anything.
 ``FUSEDMLP_NVRTC``          NVRTC library file or folder tried before any other location
 ``FUSEDMLP_AUTOTUNE``       ``0``/``false``/``no``/``off`` disables tile autotuning (default on)
 ``FUSEDMLP_CACHE_MAX_BYTES`` size the kernel cache may grow to, e.g. ``2147483648`` or ``512M`` (default 2 GiB)
+``FUSEDMLP_GEMM_CLUSTER``   the sm_90a GEMM layers' form: ``1`` one CTA a tile, ``2`` CTA pairs sharing the weight tile
+                            (default: the plan's choice); for A/B timing of the two forms
 ==========================  ==================================================================================
 """
 
@@ -16,7 +18,7 @@ import pathlib
 import re
 import sys
 
-__all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "cache_max_bytes"]
+__all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "cache_max_bytes", "gemm_cluster"]
 
 # Folders (relative to a site-packages entry) where NVIDIA's pip wheels put libnvrtc, newest CUDA first:
 # nvidia-cuda-nvrtc 13.x installs nvidia/cu13/lib/libnvrtc.so.13; the 12.x wheels use nvidia/cuda_nvrtc/lib
@@ -123,3 +125,22 @@ def cache_max_bytes():
             f"FUSEDMLP_CACHE_MAX_BYTES={raw!r} is not a size; use a non-negative byte count such as 2147483648 or 512M"
         )
     return int(match.group(1)) * _SIZE_SUFFIXES[match.group(2).lower()]
+
+
+def gemm_cluster():
+    """Tells which form the wgmma GEMM layers of a segmented network take (csrc/gemm.c, fm_gemm_opts.cluster).
+
+    Returns:
+        ``1`` (one CTA a tile) or ``2`` (clusters of two CTAs sharing each stage's weight tile) as
+        ``FUSEDMLP_GEMM_CLUSTER`` says; ``0`` (the plan's choice) if it is unset, empty, ``0`` or ``auto``.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    raw = os.environ.get("FUSEDMLP_GEMM_CLUSTER")
+    word = "" if raw is None else raw.strip().lower()
+    if word in ("", "0", "auto"):
+        return 0
+    if word in ("1", "2"):
+        return int(word)
+    raise ValueError(f"FUSEDMLP_GEMM_CLUSTER={raw!r} is not a GEMM form; use 1 (one CTA a tile), 2 (CTA pairs) or auto")

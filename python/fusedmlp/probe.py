@@ -144,6 +144,8 @@ def segment_table(wl, gpu, io="float16", dtype="float16"):
             info = mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
             detail = (f"{'wgmma' if info['wgmma'] else 'mma.sync'} GEMM {info['bm']}x{info['bn']} tiles, "
                       f"{info['stages']} stages, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
+            if info["cluster"] > 1:
+                detail += f", clusters of {info['cluster']} sharing B"
         lines.append(f"{seg.describe()}: {detail}")
     return lines
 

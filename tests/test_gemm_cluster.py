@@ -1,0 +1,162 @@
+"""The wgmma GEMM on clusters of two CTAs (csrc/gemm.c, fm_plan.gemm_cluster; kernel_templates/gemm_layer.cu), on the
+CPU: which plans take it, the weight blob's tiles read back on the host, and ahead-of-time compiles for sm_90a of the
+benchmark networks' GEMMs in every I/O dtype without spills."""
+
+import re
+
+import numpy as np
+import pytest
+
+import fusedmlp
+from fusedmlp import _api, _core, _segments
+from conftest import graph_weights
+
+H100 = (90, 232448, 132, 233472)  # arch, shared memory per block, SMs, per SM
+
+NETWORKS = {  # widths, activation, output activation, concat, residual (bench.WORKLOADS and a residual wide layer)
+    "wide512": ([64] + [512] * 4 + [64], "gelu", None, {}, {}),
+    "rec1024": ([256, 1024, 1024, 512, 256, 1], "relu", None, {}, {}),
+    "sdf512": ([259] + [512] * 8 + [1], "relu", "tanh", {4: "before"}, {}),
+    "res768": ([96, 768, 768, 768, 10], "silu", None, {}, {2: ("add", "relu", 0), 1: "add"}),
+}
+
+
+def model(rng, name, dtype="float16"):
+    widths, act, out_act, concat, residual = NETWORKS[name]
+    ws, bs = graph_weights(rng, widths, concat, 1.0)
+    return fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat or None,
+                             residual=residual or None, dtype=dtype, device="cpu"), ws
+
+
+def gemm_plans(mlp, io, **options):
+    """The plans of mlp's GEMM layers for an H100 with fp I/O dtype io (layer, plan)."""
+    segments = mlp._segments_for(*H100, io, io)
+    return [(seg.first, mlp._gemm_plan(seg.first, *H100, *_segments.gemm_dtypes(mlp, seg.first, io, io), **options))
+            for seg in segments if seg.kind == "gemm"]
+
+
+def test_clusters_of_two_are_a_wgmma_plan_option(rng):
+    mlp, _ = model(rng, "wide512")
+    one = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=1).info
+    two = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=2).info
+    assert (one["cluster"], two["cluster"]) == (1, 2) and one["wgmma"] == two["wgmma"] == 1
+    assert (two["bm"], two["bn"], two["stages"]) == (128, 256, 4)
+    assert two["smem_bytes"] == one["smem_bytes"] + 16 * 4  # a full and an empty mbarrier a stage
+    assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16").info["cluster"] in (1, 2)
+    for bm, bn in _segments.SMALL_TILES:  # the small-batch tiles take it too
+        info = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=bm, bn=bn, cluster=2).info
+        assert (info["bm"], info["bn"], info["cluster"]) == (bm, bn, 2)
+    with pytest.raises(fusedmlp.LimitError, match="clusters of 2 needs the wgmma form"):
+        mlp._gemm_plan(1, 80, 166912, 108, 167936, "float16", None, None, "float16", cluster=2)
+    with pytest.raises(fusedmlp.LimitError, match="clusters of 2 needs the wgmma form"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", wgmma=0, cluster=2)
+    with pytest.raises(ValueError, match="cluster=3"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=3)
+
+
+def test_the_environment_forces_the_form_where_the_wgmma_form_runs(rng, monkeypatch):
+    mlp, _ = model(rng, "wide512")
+    tf32, _ = model(rng, "wide512", dtype="tf32")
+    for value, form in (("2", 2), ("1", 1)):
+        monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", value)
+        assert all(p.info["cluster"] == form for _, p in gemm_plans(mlp, "float16"))
+        assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=1).info["cluster"] == 1  # asked
+        assert all(p.info["cluster"] == 1 and not p.info["wgmma"] for _, p in gemm_plans(tf32, "float32"))
+    monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", "4")
+    with pytest.raises(ValueError, match="FUSEDMLP_GEMM_CLUSTER='4'"):
+        gemm_plans(mlp, "float16")
+
+
+def unpack_tiles(blob, n_pad, k_pad, bn):
+    """The n_pad x k_pad weight matrix back from the cluster form's blob: per column tile, per K stage of 64 halves, bn
+    rows of eight 16-byte chunks, chunk c of row r stored at chunk c ^ (r % 8)."""
+    tiles = blob.reshape(n_pad // bn, k_pad // 64, bn, 8, 8)
+    r = np.arange(bn)[:, None]
+    stored = np.arange(8)[None, :] ^ (r % 8)  # where chunk c of row r lies
+    logical = tiles[:, :, r, stored, :]  # (column tiles, stages, bn, 8 chunks, 8 halves)
+    return logical.transpose(0, 2, 1, 3, 4).reshape(n_pad, k_pad)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("tile", [(128, 256), (128, 128), (64, 64)])
+def test_packed_weight_tiles_read_back_as_w(rng, dtype, tile):
+    """The cluster form's blob, unpacked on the host, is W rounded to the compute dtype, zero-padded, its concat part at
+    the padded K offset; the one-CTA form's is W row-major."""
+    widths = [63, 300, 520]  # odd widths: padded K parts and a partial column tile
+    ws, bs = graph_weights(rng, widths, {1: "before"}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, concat={1: "before"}, dtype=dtype, device="cpu")
+    plan = mlp._gemm_plan(1, *H100, "float16", "float32", None, "float16", bm=tile[0], bn=tile[1], cluster=2)
+    bn = plan.info["bn"]
+    # "before": x (63 columns, one stage of 64) is part 0, layer 0's output (300, five stages) part 1 at k0_pad
+    n_pad, k0_pad, k_pad = -(-520 // bn) * bn, 64, 64 + 320
+    bits = np.frombuffer(plan.packed_weights(), np.uint16)
+    assert bits.size == n_pad * k_pad
+    got = unpack_tiles(bits, n_pad, k_pad, bn)
+    expect = np.zeros((n_pad, k_pad), np.float32)
+    expect[:520, :63] = ws[1][:, :63]
+    expect[:520, k0_pad:k0_pad + 300] = ws[1][:, 63:]
+    if dtype == "float16":
+        want = expect.astype(np.float16).view(np.uint16)
+    else:  # round to nearest even, as fm_round_bits
+        u = expect.view(np.uint32).astype(np.uint64)
+        want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    assert np.array_equal(got, want)
+    row_major = np.frombuffer(mlp._gemm_plan(1, *H100, "float16", "float32", None, "float16", bm=tile[0], bn=tile[1],
+                                             cluster=1).packed_weights(), np.uint16).reshape(n_pad, k_pad)
+    assert np.array_equal(row_major, want)
+
+
+def ptxas_report(source, arch=90):
+    options = ("--ptxas-options=-v",) + _api.nvrtc_no_cache()  # NVRTC's own cache would answer without the report
+    _, log = _core.nvrtc_compile(source, _api.TEMPLATE_GEMM, arch, True, options)
+    return log
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_benchmark_gemms_compile_for_sm_90a_on_clusters_without_spills(rng, name):
+    """Every GEMM of wide512, rec1024, sdf512 (a concat) and a residual network, in the cluster form, float16 and
+    bfloat16 compute, float32, float16 and bfloat16 I/O: a cluster of two, one multicast copy of B per CTA a stage, and
+    ptxas's report (-v) shows no spills and no serialised wgmma."""
+    _api._nvrtc_info()
+    sources = {}
+    for dtype in ("float16", "bfloat16"):
+        mlp, _ = model(rng, name, dtype)
+        for io in ("float32", "float16", "bfloat16"):
+            for layer, plan in gemm_plans(mlp, io, cluster=2):
+                assert plan.info["cluster"] == 2 and plan.info["wgmma"] == 1
+                sources.setdefault(_api._source_of(plan), (dtype, io, layer))
+    assert len(sources) >= 3
+    for source, case in sources.items():
+        assert "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" in source and "#define FM_GEMM_CLUSTER 2" in source
+        assert "clusters of 2 sharing the weight tile" in source
+        log = ptxas_report(source)
+        assert re.findall(r"(\d+) bytes spill stores", log) == ["0"], (case, log)
+        assert "C7519" not in log and "C7510" not in log, (case, log)
+
+
+@pytest.mark.parametrize("tile", _segments.SMALL_TILES)
+def test_small_tiles_compile_on_clusters_without_spills(rng, tile):
+    """The smaller tiles a small batch takes, in the cluster form, with a concat part and a residual: one warpgroup
+    (64 rows) or two, 64 or 128 columns."""
+    _api._nvrtc_info()
+    widths = [63, 512, 512]
+    ws, bs = graph_weights(rng, widths, {1: "before"}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, concat={1: "before"}, residual={1: "add"}, device="cpu")
+    plan = mlp._gemm_plan(1, *H100, "float16", "float32", "float16", "bfloat16", bm=tile[0], bn=tile[1], cluster=2)
+    assert (plan.info["bm"], plan.info["bn"], plan.info["cluster"]) == (*tile, 2)
+    log = ptxas_report(_api._source_of(plan))
+    assert re.findall(r"(\d+) bytes spill stores", log) == ["0"], log
+
+
+def test_a_network_compiles_ahead_of_time_on_clusters(rng, tmp_path, monkeypatch):
+    """mlp.compile(arch='sm_90') with the form forced: every segment's kernel, the cluster GEMMs included, in the
+    cache."""
+    monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", "2")
+    widths, act, out_act, concat, _ = NETWORKS["sdf512"]
+    ws, _ = graph_weights(rng, widths, concat, 1.0)
+    bs = [rng.uniform(-0.1, 0.1, w.shape[0]).astype(np.float32) for w in ws]  # all with a bias: equal layers' sources
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat, device="cpu",
+                            cache_dir=tmp_path)
+    paths = mlp.compile(arch="sm_90")
+    assert len(paths) == 9 and len(set(paths)) == 4  # layer 0, the six equal ones, the concat layer, the last
+    assert mlp.source.count("clusters of 2 sharing the weight tile") >= 1

@@ -1,0 +1,98 @@
+"""The wgmma GEMM on clusters of two CTAs sharing the weight tile (FUSEDMLP_GEMM_CLUSTER=2, gemm_layer.cu), on the GPU:
+random wide networks and the benchmark networks against float64 with every GEMM layer in the cluster form, bit for bit
+the one-CTA form's results, and the torch path with out= and a CUDA graph. Marked `gpu`; skipped without a device (the
+cluster form needs sm_90a: skipped on other GPUs)."""
+
+import numpy as np
+import pytest
+
+import fusedmlp
+from fusedmlp import _segments
+from conftest import graph_weights
+from test_gpu import run_io
+from test_segments_gpu import NETWORKS, check, random_wide_case
+from test_segments_gpu import test_torch_tensors_out_and_cuda_graphs_through_a_segmented_network as torch_case
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def clusters(monkeypatch):
+    monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", "2")
+    from fusedmlp import _api
+
+    if _api._gpu(0).info["arch"] != 90:
+        pytest.skip("the GEMM's cluster form runs on sm_90a")
+
+
+def gemm_clusters(mlp, io):
+    """The cluster size of each GEMM layer of mlp on its GPU (io in and out)."""
+    info = mlp._gpu_info()
+    target = (info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"])
+    segments = mlp._segments_for(*target, io, io) or []
+    return [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info["cluster"]
+            for seg in segments if seg.kind == "gemm"]
+
+
+def test_random_wide_graphs_on_clusters():
+    """40 random networks with widths up to 2048 (residuals, concats, every activation), float16 and bfloat16 compute,
+    rotating I/O dtypes, batches of 1 to 70001 rows (odd row-tile counts: a cluster's second CTA past the batch)."""
+    rng = np.random.default_rng(20261129)
+    failures, checked, clustered = [], 0, 0
+    for i in range(40):
+        ws, bs, acts, residual, concat = random_wide_case(rng)
+        for j, prec in enumerate(("float16", "bfloat16")):
+            io = ("float32", "float16", "bfloat16")[(i + j) % 3]
+            mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=prec,
+                                    device="cuda")
+            forms = gemm_clusters(mlp, io)
+            assert all(c == 2 for c in forms), forms
+            clustered += bool(forms)
+            batch = int(rng.choice([1, 127, 1000, 4099, 70001]))
+            err, tol, nan, peak = check(mlp, ws, bs, prec, io, batch, i)
+            if (prec == "float16" or io == "float16") and peak > 6e4:
+                continue  # outside float16's range: inf is the right answer
+            checked += 1
+            if nan or not err <= tol:
+                failures.append((i, prec, io, [w.shape for w in ws], acts, residual, concat, batch, err,
+                                 mlp.segments))
+    print(f"\n{checked} runs checked, {clustered} with cluster GEMMs, {len(failures)} failures")
+    assert checked >= 60 and clustered >= 40
+    assert not failures, failures[:3]
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_benchmark_networks_on_clusters_match_float64(rng, name):
+    """nerf, sdf512 (a concat), rec1024, wide512; batches that take the default tile and each small one (gemm_tile)."""
+    widths, act, out_act, concat = NETWORKS[name]
+    ws, bs = graph_weights(rng, widths, concat, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat or None, device="cuda")
+    assert all(c == 2 for c in gemm_clusters(mlp, "float16"))
+    for batch, io in [(1, "float32"), (129, "float16"), (1024, "float16"), (2048, "bfloat16"), (4097, "bfloat16"),
+                      (65537, "float32"), (300001, "float16")]:
+        err, tol, nan, _ = check(mlp, ws, bs, "float16", io, batch, batch)
+        assert not nan and err <= tol, (name, mlp.segments, batch, io, err)
+
+
+@pytest.mark.parametrize("prec", ["float16", "bfloat16"])
+def test_clusters_give_the_one_cta_forms_bits(rng, monkeypatch, prec):
+    """The cluster form runs the same MMAs in the same order on the same operands: its outputs are the one-CTA form's,
+    bit for bit (rec1024, a residual wide network; 4097 rows: an odd row-tile count)."""
+    x32 = rng.standard_normal((4097, 256)).astype(np.float32)
+    cases = [(NETWORKS["rec1024"], None), (([256, 768, 768, 768, 10], "silu", "none", {}), {2: ("add", "relu", 0)})]
+    for (widths, act, out_act, concat), residual in cases:
+        ws, bs = graph_weights(rng, widths, concat, 1.0)
+        outs = []
+        for form in ("1", "2"):
+            monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", form)
+            mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, residual=residual, dtype=prec,
+                                    device="cuda")
+            assert set(gemm_clusters(mlp, "float16")) == {int(form)}
+            outs.append(run_io(mlp, x32[:, :widths[0]], "float16")[1])
+        assert np.array_equal(outs[0], outs[1]), widths  # (float16 outputs, as float64)
+
+
+def test_torch_tensors_out_and_cuda_graphs_on_clusters(rng):
+    """sdf512 through the torch call path (the C fast path's chain), out=, batch 0 and a CUDA graph capture, every
+    GEMM in the cluster form."""
+    torch_case(rng)
