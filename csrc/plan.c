@@ -96,7 +96,12 @@ static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
     /* The streamed form's groups are apart: a wait for each group's slot sits between one group's epilogue and the
      * next group's MMAs, which ptxas does not move MMAs across, so one group's accumulators are live at a time. */
     int acc = p->stream_slots ? p->n_chunk[l] / 2 : p->n_pad[l] / 2;
-    int regs = acc + p->k_pad[l] / 4 + (l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4) + 40;
+    int out = l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4;
+    int regs = acc + p->k_pad[l] / 4 + out + 40;
+    /* A streamed norm layer (one group, the whole row) without a residual: its input fragments are dead once its
+     * MMAs are done, before its output fragments are written, so they take the same registers. */
+    if (p->stream_slots && p->norm[l] != FM_NORM_NONE && p->res_op[l] == FM_RES_NONE)
+        regs = acc + (p->k_pad[l] / 4 > out ? p->k_pad[l] / 4 : out) + 40;
     for (int j = l + 1; j < p->num_layers; ++j) /* x's fragments, kept for a later layer's concat */
         if (p->cat[j] != FM_CAT_NONE) {
             regs += p->k_pad[0] / 4;
@@ -503,9 +508,9 @@ static int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_op
 }
 
 /* Why the streamed form of the register-A warpgroup kernel cannot run this network (NULL: it can): residuals from
- * the layer's own input only (none on a concat layer), and no norm layer (its statistics need the whole row's
- * accumulators, which the streamed form never holds at once). An input concat (NeRF's skip) takes x's A fragments,
- * which the kernel keeps in registers from layer 0 on. */
+ * the layer's own input only (none on a concat layer). An input concat (NeRF's skip) takes x's A fragments, which the
+ * kernel keeps in registers from layer 0 on. A norm layer is one group (its statistics need the whole row), its
+ * weights read from several slots. */
 static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
     const char *why = fm_plan_warpgroup_unfit(p, widest);
     if (why != NULL)
@@ -517,8 +522,6 @@ static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
             return "the streamed warpgroup kernel takes no residual on a layer with an input concat";
         if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
             return "the streamed warpgroup kernel takes residuals from a layer's own input only";
-        if (p->norm[l] != FM_NORM_NONE)
-            return "the streamed warpgroup kernel has no norm layers (a norm needs the whole row's accumulators)";
     }
     return NULL;
 }
@@ -544,9 +547,10 @@ static fm_status fm_plan_stream_at(fm_plan *p, const fm_target *t, const fm_plan
     size_t slot = 0;
     for (int nc = opts->n_chunk > 0 ? fm_round_up(opts->n_chunk, 16) : STREAM_NC;; nc /= 2) {
         slot = 0;
-        for (int l = 0; l < p->num_layers; ++l) {
-            p->n_chunk[l] = p->n_pad[l] < nc ? p->n_pad[l] : nc;
-            size_t bytes = (size_t)p->n_chunk[l] * (size_t)p->k_pad[l] * (size_t)p->elem_bytes;
+        for (int l = 0; l < p->num_layers; ++l) { /* a norm layer: one group, read from slots of nc columns */
+            int chunk = p->n_pad[l] < nc ? p->n_pad[l] : nc;
+            p->n_chunk[l] = p->norm[l] != FM_NORM_NONE ? p->n_pad[l] : chunk;
+            size_t bytes = (size_t)chunk * (size_t)p->k_pad[l] * (size_t)p->elem_bytes;
             slot = bytes > slot ? bytes : slot;
         }
         p->stream_slots = 2;

@@ -228,10 +228,17 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
     /* e4m3: k32 steps (32 bytes, as 16 halves), and no transpose operand: 8-bit B is K-major only (PTX ISA, wgmma) */
     const int k = p->prec == FM_PREC_E4M3 ? 32 : 16;
     const char *trans = p->prec == FM_PREC_E4M3 ? "" : ", 0";
-    for (int g = 0; g < 2 * p->num_layers; ++g) {
-        int l = g / 2, nc = p->n_chunk[l];
+    for (int g = 0; g < 4 * p->num_layers; ++g) {
+        /* per layer: its column groups' width and the last, narrower group's; with streamed weights also the width
+         * of the slot-sized pieces a norm layer's whole-row group is read in, and the last piece's (the template's
+         * fm_chunk_cols) */
+        int l = g / 4, nc = p->n_chunk[l];
+        if (g % 4 >= 2) {
+            int fit = p->stream_slots ? (int)(p->w_slot_elems / (size_t)p->k_pad[l]) / 16 * 16 : 0;
+            nc = fit > 0 && fit < nc ? fit : 0;
+        }
         if (g % 2 == 1)
-            nc = nc > 0 ? p->n_pad[l] % nc : 0; /* the last, narrower group */
+            nc = nc > 0 ? (g % 4 == 1 ? p->n_pad[l] : p->n_chunk[l]) % nc : 0; /* the last, narrower one */
         if (nc <= 0 || nc > 256 || done[nc])
             continue;
         done[nc] = 1;

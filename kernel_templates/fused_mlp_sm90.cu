@@ -109,8 +109,23 @@ constexpr fm_u32 NSLOT = FM_STREAM > 0 ? FM_STREAM : 1;  // (a divisor NVRTC see
 // The stream's barriers after the per-warp buffers: FM_STREAM `full` mbarriers, then FM_STREAM counters.
 constexpr int STREAM_BAR_B = FM_STREAM ? (12 * FM_STREAM + 15) / 16 * 16 : 0;
 
-// Layer L's column groups (its last one takes the rest), and the groups of layers L.. together.
-template <int L> __device__ constexpr int fm_groups() { return (Layer<L>::N + Layer<L>::NC - 1) / Layer<L>::NC; }
+// Layer L's columns per slot: its column group (Layer<L>::NC), or for a norm layer, whose group is the whole row
+// (fm_norm_tiles needs all its accumulators), as many columns as a slot holds: such a group's MMAs read several slots.
+template <int L> __device__ constexpr int fm_chunk_cols() {
+    typedef Layer<L> Ly;
+    if constexpr (FM_STREAM == 0) {
+        return Ly::NC;
+    } else {
+        constexpr int fit = SLOT_B / (Ly::K * EB) / 16 * 16;
+        static_assert(fit >= 16 && (fit >= Ly::NC || Ly::NC == Ly::N), "a slot holds a group, or a norm layer's "
+                                                                        "16-column pieces");
+        return fit < Ly::NC ? fit : Ly::NC;
+    }
+}
+// Layer L's slot fills ("chunks": its column groups, or a norm layer's pieces), and those of layers L.. together.
+template <int L> __device__ constexpr int fm_groups() {
+    return (Layer<L>::N + fm_chunk_cols<L>() - 1) / fm_chunk_cols<L>();
+}
 template <int L> __device__ constexpr int fm_groups_from() {
     if constexpr (L > LAST)
         return 0;
@@ -137,7 +152,8 @@ template <int L> __device__ constexpr fm_group_span fm_group_at(int q) {
         typedef Layer<L> Ly;
         if (q >= fm_groups<L>())
             return fm_group_at<L + 1>(q - fm_groups<L>());
-        const int c0 = q * Ly::NC, w = Ly::N - c0 < Ly::NC ? Ly::N - c0 : Ly::NC;
+        constexpr int CH = fm_chunk_cols<L>();
+        const int c0 = q * CH, w = Ly::N - c0 < CH ? Ly::N - c0 : CH;
         return {(unsigned long long)EB * ((unsigned long long)Ly::W_OFF + (unsigned long long)c0 * Ly::K),
                 (fm_u32)(EB * w * Ly::K)};
     }
@@ -161,10 +177,10 @@ __device__ __forceinline__ void fm_stream_fill(fm_u32 on, const fm_stream &st, f
                  ::"r"(on), "r"(bar), "r"(g.bytes), "r"(st.slots + slot * SLOT_B), "l"(st.w + g.off)
                  : "memory");
 }
-// The slot of this warp's next group, once its weights have landed.
-__device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st) {
-    const fm_u32 slot = st.seq % NSLOT;
-    fm_mbar_wait(st.bars + 8 * slot, (st.seq / NSLOT) & 1u);
+// The slot of this warp's next chunk but j, once its weights have landed.
+__device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st, fm_u32 j) {
+    const fm_u32 seq = st.seq + j, slot = seq % NSLOT;
+    fm_mbar_wait(st.bars + 8 * slot, (seq / NSLOT) & 1u);
     return st.slots + slot * SLOT_B;
 }
 // After this warp's MMAs of group Q (of the tile sequence) are done: its arrival on the slot's counter and, from the
@@ -185,8 +201,29 @@ template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st
     fm_stream_fill(last, st, st.seq + FM_STREAM, next);
     ++st.seq;
 }
+// The releases of a group's NCH chunks, tile sequence numbers Q.. (fm_stream_release).
+template <int Q, int NCH> __device__ __forceinline__ void fm_stream_release_all(fm_stream &st, int lane) {
+    fm_stream_release<Q>(st, lane);
+    if constexpr (NCH > 1)
+        fm_stream_release_all<Q + 1, NCH - 1>(st, lane);
+}
 
 // ------------------------------------------------------------------------------------------------ the layers
+
+// A streamed group's k steps over its input fragments a into d (W columns), chunk J of CH columns from slot J (whose
+// rows are that chunk's: columns J CH.. of the group, accumulators d[J CH / 2..]), issued after a is fenced.
+template <int W, int CH, int KS, int J>
+__device__ __forceinline__ void fm_stream_mma(float (&d)[W / 2], fm_u32 (&a)[KS][4], const fm_u32 *slots, fm_u32 sbo,
+                                              bool d_set) {
+    constexpr int CW = W - J * CH < CH ? W - J * CH : CH;
+    float(&dj)[CW / 2] = *reinterpret_cast<float(*)[CW / 2]>(d + J * CH / 2);
+    const unsigned long long desc = fm_desc(slots[J], sbo);
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+        fm_wgmma<CW>::run(dj, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || d_set ? 1 : 0);
+    if constexpr ((J + 1) * CH < W)
+        fm_stream_mma<W, CH, KS, J + 1>(d, a, slots, sbo, d_set);
+}
 
 // Where the last layer's results go. 16-bit y: the warp's output stage, which fm_store_output then copies to y in
 // 16-byte pieces. float32 y: y itself, each lane's two columns as one 8-byte store (four lanes fill a 32-byte sector
@@ -383,12 +420,23 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
     if constexpr (D_SET)
         fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
-    // the group's W weight rows: resident, or streamed through a slot (which holds just them)
-    const fm_u32 w_group = FM_STREAM ? fm_stream_acquire(st) : w + (C0 / 8) * SBO;
-    fm_mma_issue<W, KS>(d, a, fm_desc(w_group, SBO), D_SET);
-    fm_mma_wait(d, a);
-    if constexpr (FM_STREAM > 0)
-        fm_stream_release<fm_group0<L>() + C0 / Ly::NC>(st, lane);
+    // the group's W weight rows: resident, or streamed through slots (each holding CH of them; all the group's
+    // slots are waited for before its first MMA, since a wait between a group's MMAs serializes them: C7519)
+    if constexpr (FM_STREAM > 0) {
+        constexpr int CH = fm_chunk_cols<L>(), NCH = (W + CH - 1) / CH;
+        fm_u32 slots[NCH];
+#pragma unroll
+        for (int j = 0; j < NCH; ++j)
+            slots[j] = fm_stream_acquire(st, j);
+        fm_fence_regs(a);
+        fm_wg_fence();
+        fm_stream_mma<W, CH, KS, 0>(d, a, slots, SBO, D_SET);
+        fm_mma_wait(d, a);
+        fm_stream_release_all<fm_group0<L>() + C0 / CH, NCH>(st, lane);
+    } else {
+        fm_mma_issue<W, KS>(d, a, fm_desc(w + (C0 / 8) * SBO, SBO), D_SET);
+        fm_mma_wait(d, a);
+    }
 #if FM_PREC >= 3
     fm_dequant_d<L, W>(d, C0, t, bias);
 #endif

@@ -306,6 +306,10 @@ COMPILE_CASES = [
      {"cluster": 4, "warps": 4}, "float16"),
     ("rl256 default", [64, 256, 256, 256, 16], {0: "layernorm", 1: "layernorm", 2: "layernorm"}, None, None, 90, {},
      "float16"),
+    ("streamed, whole-row groups over 64-column slots", [24, 200, 256, 40], {0: "layernorm", 1: "rmsnorm"},
+     None, None, 90, {"wgmma": 1, "resident": 0, "n_chunk": 64}, "bfloat16"),
+    ("streamed, residual", [12, 128, 128, 128, 8], {0: "layernorm", 1: "layernorm", 2: "rmsnorm"},
+     {1: ("add", "none", 0)}, None, 90, {"wgmma": 1, "resident": 0, "warps": 4}, "float16"),
 ]
 
 
@@ -353,6 +357,9 @@ SM90_FORMS = {
     "cluster 2, 1 warpgroup": {"cluster": 2, "warps": 4},
     "cluster 4": {"cluster": 4},
     "cluster 4, 1 warpgroup": {"cluster": 4, "warps": 4},
+    "streamed": {"wgmma": 1, "resident": 0},
+    "streamed, 1 warpgroup": {"wgmma": 1, "resident": 0, "warps": 4},
+    "streamed, 64-column slots": {"wgmma": 1, "resident": 0, "n_chunk": 64},
 }
 
 

@@ -289,9 +289,10 @@ static void check_cluster_plan(const fm_plan *p, const fm_spec *spec, const fm_t
 
 /* The streamed register-A plan's invariants (fused_mlp_sm90.cu, FM_STREAM): whole warpgroups, weights not resident
  * but in the resident form's blob (the core-matrix layout, so a column group of n_chunk rows is contiguous), 2..8
- * slots each holding the largest group, residuals from the own input (none on a concat layer), no norms, an input
- * concat's width x's padded width plus the previous layer's, one group's accumulators in the register estimate, and
- * shared memory of the slots, the biases, the per-warp buffers and the slots' barriers. */
+ * slots each holding the largest group (a norm layer is one group, the whole row, read in slot-sized pieces of at
+ * least 16 columns), residuals from the own input (none on a concat layer), an input concat's width x's padded width
+ * plus the previous layer's, one group's accumulators in the register estimate, and shared memory of the slots, the
+ * biases, the per-warp buffers and the slots' barriers. */
 static void check_stream_plan(const fm_plan *p, const fm_spec *spec, const fm_target *t, const char *what) {
     const int L = spec->num_layers;
     CHECK(t->arch == 90 && (p->prec == FM_PREC_F16 || p->prec == FM_PREC_BF16), "%s: stream on sm_%d %s", what,
@@ -303,24 +304,29 @@ static void check_stream_plan(const fm_plan *p, const fm_spec *spec, const fm_ta
     size_t w = 0, b = 0, slot = 0;
     for (int l = 0; l < L; ++l) {
         int x_pad = (spec->width[0] + 15) / 16 * 16, h_pad = l ? p->n_pad[l - 1] : x_pad;
-        CHECK(spec->norm[l] == FM_NORM_NONE && (spec->res_op[l] == FM_RES_NONE ||
-              (spec->res_src[l] == l - 1 && spec->cat[l] == FM_CAT_NONE)),
-              "%s: layer %d norm/residual in a stream plan", what, l);
+        CHECK(spec->res_op[l] == FM_RES_NONE || (spec->res_src[l] == l - 1 && spec->cat[l] == FM_CAT_NONE),
+              "%s: layer %d residual in a stream plan", what, l);
+        int norm = spec->norm[l] != FM_NORM_NONE;
+        CHECK(!norm || p->n_chunk[l] == p->n_pad[l], "%s: norm layer %d in groups of %d", what, l, p->n_chunk[l]);
         CHECK(p->k_pad[l] == h_pad + (spec->cat[l] != FM_CAT_NONE ? x_pad : 0) && is_mult16(p->n_pad[l]) &&
                   p->n_pad[l] >= spec->width[l + 1] && p->n_pad[l] < spec->width[l + 1] + 16,
               "%s: layer %d pads %d x %d", what, l, p->k_pad[l], p->n_pad[l]);
         CHECK(p->n_pad[l] <= 256 && is_mult16(p->n_chunk[l]) && p->n_chunk[l] <= p->n_pad[l],
               "%s: layer %d n_chunk %d", what, l, p->n_chunk[l]);
-        int regs = p->n_chunk[l] / 2 + p->k_pad[l] / 4 + (l < L - 1 ? p->n_pad[l] / 4 : 0);
+        int out = l < L - 1 ? p->n_pad[l] / 4 : 0, in = p->k_pad[l] / 4;
+        int regs = p->n_chunk[l] / 2 + (norm && spec->res_op[l] == FM_RES_NONE ? (in > out ? in : out) : in + out);
         CHECK(regs + 40 <= fm_plan_wgmma_regs(p) && fm_plan_wgmma_regs(p) * 32 * p->warps <= 65536,
               "%s: layer %d needs %d registers", what, l, regs);
         CHECK(p->w_offset[l] == w && p->b_offset[l] == b, "%s: layer %d offsets", what, l);
-        size_t group = (size_t)p->n_chunk[l] * (size_t)p->k_pad[l];
+        size_t group = (size_t)(norm ? 16 : p->n_chunk[l]) * (size_t)p->k_pad[l];
+        CHECK(p->w_slot_elems >= group, "%s: layer %d's group of %d does not fit a slot", what, l, p->n_chunk[l]);
         slot = group > slot ? group : slot;
         w += (size_t)p->n_pad[l] * (size_t)p->k_pad[l];
         b += (size_t)p->n_pad[l];
     }
-    CHECK(p->w_elems == w && p->w_slot_elems == slot, "%s: blob %zu slot %zu", what, p->w_elems, p->w_slot_elems);
+    CHECK(p->w_elems == w && p->w_slot_elems >= slot && p->w_slot_elems <= w, "%s: blob %zu slot %zu", what,
+          p->w_elems, p->w_slot_elems);
+    slot = p->w_slot_elems;
     int stage_row = p->out_dtype == FM_F32 ? 0 : p->n_pad[L - 1] * (int)fm_dtype_size(p->out_dtype) + 16;
     size_t warp_bytes = 16 * ((size_t)p->act_stride * (size_t)p->elem_bytes + (size_t)stage_row) +
                         fm_plan_wgmma_raw_bytes(p);
