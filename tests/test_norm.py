@@ -434,6 +434,35 @@ def test_gpu_norm_networks_in_every_kernel_form(prec):
 
 
 @pytest.mark.gpu
+def test_gpu_norms_in_the_streamed_warpgroup_kernel():
+    """The streamed register-A kernel's norm layers (one whole-row group whose weights come from several slots), in
+    its three forced shapes, on the named networks and random graphs (residuals, concats), float16 and bfloat16,
+    vs float64: a short run of the forms the every-form tests above also cover."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the streamed warpgroup kernel needs sm_90")
+    forms = {name: o for name, o in SM90_FORMS.items() if name.startswith("streamed")}
+    rng = np.random.default_rng(302)
+    failures, seen = [], set()
+    graphs = []
+    for i, (widths, kinds, residual, concat, acts) in enumerate(NAMED_GRAPHS):
+        ws, bs = weights_for(rng, widths, concat, bias_offset=2.0 if i % 2 else 0.0)
+        graphs.append(types.SimpleNamespace(ws=ws, bs=bs, acts=acts, residual=residual, concat=concat, widths=widths,
+                                            norms={l: random_norm(rng, widths[l + 1], k) for l, k in kinds.items()}))
+    graphs += [random_graph(rng) for _ in range(12)]
+    for i, g in enumerate(graphs):
+        prec, io = ("float16", "bfloat16")[i % 2], ("float32", "float16", "bfloat16")[i % 3]
+        mlp = fused(g, dtype=prec, device="cuda")
+        x32 = rng.standard_normal((int(rng.choice([1, 129, 4099, 70001])), g.ws[0].shape[1])).astype(np.float32)
+        ref = norm_forward(x32, g.ws, g.bs, g.acts, g.residual, g.concat, g.norms)
+        if not np.all(np.isfinite(ref)) or np.max(np.abs(ref)) > 6e4:
+            continue  # outside what float16 holds
+        check_forms(mlp, g, x32, io, forms, seen, failures, (i, [w.shape for w in g.ws]))
+    print(f"\nstreamed norms: {len(graphs)} graphs, forms seen {sorted(seen)}, {len(failures)} failures")
+    assert set(forms) <= seen, set(forms) - seen
+    assert not failures, failures[:8]
+
+
+@pytest.mark.gpu
 def test_gpu_random_graphs_with_norms_in_every_kernel_form():
     """Random chains mixing norms (any affine, any eps, rows far from zero), residuals and concats, every kernel form
     that takes each, vs float64."""
