@@ -292,16 +292,17 @@ def test_wgmma_takes_the_layers_that_fit_the_registers(widths, act, cluster):
     assert_clean_sm90a(source)
 
 
-@pytest.mark.parametrize("widths, act, cluster", [
-    ([2, 256, 256, 256], "sin", 2),     # 16-bit y: with the last layer whole in CTA 0, no cluster plan held it
-    ([64, 256, 256, 192], "relu", 2),   # whole in CTA 0, its MMAs left the other three CTAs idle (clusters of 4)
-    ([64, 256, 256, 37], "silu", 2),    # 37 pads to 64: 32 columns a CTA
-    ([2, 256, 256, 256, 3], "sin", 2),  # siren256: 3 columns stay whole in CTA 0
+@pytest.mark.parametrize("widths, act, cluster, forced", [
+    # forced: by default these two now run the streamed register-A form (two warpgroups do not fit clusters of 2)
+    ([2, 256, 256, 256], "sin", 2, True),     # 16-bit y: with the last layer whole in CTA 0, no cluster plan held it
+    ([64, 256, 256, 192], "relu", 2, True),   # whole in CTA 0, its MMAs left the other CTAs idle (clusters of 4)
+    ([64, 256, 256, 37], "silu", 2, False),   # 37 pads to 64: 32 columns a CTA
+    ([2, 256, 256, 256, 3], "sin", 2, False),  # siren256: 3 columns stay whole in CTA 0
 ])
-def test_cluster_kernel_splits_a_last_layer_wider_than_16_columns(widths, act, cluster):
+def test_cluster_kernel_splits_a_last_layer_wider_than_16_columns(widths, act, cluster, forced):
     """On a cluster, a last layer wider than 16 columns is split like the hidden layers (Layer<last>::NC is its share
     of the padded width), a narrower one stays whole in CTA 0; either compiles for sm_90a without spills."""
-    plan, source = render_for_h100(widths, act)
+    plan, source = render_for_h100(widths, act, **({"cluster": cluster} if forced else {}))
     assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
     n, nc = map(int, re.findall(r" N = (\d+), NR = \d+, NC = (\d+);", source)[-1])
     assert nc * (cluster if widths[-1] > 16 else 1) == n and n >= widths[-1], (n, nc)
@@ -309,7 +310,8 @@ def test_cluster_kernel_splits_a_last_layer_wider_than_16_columns(widths, act, c
 
 
 @pytest.mark.parametrize("widths, act, residual, cluster, forced", [
-    ([64, 256, 256, 256, 256, 256, 64], "gelu", {1: "add", 2: "add", 3: "add", 4: "add"}, 4, False),  # 590 KB
+    # 590 KB: by default the streamed register-A form (test_benchmark_networks_stream_their_weights_on_the_h100)
+    ([64, 256, 256, 256, 256, 256, 64], "gelu", {1: "add", 2: "add", 3: "add", 4: "add"}, 4, True),
     ([2, 256, 256, 256, 3], "sin", {1: "add", 2: ("add", "relu")}, 2, False),  # siren256's shape: far redo by group
     ([64, 224, 224, 32], "silu", {1: "mul"}, 2, False),
     # forced: the last layer's operand (all of its input's columns) and layer 0's (x's fragments, by rank); a wide
@@ -318,9 +320,10 @@ def test_cluster_kernel_splits_a_last_layer_wider_than_16_columns(widths, act, c
     ([128, 128, 128, 128], "sin", {0: "add", 1: "add", 2: "add"}, 4, True),
 ])
 def test_cluster_kernel_takes_residual_networks(widths, act, residual, cluster, forced):
-    """A residual network too wide for the register-A kernel (224-256-wide hidden layers) runs the cluster kernel,
-    which reads a residual operand from the columns of its A buffer that the layer's output overwrites (on an H100
-    it ran the mma.sync kernel before); it compiles for sm_90a without spills."""
+    """A residual network too wide for the register-A kernel with resident weights (224-256-wide hidden layers) runs
+    the cluster kernel where two warpgroups fit clusters of 2 (the others where forced), which reads a residual
+    operand from the columns of its A buffer that the layer's output overwrites (on an H100 it ran the mma.sync kernel
+    before); it compiles for sm_90a without spills."""
     plan, source = render_for_h100(widths, act, residual, **({"cluster": cluster} if forced else {}))
     assert plan.info["wgmma"] == 1 and plan.info["cluster"] == cluster
     assert len(re.findall(r"RES = [12],", source)) == len(residual)
@@ -368,4 +371,29 @@ def test_benchmark_workloads_compile_clean_for_the_h100(name, io):
     mlp = fusedmlp.FusedMLP(ws, bs, device="cpu", **bench.fused_options(wl))
     plan, source = mlp._render(90, 232448, 132, io, io, 233472)
     assert plan.info["wgmma"] == 1
+    assert_clean_sm90a(source)
+
+
+@pytest.mark.parametrize("io", ["float16", "float32"])
+@pytest.mark.parametrize("name", ["r256", "deep256", "nerf"])
+def test_benchmark_networks_stream_their_weights_on_the_h100(name, io):
+    """r256 (64-256-256-256-16 silu), deep256 (64-256x5-64) and NeRF (63-256x8-4, x concatenated before layer 5) plan
+    for an H100 as one kernel each: the register-A warpgroup kernel with every layer's weights streamed from L2
+    through shared-memory slots (two or more; FM_STREAM in the source says how many). Their resident weights fit
+    neither one CTA nor two warpgroups on clusters of 2; at 2^21 rows (fp16) the streamed form ran r256 in 1.04 ms and
+    deep256 in 1.56 against 2.29 and 7.69 on one warpgroup on clusters of 2 and 4, and NeRF, its concat's x fragments
+    kept in registers, in 3.12 ms against 9.4 cut into segments. Each compiles clean for sm_90a."""
+    from fusedmlp import _api, probe
+
+    _api._nvrtc_info()
+    gpu = probe.GPUS["h100"]
+    target = (gpu["arch"], gpu["smem_per_block"], gpu["sm_count"], gpu["smem_per_sm"])
+    mlp = probe.model(probe.workload(name), device="cpu")
+    assert mlp._segments_for(*target, io, io) is None  # not cut: one fused kernel
+    plan, source = mlp._render(*target[:3], io, io, target[3])
+    info = plan.info
+    assert (info["arch"], info["wgmma"], info["cluster"], info["resident"]) == (90, 1, 0, 0), info
+    assert info["stream_slots"] >= 2 and info["warps"] in (4, 8), info
+    assert (info["in_dtype"], info["out_dtype"]) == (io, io)
+    assert f"#define FM_STREAM {info['stream_slots']} " in source and "__cluster_dims__" not in source
     assert_clean_sm90a(source)

@@ -54,11 +54,15 @@ def test_model_key_depends_on_everything_that_changes_the_best_tile():
         assert base != _tune._model_key(type("Changed", (Model,), {field: value}), "float16", "float16", gpu), field
 
 
-@pytest.mark.parametrize("arch, dtype, concat, takes", [(90, "float16", None, True), (80, "float16", None, False),
-                                                        (90, "tf32", None, False), (90, "float16", {1: "after"}, False)])
-def test_sm90_candidates_are_the_warpgroup_kernel_where_it_takes_the_network(monkeypatch, arch, dtype, concat, takes):
-    """On sm_90 a network the warpgroup kernel takes is tuned over its warpgroup counts only; anything else (other
-    GPUs, tf32, concat graphs) over the mma.sync tiles."""
+@pytest.mark.parametrize("arch, dtype, concat, residual, takes", [
+    (90, "float16", None, None, True), (80, "float16", None, None, False), (90, "tf32", None, None, False),
+    # an input concat: the streamed register-A form (x's fragments kept in registers), as NeRF's ran 3.12 ms at 2^21
+    # rows on the H100 against 9.4 cut into segments; that form takes no residual on the concat layer
+    (90, "float16", {1: "after"}, None, True), (90, "float16", {1: "after"}, {1: "add"}, False)])
+def test_sm90_candidates_are_the_warpgroup_kernel_where_it_takes_the_network(monkeypatch, arch, dtype, concat,
+                                                                             residual, takes):
+    """On sm_90 a network the warpgroup kernel takes (concat graphs included, on its streamed form) is tuned over its
+    warpgroup counts only; anything else (other GPUs, tf32, a residual on a concat layer) over the mma.sync tiles."""
     import numpy as np
 
     import fusedmlp
@@ -73,8 +77,9 @@ def test_sm90_candidates_are_the_warpgroup_kernel_where_it_takes_the_network(mon
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
     if concat:
         ws[1] = rng.standard_normal((64, 96)).astype(np.float32)
-    mlp = fusedmlp.FusedMLP(ws, None, "relu", dtype=dtype, concat=concat, device="cpu")
+    mlp = fusedmlp.FusedMLP(ws, None, "relu", dtype=dtype, concat=concat, residual=residual, device="cpu")
     assert _tune._takes_wgmma(mlp, "float16", "float16") is takes
+    assert _tune._candidates(mlp, "float16", "float16") == (_tune.CANDIDATES_WGMMA if takes else _tune.CANDIDATES)
 
 
 def test_a_call_finds_its_kernel_again_without_the_walk(monkeypatch):
@@ -116,15 +121,19 @@ def test_a_call_finds_its_kernel_again_without_the_walk(monkeypatch):
     assert mlp._kernel("float16", rows=1000) is not mlp._kernel("float16", rows=70000)
 
 
-@pytest.mark.parametrize("widths, act, labels", [([2, 256, 256, 256, 3], "sin", ["wg8", "wg4", "wg4c4"]),
-                                                 ([64, 256, 256, 256, 256, 256, 64], "relu", ["wg4", "w8m1"]),
-                                                 ([64, 256, 256, 192], "relu", ["wg8", "wg4", "wg4c4"]),  # wg4: c2
-                                                 ([32, 64, 64, 16], "relu", ["wg16", "wg12", "wg8", "wg4"])])
+@pytest.mark.parametrize("widths, act, labels", [
+    ([2, 256, 256, 256, 3], "sin", ["wg8", "wg4", "wg4c2", "wg4c4"]),  # siren256: two warpgroups on clusters of 2
+    ([64, 224, 224, 32], "silu", ["wg8", "wg4", "wg4c2", "wg4c4"]),    # likewise
+    # streamed register-A form by default (deep256, and what was 64-256-256-192's one warpgroup on clusters of 2):
+    # on the H100 it ran deep256 1.7-4.3x faster than one warpgroup on clusters of 2 or 4 at 16384 rows
+    ([64, 256, 256, 256, 256, 256, 64], "relu", ["wg8", "wg4"]),
+    ([64, 256, 256, 192], "relu", ["wg8", "wg4"]),
+    ([32, 64, 64, 16], "relu", ["wg16", "wg12", "wg8", "wg4"])])
 def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch, widths, act, labels):
     """A network the sm_90 plan puts on clusters is tuned over its warpgroup counts and over one warpgroup on clusters
-    of 2 and 4, each distinct plan once (one warpgroup on clusters of 2 is what warps=4 plans for siren256 anyway);
-    where even clusters of 4 hold only one warpgroup per CTA (590 KB of weights), also over the mma.sync kernel's
-    default tile; a network of the register-A kernel over its warpgroup counts only."""
+    of 2 and 4, each distinct plan once (warps=4 plans one warpgroup on the streamed register-A form: a forced warp
+    count takes no two-warpgroup cluster entry, and the plan puts the streamed form first among the rest); a network
+    of the register-A kernel, resident or streamed weights, over its warpgroup counts that fit only."""
     import numpy as np
 
     import fusedmlp
@@ -147,15 +156,16 @@ def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch
     (80, [32, 64, 64, 16], "relu", ["w4m1", "w4m1", "w4m1", "default"]),
     (90, [32, 64, 64, 16], "relu", ["wg4", "wg4", "default", "default"]),
     (90, [2, 256, 256, 256, 3], "sin", ["wg4c4", "default", "default", "default"]),
-    (90, [64, 256, 256, 256, 256, 256, 64], "relu", ["wg4c4", "default", "w8m1", "w8m1"]),
-    (90, [64, 256, 256, 192], "relu", ["wg4c4", "default", "default", "default"]),  # one warpgroup on clusters of 2
+    # the streamed register-A form by default (before: one warpgroup on clusters of 4 and 2), so one warpgroup of it
+    # below 64 rows per SM, as for the resident form
+    (90, [64, 256, 256, 256, 256, 256, 64], "relu", ["wg4", "wg4", "default", "default"]),
+    (90, [64, 256, 256, 192], "relu", ["wg4", "wg4", "default", "default"]),
 ])
 def test_untuned_calls_take_the_tile_measured_best_for_their_batch_size(monkeypatch, arch, widths, act, tiles):
     """With tuning off, a call's tile follows the batch size per SM (132 SMs: 1024, 4096, 10000 and 20000 rows are
     below 16, 64 and 128 rows per SM, and above) and the kernel the network is on: mma.sync's 4 x 16-row tile below
-    128 rows per SM; the warpgroup kernel's one warpgroup per CTA below 64, or on clusters of 4 below 16 for a cluster
-    network; mma.sync's default tile from 64 rows per SM on for a cluster network of one warpgroup per CTA on
-    clusters of 4 (not on clusters of 2, where it ran faster than mma.sync). Each choice plans as such."""
+    128 rows per SM; the register-A warpgroup kernel's (resident or streamed weights) one warpgroup per CTA below 64;
+    for a cluster network one warpgroup per CTA on clusters of 4 below 16. Each choice plans as such."""
     import numpy as np
 
     import fusedmlp
