@@ -177,10 +177,10 @@ __device__ __forceinline__ void fm_stream_fill(fm_u32 on, const fm_stream &st, f
                  ::"r"(on), "r"(bar), "r"(g.bytes), "r"(st.slots + slot * SLOT_B), "l"(st.w + g.off)
                  : "memory");
 }
-// The slot of this warp's next chunk but j, once its weights have landed.
-__device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st, fm_u32 j) {
-    const fm_u32 seq = st.seq + j, slot = seq % NSLOT;
-    fm_mbar_wait(st.bars + 8 * slot, (seq / NSLOT) & 1u);
+// The slot of this warp's next chunk, once its weights have landed.
+__device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st) {
+    const fm_u32 slot = st.seq % NSLOT;
+    fm_mbar_wait(st.bars + 8 * slot, (st.seq / NSLOT) & 1u);
     return st.slots + slot * SLOT_B;
 }
 // After this warp's MMAs of group Q (of the tile sequence) are done: its arrival on the slot's counter and, from the
@@ -201,28 +201,22 @@ template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st
     fm_stream_fill(last, st, st.seq + FM_STREAM, next);
     ++st.seq;
 }
-// The releases of a group's NCH chunks, tile sequence numbers Q.. (fm_stream_release).
-template <int Q, int NCH> __device__ __forceinline__ void fm_stream_release_all(fm_stream &st, int lane) {
-    fm_stream_release<Q>(st, lane);
-    if constexpr (NCH > 1)
-        fm_stream_release_all<Q + 1, NCH - 1>(st, lane);
-}
 
 // ------------------------------------------------------------------------------------------------ the layers
 
-// A streamed group's k steps over its input fragments a into d (W columns), chunk J of CH columns from slot J (whose
-// rows are that chunk's: columns J CH.. of the group, accumulators d[J CH / 2..]), issued after a is fenced.
-template <int W, int CH, int KS, int J>
-__device__ __forceinline__ void fm_stream_mma(float (&d)[W / 2], fm_u32 (&a)[KS][4], const fm_u32 *slots, fm_u32 sbo,
-                                              bool d_set) {
+// A streamed group's MMAs over its input fragments a into d (W columns) from chunk J on: chunk J (CH columns, the
+// group's columns J CH.., accumulators d[J CH / 2..]) from its slot, waited for, then released (chunk Q of the tile
+// sequence), then the next chunk.
+template <int W, int CH, int KS, int J, int Q>
+__device__ __forceinline__ void fm_stream_group(float (&d)[W / 2], fm_u32 (&a)[KS][4], fm_stream &st, fm_u32 sbo,
+                                                bool d_set, int lane) {
     constexpr int CW = W - J * CH < CH ? W - J * CH : CH;
     float(&dj)[CW / 2] = *reinterpret_cast<float(*)[CW / 2]>(d + J * CH / 2);
-    const unsigned long long desc = fm_desc(slots[J], sbo);
-#pragma unroll
-    for (int s = 0; s < KS; ++s)
-        fm_wgmma<CW>::run(dj, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || d_set ? 1 : 0);
+    fm_mma_issue<CW, KS>(dj, a, fm_desc(fm_stream_acquire(st), sbo), d_set);
+    fm_mma_wait(dj, a);
+    fm_stream_release<Q>(st, lane);
     if constexpr ((J + 1) * CH < W)
-        fm_stream_mma<W, CH, KS, J + 1>(d, a, slots, sbo, d_set);
+        fm_stream_group<W, CH, KS, J + 1, Q + 1>(d, a, st, sbo, d_set, lane);
 }
 
 // Where the last layer's results go. 16-bit y: the warp's output stage, which fm_store_output then copies to y in
@@ -420,19 +414,12 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
     if constexpr (D_SET)
         fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
-    // the group's W weight rows: resident, or streamed through slots (each holding CH of them; all the group's
-    // slots are waited for before its first MMA, since a wait between a group's MMAs serializes them: C7519)
+    // the group's W weight rows: resident, or streamed through slots, each holding CH of them (a norm layer's group
+    // is the whole row and may take several: it runs them one after another, each slot released as soon as its MMAs
+    // are done, so that a warpgroup holds one slot at a time and the other warpgroup is not held back)
     if constexpr (FM_STREAM > 0) {
-        constexpr int CH = fm_chunk_cols<L>(), NCH = (W + CH - 1) / CH;
-        fm_u32 slots[NCH];
-#pragma unroll
-        for (int j = 0; j < NCH; ++j)
-            slots[j] = fm_stream_acquire(st, j);
-        fm_fence_regs(a);
-        fm_wg_fence();
-        fm_stream_mma<W, CH, KS, 0>(d, a, slots, SBO, D_SET);
-        fm_mma_wait(d, a);
-        fm_stream_release_all<fm_group0<L>() + C0 / CH, NCH>(st, lane);
+        fm_stream_group<W, fm_chunk_cols<L>(), KS, 0, fm_group0<L>() + C0 / fm_chunk_cols<L>()>(d, a, st, SBO,
+                                                                                                D_SET, lane);
     } else {
         fm_mma_issue<W, KS>(d, a, fm_desc(w + (C0 / 8) * SBO, SBO), D_SET);
         fm_mma_wait(d, a);
