@@ -719,7 +719,9 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     /* sm_90a: the warpgroup kernel when the network fits it (and no mma.sync tile shape was asked for). Its register-A
      * form first (activations stay in registers between layers), with the most warpgroups per CTA that the register
      * estimate lets share an SM, up to 4; where that form cannot take the network (a 256-wide hidden layer's
-     * fragments, weights over one CTA's shared memory), the shared-memory-A form on a cluster (fm_plan_cluster). */
+     * fragments, weights over one CTA's shared memory, a concat, a norm whose row does not fit), two warpgroups of
+     * the shared-memory-A form on a cluster of 1 or 2 (fm_plan_cluster), else the register-A form with its weights
+     * streamed through shared memory (fm_plan_stream), else the other cluster shapes. */
     const char *unfit = fm_plan_wgmma_unfit(plan, widest);
     int shape_free = !opts->m_tiles && !opts->n_chunk && opts->resident != 0 && opts->warps % 4 == 0;
     int want_wgmma = opts->wgmma > 0 || (opts->wgmma < 0 && shape_free);

@@ -22,7 +22,10 @@ log = logging.getLogger("fusedmlp")
 #: The tuning records' format, part of their key: a change to what the candidates are, or to which of them fit a
 #: network, bumps it, so records chosen among other candidates are measured again. 3: the warpgroup kernel's float32 I/O
 #: buffers shrank (session 14), so tcnn128 with float32 x and y fits 12 warps where 4 were all that fit (and won).
-FORMAT = 3
+#: 4: the streamed register-A form (plan.c, fm_plan_stream) took the 256-wide networks that were on one-warpgroup
+#: clusters, and with them a plain CANDIDATES_WGMMA list and warps=4 meaning that form (records chosen among cluster
+#: candidates are measured again).
+FORMAT = 4
 #: Tile shapes tried, as plan options. The plan picks chunk widths and residency for each.
 CANDIDATES = ({"warps": 8, "m_tiles": 2}, {"warps": 8, "m_tiles": 1}, {"warps": 4, "m_tiles": 2},
               {"warps": 4, "m_tiles": 1})
@@ -38,7 +41,8 @@ CANDIDATES_WGMMA = tuple({"wgmma": 1, "warps": w} for w in (16, 12, 8, 4))
 #: 4 from 2^14 rows on (bench/results/h100/plan_probe_s10.txt): the batch size decides, so the tuner does.
 CANDIDATES_CLUSTER = CANDIDATES_WGMMA + tuple({"wgmma": 1, "cluster": c, "warps": 4} for c in (2, 4))
 #: Added where the default cluster plan has one warpgroup per CTA on clusters of 4 (weights too large for two even
-#: there): the mma.sync kernel's default tile, weights streamed. For 64-256x5-64 (590 KB) it ran 1.6-2x faster than the
+#: there; since the streamed register-A form, only networks that form does not take either, such as residuals from an
+#: earlier layer's output, reach such a plan): the mma.sync kernel's default tile, weights streamed. For 64-256x5-64 (590 KB) it ran 1.6-2x faster than the
 #: cluster plan from 2^18 rows on and 3.4x slower at 2^10 (bench/results/h100/plan_probe_s11.txt). Not for siren256
 #: (two warpgroups per CTA): 2.2-3.8x slower at every batch size, and a fourth compile of its first call; nor for one
 #: warpgroup on clusters of 2 (64-256-256-192, 2-256-256-256: 1.2-3.5x slower, plan_probe_s15.txt).
@@ -185,10 +189,13 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
       of 132 SMs).
     - The warpgroup kernel's register-A form: one warpgroup per CTA below 64 rows per SM (at 1024 and 8192 rows
       0.6-0.86x the default's time; the tuner took two warpgroups at 2^14). Before, these calls got mma.sync's small
-      tile: tcnn64 4.3 -> 3.6 us, flex 6.6 -> 5.2, res128 13.4 -> 8.5 at 1024 rows.
+      tile: tcnn64 4.3 -> 3.6 us, flex 6.6 -> 5.2, res128 13.4 -> 8.5 at 1024 rows. Its streamed form the same
+      (warps=4 plans it with one warpgroup): r256 10.2 us and nerf 22.0 at 1024 rows against PyTorch's CUDA graph
+      17.7 and 48.1 (bench/results/h100-stream/bench.txt).
     - On clusters: one warpgroup per CTA on clusters of 4 below 16 rows per SM (siren256 at 1024 rows 9.8 us, the
       default 12.0, mma.sync's small tile 36.4; at 8192 rows 2.4x the default's time). Where the default cluster plan
-      has one warpgroup per CTA on clusters of 4 (weights too large for two even there), mma.sync's default tile from
+      has one warpgroup per CTA on clusters of 4 (weights too large for two even there: since the streamed form,
+      networks that form does not take either, CANDIDATES_MMA_FALLBACK), mma.sync's default tile from
       64 rows per SM on: 0.47-0.65x the cluster plan's time at 16384 rows for 64-224x5-64 and 64-256x5-64, 1.25-1.56x
       at 4096. Not for one warpgroup on clusters of 2 (plan.c prefers it to two on clusters of 4): 64-256-256-192 and
       2-256-256-256 ran there at 0.61-0.81x mma.sync's time from 2^18 rows on (plan_probe_s15.txt).
