@@ -133,6 +133,13 @@ template <int L> __device__ constexpr int fm_groups_from() {
         return fm_groups<L>() + fm_groups_from<L + 1>();
 }
 constexpr int STREAM_Q = fm_groups_from<0>();  // groups per tile
+// The first group of layer L in a tile's sequence.
+template <int L> __device__ constexpr int fm_group0() {
+    if constexpr (L == 0)
+        return 0;
+    else
+        return fm_group0<L - 1>() + fm_groups<L - 1>();
+}
 struct fm_group_span {
     unsigned long long off;  // bytes from the blob's start
     fm_u32 bytes;
@@ -176,13 +183,11 @@ __device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st) {
     fm_mbar_wait(st.bars + 8 * slot, (st.seq / NSLOT) & 1u);
     return st.slots + slot * SLOT_B;
 }
-// After this warp's MMAs of its current chunk are done: its arrival on the slot's counter and, from the CTA's last
-// warp to arrive, the slot's refill with chunk seq + FM_STREAM (chunk (seq + FM_STREAM) % STREAM_Q of a tile: found
-// at run time, a few compares a chunk, so that a stretch of layers with the same code can run as a loop). Predicated,
-// no branch: a divergent path near the MMAs made ptxas serialize every wgmma of the kernel (its warning C7519; see
-// fm_cl_send).
-__device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
-    const fm_group_span next = fm_group_at<0>((int)((st.seq + FM_STREAM) % STREAM_Q));
+// After this warp's MMAs of group Q (of the tile sequence) are done: its arrival on the slot's counter and, from the
+// CTA's last warp to arrive, the slot's refill with group Q + FM_STREAM. Predicated, no branch: a divergent path near
+// the MMAs made ptxas serialize every wgmma of the kernel (its warning C7519; see fm_cl_send).
+template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
+    constexpr fm_group_span next = fm_group_at<0>((Q + FM_STREAM) % STREAM_Q);
     const fm_u32 slot = st.seq % NSLOT;
     const fm_u32 on = (lane == 0) & (st.seq + FM_STREAM < st.total);
     fm_u32 last;
@@ -200,17 +205,18 @@ __device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
 // ------------------------------------------------------------------------------------------------ the layers
 
 // A streamed group's MMAs over its input fragments a into d (W columns) from chunk J on: chunk J (CH columns, the
-// group's columns J CH.., accumulators d[J CH / 2..]) from its slot, waited for, then released, then the next chunk.
-template <int W, int CH, int KS, int J>
+// group's columns J CH.., accumulators d[J CH / 2..]) from its slot, waited for, then released (chunk Q of the tile
+// sequence), then the next chunk.
+template <int W, int CH, int KS, int J, int Q>
 __device__ __forceinline__ void fm_stream_group(float (&d)[W / 2], fm_u32 (&a)[KS][4], fm_stream &st, fm_u32 sbo,
                                                 bool d_set, int lane) {
     constexpr int CW = W - J * CH < CH ? W - J * CH : CH;
     float(&dj)[CW / 2] = *reinterpret_cast<float(*)[CW / 2]>(d + J * CH / 2);
     fm_mma_issue<CW, KS>(dj, a, fm_desc(fm_stream_acquire(st), sbo), d_set);
     fm_mma_wait(dj, a);
-    fm_stream_release(st, lane);
+    fm_stream_release<Q>(st, lane);
     if constexpr ((J + 1) * CH < W)
-        fm_stream_group<W, CH, KS, J + 1>(d, a, st, sbo, d_set, lane);
+        fm_stream_group<W, CH, KS, J + 1, Q + 1>(d, a, st, sbo, d_set, lane);
 }
 
 // Where the last layer's results go. 16-bit y: the warp's output stage, which fm_store_output then copies to y in
@@ -412,7 +418,8 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
     // is the whole row and may take several: it runs them one after another, each slot released as soon as its MMAs
     // are done, so that a warpgroup holds one slot at a time and the other warpgroup is not held back)
     if constexpr (FM_STREAM > 0) {
-        fm_stream_group<W, fm_chunk_cols<L>(), KS, 0>(d, a, st, SBO, D_SET, lane);
+        fm_stream_group<W, fm_chunk_cols<L>(), KS, 0, fm_group0<L>() + C0 / fm_chunk_cols<L>()>(d, a, st, SBO,
+                                                                                                D_SET, lane);
     } else {
         fm_mma_issue<W, KS>(d, a, fm_desc(w + (C0 / 8) * SBO, SBO), D_SET);
         fm_mma_wait(d, a);
@@ -454,7 +461,9 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u3
 // rows: tcnn64's three 64-wide layers 3% slower looped, pinn50's four 56-wide 2%; tcnn128's three 128-wide even,
 // res128's four 128-wide 0.7% faster, and its compile 1.9 -> 0.5 s).
 template <int L> __device__ constexpr int fm_loop_len() {
-    if constexpr (L >= LAST || FM_PREC >= 3) {  // float8: each layer has its own scales (QOUT) in its code
+    // float8: each layer has its own scales (QOUT) in its code; streamed weights: each group's refill names its
+    // successor's place at compile time (fm_stream_release)
+    if constexpr (L >= LAST || FM_PREC >= 3 || FM_STREAM > 0) {
         return 1;
     } else {
         constexpr int r = L + Layer<L>::REPEAT - 1 < LAST ? Layer<L>::REPEAT : LAST - L;
