@@ -82,7 +82,9 @@ def main():
     t0 = time.perf_counter()
     ds = ray.data.read_parquet(points).map_batches(
         fusedmlp.ray.FusedMLPPredictor, fn_constructor_kwargs=kwargs, batch_size=args.batch_size,
-        compute=ray.data.ActorPoolStrategy(size=actors), zero_copy_batch=True, **resources)
+        # two calls in flight per actor: the next block's fetch overlaps this one's call (docs/scale-out.md)
+        compute=ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2), zero_copy_batch=True,
+        **resources)
     ds.write_parquet(colors)
     seconds = time.perf_counter() - t0
 
