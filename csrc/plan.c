@@ -245,9 +245,10 @@ static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
         return why;
     for (int l = 0; l < p->num_layers; ++l) {
         /* A layer's accumulators, input and output fragments must fit the 255 registers together: a 224- or
-         * 256-wide hidden layer runs on mma.sync. Column groups do not help: ptxas overlaps one group's epilogue
-         * with the next group's MMAs, so all groups' accumulators are live at once (108-372 bytes of spills for
-         * 224-256-wide layers in halves; docs/performance.md). */
+         * 256-wide hidden layer takes another form (a cluster, or streamed weights). Column groups with resident
+         * weights do not help: ptxas overlaps one group's epilogue with the next group's MMAs, so all groups'
+         * accumulators are live at once (108-372 bytes of spills for 224-256-wide layers in halves;
+         * docs/performance.md); the streamed form's wait for each group's slot keeps them apart. */
         if (fm_wgmma_layer_regs(p, l) > 255)
             return "a hidden layer this wide would not fit the wgmma kernel's registers";
         if (p->cat[l] != FM_CAT_NONE)

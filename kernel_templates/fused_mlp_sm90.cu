@@ -15,7 +15,9 @@
 //   another's epilogue (bias, activation, packing) issues, which is what keeps the tensor pipe fed.
 // - Weights (all layers, resident) sit in shared memory in wgmma's K-major no-swizzle layout: 8 rows x 16 bytes core
 //   matrices of 128 contiguous bytes, k fastest (LBO = 128 bytes, SBO = K * EB * 8 bytes); packed so on the host
-//   (plan.c, fm_plan_w_index) and copied flat.
+//   (plan.c, fm_plan_w_index) and copied flat. Where they do not fit, or a layer's accumulators and fragments do not
+//   fit the registers at once, they stream from global memory through slots of shared memory a column group at a
+//   time (FM_STREAM, "streamed weights" below).
 // - Each layer: one wgmma m64nNk16 per 16 inputs (A from registers, fp32 accumulators, N up to 256), then in
 //   registers: bias, activation, the residual y = post(act(.) op r) with r the layer's
 //   own input (the same thread holds the same (row, col) of it), padded columns forced to zero, packed to the next
