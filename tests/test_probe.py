@@ -211,7 +211,7 @@ def test_list_shows_how_a_gpu_cuts_a_network_and_each_segments_kernel():
     cut = probe.segment_table(wide_in, probe.GPUS["h100"])
     assert [line.split(":")[0] for line in cut] == ["layer 0", "layer 1", "layers 2-4"]
     assert "1024 features" in cut[1] and "wgmma GEMM 128x256 tiles" in cut[1]
-    assert "fused (wgmma, weights streamed from L2 through" in cut[2] and "resident 0" in cut[2]
+    assert "fused (wgmma, weights streamed from L2 through" in cut[2] and "streamed (2 slots)" in cut[2]
     rec = probe.segment_table(probe.workload("rec1024"), probe.GPUS["a100"])  # no wgmma on sm_80
     assert len(rec) == 5 and all("mma.sync GEMM" in line for line in rec[:4]) and ": fused" in rec[4]
     assert probe.segment_table(probe.workload("tcnn64"), probe.GPUS["h100"]) is None

@@ -123,8 +123,8 @@ def shape(info, kernel=None):
         text += f", cluster {info['cluster']}"
         if kernel is not None:
             text += f" x{kernel.info['max_clusters']}"
-    return (text + f", resident {info['resident']}, kpipe {info['kpipe']}, {info['blocks_per_sm']} CTA/SM, "
-            f"{info['smem_bytes']} B")
+    weights = f"streamed ({info['stream_slots']} slots)" if info.get("stream_slots") else f"resident {info['resident']}"
+    return (text + f", {weights}, kpipe {info['kpipe']}, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
 
 
 def segment_table(wl, gpu, io="float16", dtype="float16"):
