@@ -397,3 +397,37 @@ def test_benchmark_networks_stream_their_weights_on_the_h100(name, io):
     assert (info["in_dtype"], info["out_dtype"]) == (io, io)
     assert f"#define FM_STREAM {info['stream_slots']} " in source and "__cluster_dims__" not in source
     assert_clean_sm90a(source)
+
+
+def test_streamed_plans_of_random_chains_compile_clean():
+    """The streamed form's default plans (wgmma=1, resident=0: the group width and warps the plan chooses) of random
+    chains up to 256 wide, with own-input residuals, input concats and norms, float16 and bfloat16, compile for
+    sm_90a without spills or serialized wgmma, or where the plan's register estimate (plan.c, STREAM_WIDE_REGS) let
+    128-column groups spill, the 64-column plan that FusedMLP._build then builds does (here one of ten: 3-256-256-256-
+    160-160 gelu with a concat and residuals, 12 bytes at 255 registers)."""
+    from conftest import graph_weights
+    from test_norm import random_norm, spec
+
+    rng = np.random.default_rng(20261125)
+    spilled = 0
+    for i in range(10):
+        depth = int(rng.integers(2, 7))
+        widths = [int(rng.choice([3, 17, 63, 200]))] + [int(rng.choice([64, 160, 224, 256])) for _ in range(depth)]
+        concat = {int(rng.integers(1, depth)): str(rng.choice(["before", "after"]))} if i % 2 else {}
+        residual = {l: "add" for l in range(1, depth) if widths[l] == widths[l + 1] and l not in concat}
+        norm = {l: spec(random_norm(rng, widths[l + 1])) for l in range(depth - 1) if rng.random() < 0.4}
+        ws, bs = graph_weights(rng, widths, concat, 1.0)
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=str(rng.choice(["relu", "silu", "gelu"])), residual=residual or None,
+                                concat=concat or None, norm=norm or None, dtype=("float16", "bfloat16")[i % 2],
+                                device="cpu")
+        plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472, wgmma=1, resident=0)
+        assert plan.info["stream_slots"] >= 2, plan.info
+        try:
+            assert_clean_sm90a(source)
+        except AssertionError as e:
+            assert "spill stores" in str(e) and "NC = 128;" in source, e
+            spilled += 1
+            plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472, wgmma=1, resident=0, n_chunk=64)
+            assert plan.info["stream_slots"] >= 2 and "NC = 128;" not in source, plan.info
+            assert_clean_sm90a(source)
+    assert spilled <= 2
