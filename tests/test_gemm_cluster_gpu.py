@@ -56,13 +56,14 @@ def test_random_wide_graphs_on_clusters():
     assert not failures, failures[:3]
 
 
-@pytest.mark.parametrize("name", NETWORKS)
+@pytest.mark.parametrize("name", [n for n in NETWORKS if n != "nerf"])  # NeRF: one streamed kernel on sm_90, no GEMM
 def test_benchmark_networks_on_clusters_match_float64(rng, name):
-    """nerf, sdf512 (a concat), rec1024, wide512; batches that take the default tile and each small one (gemm_tile)."""
+    """sdf512 (a concat), rec1024, wide512; batches that take the default tile and each small one (gemm_tile)."""
     widths, act, out_act, concat = NETWORKS[name]
     ws, bs = graph_weights(rng, widths, concat, 1.0)
     mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat or None, device="cuda")
-    assert all(c == 2 for c in gemm_clusters(mlp, "float16"))
+    forms = gemm_clusters(mlp, "float16")
+    assert forms and all(c == 2 for c in forms), forms
     for batch, io in [(1, "float32"), (129, "float16"), (1024, "float16"), (2048, "bfloat16"), (4097, "bfloat16"),
                       (65537, "float32"), (300001, "float16")]:
         err, tol, nan, _ = check(mlp, ws, bs, "float16", io, batch, batch)
