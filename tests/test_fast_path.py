@@ -71,19 +71,23 @@ def test_export_says_what_the_fast_path_reads():
     assert path.export(np.zeros(3)) is None  # not an array of a library it knows
 
 
+class Producer:
+    """A DLPack producer that is not a torch tensor (as a JAX array is to fusedmlp): converted by torch.from_dlpack,
+    then the usual paths. tests/test_fast_path_gpu.py takes it too."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
 def test_a_dlpack_producer_on_the_cpu_gets_the_cpu_paths_answer():
     torch = pytest.importorskip("torch")
     import fusedmlp
-
-    class Producer:  # not a torch tensor: converted by torch.from_dlpack, then the usual paths
-        def __init__(self, a):
-            self.a = a
-
-        def __dlpack__(self, **kwargs):
-            return self.a.__dlpack__(**kwargs)
-
-        def __dlpack_device__(self):
-            return self.a.__dlpack_device__()
 
     rng = np.random.default_rng(3)
     w = [rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)]

@@ -13,6 +13,7 @@ from fusedmlp import _dlpack, torch as ft  # noqa: E402
 from fusedmlp.errors import ArgumentError, ShapeError  # noqa: E402
 from conftest import reference, rel_l2  # noqa: E402
 from test_torch_gpu import rel  # noqa: E402 (y against the torch model in float64)
+from test_fast_path import Producer  # noqa: E402 (a DLPack producer that is not a torch tensor)
 
 pytestmark = pytest.mark.gpu
 N_IN, N_OUT = 24, 10
@@ -238,19 +239,6 @@ def test_cupy_arrays_take_the_fast_path(model):
     assert r is out and bool((out == y).all())
     xt = torch.as_tensor(cupy.asnumpy(x), device="cuda")
     assert rel(torch.as_tensor(cupy.asnumpy(y), device="cuda"), model, xt) <= 2e-3
-
-
-class Producer:
-    """A DLPack producer that is not a torch tensor (as a JAX array is to fusedmlp)."""
-
-    def __init__(self, tensor):
-        self.tensor = tensor
-
-    def __dlpack__(self, **kwargs):
-        return self.tensor.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.tensor.__dlpack_device__()
 
 
 def test_other_dlpack_producers_take_the_fast_path_after_the_conversion(model):
