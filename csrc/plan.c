@@ -798,16 +798,15 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     if (want_wgmma && opts->cluster <= 0 && shape_free) {
         if (opts->cluster == 0 && fm_plan_cluster_auto(plan, target, opts, widest, value_pad, 0, 2))
             return FM_OK;
-        fm_plan cand = *plan;
-        fm_error quiet = {0};
-        fm_plan_opts streamed = *opts;
-        streamed.resident = 0;
-        fm_status st_stream = opts->resident < 0 ? fm_plan_stream(&cand, target, &streamed, widest, value_pad, &quiet)
-                                                 : FM_ERR_LIMIT;
-        fm_error_clear(&quiet);
-        if (st_stream == FM_OK) {
-            *plan = cand;
-            return FM_OK;
+        if (opts->resident < 0) { /* (resident=1 asked for: not streamed) */
+            fm_plan cand = *plan;
+            fm_error quiet = {0};
+            fm_status st_stream = fm_plan_stream(&cand, target, opts, widest, value_pad, &quiet);
+            fm_error_clear(&quiet);
+            if (st_stream == FM_OK) {
+                *plan = cand;
+                return FM_OK;
+            }
         }
         if (opts->cluster == 0 && fm_plan_cluster_auto(plan, target, opts, widest, value_pad, 2, 6))
             return FM_OK;

@@ -169,8 +169,8 @@ struct fm_stream {
     const unsigned char *w;
 };
 
-// Fills the slot of group number seq with the weights of group q of the tile sequence (seq % STREAM_Q == q), where
-// `on`: one arrival announcing the bytes, and the copy completing them.
+// Fills the slot of group number seq with the weights at g (those of group seq % STREAM_Q of a tile's sequence),
+// where `on`: one arrival announcing the bytes, and the copy completing them.
 __device__ __forceinline__ void fm_stream_fill(fm_u32 on, const fm_stream &st, fm_u32 seq, fm_group_span g) {
     const fm_u32 slot = seq % NSLOT, bar = st.bars + 8 * slot;
     asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %0, 0;\n"
