@@ -13,7 +13,10 @@
 #include <stdint.h>
 
 #define FM_MAX_LAYERS 64     /* layers per network; a deeper MLP is a spec error */
-#define FM_MAX_FUSED_WIDTH 256 /* widest layer one fused kernel holds on chip (the plan checks shared memory too) */
+#define FM_MAX_FUSED_WIDTH 512 /* widest layer any fused kernel holds (sm_90a's streamed warpgroup form, fm_plan_stream;
+                                  the plan checks registers and shared memory too) */
+#define FM_MAX_ONCHIP_WIDTH 256 /* widest layer of every other fused form: the mma.sync kernel, the warpgroup kernel's
+                                   resident and cluster forms */
 
 /* ------------------------------------------------------------------------------------------------ errors */
 
@@ -254,6 +257,7 @@ typedef struct fm_plan_opts {
                          warpgroup kernel on clusters of that many CTAs, each holding 1/cluster of every hidden layer's
                          weights and computing those columns (fm_plan.cluster) */
     int kpipe;        /* the register-A warpgroup kernel's K-pipelined layers (fm_plan.pipe): 0 auto, -1 off, 1 on */
+    int k_chunk;      /* the streamed warpgroup kernel's K columns per weight slot fill (fm_plan.k_chunk; 0: auto) */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -285,7 +289,17 @@ typedef struct fm_plan {
     int blocks_per_sm;               /* CTAs the plan expects per SM (the kernel's __launch_bounds__ minimum) */
     size_t w_slot_elems;             /* streamed mode: elements per weight slot (mma.sync: two slots) */
     int stream_slots;                /* the warpgroup kernel's streamed form (fm_plan_stream): its weight slots, each
-                                        holding one column group (n_chunk[l] rows) of a layer; 0: resident weights */
+                                        holding one column group (n_chunk[l] rows) of a layer, or one K piece of it
+                                        (k_chunk); 0: resident weights */
+    /* The streamed form's K pieces: a slot holds k_chunk[l] of layer l's k_pad inputs of a column group (0 or k_pad:
+     * the whole row). A group's pieces are contiguous in the blob, each in the core-matrix layout of its own width
+     * (fm_plan_w_index). Networks with a layer wider than 256 only, whose groups would not fit two slots whole. */
+    int k_chunk[FM_MAX_LAYERS];
+    /* The streamed form's wide layers: wide_out[l] = 1 where layer l's output does not stay in registers as the next
+     * layer's A fragments (with its input fragments and accumulators they would not fit: a layer wider than 256 in
+     * or out) but goes, 16 columns at a time, to its warp's wide buffer in shared memory (16 rows x n_pad, 8-column
+     * chunks of 256 bytes), from which the next layer loads its A fragments. The buffer doubles as the output stage. */
+    int wide_out[FM_MAX_LAYERS];
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */
     int arch;                        /* target compute capability */

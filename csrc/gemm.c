@@ -29,7 +29,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return fm_fail(err, FM_ERR_VALUE, "layer %d: the network has layers 0..%d", l, spec->num_layers - 1);
     if (fm_prec_is_8bit(prec))
         return fm_fail(err, FM_ERR_LIMIT, "layer %d: dtype='%s' has no GEMM form yet; an 8-bit network runs as one "
-                       "fused kernel (layers up to %d features)", l, fm_prec_name(prec), FM_MAX_FUSED_WIDTH);
+                       "fused kernel (layers up to %d features)", l, fm_prec_name(prec), FM_MAX_ONCHIP_WIDTH);
     if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && prec != FM_PREC_TF32)
         return fm_fail(err, FM_ERR_VALUE, "precision %d is not float16 (0), bfloat16 (1) or tf32 (2)", (int)prec);
     if (!fm_gemm_valid_dtype((int)a0) || !fm_gemm_valid_dtype((int)out) || (a1 != -1 && !fm_gemm_valid_dtype(a1)) ||
@@ -46,7 +46,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return fm_fail(err, FM_ERR_LIMIT, "layer %d has a %s, whose row statistics need all its %d columns at once; "
                        "the GEMM form computes a row in tiles of columns, so a norm layer runs in a fused kernel (up "
                        "to %d features)", l, fm_norm_name(spec->norm[l]), spec->width[l + 1],
-                       FM_MAX_FUSED_WIDTH);
+                       FM_MAX_ONCHIP_WIDTH);
     if (target->arch < fm_prec_min_arch(prec)) {
         fm_fail(err, FM_ERR_LIMIT, "dtype='%s' needs Tensor Cores of sm_%d or newer; the target is sm_%d",
                 fm_prec_name(prec), fm_prec_min_arch(prec), target->arch);

@@ -28,15 +28,15 @@ static PlanObject *Plan_new(NetworkObject *self, int arch, Py_ssize_t smem, int 
 PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
                              "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", "kpipe",
-                             NULL};
+                             "k_chunk", NULL};
     int arch, sm_count = 0;
     Py_ssize_t smem = 0, smem_sm = 0;
     const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
-    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0};
+    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0, 0};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiiii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
                                      &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm, &prec_s,
-                                     &opts.wgmma, &opts.cluster, &opts.kpipe))
+                                     &opts.wgmma, &opts.cluster, &opts.kpipe, &opts.k_chunk))
         return NULL;
     fm_dtype in_d, out_d;
     fm_prec prec;

@@ -72,6 +72,18 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     if (!plan->wgmma)
         return plan->w_offset[l] + (size_t)n * (size_t)fm_plan_w_stride(plan, l) + (size_t)k;
     const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */
+    if (plan->stream_slots && plan->k_chunk[l] > 0 && plan->k_chunk[l] < plan->k_pad[l]) {
+        /* K pieces (fm_plan.k_chunk): column group n / n_chunk at its first row's place, its pieces one after
+         * another, piece k / k_chunk a core-matrix block of the group's width and the piece's */
+        const int nc = plan->n_chunk[l], kc = plan->k_chunk[l], c0 = n / nc * nc, p0 = k / kc * kc;
+        const int w = plan->n_pad[l] - c0 < nc ? plan->n_pad[l] - c0 : nc;
+        const int kw = plan->k_pad[l] - p0 < kc ? plan->k_pad[l] - p0 : kc;
+        const size_t base = plan->w_offset[l] + (size_t)c0 * (size_t)plan->k_pad[l] + (size_t)w * (size_t)p0;
+        n -= c0;
+        k -= p0;
+        const size_t core = (size_t)(n / 8) * (size_t)(kw / per16) + (size_t)(k / per16);
+        return base + core * (size_t)(8 * per16) + (size_t)(n % 8) * (size_t)per16 + (size_t)(k % per16);
+    }
     const size_t chunks = (size_t)(plan->k_pad[l] / per16);
     size_t base = plan->w_offset[l];
     if (plan->cluster) { /* CTA n / n_chunk's share of the layer's rows (a last layer not split: all in CTA 0's) */
@@ -96,7 +108,7 @@ static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
     /* The streamed form's groups are apart: a wait for each group's slot sits between one group's epilogue and the
      * next group's MMAs, which ptxas does not move MMAs across, so one group's accumulators are live at a time. */
     int acc = p->stream_slots ? p->n_chunk[l] / 2 : p->n_pad[l] / 2;
-    int out = l == p->num_layers - 1 ? 0 : p->n_pad[l] / 4;
+    int out = l == p->num_layers - 1 || p->wide_out[l] ? 0 : p->n_pad[l] / 4; /* wide_out: to shared memory */
     int regs = acc + p->k_pad[l] / 4 + out + 40;
     /* A streamed norm layer (one group, the whole row) without a residual: its input fragments are dead once its
      * MMAs are done, before its output fragments are written, so they take the same registers. */
@@ -227,20 +239,22 @@ static size_t fm_plan_layout(fm_plan *p, const fm_target *t, int warps, int m_ti
  * operands only from the layer's own input. Weights stay resident; fp16/bf16 (a tf32 accumulator does not map onto
  * the next layer's A fragment). */
 /* What both forms of the warpgroup kernel need: sm_90a, 16-bit operands, one wgmma's N (256) per layer. */
-static const char *fm_plan_warpgroup_unfit(const fm_plan *p, int widest) {
+static const char *fm_plan_warpgroup_unfit(const fm_plan *p, int widest, int most) {
     if (p->arch != 90)
         return "wgmma needs sm_90 (sm_90a)";
     if (p->prec == FM_PREC_TF32)
         return "the wgmma kernel takes float16 or bfloat16";
     if (p->prec == FM_PREC_INT8) /* s32 accumulators; only e4m3 has a register-A wgmma form here (docs/design.md) */
         return "int8 runs on the mma.sync kernel (the wgmma kernel's 8-bit form is float8's)";
-    if (widest > 256)
-        return "the wgmma kernel takes layers up to 256 wide";
+    if (widest > most)
+        return most > FM_MAX_ONCHIP_WIDTH ? "the streamed wgmma kernel takes layers up to 512 wide"
+                                          : "the wgmma kernel takes layers up to 256 wide with resident weights or "
+                                            "clusters";
     return NULL;
 }
 
 static const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
-    const char *why = fm_plan_warpgroup_unfit(p, widest);
+    const char *why = fm_plan_warpgroup_unfit(p, widest, FM_MAX_ONCHIP_WIDTH);
     if (why != NULL)
         return why;
     for (int l = 0; l < p->num_layers; ++l) {
@@ -263,6 +277,14 @@ size_t fm_plan_wgmma_stage_bytes(const fm_plan *p) {
     return p->out_dtype == FM_F32 ? 0 : 16 * (size_t)fm_stage_row_bytes(p);
 }
 
+/* A warp's wide buffer (fm_plan.wide_out): 16 rows of the widest output kept there; 0 where no layer's is. */
+static size_t fm_plan_wide_bytes(const fm_plan *p) {
+    int widest = 0;
+    for (int l = 0; l < p->num_layers; ++l)
+        widest = p->wide_out[l] && p->n_pad[l] > widest ? p->n_pad[l] : widest;
+    return 16 * (size_t)widest * (size_t)p->elem_bytes;
+}
+
 size_t fm_plan_wgmma_raw_bytes(const fm_plan *p) {
     int verbatim = (p->in_dtype == FM_F16 && p->prec == FM_PREC_F16) ||
                    (p->in_dtype == FM_BF16 && p->prec == FM_PREC_BF16);
@@ -283,7 +305,7 @@ static void fm_plan_wgmma_chunks(fm_plan *p, int forced) {
  * one shared buffer per warpgroup, overwritten layer by layer, so like the register-A kernel it has no input concat
  * and takes residual operands only from a layer's own input (read from the columns the output then overwrites). */
 static const char *fm_plan_cluster_unfit(const fm_plan *p, int widest) {
-    const char *why = fm_plan_warpgroup_unfit(p, widest);
+    const char *why = fm_plan_warpgroup_unfit(p, widest, FM_MAX_ONCHIP_WIDTH);
     if (why != NULL)
         return why;
     if (fm_prec_is_8bit(p->prec))
@@ -386,7 +408,8 @@ static size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, co
      * buffer for x unless x's rows are copied in verbatim. */
     int in_only = value_pad[0];
     p->act_stride = fm_act_stride(p, &in_only, 1, 0);
-    size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + fm_plan_wgmma_stage_bytes(p) +
+    size_t stage = fm_plan_wgmma_stage_bytes(p), wide = fm_plan_wide_bytes(p); /* one buffer serves both */
+    size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + (stage > wide ? stage : wide) +
                         fm_plan_wgmma_raw_bytes(p);
     size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems
                                               : p->stream_slots ? (size_t)p->stream_slots * p->w_slot_elems
@@ -513,12 +536,15 @@ static int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_op
  * kernel keeps in registers from layer 0 on. A norm layer is one group (its statistics need the whole row), its
  * weights read from several slots. */
 static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
-    const char *why = fm_plan_warpgroup_unfit(p, widest);
+    const char *why = fm_plan_warpgroup_unfit(p, widest, FM_MAX_FUSED_WIDTH);
     if (why != NULL)
         return why;
     if (fm_prec_is_8bit(p->prec))
         return "the streamed warpgroup kernel takes float16 or bfloat16";
     for (int l = 0; l < p->num_layers; ++l) {
+        if (p->norm[l] != FM_NORM_NONE && p->n_pad[l] > FM_MAX_ONCHIP_WIDTH)
+            return "a norm layer's row (its statistics need all its accumulators at once) holds at most 256 features "
+                   "in the streamed warpgroup kernel";
         if (p->cat[l] != FM_CAT_NONE && p->res_op[l] != FM_RES_NONE)
             return "the streamed warpgroup kernel takes no residual on a layer with an input concat";
         if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
@@ -535,23 +561,41 @@ enum { STREAM_NC = 128, STREAM_MAX_SLOTS = 8 };
  * deep256's estimated 232, and for NeRF's 248 (x's fragments kept for its concat) 254 with 48 bytes of spills and
  * serialized wgmma; its 64-wide groups took 218. */
 enum { STREAM_WIDE_REGS = 240 };
-
+/* The largest K piece of a network with a layer wider than 256 (fm_plan.k_chunk): a 128-column group of a 512-wide
+ * input is 128 KB whole; in 32 KB pieces two slots fit beside the warps' 16 KB wide buffers. On the H100 (2^21 rows)
+ * wide512 ran 8.66 ms so against 9.99 in four slots of 16 KB (bench/results/h100-wide-stream/); 16 KB pieces are the
+ * fallback where 32 KB ones do not fit (a float32 x's landing buffers). */
+enum { STREAM_PIECE_B = 32768 };
 /* The register-A warpgroup kernel with streamed weights (fused_mlp_sm90.cu, FM_STREAM): every layer in column groups
  * of n_chunk (opts->n_chunk, else STREAM_NC) columns whose weights pass through slots of shared memory, each slot
  * one group (the largest group's bytes), as many slots as fit beside the per-warp buffers (up to
  * STREAM_MAX_SLOTS), and two warpgroups per CTA (opts->warps may say otherwise). */
 /* fm_plan_stream's plan at a given warp count (the layout, groups and slots; the rest of *p set). */
 static fm_status fm_plan_stream_at(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int warps,
-                                   const int *value_pad, fm_error *err) {
+                                   size_t piece, const int *value_pad, fm_error *err) {
     /* The widest groups whose registers and two slots fit (STREAM_NC, else half of it): wider groups mean fewer,
      * longer MMA runs and fewer waits per layer. */
     size_t slot = 0;
+    /* Layers wider than 256 in or out keep their output in the warp's wide buffer, not in registers, and their
+     * groups' weights arrive in K pieces (fm_plan.wide_out, k_chunk). */
+    int wide = p->k0_pad[0] > FM_MAX_ONCHIP_WIDTH; /* a value (x, a layer's output) wider than 256 */
+    for (int l = 0; l < p->num_layers; ++l)
+        wide |= p->n_pad[l] > FM_MAX_ONCHIP_WIDTH;
+    for (int l = 0; l < p->num_layers; ++l) /* (a concat of narrower values stays in registers, as before) */
+        p->wide_out[l] = wide && l + 1 < p->num_layers && (p->k_pad[l] > FM_MAX_ONCHIP_WIDTH ||
+                                                           p->n_pad[l] > FM_MAX_ONCHIP_WIDTH);
     for (int nc = opts->n_chunk > 0 ? fm_round_up(opts->n_chunk, 16) : STREAM_NC;; nc /= 2) {
         slot = 0;
         for (int l = 0; l < p->num_layers; ++l) { /* a norm layer: one group, read from slots of nc columns */
-            int chunk = p->n_pad[l] < nc ? p->n_pad[l] : nc;
+            int chunk = p->n_pad[l] < nc ? p->n_pad[l] : nc, kc = p->k_pad[l];
             p->n_chunk[l] = p->norm[l] != FM_NORM_NONE ? p->n_pad[l] : chunk;
-            size_t bytes = (size_t)chunk * (size_t)p->k_pad[l] * (size_t)p->elem_bytes;
+            if (p->norm[l] == FM_NORM_NONE && (opts->k_chunk > 0 || wide)) { /* a norm layer's pieces: whole rows */
+                int fit = opts->k_chunk > 0 ? fm_round_up(opts->k_chunk, 16)
+                                            : (int)piece / (chunk * p->elem_bytes) / 16 * 16;
+                kc = fit < kc ? fit : kc;
+            }
+            p->k_chunk[l] = kc;
+            size_t bytes = (size_t)chunk * (size_t)kc * (size_t)p->elem_bytes;
             slot = bytes > slot ? bytes : slot;
         }
         p->stream_slots = 2;
@@ -566,7 +610,16 @@ static fm_status fm_plan_stream_at(fm_plan *p, const fm_target *t, const fm_plan
         return fm_fail(err, FM_ERR_LIMIT, "the streamed warpgroup kernel's two weight slots of %zu bytes and %d warps' "
                        "buffers take %zu bytes of shared memory; a block may use %zu on sm_%d", slot, warps,
                        p->smem_bytes, t->smem_per_block, t->arch);
-    int regs = fm_plan_wgmma_regs(p);
+    int regs = fm_plan_wgmma_regs(p), worst = 0; /* (capped at 255; the layers' own estimates are not) */
+    for (int l = 1; l < p->num_layers; ++l)
+        worst = fm_wgmma_layer_regs(p, l) > fm_wgmma_layer_regs(p, worst) ? l : worst;
+    if (wide && fm_wgmma_layer_regs(p, worst) > 255) { /* a wide concat layer: x's fragments and its own input
+                                                          * (narrower networks: the estimate's 255 cap, as before) */
+        regs = fm_wgmma_layer_regs(p, worst);
+        return fm_fail(err, FM_ERR_LIMIT, "layer %d's input fragments (%d features%s) and accumulators need about %d "
+                       "registers per thread in the streamed warpgroup kernel, over the 255 a thread has", worst,
+                       p->k_real[worst], p->cat[worst] != FM_CAT_NONE ? ", the input concat included" : "", regs);
+    }
     if (65536 / (warps * 32) < regs) {
         fm_fail(err, FM_ERR_LIMIT, "warps=%d leaves %d registers per thread; the streamed warpgroup kernel of this "
                 "network needs about %d", warps, 65536 / (warps * 32), regs);
@@ -603,18 +656,35 @@ static fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_op
     p->kpipe = 0;
     memset(p->pipe, 0, sizeof p->pipe);
     /* Two warpgroups, else one (an SM then has one warpgroup: its epilogues leave the tensor pipe idle, so it is the
-     * fallback for buffers too large for two, such as a wide float32 x's landing buffers). */
-    if (opts->warps)
-        return fm_plan_stream_at(p, t, opts, opts->warps, value_pad, err);
-    fm_plan two = *p;
-    fm_error quiet = {0};
-    fm_status st = fm_plan_stream_at(&two, t, opts, 8, value_pad, &quiet);
-    fm_error_clear(&quiet);
-    if (st == FM_OK) {
-        *p = two;
-        return FM_OK;
+     * fallback for buffers too large for two, such as a wide float32 x's landing buffers); a wide network's K pieces
+     * of STREAM_PIECE_B, else half that, before fewer warps (unmeasured: one warpgroup leaves the tensor pipe idle
+     * through every epilogue, smaller pieces add a slot wait per 8 k steps). */
+    static const int shapes[][2] = {{8, 2}, {8, 1}, {4, 2}, {4, 1}}; /* warps, piece in STREAM_PIECE_B / 2 */
+    fm_plan first = *p;
+    fm_status st = FM_ERR_LIMIT;
+    for (int i = 0; i < 4; ++i) {
+        int warps = shapes[i][0];
+        size_t piece = (size_t)shapes[i][1] * (STREAM_PIECE_B / 2);
+        if ((opts->warps && opts->warps != warps) || (shapes[i][1] == 1 && opts->k_chunk > 0))
+            continue;
+        fm_plan cand = first;
+        fm_error quiet = {0};
+        st = fm_plan_stream_at(&cand, t, opts, warps, piece, value_pad, &quiet);
+        if (st == FM_OK) {
+            fm_error_clear(&quiet);
+            *p = cand;
+            return FM_OK;
+        }
+        if (err != NULL) { /* the last shape's reason */
+            fm_error_clear(err);
+            *err = quiet;
+        } else {
+            fm_error_clear(&quiet);
+        }
     }
-    return fm_plan_stream_at(p, t, opts, 4, value_pad, err);
+    if (opts->warps && opts->warps != 4 && opts->warps != 8) /* another forced warp count: its own reason */
+        return fm_plan_stream_at(p, t, opts, opts->warps, STREAM_PIECE_B, value_pad, err);
+    return st;
 }
 
 /* Whether a candidate's residency counts first in fm_plan_better. An 8-bit plan's weights are half as large, so
@@ -661,7 +731,7 @@ static fm_status fm_plan_check_prec(const fm_spec *spec, const fm_target *target
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
-    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0};
+    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0};
     if (opts == NULL)
         opts = &none;
     memset(plan, 0, sizeof *plan);
@@ -689,13 +759,11 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     for (int v = 0; v <= spec->num_layers; ++v) {
         int w = spec->width[v];
         if (w > FM_MAX_FUSED_WIDTH) {
-            if (v == 0)
-                fm_fail(err, FM_ERR_LIMIT, "layer 0 has %d input features; the fused kernel holds at most %d "
-                        "features per layer", w, FM_MAX_FUSED_WIDTH);
-            else
-                fm_fail(err, FM_ERR_LIMIT, "layer %d has %d output features; the fused kernel holds at most %d "
-                        "features per layer", v - 1, w, FM_MAX_FUSED_WIDTH);
-            fm_error_hint(err, "split the layer or use device='cpu'; wider layers are a planned feature");
+            fm_fail(err, FM_ERR_LIMIT, "layer %d has %d %s features; the fused kernels hold at most %d features per "
+                    "layer (sm_90a's streamed warpgroup kernel; %d elsewhere)", v == 0 ? 0 : v - 1, w,
+                    v == 0 ? "input" : "output", FM_MAX_FUSED_WIDTH, FM_MAX_ONCHIP_WIDTH);
+            fm_error_hint(err, "a network with wider layers runs cut into segments, its wide layers as GEMMs "
+                          "(evaluate_fused_mlp, FusedMLP); or use device='cpu'");
             return FM_ERR_LIMIT;
         }
         widest = w > widest ? w : widest;
@@ -819,6 +887,19 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                     "do not fit in the %zu bytes of shared memory a block may use on sm_%d, in one CTA or split "
                     "over a cluster", plan->w_elems * (size_t)plan->elem_bytes, target->smem_per_block,
                     target->arch);
+        return FM_ERR_LIMIT;
+    }
+    if (widest > FM_MAX_ONCHIP_WIDTH) { /* the streamed warpgroup kernel did not take it: name the widest layer */
+        int v = 0;
+        while (spec->width[v] != widest)
+            ++v;
+        fm_fail(err, FM_ERR_LIMIT, "layer %d has %d %s features; the fused kernels hold at most %d features per layer, "
+                "but for sm_90a's streamed warpgroup kernel (up to %d, float16 or bfloat16, where its registers and "
+                "shared memory allow: %s)", v == 0 ? 0 : v - 1, widest,
+                v == 0 ? "input" : "output", FM_MAX_ONCHIP_WIDTH, FM_MAX_FUSED_WIDTH,
+                target->arch != 90 ? "the target is not sm_90" : "not this network");
+        fm_error_hint(err, "on other GPUs a network with wider layers runs cut into segments (evaluate_fused_mlp, "
+                      "FusedMLP), its wide layers as GEMMs; or use device='cpu'");
         return FM_ERR_LIMIT;
     }
     fm_plan_blobs(plan);

@@ -114,6 +114,8 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
             fm_str_append(&pair, "    static constexpr int PAIR = 0;\n");
         fm_str_printf(out,
                       "    static constexpr int K = %d, K0 = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
+                      "    static constexpr int KC = %d;  // K columns per weight slot fill (streamed weights)\n"
+                      "    static constexpr bool WIDE = %s;  // output to the warp's wide buffer, not registers\n"
                       "    static constexpr int CAT = %d;  // x joins the input: 0 no, 1 after h, 2 before h\n"
                       "    static constexpr bool BIAS = %s;\n"
                       "    static constexpr bool PIPE = %s;  // its epilogue under the next layer's MMAs (plan.c)\n"
@@ -127,7 +129,8 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static constexpr bool FAR = %s;  // act_t: act without sin/cos's far branch (render.c)\n"
                       "    static __device__ __forceinline__ float act_t(float x, bool &far) { (void)far; return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n",
-                      p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l], p->cat[l],
+                      p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
+                      p->k_chunk[l] > 0 ? p->k_chunk[l] : p->k_pad[l], p->wide_out[l] ? "true" : "false", p->cat[l],
                       p->has_bias[l] ? "true" : "false", p->pipe[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l],
                       p->out_buf[l], spec->res_op[l],
                       p->res_buf[l], spec->norm[l], spec->norm[l] ? spec->norm_eps[l] : 0.0,
@@ -234,7 +237,8 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
          * fm_chunk_cols) */
         int l = g / 4, nc = p->n_chunk[l];
         if (g % 4 >= 2) {
-            int fit = p->stream_slots ? (int)(p->w_slot_elems / (size_t)p->k_pad[l]) / 16 * 16 : 0;
+            int kc = p->k_chunk[l] > 0 ? p->k_chunk[l] : p->k_pad[l];
+            int fit = p->stream_slots ? (int)(p->w_slot_elems / (size_t)kc) / 16 * 16 : 0;
             nc = fit > 0 && fit < nc ? fit : 0;
         }
         if (g % 2 == 1)
@@ -349,9 +353,16 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(c, "; sm_%d%s; %s %s; %d warps x %d rows, %d CTAs/SM; %s weights", p->arch, p->wgmma ? "a" : "",
                   fm_prec_name(p->prec), p->wgmma ? "wgmma" : "mma.sync", p->warps, p->m_tiles * 16,
                   p->blocks_per_sm, p->resident ? "resident" : "streamed");
-    if (p->stream_slots)
-        fm_str_printf(c, " (%d slots of %zu B, one layer's column group each)", p->stream_slots,
-                      p->w_slot_elems * (size_t)p->elem_bytes);
+    if (p->stream_slots) {
+        int pieces = 0, wide = 0;
+        for (int l = 0; l < p->num_layers; ++l) {
+            pieces |= p->k_chunk[l] > 0 && p->k_chunk[l] < p->k_pad[l];
+            wide |= p->wide_out[l];
+        }
+        fm_str_printf(c, " (%d slots of %zu B, one layer's column group%s each)%s", p->stream_slots,
+                      p->w_slot_elems * (size_t)p->elem_bytes, pieces ? " or K piece of one" : "",
+                      wide ? ", wide layers' outputs in shared memory" : "");
+    }
     if (p->cluster)
         fm_str_printf(c, " (1/%d per CTA of a cluster of %d), activations in shared memory", p->cluster, p->cluster);
     if (p->kpipe)

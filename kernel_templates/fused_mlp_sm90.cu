@@ -69,14 +69,15 @@ __device__ __forceinline__ void fm_d_init(float (&d)[W / 2], int c0, int t, cons
 
 // A layer's k steps over its input fragments a into d (W columns from descriptor desc), issued after a's registers are
 // fenced; D_SET: d holds this thread's starting values (the bias, or zeros), else the first step's scale-d is 0.
-template <int W, int KS>
+// S0, SN: only k steps S0 .. S0 + SN - 1, their weights at desc (a streamed K piece).
+template <int W, int KS, int S0 = 0, int SN = KS>
 __device__ __forceinline__ void fm_mma_issue(float (&d)[W / 2], fm_u32 (&a)[KS][4], unsigned long long desc,
                                              bool d_set) {
     fm_fence_regs(a);
     fm_wg_fence();
 #pragma unroll
-    for (int s = 0; s < KS; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
-        fm_wgmma<W>::run(d, a[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || d_set ? 1 : 0);
+    for (int s = 0; s < SN; ++s)  // k step s: two core matrices (32 bytes of k) further along each row group
+        fm_wgmma<W>::run(d, a[S0 + s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || d_set ? 1 : 0);
 }
 // Commits the issued k steps and waits for them, d and a pinned around the wait.
 template <int ND, int KS> __device__ __forceinline__ void fm_mma_wait(float (&d)[ND], fm_u32 (&a)[KS][4]) {
@@ -85,6 +86,14 @@ template <int ND, int KS> __device__ __forceinline__ void fm_mma_wait(float (&d)
     fm_wg_wait();
     fm_fence_regs(d);
     fm_fence_regs(a);
+}
+
+// Four 8x8 matrices of 16-bit values to shared memory, one row address per lane (the inverse of ldmatrix.x4): an A
+// fragment's registers in its order.
+__device__ __forceinline__ void fm_stmatrix_x4(fm_u32 addr, const fm_u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 
 // ------------------------------------------------------------------------------------------------ clusters, mbarriers
@@ -113,20 +122,28 @@ constexpr int STREAM_BAR_B = FM_STREAM ? (12 * FM_STREAM + 15) / 16 * 16 : 0;
 
 // Layer L's columns per slot: its column group (Layer<L>::NC), or for a norm layer, whose group is the whole row
 // (fm_norm_tiles needs all its accumulators), as many columns as a slot holds: such a group's MMAs read several slots.
+// A slot holds Layer<L>::KC of the K inputs of those columns: a layer wider than 256 has its groups' weights arrive in
+// K pieces (plan.c, fm_plan.k_chunk), one after another into the same accumulators.
 template <int L> __device__ constexpr int fm_chunk_cols() {
     typedef Layer<L> Ly;
+    static_assert(Ly::KC == Ly::K || (FM_STREAM > 0 && Ly::NORM == 0 && Ly::KC % KE == 0),
+                  "K pieces: streamed weights, not a norm layer, whole k steps");
+    static_assert(!Ly::WIDE || FM_STREAM > 0, "wide layers: streamed weights");
     if constexpr (FM_STREAM == 0) {
         return Ly::NC;
     } else {
-        constexpr int fit = SLOT_B / (Ly::K * EB) / 16 * 16;
+        constexpr int fit = SLOT_B / (Ly::KC * EB) / 16 * 16;
         static_assert(fit >= 16 && (fit >= Ly::NC || Ly::NC == Ly::N), "a slot holds a group, or a norm layer's "
                                                                         "16-column pieces");
         return fit < Ly::NC ? fit : Ly::NC;
     }
 }
-// Layer L's slot fills ("chunks": its column groups, or a norm layer's pieces), and those of layers L.. together.
+// Layer L's K pieces per chunk of columns.
+template <int L> __device__ constexpr int fm_kpieces() { return (Layer<L>::K + Layer<L>::KC - 1) / Layer<L>::KC; }
+// Layer L's slot fills ("chunks": its column groups, or a norm layer's pieces, each in K pieces), and those of layers
+// L.. together.
 template <int L> __device__ constexpr int fm_groups() {
-    return (Layer<L>::N + fm_chunk_cols<L>() - 1) / fm_chunk_cols<L>();
+    return (Layer<L>::N + fm_chunk_cols<L>() - 1) / fm_chunk_cols<L>() * fm_kpieces<L>();
 }
 template <int L> __device__ constexpr int fm_groups_from() {
     if constexpr (L > LAST)
@@ -154,10 +171,14 @@ template <int L> __device__ constexpr fm_group_span fm_group_at(int q) {
         typedef Layer<L> Ly;
         if (q >= fm_groups<L>())
             return fm_group_at<L + 1>(q - fm_groups<L>());
-        constexpr int CH = fm_chunk_cols<L>();
-        const int c0 = q * CH, w = Ly::N - c0 < CH ? Ly::N - c0 : CH;
-        return {(unsigned long long)EB * ((unsigned long long)Ly::W_OFF + (unsigned long long)c0 * Ly::K),
-                (fm_u32)(EB * w * Ly::K)};
+        constexpr int CH = fm_chunk_cols<L>(), KP = fm_kpieces<L>();
+        // chunk q / KP of columns (w of them from c0), its piece q % KP (kw inputs from k0): the chunk's w rows in
+        // the blob from row c0 on, its pieces one after another (plan.c, fm_plan_w_index)
+        const int c0 = q / KP * CH, w = Ly::N - c0 < CH ? Ly::N - c0 : CH;
+        const int k0 = q % KP * Ly::KC, kw = Ly::K - k0 < Ly::KC ? Ly::K - k0 : Ly::KC;
+        return {(unsigned long long)EB * ((unsigned long long)Ly::W_OFF + (unsigned long long)c0 * Ly::K +
+                                          (unsigned long long)w * k0),
+                (fm_u32)(EB * w * kw)};
     }
 }
 
@@ -206,19 +227,23 @@ template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st
 
 // ------------------------------------------------------------------------------------------------ the layers
 
-// A streamed group's MMAs over its input fragments a into d (W columns) from chunk J on: chunk J (CH columns, the
-// group's columns J CH.., accumulators d[J CH / 2..]) from its slot, waited for, then released (chunk Q of the tile
-// sequence), then the next chunk.
-template <int W, int CH, int KS, int J, int Q>
-__device__ __forceinline__ void fm_stream_group(float (&d)[W / 2], fm_u32 (&a)[KS][4], fm_stream &st, fm_u32 sbo,
-                                                bool d_set, int lane) {
+// A streamed group's MMAs over its input fragments a into d (W columns) from chunk J's K piece P on: chunk J (CH
+// columns, the group's columns J CH.., accumulators d[J CH / 2..]), k steps P KP.. (KP per piece) from its slot,
+// waited for, then released (fill Q of the tile sequence), then the chunk's next piece, then the next chunk.
+template <int W, int CH, int KS, int KP, int J, int P, int Q>
+__device__ __forceinline__ void fm_stream_group(float (&d)[W / 2], fm_u32 (&a)[KS][4], fm_stream &st, bool d_set,
+                                                int lane) {
     constexpr int CW = W - J * CH < CH ? W - J * CH : CH;
+    constexpr int S0 = P * KP, SN = KS - S0 < KP ? KS - S0 : KP;  // this piece's k steps
+    constexpr fm_u32 SBO = SN * 32 * 8;                            // its rows of SN k steps, 8 rows per core matrix
     float(&dj)[CW / 2] = *reinterpret_cast<float(*)[CW / 2]>(d + J * CH / 2);
-    fm_mma_issue<CW, KS>(dj, a, fm_desc(fm_stream_acquire(st), sbo), d_set);
+    fm_mma_issue<CW, KS, S0, SN>(dj, a, fm_desc(fm_stream_acquire(st), SBO), d_set || P > 0);
     fm_mma_wait(dj, a);
     fm_stream_release<Q>(st, lane);
-    if constexpr ((J + 1) * CH < W)
-        fm_stream_group<W, CH, KS, J + 1, Q + 1>(d, a, st, sbo, d_set, lane);
+    if constexpr (S0 + SN < KS)
+        fm_stream_group<W, CH, KS, KP, J, P + 1, Q + 1>(d, a, st, d_set, lane);
+    else if constexpr ((J + 1) * CH < W)
+        fm_stream_group<W, CH, KS, KP, J + 1, 0, Q + 1>(d, a, st, d_set, lane);
 }
 
 // Where the last layer's results go. 16-bit y: the warp's output stage, which fm_store_output then copies to y in
@@ -237,7 +262,23 @@ struct fm_out {
     out_t *y;        // direct: y
     long long row;   // direct: this lane's row g of the warp's strip
     int rows;        // direct: the strip's rows from row g on that are in y (<= 0: none)
+    fm_u32 wide;     // this lane's ldmatrix / stmatrix row address in chunk 0 of the warp's wide buffer (below)
 };
+
+// The warp's wide buffer (streamed weights, plan.c: fm_plan.wide_out): where a layer wider than 256 in or out puts its
+// 16 rows of output, 16 columns at a time (one stmatrix of the A fragment the epilogue packed), for the next layer to
+// load as its A fragments (fm_wide_reload): with that layer's input fragments and accumulators they would not fit the
+// registers (a 512 -> 512 layer: 128 + 128 + 64). 8-column chunk c at 256 c, row r at 16 r in it: each 8-lane phase
+// of an ldmatrix / stmatrix touches 128 contiguous bytes. It shares its bytes with the output stage: the last layer's
+// input is in registers before its epilogue writes the stage.
+template <int L> __device__ constexpr int fm_wide_n() {
+    if constexpr (L >= LAST)
+        return 0;
+    else
+        return Layer<L>::WIDE && Layer<L>::N > fm_wide_n<L + 1>() ? Layer<L>::N : fm_wide_n<L + 1>();
+}
+constexpr int WIDE_B = 16 * fm_wide_n<0>() * EB;
+enum : fm_u32 { WIDE_STEP = 2 * 16 * 16 };  // bytes from one 16-column group (two chunks) to the next
 
 // The last layer's result at (row g + 8 hh, cols col, col + 1) of this warp's strip, from the accumulators v0, v1
 // (and the residual operand r0, r1), into the warp's output stage at column scol (zeros where the tile is padding:
@@ -291,12 +332,11 @@ __device__ __forceinline__ void fm_res_codes(const fm_u32 (&a)[KF][4], int j, in
 
 // The epilogue of layer L's 8-column tile J for this lane (v: its accumulators, (row g, cols 8 J + 2 t, + 1) at v[0],
 // v[1] and row g + 8's at v[2], v[3]): the bias where it is not in the accumulators (ADD_BIAS), activation, the
-// residual (a: the layer's input fragments), into h, the next layer's A fragments (fragment J / 2, half J % 2), or for
-// the last layer into the output stage.
+// residual (a: the layer's input fragments), into hq, the next layer's A fragment J / 2 (its half J % 2), or for the
+// last layer into the output stage.
 template <int L, bool ADD_BIAS>
 __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 (&a)[Layer<L>::K / KE][4],
-                                            fm_u32 (&h)[Layer<L>::N / KE][4], const float *bias, const fm_out &stage,
-                                            int t) {
+                                            fm_u32 (&hq)[4], const float *bias, const fm_out &stage, int t) {
     typedef Layer<L> Ly;
     const int col = 8 * J + 2 * t;  // this lane's columns col, col + 1 in rows g and g + 8
     float b0 = 0.0f, b1 = 0.0f;
@@ -322,7 +362,7 @@ __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 
         if constexpr (L == LAST)
             fm_stage_pair<L>(stage, hh, col, col, live, v0, v1, r0, r1);
         else
-            h[J / 2][(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
+            hq[(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
     }
 }
 
@@ -420,8 +460,9 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
     // is the whole row and may take several: it runs them one after another, each slot released as soon as its MMAs
     // are done, so that a warpgroup holds one slot at a time and the other warpgroup is not held back)
     if constexpr (FM_STREAM > 0) {
-        fm_stream_group<W, fm_chunk_cols<L>(), KS, 0, fm_group0<L>() + C0 / fm_chunk_cols<L>()>(d, a, st, SBO,
-                                                                                                D_SET, lane);
+        constexpr int CH = fm_chunk_cols<L>();
+        fm_stream_group<W, CH, KS, Ly::KC / KE, 0, 0, fm_group0<L>() + C0 / CH * fm_kpieces<L>()>(d, a, st, D_SET,
+                                                                                                  lane);
     } else {
         fm_mma_issue<W, KS>(d, a, fm_desc(w + (C0 / 8) * SBO, SBO), D_SET);
         fm_mma_wait(d, a);
@@ -438,10 +479,19 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
         fm_epi_codes<L>(d, a, h, lane);
     } else
 #endif
-    {
+    if constexpr (Ly::WIDE && L != LAST) {  // 16 columns at a time into the warp's wide buffer (fm_wide_reload)
+#pragma unroll
+        for (int p = 0; p < W / 16; ++p) {
+            fm_u32 hq[4];
+            fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 8 * p, C0 / 8 + 2 * p, a, hq, bias, stage, t);
+            fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 8 * p + 4, C0 / 8 + 2 * p + 1, a, hq, bias, stage, t);
+            fm_stmatrix_x4(stage.wide + (fm_u32)(C0 / 16 + p) * WIDE_STEP, hq);
+        }
+    } else {
 #pragma unroll
         for (int j = 0; j < W / 8; ++j)  // 8-column tile C0 / 8 + j of the output
-            fm_epi_tile<L, FM_PREC < 3 && Ly::BIAS && !BIAS_IN_D>(d + 4 * j, C0 / 8 + j, a, h, bias, stage, t);
+            fm_epi_tile<L, FM_PREC < 3 && Ly::BIAS && !BIAS_IN_D>(
+                d + 4 * j, C0 / 8 + j, a, h[L == LAST ? 0 : (C0 / 8 + j) / 2], bias, stage, t);  // (last: the stage)
     }
     if constexpr (C0 + W < Ly::N)
         fm_layer_cols<L, C0 + W>(a, h, w, bias, stage, lane, st);
@@ -491,6 +541,19 @@ template <int L> __device__ constexpr int fm_hk() {
         return Layer<L - 1>::N;
 }
 
+// Layer L's output as the next layer's A fragments h where it went to the wide buffer (Layer<L>::WIDE): one ldmatrix
+// per 16 columns, in the rows stmatrix stored them. __syncwarp orders the warp's stores before the loads, and the
+// loads before the buffer's next stores (the next wide layer's, or the output stage's).
+template <int L> __device__ __forceinline__ void fm_wide_reload(fm_u32 (&h)[Layer<L>::N / KE][4], const fm_out &out) {
+    if constexpr (Layer<L>::WIDE && L != LAST) {
+        __syncwarp();
+#pragma unroll
+        for (int s = 0; s < Layer<L>::N / 16; ++s)
+            fm_ldmatrix_x4(h[s], out.wide + (fm_u32)s * WIDE_STEP);
+        __syncwarp();
+    }
+}
+
 // Layers L.. for this warpgroup's 64 rows, from layer L's input fragments a (xa: x's, for a later input concat). A
 // stretch of layers with the same code
 // (res128's four residual blocks, tcnn128's three hidden layers) is one loop over their weights and biases, not
@@ -514,8 +577,10 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[fm_hk<L>() / KE][4], cons
             for (int q = 0; q < 4; ++q)
                 ac[s][q] = Ly::CAT == 2 ? (s < XS ? xa[s][q] : a[s - XS][q]) : (s < HS ? a[s][q] : xa[s - HS][q]);
         fm_layer<L>(ac, h, w_base + EB * Ly::W_OFF, bias, stage, lane, st);
-        if constexpr (L < LAST)
+        if constexpr (L < LAST) {
+            fm_wide_reload<L>(h, stage);
             fm_network<L + 1>(h, xa, w_base, bias, stage, lane, st);
+        }
     } else if constexpr (R > 1) {
         typedef Layer<L> Ly;
         static_assert(Ly::K == Ly::N && fm_even_offsets<L, R>(), "a loop's layers: as wide as their input, evenly "
@@ -536,6 +601,7 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[fm_hk<L>() / KE][4], cons
         if constexpr (L < LAST) {
             static_assert(Layer<L + 1>::CAT != 0 || Layer<L + 1>::K == Layer<L>::N,
                           "a layer's input is the previous layer's output");
+            fm_wide_reload<L>(h, stage);
             fm_network<L + 1>(h, xa, w_base, bias, stage, lane, st);
         }
     }
@@ -582,8 +648,8 @@ __device__ __forceinline__ void fm_epi_mma(float (&d)[Layer<L>::N / 2], fm_u32 (
     const unsigned long long desc = fm_desc(w_next, SBO);
 #pragma unroll
     for (int s = 0; s < Ln::K / KE; ++s) {
-        fm_epi_tile<L, false>(d + 8 * s, 2 * s, a, h, bias, stage, t);
-        fm_epi_tile<L, false>(d + 8 * s + 4, 2 * s + 1, a, h, bias, stage, t);
+        fm_epi_tile<L, false>(d + 8 * s, 2 * s, a, h[s], bias, stage, t);
+        fm_epi_tile<L, false>(d + 8 * s + 4, 2 * s + 1, a, h[s], bias, stage, t);
         if constexpr (PIPE) {
             fm_wg_fence();  // h[s] is written: the wgmma reads it
             fm_wgmma<Ln::N>::run(dn, h[s], desc + (unsigned long long)(s * 2 * 128 / 16), s > 0 || Ln::BIAS ? 1 : 0);
@@ -607,7 +673,7 @@ __device__ __forceinline__ void fm_pnetwork(float (&d)[Layer<L>::N / 2], fm_u32 
         fm_norm_tiles<L, Ly::N / 8>(d, 0, t, bias);
 #pragma unroll
         for (int j = 0; j < Ly::N / 8; ++j)
-            fm_epi_tile<L, false>(d + 4 * j, j, a, h, bias, stage, t);
+            fm_epi_tile<L, false>(d + 4 * j, j, a, h[0], bias, stage, t);  // the last layer: into the stage
     } else {
         float dn[Layer<L + 1>::N / 2];
         fm_epi_mma<L>(d, a, h, dn, w_base + EB * Layer<L + 1>::W_OFF, bias, stage, t);
@@ -661,11 +727,6 @@ constexpr bool CL_NORM = FM_CLUSTER > 1 && fm_any_norm<0>();
 constexpr int NSTAT_SLOT_B = 64 * 8;  // one CTA's statistics of the warpgroup's 64 rows
 constexpr int NSTAT_B = CL_NORM ? 2 * CL * NSTAT_SLOT_B + 16 : 0;
 
-__device__ __forceinline__ void fm_stmatrix_x4(fm_u32 addr, const fm_u32 (&r)[4]) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
-                 "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-}
 __device__ __forceinline__ void fm_wg_bar(int wg) {  // the warpgroup's four warps (barrier 0 is __syncthreads)
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 }
@@ -1101,14 +1162,15 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u
 // ------------------------------------------------------------------------------------------------ input
 
 // Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (ROWS_W rows
-// of STAGE_W out_t; none for float32 y, fm_out) and, unless x's rows land in the input buffer verbatim
+// of STAGE_W out_t; none for float32 y, fm_out), which is also the wide buffer (WIDE_B), and, unless x's rows land in the input buffer verbatim
 // (IN_DIRECT), a raw buffer holding the warp's 16 rows of x as they are in global memory (contiguous: a strip of x is
 // one run of bytes).
 constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
 constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_W * (int)sizeof(out_t);
-constexpr int WARP_B = BUF_B + STAGE_B + RAW_B;
+constexpr int SHARE_B = STAGE_B > WIDE_B ? STAGE_B : WIDE_B;  // the stage, and the wide buffer (fm_out)
+constexpr int WARP_B = BUF_B + SHARE_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B +
                       (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16 + NSTAT_B) : 0) + STREAM_BAR_B == SMEM_BYTES,
               "the layout below is the plan's (plan.c: fm_plan_wgmma_layout, _stage_bytes, _raw_bytes)");
@@ -1199,9 +1261,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     const int wg = warp >> 2, wq = warp & 3;  // warpgroup, and this warp's quarter (rows 16 * wq..) of its 64 rows
     act_t *in_buf = (act_t *)(s_warps + warp * WARP_B);
     act_t *out_buf = (act_t *)(s_warps + warp * WARP_B + BUF_B);
-    const in_t *raw = (const in_t *)(s_warps + warp * WARP_B + BUF_B + STAGE_B);
+    const in_t *raw = (const in_t *)(s_warps + warp * WARP_B + BUF_B + SHARE_B);
     const fm_u32 in_addr = fm_smem_addr(in_buf), out_addr = fm_smem_addr(out_buf);
-    const fm_u32 raw_addr = in_addr + BUF_B + STAGE_B;
+    const fm_u32 raw_addr = in_addr + BUF_B + SHARE_B;
 
     // The shared-memory-A form: which CTA of its cluster this is, and the warpgroup's buffer and barriers.
     fm_cl_state cl;
@@ -1296,7 +1358,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         __syncwarp();  // every lane has its fragments before the next tile's x lands over them
         if (tile + FM_TILE_STEP < tiles)
             fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
-        const fm_out out = {stage_lane, y, r0 + (lane >> 2), nrows - (lane >> 2)};
+        const fm_out out = {stage_lane, y, r0 + (lane >> 2), nrows - (lane >> 2),
+                            out_addr + (fm_u32)((lane >> 4) * 256 + (lane & 15) * 16)};
         fm_run_network<FM_CLUSTER>(a, w_base, s_bias, out, lane, cl, st);
         if constexpr (!OUT_DIRECT) {
             __syncwarp();

@@ -14,7 +14,7 @@ from conftest import graph_weights
 H100 = (90, 232448, 132, 233472)  # arch, shared memory per block, SMs, per SM
 
 NETWORKS = {  # widths, activation, output activation, concat, residual (bench.WORKLOADS and a residual wide layer)
-    "wide512": ([64] + [512] * 4 + [64], "gelu", None, {}, {}),
+    "wide768": ([64] + [768] * 4 + [64], "gelu", None, {}, {}),  # (wide512 is one streamed kernel on sm_90)
     "rec1024": ([256, 1024, 1024, 512, 256, 1], "relu", None, {}, {}),
     "sdf512": ([259] + [512] * 8 + [1], "relu", "tanh", {4: "before"}, {}),
     "res768": ([96, 768, 768, 768, 10], "silu", None, {}, {2: ("add", "relu", 0), 1: "add"}),
@@ -36,7 +36,7 @@ def gemm_plans(mlp, io, **options):
 
 
 def test_clusters_of_two_are_a_wgmma_plan_option(rng):
-    mlp, _ = model(rng, "wide512")
+    mlp, _ = model(rng, "wide768")
     one = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=1).info
     two = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=2).info
     assert (one["cluster"], two["cluster"]) == (1, 2) and one["wgmma"] == two["wgmma"] == 1
@@ -55,8 +55,8 @@ def test_clusters_of_two_are_a_wgmma_plan_option(rng):
 
 
 def test_the_environment_forces_the_form_where_the_wgmma_form_runs(rng, monkeypatch):
-    mlp, _ = model(rng, "wide512")
-    tf32, _ = model(rng, "wide512", dtype="tf32")
+    mlp, _ = model(rng, "wide768")
+    tf32, _ = model(rng, "wide768", dtype="tf32")
     for value, form in (("2", 2), ("1", 1)):
         monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", value)
         assert all(p.info["cluster"] == form for _, p in gemm_plans(mlp, "float16"))
@@ -114,7 +114,7 @@ def ptxas_report(source, arch=90):
 
 @pytest.mark.parametrize("name", NETWORKS)
 def test_benchmark_gemms_compile_for_sm_90a_on_clusters_without_spills(rng, name):
-    """Every GEMM of wide512, rec1024, sdf512 (a concat) and a residual network, in the cluster form, float16 and
+    """Every GEMM of wide768, rec1024, sdf512 (a concat) and a residual network, in the cluster form, float16 and
     bfloat16 compute, float32, float16 and bfloat16 I/O: a cluster of two, one multicast copy of B per CTA a stage, and
     ptxas's report (-v) shows no spills and no serialised wgmma."""
     _api._nvrtc_info()
@@ -158,5 +158,5 @@ def test_a_network_compiles_ahead_of_time_on_clusters(rng, tmp_path, monkeypatch
     mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat, device="cpu",
                             cache_dir=tmp_path)
     paths = mlp.compile(arch="sm_90")
-    assert len(paths) == 9 and len(set(paths)) == 4  # layer 0, the six equal ones, the concat layer, the last
+    assert len(paths) == 3  # layers 0-3 streamed, the concat layer a GEMM, layers 5-8 streamed
     assert mlp.source.count("clusters of 2 sharing the weight tile") >= 1

@@ -521,6 +521,16 @@ def kernel_error(kernel, mlp, ws, bs, x32, prec, io):
     return err, max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
 
 
+def call_error(mlp, ws, bs, x32, prec):
+    """kernel_error for a call of the model on float32 x32 (its default plan: one kernel, or segments)."""
+    y = np.asarray(mlp(x32), np.float64)
+    rms = []
+    ref = graph_reference(x32, ws, bs, mlp, rms)
+    if prec == "float16" and (np.max(np.abs(ref)) > 6e4 or min(rms) < 1e-3):
+        return None
+    return (np.inf if np.isnan(y).any() else rel_l2(y, ref)), PREC_TOL[prec]
+
+
 def tally(result, failures, case):
     """One kernel_error result into a test's tally: 0 where the reference left what float16 holds (None), else 1,
     with case + (error,) appended to failures where the error is past the tolerance."""
@@ -835,6 +845,82 @@ def test_streamed_wgmma_kernel_on_random_chains():
     print(f"\nstreamed wgmma kernel: {checked} runs checked ({concats} with a concat), slot counts {sorted(slots)}, "
           f"{len(failures)} failures")
     assert checked >= 25 and concats >= 8
+    assert not failures, failures[:5]
+
+
+def wide_stream_cases():
+    """Random chains with layers wider than 256 (up to 512) for the streamed kernel's wide form: outputs through the
+    warps' wide buffers, weights in K pieces. Narrow and wide layers mixed, own-input residuals (wide ones too), input
+    concats, forced group widths (64, 128) and K pieces (16 to 256 columns, or the plan's), one or two warpgroups,
+    float16 and bfloat16 compute, every I/O dtype, odd batches."""
+    rng = np.random.default_rng(20261127)
+    for i in range(24):
+        depth = int(rng.integers(1, 6))
+        hidden = [16, 64, 200, 256, 272, 300, 384, 448, 512]
+        widths = ([int(rng.choice([1, 3, 17, 64, 259, 512]))] + [int(rng.choice(hidden)) for _ in range(depth - 1)]
+                  + [int(rng.choice([1, 3, 16, 256, 300, 512]))])
+        if max(widths) <= 256:
+            widths[int(rng.integers(0, len(widths)))] = 512
+        acts = [str(rng.choice(["sin", "relu", "tanh", "gelu", "silu", "none"])) for _ in range(depth - 1)] + [
+            str(rng.choice(["none", "sigmoid"]))]
+        residual = {l: "add" for l in range(1, depth) if widths[l] == widths[l + 1] and rng.random() < 0.5}
+        concat = {}
+        if depth > 1 and widths[0] <= 64 and rng.random() < 0.3:
+            j = int(rng.integers(1, depth))
+            concat[j] = str(rng.choice(["before", "after"]))
+            residual.pop(j, None)
+        prec, io = ("float16", "bfloat16")[i % 2], ("float32", "float16", "bfloat16")[i % 3]
+        ws, bs = graph_weights(rng, widths, concat, 1.0)
+        batch = int(rng.choice([1, 63, 129, 1000, 4099, 70001]))
+        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+        yield types.SimpleNamespace(i=i, widths=widths, acts=acts, residual=residual, concat=concat, prec=prec, io=io,
+                                    ws=ws, bs=bs, batch=batch, n_chunk=(128, 64)[i % 2],
+                                    k_chunk=(0, 64, 128, 16, 256, 48)[i % 6], x32=x32)
+
+
+def test_streamed_wgmma_kernel_on_random_wide_chains():
+    """Layers wider than 256 in the streamed warpgroup kernel (sm_90a's fused form for them) vs float64: the forced
+    shape, and the plan a call gets (the whole network where it fits, else segments, whose GEMMs and fused stretches
+    each run). And K pieces do not change a bit: the same k steps run into the same accumulators in the same order,
+    so a forced piece width gives the plan's results exactly."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
+    failures, checked, wide, pieces = [], 0, 0, 0
+    for c in wide_stream_cases():
+        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None, concat=c.concat or None,
+                                dtype=c.prec, device="cuda")
+        forced = None
+        for options in ({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk}, {"n_chunk": 64}, {}):
+            try:
+                forced = mlp._build(c.io, c.io, wgmma=1, resident=0, **options)
+                break
+            except fusedmlp.LimitError:  # the registers (a wide concat) or shared memory do not fit that shape
+                continue
+        case = (c.i, c.n_chunk, c.k_chunk, c.widths, c.acts, c.residual, c.concat, c.prec, c.io, c.batch)
+        if forced is not None:
+            kernel, plan, source, _ = forced
+            wide += "WIDE = true" in source
+            pieces += bool(re.search(r"K = (\d+),.*\n.*KC = (?!\1;)", source))
+            if tally(kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures, case + ("forced",)):
+                checked += 1
+            if c.k_chunk:  # the same network in whole-group slots where they fit, else the plan's pieces
+                for options in ({"n_chunk": c.n_chunk, "k_chunk": 512}, {"n_chunk": c.n_chunk}):
+                    try:
+                        other = mlp._build(c.io, c.io, wgmma=1, resident=0, **options)[0]
+                        break
+                    except fusedmlp.LimitError:
+                        other = None
+                if other is not None:
+                    _, y_a = run_io_kernel(kernel, c.x32, c.io)
+                    _, y_b = run_io_kernel(other, c.x32, c.io)
+                    if not np.array_equal(y_a, y_b, equal_nan=True):
+                        failures.append(case + ("K pieces change the result",
+                                                float(np.nanmax(np.abs(y_a.astype(np.float64) - y_b)))))
+        checked += tally(call_error(mlp, c.ws, c.bs, c.x32, c.prec), failures, case + ("default plan",))
+    print(f"\nstreamed wgmma kernel, wide chains: {checked} runs checked ({wide} with wide buffers, {pieces} in K "
+          f"pieces), {len(failures)} failures")
+    assert checked >= 30 and wide >= 10 and pieces >= 8
     assert not failures, failures[:5]
 
 

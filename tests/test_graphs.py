@@ -431,3 +431,68 @@ def test_streamed_plans_of_random_chains_compile_clean():
             assert plan.info["stream_slots"] >= 2 and "NC = 128;" not in source, plan.info
             assert_clean_sm90a(source)
     assert spilled <= 2
+
+
+def unpack_stream_layer(bits, n_pad, k_pad, nc, kc):
+    """A streamed layer's n_pad x k_pad weights back from its part of the blob: column groups of nc rows, each in K
+    pieces of kc inputs (the last of each narrower), each piece wgmma's core matrices (8 rows x 8 halves, k fastest,
+    then the next 8 inputs, then the next 8 rows)."""
+    out = np.zeros((n_pad, k_pad), bits.dtype)
+    at = 0
+    for c0 in range(0, n_pad, nc):
+        w = min(nc, n_pad - c0)
+        for k0 in range(0, k_pad, kc):
+            kw = min(kc, k_pad - k0)
+            piece = bits[at:at + w * kw].reshape(w // 8, kw // 8, 8, 8)  # row group, k chunk, row, k
+            out[c0:c0 + w, k0:k0 + kw] = piece.transpose(0, 2, 1, 3).reshape(w, kw)
+            at += w * kw
+    assert at == bits.size
+    return out
+
+
+@pytest.mark.parametrize("widths, k_chunk", [([64, 512, 512, 300, 64], 0), ([259, 384, 40], 48), ([64, 200, 3], 64)])
+def test_streamed_k_pieces_lay_out_each_group_piece_by_piece(widths, k_chunk):
+    """The streamed form's blob with K pieces (a network wider than 256, or k_chunk forced): each layer's column
+    groups one after another, each group's K pieces one after another, each piece in the core-matrix layout of its own
+    width, which is what one cp.async.bulk per piece brings to a slot for the kernel's descriptors."""
+    rng = np.random.default_rng(5)
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    mlp = fusedmlp.FusedMLP(ws, None, "relu", device="cpu")
+    options = {"wgmma": 1, "resident": 0, "k_chunk": k_chunk} if k_chunk else {}
+    plan = mlp._net.plan(90, 232448, 132, "float16", "float16", smem_per_sm=233472, **options)
+    source = mlp._render(90, 232448, 132, "float16", "float16", 233472, **options)[1]
+    assert plan.info["stream_slots"] >= 2
+    shapes = [tuple(int(v) for v in m) for m in re.findall(r"K = (\d+), K0 = \d+, KR = \d+, N = (\d+), NR = \d+, "
+                                                            r"NC = (\d+);\n.*KC = (\d+);", source)]
+    assert len(shapes) == len(ws)
+    bits = np.frombuffer(plan.packed_weights(), np.uint16)
+    at, pieces = 0, 0
+    for l, (k_pad, n_pad, nc, kc) in enumerate(shapes):
+        assert kc == (min(k_pad, k_chunk) if k_chunk else kc) and kc % 16 == 0
+        pieces += kc < k_pad
+        got = unpack_stream_layer(bits[at:at + n_pad * k_pad], n_pad, k_pad, nc, kc)
+        want = np.zeros((n_pad, k_pad), np.float32)
+        want[:ws[l].shape[0], :ws[l].shape[1]] = ws[l]
+        assert np.array_equal(got, want.astype(np.float16).view(np.uint16)), l
+        at += n_pad * k_pad
+    assert at == bits.size and pieces >= 1
+    wide = max(widths) > 256
+    assert ("WIDE = true" in source) == wide, source[:2000]
+
+
+def test_wide_streamed_plans_compile_for_sm_90a():
+    """Networks with layers 257-512 wide on sm_90a: one streamed kernel whose wide layers' outputs go through the
+    warps' shared-memory buffers (WIDE) and whose weights arrive in 32 KB K pieces; they compile without serialized
+    wgmma. (ptxas may spill a few loop-invariant addresses at 255 registers with 128-column groups: wide512 44 bytes,
+    which ran 13% faster on the H100 than its 64-column groups, bench/results/h100-wide-stream/.)"""
+    from fusedmlp import _api, _core
+
+    for widths, act in (([64, 512, 512, 512, 512, 64], "gelu"), ([3, 300, 512, 256, 16], "silu"),
+                        ([512, 256, 512, 1], "relu")):
+        plan, source = render_for_h100(widths, act)
+        assert plan.info["wgmma"] == 1 and plan.info["stream_slots"] >= 2 and plan.info["warps"] in (4, 8)
+        assert "WIDE = true" in source and "wide layers' outputs in shared memory" in source
+        _, log = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
+        assert "C7519" not in log and "serialized" not in log and "warning #" not in log, log
+        spills = [int(b) for b in re.findall(r"(\d+) bytes spill stores", log)]
+        assert spills and max(spills) <= 64, (widths, log)

@@ -204,8 +204,12 @@ def test_check_and_alternate_on_two_builds_of_one_plan(tmp_path, capsys):
 def test_list_shows_how_a_gpu_cuts_a_network_and_each_segments_kernel():
     """probe list on a segmented workload: a line per segment with its reason and kernel (no GPU needed)."""
     sdf = probe.segment_table(probe.workload("sdf512"), probe.GPUS["h100"])  # 512 wide, x concatenated before layer 4
+    assert [line.split(":")[0] for line in sdf] == ["layers 0-3", "layer 4", "layers 5-8"]
+    assert "wgmma GEMM" in sdf[1] and "input concat" in sdf[1]
+    assert all("fused (wgmma, weights streamed from L2 through" in sdf[i] for i in (0, 2))
+    sdf = probe.segment_table(probe.workload("sdf512"), probe.GPUS["a100"])  # every layer a GEMM there
     assert [line.split(":")[0] for line in sdf] == [f"layer {l}" for l in range(9)]
-    assert all("wgmma GEMM" in line for line in sdf) and "input concat" in sdf[4] and "512 features" in sdf[3]
+    assert all("mma.sync GEMM" in line for line in sdf) and "input concat" in sdf[4] and "512" in sdf[3]
     # a fused stretch on the streamed register-A form: 1024 features cut layers 0 and 1 off r256's 256-wide trunk
     wide_in = bench.Workload((64, 1024, 256, 256, 256, 16), "silu", True)
     cut = probe.segment_table(wide_in, probe.GPUS["h100"])

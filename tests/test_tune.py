@@ -235,7 +235,7 @@ def test_tune_of_a_segmented_network_tunes_each_fused_stretch(monkeypatch, tmp_p
     Gpu.info = dict(Gpu.info, name="NVIDIA Fake 90")
     monkeypatch.setattr(_api, "_gpu", lambda ordinal: Gpu)
     rng = np.random.default_rng(2)
-    widths = [32, 64, 64, 512, 64, 16]  # layers 0-1 fused, 2 and 3 GEMMs (512 wide), 4 fused
+    widths = [32, 64, 64, 1024, 64, 16]  # layers 0-1 fused, 2 and 3 GEMMs (1024 wide), 4 fused
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
     mlp = fusedmlp.FusedMLP(ws, None, "relu", device="cpu", cache_dir=tmp_path)
     mlp._kind, mlp._ordinal = "cuda", 0  # a model of the fake GPU (no driver is touched below)

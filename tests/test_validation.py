@@ -325,22 +325,25 @@ def test_evaluate_fused_mlp_validates_the_same_way(net, rng):
 # ------------------------------------------------------------------------------------------------ limits
 
 
-@pytest.mark.parametrize("widths, layer, count, side", [
-    ([8, 257, 4], 0, 257, "output"),
-    ([300, 16, 4], 0, 300, "input"),
-    ([4, 64, 64, 1000], 2, 1000, "output"),
+@pytest.mark.parametrize("widths, layer, count, side, arch", [
+    ([8, 257, 4], 0, 257, "output", 80),
+    ([300, 16, 4], 0, 300, "input", 80),
+    ([4, 64, 64, 1000], 2, 1000, "output", 90),
+    ([4, 64, 64, 600], 2, 600, "output", 90),
 ])
-def test_width_over_256_is_segmented_at_compile(rng, tmp_path, widths, layer, count, side):
-    """One fused kernel holds 256 features a layer (its plan says so, naming the layer); the network is then cut into
-    segments, the wide layer a GEMM, and compiles."""
+def test_width_over_the_limit_is_segmented_at_compile(rng, tmp_path, widths, layer, count, side, arch):
+    """One fused kernel holds 256 features a layer, 512 on sm_90a (the streamed warpgroup kernel); past that its
+    plan says so, naming the layer, and the network is cut into segments, the wide layer a GEMM, and compiles."""
     ws, bs = torch_init(rng, widths, True)
     mlp = make(ws, bs, "tanh", cache_dir=tmp_path)
-    with pytest.raises(LimitError, match=rf"layer {layer} has {count} {side} features; the fused kernel holds at most "
-                                         r"256 features per layer"):
-        mlp._net.plan(90)
-    paths = mlp.compile("sm_90")
-    assert isinstance(paths, tuple) and all(os.path.isfile(p) for p in paths)
-    assert any(line.startswith(f"layer {layer}: gemm") for line in mlp.segments)
+    most = 512 if arch == 90 else 256
+    with pytest.raises(LimitError, match=rf"layer {layer} has {count} {side} features; the fused kernels hold at "
+                                         rf"most {most} features per layer"):
+        mlp._net.plan(arch, 232448 if arch == 90 else 166912)
+    paths = mlp.compile(f"sm_{arch}")
+    assert isinstance(paths, tuple) and len(paths) >= 2 and all(os.path.isfile(p) for p in paths)
+    if arch == 90:  # (a model on the CPU describes its sm_90 cut)
+        assert any(line.startswith(f"layer {layer}: gemm") for line in mlp.segments)
     # The CPU path itself takes the wide network.
     x = rng.standard_normal((10, widths[0])).astype(np.float32)
     y = mlp(x)
@@ -350,6 +353,19 @@ def test_width_over_256_is_segmented_at_compile(rng, tmp_path, widths, layer, co
         h = h @ w.astype(np.float64).T + b
         h = np.tanh(h) if i < len(ws) - 1 else h
     assert rel_l2(y, h) <= 1e-5
+
+
+@pytest.mark.parametrize("widths", [[8, 257, 4], [300, 16, 4], [4, 512, 512, 4]])
+def test_width_up_to_512_is_one_streamed_kernel_on_sm_90(rng, tmp_path, widths):
+    """On sm_90a a network with layers 257-512 wide is one kernel, the streamed warpgroup form (its wide layers'
+    outputs through shared memory, their weights in K pieces), not segments."""
+    ws, bs = torch_init(rng, widths, True)
+    mlp = make(ws, bs, "tanh", cache_dir=tmp_path)
+    plan = mlp._net.plan(90, 232448, 132, smem_per_sm=233472)
+    assert plan.info["wgmma"] == 1 and plan.info["stream_slots"] >= 2 and not plan.info["resident"], plan.info
+    path = mlp.compile("sm_90")
+    assert isinstance(path, str) and os.path.isfile(path)
+    assert mlp.segments is None or len(mlp.segments) <= 1, mlp.segments
 
 
 def test_width_256_is_within_the_limit(rng):

@@ -13,7 +13,7 @@ Workloads are the benchmark's (fusedmlp.bench.WORKLOADS) and a few shapes outsid
 weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best of 5 launches on random rows; where
 kernels are compared, they are timed in alternating rounds in one process and the median over rounds is printed.
 Plan options (--plan) are those the tuner forces (PLAN_OPTIONS: wgmma, cluster, warps, m_tiles, n_chunk, resident,
-kpipe), written ``warps=4,m_tiles=1``.
+kpipe, k_chunk), written ``warps=4,m_tiles=1``.
 """
 
 import argparse
@@ -58,7 +58,7 @@ GPUS = {
 
 IO_DTYPES = ("float16", "float32", "bfloat16")
 #: The plan's options (Network.plan's keywords past the GPU's limits and the dtypes), as the tuner forces them.
-PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe")
+PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe", "k_chunk")
 
 
 # ------------------------------------------------------------------------------------------------ shared helpers
