@@ -1058,10 +1058,10 @@ def _run_compiles(torch, fusedmlp, args, report, models, save):
             if wname not in compiled:
                 compiled[wname] = torch.compile(model, mode=COMPILE_MODE, dynamic=False)
             _, ref_model = _models(torch, WORKLOADS[wname])
-            case = _Case(torch, wname, WORKLOADS[wname], rows, model, ref_model, report["ceilings"])
-            case.result = result
-            times = []
+            case, times = None, []
             try:
+                case = _Case(torch, wname, WORKLOADS[wname], rows, model, ref_model, report["ceilings"])
+                case.result = result
                 with _alarm(left + 30):
                     entry = _measure(torch, case, "torch_compile", _compile_setup(torch, case, compiled[wname], times),
                                      fusedmlp.CHECK_TOLERANCE, args.reps, args.host_calls)
@@ -1069,10 +1069,15 @@ def _run_compiles(torch, fusedmlp, args, report, models, save):
                 stopped = True
                 entry = result["methods"]["torch_compile"]
                 _say(f"{wname:9s} {rows_label(rows):>5s} torch_compile   {entry['error']}")
+            except torch.OutOfMemoryError as e:  # the case's float64 reference, or the compiled model's buffers, beside
+                # the earlier compiled models' (sdf512's 2^21-row reference after wide512's compile on an 80 GB H100)
+                entry = result["methods"]["torch_compile"] = {"error": _error_text(e)}
+                _say(f"{wname:9s} {rows_label(rows):>5s} torch_compile   out of memory")
             if times:
                 entry["compile_s"] = times[0]
                 compile_times.append(times[0])
             del case, ref_model
+            torch.cuda.empty_cache()
             save()
     return stopped
 
