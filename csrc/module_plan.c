@@ -107,6 +107,32 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
         p->rows_per_cta, "resident", p->resident, "stream_slots", p->stream_slots, "buffers", p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes",
         (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
         fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
+    if (info != NULL && p->stream_slots) { /* the streamed form's layers wider than 256 (fm_plan.wide_out, k_chunk) */
+        PyObject *wide = PyList_New(0), *kc = PyList_New(0);
+        int ok = wide != NULL && kc != NULL;
+        for (int l = 0; ok && l < p->num_layers; ++l) {
+            PyObject *k = PyLong_FromLong(p->k_chunk[l] > 0 ? p->k_chunk[l] : p->k_pad[l]);
+            ok = k != NULL && PyList_Append(kc, k) == 0;
+            Py_XDECREF(k);
+            if (ok && p->wide_out[l]) {
+                PyObject *v = PyLong_FromLong(l);
+                ok = v != NULL && PyList_Append(wide, v) == 0;
+                Py_XDECREF(v);
+            }
+        }
+        /* tuples: the tuner hashes plan.info's items to tell plans apart */
+        PyObject *wide_t = ok ? PyList_AsTuple(wide) : NULL, *kc_t = ok ? PyList_AsTuple(kc) : NULL;
+        ok = wide_t != NULL && kc_t != NULL && PyDict_SetItemString(info, "wide_layers", wide_t) == 0 &&
+             PyDict_SetItemString(info, "k_chunk", kc_t) == 0;
+        Py_XDECREF(wide_t);
+        Py_XDECREF(kc_t);
+        Py_XDECREF(wide);
+        Py_XDECREF(kc);
+        if (!ok) {
+            Py_DECREF(info);
+            return NULL;
+        }
+    }
     if (info != NULL && p->gemm) {
         PyObject *g = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "gemm", 1, "gemm_layer", p->gemm_layer, "bm",
                                     p->gemm_bm, "bn", p->gemm_bn, "stages", p->gemm_stages, "cluster", p->gemm_cluster);

@@ -1,6 +1,7 @@
 /* plan.c - pad widths for the Tensor Cores, choose the tile shape and weight residency, budget shared memory. */
 #include "fm.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Published per-architecture shared-memory limits (CUDA C Programming Guide, "Technical Specifications per Compute
@@ -613,12 +614,20 @@ static fm_status fm_plan_stream_at(fm_plan *p, const fm_target *t, const fm_plan
     int regs = fm_plan_wgmma_regs(p), worst = 0; /* (capped at 255; the layers' own estimates are not) */
     for (int l = 1; l < p->num_layers; ++l)
         worst = fm_wgmma_layer_regs(p, l) > fm_wgmma_layer_regs(p, worst) ? l : worst;
-    if (wide && fm_wgmma_layer_regs(p, worst) > 255) { /* a wide concat layer: x's fragments and its own input
+    if (wide && fm_wgmma_layer_regs(p, worst) > 255) { /* a wide concat: x's fragments kept beside a wide input
                                                           * (narrower networks: the estimate's 255 cap, as before) */
-        regs = fm_wgmma_layer_regs(p, worst);
-        return fm_fail(err, FM_ERR_LIMIT, "layer %d's input fragments (%d features%s) and accumulators need about %d "
-                       "registers per thread in the streamed warpgroup kernel, over the 255 a thread has", worst,
-                       p->k_real[worst], p->cat[worst] != FM_CAT_NONE ? ", the input concat included" : "", regs);
+        int cat = -1;
+        for (int j = worst; j < p->num_layers && cat < 0; ++j)
+            cat = p->cat[j] != FM_CAT_NONE ? j : -1;
+        char kept[160] = "";
+        if (cat > worst)
+            snprintf(kept, sizeof kept, ", x's fragments (%d features) kept for layer %d's input concat", p->k0_real[0],
+                     cat);
+        else if (cat == worst)
+            snprintf(kept, sizeof kept, " (x's %d features among them, its input concat)", p->k0_real[0]);
+        return fm_fail(err, FM_ERR_LIMIT, "layer %d needs about %d registers per thread in the streamed warpgroup "
+                       "kernel, over the 255 a thread has: its input fragments (%d features)%s and a column group's "
+                       "accumulators", worst, fm_wgmma_layer_regs(p, worst), p->k_real[worst], kept);
     }
     if (65536 / (warps * 32) < regs) {
         fm_fail(err, FM_ERR_LIMIT, "warps=%d leaves %d registers per thread; the streamed warpgroup kernel of this "
@@ -806,6 +815,9 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
     if (opts->kpipe > 0 && (opts->cluster > 0 || !want_wgmma || unfit != NULL))
         return fm_fail(err, FM_ERR_LIMIT, "kpipe=1 was asked for, but only the register-A warpgroup kernel pipelines "
                        "its layers, and %s", unfit != NULL ? unfit : "this plan is not that kernel");
+    if (opts->k_chunk < 0)
+        return fm_fail(err, FM_ERR_VALUE, "k_chunk=%d: the streamed kernel's K inputs per slot fill, 0 (the plan's) or "
+                       "positive (rounded up to 16)", opts->k_chunk);
     if (opts->cluster > 0)
         return fm_plan_cluster(plan, target, opts, opts->cluster, widest, value_pad, err);
     if (opts->wgmma > 0 && opts->resident == 0)

@@ -13,7 +13,7 @@ import pytest
 import fusedmlp
 from fusedmlp import _core
 from fusedmlp.errors import (ArgumentError, DTypeError, ExpressionError, FusedMLPError, LimitError, ShapeError)
-from conftest import rel_l2, torch_init
+from conftest import graph_weights, rel_l2, torch_init
 
 
 @pytest.fixture
@@ -366,6 +366,29 @@ def test_width_up_to_512_is_one_streamed_kernel_on_sm_90(rng, tmp_path, widths):
     path = mlp.compile("sm_90")
     assert isinstance(path, str) and os.path.isfile(path)
     assert mlp.segments is None or len(mlp.segments) <= 1, mlp.segments
+
+
+def test_a_wide_layer_past_the_registers_is_named_and_cut_out(rng):
+    """sdf512's concat layer (x's 259 features beside 512: 784 inputs) needs more registers than a thread has in the
+    streamed kernel: the plan names the layer and its inputs, and the network is cut around it (a GEMM there)."""
+    widths = [259] + [512] * 8 + [1]
+    ws, bs = graph_weights(rng, widths, {4: "before"}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", concat={4: "before"}, device="cpu")
+    with pytest.raises(LimitError, match=r"layer \d needs about \d+ registers per thread in the streamed warpgroup "
+                                         r"kernel, over the 255 a thread has: .*x's fragments \(259 features\) kept for "
+                                         r"layer 4's input concat"):
+        mlp._net.plan(90, 232448, 132, "float16", "float16", smem_per_sm=233472, wgmma=1, resident=0)
+    assert [line.split(":")[0] for line in mlp.segments] == ["layers 0-3", "layer 4", "layers 5-8"]
+    assert "outputs of 3 wide layers through shared memory" in mlp.segments[0]
+    with pytest.raises(ValueError, match=r"k_chunk=-3: the streamed kernel's K inputs per slot fill"):
+        mlp._net.plan(90, 232448, 132, wgmma=1, resident=0, k_chunk=-3)
+
+
+def test_the_streamed_plan_says_which_layers_are_wide(rng):
+    ws, bs = torch_init(rng, [8, 300, 64], True)
+    info = make(ws, bs, "tanh")._net.plan(90, 232448, 132, smem_per_sm=233472).info
+    assert info["stream_slots"] >= 2 and info["wide_layers"] == (0,)
+    assert info["k_chunk"][0] == 16 and 16 <= info["k_chunk"][1] < 304 and info["k_chunk"][1] % 16 == 0
 
 
 def test_width_256_is_within_the_limit(rng):

@@ -270,7 +270,9 @@ def _kernel_words(info):
     if info["cluster"]:
         return f"wgmma on clusters of {info['cluster']}, weights resident"
     if info["stream_slots"]:
-        return f"wgmma, weights streamed from L2 through {info['stream_slots']} slots"
+        n = len(info["wide_layers"])
+        wide = f", outputs of {n} wide layer{'s' if n > 1 else ''} through shared memory" if n else ""
+        return f"wgmma, weights streamed from L2 through {info['stream_slots']} slots{wide}"
     return f"{'wgmma' if info['wgmma'] else 'mma.sync'}, weights resident"
 
 
