@@ -18,6 +18,7 @@ def from_torch(module, activations=None, device=None, **kwargs):
     return _from_torch(module, activations, device, **kwargs)
 
 
+from . import errors
 from .errors import (
     ArgumentError,
     CompileError,
@@ -40,15 +41,6 @@ __all__ = [
     "CHECK_TOLERANCES",
     "LOWBIT_PRECISIONS",
     "PRECISIONS",
-    "FusedMLPError",
-    "ArgumentError",
-    "ShapeError",
-    "ExpressionError",
-    "LimitError",
-    "DTypeError",
-    "LibraryNotFoundError",
-    "CompileError",
-    "CudaError",
-    "TemplateError",
+    *errors.__all__,  # the exception classes, imported above
     "__version__",
 ]
