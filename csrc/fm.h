@@ -377,6 +377,9 @@ int fm_plan_result_type(const fm_plan *plan, int l);
 /* Elements per weight row of layer l in the mma.sync kernel's blob and shared memory: k_pad + one 16-byte pad. */
 int fm_plan_w_stride(const fm_plan *plan, int l);
 
+/* The inputs of layer l per slot fill of the streamed form (fm_plan.k_chunk), k_pad where its rows arrive whole. */
+int fm_plan_k_chunk(const fm_plan *plan, int l);
+
 /* Where weight (n, k) of layer l (padded coordinates) sits in the blob, as an element index. mma.sync: row-major
  * rows of fm_plan_w_stride. wgmma: wgmma's no-swizzle K-major layout, 8x16-byte core matrices of 128 contiguous
  * bytes, the K direction fastest (core matrix (n/8, 16-byte chunk c of k) at (n/8 * k_pad*elem/16 + c) * 128 bytes).

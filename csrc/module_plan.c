@@ -108,24 +108,22 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
         (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
         fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
     if (info != NULL && p->stream_slots) { /* the streamed form's layers wider than 256 (fm_plan.wide_out, k_chunk) */
-        PyObject *wide = PyList_New(0), *kc = PyList_New(0);
-        int ok = wide != NULL && kc != NULL;
-        for (int l = 0; ok && l < p->num_layers; ++l) {
-            PyObject *k = PyLong_FromLong(p->k_chunk[l] > 0 ? p->k_chunk[l] : p->k_pad[l]);
-            ok = k != NULL && PyList_Append(kc, k) == 0;
-            Py_XDECREF(k);
-            if (ok && p->wide_out[l]) {
-                PyObject *v = PyLong_FromLong(l);
-                ok = v != NULL && PyList_Append(wide, v) == 0;
-                Py_XDECREF(v);
-            }
-        }
         /* tuples: the tuner hashes plan.info's items to tell plans apart */
-        PyObject *wide_t = ok ? PyList_AsTuple(wide) : NULL, *kc_t = ok ? PyList_AsTuple(kc) : NULL;
-        ok = wide_t != NULL && kc_t != NULL && PyDict_SetItemString(info, "wide_layers", wide_t) == 0 &&
-             PyDict_SetItemString(info, "k_chunk", kc_t) == 0;
-        Py_XDECREF(wide_t);
-        Py_XDECREF(kc_t);
+        Py_ssize_t nwide = 0;
+        for (int l = 0; l < p->num_layers; ++l)
+            nwide += p->wide_out[l] != 0;
+        PyObject *wide = PyTuple_New(nwide), *kc = PyTuple_New(p->num_layers);
+        int ok = wide != NULL && kc != NULL;
+        for (int l = 0, w = 0; ok && l < p->num_layers; ++l) {
+            PyObject *k = PyLong_FromLong(fm_plan_k_chunk(p, l)), *v = p->wide_out[l] ? PyLong_FromLong(l) : NULL;
+            ok = k != NULL && (v != NULL || !p->wide_out[l]);
+            if (k != NULL)
+                PyTuple_SET_ITEM(kc, l, k); /* steals k */
+            if (v != NULL)
+                PyTuple_SET_ITEM(wide, w++, v);
+        }
+        ok = ok && PyDict_SetItemString(info, "wide_layers", wide) == 0 &&
+             PyDict_SetItemString(info, "k_chunk", kc) == 0;
         Py_XDECREF(wide);
         Py_XDECREF(kc);
         if (!ok) {

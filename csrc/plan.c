@@ -63,6 +63,10 @@ int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values, int st
 
 int fm_plan_w_stride(const fm_plan *plan, int l) { return plan->k_pad[l] + 16 / plan->elem_bytes; }
 
+int fm_plan_k_chunk(const fm_plan *plan, int l) {
+    return plan->stream_slots && plan->k_chunk[l] > 0 ? plan->k_chunk[l] : plan->k_pad[l];
+}
+
 size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     if (plan->gemm && plan->gemm_cluster < 2)
         return (size_t)n * (size_t)plan->k_pad[l] + (size_t)k;
@@ -75,7 +79,7 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     if (!plan->wgmma)
         return plan->w_offset[l] + (size_t)n * (size_t)fm_plan_w_stride(plan, l) + (size_t)k;
     const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */
-    if (plan->stream_slots && plan->k_chunk[l] > 0 && plan->k_chunk[l] < plan->k_pad[l]) {
+    if (fm_plan_k_chunk(plan, l) < plan->k_pad[l]) {
         /* K pieces (fm_plan.k_chunk): column group n / n_chunk at its first row's place, its pieces one after
          * another, piece k / k_chunk a core-matrix block of the group's width and the piece's */
         const int nc = plan->n_chunk[l], kc = plan->k_chunk[l], c0 = n / nc * nc, p0 = k / kc * kc;

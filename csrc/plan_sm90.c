@@ -369,6 +369,16 @@ enum { STREAM_WIDE_REGS = 240 };
  * wide512 ran 8.66 ms so against 9.99 in four slots of 16 KB (bench/results/h100-wide-stream/); 16 KB pieces are the
  * fallback where 32 KB ones do not fit (a float32 x's landing buffers). */
 enum { STREAM_PIECE_B = 32768 };
+/* Whether a value of the network (x, a layer's output) is wider than 256: its wide layers then keep their outputs in
+ * shared memory and take their weights in K pieces (fm_plan.wide_out, k_chunk). A concat of narrower values stays in
+ * registers, as before the wide form. */
+static int fm_plan_has_wide_value(const fm_plan *p) {
+    int wide = p->k0_pad[0] > FM_MAX_ONCHIP_WIDTH;
+    for (int l = 0; l < p->num_layers; ++l)
+        wide |= p->n_pad[l] > FM_MAX_ONCHIP_WIDTH;
+    return wide;
+}
+
 /* The register-A warpgroup kernel with streamed weights (fused_mlp_sm90.cu, FM_STREAM): every layer in column groups
  * of n_chunk (opts->n_chunk, else STREAM_NC) columns whose weights pass through slots of shared memory, each slot
  * one group (the largest group's bytes), as many slots as fit beside the per-warp buffers (up to
@@ -381,10 +391,8 @@ static fm_status fm_plan_stream_at(fm_plan *p, const fm_target *t, const fm_plan
     size_t slot = 0;
     /* Layers wider than 256 in or out keep their output in the warp's wide buffer, not in registers, and their
      * groups' weights arrive in K pieces (fm_plan.wide_out, k_chunk). */
-    int wide = p->k0_pad[0] > FM_MAX_ONCHIP_WIDTH; /* a value (x, a layer's output) wider than 256 */
+    const int wide = fm_plan_has_wide_value(p);
     for (int l = 0; l < p->num_layers; ++l)
-        wide |= p->n_pad[l] > FM_MAX_ONCHIP_WIDTH;
-    for (int l = 0; l < p->num_layers; ++l) /* (a concat of narrower values stays in registers, as before) */
         p->wide_out[l] = wide && l + 1 < p->num_layers && (p->k_pad[l] > FM_MAX_ONCHIP_WIDTH ||
                                                            p->n_pad[l] > FM_MAX_ONCHIP_WIDTH);
     for (int nc = opts->n_chunk > 0 ? fm_round_up(opts->n_chunk, 16) : STREAM_NC;; nc /= 2) {
@@ -476,7 +484,8 @@ fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opt
     for (int i = 0; i < 4; ++i) {
         int warps = shapes[i][0];
         size_t piece = (size_t)shapes[i][1] * (STREAM_PIECE_B / 2);
-        if ((opts->warps && opts->warps != warps) || (shapes[i][1] == 1 && opts->k_chunk > 0))
+        if ((opts->warps && opts->warps != warps) ||
+            (shapes[i][1] == 1 && (opts->k_chunk > 0 || !fm_plan_has_wide_value(p)))) /* no pieces: no smaller ones */
             continue;
         fm_plan cand = first;
         fm_error quiet = {0};

@@ -130,7 +130,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static __device__ __forceinline__ float act_t(float x, bool &far) { (void)far; return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n",
                       p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
-                      p->k_chunk[l] > 0 ? p->k_chunk[l] : p->k_pad[l], p->wide_out[l] ? "true" : "false", p->cat[l],
+                      fm_plan_k_chunk(p, l), p->wide_out[l] ? "true" : "false", p->cat[l],
                       p->has_bias[l] ? "true" : "false", p->pipe[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l],
                       p->out_buf[l], spec->res_op[l],
                       p->res_buf[l], spec->norm[l], spec->norm[l] ? spec->norm_eps[l] : 0.0,
@@ -237,8 +237,7 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
          * fm_chunk_cols) */
         int l = g / 4, nc = p->n_chunk[l];
         if (g % 4 >= 2) {
-            int kc = p->k_chunk[l] > 0 ? p->k_chunk[l] : p->k_pad[l];
-            int fit = p->stream_slots ? (int)(p->w_slot_elems / (size_t)kc) / 16 * 16 : 0;
+            int fit = p->stream_slots ? (int)(p->w_slot_elems / (size_t)fm_plan_k_chunk(p, l)) / 16 * 16 : 0;
             nc = fit > 0 && fit < nc ? fit : 0;
         }
         if (g % 2 == 1)
@@ -356,7 +355,7 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     if (p->stream_slots) {
         int pieces = 0, wide = 0;
         for (int l = 0; l < p->num_layers; ++l) {
-            pieces |= p->k_chunk[l] > 0 && p->k_chunk[l] < p->k_pad[l];
+            pieces |= fm_plan_k_chunk(p, l) < p->k_pad[l];
             wide |= p->wide_out[l];
         }
         fm_str_printf(c, " (%d slots of %zu B, one layer's column group%s each)%s", p->stream_slots,

@@ -128,7 +128,8 @@ template <int L> __device__ constexpr int fm_chunk_cols() {
     typedef Layer<L> Ly;
     static_assert(Ly::KC == Ly::K || (FM_STREAM > 0 && Ly::NORM == 0 && Ly::KC % KE == 0),
                   "K pieces: streamed weights, not a norm layer, whole k steps");
-    static_assert(!Ly::WIDE || FM_STREAM > 0, "wide layers: streamed weights");
+    static_assert(!Ly::WIDE || (FM_STREAM > 0 && L != LAST), "wide layers: streamed weights; not the last (its output "
+                                                             "goes to the stage)");
     if constexpr (FM_STREAM == 0) {
         return Ly::NC;
     } else {
@@ -479,7 +480,7 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
         fm_epi_codes<L>(d, a, h, lane);
     } else
 #endif
-    if constexpr (Ly::WIDE && L != LAST) {  // 16 columns at a time into the warp's wide buffer (fm_wide_reload)
+    if constexpr (Ly::WIDE) {  // 16 columns at a time into the warp's wide buffer (fm_wide_reload)
 #pragma unroll
         for (int p = 0; p < W / 16; ++p) {
             fm_u32 hq[4];
@@ -545,7 +546,7 @@ template <int L> __device__ constexpr int fm_hk() {
 // per 16 columns, in the rows stmatrix stored them. __syncwarp orders the warp's stores before the loads, and the
 // loads before the buffer's next stores (the next wide layer's, or the output stage's).
 template <int L> __device__ __forceinline__ void fm_wide_reload(fm_u32 (&h)[Layer<L>::N / KE][4], const fm_out &out) {
-    if constexpr (Layer<L>::WIDE && L != LAST) {
+    if constexpr (Layer<L>::WIDE) {
         __syncwarp();
 #pragma unroll
         for (int s = 0; s < Layer<L>::N / 16; ++s)
@@ -1162,9 +1163,9 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u
 // ------------------------------------------------------------------------------------------------ input
 
 // Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (ROWS_W rows
-// of STAGE_W out_t; none for float32 y, fm_out), which is also the wide buffer (WIDE_B), and, unless x's rows land in the input buffer verbatim
-// (IN_DIRECT), a raw buffer holding the warp's 16 rows of x as they are in global memory (contiguous: a strip of x is
-// one run of bytes).
+// of STAGE_W out_t; none for float32 y, fm_out), which is also the wide buffer (WIDE_B), and, unless x's rows land in
+// the input buffer verbatim (IN_DIRECT), a raw buffer holding the warp's 16 rows of x as they are in global memory
+// (contiguous: a strip of x is one run of bytes).
 constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
