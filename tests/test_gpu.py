@@ -791,8 +791,8 @@ def test_cluster_kernel_on_random_wide_chains():
 def stream_cases():
     """Random chains for the streamed register-A kernel: widths 1-256 (224-256 hidden layers included, which the
     resident register-A kernel cannot hold), own-input residuals, input concats (x before or after a hidden layer's
-    input: NeRF's skip), a forced column group (16-256 columns: one slot's weights) and warpgroup count, float16 and bfloat16 compute, every I/O dtype, odd batches; long enough runs that a
-    CTA's slots wrap around many times."""
+    input: NeRF's skip), a forced column group (16-256 columns: one slot's weights) and warpgroup count, float16 and
+    bfloat16 compute, every I/O dtype, odd batches; long enough runs that a CTA's slots wrap around many times."""
     rng = np.random.default_rng(20261126)
     for i in range(36):
         depth = int(rng.integers(1, 7))

@@ -42,10 +42,11 @@ CANDIDATES_WGMMA = tuple({"wgmma": 1, "warps": w} for w in (16, 12, 8, 4))
 CANDIDATES_CLUSTER = CANDIDATES_WGMMA + tuple({"wgmma": 1, "cluster": c, "warps": 4} for c in (2, 4))
 #: Added where the default cluster plan has one warpgroup per CTA on clusters of 4 (weights too large for two even
 #: there; since the streamed register-A form, only networks that form does not take either, such as residuals from an
-#: earlier layer's output, reach such a plan): the mma.sync kernel's default tile, weights streamed. For 64-256x5-64 (590 KB) it ran 1.6-2x faster than the
-#: cluster plan from 2^18 rows on and 3.4x slower at 2^10 (bench/results/h100/plan_probe_s11.txt). Not for siren256
-#: (two warpgroups per CTA): 2.2-3.8x slower at every batch size, and a fourth compile of its first call; nor for one
-#: warpgroup on clusters of 2 (64-256-256-192, 2-256-256-256: 1.2-3.5x slower, plan_probe_s15.txt).
+#: earlier layer's output, reach such a plan): the mma.sync kernel's default tile, weights streamed. For 64-256x5-64
+#: (590 KB) it ran 1.6-2x faster than the cluster plan from 2^18 rows on and 3.4x slower at 2^10
+#: (bench/results/h100/plan_probe_s11.txt). Not for siren256 (two warpgroups per CTA): 2.2-3.8x slower at every batch
+#: size, and a fourth compile of its first call; nor for one warpgroup on clusters of 2 (64-256-256-192, 2-256-256-256:
+#: 1.2-3.5x slower, plan_probe_s15.txt).
 CANDIDATES_MMA_FALLBACK = ({"warps": 8, "m_tiles": 1},)
 
 
