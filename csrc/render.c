@@ -342,6 +342,7 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
         fm_str_printf(fm_subst_add(t, "CLUSTER"), "%d", p->cluster);
         fm_str_printf(fm_subst_add(t, "KPIPE"), "%d", p->kpipe);
         fm_str_printf(fm_subst_add(t, "STREAM_SLOTS"), "%d", p->stream_slots);
+        fm_str_printf(fm_subst_add(t, "WIDE_LOOP"), "%d", p->wide_loop);
         fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"), p->cluster > 1 ? "__cluster_dims__(FM_CLUSTER, 1, 1)" : "");
     }
 
@@ -361,6 +362,8 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
         fm_str_printf(c, " (%d slots of %zu B, one layer's column group%s each)%s", p->stream_slots,
                       p->w_slot_elems * (size_t)p->elem_bytes, pieces ? " or K piece of one" : "",
                       wide ? ", wide layers' outputs in shared memory" : "");
+        if (p->wide_loop)
+            fm_str_append(c, ", their column groups looped");
     }
     if (p->cluster)
         fm_str_printf(c, " (1/%d per CTA of a cluster of %d), activations in shared memory", p->cluster, p->cluster);

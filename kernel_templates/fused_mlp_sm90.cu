@@ -34,6 +34,7 @@
 #define FM_CLUSTER {{CLUSTER}}  // 0: activations in registers; n >= 1: in shared memory, clusters of n CTAs (below)
 #define FM_KPIPE {{KPIPE}}      // 1: layers with Layer<>::PIPE run their epilogue under the next layer's MMAs
 #define FM_STREAM {{STREAM_SLOTS}}  // 0: resident weights; n > 0: streamed through n slots (below)
+#define FM_WIDE_LOOP {{WIDE_LOOP}}  // 1: FM_STREAM's wide layers run their column groups as a loop (fm_wide_layer)
 #define FM_SLOT_ELEMS {{W_SLOT_ELEMS}}
 constexpr int ROWS_W = 16;  // rows per warp
 static_assert({{M_TILES}} == 1 && {{BUFFERS}} == 1 && ({{RESIDENT}} == 1) == (FM_SLOT_ELEMS == 0),
@@ -207,11 +208,10 @@ __device__ __forceinline__ fm_u32 fm_stream_acquire(const fm_stream &st) {
     fm_mbar_wait(st.bars + 8 * slot, (st.seq / NSLOT) & 1u);
     return st.slots + slot * SLOT_B;
 }
-// After this warp's MMAs of group Q (of the tile sequence) are done: its arrival on the slot's counter and, from the
-// CTA's last warp to arrive, the slot's refill with group Q + FM_STREAM. Predicated, no branch: a divergent path near
-// the MMAs made ptxas serialize every wgmma of the kernel (its warning C7519; see fm_cl_send).
-template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
-    constexpr fm_group_span next = fm_group_at<0>((Q + FM_STREAM) % STREAM_Q);
+// After this warp's MMAs of a group are done: its arrival on the slot's counter and, from the CTA's last warp to
+// arrive, the slot's refill with the group FM_STREAM later, whose weights are at next. Predicated, no branch: a
+// divergent path near the MMAs made ptxas serialize every wgmma of the kernel (its warning C7519; see fm_cl_send).
+__device__ __forceinline__ void fm_stream_release_to(fm_stream &st, int lane, fm_group_span next) {
     const fm_u32 slot = st.seq % NSLOT;
     const fm_u32 on = (lane == 0) & (st.seq + FM_STREAM < st.total);
     fm_u32 last;
@@ -224,6 +224,31 @@ template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st
                  : "memory");
     fm_stream_fill(last, st, st.seq + FM_STREAM, next);
     ++st.seq;
+}
+// The same after group Q (of the tile sequence), its successor's place named at compile time.
+template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
+    constexpr fm_group_span next = fm_group_at<0>((Q + FM_STREAM) % STREAM_Q);
+    fm_stream_release_to(st, lane, next);
+}
+// FM_WIDE_LOOP: where group q is known at run time only (a wide layer's column groups run as a loop, fm_wide_layer),
+// the place of each group's successor, group (q + FM_STREAM) % STREAM_Q, from a table of the tile's STREAM_Q groups in
+// constant memory: one uniform load, no branch. A template, so that only a kernel that reads it has it.
+struct fm_next_groups {
+    unsigned long long off[STREAM_Q];
+    fm_u32 bytes[STREAM_Q];
+};
+template <int Z> __device__ constexpr fm_next_groups fm_next_groups_of() {
+    fm_next_groups t{};
+    for (int q = 0; q < STREAM_Q; ++q) {
+        const fm_group_span g = fm_group_at<0>((q + FM_STREAM) % STREAM_Q);
+        t.off[q] = g.off;
+        t.bytes[q] = g.bytes;
+    }
+    return t;
+}
+template <int Z> __constant__ fm_next_groups fm_next_group = fm_next_groups_of<Z>();
+template <int Z = 0> __device__ __forceinline__ void fm_stream_release_at(fm_stream &st, int lane, int q) {
+    fm_stream_release_to(st, lane, fm_group_span{fm_next_group<Z>.off[q], fm_next_group<Z>.bytes[q]});
 }
 
 // ------------------------------------------------------------------------------------------------ the layers
@@ -333,9 +358,9 @@ __device__ __forceinline__ void fm_res_codes(const fm_u32 (&a)[KF][4], int j, in
 
 // The epilogue of layer L's 8-column tile J for this lane (v: its accumulators, (row g, cols 8 J + 2 t, + 1) at v[0],
 // v[1] and row g + 8's at v[2], v[3]): the bias where it is not in the accumulators (ADD_BIAS), activation, the
-// residual (a: the layer's input fragments), into hq, the next layer's A fragment J / 2 (its half J % 2), or for the
-// last layer into the output stage.
-template <int L, bool ADD_BIAS>
+// residual (a: the layer's input fragments), into hq, the next layer's A fragment J / 2 (its half J % 2, or HALF
+// where J is known at run time only: fm_wide_layer), or for the last layer into the output stage.
+template <int L, bool ADD_BIAS, int HALF = -1>
 __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 (&a)[Layer<L>::K / KE][4],
                                             fm_u32 (&hq)[4], const float *bias, const fm_out &stage, int t) {
     typedef Layer<L> Ly;
@@ -363,7 +388,8 @@ __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 
         if constexpr (L == LAST)
             fm_stage_pair<L>(stage, hh, col, col, live, v0, v1, r0, r1);
         else
-            hq[(J % 2) * 2 + hh] = live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
+            hq[(HALF >= 0 ? HALF : J % 2) * 2 + hh] =
+                live ? fm_epilogue16<L, FM_PREC + 1>(v0, v1, r0, r1, col) : 0u;
     }
 }
 
@@ -498,13 +524,85 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
         fm_layer_cols<L, C0 + W>(a, h, w, bias, stage, lane, st);
 }
 
-// Layer L for this warpgroup's 64 rows (see fm_layer_cols).
+// FM_WIDE_LOOP (plan.c, fm_plan.wide_loop): whether layer L's whole column groups run as one loop over one group's
+// code (fm_wide_layer) rather than unrolled: a wide layer (WIDE; or the last layer, whose output goes to the stage,
+// where it is as wide: over 256 in or out) of two groups or more, each one slot's chunk, with no residual (its
+// operand, the input fragment of the group's columns, would be a register array indexed at run time) and no norm.
+template <int L> __device__ constexpr bool fm_wide_looped() {
+    if constexpr (!FM_WIDE_LOOP || FM_STREAM == 0 || FM_PREC >= 3) {
+        return false;
+    } else {
+        typedef Layer<L> Ly;
+        constexpr bool wide = L == LAST ? Ly::K > 256 || Ly::N > 256 : Ly::WIDE;
+        return wide && Ly::RES == 0 && Ly::NORM == 0 && Ly::N / Ly::NC >= 2 && fm_chunk_cols<L>() == Ly::NC;
+    }
+}
+
+// A looped group's K pieces P.. (KP k steps each) into d (W columns), each from its slot, waited for and released as
+// in fm_stream_group; q: the group's first fill in the tile sequence (run time), so piece P is fill q + P.
+template <int W, int KS, int KP, int P>
+__device__ __forceinline__ void fm_stream_pieces(float (&d)[W / 2], fm_u32 (&a)[KS][4], fm_stream &st, int lane,
+                                                 int q) {
+    constexpr int S0 = P * KP, SN = KS - S0 < KP ? KS - S0 : KP;  // this piece's k steps
+    constexpr fm_u32 SBO = SN * 32 * 8;                            // its rows of SN k steps, 8 rows per core matrix
+    fm_mma_issue<W, KS, S0, SN>(d, a, fm_desc(fm_stream_acquire(st), SBO), true);
+    fm_mma_wait(d, a);
+    fm_stream_release_at(st, lane, q + P);
+    if constexpr (S0 + SN < KS)
+        fm_stream_pieces<W, KS, KP, P + 1>(d, a, st, lane, q);
+}
+
+// A wide layer's whole column groups as a run-time loop (fm_wide_looped): group i's columns i NC.. from its K
+// pieces' slots, its epilogue 16 columns at a time into the warp's wide buffer (the last layer: into the output
+// stage), as fm_layer_cols does for each group unrolled (the same MMAs in the same order, the same epilogue: the same
+// bits); then a last, narrower group (N not a multiple of NC) unrolled, its width known at compile time. The groups'
+// bias reads, wide-buffer offsets and slot fills are at run time (fm_next_group names the refills). NVRTC is given
+// one group's code instead of N / NC copies: wide512 (64-512x4-64 gelu) compiled in 2.2-2.7 s instead of 8.3-8.7
+// (dev machine, NVRTC 13), 255 registers without the unrolled form's 44 bytes of spills; sdf512's two stretches in 4 s
+// instead of 15.5 (docs/performance.md).
+template <int L>
+__device__ __forceinline__ void fm_wide_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4],
+                                              fm_u32 w, const float *bias, const fm_out &stage, int lane,
+                                              fm_stream &st) {
+    typedef Layer<L> Ly;
+    constexpr int NC = Ly::NC, G = Ly::N / NC, KS = Ly::K / KE;
+    static_assert(NC % 16 == 0 && G >= 2 && Ly::RES == 0 && Ly::NORM == 0, "whole 16-column groups, no residual");
+    constexpr bool BIAS_IN_D = FM_PREC < 3 && Ly::BIAS && (Ly::NORM != 0 || !fm_has_residual<LAST>());  // as there
+    const int t = lane & 3;
+#pragma unroll 1
+    for (int i = 0; i < G; ++i) {
+        float d[NC / 2];  // this lane's (row g + 8 hh, cols i NC + 8 j + 2 t, + 1), as in fm_layer_cols
+        fm_d_init<L, NC, BIAS_IN_D>(d, i * NC, t, bias);  // (D_SET: a split layer's groups start from it)
+        fm_stream_pieces<NC, KS, Ly::KC / KE, 0>(d, a, st, lane, fm_group0<L>() + i * fm_kpieces<L>());
+        if constexpr (L == LAST) {
+#pragma unroll
+            for (int j = 0; j < NC / 8; ++j)  // 8-column tile i NC / 8 + j of the output, into the stage
+                fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 4 * j, i * (NC / 8) + j, a, h[0], bias, stage, t);
+        } else {
+#pragma unroll
+            for (int p = 0; p < NC / 16; ++p) {  // 16-column group i NC / 16 + p of the output
+                fm_u32 hq[4];
+                const int j = i * (NC / 8) + 2 * p;
+                fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D, 0>(d + 8 * p, j, a, hq, bias, stage, t);
+                fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D, 1>(d + 8 * p + 4, j + 1, a, hq, bias, stage, t);
+                fm_stmatrix_x4(stage.wide + (fm_u32)(i * (NC / 16) + p) * WIDE_STEP, hq);
+            }
+        }
+    }
+    if constexpr (G * NC < Ly::N)
+        fm_layer_cols<L, G * NC>(a, h, w, bias, stage, lane, st);
+}
+
+// Layer L for this warpgroup's 64 rows (see fm_layer_cols; FM_WIDE_LOOP: fm_wide_layer).
 template <int L>
 __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4], fm_u32 w,
                                          const float *bias, const fm_out &stage, int lane, fm_stream &st) {
     static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || Layer<L>::K == Layer<L>::N),
                   "a concat arrives as one array (fm_network); residuals from the own input");
-    fm_layer_cols<L, 0>(a, h, w, bias, stage, lane, st);
+    if constexpr (fm_wide_looped<L>())
+        fm_wide_layer<L>(a, h, w, bias, stage, lane, st);
+    else
+        fm_layer_cols<L, 0>(a, h, w, bias, stage, lane, st);
 }
 
 // How many layers from L on run as one loop (fm_network): the layers with layer L's code

@@ -924,6 +924,47 @@ def test_streamed_wgmma_kernel_on_random_wide_chains():
     assert not failures, failures[:5]
 
 
+def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
+    """wide_loop=1: the streamed kernel's wide layers (and a last layer as wide) run their column groups as a run-time
+    loop over one group's code (fm_wide_layer; residual and norm layers stay unrolled), the slot refills naming their
+    weights from a constant-memory table. On wide_stream_cases(), vs float64, and bit for bit the unrolled kernel's
+    results on the same shape: the same MMAs in the same order into the same accumulators, the same epilogue."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
+    failures, checked, compared = [], 0, 0
+    for c in wide_stream_cases():
+        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None, concat=c.concat or None,
+                                dtype=c.prec, device="cuda")
+        built = None
+        for options in ({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk}, {"n_chunk": 64}, {}):
+            try:
+                built = (mlp._build(c.io, c.io, wgmma=1, resident=0, **options),
+                         mlp._build(c.io, c.io, wgmma=1, resident=0, wide_loop=1, **options))
+                break
+            except fusedmlp.LimitError:  # the registers (a wide concat) or shared memory do not fit that shape
+                continue
+        if built is None:
+            continue
+        (unrolled, plan_u, _, _), (looped, plan, source, _) = built
+        assert plan.info["wide_loop"] == 1 and "#define FM_WIDE_LOOP 1 " in source, plan.info
+        assert {k: v for k, v in plan.info.items() if k != "wide_loop"} == {k: v for k, v in plan_u.info.items()
+                                                                            if k != "wide_loop"}
+        case = (c.i, c.n_chunk, c.k_chunk, c.widths, c.acts, c.residual, c.concat, c.prec, c.io, c.batch)
+        if tally(kernel_error(looped, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures, case + ("looped",)):
+            checked += 1
+        _, y_a = run_io_kernel(unrolled, c.x32, c.io)
+        _, y_b = run_io_kernel(looped, c.x32, c.io)
+        compared += 1
+        if not np.array_equal(y_a, y_b, equal_nan=True):
+            failures.append(case + ("the loop changes the result", float(np.nanmax(np.abs(y_a.astype(np.float64) -
+                                                                                        y_b)))))
+    print(f"\nstreamed wgmma kernel, wide layers looped: {checked} runs checked, {compared} compared with the unrolled "
+          f"kernel, {len(failures)} failures")
+    assert checked >= 15 and compared >= 20
+    assert not failures, failures[:5]
+
+
 @pytest.mark.parametrize("widths,act,residual,loop", [
     ([3, 256, 256, 256, 256, 5], "sin", None, (1, 3)),  # a SIREN's hidden layers (fm_sin_d): layers 1-3, one loop
     ([2, 128, 256, 256, 256, 3], "tanh", None, (2, 2)),  # layer 1 (128 -> 256) has code of its own

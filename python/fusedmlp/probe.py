@@ -13,7 +13,8 @@ Workloads are the benchmark's (fusedmlp.bench.WORKLOADS) and a few shapes outsid
 weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best of 5 launches on random rows; where
 kernels are compared, they are timed in alternating rounds in one process and the median over rounds is printed.
 Plan options (--plan) are those the tuner forces (PLAN_OPTIONS: wgmma, cluster, warps, m_tiles, n_chunk, resident,
-kpipe, k_chunk), written ``warps=4,m_tiles=1``.
+kpipe, k_chunk) and wide_loop (the streamed kernel's wide layers' column groups as a loop: NVRTC's time), written
+``warps=4,m_tiles=1``.
 """
 
 import argparse
@@ -44,6 +45,10 @@ EXTRA = {
     "wideout192": bench.Workload((64, 256, 256, 192), "relu", True),
     "wideout256": bench.Workload((64, 128, 128, 128, 256), "relu", True),
     "sirenout256": bench.Workload((2, 256, 256, 256), "sin", True),
+    # sdf512's two fused stretches on sm_90 (its concat layer 4 is a GEMM between them), as networks of their own, so
+    # that forced plans (wide_loop=1) can be built for them: sdf512 itself has no whole-network plan to force
+    "sdf512head": bench.Workload((259, 512, 512, 512, 512), "relu", True, output_activation="relu"),
+    "sdf512tail": bench.Workload((512, 512, 512, 512, 1), "relu", True, output_activation="tanh"),
 }
 
 #: GPUs to plan for ahead of time (`probe list`, bench/sass_report.py): what _core.Gpu.info reports for them.
@@ -58,7 +63,7 @@ GPUS = {
 
 IO_DTYPES = ("float16", "float32", "bfloat16")
 #: The plan's options (Network.plan's keywords past the GPU's limits and the dtypes), as the tuner forces them.
-PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe", "k_chunk")
+PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe", "k_chunk", "wide_loop")
 
 
 # ------------------------------------------------------------------------------------------------ shared helpers
@@ -124,6 +129,8 @@ def shape(info, kernel=None):
         if kernel is not None:
             text += f" x{kernel.info['max_clusters']}"
     weights = f"streamed ({info['stream_slots']} slots)" if info.get("stream_slots") else f"resident {info['resident']}"
+    if info.get("wide_loop"):
+        weights += ", wide layers' groups looped"
     return (text + f", {weights}, kpipe {info['kpipe']}, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
 
 
