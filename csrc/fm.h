@@ -258,8 +258,8 @@ typedef struct fm_plan_opts {
                          weights and computing those columns (fm_plan.cluster) */
     int kpipe;        /* the register-A warpgroup kernel's K-pipelined layers (fm_plan.pipe): 0 auto, -1 off, 1 on */
     int k_chunk;      /* the streamed warpgroup kernel's K columns per weight slot fill (fm_plan.k_chunk; 0: auto) */
-    int wide_loop;    /* 1: the streamed warpgroup kernel runs its wide layers' column groups as a run-time loop
-                         (fm_plan.wide_loop); 0: unrolled, the default */
+    int wide_loop;    /* the streamed warpgroup kernel's wide layers' column groups as a run-time loop
+                         (fm_plan.wide_loop): 0 auto (looped), -1 off (unrolled), 1 on (a limit where nothing is wide) */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -302,10 +302,12 @@ typedef struct fm_plan {
      * or out) but goes, 16 columns at a time, to its warp's wide buffer in shared memory (16 rows x n_pad, 8-column
      * chunks of 256 bytes), from which the next layer loads its A fragments. The buffer doubles as the output stage. */
     int wide_out[FM_MAX_LAYERS];
-    /* 1 (asked for: fm_plan_opts.wide_loop): the streamed form's wide layers (wide_out) run their whole column groups
-     * as one run-time loop over one group's code instead of a copy of it per group, each group's K pieces still
-     * unrolled, the slot refills naming their weights from a table of the tile's fills (fused_mlp_sm90.cu,
-     * fm_wide_layer): NVRTC is given a quarter of a 512-wide layer's code. 0: every group unrolled (the default). */
+    /* 1 (the default where the streamed form has wide layers; fm_plan_opts.wide_loop): the wide layers (wide_out) run
+     * their whole column groups as one run-time loop over one group's code instead of a copy of it per group, each
+     * group's K pieces still unrolled, the slot refills naming their weights from a table of the tile's fills
+     * (fused_mlp_sm90.cu, fm_wide_layer): NVRTC is given a quarter of a 512-wide layer's code, and the SM a kernel
+     * that fits its instruction cache (wide512 ran 0.71x the unrolled one's time on the H100; docs/performance.md).
+     * 0: every group unrolled (wide_loop=-1, or no wide layer). */
     int wide_loop;
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */

@@ -479,26 +479,28 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
     return FM_ERR_LIMIT;
 }
 
-/* The plan of the form fm_plan_form chooses, with the options that do not change the choice: wide_loop, asked for,
+/* The plan of the form fm_plan_form chooses, with the options that do not change the choice: wide_loop (auto or on)
  * where the plan is the streamed warpgroup kernel of a network with a layer wider than 256 in or out (its wide form:
- * fm_plan.wide_out, k_chunk; the kernel loops over such a layer's column groups, fm_plan.wide_loop), else a limit
- * naming it. */
+ * fm_plan.wide_out, k_chunk; the kernel loops over such a layer's column groups, fm_plan.wide_loop); wide_loop=1 on
+ * any other plan is a limit naming it. */
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
     fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0};
     if (opts == NULL)
         opts = &none;
-    if (opts->wide_loop != 0 && opts->wide_loop != 1) {
+    if (opts->wide_loop < -1 || opts->wide_loop > 1) {
         memset(plan, 0, sizeof *plan);
-        return fm_fail(err, FM_ERR_VALUE, "wide_loop=%d: 1 runs the streamed kernel's wide layers' column groups as "
-                       "a loop, 0 (the default) unrolls them", opts->wide_loop);
+        return fm_fail(err, FM_ERR_VALUE, "wide_loop=%d: the streamed kernel's wide layers' column groups, 0 (auto: "
+                       "a loop), 1 (a loop, else an error) or -1 (unrolled)", opts->wide_loop);
     }
     fm_status st = fm_plan_form(spec, target, opts, prec, in_dtype, out_dtype, plan, err);
-    if (st != FM_OK || !opts->wide_loop)
+    if (st != FM_OK || opts->wide_loop < 0)
         return st;
     int wide = plan->stream_slots && plan->k0_pad[0] > FM_MAX_ONCHIP_WIDTH; /* as fm_plan_stream_at's */
     for (int l = 0; l < plan->num_layers && plan->stream_slots; ++l)
         wide |= plan->n_pad[l] > FM_MAX_ONCHIP_WIDTH;
+    if (!wide && opts->wide_loop == 0)
+        return FM_OK;
     if (!wide)
         return fm_fail(err, FM_ERR_LIMIT, "wide_loop=1 was asked for, but %s", plan->stream_slots
                        ? "this network has no layer wider than 256 (the streamed kernel's wide layers are looped)"

@@ -925,7 +925,7 @@ def test_streamed_wgmma_kernel_on_random_wide_chains():
 
 
 def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
-    """wide_loop=1: the streamed kernel's wide layers (and a last layer as wide) run their column groups as a run-time
+    """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run their column groups as a run-time
     loop over one group's code (fm_wide_layer; residual and norm layers stay unrolled), the slot refills naming their
     weights from a constant-memory table. On wide_stream_cases(), vs float64, and bit for bit the unrolled kernel's
     results on the same shape: the same MMAs in the same order into the same accumulators, the same epilogue."""
@@ -939,7 +939,7 @@ def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
         built = None
         for options in ({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk}, {"n_chunk": 64}, {}):
             try:
-                built = (mlp._build(c.io, c.io, wgmma=1, resident=0, **options),
+                built = (mlp._build(c.io, c.io, wgmma=1, resident=0, wide_loop=-1, **options),
                          mlp._build(c.io, c.io, wgmma=1, resident=0, wide_loop=1, **options))
                 break
             except fusedmlp.LimitError:  # the registers (a wide concat) or shared memory do not fit that shape

@@ -498,22 +498,25 @@ def test_wide_streamed_plans_compile_for_sm_90a():
         assert spills and max(spills) <= 64, (widths, log)
 
 
-def test_wide_loop_leaves_the_default_source_and_changes_only_its_switch():
-    """wide_loop (fm_plan.wide_loop) is off by default: a plan without it renders the same source as wide_loop=0, its
-    FM_WIDE_LOOP 0, and with it on the source differs in that switch and the plan comment only (the loop's code sits in
-    `if constexpr` branches and templates that the default does not instantiate: its cubin is main's, checked by hand
-    against the unchanged template). It is a streamed plan's option: a network without a layer wider than 256, or a
-    plan of another form, is a limit naming it; a value other than 0 and 1 is a value error."""
+def test_wide_loop_is_the_default_for_wide_layers_and_changes_only_its_switch():
+    """wide_loop (fm_plan.wide_loop) is on by default where the streamed plan has a layer wider than 256: a plan
+    without it renders the same source as wide_loop=0 and wide_loop=1, its FM_WIDE_LOOP 1, and the unrolled form
+    (wide_loop=-1) differs in that switch and the plan comment only (the loop's code sits in `if constexpr` branches
+    and templates that the unrolled form does not instantiate). A network without a wide layer plans as before
+    (wide_loop 0, whatever form); forcing wide_loop=1 on it, or on a plan of another form, is a limit naming it; a
+    value other than -1, 0 and 1 is a value error."""
     widths, act = [64, 512, 512, 512, 512, 64], "gelu"
     plan, default = render_for_h100(widths, act)
-    plan0, off = render_for_h100(widths, act, wide_loop=0)
+    plan0, auto = render_for_h100(widths, act, wide_loop=0)
     plan1, on = render_for_h100(widths, act, wide_loop=1)
-    assert default == off and "#define FM_WIDE_LOOP 0 " in default
-    assert plan.info["wide_loop"] == plan0.info["wide_loop"] == 0 and plan1.info["wide_loop"] == 1
-    assert {k: v for k, v in plan1.info.items() if k != "wide_loop"} == {k: v for k, v in plan.info.items()
-                                                                         if k != "wide_loop"}
-    changed = [(a, b) for a, b in zip(default.splitlines(), on.splitlines()) if a != b]
-    assert len(default.splitlines()) == len(on.splitlines()) and len(changed) == 2, changed
+    plan_u, unrolled = render_for_h100(widths, act, wide_loop=-1)
+    assert default == auto == on and "#define FM_WIDE_LOOP 1 " in default
+    assert plan.info["wide_loop"] == plan0.info["wide_loop"] == plan1.info["wide_loop"] == 1
+    assert plan_u.info["wide_loop"] == 0
+    assert {k: v for k, v in plan_u.info.items() if k != "wide_loop"} == {k: v for k, v in plan.info.items()
+                                                                          if k != "wide_loop"}
+    changed = [(a, b) for a, b in zip(unrolled.splitlines(), on.splitlines()) if a != b]
+    assert len(unrolled.splitlines()) == len(on.splitlines()) and len(changed) == 2, changed
     assert changed[0][0].startswith("// Plan: ") and changed[0][1] == changed[0][0].replace(
         "wide layers' outputs in shared memory", "wide layers' outputs in shared memory, their column groups looped")
     assert changed[1] == ("#define FM_WIDE_LOOP 0  // 1: FM_STREAM's wide layers run their column groups as a loop "
@@ -522,18 +525,24 @@ def test_wide_loop_leaves_the_default_source_and_changes_only_its_switch():
     rng = np.random.default_rng(3)
     narrow = fusedmlp.FusedMLP([rng.standard_normal((64, 32)).astype(np.float32),
                                 rng.standard_normal((16, 64)).astype(np.float32)], None, "relu", device="cpu")
+    for options in ({}, {"wgmma": 1, "resident": 0}):
+        for loop in (-1, 0):
+            assert narrow._net.plan(90, 232448, 132, "float16", "float16", smem_per_sm=233472, wide_loop=loop,
+                                    **options).info.get("wide_loop", 0) == 0
     with pytest.raises(fusedmlp.LimitError, match=r"wide_loop=1 was asked for, but this network has no layer wider "
                                                    r"than 256"):
         narrow._net.plan(90, 232448, 132, "float16", "float16", smem_per_sm=233472, wgmma=1, resident=0, wide_loop=1)
     with pytest.raises(fusedmlp.LimitError, match=r"wide_loop=1 was asked for, but only the streamed warpgroup "
                                                    r"kernel \(wgmma=1, resident=0\)"):
         narrow._net.plan(90, 232448, 132, "float16", "float16", smem_per_sm=233472, wide_loop=1)
-    with pytest.raises(ValueError, match=r"wide_loop=2: 1 runs the streamed kernel's wide layers' column groups"):
-        narrow._net.plan(90, 232448, 132, wide_loop=2)
+    for bad in (2, -2):
+        with pytest.raises(ValueError, match=rf"wide_loop={bad}: the streamed kernel's wide layers' column groups, "
+                                             r"0 \(auto: a loop\), 1 \(a loop, else an error\) or -1 \(unrolled\)"):
+            narrow._net.plan(90, 232448, 132, wide_loop=bad)
 
 
 def test_wide_loop_plans_compile_clean_and_faster_for_sm_90a():
-    """wide_loop=1: the streamed kernel's wide layers (and a last layer as wide) run their column groups as a run-time
+    """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run their column groups as a run-time
     loop over one group's code (fused_mlp_sm90.cu, fm_wide_layer), the slot refills naming their weights from a table
     in constant memory. They compile for sm_90a without serialized wgmma or warnings, spilling no more than the
     unrolled form may, and NVRTC takes less time. On the dev machine (2 cores, NVRTC 13): wide512 8.3-8.7 s unrolled
@@ -544,13 +553,13 @@ def test_wide_loop_plans_compile_clean_and_faster_for_sm_90a():
 
     from fusedmlp import _api, _core
 
-    total = {0: 0.0, 1: 0.0}
+    total = {-1: 0.0, 1: 0.0}
     for widths, act in (([64, 512, 512, 512, 512, 64], "gelu"), ([3, 300, 512, 256, 16], "silu"),
                         ([512, 256, 512, 1], "relu")):
-        for loop in (0, 1):
+        for loop in (-1, 1):
             plan, source = render_for_h100(widths, act, wide_loop=loop)
-            assert plan.info["stream_slots"] >= 2 and plan.info["wide_loop"] == loop
-            assert f"#define FM_WIDE_LOOP {loop} " in source
+            assert plan.info["stream_slots"] >= 2 and plan.info["wide_loop"] == max(loop, 0)
+            assert f"#define FM_WIDE_LOOP {max(loop, 0)} " in source
             start = time.perf_counter()
             cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True,
                                              ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
@@ -560,9 +569,9 @@ def test_wide_loop_plans_compile_clean_and_faster_for_sm_90a():
             spills = [int(b) for b in re.findall(r"(\d+) bytes spill stores", log)]
             regs = re.findall(r"Used (\d+) registers", log)
             assert spills and max(spills) <= 64, (widths, loop, log)
-            # the table of the tile's slot fills: in the looped kernel only (the default's cubin is main's)
-            assert (b"fm_next_group" in cubin) == bool(loop), (widths, loop)
+            # the table of the tile's slot fills: in the looped kernel only
+            assert (b"fm_next_group" in cubin) == (loop > 0), (widths, loop)
             print(f"\n{'-'.join(map(str, widths))} {act} wide_loop={loop}: NVRTC {seconds:.2f} s, {regs} registers, "
                   f"{spills} bytes of spills", end="")
-    print(f"\nNVRTC, the three: {total[0]:.2f} s unrolled, {total[1]:.2f} s looped")
-    assert total[1] <= 1.1 * total[0], total
+    print(f"\nNVRTC, the three: {total[-1]:.2f} s unrolled, {total[1]:.2f} s looped")
+    assert total[1] <= 1.1 * total[-1], total

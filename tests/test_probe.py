@@ -155,17 +155,17 @@ def test_a_forced_plan_the_network_does_not_take_is_listed_with_the_reason():
 
 
 def test_wide_loop_is_a_plan_option_and_sdf512s_stretches_are_workloads():
-    """wide_loop=1 (the streamed kernel's wide layers' column groups as a loop) parses as a plan option and plans as
-    the default's shape with its groups looped; sdf512 has no whole-network plan to force it on, so its two fused
+    """wide_loop (the streamed kernel's wide layers' column groups as a loop, the default) parses as a plan option;
+    wide_loop=-1 plans the default's shape with its groups unrolled; sdf512 has no whole-network plan to force it on, so its two fused
     stretches (layers 0-3 and 5-8 on the H100) are workloads of their own that plan as its segments do."""
     assert "wide_loop" in probe.PLAN_OPTIONS
-    assert probe.parse_plan("wgmma=1,resident=0,wide_loop=1") == {"wgmma": 1, "resident": 0, "wide_loop": 1}
+    assert probe.parse_plan("wgmma=1,resident=0,wide_loop=-1") == {"wgmma": 1, "resident": 0, "wide_loop": -1}
     sdf = probe.segment_table(probe.workload("sdf512"), probe.GPUS["h100"])
     for name, segment in (("wide512", None), ("sdf512head", sdf[0]), ("sdf512tail", sdf[2])):
-        default, looped = probe.plan_table(probe.workload(name), probe.GPUS["h100"],
-                                           plans=[{"wgmma": 1, "resident": 0, "wide_loop": 1}])
-        assert default["info"]["wide_loop"] == 0 and looped["info"]["wide_loop"] == 1, (name, looped)
-        assert probe.shape(looped["info"]) == probe.shape(default["info"]).replace(
+        default, unrolled = probe.plan_table(probe.workload(name), probe.GPUS["h100"],
+                                             plans=[{"wgmma": 1, "resident": 0, "wide_loop": -1}])
+        assert default["info"]["wide_loop"] == 1 and unrolled["info"]["wide_loop"] == 0, (name, unrolled)
+        assert probe.shape(default["info"]) == probe.shape(unrolled["info"]).replace(
             "streamed (2 slots)", "streamed (2 slots), wide layers' groups looped")
         assert segment is None or segment.endswith(": " + probe.shape(default["info"])), (segment, default)
 

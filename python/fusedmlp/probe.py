@@ -13,8 +13,8 @@ Workloads are the benchmark's (fusedmlp.bench.WORKLOADS) and a few shapes outsid
 weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best of 5 launches on random rows; where
 kernels are compared, they are timed in alternating rounds in one process and the median over rounds is printed.
 Plan options (--plan) are those the tuner forces (PLAN_OPTIONS: wgmma, cluster, warps, m_tiles, n_chunk, resident,
-kpipe, k_chunk) and wide_loop (the streamed kernel's wide layers' column groups as a loop: NVRTC's time), written
-``warps=4,m_tiles=1``.
+kpipe, k_chunk) and wide_loop (-1: the streamed kernel's wide layers' column groups unrolled, not the default loop),
+written ``warps=4,m_tiles=1``.
 """
 
 import argparse
@@ -46,7 +46,7 @@ EXTRA = {
     "wideout256": bench.Workload((64, 128, 128, 128, 256), "relu", True),
     "sirenout256": bench.Workload((2, 256, 256, 256), "sin", True),
     # sdf512's two fused stretches on sm_90 (its concat layer 4 is a GEMM between them), as networks of their own, so
-    # that forced plans (wide_loop=1) can be built for them: sdf512 itself has no whole-network plan to force
+    # that forced plans (wide_loop=-1) can be built for them: sdf512 itself has no whole-network plan to force
     "sdf512head": bench.Workload((259, 512, 512, 512, 512), "relu", True, output_activation="relu"),
     "sdf512tail": bench.Workload((512, 512, 512, 512, 1), "relu", True, output_activation="tanh"),
 }
