@@ -260,6 +260,8 @@ typedef struct fm_plan_opts {
     int k_chunk;      /* the streamed warpgroup kernel's K columns per weight slot fill (fm_plan.k_chunk; 0: auto) */
     int wide_loop;    /* the streamed warpgroup kernel's wide layers' column groups as a run-time loop
                          (fm_plan.wide_loop): 0 auto (looped), -1 off (unrolled), 1 on (a limit where nothing is wide) */
+    int split;        /* the streamed warpgroup kernel's wide layers split over clusters of this many CTAs (fm_plan.split;
+                         0: none, 2, 4 or 8); an experiment, off by default */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -309,6 +311,13 @@ typedef struct fm_plan {
      * that fits its instruction cache (wide512 ran 0.71x the unrolled one's time on the H100; docs/performance.md).
      * 0: every group unrolled (wide_loop=-1, or no wide layer). */
     int wide_loop;
+    /* 0, or n > 1 (asked for: fm_plan_opts.split; wide_loop plans only): clusters of n CTAs run the same row tile,
+     * CTA r computing the column groups [r, r + 1) * G / n of each wide layer (G groups) and storing them into the
+     * wide buffers of all n CTAs (distributed shared memory, a cluster barrier before the next layer reads them);
+     * narrow layers run whole in every CTA, and CTA 0 stores y. So a small batch's few row tiles keep n times as many
+     * SMs busy, each reading 1/n of the wide layers' weights. The output stage then has bytes of its own beside the
+     * wide buffer (peers write the buffer while a CTA still stores y from its stage). */
+    int split;
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */
     int arch;                        /* target compute capability */

@@ -479,13 +479,37 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
     return FM_ERR_LIMIT;
 }
 
+/* Whether a streamed plan with looped wide layers can split them over clusters of `split` CTAs (fm_plan.split, set
+ * with its layout by fm_plan_stream): every wide layer a loop of whole groups (no residual, no norm, its width a
+ * multiple of its group width), their number a multiple of the cluster's CTAs. */
+static fm_status fm_plan_split_check(fm_plan *plan, int split, fm_error *err) {
+    if (!plan->stream_slots || plan->split != split)
+        return fm_fail(err, FM_ERR_LIMIT, "split=%d was asked for, but only the streamed warpgroup kernel (wgmma=1, "
+                       "resident=0) splits its wide layers, and this plan is not that kernel", split);
+    for (int l = 0; l < plan->num_layers; ++l) {
+        if (!plan->wide_out[l])
+            continue;
+        int groups = plan->n_pad[l] / plan->n_chunk[l];
+        if (plan->res_op[l] != FM_RES_NONE || plan->norm[l] != FM_NORM_NONE)
+            return fm_fail(err, FM_ERR_LIMIT, "split=%d: layer %d has a %s, and a split layer has none", split, l,
+                           plan->res_op[l] != FM_RES_NONE ? "residual" : "norm");
+        if (plan->n_pad[l] % plan->n_chunk[l] != 0 || groups % split != 0 || groups < 2)
+            return fm_fail(err, FM_ERR_LIMIT, "split=%d: layer %d's %d columns are %d groups of %d, not a multiple of "
+                           "%d groups", split, l, plan->n_pad[l], (plan->n_pad[l] + plan->n_chunk[l] - 1) /
+                           plan->n_chunk[l], plan->n_chunk[l], split);
+        if ((size_t)plan->n_chunk[l] * (size_t)fm_plan_k_chunk(plan, l) > plan->w_slot_elems)
+            return fm_fail(err, FM_ERR_LIMIT, "split=%d: layer %d's groups take more than one slot each", split, l);
+    }
+    return FM_OK;
+}
+
 /* The plan of the form fm_plan_form chooses, with the options that do not change the choice: wide_loop (auto or on)
  * where the plan is the streamed warpgroup kernel of a network with a layer wider than 256 in or out (its wide form:
  * fm_plan.wide_out, k_chunk; the kernel loops over such a layer's column groups, fm_plan.wide_loop); wide_loop=1 on
  * any other plan is a limit naming it. */
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
-    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0};
+    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0};
     if (opts == NULL)
         opts = &none;
     if (opts->wide_loop < -1 || opts->wide_loop > 1) {
@@ -493,12 +517,25 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         return fm_fail(err, FM_ERR_VALUE, "wide_loop=%d: the streamed kernel's wide layers' column groups, 0 (auto: "
                        "a loop), 1 (a loop, else an error) or -1 (unrolled)", opts->wide_loop);
     }
+    if (opts->split != 0 && opts->split != 2 && opts->split != 4 && opts->split != 8) {
+        memset(plan, 0, sizeof *plan);
+        return fm_fail(err, FM_ERR_VALUE, "split=%d: the streamed kernel's wide layers over clusters of 2, 4 or 8 "
+                       "CTAs, or 0 (none, the default)", opts->split);
+    }
     fm_status st = fm_plan_form(spec, target, opts, prec, in_dtype, out_dtype, plan, err);
+    if (st == FM_OK && opts->split > 1 && opts->wide_loop < 0)
+        return fm_fail(err, FM_ERR_LIMIT, "split=%d was asked for with wide_loop=-1: a split layer's column groups "
+                       "run as a loop (fused_mlp_sm90.cu, fm_wide_layer)", opts->split);
     if (st != FM_OK || opts->wide_loop < 0)
         return st;
     int wide = plan->stream_slots && plan->k0_pad[0] > FM_MAX_ONCHIP_WIDTH; /* as fm_plan_stream_at's */
     for (int l = 0; l < plan->num_layers && plan->stream_slots; ++l)
         wide |= plan->n_pad[l] > FM_MAX_ONCHIP_WIDTH;
+    if (!wide && opts->split > 1)
+        return fm_fail(err, FM_ERR_LIMIT, "split=%d was asked for, but %s", opts->split, plan->stream_slots
+                       ? "this network has no layer wider than 256 (the streamed kernel splits its wide layers)"
+                       : "only the streamed warpgroup kernel (wgmma=1, resident=0) splits its wide layers, and this "
+                         "plan is not that kernel");
     if (!wide && opts->wide_loop == 0)
         return FM_OK;
     if (!wide)
@@ -507,7 +544,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                        : "only the streamed warpgroup kernel (wgmma=1, resident=0) loops over a wide layer's groups, "
                          "and this plan is not that kernel");
     plan->wide_loop = 1;
-    return FM_OK;
+    return opts->split > 1 ? fm_plan_split_check(plan, opts->split, err) : FM_OK;
 }
 
 /* Weight (n, k) of layer l as the plan stores it: rounded (nearest even) to the compute precision, or for 8-bit the

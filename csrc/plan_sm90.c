@@ -234,8 +234,8 @@ size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, const int
     int in_only = value_pad[0];
     p->act_stride = fm_act_stride(p, &in_only, 1, 0);
     size_t stage = fm_plan_wgmma_stage_bytes(p), wide = fm_plan_wide_bytes(p); /* one buffer serves both */
-    size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + (stage > wide ? stage : wide) +
-                        fm_plan_wgmma_raw_bytes(p);
+    size_t share = p->split > 1 ? stage + wide : stage > wide ? stage : wide;   /* (split: side by side) */
+    size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + share + fm_plan_wgmma_raw_bytes(p);
     size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems
                                               : p->stream_slots ? (size_t)p->stream_slots * p->w_slot_elems
                                               : p->w_elems);
@@ -471,6 +471,7 @@ fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opt
                        opts->warps);
     p->wgmma = 1;
     p->cluster = 0;
+    p->split = opts->split > 1 ? opts->split : 0; /* (fm_plan_make checks that the plan can be split) */
     fm_plan_blobs(p);
     p->kpipe = 0;
     memset(p->pipe, 0, sizeof p->pipe);
@@ -492,6 +493,8 @@ fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opt
         st = fm_plan_stream_at(&cand, t, opts, warps, piece, value_pad, &quiet);
         if (st == FM_OK) {
             fm_error_clear(&quiet);
+            if (err != NULL) /* an earlier shape's reason is no error now (a later check's message would keep it) */
+                fm_error_clear(err);
             *p = cand;
             return FM_OK;
         }

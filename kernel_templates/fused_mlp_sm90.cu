@@ -35,6 +35,7 @@
 #define FM_KPIPE {{KPIPE}}      // 1: layers with Layer<>::PIPE run their epilogue under the next layer's MMAs
 #define FM_STREAM {{STREAM_SLOTS}}  // 0: resident weights; n > 0: streamed through n slots (below)
 #define FM_WIDE_LOOP {{WIDE_LOOP}}  // 1: FM_STREAM's wide layers run their column groups as a loop (fm_wide_layer)
+#define FM_SPLIT {{SPLIT}}  // n > 1: FM_STREAM's wide layers split over clusters of n CTAs (fm_split_layer)
 #define FM_SLOT_ELEMS {{W_SLOT_ELEMS}}
 constexpr int ROWS_W = 16;  // rows per warp
 static_assert({{M_TILES}} == 1 && {{BUFFERS}} == 1 && ({{RESIDENT}} == 1) == (FM_SLOT_ELEMS == 0),
@@ -142,10 +143,14 @@ template <int L> __device__ constexpr int fm_chunk_cols() {
 }
 // Layer L's K pieces per chunk of columns.
 template <int L> __device__ constexpr int fm_kpieces() { return (Layer<L>::K + Layer<L>::KC - 1) / Layer<L>::KC; }
-// Layer L's slot fills ("chunks": its column groups, or a norm layer's pieces, each in K pieces), and those of layers
-// L.. together.
+// FM_SPLIT (plan.c, fm_plan.split): whether layer L is split over the cluster's CTAs, each computing 1/FM_SPLIT of
+// its column groups (a wide layer, looped: fm_wide_layer) and storing them into every CTA's wide buffer.
+template <int L> __device__ constexpr bool fm_split_layer() { return FM_SPLIT > 1 && Layer<L>::WIDE; }
+// Layer L's slot fills in this CTA ("chunks": its column groups, or a norm layer's pieces, each in K pieces; a split
+// layer's own groups), and those of layers L.. together.
 template <int L> __device__ constexpr int fm_groups() {
-    return (Layer<L>::N + fm_chunk_cols<L>() - 1) / fm_chunk_cols<L>() * fm_kpieces<L>();
+    return (Layer<L>::N + fm_chunk_cols<L>() - 1) / fm_chunk_cols<L>() * fm_kpieces<L>() /
+           (fm_split_layer<L>() ? FM_SPLIT : 1);
 }
 template <int L> __device__ constexpr int fm_groups_from() {
     if constexpr (L > LAST)
@@ -165,18 +170,20 @@ struct fm_group_span {
     unsigned long long off;  // bytes from the blob's start
     fm_u32 bytes;
 };
-// Group q of a tile's sequence (layers L.. from group q of layer L on): its weights' place in the blob.
-template <int L> __device__ constexpr fm_group_span fm_group_at(int q) {
+// Group q of a tile's sequence in CTA `rank` of a cluster (layers L.. from group q of layer L on): its weights' place
+// in the blob. (A split layer's groups in CTA r: its chunks r G / FM_SPLIT.., G the layer's chunks.)
+template <int L> __device__ constexpr fm_group_span fm_group_at(int q, int rank = 0) {
     if constexpr (L > LAST) {
         return {0ull, 0u};
     } else {
         typedef Layer<L> Ly;
         if (q >= fm_groups<L>())
-            return fm_group_at<L + 1>(q - fm_groups<L>());
+            return fm_group_at<L + 1>(q - fm_groups<L>(), rank);
         constexpr int CH = fm_chunk_cols<L>(), KP = fm_kpieces<L>();
         // chunk q / KP of columns (w of them from c0), its piece q % KP (kw inputs from k0): the chunk's w rows in
         // the blob from row c0 on, its pieces one after another (plan.c, fm_plan_w_index)
-        const int c0 = q / KP * CH, w = Ly::N - c0 < CH ? Ly::N - c0 : CH;
+        const int own = fm_split_layer<L>() ? rank * (fm_groups<L>() / KP) : 0;  // this CTA's first chunk
+        const int c0 = (own + q / KP) * CH, w = Ly::N - c0 < CH ? Ly::N - c0 : CH;
         const int k0 = q % KP * Ly::KC, kw = Ly::K - k0 < Ly::KC ? Ly::K - k0 : Ly::KC;
         return {(unsigned long long)EB * ((unsigned long long)Ly::W_OFF + (unsigned long long)c0 * Ly::K +
                                           (unsigned long long)w * k0),
@@ -190,6 +197,7 @@ struct fm_stream {
     fm_u32 seq;    // the CTA's group this warp runs next
     fm_u32 total;  // the CTA's groups over its whole run (its tiles x STREAM_Q)
     const unsigned char *w;
+    fm_u32 rank;   // FM_SPLIT: this CTA's rank in its cluster
 };
 
 // Fills the slot of group number seq with the weights at g (those of group seq % STREAM_Q of a tile's sequence),
@@ -225,30 +233,39 @@ __device__ __forceinline__ void fm_stream_release_to(fm_stream &st, int lane, fm
     fm_stream_fill(last, st, st.seq + FM_STREAM, next);
     ++st.seq;
 }
-// The same after group Q (of the tile sequence), its successor's place named at compile time.
-template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
-    constexpr fm_group_span next = fm_group_at<0>((Q + FM_STREAM) % STREAM_Q);
-    fm_stream_release_to(st, lane, next);
-}
 // FM_WIDE_LOOP: where group q is known at run time only (a wide layer's column groups run as a loop, fm_wide_layer),
 // the place of each group's successor, group (q + FM_STREAM) % STREAM_Q, from a table of the tile's STREAM_Q groups in
-// constant memory: one uniform load, no branch. A template, so that only a kernel that reads it has it.
+// constant memory: one uniform load, no branch. A template, so that only a kernel that reads it has it. FM_SPLIT: a
+// table per rank of the cluster (each CTA's split layers read their own chunks).
+enum : int { SPLIT_N = FM_SPLIT > 1 ? FM_SPLIT : 1 };  // (an enum: no global in the cubin)
 struct fm_next_groups {
-    unsigned long long off[STREAM_Q];
-    fm_u32 bytes[STREAM_Q];
+    unsigned long long off[SPLIT_N * STREAM_Q];
+    fm_u32 bytes[SPLIT_N * STREAM_Q];
 };
 template <int Z> __device__ constexpr fm_next_groups fm_next_groups_of() {
     fm_next_groups t{};
-    for (int q = 0; q < STREAM_Q; ++q) {
-        const fm_group_span g = fm_group_at<0>((q + FM_STREAM) % STREAM_Q);
-        t.off[q] = g.off;
-        t.bytes[q] = g.bytes;
-    }
+    for (int r = 0; r < SPLIT_N; ++r)
+        for (int q = 0; q < STREAM_Q; ++q) {
+            const fm_group_span g = fm_group_at<0>((q + FM_STREAM) % STREAM_Q, r);
+            t.off[r * STREAM_Q + q] = g.off;
+            t.bytes[r * STREAM_Q + q] = g.bytes;
+        }
     return t;
 }
 template <int Z> __constant__ fm_next_groups fm_next_group = fm_next_groups_of<Z>();
 template <int Z = 0> __device__ __forceinline__ void fm_stream_release_at(fm_stream &st, int lane, int q) {
-    fm_stream_release_to(st, lane, fm_group_span{fm_next_group<Z>.off[q], fm_next_group<Z>.bytes[q]});
+    const int i = FM_SPLIT > 1 ? (int)st.rank * STREAM_Q + q : q;
+    fm_stream_release_to(st, lane, fm_group_span{fm_next_group<Z>.off[i], fm_next_group<Z>.bytes[i]});
+}
+// The same after group Q (of the tile sequence), its successor's place named at compile time (FM_SPLIT: the table's,
+// the successor depending on the CTA's rank).
+template <int Q> __device__ __forceinline__ void fm_stream_release(fm_stream &st, int lane) {
+    if constexpr (FM_SPLIT > 1) {
+        fm_stream_release_at(st, lane, Q);
+    } else {
+        constexpr fm_group_span next = fm_group_at<0>((Q + FM_STREAM) % STREAM_Q);
+        fm_stream_release_to(st, lane, next);
+    }
 }
 
 // ------------------------------------------------------------------------------------------------ the layers
@@ -289,6 +306,7 @@ struct fm_out {
     long long row;   // direct: this lane's row g of the warp's strip
     int rows;        // direct: the strip's rows from row g on that are in y (<= 0: none)
     fm_u32 wide;     // this lane's ldmatrix / stmatrix row address in chunk 0 of the warp's wide buffer (below)
+    fm_u32 wide_st;  // FM_SPLIT: this lane's word of a 16-column group's first matrix in that buffer (fm_split_copy)
 };
 
 // The warp's wide buffer (streamed weights, plan.c: fm_plan.wide_out): where a layer wider than 256 in or out puts its
@@ -305,6 +323,32 @@ template <int L> __device__ constexpr int fm_wide_n() {
 }
 constexpr int WIDE_B = 16 * fm_wide_n<0>() * EB;
 enum : fm_u32 { WIDE_STEP = 2 * 16 * 16 };  // bytes from one 16-column group (two chunks) to the next
+
+// FM_SPLIT: the A fragment hq of a split layer's 16-column group s (stored into this CTA's wide buffer by stmatrix)
+// into the same place of the wide buffers of the cluster's other CTAs, whose warp of the same strip reads it next.
+// hq[m] is matrix m of the stmatrix: rows 8 (m & 1).., chunk m >> 1 of the group; this lane's word of it is row
+// lane / 4, bytes 4 (lane % 4) (wide_st).
+__device__ __forceinline__ void fm_split_copy(const fm_u32 (&hq)[4], fm_u32 at, fm_u32 rank) {
+#pragma unroll
+    for (int r = 1; r < SPLIT_N; ++r) {
+        const fm_u32 peer = (rank + (fm_u32)r) % (fm_u32)SPLIT_N;
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+            asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(fm_mapa(at + (m >> 1) * 256 + (m & 1) * 128, peer)),
+                         "r"(hq[m])
+                         : "memory");
+    }
+}
+// The split layers' hand-over (FM_SPLIT): every CTA's columns are in every wide buffer once all CTAs arrived after
+// their copies (release) and this one waited (acquire); a CTA's next copies wait until all have read the buffer.
+// Each thread alternates arrive and wait: one arrival at the start, then per split layer a wait before its copies,
+// an arrival and a wait after them, an arrival once the next layer's fragments are loaded; a wait at the end.
+__device__ __forceinline__ void fm_split_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void fm_split_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 
 // The last layer's result at (row g + 8 hh, cols col, col + 1) of this warp's strip, from the accumulators v0, v1
 // (and the residual operand r0, r1), into the warp's output stage at column scol (zeros where the tile is padding:
@@ -565,15 +609,21 @@ __device__ __forceinline__ void fm_wide_layer(fm_u32 (&a)[Layer<L>::K / KE][4], 
                                               fm_u32 w, const float *bias, const fm_out &stage, int lane,
                                               fm_stream &st) {
     typedef Layer<L> Ly;
-    constexpr int NC = Ly::NC, G = Ly::N / NC, KS = Ly::K / KE;
-    static_assert(NC % 16 == 0 && G >= 2 && Ly::RES == 0 && Ly::NORM == 0, "whole 16-column groups, no residual");
+    constexpr bool SPLIT = fm_split_layer<L>();
+    constexpr int NC = Ly::NC, G = Ly::N / NC / (SPLIT ? FM_SPLIT : 1), KS = Ly::K / KE;
+    static_assert(NC % 16 == 0 && G >= 1 && Ly::RES == 0 && Ly::NORM == 0, "whole 16-column groups, no residual");
+    static_assert(!SPLIT || (G * NC * FM_SPLIT == Ly::N && L != LAST), "a split layer: whole groups in each CTA");
     constexpr bool BIAS_IN_D = FM_PREC < 3 && Ly::BIAS && (Ly::NORM != 0 || !fm_has_residual<LAST>());  // as there
     const int t = lane & 3;
+    const int g0 = SPLIT ? (int)st.rank * G : 0;  // this CTA's first group
+    if constexpr (SPLIT)
+        fm_split_wait();  // every CTA has read the wide buffers' last values
 #pragma unroll 1
-    for (int i = 0; i < G; ++i) {
+    for (int gi = 0; gi < G; ++gi) {
+        const int i = g0 + gi;
         float d[NC / 2];  // this lane's (row g + 8 hh, cols i NC + 8 j + 2 t, + 1), as in fm_layer_cols
         fm_d_init<L, NC, BIAS_IN_D>(d, i * NC, t, bias);  // (D_SET: a split layer's groups start from it)
-        fm_stream_pieces<NC, KS, Ly::KC / KE, 0>(d, a, st, lane, fm_group0<L>() + i * fm_kpieces<L>());
+        fm_stream_pieces<NC, KS, Ly::KC / KE, 0>(d, a, st, lane, fm_group0<L>() + gi * fm_kpieces<L>());
         if constexpr (L == LAST) {
 #pragma unroll
             for (int j = 0; j < NC / 8; ++j)  // 8-column tile i NC / 8 + j of the output, into the stage
@@ -586,10 +636,14 @@ __device__ __forceinline__ void fm_wide_layer(fm_u32 (&a)[Layer<L>::K / KE][4], 
                 fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D, 0>(d + 8 * p, j, a, hq, bias, stage, t);
                 fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D, 1>(d + 8 * p + 4, j + 1, a, hq, bias, stage, t);
                 fm_stmatrix_x4(stage.wide + (fm_u32)(i * (NC / 16) + p) * WIDE_STEP, hq);
+                if constexpr (SPLIT)
+                    fm_split_copy(hq, stage.wide_st + (fm_u32)(i * (NC / 16) + p) * WIDE_STEP, st.rank);
             }
         }
     }
-    if constexpr (G * NC < Ly::N)
+    if constexpr (SPLIT)
+        fm_split_arrive();  // this CTA's columns are in every wide buffer (the wait: fm_wide_reload)
+    if constexpr (!SPLIT && G * NC < Ly::N)
         fm_layer_cols<L, G * NC>(a, h, w, bias, stage, lane, st);
 }
 
@@ -599,6 +653,7 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u3
                                          const float *bias, const fm_out &stage, int lane, fm_stream &st) {
     static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || Layer<L>::K == Layer<L>::N),
                   "a concat arrives as one array (fm_network); residuals from the own input");
+    static_assert(!fm_split_layer<L>() || fm_wide_looped<L>(), "a split layer is looped (plan.c)");
     if constexpr (fm_wide_looped<L>())
         fm_wide_layer<L>(a, h, w, bias, stage, lane, st);
     else
@@ -643,13 +698,18 @@ template <int L> __device__ constexpr int fm_hk() {
 // Layer L's output as the next layer's A fragments h where it went to the wide buffer (Layer<L>::WIDE): one ldmatrix
 // per 16 columns, in the rows stmatrix stored them. __syncwarp orders the warp's stores before the loads, and the
 // loads before the buffer's next stores (the next wide layer's, or the output stage's).
+// FM_SPLIT: a split layer's fragments once every CTA's columns have arrived, and an arrival once they are loaded.
 template <int L> __device__ __forceinline__ void fm_wide_reload(fm_u32 (&h)[Layer<L>::N / KE][4], const fm_out &out) {
     if constexpr (Layer<L>::WIDE) {
+        if constexpr (fm_split_layer<L>())
+            fm_split_wait();
         __syncwarp();
 #pragma unroll
         for (int s = 0; s < Layer<L>::N / 16; ++s)
             fm_ldmatrix_x4(h[s], out.wide + (fm_u32)s * WIDE_STEP);
         __syncwarp();
+        if constexpr (fm_split_layer<L>())
+            fm_split_arrive();
     }
 }
 
@@ -1268,7 +1328,9 @@ constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
 constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_W * (int)sizeof(out_t);
-constexpr int SHARE_B = STAGE_B > WIDE_B ? STAGE_B : WIDE_B;  // the stage, and the wide buffer (fm_out)
+// the stage, and the wide buffer (fm_out): one region, or (FM_SPLIT, whose peers write the wide buffer while this CTA
+// may still store y from the stage) the stage, then the wide buffer
+constexpr int SHARE_B = FM_SPLIT > 1 ? STAGE_B + WIDE_B : STAGE_B > WIDE_B ? STAGE_B : WIDE_B;
 constexpr int WARP_B = BUF_B + SHARE_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B +
                       (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16 + NSTAT_B) : 0) + STREAM_BAR_B == SMEM_BYTES,
@@ -1333,7 +1395,7 @@ __device__ __forceinline__ void fm_prefetch_x(fm_u32 in_buf, fm_u32 raw, const i
 // ------------------------------------------------------------------------------------------------ the network
 
 // Row tiles go to clusters (all CTAs of one run the same tiles), else to CTAs.
-#if FM_CLUSTER > 1
+#if FM_CLUSTER > 1 || FM_SPLIT > 1
 #define FM_TILE0 ((long long)fm_cluster_id())
 #define FM_TILE_STEP ((long long)fm_cluster_count())
 #else
@@ -1398,9 +1460,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         st.slots = fm_smem_addr(s_w);
         st.bars = fm_smem_addr(s_warps + FM_WARPS * WARP_B);
         st.seq = 0u;
-        const long long mine = tiles > (long long)blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+        const long long t0 = FM_TILE0, step = FM_TILE_STEP;
+        const long long mine = tiles > t0 ? (tiles - 1 - t0) / step + 1 : 0;
         st.total = (fm_u32)(mine * STREAM_Q);
         st.w = (const unsigned char *)w;
+        st.rank = FM_SPLIT > 1 ? fm_cluster_rank() : 0u;
         if (threadIdx.x == 0) {
             for (int i = 0; i < FM_STREAM; ++i) {
                 fm_mbar_init(st.bars + 8 * i, 1);
@@ -1434,8 +1498,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     if constexpr (FM_STREAM > 0) {
         if (threadIdx.x == 0)
             for (fm_u32 i = 0; i < NSLOT && i < st.total; ++i)
-                fm_stream_fill(1u, st, i, fm_group_at<0>((int)(i % STREAM_Q)));
+                fm_stream_fill(1u, st, i, fm_group_at<0>((int)(i % STREAM_Q), (int)st.rank));
     }
+    if constexpr (FM_SPLIT > 1)
+        fm_split_arrive();  // (fm_split_arrive: the hand-over's first arrival)
 
     const fm_u32 w_base = fm_smem_addr(s_w);
     const fm_u32 a_lane = in_addr + (lane & 15) * ROW_B + (lane >> 4) * 16;  // ldmatrix roles, as in fused_mlp.cu
@@ -1457,8 +1523,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         __syncwarp();  // every lane has its fragments before the next tile's x lands over them
         if (tile + FM_TILE_STEP < tiles)
             fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
-        const fm_out out = {stage_lane, y, r0 + (lane >> 2), nrows - (lane >> 2),
-                            out_addr + (fm_u32)((lane >> 4) * 256 + (lane & 15) * 16)};
+        // (FM_SPLIT: CTA 0 of the cluster stores y, the others compute the same last layer; the wide buffer past
+        // the stage)
+        const fm_u32 wide0 = out_addr + (FM_SPLIT > 1 ? (fm_u32)STAGE_B : 0u);
+        const int live = FM_SPLIT > 1 && st.rank != 0 ? 0 : nrows;
+        const fm_out out = {stage_lane, y, r0 + (lane >> 2), live - (lane >> 2),
+                            wide0 + (fm_u32)((lane >> 4) * 256 + (lane & 15) * 16),
+                            wide0 + (fm_u32)((lane >> 2) * 16 + (lane & 3) * 4)};
         fm_run_network<FM_CLUSTER>(a, w_base, s_bias, out, lane, cl, st);
         if constexpr (!OUT_DIRECT) {
             __syncwarp();
@@ -1469,7 +1540,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                     fm_store_output<NCL, STAGE_W>(y, out_buf, r0, nrows, c0, lane);
                 else if (nrows > 0 && c0 < OUT_REAL)
                     fm_store_output<OUT_REAL % NCL, STAGE_W>(y, out_buf, r0, nrows, c0, lane);
-            } else if (nrows > 0 && rank == 0) {
+            } else if (nrows > 0 && rank == 0 && (FM_SPLIT == 1 || st.rank == 0)) {
                 fm_store_output<OUT_REAL, STAGE_W>(y, out_buf, r0, nrows, 0, lane);
             }
             __syncwarp();  // the stage is read before the next tile's last layer writes it
@@ -1479,4 +1550,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // this thread's last copies are done
         fm_cluster_sync();  // no CTA leaves while another may still signal its barriers
     }
+    if constexpr (FM_SPLIT > 1)
+        fm_split_wait();  // the hand-over's last wait: no CTA leaves while another may still copy into it
 }

@@ -965,6 +965,50 @@ def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
     assert not failures, failures[:5]
 
 
+def test_split_wide_layers_give_the_unsplit_kernels_bits_on_random_wide_chains():
+    """split=2, 4 or 8 (an experiment): clusters of that many CTAs run one row tile, each computing 1/n of every wide
+    layer's column groups and storing them into all the cluster's wide buffers (fm_split_copy, the cluster barrier
+    hand-over), narrow layers whole in each CTA, CTA 0 storing y. On wide_stream_cases() where a split plan exists
+    (no residual or norm on a wide layer, whole groups per CTA), vs float64 and bit for bit the unsplit kernel's
+    results on the same shape: each group's MMAs and epilogue are the same code on the same inputs."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
+    failures, checked, compared = [], 0, 0
+    for c in wide_stream_cases():
+        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None, concat=c.concat or None,
+                                dtype=c.prec, device="cuda")
+        split = (2, 4, 8)[c.i % 3]
+        built = None
+        for options in ({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk, "warps": 4 + 4 * (c.i % 2)},
+                        {"n_chunk": 64, "warps": 4}, {"n_chunk": 64, "warps": 4, "split_at": 2}):
+            options = dict(options)
+            s = options.pop("split_at", split)
+            try:
+                built = (s, mlp._build(c.io, c.io, wgmma=1, resident=0, **options),
+                         mlp._build(c.io, c.io, wgmma=1, resident=0, split=s, **options))
+                break
+            except fusedmlp.LimitError:  # a residual or norm on a wide layer, groups per CTA, registers, memory
+                continue
+        if built is None:
+            continue
+        s, (plain, plan_u, _, _), (split_k, plan, source, _) = built
+        assert plan.info["split"] == s and f"#define FM_SPLIT {s} " in source, plan.info
+        case = (c.i, s, c.widths, c.acts, c.residual, c.concat, c.prec, c.io, c.batch)
+        if tally(kernel_error(split_k, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures, case + ("split",)):
+            checked += 1
+        _, y_a = run_io_kernel(plain, c.x32, c.io)
+        _, y_b = run_io_kernel(split_k, c.x32, c.io)
+        compared += 1
+        if not np.array_equal(y_a, y_b, equal_nan=True):
+            failures.append(case + ("the split changes the result", float(np.nanmax(np.abs(y_a.astype(np.float64) -
+                                                                                         y_b)))))
+    print(f"\nstreamed wgmma kernel, wide layers split over clusters: {checked} runs checked, {compared} compared "
+          f"with the unsplit kernel, {len(failures)} failures")
+    assert checked >= 6 and compared >= 8
+    assert not failures, failures[:5]
+
+
 @pytest.mark.parametrize("widths,act,residual,loop", [
     ([3, 256, 256, 256, 256, 5], "sin", None, (1, 3)),  # a SIREN's hidden layers (fm_sin_d): layers 1-3, one loop
     ([2, 128, 256, 256, 256, 3], "tanh", None, (2, 2)),  # layer 1 (128 -> 256) has code of its own

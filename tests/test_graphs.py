@@ -541,6 +541,37 @@ def test_wide_loop_is_the_default_for_wide_layers_and_changes_only_its_switch():
             narrow._net.plan(90, 232448, 132, wide_loop=bad)
 
 
+def test_split_plans_render_and_compile_clean_for_sm_90a():
+    """split (fm_plan.split, an experiment, off by default): the streamed kernel's wide layers over clusters of 2, 4
+    or 8 CTAs. The default renders FM_SPLIT 1 and no cluster; a split plan is a cluster kernel of that size whose
+    stage sits beside its wide buffer, compiling for sm_90a without serialized wgmma, warnings or spills. What cannot
+    be split is a limit naming why; a size other than 0, 2, 4 and 8 is a value error."""
+    from fusedmlp import _api, _core
+
+    widths, act = [64, 512, 512, 512, 512, 64], "gelu"
+    plan, default = render_for_h100(widths, act)
+    assert plan.info["split"] == 0 and "#define FM_SPLIT 1 " in default and "__cluster_dims__" not in default
+    for split, options in ((2, {}), (4, {"warps": 4}), (8, {"warps": 4, "n_chunk": 64})):
+        plan_s, source = render_for_h100(widths, act, wgmma=1, resident=0, split=split, **options)
+        assert plan_s.info["split"] == split and f"#define FM_SPLIT {split} " in source
+        assert "__cluster_dims__(FM_SPLIT, 1, 1)" in source and f"split over clusters of {split}" in source
+        _, log = _core.nvrtc_compile(source, _api.TEMPLATE_SM90, 90, True,
+                                     ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
+        assert "C7519" not in log and "serialized" not in log and "warning #" not in log, log
+        assert max(int(b) for b in re.findall(r"(\d+) bytes spill stores", log)) == 0, (split, log)
+    with pytest.raises(fusedmlp.LimitError, match=r"split=8: layer 0's 512 columns are 4 groups of 128, not a "
+                                                   r"multiple of 8 groups"):
+        render_for_h100(widths, act, wgmma=1, resident=0, split=8, warps=4)
+    with pytest.raises(fusedmlp.LimitError, match=r"split=2: layer 1 has a residual"):
+        render_for_h100(widths, act, {1: "add"}, wgmma=1, resident=0, split=2)
+    with pytest.raises(fusedmlp.LimitError, match=r"split=2 was asked for with wide_loop=-1"):
+        render_for_h100(widths, act, wgmma=1, resident=0, split=2, wide_loop=-1)
+    with pytest.raises(fusedmlp.LimitError, match=r"split=2 was asked for, but this network has no layer wider"):
+        render_for_h100([64, 256, 256, 64], act, wgmma=1, resident=0, split=2)
+    with pytest.raises(ValueError, match=r"split=3: the streamed kernel's wide layers over clusters of 2, 4 or 8"):
+        render_for_h100(widths, act, split=3)
+
+
 def test_wide_loop_plans_compile_clean_and_faster_for_sm_90a():
     """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run their column groups as a run-time
     loop over one group's code (fused_mlp_sm90.cu, fm_wide_layer), the slot refills naming their weights from a table

@@ -13,8 +13,9 @@ Workloads are the benchmark's (fusedmlp.bench.WORKLOADS) and a few shapes outsid
 weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best of 5 launches on random rows; where
 kernels are compared, they are timed in alternating rounds in one process and the median over rounds is printed.
 Plan options (--plan) are those the tuner forces (PLAN_OPTIONS: wgmma, cluster, warps, m_tiles, n_chunk, resident,
-kpipe, k_chunk) and wide_loop (-1: the streamed kernel's wide layers' column groups unrolled, not the default loop),
-written ``warps=4,m_tiles=1``.
+kpipe, k_chunk), wide_loop (-1: the streamed kernel's wide layers' column groups unrolled, not the default loop) and
+split (2, 4 or 8: the streamed kernel's wide layers split over clusters of that many CTAs, an experiment), written
+``warps=4,m_tiles=1``.
 """
 
 import argparse
@@ -63,7 +64,8 @@ GPUS = {
 
 IO_DTYPES = ("float16", "float32", "bfloat16")
 #: The plan's options (Network.plan's keywords past the GPU's limits and the dtypes), as the tuner forces them.
-PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe", "k_chunk", "wide_loop")
+PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe", "k_chunk", "wide_loop",
+                "split")
 
 
 # ------------------------------------------------------------------------------------------------ shared helpers
@@ -131,6 +133,8 @@ def shape(info, kernel=None):
     weights = f"streamed ({info['stream_slots']} slots)" if info.get("stream_slots") else f"resident {info['resident']}"
     if info.get("wide_loop"):
         weights += ", wide layers' groups looped"
+    if info.get("split"):
+        weights += f", split over {info['split']} CTAs"
     return (text + f", {weights}, kpipe {info['kpipe']}, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
 
 
