@@ -128,7 +128,9 @@ def test_a_call_finds_its_kernel_again_without_the_walk(monkeypatch):
     # on the H100 it ran deep256 1.7-4.3x faster than one warpgroup on clusters of 2 or 4 at 16384 rows
     ([64, 256, 256, 256, 256, 256, 64], "relu", ["wg8", "wg4"]),
     ([64, 256, 256, 192], "relu", ["wg8", "wg4"]),
-    ([32, 64, 64, 16], "relu", ["wg16", "wg12", "wg8", "wg4"])])
+    ([32, 64, 64, 16], "relu", ["wg16", "wg12", "wg8", "wg4"]),
+    # layers wider than 256 (the streamed form's wide layers): also one warpgroup split over clusters of 2 and 4
+    ([64, 512, 512, 512, 512, 64], "gelu", ["wg8", "wg4", "wg4s2", "wg4s4"])])
 def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch, widths, act, labels):
     """A network the sm_90 plan puts on clusters is tuned over its warpgroup counts and over one warpgroup on clusters
     of 2 and 4, each distinct plan once (warps=4 plans one warpgroup on the streamed register-A form: a forced warp
@@ -149,7 +151,7 @@ def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch
     tried = _tune._distinct(mlp, "float16", "float16", _tune._candidates(mlp, "float16", "float16"))
     assert [_tune.label(options) for options in tried] == labels
     infos = [_tune._plan_info(mlp, "float16", "float16", **options) for options in tried]
-    assert len({(info["warps"], info["cluster"]) for info in infos}) == len(tried)
+    assert len({(info["warps"], info["cluster"], info.get("split", 0)) for info in infos}) == len(tried)
 
 
 @pytest.mark.parametrize("arch, widths, act, tiles", [
@@ -160,6 +162,8 @@ def test_cluster_networks_also_try_one_warpgroup_on_clusters_of_four(monkeypatch
     # below 64 rows per SM, as for the resident form
     (90, [64, 256, 256, 256, 256, 256, 64], "relu", ["wg4", "wg4", "default", "default"]),
     (90, [64, 256, 256, 192], "relu", ["wg4", "wg4", "default", "default"]),
+    # wide layers: split over clusters of 4 below 16 rows per SM (wide512 at 1024 rows 25.6 us against 44.7, H100)
+    (90, [64, 512, 512, 512, 512, 64], "gelu", ["wg4s4", "wg4", "default", "default"]),
 ])
 def test_untuned_calls_take_the_tile_measured_best_for_their_batch_size(monkeypatch, arch, widths, act, tiles):
     """With tuning off, a call's tile follows the batch size per SM (132 SMs: 1024, 4096, 10000 and 20000 rows are
@@ -186,6 +190,7 @@ def test_untuned_calls_take_the_tile_measured_best_for_their_batch_size(monkeypa
             info = _tune._plan_info(mlp, "float16", "float16", **options)
             assert (info["wgmma"], info["warps"], info["cluster"]) == (options.get("wgmma", 0), options["warps"],
                                                                         options.get("cluster", 0)), options
+            assert info.get("split", 0) == options.get("split", 0), options
     assert got == tiles
 
 

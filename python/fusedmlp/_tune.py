@@ -24,8 +24,8 @@ log = logging.getLogger("fusedmlp")
 #: buffers shrank (session 14), so tcnn128 with float32 x and y fits 12 warps where 4 were all that fit (and won).
 #: 4: the streamed register-A form (plan.c, fm_plan_stream) took the 256-wide networks that were on one-warpgroup
 #: clusters, and with them a plain CANDIDATES_WGMMA list and warps=4 meaning that form (records chosen among cluster
-#: candidates are measured again).
-FORMAT = 4
+#: candidates are measured again). 5: CANDIDATES_SPLIT for networks with wide layers at small batches.
+FORMAT = 5
 #: Tile shapes tried, as plan options. The plan picks chunk widths and residency for each.
 CANDIDATES = ({"warps": 8, "m_tiles": 2}, {"warps": 8, "m_tiles": 1}, {"warps": 4, "m_tiles": 2},
               {"warps": 4, "m_tiles": 1})
@@ -48,13 +48,21 @@ CANDIDATES_CLUSTER = CANDIDATES_WGMMA + tuple({"wgmma": 1, "cluster": c, "warps"
 #: size, and a fourth compile of its first call; nor for one warpgroup on clusters of 2 (64-256-256-192, 2-256-256-256:
 #: 1.2-3.5x slower, plan_probe_s15.txt).
 CANDIDATES_MMA_FALLBACK = ({"warps": 8, "m_tiles": 1},)
+#: Added where the default plan is the streamed warpgroup kernel with layers wider than 256, for batches under
+#: SPLIT_ROWS_PER_SM rows per SM: one warpgroup per CTA with the wide layers split over clusters of 2 and 4 CTAs
+#: (fm_plan.split), so a small batch's few 64-row tiles keep 2-4x as many SMs busy. On the H100 at 1024 rows wide512 ran
+#: 31.9 us split over 2, 25.6 over 4, 40.6 over 8 (64-column groups) against 44.7 unsplit; at 16384 rows 2.1-5.8x the
+#: default's time (bench/results/h100-wide-loop/plan_probe_split.txt).
+CANDIDATES_SPLIT = tuple({"wgmma": 1, "resident": 0, "warps": 4, "split": s} for s in (2, 4))
+SPLIT_ROWS_PER_SM = 16
 
 
 def label(options):
     """A candidate's short name in timings: w8m2 (mma.sync, 8 warps x 32 rows), wg16 (wgmma, 16 warps) or wg4c2
     (wgmma, 4 warps per CTA, clusters of 2)."""
     if options.get("wgmma"):
-        return f"wg{options['warps']}" + (f"c{options['cluster']}" if options.get("cluster") else "")
+        return (f"wg{options['warps']}" + (f"c{options['cluster']}" if options.get("cluster") else "") +
+                (f"s{options['split']}" if options.get("split") else ""))
     return f"w{options['warps']}m{options['m_tiles']}"
 
 
@@ -157,7 +165,7 @@ def _candidates(mlp, dtype, out_dtype):
     if not default["wgmma"]:
         return CANDIDATES
     if not default["cluster"]:
-        return CANDIDATES_WGMMA
+        return CANDIDATES_WGMMA + (CANDIDATES_SPLIT if default.get("wide_layers") else ())
     return CANDIDATES_CLUSTER + (CANDIDATES_MMA_FALLBACK if _mma_fallback(default) else ())
 
 
@@ -168,6 +176,8 @@ def _dominated(options, rows, sm_count):
     (by 1-40%), and two beat three and four at 16384 (bench/results/h100/bench.json, 'tile'); skipping them saves
     their compiles on a first call (flex at 1024 rows compiled three kernels for a 1.04 s first call)."""
     warps = options.get("warps", 0)
+    if options.get("split"):  # (not a tile shape: wide layers over a cluster, for small batches only)
+        return rows >= SPLIT_ROWS_PER_SM * max(sm_count, 1)
     return bool(options.get("wgmma")) and warps > 4 and sm_count > 0 and rows <= 16 * (warps - 4) * sm_count
 
 
@@ -206,6 +216,8 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
     if not default["wgmma"]:
         return {"warps": 4, "m_tiles": 1} if size < 3 else None
     if not default["cluster"]:
+        if size == 0 and default.get("wide_layers"):  # (CANDIDATES_SPLIT: clusters of 4 ran fastest at 1024 rows)
+            return dict(CANDIDATES_SPLIT[-1])
         return {"wgmma": 1, "warps": 4} if size < 2 else None
     if size == 0:
         return {"wgmma": 1, "cluster": 4, "warps": 4}
