@@ -259,9 +259,9 @@ typedef struct fm_plan_opts {
     int kpipe;        /* the register-A warpgroup kernel's K-pipelined layers (fm_plan.pipe): 0 auto, -1 off, 1 on */
     int k_chunk;      /* the streamed warpgroup kernel's K columns per weight slot fill (fm_plan.k_chunk; 0: auto) */
     int wide_loop;    /* the streamed warpgroup kernel's wide layers' column groups as a run-time loop
-                         (fm_plan.wide_loop): 0 auto (looped), -1 off (unrolled), 1 on (a limit where nothing is wide) */
-    int split;        /* the streamed warpgroup kernel's wide layers split over clusters of this many CTAs (fm_plan.split;
-                         0: none, 2, 4 or 8); an experiment, off by default */
+                         (fm_plan.wide_loop): 0 auto (looped), -1 off (unrolled), 1 on (a limit where none is wide) */
+    int split;        /* the streamed warpgroup kernel's wide layers split over clusters of this many CTAs
+                         (fm_plan.split; 0: none, 2, 4 or 8); the tuner tries 2 and 4 for small batches */
 } fm_plan_opts;
 
 typedef struct fm_plan {

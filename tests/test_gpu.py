@@ -925,10 +925,11 @@ def test_streamed_wgmma_kernel_on_random_wide_chains():
 
 
 def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
-    """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run their column groups as a run-time
-    loop over one group's code (fm_wide_layer; residual and norm layers stay unrolled), the slot refills naming their
-    weights from a constant-memory table. On wide_stream_cases(), vs float64, and bit for bit the unrolled kernel's
-    results on the same shape: the same MMAs in the same order into the same accumulators, the same epilogue."""
+    """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run
+    their column groups as a run-time loop over one group's code (fm_wide_layer; residual and norm layers stay
+    unrolled), the slot refills naming their weights from a constant-memory table. On wide_stream_cases(), vs float64,
+    and bit for bit the unrolled kernel's results on the same shape: the same MMAs in the same order into the same
+    accumulators, the same epilogue."""
     info = fusedmlp._api._gpu(0).info
     if info["arch"] != 90:
         pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
@@ -966,11 +967,12 @@ def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
 
 
 def test_split_wide_layers_give_the_unsplit_kernels_bits_on_random_wide_chains():
-    """split=2, 4 or 8 (an experiment): clusters of that many CTAs run one row tile, each computing 1/n of every wide
-    layer's column groups and storing them into all the cluster's wide buffers (fm_split_copy, the cluster barrier
-    hand-over), narrow layers whole in each CTA, CTA 0 storing y. On wide_stream_cases() where a split plan exists
-    (no residual or norm on a wide layer, whole groups per CTA), vs float64 and bit for bit the unsplit kernel's
-    results on the same shape: each group's MMAs and epilogue are the same code on the same inputs."""
+    """split=2, 4 or 8 (the tuner tries 2 and 4 below 32 rows per SM): clusters of that many CTAs run one row tile, each
+    computing 1/n of every wide layer's column groups and storing them into all the cluster's wide buffers
+    (fm_split_copy, the cluster barrier hand-over), narrow layers whole in each CTA, CTA 0 storing y. On
+    wide_stream_cases() where a split plan exists (no residual or norm on a wide layer, whole groups per CTA), vs
+    float64 and bit for bit the unsplit kernel's results on the same shape: each group's MMAs and epilogue are the same
+    code on the same inputs."""
     info = fusedmlp._api._gpu(0).info
     if info["arch"] != 90:
         pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")

@@ -542,10 +542,10 @@ def test_wide_loop_is_the_default_for_wide_layers_and_changes_only_its_switch():
 
 
 def test_split_plans_render_and_compile_clean_for_sm_90a():
-    """split (fm_plan.split, an experiment, off by default): the streamed kernel's wide layers over clusters of 2, 4
-    or 8 CTAs. The default renders FM_SPLIT 1 and no cluster; a split plan is a cluster kernel of that size whose
-    stage sits beside its wide buffer, compiling for sm_90a without serialized wgmma, warnings or spills. What cannot
-    be split is a limit naming why; a size other than 0, 2, 4 and 8 is a value error."""
+    """split (fm_plan.split; off in the default plan, the tuner tries it for small batches): the streamed kernel's wide
+    layers over clusters of 2, 4 or 8 CTAs. The default renders FM_SPLIT 1 and no cluster; a split plan is a cluster
+    kernel of that size whose stage sits beside its wide buffer, compiling for sm_90a without serialized wgmma, warnings
+    or spills. What cannot be split is a limit naming why; a size other than 0, 2, 4 and 8 is a value error."""
     from fusedmlp import _api, _core
 
     widths, act = [64, 512, 512, 512, 512, 64], "gelu"
@@ -573,13 +573,13 @@ def test_split_plans_render_and_compile_clean_for_sm_90a():
 
 
 def test_wide_loop_plans_compile_clean_and_faster_for_sm_90a():
-    """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run their column groups as a run-time
-    loop over one group's code (fused_mlp_sm90.cu, fm_wide_layer), the slot refills naming their weights from a table
-    in constant memory. They compile for sm_90a without serialized wgmma or warnings, spilling no more than the
-    unrolled form may, and NVRTC takes less time. On the dev machine (2 cores, NVRTC 13): wide512 8.3-8.7 s unrolled
-    (255 registers, 44 bytes of spills) against 2.2-2.7 s looped (255, none); 3-300-512-256-16 silu 2.5 s (12 bytes)
-    against 1.1 s (none); 512-256-512-1 relu 2.1 s against 1.0 s (218 registers both). Timing on CI machines is noisy:
-    only a looped form slower by more than 10% over the three fails."""
+    """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run
+    their column groups as a run-time loop over one group's code (fused_mlp_sm90.cu, fm_wide_layer), the slot refills
+    naming their weights from a table in constant memory. They compile for sm_90a without serialized wgmma or warnings,
+    spilling no more than the unrolled form may, and NVRTC takes less time. On the dev machine (2 cores, NVRTC 13):
+    wide512 8.3-8.7 s unrolled (255 registers, 44 bytes of spills) against 2.2-2.7 s looped (255, none);
+    3-300-512-256-16 silu 2.5 s (12 bytes) against 1.1 s (none); 512-256-512-1 relu 2.1 s against 1.0 s (218 registers
+    both). Timing on CI machines is noisy: only a looped form slower by more than 10% over the three fails."""
     import time
 
     from fusedmlp import _api, _core

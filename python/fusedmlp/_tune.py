@@ -50,11 +50,12 @@ CANDIDATES_CLUSTER = CANDIDATES_WGMMA + tuple({"wgmma": 1, "cluster": c, "warps"
 CANDIDATES_MMA_FALLBACK = ({"warps": 8, "m_tiles": 1},)
 #: Added where the default plan is the streamed warpgroup kernel with layers wider than 256, for batches under
 #: SPLIT_ROWS_PER_SM rows per SM: one warpgroup per CTA with the wide layers split over clusters of 2 and 4 CTAs
-#: (fm_plan.split), so a small batch's few 64-row tiles keep 2-4x as many SMs busy. On the H100 at 1024 rows wide512 ran
-#: 31.9 us split over 2, 25.6 over 4, 40.6 over 8 (64-column groups) against 44.7 unsplit; at 16384 rows 2.1-5.8x the
-#: default's time (bench/results/h100-wide-loop/plan_probe_split.txt).
+#: (fm_plan.split), so a small batch's few 64-row tiles keep 2-4x as many SMs busy. wide512 on the H100, one warpgroup
+#: per CTA unsplit / split over 2 / over 4 (bench/results/h100-wide-split/plan_probe_split*.txt): 1024 rows 44.7 /
+#: 31.9 / 25.6 us (over 8, 64-column groups: 40.6), 2048 rows 44.3 / 32.2 / 46.6, 4096 rows 42.8 / 31.9 / 66.6, 8192
+#: rows 43.0 / 59.3 / 108.5; at 16384 rows and more 2.1-6.2x the default's time.
 CANDIDATES_SPLIT = tuple({"wgmma": 1, "resident": 0, "warps": 4, "split": s} for s in (2, 4))
-SPLIT_ROWS_PER_SM = 16
+SPLIT_ROWS_PER_SM = 32
 
 
 def label(options):
@@ -210,14 +211,16 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
       64 rows per SM on: 0.47-0.65x the cluster plan's time at 16384 rows for 64-224x5-64 and 64-256x5-64, 1.25-1.56x
       at 4096. Not for one warpgroup on clusters of 2 (plan.c prefers it to two on clusters of 4): 64-256-256-192 and
       2-256-256-256 ran there at 0.61-0.81x mma.sync's time from 2^18 rows on (plan_probe_s15.txt).
+    - The streamed form with layers wider than 256: one warpgroup per CTA with its wide layers split over clusters of
+      4 CTAs below 16 rows per SM, of 2 below 32 (CANDIDATES_SPLIT).
     A choice the network does not take falls back to the default plan (the caller's LimitError)."""
     default = _plan_info(mlp, dtype, out_dtype)
     size = size_class(rows, sm_count)
     if not default["wgmma"]:
         return {"warps": 4, "m_tiles": 1} if size < 3 else None
     if not default["cluster"]:
-        if size == 0 and default.get("wide_layers"):  # (CANDIDATES_SPLIT: clusters of 4 ran fastest at 1024 rows)
-            return dict(CANDIDATES_SPLIT[-1])
+        if default.get("wide_layers") and rows < SPLIT_ROWS_PER_SM * max(sm_count, 1):  # (CANDIDATES_SPLIT)
+            return dict(CANDIDATES_SPLIT[-1 if size == 0 else 0])  # clusters of 4 below 16 rows per SM, else of 2
         return {"wgmma": 1, "warps": 4} if size < 2 else None
     if size == 0:
         return {"wgmma": 1, "cluster": 4, "warps": 4}

@@ -14,7 +14,7 @@ weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best o
 kernels are compared, they are timed in alternating rounds in one process and the median over rounds is printed.
 Plan options (--plan) are those the tuner forces (PLAN_OPTIONS: wgmma, cluster, warps, m_tiles, n_chunk, resident,
 kpipe, k_chunk), wide_loop (-1: the streamed kernel's wide layers' column groups unrolled, not the default loop) and
-split (2, 4 or 8: the streamed kernel's wide layers split over clusters of that many CTAs, an experiment), written
+split (2, 4 or 8: the streamed kernel's wide layers split over clusters of that many CTAs, small batches), written
 ``warps=4,m_tiles=1``.
 """
 
