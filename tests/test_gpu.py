@@ -924,19 +924,35 @@ def test_streamed_wgmma_kernel_on_random_wide_chains():
     assert not failures, failures[:5]
 
 
+def wide_stream_models():
+    """(case, its model on the GPU) for each of wide_stream_cases(); a skip on a GPU other than sm_90."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
+    for c in wide_stream_cases():
+        yield c, fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None,
+                                   concat=c.concat or None, dtype=c.prec, device="cuda")
+
+
+def same_bits_and_checked(base, kernel, mlp, c, case, failures):
+    """A wide_stream_cases() case c: kernel against float64 (tally: 1 where checked) and bit for bit against base, the
+    kernel it stands for, on the same rows; each miss appended to failures."""
+    checked = tally(kernel_error(kernel, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures, case)
+    _, y_a = run_io_kernel(base, c.x32, c.io)
+    _, y_b = run_io_kernel(kernel, c.x32, c.io)
+    if not np.array_equal(y_a, y_b, equal_nan=True):
+        failures.append(case + ("other bits", float(np.nanmax(np.abs(y_a.astype(np.float64) - y_b)))))
+    return checked
+
+
 def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
     """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run
     their column groups as a run-time loop over one group's code (fm_wide_layer; residual and norm layers stay
     unrolled), the slot refills naming their weights from a constant-memory table. On wide_stream_cases(), vs float64,
     and bit for bit the unrolled kernel's results on the same shape: the same MMAs in the same order into the same
     accumulators, the same epilogue."""
-    info = fusedmlp._api._gpu(0).info
-    if info["arch"] != 90:
-        pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
     failures, checked, compared = [], 0, 0
-    for c in wide_stream_cases():
-        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None, concat=c.concat or None,
-                                dtype=c.prec, device="cuda")
+    for c, mlp in wide_stream_models():
         built = None
         for options in ({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk}, {"n_chunk": 64}, {}):
             try:
@@ -952,14 +968,8 @@ def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
         assert {k: v for k, v in plan.info.items() if k != "wide_loop"} == {k: v for k, v in plan_u.info.items()
                                                                             if k != "wide_loop"}
         case = (c.i, c.n_chunk, c.k_chunk, c.widths, c.acts, c.residual, c.concat, c.prec, c.io, c.batch)
-        if tally(kernel_error(looped, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures, case + ("looped",)):
-            checked += 1
-        _, y_a = run_io_kernel(unrolled, c.x32, c.io)
-        _, y_b = run_io_kernel(looped, c.x32, c.io)
+        checked += same_bits_and_checked(unrolled, looped, mlp, c, case + ("looped",), failures)
         compared += 1
-        if not np.array_equal(y_a, y_b, equal_nan=True):
-            failures.append(case + ("the loop changes the result", float(np.nanmax(np.abs(y_a.astype(np.float64) -
-                                                                                        y_b)))))
     print(f"\nstreamed wgmma kernel, wide layers looped: {checked} runs checked, {compared} compared with the unrolled "
           f"kernel, {len(failures)} failures")
     assert checked >= 15 and compared >= 20
@@ -973,13 +983,8 @@ def test_split_wide_layers_give_the_unsplit_kernels_bits_on_random_wide_chains()
     wide_stream_cases() where a split plan exists (no residual or norm on a wide layer, whole groups per CTA), vs
     float64 and bit for bit the unsplit kernel's results on the same shape: each group's MMAs and epilogue are the same
     code on the same inputs."""
-    info = fusedmlp._api._gpu(0).info
-    if info["arch"] != 90:
-        pytest.skip(f"the streamed warpgroup kernel needs sm_90; this GPU is sm_{info['arch']}")
     failures, checked, compared = [], 0, 0
-    for c in wide_stream_cases():
-        mlp = fusedmlp.FusedMLP(c.ws, c.bs, activation=c.acts, residual=c.residual or None, concat=c.concat or None,
-                                dtype=c.prec, device="cuda")
+    for c, mlp in wide_stream_models():
         split = (2, 4, 8)[c.i % 3]
         built = None
         for options in ({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk, "warps": 4 + 4 * (c.i % 2)},
@@ -997,14 +1002,8 @@ def test_split_wide_layers_give_the_unsplit_kernels_bits_on_random_wide_chains()
         s, (plain, plan_u, _, _), (split_k, plan, source, _) = built
         assert plan.info["split"] == s and f"#define FM_SPLIT {s} " in source, plan.info
         case = (c.i, s, c.widths, c.acts, c.residual, c.concat, c.prec, c.io, c.batch)
-        if tally(kernel_error(split_k, mlp, c.ws, c.bs, c.x32, c.prec, c.io), failures, case + ("split",)):
-            checked += 1
-        _, y_a = run_io_kernel(plain, c.x32, c.io)
-        _, y_b = run_io_kernel(split_k, c.x32, c.io)
+        checked += same_bits_and_checked(plain, split_k, mlp, c, case + ("split",), failures)
         compared += 1
-        if not np.array_equal(y_a, y_b, equal_nan=True):
-            failures.append(case + ("the split changes the result", float(np.nanmax(np.abs(y_a.astype(np.float64) -
-                                                                                         y_b)))))
     print(f"\nstreamed wgmma kernel, wide layers split over clusters: {checked} runs checked, {compared} compared "
           f"with the unsplit kernel, {len(failures)} failures")
     assert checked >= 6 and compared >= 8
