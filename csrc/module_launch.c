@@ -32,6 +32,10 @@ static void Kernel_free_device(KernelObject *self) {
     self->loaded = 0;
 }
 
+/* CTAs per cluster of a fused kernel: the cluster form's (fm_plan.cluster) or the streamed form's split
+ * (fm_plan.split), else 1. */
+static int fm_fused_cluster(const fm_plan *p) { return p->cluster > 1 ? p->cluster : p->split > 1 ? p->split : 1; }
+
 /* Uploads the packed weights and loads the module; runs with the GIL released. */
 static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char *name, fm_error *err) {
     const fm_plan *p = &self->plan->plan;
@@ -43,7 +47,7 @@ static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char 
         return st;
     self->loaded = 1;
     /* (a GEMM's grid is one CTA a tile whatever runs at once: the query only checks that a cluster fits) */
-    const int cluster = p->gemm ? p->gemm_cluster : p->cluster > 1 ? p->cluster : p->split;
+    const int cluster = p->gemm ? p->gemm_cluster : fm_fused_cluster(p);
     if (cluster > 1 && (st = fm_kernel_cluster_occupancy(&self->k, cluster, err)) != FM_OK)
         return st;
     size_t w_bytes = p->w_elems * (size_t)p->elem_bytes;
@@ -120,7 +124,7 @@ static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     }
     /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile; as many clusters
      * as can run at once (the GPCs' SM counts decide, not the SM count alone). */
-    int64_t cl = p->cluster > 1 ? p->cluster : p->split > 1 ? p->split : 1; /* (fm_plan.split: clusters too) */
+    int64_t cl = fm_fused_cluster(p);
     int64_t tiles = (rows + p->rows_per_cta - 1) / p->rows_per_cta;
     int64_t slots = (int64_t)self->gpu->gpu.sm_count * (self->k.blocks_per_sm > 0 ? self->k.blocks_per_sm : 1) / cl;
     if (cl > 1 && self->k.max_clusters > 0)

@@ -480,12 +480,9 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
 }
 
 /* Whether a streamed plan with looped wide layers can split them over clusters of `split` CTAs (fm_plan.split, set
- * with its layout by fm_plan_stream): every wide layer a loop of whole groups (no residual, no norm, its width a
+ * with its layout by fm_plan_stream, the only form that sets it): every wide layer a loop of whole groups (no residual, no norm, its width a
  * multiple of its group width), their number a multiple of the cluster's CTAs. */
-static fm_status fm_plan_split_check(fm_plan *plan, int split, fm_error *err) {
-    if (!plan->stream_slots || plan->split != split)
-        return fm_fail(err, FM_ERR_LIMIT, "split=%d was asked for, but only the streamed warpgroup kernel (wgmma=1, "
-                       "resident=0) splits its wide layers, and this plan is not that kernel", split);
+static fm_status fm_plan_split_check(const fm_plan *plan, int split, fm_error *err) {
     for (int l = 0; l < plan->num_layers; ++l) {
         if (!plan->wide_out[l])
             continue;
@@ -528,21 +525,16 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                        "run as a loop (fused_mlp_sm90.cu, fm_wide_layer)", opts->split);
     if (st != FM_OK || opts->wide_loop < 0)
         return st;
-    int wide = plan->stream_slots && plan->k0_pad[0] > FM_MAX_ONCHIP_WIDTH; /* as fm_plan_stream_at's */
-    for (int l = 0; l < plan->num_layers && plan->stream_slots; ++l)
-        wide |= plan->n_pad[l] > FM_MAX_ONCHIP_WIDTH;
-    if (!wide && opts->split > 1)
-        return fm_fail(err, FM_ERR_LIMIT, "split=%d was asked for, but %s", opts->split, plan->stream_slots
-                       ? "this network has no layer wider than 256 (the streamed kernel splits its wide layers)"
-                       : "only the streamed warpgroup kernel (wgmma=1, resident=0) splits its wide layers, and this "
-                         "plan is not that kernel");
-    if (!wide && opts->wide_loop == 0)
-        return FM_OK;
-    if (!wide)
-        return fm_fail(err, FM_ERR_LIMIT, "wide_loop=1 was asked for, but %s", plan->stream_slots
-                       ? "this network has no layer wider than 256 (the streamed kernel's wide layers are looped)"
-                       : "only the streamed warpgroup kernel (wgmma=1, resident=0) loops over a wide layer's groups, "
-                         "and this plan is not that kernel");
+    if (!plan->stream_slots || !fm_plan_has_wide_value(plan)) { /* nothing to loop over or split */
+        if (opts->split <= 1 && opts->wide_loop == 0)
+            return FM_OK;
+        return fm_fail(err, FM_ERR_LIMIT, "%s=%d was asked for, but %s", opts->split > 1 ? "split" : "wide_loop",
+                       opts->split > 1 ? opts->split : opts->wide_loop, plan->stream_slots
+                       ? "this network has no layer wider than 256 (the streamed kernel's wide layers are looped, "
+                         "or split)"
+                       : "only the streamed warpgroup kernel (wgmma=1, resident=0) loops over or splits a wide "
+                         "layer's groups, and this plan is not that kernel");
+    }
     plan->wide_loop = 1;
     return opts->split > 1 ? fm_plan_split_check(plan, opts->split, err) : FM_OK;
 }

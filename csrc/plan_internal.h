@@ -29,6 +29,8 @@ fm_status fm_plan_cluster(fm_plan *p, const fm_target *t, const fm_plan_opts *op
 /* The first cluster shape of the auto order's entries [from, to) that fits: 1 with the plan in *p, else 0. */
 int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int widest, const int *value_pad,
                          int from, int to);
+/* Whether a value of the network (x, a layer's output) is wider than 256: the streamed form's wide layers. */
+int fm_plan_has_wide_value(const fm_plan *p);
 /* The streamed register-A form. */
 fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opts, int widest, const int *value_pad,
                          fm_error *err);

@@ -372,7 +372,7 @@ enum { STREAM_PIECE_B = 32768 };
 /* Whether a value of the network (x, a layer's output) is wider than 256: its wide layers then keep their outputs in
  * shared memory and take their weights in K pieces (fm_plan.wide_out, k_chunk). A concat of narrower values stays in
  * registers, as before the wide form. */
-static int fm_plan_has_wide_value(const fm_plan *p) {
+int fm_plan_has_wide_value(const fm_plan *p) {
     int wide = p->k0_pad[0] > FM_MAX_ONCHIP_WIDTH;
     for (int l = 0; l < p->num_layers; ++l)
         wide |= p->n_pad[l] > FM_MAX_ONCHIP_WIDTH;

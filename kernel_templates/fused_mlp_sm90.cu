@@ -1428,7 +1428,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
 
     // The shared-memory-A form: which CTA of its cluster this is, and the warpgroup's buffer and barriers.
     fm_cl_state cl;
-    const fm_u32 rank = FM_CLUSTER > 1 ? fm_cluster_rank() : 0u;
+    const fm_u32 rank = FM_CLUSTER > 1 || FM_SPLIT > 1 ? fm_cluster_rank() : 0u;  // (FM_SPLIT: fm_stream.rank)
     if constexpr (FM_CLUSTER > 0) {
         const fm_u32 abufs = fm_smem_addr(s_warps + FM_WARPS * WARP_B);
         cl.abuf = abufs + wg * ABUF_B;
@@ -1464,7 +1464,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         const long long mine = tiles > t0 ? (tiles - 1 - t0) / step + 1 : 0;
         st.total = (fm_u32)(mine * STREAM_Q);
         st.w = (const unsigned char *)w;
-        st.rank = FM_SPLIT > 1 ? fm_cluster_rank() : 0u;
+        st.rank = rank;
         if (threadIdx.x == 0) {
             for (int i = 0; i < FM_STREAM; ++i) {
                 fm_mbar_init(st.bars + 8 * i, 1);
@@ -1477,7 +1477,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         s_bias[i] = bias[i];
     // FM_CLUSTER: this CTA's share; a last layer not split has its weights (at the end of a share) only in CTA 0.
     // FM_STREAM: none (the slots fill as the groups run).
-    fm_copy_block(s_w, w + (size_t)rank * W_SMEM_ELEMS,
+    fm_copy_block(s_w, w + (FM_CLUSTER > 0 ? (size_t)rank * W_SMEM_ELEMS : 0),
                   FM_STREAM > 0 ? 0
                   : FM_CLUSTER > 0 && !SPLIT_LAST && rank != 0 ? (int)Layer<LAST>::W_OFF : W_SMEM_ELEMS);
     fm_copy_commit();
@@ -1498,7 +1498,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     if constexpr (FM_STREAM > 0) {
         if (threadIdx.x == 0)
             for (fm_u32 i = 0; i < NSLOT && i < st.total; ++i)
-                fm_stream_fill(1u, st, i, fm_group_at<0>((int)(i % STREAM_Q), (int)st.rank));
+                fm_stream_fill(1u, st, i, fm_group_at<0>((int)(i % STREAM_Q), (int)rank));
     }
     if constexpr (FM_SPLIT > 1)
         fm_split_arrive();  // (fm_split_arrive: the hand-over's first arrival)
@@ -1526,7 +1526,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         // (FM_SPLIT: CTA 0 of the cluster stores y, the others compute the same last layer; the wide buffer past
         // the stage)
         const fm_u32 wide0 = out_addr + (FM_SPLIT > 1 ? (fm_u32)STAGE_B : 0u);
-        const int live = FM_SPLIT > 1 && st.rank != 0 ? 0 : nrows;
+        const int live = FM_SPLIT > 1 && rank != 0 ? 0 : nrows;
         const fm_out out = {stage_lane, y, r0 + (lane >> 2), live - (lane >> 2),
                             wide0 + (fm_u32)((lane >> 4) * 256 + (lane & 15) * 16),
                             wide0 + (fm_u32)((lane >> 2) * 16 + (lane & 3) * 4)};
@@ -1540,7 +1540,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                     fm_store_output<NCL, STAGE_W>(y, out_buf, r0, nrows, c0, lane);
                 else if (nrows > 0 && c0 < OUT_REAL)
                     fm_store_output<OUT_REAL % NCL, STAGE_W>(y, out_buf, r0, nrows, c0, lane);
-            } else if (nrows > 0 && rank == 0 && (FM_SPLIT == 1 || st.rank == 0)) {
+            } else if (nrows > 0 && rank == 0) {
                 fm_store_output<OUT_REAL, STAGE_W>(y, out_buf, r0, nrows, 0, lane);
             }
             __syncwarp();  // the stage is read before the next tile's last layer writes it

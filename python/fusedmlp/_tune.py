@@ -59,8 +59,8 @@ SPLIT_ROWS_PER_SM = 32
 
 
 def label(options):
-    """A candidate's short name in timings: w8m2 (mma.sync, 8 warps x 32 rows), wg16 (wgmma, 16 warps) or wg4c2
-    (wgmma, 4 warps per CTA, clusters of 2)."""
+    """A candidate's short name in timings: w8m2 (mma.sync, 8 warps x 32 rows), wg16 (wgmma, 16 warps), wg4c2
+    (wgmma, 4 warps per CTA, clusters of 2) or wg4s4 (wgmma, 4 warps per CTA, wide layers split over clusters of 4)."""
     if options.get("wgmma"):
         return (f"wg{options['warps']}" + (f"c{options['cluster']}" if options.get("cluster") else "") +
                 (f"s{options['split']}" if options.get("split") else ""))
@@ -219,7 +219,7 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
     if not default["wgmma"]:
         return {"warps": 4, "m_tiles": 1} if size < 3 else None
     if not default["cluster"]:
-        if default.get("wide_layers") and rows < SPLIT_ROWS_PER_SM * max(sm_count, 1):  # (CANDIDATES_SPLIT)
+        if default.get("wide_layers") and not _dominated(CANDIDATES_SPLIT[0], rows, sm_count):
             return dict(CANDIDATES_SPLIT[-1 if size == 0 else 0])  # clusters of 4 below 16 rows per SM, else of 2
         return {"wgmma": 1, "warps": 4} if size < 2 else None
     if size == 0:
