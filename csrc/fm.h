@@ -315,8 +315,8 @@ typedef struct fm_plan {
      * CTA r computing the column groups [r, r + 1) * G / n of each wide layer (G groups) and storing them into the
      * wide buffers of all n CTAs (distributed shared memory, a cluster barrier before the next layer reads them);
      * narrow layers run whole in every CTA, and CTA 0 stores y. So a small batch's few row tiles keep n times as many
-     * SMs busy, each reading 1/n of the wide layers' weights. The output stage then has bytes of its own beside the
-     * wide buffer (peers write the buffer while a CTA still stores y from its stage). */
+     * SMs busy, each reading 1/n of the wide layers' weights. The output stage keeps sharing the wide buffer's bytes:
+     * a tile's last hand-over arrival waits until its y is stored. */
     int split;
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */

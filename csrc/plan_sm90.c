@@ -234,8 +234,8 @@ size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, const int
     int in_only = value_pad[0];
     p->act_stride = fm_act_stride(p, &in_only, 1, 0);
     size_t stage = fm_plan_wgmma_stage_bytes(p), wide = fm_plan_wide_bytes(p); /* one buffer serves both */
-    size_t share = p->split > 1 ? stage + wide : stage > wide ? stage : wide;   /* (split: side by side) */
-    size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + share + fm_plan_wgmma_raw_bytes(p);
+    size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + (stage > wide ? stage : wide) +
+                        fm_plan_wgmma_raw_bytes(p);
     size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems
                                               : p->stream_slots ? (size_t)p->stream_slots * p->w_slot_elems
                                               : p->w_elems);

@@ -146,6 +146,14 @@ template <int L> __device__ constexpr int fm_kpieces() { return (Layer<L>::K + L
 // FM_SPLIT (plan.c, fm_plan.split): whether layer L is split over the cluster's CTAs, each computing 1/FM_SPLIT of
 // its column groups (a wide layer, looped: fm_wide_layer) and storing them into every CTA's wide buffer.
 template <int L> __device__ constexpr bool fm_split_layer() { return FM_SPLIT > 1 && Layer<L>::WIDE; }
+// Whether layer L is the tile's last split layer (its hand-over's last arrival waits for the tile's y: fm_wide_reload).
+template <int L> __device__ constexpr bool fm_split_after() {
+    if constexpr (L > LAST)
+        return false;
+    else
+        return fm_split_layer<L>() || fm_split_after<L + 1>();
+}
+template <int L> __device__ constexpr bool fm_last_split() { return fm_split_layer<L>() && !fm_split_after<L + 1>(); }
 // Layer L's slot fills in this CTA ("chunks": its column groups, or a norm layer's pieces, each in K pieces; a split
 // layer's own groups), and those of layers L.. together.
 template <int L> __device__ constexpr int fm_groups() {
@@ -698,7 +706,9 @@ template <int L> __device__ constexpr int fm_hk() {
 // Layer L's output as the next layer's A fragments h where it went to the wide buffer (Layer<L>::WIDE): one ldmatrix
 // per 16 columns, in the rows stmatrix stored them. __syncwarp orders the warp's stores before the loads, and the
 // loads before the buffer's next stores (the next wide layer's, or the output stage's).
-// FM_SPLIT: a split layer's fragments once every CTA's columns have arrived, and an arrival once they are loaded.
+// FM_SPLIT: a split layer's fragments once every CTA's columns have arrived, and an arrival once they are loaded; for
+// the tile's last split layer that arrival comes once the tile's y is stored (the main loop): the output stage shares
+// its bytes with the wide buffer, which the peers' next copies overwrite.
 template <int L> __device__ __forceinline__ void fm_wide_reload(fm_u32 (&h)[Layer<L>::N / KE][4], const fm_out &out) {
     if constexpr (Layer<L>::WIDE) {
         if constexpr (fm_split_layer<L>())
@@ -708,7 +718,7 @@ template <int L> __device__ __forceinline__ void fm_wide_reload(fm_u32 (&h)[Laye
         for (int s = 0; s < Layer<L>::N / 16; ++s)
             fm_ldmatrix_x4(h[s], out.wide + (fm_u32)s * WIDE_STEP);
         __syncwarp();
-        if constexpr (fm_split_layer<L>())
+        if constexpr (fm_split_layer<L>() && !fm_last_split<L>())
             fm_split_arrive();
     }
 }
@@ -1328,9 +1338,7 @@ constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
 constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_W * (int)sizeof(out_t);
-// the stage, and the wide buffer (fm_out): one region, or (FM_SPLIT, whose peers write the wide buffer while this CTA
-// may still store y from the stage) the stage, then the wide buffer
-constexpr int SHARE_B = FM_SPLIT > 1 ? STAGE_B + WIDE_B : STAGE_B > WIDE_B ? STAGE_B : WIDE_B;
+constexpr int SHARE_B = STAGE_B > WIDE_B ? STAGE_B : WIDE_B;  // the stage, and the wide buffer (fm_out)
 constexpr int WARP_B = BUF_B + SHARE_B + RAW_B;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B +
                       (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16 + NSTAT_B) : 0) + STREAM_BAR_B == SMEM_BYTES,
@@ -1523,13 +1531,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         __syncwarp();  // every lane has its fragments before the next tile's x lands over them
         if (tile + FM_TILE_STEP < tiles)
             fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
-        // (FM_SPLIT: CTA 0 of the cluster stores y, the others compute the same last layer; the wide buffer past
-        // the stage)
-        const fm_u32 wide0 = out_addr + (FM_SPLIT > 1 ? (fm_u32)STAGE_B : 0u);
+        // (FM_SPLIT: CTA 0 of the cluster stores y, the others compute the same last layer)
         const int live = FM_SPLIT > 1 && rank != 0 ? 0 : nrows;
         const fm_out out = {stage_lane, y, r0 + (lane >> 2), live - (lane >> 2),
-                            wide0 + (fm_u32)((lane >> 4) * 256 + (lane & 15) * 16),
-                            wide0 + (fm_u32)((lane >> 2) * 16 + (lane & 3) * 4)};
+                            out_addr + (fm_u32)((lane >> 4) * 256 + (lane & 15) * 16),
+                            out_addr + (fm_u32)((lane >> 2) * 16 + (lane & 3) * 4)};
         fm_run_network<FM_CLUSTER>(a, w_base, s_bias, out, lane, cl, st);
         if constexpr (!OUT_DIRECT) {
             __syncwarp();
@@ -1545,6 +1551,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
             }
             __syncwarp();  // the stage is read before the next tile's last layer writes it
         }
+        if constexpr (FM_SPLIT > 1)
+            fm_split_arrive();  // the tile's last split layer's hand-over (fm_wide_reload): y is stored
     }
     if constexpr (FM_CLUSTER > 1) {
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // this thread's last copies are done

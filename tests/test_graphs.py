@@ -544,7 +544,7 @@ def test_wide_loop_is_the_default_for_wide_layers_and_changes_only_its_switch():
 def test_split_plans_render_and_compile_clean_for_sm_90a():
     """split (fm_plan.split; off in the default plan, the tuner tries it for small batches): the streamed kernel's wide
     layers over clusters of 2, 4 or 8 CTAs. The default renders FM_SPLIT 1 and no cluster; a split plan is a cluster
-    kernel of that size whose stage sits beside its wide buffer, compiling for sm_90a without serialized wgmma, warnings
+    kernel of that size whose stage shares its wide buffer's bytes, compiling for sm_90a without serialized wgmma, warnings
     or spills. What cannot be split is a limit naming why; a size other than 0, 2, 4 and 8 is a value error."""
     from fusedmlp import _api, _core
 
