@@ -366,7 +366,20 @@ typedef struct fm_plan {
     size_t dq_offset[FM_MAX_LAYERS];
     float act_scale[FM_MAX_LAYERS];
     const float *w_scale[FM_MAX_LAYERS];
+    /* float8 in the register-A warpgroup kernel (its one sm_90 form; fm_plan_codes_in_place). Each lane packs a
+     * hidden layer's codes from its own accumulators into the next layer's k32 A fragments, with no shuffles between
+     * lanes, so layer l > 0 receives its inputs permuted within each 32 (fm_plan_k_perm) and k_perm[l] = 1 has its
+     * weights' K order permuted to match (fm_plan_w_index). q_fold[l]: 1 (identity) or 2 (relu) where hidden layer l's
+     * activation commutes with a positive factor and it has no residual or norm; its dequantisation factors and bias
+     * are stored times the next layer's inverse input scale, so one fma gives the value to round to a code, and relu
+     * is the rounding's .relu (cvt.rn.satfinite.relu). 0 elsewhere. */
+    int k_perm[FM_MAX_LAYERS], q_fold[FM_MAX_LAYERS];
 } fm_plan;
+
+/* Where input k of a layer with fm_plan.k_perm sits in its weights' K order: within each 32 inputs, input
+ * 8 j + 2 t + e (the accumulator column that lane t holds in 8-column tile j) at 16 (j / 2) + 4 t + 2 (j % 2) + e (its
+ * byte in lane t's k32 A fragment register, rows g and g + 8 alike). */
+int fm_plan_k_perm(int k);
 
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err);
@@ -387,9 +400,10 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err);
 
 /* The type layer l's result is stored as, in fm_dtype's codes: 0 float32 (tf32 activations, a float32 output, or an
- * 8-bit plan's hidden layer, whose activations take the accurate float32 forms), 1 float16, 2 bfloat16. Where it is
- * 16-bit the activation may use the fast helpers, whose error is the size of that rounding, and relu/identity a
- * two-column form that rounds as it converts. */
+ * int8 plan's hidden layer, whose activations take the accurate float32 forms), 1 float16 (also a float8 plan's
+ * hidden layer: its e4m3 codes round coarser than float16), 2 bfloat16. Where it is 16-bit the activation may use the
+ * fast helpers, whose error is the size of that rounding, and relu/identity a two-column form that rounds as it
+ * converts. */
 int fm_plan_result_type(const fm_plan *plan, int l);
 
 /* Elements per weight row of layer l in the mma.sync kernel's blob and shared memory: k_pad + one 16-byte pad. */

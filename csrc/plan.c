@@ -78,6 +78,8 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     }
     if (!plan->wgmma)
         return plan->w_offset[l] + (size_t)n * (size_t)fm_plan_w_stride(plan, l) + (size_t)k;
+    if (plan->k_perm[l])
+        k = fm_plan_k_perm(k);
     const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */
     if (fm_plan_k_chunk(plan, l) < plan->k_pad[l]) {
         /* K pieces (fm_plan.k_chunk): column group n / n_chunk at its first row's place, its pieces one after
@@ -101,12 +103,20 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     return base + core * (size_t)(8 * per16) + (size_t)(n % 8) * (size_t)per16 + (size_t)(k % per16);
 }
 
+int fm_plan_k_perm(int k) {
+    const int j = (k >> 3) & 3, t = (k >> 1) & 3, e = k & 1;
+    return (k & ~31) | (j >> 1) << 4 | t << 2 | (j & 1) << 1 | e;
+}
+
 int fm_plan_result_type(const fm_plan *plan, int l) {
     if (l == plan->num_layers - 1)
         return (int)plan->out_dtype;
-    /* 8-bit: float32 forms. A fast form's 16-bit-sized error would move values near the top of a layer's range by up
-     * to 1/16 of an int8 step and flip their code where the CPU emulation (exact activations) does not. */
-    return plan->prec == FM_PREC_TF32 || fm_prec_is_8bit(plan->prec) ? 0 : (int)plan->prec + 1;
+    /* int8: float32 forms. A fast form's 16-bit-sized error would move values near the top of a layer's range by up
+     * to 1/16 of an int8 step and flip their code where the CPU emulation (exact activations) does not. float8:
+     * float16's forms (its codes' 3 mantissa bits are rounder still; its sums are not the emulation's either). */
+    if (plan->prec == FM_PREC_E4M3)
+        return (int)FM_PREC_F16 + 1;
+    return plan->prec == FM_PREC_TF32 || plan->prec == FM_PREC_INT8 ? 0 : (int)plan->prec + 1;
 }
 
 /* Assigns the per-warp activation buffers (a register allocation over the values x, layer 0's output, ...): x
@@ -500,6 +510,20 @@ static fm_status fm_plan_split_check(const fm_plan *plan, int split, fm_error *e
     return FM_OK;
 }
 
+/* fm_plan.k_perm and q_fold: float8 on the register-A warpgroup kernel, where every layer after the first reads the
+ * codes the layer before packed from its accumulators (the kernel's only float8 form: no cluster, streamed or
+ * K-pipelined one, fm_plan_sm90). */
+static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
+    if (plan->prec != FM_PREC_E4M3 || !plan->wgmma)
+        return;
+    for (int l = 0; l < plan->num_layers; ++l) {
+        const char *act = fm_expr_unary(spec->act[l]);
+        plan->k_perm[l] = l > 0;
+        if (l < plan->num_layers - 1 && plan->res_op[l] == FM_RES_NONE && plan->norm[l] == FM_NORM_NONE && act)
+            plan->q_fold[l] = strcmp(act, "") == 0 ? 1 : strcmp(act, "relu") == 0 ? 2 : 0;
+    }
+}
+
 /* The plan of the form fm_plan_form chooses, with the options that do not change the choice: wide_loop (auto or on)
  * where the plan is the streamed warpgroup kernel of a network with a layer wider than 256 in or out (its wide form:
  * fm_plan.wide_out, k_chunk; the kernel loops over such a layer's column groups, fm_plan.wide_loop); wide_loop=1 on
@@ -520,6 +544,8 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                        "CTAs, or 0 (none, the default)", opts->split);
     }
     fm_status st = fm_plan_form(spec, target, opts, prec, in_dtype, out_dtype, plan, err);
+    if (st == FM_OK)
+        fm_plan_codes_in_place(spec, plan);
     if (st == FM_OK && opts->split > 1 && opts->wide_loop < 0)
         return fm_fail(err, FM_ERR_LIMIT, "split=%d was asked for with wide_loop=-1: a split layer's column groups "
                        "run as a loop (fused_mlp_sm90.cu, fm_wide_layer)", opts->split);
@@ -566,10 +592,13 @@ void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const
                 else
                     ((uint32_t *)w_blob)[at] = bits;
             }
-        if (b != NULL && b[l] != NULL && plan->has_bias[l])
-            memcpy(b_blob + plan->b_offset[l], b[l], (size_t)nr * sizeof(float));
+        /* q_fold: both times the next input's inverse scale, the float32 quotient the kernels' QOUT is */
+        const double fold = plan->q_fold[l] ? (double)(1.0f / plan->act_scale[l + 1]) : 1.0;
+        for (int n = 0; b != NULL && b[l] != NULL && plan->has_bias[l] && n < nr; ++n)
+            b_blob[plan->b_offset[l] + n] = (float)((double)b[l][n] * fold);
         for (int n = 0; fm_prec_is_8bit(plan->prec) && n < nr; ++n) /* padded columns: 0, their outputs stay 0 */
-            b_blob[plan->dq_offset[l] + n] = (float)((double)plan->act_scale[l] * (double)plan->w_scale[l][n]);
+            b_blob[plan->dq_offset[l] + n] =
+                (float)((double)plan->act_scale[l] * (double)plan->w_scale[l][n] * fold);
     }
 }
 

@@ -14,22 +14,24 @@
 enum { PIPE_REGS = 24 };
 
 /* Registers layer l of the sm_90a kernel needs per thread: 64 x n fp32 accumulators over 128 threads, the input
- * fragments (64 x k halves) and, but for the last layer (which stages its output), the output fragments; plus 40 for
- * addresses, bias and the activation's temporaries. All n accumulators also where a forced n_chunk splits the layer
- * into column groups: ptxas runs one group's epilogue under the next group's MMAs, so they are live together. */
+ * fragments (64 x k halves, or float8 codes in half as many registers: so float8 takes 256-wide hidden layers) and,
+ * but for the last layer (which stages its output), the output fragments; plus 40 for addresses, bias and the
+ * activation's temporaries. All n accumulators also where a forced n_chunk splits the layer into column groups: ptxas
+ * runs one group's epilogue under the next group's MMAs, so they are live together. */
 static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
     /* The streamed form's groups are apart: a wait for each group's slot sits between one group's epilogue and the
      * next group's MMAs, which ptxas does not move MMAs across, so one group's accumulators are live at a time. */
     int acc = p->stream_slots ? p->n_chunk[l] / 2 : p->n_pad[l] / 2;
-    int out = l == p->num_layers - 1 || p->wide_out[l] ? 0 : p->n_pad[l] / 4; /* wide_out: to shared memory */
-    int regs = acc + p->k_pad[l] / 4 + out + 40;
+    const int per_reg = 8 / p->elem_bytes; /* 64 rows of k elements over 128 threads' 4-byte registers: k / per_reg */
+    int out = l == p->num_layers - 1 || p->wide_out[l] ? 0 : p->n_pad[l] / per_reg; /* wide_out: to shared memory */
+    int regs = acc + p->k_pad[l] / per_reg + out + 40;
     /* A streamed norm layer (one group, the whole row) without a residual: its input fragments are dead once its
      * MMAs are done, before its output fragments are written, so they take the same registers. */
     if (p->stream_slots && p->norm[l] != FM_NORM_NONE && p->res_op[l] == FM_RES_NONE)
-        regs = acc + (p->k_pad[l] / 4 > out ? p->k_pad[l] / 4 : out) + 40;
+        regs = acc + (p->k_pad[l] / per_reg > out ? p->k_pad[l] / per_reg : out) + 40;
     for (int j = l + 1; j < p->num_layers; ++j) /* x's fragments, kept for a later layer's concat */
         if (p->cat[j] != FM_CAT_NONE) {
-            regs += p->k_pad[0] / 4;
+            regs += p->k_pad[0] / per_reg;
             break;
         }
     if (p->pipe[l]) { /* both layers' accumulators, and this layer's input fragments as they become its output's */

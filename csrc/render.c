@@ -159,8 +159,11 @@ static void fm_render_quant(const fm_plan *p, int l, fm_str *out) {
     const float rscale = res ? p->act_scale[p->res_src[l] + 1] : 0.0f;
     fm_str_printf(out,
                   "    static constexpr int DQ_OFF = %zu;  // act_scale * w_scale[n] per column (float blob)\n"
-                  "    static constexpr float QIN = %af, QOUT = %af, RSCALE = %af;  // 1/in scale, 1/out, r's scale\n",
-                  p->dq_offset[l], (double)qin, (double)qout, (double)rscale);
+                  "    static constexpr float QIN = %af, QOUT = %af, RSCALE = %af;  // 1/in scale, 1/out, r's scale\n"
+                  "    static constexpr bool KPERM = %s;  // its input codes arrive permuted (fm_plan.k_perm)\n"
+                  "    static constexpr int QFOLD = %d;  // DQ and bias times QOUT: 1 identity, 2 relu (fm_plan.q_fold)\n",
+                  p->dq_offset[l], (double)qin, (double)qout, (double)rscale, p->k_perm[l] ? "true" : "false",
+                  p->q_fold[l]);
 }
 
 /* Layer<l> for every layer. REPEAT: how many layers from l on have l's body (l's included; 1 where the next

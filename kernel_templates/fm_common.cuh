@@ -128,6 +128,15 @@ __device__ __forceinline__ unsigned short fm_quant2(float lo, float hi) {
     return r;
 #endif
 }
+#if FM_PREC == 4
+// fm_quant2 of relu(lo), relu(hi) in the one instruction (negatives to +0, NaN stays NaN: relu's float32 form's
+// results, as codes).
+__device__ __forceinline__ unsigned short fm_quant2_relu(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.relu.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#endif
 // Four floats (times the inverse scale) as four codes, the first in the lowest byte.
 __device__ __forceinline__ fm_u32 fm_quant4(float a, float b, float c, float d) {
     return (fm_u32)fm_quant2(a, b) | ((fm_u32)fm_quant2(c, d) << 16);
@@ -264,7 +273,9 @@ template <int T> __device__ __forceinline__ fm_u32 fm_relu2(float lo, float hi) 
 //   gamma and beta at B_OFF + N and B_OFF + 2 N of the bias blob (fm_norm_*, below);
 //   8-bit plans only: DQ_OFF, the float blob's act_scale * w_scale[n] per column (accumulator -> W h); QIN and QOUT,
 //   the inverse scales of the layer's input and output values (QOUT 0 for the last layer, stored unscaled); RSCALE,
-//   the scale of the residual operand's value (its codes times this are its values).
+//   the scale of the residual operand's value (its codes times this are its values); KPERM, QFOLD (the float8
+//   register-A kernel's, fm_plan.k_perm and q_fold): its input codes arrive permuted within each 32 columns, and its
+//   DQ and bias come times QOUT (1: no activation, 2: relu, left to the rounding).
 template <int L> struct Layer;
 {{LAYERS}}
 

@@ -394,15 +394,20 @@ template <int L> __device__ constexpr bool fm_has_residual() {
 
 #if FM_PREC >= 3
 // float8, a residual from the layer's own input (its k32 A fragments a): the values at (row g + 8 hh, cols 8 j + 2 t,
-// + 1), codes times the input's scale RSCALE. The inverse of fm_epi_codes' gather below: that pair is half t % 2 of
-// register 2 ((j % 4) / 2) + hh of fragment j / 4 in lane 2 (j % 2) + t / 2 of the quad. All lanes shuffle the same
-// register (j, hh are the same in the warp), each from its own source lane.
+// + 1), codes times the input's scale RSCALE. Where the input was packed by fm_epi_codes (KPERM), that pair is the
+// lane's own: half j % 2 of register 2 ((j % 4) / 2) + hh of fragment j / 4. Layer 0's input (x, in column order)
+// has it in lane 2 (j % 2) + t / 2 of the quad, half t % 2: all lanes shuffle the same register, each from its own
+// source lane.
 template <int L, int KF>
 __device__ __forceinline__ void fm_res_codes(const fm_u32 (&a)[KF][4], int j, int hh, int lane, float &r0,
                                              float &r1) {
     const int t = lane & 3;
-    const fm_u32 w = __shfl_sync(0xffffffffu, a[j / 4][2 * ((j % 4) / 2) + hh], (lane & ~3) | (2 * (j % 2) + (t >> 1)));
-    fm_code2_to_f((unsigned short)(w >> ((t & 1) * 16)), r0, r1);
+    const fm_u32 r = a[j / 4][2 * ((j % 4) / 2) + hh];
+    if constexpr (Layer<L>::KPERM)
+        fm_code2_to_f((unsigned short)(r >> ((j % 2) * 16)), r0, r1);
+    else
+        fm_code2_to_f((unsigned short)(__shfl_sync(0xffffffffu, r, (lane & ~3) | (2 * (j % 2) + (t >> 1))) >>
+                                       ((t & 1) * 16)), r0, r1);
     r0 *= Layer<L>::RSCALE;
     r1 *= Layer<L>::RSCALE;
 }
@@ -463,16 +468,17 @@ __device__ __forceinline__ void fm_dequant_d(float (&d)[W / 2], int c0, int t, c
 }
 
 // float8: hidden layer L's epilogue (activation, residual from its input a, mask) over all its columns, stored as the
-// next layer's A fragments of codes (times QOUT, the next input's inverse scale). A k32 A register of lane (g, t) is
-// row g + 8 (q % 2), columns 32 s + 16 (q / 2) + 4 t .. + 3 (the PTX ISA's wgmma / mma m16n8k32 8-bit A layout); a
-// lane's accumulators are columns 8 j + 2 t, + 1 of each 8-column tile j. So lane t's four codes are the code pairs
-// of lanes 2 t % 4 and (2 t + 1) % 4 of its quad, in tile 4 s + 2 (q / 2) + t / 2: each source lane sends the pairs
-// of both candidate tiles in one word, and the reader keeps the half of the tile it needs.
+// next layer's A fragments of codes (times QOUT, the next input's inverse scale; with QFOLD the accumulators already
+// are, and relu is the rounding's). A k32 A register of lane (g, t) holds row g + 8 (q % 2), four consecutive k
+// positions 32 s + 16 (q / 2) + 4 t .. + 3 (the PTX ISA's wgmma / mma m16n8k32 8-bit A layout); a lane's accumulators
+// are columns 8 j + 2 t, + 1 of each 8-column tile j. The lane packs its own: register q takes the pairs of tiles
+// 4 s + 2 (q / 2) and + 1, and the next layer's weights are in that K order (fm_plan.k_perm): no shuffles.
 template <int L>
 __device__ __forceinline__ void fm_epi_codes(float (&d)[Layer<L>::N / 2], const fm_u32 (&a)[Layer<L>::K / KE][4],
                                              fm_u32 (&h)[Layer<L>::N / KE][4], int lane) {
     typedef Layer<L> Ly;
     static_assert(Ly::N % 32 == 0, "8-bit widths are padded to whole k32 steps (plan.c)");
+    static_assert(Layer<L + 1>::KPERM, "the next layer's weights take the packed order (fm_plan.k_perm)");
     const int t = lane & 3;
     fm_u32 pairs[Ly::N / 8][2];  // tile j, row g + 8 hh: the codes of columns 8 j + 2 t, + 1 (low 16 bits)
 #pragma unroll
@@ -482,24 +488,26 @@ __device__ __forceinline__ void fm_epi_codes(float (&d)[Layer<L>::N / 2], const 
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float v0 = d[4 * j + 2 * hh], v1 = d[4 * j + 2 * hh + 1], r0 = 0.0f, r1 = 0.0f;
-            if constexpr (Ly::RES != 0)
-                fm_res_codes<L>(a, j, hh, lane, r0, r1);
-            if (live)
-                fm_epilogue<L>(v0, v1, r0, r1, col);
-            pairs[j][hh] = live ? (fm_u32)fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT) : 0u;
+            if constexpr (Ly::QFOLD != 0) {
+                if constexpr (Ly::NR < Ly::N) {  // padded columns: 0, whatever the accumulators hold
+                    if (col >= Ly::NR) v0 = 0.0f;
+                    if (col + 1 >= Ly::NR) v1 = 0.0f;
+                }
+                pairs[j][hh] = !live ? 0u : Ly::QFOLD == 2 ? (fm_u32)fm_quant2_relu(v0, v1) : (fm_u32)fm_quant2(v0, v1);
+            } else {
+                if constexpr (Ly::RES != 0)
+                    fm_res_codes<L>(a, j, hh, lane, r0, r1);
+                if (live)
+                    fm_epilogue<L>(v0, v1, r0, r1, col);
+                pairs[j][hh] = live ? (fm_u32)fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT) : 0u;
+            }
         }
     }
-    const int quad = lane & ~3, src0 = quad | ((2 * t) & 3), src1 = quad | ((2 * t + 1) & 3), sh = (t >> 1) * 16;
 #pragma unroll
-    for (int s = 0; s < Ly::N / 32; ++s) {
+    for (int s = 0; s < Ly::N / 32; ++s)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int j0 = 4 * s + 2 * (q >> 1), hh = q & 1;
-            const fm_u32 both = pairs[j0][hh] | (pairs[j0 + 1][hh] << 16);
-            const fm_u32 lo = __shfl_sync(0xffffffffu, both, src0), hi = __shfl_sync(0xffffffffu, both, src1);
-            h[s][q] = ((lo >> sh) & 0xffffu) | (((hi >> sh) & 0xffffu) << 16);
-        }
-    }
+        for (int q = 0; q < 4; ++q)
+            h[s][q] = pairs[4 * s + 2 * (q >> 1)][q & 1] | (pairs[4 * s + 2 * (q >> 1) + 1][q & 1] << 16);
 }
 #endif
 

@@ -30,14 +30,20 @@ MIN_ARCH = {"int8": 80, "float8": 89}
 #: accumulates exactly; e4m3 products are summed in float32 in the Tensor Cores' own order (and, reportedly, with
 #: fewer bits than float32 on Hopper), hence float8's larger allowance. If these fail by a small margin with errors
 #: against float64 well inside CHECK_TOLERANCES, the allowance is what to revisit; a large one (or NaN) is a bug.
-EMU_TOLS = {"int8": 2e-3, "float8": 5e-3}
+#: float8's hidden layers also take float16's fast activation forms (tanh.approx at the core of tanh, sigmoid, silu,
+#: gelu; ~2^-11 relative, fm_plan_result_type) where the emulation evaluates them exactly, so more values land on the
+#: neighbouring code: on the H100 the mma.sync forms' network (test_every_mma_sync_form_matches_the_emulation) went
+#: from under 5e-3 to 5.26e-3 with them, its error against float64 0.0536 either way. Allowance: about twice that.
+EMU_TOLS = {"int8": 2e-3, "float8": 1e-2}
 #: The float8 wgmma form (Hopper's QGMMA) against the emulation: its sums differ from float32 ones by more than the
 #: mma.sync form's (which ptxas runs on sm_90 as float16 HMMAs accumulated in float32, exact products). On the H100
 #: (bench/results/h100-lowbit/gpu_tests_each.txt) the networks of WGMMA_NETWORKS came out 5.2e-3 .. 8.4e-3 from the
 #: emulation (relative L2, float32 and float16 I/O) with errors against float64 of 0.066 .. 0.080, well inside the 0.2
 #: bound, and one layer of 256 inputs 6.2e-4 (max |difference| / max |y|) against ONE_TOL's 5e-4. Read as the
 #: accumulation, not a fragment or a gather (a wrong one is off by tens of percent). Allowances: 1.4x and 1.6x those.
-WGMMA_EMU_TOL = 1.2e-2
+#: With the fast activation forms (EMU_TOLS) the layernorm network's worst case went from under 1.2e-2 to 1.21e-2
+#: (float32 I/O, 65 rows; against float64 0.070): now 1.5x that.
+WGMMA_EMU_TOL = 1.8e-2
 WGMMA_ONE_TOL = 1e-3
 
 
@@ -110,7 +116,7 @@ def test_random_graphs_match_the_emulation_and_the_float_network(dtype):
     1..256, depths 1..6) in float32, float16 and bfloat16 I/O and odd batch sizes."""
     need(dtype)
     rng = np.random.default_rng(26026)
-    failures, errors = [], []
+    failures, errors, emulation = [], [], []
     for i in range(80):
         ws, bs, acts, residual, concat = random_graph(rng)
         mlp = calibrated(ws, bs, dtype, rng, activation=acts, residual=residual, concat=concat)
@@ -121,10 +127,12 @@ def test_random_graphs_match_the_emulation_and_the_float_network(dtype):
         # 16-bit output rounding adds up to 2^-9 relative (bfloat16) on top of the emulation's float32 result
         tol = EMU_TOLS[dtype] + (4e-3 if io == "bfloat16" else 1e-3 if io == "float16" else 0)
         errors.append(e_ref)
+        emulation.append(e_emu)
         if not (e_emu <= tol and e_ref <= fusedmlp.CHECK_TOLERANCES[dtype]):
             failures.append((i, io, batch, [w.shape for w in ws], acts, residual, concat, e_emu, e_ref))
     print(f"\n{dtype}: {len(errors)} graphs vs float64, relative L2 median {np.median(errors):.2e}, "
-          f"max {max(errors):.2e}; {len(failures)} failures")
+          f"max {max(errors):.2e}; vs the emulation median {np.median(emulation):.2e}, max {max(emulation):.2e}; "
+          f"{len(failures)} failures")
     assert not failures, failures[:5]
 
 
@@ -154,9 +162,10 @@ def test_every_mma_sync_form_matches_the_emulation(dtype, options):
 @pytest.mark.parametrize("n", range(len(WGMMA_NETWORKS)), ids=lambda n: "-".join(map(str, WGMMA_NETWORKS[n][0])))
 @pytest.mark.parametrize("io", ["float32", "float16", "bfloat16"])
 def test_the_float8_wgmma_form_matches_the_emulation(n, io):
-    """sm_90 only: the register-A wgmma form of float8 (fused_mlp_sm90.cu, fm_epi_codes gathers each k32 A fragment
-    from the quad's accumulators), float8's default on sm_90 where it fits since it passed this on the H100 and ran
-    1.6-2.6x faster than float8's mma.sync (test_speed_against_float16_is_reported)."""
+    """sm_90 only: the register-A wgmma form of float8 (fused_mlp_sm90.cu, fm_epi_codes packs each k32 A fragment
+    from the lane's own accumulators, the next layer's weights in that K order), float8's default on sm_90 where it
+    fits since it passed this on the H100 and ran 1.6-2.6x faster than float8's mma.sync
+    (test_speed_against_float16_is_reported)."""
     if arch() != 90:
         pytest.skip(f"the wgmma kernel needs sm_90; this GPU is sm_{arch()}")
     mlp = wgmma_model(n, device="cuda")
