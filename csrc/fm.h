@@ -349,6 +349,10 @@ typedef struct fm_plan {
      * multicast per CTA; its blob is then one block per (column tile, K stage), BN rows x 128 bytes in the 128-byte
      * swizzle the wgmma descriptor reads (fm_plan_w_index). 1: one CTA per tile, the blob row-major. */
     int gemm_cluster;
+    /* 1: the wgmma GEMM warp-specialised, one CTA a tile: a producer warpgroup (the last; warps counts it) fills the
+     * stages, cp.async for A and one cp.async.bulk of B's block per stage (the blob in gemm_cluster 2's layout), and
+     * the consumer warpgroups only multiply and store, each stage handed over by full/empty mbarriers. */
+    int gemm_ws;
     int a1_dtype, res_dtype;
     /* The spec's FM_NORM_* per layer. A norm layer's float blob holds n_pad floats of bias, then gamma, then beta
      * (b_offset[l], + n_pad, + 2 n_pad; fm_plan_pack_norms). Its row statistics need every column of a row: the
@@ -391,6 +395,7 @@ typedef struct fm_gemm_opts {
     int wgmma;   /* 1: the warpgroup form (sm_90a, 16-bit operands), 0: mma.sync, -1: wgmma where it can */
     int cluster; /* the wgmma form on clusters of 2 CTAs sharing the weight tile (fm_plan.gemm_cluster) or 1 CTA a
                     tile; 0: auto */
+    int ws;      /* 1: the wgmma form warp-specialised (fm_plan.gemm_ws), -1: not, 0: auto */
 } fm_gemm_opts;
 
 /* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual

@@ -12,6 +12,25 @@
 /* fm_gemm_opts.cluster's auto choice for the wgmma form: 1 (one CTA a tile) until clusters of two are measured on an
  * H100 against it (docs/performance.md, "Networks bigger than the chip"); 2 makes them the default. */
 enum { FM_GEMM_CLUSTER_AUTO = 1 };
+/* fm_gemm_opts.ws's auto choice (1: where fm_gemm_ws_fits). On the H100 at 2^21 rows rec1024's GEMMs took 22.60 ->
+ * 20.28 ms warp-specialised; sdf512's concat layer, whose x part is converted element by element on the way in (259
+ * columns: rows of 518 bytes), 26.35 -> 33.77 ms for the network, its 128 producer threads doing the converting
+ * loads that 256 did (docs/performance.md). */
+enum { FM_GEMM_WS_AUTO = 1 };
+
+/* Whether an input part of dtype d and `real` elements a row is copied as it is (cp.async of 16-byte pieces): the
+ * compute dtype with 16-byte rows (gemm_layer.cu, fm_a_raw). */
+static int fm_gemm_raw_part(const fm_plan *plan, int d, int real) {
+    return d == (int)plan->prec + 1 && real * plan->elem_bytes % 16 == 0;
+}
+
+/* The auto rule for warp specialisation: the default 128 x 256 tile (smaller ones run several CTAs an SM, which the
+ * producer's registers would cut to one for 128 x 128) and every input part copied as it is. */
+static int fm_gemm_ws_fits(const fm_plan *plan, int l) {
+    return plan->gemm_bm == 128 && plan->gemm_bn == 256 &&
+           fm_gemm_raw_part(plan, (int)plan->in_dtype, plan->k0_real[l]) &&
+           (plan->a1_dtype < 0 || fm_gemm_raw_part(plan, plan->a1_dtype, plan->k_real[l] - plan->k0_real[l]));
+}
 
 static int fm_gemm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
@@ -20,7 +39,7 @@ static int fm_gemm_valid_dtype(int d) { return d == FM_F32 || d == FM_F16 || d =
 
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
-    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0};
+    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0};
     if (opts == NULL)
         opts = &auto_opts;
     const int bm = opts->bm, bn = opts->bn;
@@ -86,6 +105,15 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return fm_fail(err, FM_ERR_LIMIT, "a GEMM on clusters of 2 needs the wgmma form (sm_90a, float16 or bfloat16; "
                        "sm_%d, %s)", target->arch, fm_prec_name(prec));
     plan->gemm_cluster = opts->cluster ? opts->cluster : plan->wgmma ? FM_GEMM_CLUSTER_AUTO : 1;
+    /* Warp specialisation: the loads leave the consumers' instruction stream and their waits (every thread of the
+     * other forms copies its share of A and B each stage, then meets the others at a barrier). */
+    if (opts->ws < -1 || opts->ws > 1)
+        return fm_fail(err, FM_ERR_VALUE, "GEMM ws=%d: 1 (a producer warpgroup), -1 (none) or 0 (auto)", opts->ws);
+    if (opts->ws == 1 && (!plan->wgmma || plan->gemm_cluster > 1))
+        return fm_fail(err, FM_ERR_LIMIT, "a warp-specialised GEMM (ws=1) is the wgmma form on one CTA a tile (sm_90a, "
+                       "float16 or bfloat16, cluster 1; sm_%d, %s, cluster %d)", target->arch, fm_prec_name(prec),
+                       plan->gemm_cluster);
+    plan->gemm_ws = opts->ws == 1; /* (auto: below, once the tile is known) */
     /* K in stages of 64 bytes (mma.sync) or 128 (wgmma), each input part padded to whole stages so a stage reads
      * one part. */
     const int kt = (plan->wgmma ? 128 : 64) / plan->elem_bytes;
@@ -108,9 +136,11 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
      * for 128 x 256. */
     plan->gemm_bm = bm ? bm : 128;
     plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : plan->n_real[l] <= 128 || !plan->wgmma ? 128 : 256);
-    plan->warps = plan->wgmma ? plan->gemm_bm / 16 : 8;
+    if (opts->ws == 0)
+        plan->gemm_ws = plan->wgmma && plan->gemm_cluster == 1 && FM_GEMM_WS_AUTO && fm_gemm_ws_fits(plan, l);
+    plan->warps = plan->wgmma ? plan->gemm_bm / 16 + (plan->gemm_ws ? 4 : 0) : 8;
     if (plan->wgmma)
-        plan->gemm_warps_m = plan->warps; /* a warp's 16 rows of its warpgroup's 64, all columns */
+        plan->gemm_warps_m = plan->gemm_bm / 16; /* a warp's 16 rows of its warpgroup's 64, all columns */
     else
         plan->gemm_warps_m = plan->gemm_bn == 128 ? (plan->gemm_bm == 128 ? 2 : 1) : (plan->gemm_bm == 128 ? 4 : 2);
     plan->n_pad[l] = fm_gemm_round_up(plan->n_real[l], plan->gemm_bn);
@@ -123,7 +153,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return fm_fail(err, FM_ERR_VALUE, "GEMM tile columns 256 need the wgmma form (sm_90a, float16 or bfloat16)");
     /* a stage's A and B rows, and in the cluster form its two mbarriers (full, empty) */
     const size_t stage = (size_t)(plan->gemm_bm + plan->gemm_bn) * (plan->wgmma ? 128 : 64 + 16) +
-                         (plan->gemm_cluster > 1 ? 16 : 0);
+                         (plan->gemm_cluster > 1 || plan->gemm_ws ? 16 : 0);
     const int least = plan->wgmma ? 3 : 2; /* wgmma keeps two stages ahead of the one it reads */
     if (opts->stages && (opts->stages < least || opts->stages > 8))
         return fm_fail(err, FM_ERR_VALUE, "GEMM stages=%d: %d..8 (0: auto)", opts->stages, least);
@@ -145,6 +175,10 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->blocks_per_sm = blocks < 1 ? 1 : (blocks > 2 ? 2 : blocks);
     if (plan->wgmma && plan->gemm_bn > 128) /* 128 accumulators a thread: two CTAs' threads would spill */
         plan->blocks_per_sm = 1;
+    if (plan->gemm_ws) { /* its producer's threads take registers too: BN / 2 accumulators and ~48 more a thread */
+        const int need = (plan->gemm_bn / 2 + 48 + 7) / 8 * 8, fit = 65536 / (plan->warps * 32 * need);
+        plan->blocks_per_sm = fit < plan->blocks_per_sm ? (fit < 1 ? 1 : fit) : plan->blocks_per_sm;
+    }
 
     plan->act_stride = 16 / plan->elem_bytes; /* fm_common.cuh's activation rows, which this kernel has none of */
     plan->w_offset[l] = 0;

@@ -68,7 +68,7 @@ int fm_plan_k_chunk(const fm_plan *plan, int l) {
 }
 
 size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
-    if (plan->gemm && plan->gemm_cluster < 2)
+    if (plan->gemm && plan->gemm_cluster < 2 && !plan->gemm_ws)
         return (size_t)n * (size_t)plan->k_pad[l] + (size_t)k;
     if (plan->gemm) { /* block (column tile, K stage), BN rows of 128 bytes, 16-byte chunk c of row r at c ^ (r % 8) */
         const int kt = 128 / plan->elem_bytes, per16 = 16 / plan->elem_bytes, bn = plan->gemm_bn;

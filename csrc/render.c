@@ -291,6 +291,7 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(fm_subst_add(t, "STAGES"), "%d", p->gemm_stages);
     fm_str_printf(fm_subst_add(t, "GEMM_WGMMA"), "%d", p->wgmma);
     fm_str_printf(fm_subst_add(t, "GEMM_CLUSTER"), "%d", p->gemm_cluster);
+    fm_str_printf(fm_subst_add(t, "GEMM_WS"), "%d", p->gemm_ws);
     fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"),
                   p->gemm_cluster > 1 ? "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" : "");
     if (p->wgmma)
@@ -308,6 +309,8 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
                   p->gemm_stages, p->wgmma ? 128 : 64, p->blocks_per_sm, p->smem_bytes, fm_dtype_name(p->in_dtype));
     if (p->gemm_cluster > 1)
         fm_str_printf(c, "; clusters of %d sharing the weight tile (TMA multicast)", p->gemm_cluster);
+    if (p->gemm_ws)
+        fm_str_append(c, "; warp-specialised (the last warpgroup loads)");
     if (p->a1_dtype >= 0)
         fm_str_printf(c, " + %s (concat)", fm_dtype_name((fm_dtype)p->a1_dtype));
     if (p->res_dtype >= 0)

@@ -88,6 +88,13 @@ __device__ __forceinline__ void fm_bulk_multicast(fm_u32 dst, const void *src, f
                  "[%0], [%1], %2, [%3], %4;" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask)
                  : "memory");
 }
+// Copies `bytes` of global memory at src to this CTA's shared memory at dst (one bulk copy, the TMA unit's; src, dst
+// and bytes multiples of 16), completing `bytes` of the transaction count of the mbarrier at `bar`.
+__device__ __forceinline__ void fm_bulk_g2s(fm_u32 dst, const void *src, fm_u32 bytes, fm_u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
 // One arrival on a barrier of this CTA, once this thread's earlier cp.async copies have landed (.noinc: the arrival
 // is one of the barrier's expected count, not an extra one).
 __device__ __forceinline__ void fm_mbar_arrive_copies(fm_u32 bar) {

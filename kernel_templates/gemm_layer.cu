@@ -43,6 +43,7 @@
 #define FM_WGMMA {{GEMM_WGMMA}}   // 1: warpgroup MMAs (sm_90a), 0: mma.sync
 #define FM_STAGES {{STAGES}}
 #define FM_GEMM_CLUSTER {{GEMM_CLUSTER}}  // 2: CTA pairs sharing each stage's weight tile (below), 1: a CTA a tile
+#define FM_GEMM_WS {{GEMM_WS}}  // 1: warp-specialised, the last warpgroup loading the stages (below)
 #define FM_A1_TYPE {{A1_TYPE}}    // the concat's second part in global memory (-1: no concat), fm_dtype codes
 #define FM_RES_TYPE {{RES_TYPE}}  // the residual operand in global memory (-1: no residual)
 constexpr int ROWS_W = 16;        // (fm_common.cuh's input helper, which this kernel does not use, names it)
@@ -52,12 +53,13 @@ constexpr int A0_REAL = {{A0_REAL}}, A1_REAL = {{A1_REAL}};  // real widths of t
 #include "fm_common.cuh"
 #include "fm_mma_sync.cuh"
 #include "fm_wgmma.cuh"
-#if FM_GEMM_CLUSTER > 1
+#if FM_GEMM_CLUSTER > 1 || FM_GEMM_WS
 #include "fm_cluster.cuh"
 #endif
 
 typedef Layer<0> Ly;
-constexpr int WARPS_N = FM_WARPS / WARPS_M;
+constexpr int CWARPS = FM_WARPS - (FM_GEMM_WS ? 4 : 0);  // the warps that multiply (all but a producer warpgroup)
+constexpr int WARPS_N = CWARPS / WARPS_M;
 constexpr int TM = BM / WARPS_M, TN = BN / WARPS_N;  // a warp's piece of the tile (wgmma: 16 rows x BN)
 constexpr int MT = TM / 16, NT = TN / 8;             // its m16 and n8 mma tiles
 constexpr int KT_B = FM_WGMMA ? 128 : 64;            // bytes of K per stage
@@ -65,9 +67,10 @@ constexpr int KT = KT_B / EB;                        // elements of K per stage
 constexpr int CH = KT_B / 16;                        // 16-byte chunks of a row's K per stage
 constexpr int SROW_B = FM_WGMMA ? KT_B : KT_B + 16;  // bytes per shared-memory row of a stage
 constexpr int A_STAGE_B = BM * SROW_B, B_STAGE_B = BN * SROW_B, STAGE_B = A_STAGE_B + B_STAGE_B;
-constexpr int BAR_B = FM_GEMM_CLUSTER > 1 ? 16 * FM_STAGES : 0;  // the cluster form's mbarriers: full[s], empty[s]
-static_assert(!FM_WGMMA || (WARPS_M == FM_WARPS && BM == 64 * (FM_WARPS / 4) && FM_PREC != 2),
+constexpr int BAR_B = FM_GEMM_CLUSTER > 1 || FM_GEMM_WS ? 16 * FM_STAGES : 0;  // mbarriers full[s], empty[s]
+static_assert(!FM_WGMMA || (WARPS_M == CWARPS && BM == 64 * (CWARPS / 4) && FM_PREC != 2),
               "wgmma: each warpgroup 64 rows of all BN columns, 16-bit operands");
+static_assert(!FM_GEMM_WS || (FM_WGMMA && FM_GEMM_CLUSTER == 1), "warp specialisation: the one-CTA wgmma form");
 static_assert(!FM_WGMMA || KT_B == 128, "the 128-byte swizzle: a stage's row of K is one swizzle row");
 // Byte offset of (row r, byte b of K) in a stage's operand: padded rows, or the 128-byte swizzle (chunk b / 16 of row
 // r at chunk (b / 16) ^ (r % 8); the 8 rows of an atom, whose chunk c then lie in 8 different bank groups).
@@ -90,7 +93,7 @@ __device__ __forceinline__ unsigned long long fm_desc_sw128(fm_u32 addr) {
            (1ull << 62);
 }
 constexpr int KTILES = Ly::K / KT, K0TILES = Ly::K0 / KT;
-static_assert(WARPS_M * WARPS_N == FM_WARPS && TM % 16 == 0 && TN % 16 == 0, "warp pieces are whole mma tiles");
+static_assert(WARPS_M * WARPS_N == CWARPS && TM % 16 == 0 && TN % 16 == 0, "warp pieces are whole mma tiles");
 static_assert(Ly::K % KT == 0 && Ly::K0 % KT == 0 && Ly::N % BN == 0, "the plan pads K parts to stages, N to tiles");
 static_assert(FM_STAGES * STAGE_B + (FM_WGMMA ? 1024 : 0) + BAR_B == SMEM_BYTES,
               "the shared memory is the plan's (gemm.c)");
@@ -123,14 +126,14 @@ template <int T, int REAL> __device__ constexpr bool fm_a_raw() {
 }
 
 // Columns [kcol, kcol + KT) of rows [row0, row0 + BM) of an input part (REAL elements a row, dtype T) into the stage's
-// A rows at `dst` (shared-window bytes), zero past the batch and past the part's width.
-template <int T, int REAL>
+// A rows at `dst` (shared-window bytes), zero past the batch and past the part's width; by threads tid of NTHR.
+template <int T, int REAL, int NTHR = THREADS>
 __device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ src, long long row0, long long rows,
-                                          int kcol) {
+                                          int kcol, int tid = (int)threadIdx.x) {
     constexpr bool RAW = fm_a_raw<T, REAL>();
     if constexpr (RAW) {  // the compute dtype with 16-byte rows: cp.async, the hardware zero-filling what is outside
         constexpr int E16 = 16 / EB;
-        for (int c = threadIdx.x; c < BM * CH; c += THREADS) {
+        for (int c = tid; c < BM * CH; c += NTHR) {
             int r, q;
             fm_chunk(c, r, q);
             const long long row = row0 + r;
@@ -147,7 +150,7 @@ __device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ s
 #endif
         }
     } else {  // converted on the way: element pairs, a row's pairs over consecutive threads
-        for (int c = threadIdx.x; c < BM * (KT / 2); c += THREADS) {
+        for (int c = tid; c < BM * (KT / 2); c += NTHR) {
             const int r = c / (KT / 2), k = (c % (KT / 2)) * 2;
             const long long row = row0 + r;
             const int col = kcol + k;
@@ -272,6 +275,80 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem
 #endif
 }
 
+#if FM_GEMM_CLUSTER > 1 || FM_GEMM_WS
+__device__ __forceinline__ fm_u32 fm_full_bar(fm_u32 bars, int s) { return bars + 8 * s; }
+__device__ __forceinline__ fm_u32 fm_empty_bar(fm_u32 bars, int s) { return bars + 8 * (FM_STAGES + s); }
+#endif
+
+#if FM_GEMM_WS
+// The warp-specialised form (FM_GEMM_WS; CUTLASS's sm90 kernels' shape): the last warpgroup only loads, the others
+// only multiply and store. Per stage slot s the cluster form's two mbarriers:
+// - full[s]: 128 + 1 arrivals: each producer thread's once its A copies of the stage landed (or at once after its
+//   converting stores), and thread 0's announcing B's B_STAGE_B bytes, which its one bulk copy completes.
+// - empty[s]: CWARPS arrivals, each consumer warp's lane 0 once the warp's MMAs on the slot are done
+//   (wgmma.wait_group), after which the producer refills it.
+// Stage kt uses use kt / FM_STAGES of its slot: phase parity (kt / FM_STAGES) & 1. The producer runs up to FM_STAGES
+// stages ahead of the MMAs, which never wait for a copy issued by their own threads.
+__device__ __forceinline__ void fm_ws_produce(fm_u32 smem, fm_u32 bars, const void *a0, const void *a1,
+                                              const act_t *__restrict__ w, long long row0, long long rows, int ntile,
+                                              int ptid) {
+#pragma unroll 1
+    for (int kt = 0; kt < KTILES; ++kt) {
+        const int s = kt % FM_STAGES;
+        const fm_u32 full = fm_full_bar(bars, s), a_dst = smem + s * STAGE_B;
+        if (kt >= FM_STAGES)
+            fm_mbar_wait(fm_empty_bar(bars, s), (fm_u32)(kt / FM_STAGES - 1) & 1u);
+        if (ptid == 0) {  // B: the blob's block (column tile, K stage) is the stage's B_STAGE_B bytes (plan.c)
+            fm_mbar_expect(1u, full, (fm_u32)B_STAGE_B);
+            fm_bulk_g2s(a_dst + A_STAGE_B, (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B,
+                        (fm_u32)B_STAGE_B, full);
+        }
+        bool raw = fm_a_raw<FM_IN_TYPE, A0_REAL>();
+#if FM_A1_TYPE >= 0
+        if (kt >= K0TILES) {
+            fm_load_a<FM_A1_TYPE, A1_REAL, 128>(a_dst, a1, row0, rows, (kt - K0TILES) * KT, ptid);
+            raw = fm_a_raw<FM_A1_TYPE, A1_REAL>();
+        } else
+#endif
+            fm_load_a<FM_IN_TYPE, A0_REAL, 128>(a_dst, a0, row0, rows, kt * KT, ptid);
+        (void)a1;
+        if (raw)
+            fm_mbar_arrive_copies(full);
+        else
+            fm_mbar_arrive(full);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");  // leave no copy of this thread in flight at exit
+}
+
+// fm_mainloop's warp-specialised consumer side: every stage waited for on its full barrier, its slot released once
+// the next stage's MMAs are issued and its own are done. Returns with every MMA done.
+__device__ __forceinline__ void fm_mainloop_ws(float (&acc)[MT][NT][4], fm_u32 smem, fm_u32 bars, int warp, int lane) {
+    float (&d)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]);
+    const fm_u32 a_wg = (fm_u32)(warp >> 2) * 64 * 128;
+#pragma unroll 1
+    for (int kt = 0; kt < KTILES; ++kt) {
+        fm_mbar_wait(fm_full_bar(bars, kt % FM_STAGES), (fm_u32)(kt / FM_STAGES) & 1u);
+        // the A rows the producer stored (cp.async, st.shared: the generic proxy), to wgmma's async proxy
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        const fm_u32 stage = smem + (kt % FM_STAGES) * STAGE_B;
+        const unsigned long long adesc = fm_desc_sw128(stage + a_wg), bdesc = fm_desc_sw128(stage + A_STAGE_B);
+        fm_fence_regs(d);
+        fm_wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < CH / 2; ++ks)
+            fm_wgmma<BN>::run_ss(d, adesc + (unsigned long long)(ks * 2), bdesc + (unsigned long long)(ks * 2), 1);
+        fm_wg_commit();
+        fm_fence_regs(d);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1's MMAs are done
+        fm_fence_regs(d);
+        if (kt > 0 && lane == 0)
+            fm_mbar_arrive(fm_empty_bar(bars, (kt - 1) % FM_STAGES));
+    }
+    fm_wg_wait();
+    fm_fence_regs(d);
+}
+#endif
+
 #if FM_GEMM_CLUSTER > 1
 // The cluster form. Per stage slot s two mbarriers, after the stages:
 // - full[s]: the slot holds stage kt (this CTA's A rows and the whole B tile). THREADS + 1 arrivals: every thread's
@@ -287,8 +364,6 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem
 // partner's slot waits for that slot's empty phase, which needs the partner's consumers past the slot's previous use,
 // hence past its full phase: the bytes it completes always land in the phase they belong to. Any transaction count
 // that lands before thread 0's announcement leaves the phase incomplete (its arrival is still pending).
-__device__ __forceinline__ fm_u32 fm_full_bar(fm_u32 bars, int s) { return bars + 8 * s; }
-__device__ __forceinline__ fm_u32 fm_empty_bar(fm_u32 bars, int s) { return bars + 8 * (FM_STAGES + s); }
 
 // Stage kt into its slot once both CTAs are done with the slot's previous use: this CTA's A rows (every thread's
 // chunks), and half `rank` of the B tile (thread 0, one bulk copy to the same slot of both CTAs). The blob holds
@@ -446,14 +521,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     fm_cluster_sync();  // every CTA's barriers are initialised before the other's copies and arrivals reach them
 #else
     const long long tile = blockIdx.x;
-    const int n0 = (int)(tile % NTILES) * BN;
+    const int ntile = (int)(tile % NTILES), n0 = ntile * BN;
     const long long row0 = tile / NTILES * BM;
 #endif
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm = warp % WARPS_M, wn = warp / WARPS_M;
     const int g = lane >> 2, t = lane & 3;
 
-#if FM_GEMM_CLUSTER == 1
+#if FM_GEMM_WS
+    const fm_u32 bars = smem + FM_STAGES * STAGE_B;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < FM_STAGES; ++s) {
+            fm_mbar_init(fm_full_bar(bars, s), 128 + 1);
+            fm_mbar_init(fm_empty_bar(bars, s), CWARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    // (No setmaxnreg: the consumers fit the launch bound's even share, 168 registers, without spills.)
+    if (warp >= CWARPS) {
+        fm_ws_produce(smem, bars, x, x1, w, row0, rows, ntile, (int)threadIdx.x - CWARPS * 32);
+    } else {
+#elif FM_GEMM_CLUSTER == 1
+    (void)ntile;
     fm_prefetch(smem, x, x1, w, row0, rows, n0);
 #endif
     // Accumulators start at the bias, as in the fused kernels (no bias add in the epilogue).
@@ -474,6 +564,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     fm_epilogue_store(acc, y, res, row0, rows, n0, wm, wn, g, t);
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#elif FM_GEMM_WS
+    fm_mainloop_ws(acc, smem, bars, warp, lane);
+    fm_epilogue_store(acc, y, res, row0, rows, n0, wm, wn, g, t);
+    }  // (the consumers' branch)
 #else
     fm_mainloop(acc, smem, x, x1, w, row0, rows, n0, warp, lane);
     fm_copy_wait<0>();  // leave no copy in flight at exit (the last stages' groups are empty)

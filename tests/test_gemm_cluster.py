@@ -1,6 +1,7 @@
-"""The wgmma GEMM on clusters of two CTAs (csrc/gemm.c, fm_plan.gemm_cluster; kernel_templates/gemm_layer.cu), on the
-CPU: which plans take it, the weight blob's tiles read back on the host, and ahead-of-time compiles for sm_90a of the
-benchmark networks' GEMMs in every I/O dtype without spills."""
+"""The wgmma GEMM's forms beyond one plain CTA a tile (csrc/gemm.c; kernel_templates/gemm_layer.cu), on the CPU: clusters
+of two CTAs sharing the weight tile (fm_plan.gemm_cluster) and the warp-specialised form (fm_plan.gemm_ws): which plans
+take them, the weight blob's tiles read back on the host, and ahead-of-time compiles for sm_90a of the benchmark
+networks' GEMMs in every I/O dtype without spills."""
 
 import re
 
@@ -37,7 +38,7 @@ def gemm_plans(mlp, io, **options):
 
 def test_clusters_of_two_are_a_wgmma_plan_option(rng):
     mlp, _ = model(rng, "wide768")
-    one = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=1).info
+    one = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=1, ws=-1).info
     two = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", cluster=2).info
     assert (one["cluster"], two["cluster"]) == (1, 2) and one["wgmma"] == two["wgmma"] == 1
     assert (two["bm"], two["bn"], two["stages"]) == (128, 256, 4)
@@ -65,6 +66,51 @@ def test_the_environment_forces_the_form_where_the_wgmma_form_runs(rng, monkeypa
     monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", "4")
     with pytest.raises(ValueError, match="FUSEDMLP_GEMM_CLUSTER='4'"):
         gemm_plans(mlp, "float16")
+
+
+def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs_copy_as_they_are(rng):
+    """ws=1: a producer warpgroup more (12 warps for 128-row tiles), a full and an empty mbarrier a stage, its register
+    share counted in the CTAs an SM; the default where the tile is 128 x 256 and every input part is the compute dtype
+    with 16-byte rows (rec1024 on the H100: 22.60 -> 20.28 ms), not where a part is converted on the way (sdf512's x,
+    259 columns: 26.35 -> 33.77 ms) or a small tile runs several CTAs an SM."""
+    mlp, _ = model(rng, "rec1024")
+    plain = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=-1).info
+    ws = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1).info
+    assert (plain["ws"], ws["ws"], plain["warps"], ws["warps"]) == (0, 1, 8, 12)
+    assert ws["smem_bytes"] == plain["smem_bytes"] + 16 * 4 and ws["blocks_per_sm"] == 1
+    assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16").info["ws"] == 1  # the default
+    assert mlp._gemm_plan(0, *H100, "float32", None, None, "float16").info["ws"] == 0  # x converted on the way
+    assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=128, bn=128).info["ws"] == 0
+    small = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=128, bn=128, ws=1).info
+    assert (small["warps"], small["blocks_per_sm"]) == (12, 1)  # 112 registers a thread: one CTA of 384
+    sdf, _ = model(rng, "sdf512")
+    assert [p.info["ws"] for _, p in gemm_plans(sdf, "float16")] == [0]
+    with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1, cluster=2)
+    with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA"):
+        mlp._gemm_plan(1, 80, 166912, 108, 167936, "float16", None, None, "float16", ws=1)
+    with pytest.raises(ValueError, match="ws=2"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=2)
+
+
+def test_the_environment_forces_warp_specialisation_or_not(rng, monkeypatch):
+    mlp, _ = model(rng, "sdf512")
+    for value, form in (("1", 1), ("on", 1), ("-1", 0), ("off", 0)):
+        monkeypatch.setenv("FUSEDMLP_GEMM_WS", value)
+        assert [p.info["ws"] for _, p in gemm_plans(mlp, "float16")] == [form]
+    monkeypatch.setenv("FUSEDMLP_GEMM_WS", "2")
+    with pytest.raises(ValueError, match="FUSEDMLP_GEMM_WS='2'"):
+        gemm_plans(mlp, "float16")
+
+
+def test_the_warp_specialised_blob_is_the_cluster_forms_tiles(rng):
+    """Its producer copies a stage's B as one bulk copy, so its blob is laid out as the cluster form's (unpack_tiles,
+    below, reads that back as W)."""
+    mlp, _ = model(rng, "res768")
+    for bm, bn in ((128, 256), (64, 128)):
+        blobs = [mlp._gemm_plan(2, *H100, "float16", None, "float16", "float16", bm=bm, bn=bn, **form).packed_weights()
+                 for form in ({"ws": 1}, {"cluster": 2}, {"cluster": 1, "ws": -1})]
+        assert blobs[0] == blobs[1] != blobs[2]
 
 
 def unpack_tiles(blob, n_pad, k_pad, bn):
@@ -102,7 +148,7 @@ def test_packed_weight_tiles_read_back_as_w(rng, dtype, tile):
         want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     assert np.array_equal(got, want)
     row_major = np.frombuffer(mlp._gemm_plan(1, *H100, "float16", "float32", None, "float16", bm=tile[0], bn=tile[1],
-                                             cluster=1).packed_weights(), np.uint16).reshape(n_pad, k_pad)
+                                             cluster=1, ws=-1).packed_weights(), np.uint16).reshape(n_pad, k_pad)
     assert np.array_equal(row_major, want)
 
 
@@ -112,38 +158,50 @@ def ptxas_report(source, arch=90):
     return log
 
 
+FORMS = {"cluster": ({"cluster": 2}, "clusters of 2 sharing the weight tile"),
+         "ws": ({"ws": 1}, "warp-specialised (the last warpgroup loads)")}
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", NETWORKS)
-def test_benchmark_gemms_compile_for_sm_90a_on_clusters_without_spills(rng, name):
-    """Every GEMM of wide768, rec1024, sdf512 (a concat) and a residual network, in the cluster form, float16 and
-    bfloat16 compute, float32, float16 and bfloat16 I/O: a cluster of two, one multicast copy of B per CTA a stage, and
-    ptxas's report (-v) shows no spills and no serialised wgmma."""
+def test_benchmark_gemms_compile_for_sm_90a_in_the_form_without_spills(rng, name, form):
+    """Every GEMM of wide768, rec1024, sdf512 (a concat) and a residual network, in the cluster and the
+    warp-specialised form, float16 and bfloat16 compute, float32, float16 and bfloat16 I/O: ptxas's report (-v) shows
+    no spills and no serialised wgmma."""
     _api._nvrtc_info()
+    options, comment = FORMS[form]
     sources = {}
     for dtype in ("float16", "bfloat16"):
         mlp, _ = model(rng, name, dtype)
         for io in ("float32", "float16", "bfloat16"):
-            for layer, plan in gemm_plans(mlp, io, cluster=2):
-                assert plan.info["cluster"] == 2 and plan.info["wgmma"] == 1
+            for layer, plan in gemm_plans(mlp, io, **options):
+                assert plan.info["wgmma"] == 1 and (plan.info["cluster"], plan.info["ws"]) == (
+                    (2, 0) if form == "cluster" else (1, 1))
                 sources.setdefault(_api._source_of(plan), (dtype, io, layer))
     assert len(sources) >= 3
     for source, case in sources.items():
-        assert "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" in source and "#define FM_GEMM_CLUSTER 2" in source
-        assert "clusters of 2 sharing the weight tile" in source
+        assert comment in source
+        if form == "cluster":
+            assert "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" in source and "#define FM_GEMM_CLUSTER 2" in source
+        else:
+            assert "#define FM_GEMM_WS 1" in source
         log = ptxas_report(source)
         assert re.findall(r"(\d+) bytes spill stores", log) == ["0"], (case, log)
         assert "C7519" not in log and "C7510" not in log, (case, log)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("tile", _segments.SMALL_TILES)
-def test_small_tiles_compile_on_clusters_without_spills(rng, tile):
-    """The smaller tiles a small batch takes, in the cluster form, with a concat part and a residual: one warpgroup
-    (64 rows) or two, 64 or 128 columns."""
+def test_small_tiles_compile_in_the_form_without_spills(rng, tile, form):
+    """The smaller tiles a small batch takes, in each form, with a concat part and a residual: one warpgroup (64 rows)
+    or two, 64 or 128 columns (and the warp-specialised form's producer warpgroup)."""
     _api._nvrtc_info()
     widths = [63, 512, 512]
     ws, bs = graph_weights(rng, widths, {1: "before"}, 1.0)
     mlp = fusedmlp.FusedMLP(ws, bs, concat={1: "before"}, residual={1: "add"}, device="cpu")
-    plan = mlp._gemm_plan(1, *H100, "float16", "float32", "float16", "bfloat16", bm=tile[0], bn=tile[1], cluster=2)
-    assert (plan.info["bm"], plan.info["bn"], plan.info["cluster"]) == (*tile, 2)
+    plan = mlp._gemm_plan(1, *H100, "float16", "float32", "float16", "bfloat16", bm=tile[0], bn=tile[1],
+                          **FORMS[form][0])
+    assert (plan.info["bm"], plan.info["bn"]) == tile and FORMS[form][1] in _api._source_of(plan)
     log = ptxas_report(_api._source_of(plan))
     assert re.findall(r"(\d+) bytes spill stores", log) == ["0"], log
 

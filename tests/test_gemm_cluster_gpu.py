@@ -1,7 +1,8 @@
-"""The wgmma GEMM on clusters of two CTAs sharing the weight tile (FUSEDMLP_GEMM_CLUSTER=2, gemm_layer.cu), on the GPU:
-random wide networks and the benchmark networks against float64 with every GEMM layer in the cluster form, bit for bit
-the one-CTA form's results, and the torch path with out= and a CUDA graph. Marked `gpu`; skipped without a device (the
-cluster form needs sm_90a: skipped on other GPUs)."""
+"""The wgmma GEMM's other forms on the GPU (gemm_layer.cu): clusters of two CTAs sharing the weight tile
+(FUSEDMLP_GEMM_CLUSTER=2) and the warp-specialised one-CTA form (FUSEDMLP_GEMM_WS=1), each over random wide networks
+and the benchmark networks against float64 with every GEMM layer in that form, bit for bit the plain one-CTA form's
+results, and the torch path with out= and a CUDA graph. Marked `gpu`; skipped without a device (both forms need
+sm_90a: skipped on other GPUs)."""
 
 import numpy as np
 import pytest
@@ -16,25 +17,32 @@ from test_segments_gpu import test_torch_tensors_out_and_cuda_graphs_through_a_s
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def clusters(monkeypatch):
-    monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", "2")
+FORMS = {"cluster": ("FUSEDMLP_GEMM_CLUSTER", "2"), "ws": ("FUSEDMLP_GEMM_WS", "1")}
+PLAIN = {"FUSEDMLP_GEMM_CLUSTER": "1", "FUSEDMLP_GEMM_WS": "-1"}
+
+
+@pytest.fixture(autouse=True, params=list(FORMS))
+def form(request, monkeypatch):
+    """Every test runs once per form, with the environment asking for it."""
     from fusedmlp import _api
 
     if _api._gpu(0).info["arch"] != 90:
-        pytest.skip("the GEMM's cluster form runs on sm_90a")
+        pytest.skip("the GEMM's cluster and warp-specialised forms run on sm_90a")
+    monkeypatch.setenv(*FORMS[request.param])
+    return request.param
 
 
-def gemm_clusters(mlp, io):
-    """The cluster size of each GEMM layer of mlp on its GPU (io in and out)."""
+def gemm_forms(mlp, io):
+    """The form of each GEMM layer of mlp on its GPU (io in and out): "cluster", "ws" or "plain"."""
     info = mlp._gpu_info()
     target = (info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"])
     segments = mlp._segments_for(*target, io, io) or []
-    return [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info["cluster"]
-            for seg in segments if seg.kind == "gemm"]
+    plans = [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
+             for seg in segments if seg.kind == "gemm"]
+    return ["cluster" if p["cluster"] == 2 else "ws" if p["ws"] else "plain" for p in plans]
 
 
-def test_random_wide_graphs_on_clusters():
+def test_random_wide_graphs_in_the_form(form):
     """40 random networks with widths up to 2048 (residuals, concats, every activation), float16 and bfloat16 compute,
     rotating I/O dtypes, batches of 1 to 70001 rows (odd row-tile counts: a cluster's second CTA past the batch)."""
     rng = np.random.default_rng(20261129)
@@ -45,25 +53,25 @@ def test_random_wide_graphs_on_clusters():
             io = ("float32", "float16", "bfloat16")[(i + j) % 3]
             mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=prec,
                                     device="cuda")
-            forms = gemm_clusters(mlp, io)
-            assert all(c == 2 for c in forms), forms
+            forms = gemm_forms(mlp, io)
+            assert all(f == form for f in forms), forms
             clustered += bool(forms)
             batch = int(rng.choice([1, 127, 1000, 4099, 70001]))
             checked += tally(mlp, ws, bs, prec, io, batch, i,
                              (i, prec, io, [w.shape for w in ws], acts, residual, concat), failures)
-    print(f"\n{checked} runs checked, {clustered} with cluster GEMMs, {len(failures)} failures")
+    print(f"\n{form}: {checked} runs checked, {clustered} with such GEMMs, {len(failures)} failures")
     assert checked >= 60 and clustered >= 40
     assert not failures, failures[:3]
 
 
 @pytest.mark.parametrize("name", ["sdf512", "rec1024"])  # NeRF and wide512: one streamed kernel on sm_90, no GEMM
-def test_benchmark_networks_on_clusters_match_float64(rng, name):
+def test_benchmark_networks_in_the_form_match_float64(rng, form, name):
     """sdf512 (a concat), rec1024; batches that take the default tile and each small one (gemm_tile)."""
     widths, act, out_act, concat = NETWORKS[name]
     ws, bs = graph_weights(rng, widths, concat, 1.0)
     mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat or None, device="cuda")
-    forms = gemm_clusters(mlp, "float16")
-    assert forms and all(c == 2 for c in forms), forms
+    forms = gemm_forms(mlp, "float16")
+    assert forms and all(f == form for f in forms), forms
     for batch, io in [(1, "float32"), (129, "float16"), (1024, "float16"), (2048, "bfloat16"), (4097, "bfloat16"),
                       (65537, "float32"), (300001, "float16")]:
         err, tol, nan, _ = check(mlp, ws, bs, "float16", io, batch, batch)
@@ -75,24 +83,26 @@ def test_benchmark_networks_on_clusters_match_float64(rng, name):
 
 
 @pytest.mark.parametrize("prec", ["float16", "bfloat16"])
-def test_clusters_give_the_one_cta_forms_bits(rng, monkeypatch, prec):
-    """The cluster form runs the same MMAs in the same order on the same operands: its outputs are the one-CTA form's,
-    bit for bit (rec1024, a residual wide network; 4097 rows: an odd row-tile count)."""
-    x32 = rng.standard_normal((4097, 256)).astype(np.float32)
-    cases = [(NETWORKS["rec1024"], None), (([256, 768, 768, 768, 10], "silu", "none", {}), {2: ("add", "relu", 0)})]
+def test_the_form_gives_the_plain_forms_bits(rng, monkeypatch, form, prec):
+    """Both forms run the same MMAs in the same order on the same operands: their outputs are the plain one-CTA
+    form's, bit for bit (rec1024, a residual wide network, sdf512's concat; 4097 rows: an odd row-tile count)."""
+    x32 = rng.standard_normal((4097, 259)).astype(np.float32)
+    cases = [(NETWORKS["rec1024"], None), (([256, 768, 768, 768, 10], "silu", "none", {}), {2: ("add", "relu", 0)}),
+             (NETWORKS["sdf512"], None)]
     for (widths, act, out_act, concat), residual in cases:
         ws, bs = graph_weights(rng, widths, concat, 1.0)
         outs = []
-        for form in ("1", "2"):
-            monkeypatch.setenv("FUSEDMLP_GEMM_CLUSTER", form)
-            mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, residual=residual, dtype=prec,
-                                    device="cuda")
-            assert set(gemm_clusters(mlp, "float16")) == {int(form)}
+        for env in (PLAIN, dict([FORMS[form]])):
+            for key, value in env.items():
+                monkeypatch.setenv(key, value)
+            mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, residual=residual,
+                                    concat=concat or None, dtype=prec, device="cuda")
+            assert set(gemm_forms(mlp, "float16")) == {"plain" if env is PLAIN else form}
             outs.append(run_io(mlp, x32[:, :widths[0]], "float16")[1])
         assert np.array_equal(outs[0], outs[1]), widths  # (float16 outputs, as float64)
 
 
-def test_torch_tensors_out_and_cuda_graphs_on_clusters(rng):
+def test_torch_tensors_out_and_cuda_graphs_in_the_form(rng, form):
     """sdf512 through the torch call path (the C fast path's chain), out=, batch 0 and a CUDA graph capture, every
-    GEMM in the cluster form."""
+    GEMM in the form."""
     torch_case(rng)

@@ -716,15 +716,20 @@ class FusedMLP:
         return plan.load(gpu, entry.cubin, KERNEL_NAME)
 
     def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out, **tile):
-        """Layer `layer`'s GEMM plan; FUSEDMLP_GEMM_CLUSTER (_env.gemm_cluster) picks the wgmma form's clusters where
-        neither tile nor _gemm_options does."""
+        """Layer `layer`'s GEMM plan; FUSEDMLP_GEMM_CLUSTER (_env.gemm_cluster) and FUSEDMLP_GEMM_WS (_env.gemm_ws)
+        pick the wgmma form's clusters and warp specialisation where neither tile nor _gemm_options does."""
         options = {**tile, **self._gemm_options}
         plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
                                    precision=self._precision, **options)
-        forced = _env.gemm_cluster()
-        if forced and "cluster" not in options and plan.info["wgmma"] and plan.info["cluster"] != forced:
+        forced = {}
+        cluster, ws = _env.gemm_cluster(), _env.gemm_ws()
+        if cluster and "cluster" not in options and plan.info["wgmma"] and plan.info["cluster"] != cluster:
+            forced["cluster"] = cluster
+        if ws and "ws" not in options and plan.info["wgmma"] and plan.info["ws"] != (ws == 1):
+            forced["ws"] = ws
+        if forced:
             plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
-                                       smem_per_sm=smem_per_sm, precision=self._precision, cluster=forced, **options)
+                                       smem_per_sm=smem_per_sm, precision=self._precision, **forced, **options)
         return plan
 
     def _gpu_info(self):

@@ -144,3 +144,23 @@ def gemm_cluster():
     if word in ("1", "2"):
         return int(word)
     raise ValueError(f"FUSEDMLP_GEMM_CLUSTER={raw!r} is not a GEMM form; use 1 (one CTA a tile), 2 (CTA pairs) or auto")
+
+
+def gemm_ws():
+    """Tells whether the wgmma GEMM layers of a segmented network are warp-specialised (csrc/gemm.c, fm_gemm_opts.ws).
+
+    Returns:
+        ``1`` (a producer warpgroup loads the stages) or ``-1`` (every thread loads and multiplies) as
+        ``FUSEDMLP_GEMM_WS`` says (``1``/``on``, ``-1``/``off``); ``0`` (the plan's choice) if it is unset, empty, ``0``
+        or ``auto``.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    raw = os.environ.get("FUSEDMLP_GEMM_WS")
+    word = "" if raw is None else raw.strip().lower()
+    if word in ("", "0", "auto"):
+        return 0
+    if word in ("1", "on", "-1", "off"):
+        return 1 if word in ("1", "on") else -1
+    raise ValueError(f"FUSEDMLP_GEMM_WS={raw!r} is not a GEMM form; use 1 (warp-specialised), -1 (not) or auto")
