@@ -207,6 +207,23 @@ __device__ __forceinline__ void fm_prefetch(fm_u32 smem, const void *x, const vo
     }
 }
 
+#if FM_WGMMA
+// This warpgroup's MMAs on the stage at `stage` (its 64 rows of A at a_wg), left in flight while the stage before's
+// are waited for (wgmma.wait_group 1): after it, that stage's slot may be refilled. d: the accumulators.
+template <int W> __device__ __forceinline__ void fm_stage_wgmma(float (&d)[W], fm_u32 stage, fm_u32 a_wg) {
+    const unsigned long long adesc = fm_desc_sw128(stage + a_wg), bdesc = fm_desc_sw128(stage + A_STAGE_B);
+    fm_fence_regs(d);
+    fm_wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < CH / 2; ++ks)  // k16 steps: 32 bytes further along K each (2 in 16-byte units)
+        fm_wgmma<BN>::run_ss(d, adesc + (unsigned long long)(ks * 2), bdesc + (unsigned long long)(ks * 2), 1);
+    fm_wg_commit();
+    fm_fence_regs(d);
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // the stage before's MMAs are done
+    fm_fence_regs(d);
+}
+#endif
+
 // acc += the tile's x rows [row0, row0 + BM) times weight rows [n0, n0 + BN), over all of K; its first AHEAD stages
 // are loaded or in flight (fm_prefetch). Returns with every MMA done.
 __device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem, const void *x, const void *x1,
@@ -225,17 +242,7 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem
         if (next < KTILES)
             fm_load_stage(smem, next % FM_STAGES, next, x, x1, w, row0, rows, n0);
         fm_copy_commit();
-        const fm_u32 stage = smem + (kt % FM_STAGES) * STAGE_B;
-        const unsigned long long adesc = fm_desc_sw128(stage + a_wg), bdesc = fm_desc_sw128(stage + A_STAGE_B);
-        fm_fence_regs(d);
-        fm_wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < CH / 2; ++ks)  // k16 steps: 32 bytes further along K each (2 in 16-byte units)
-            fm_wgmma<BN>::run_ss(d, adesc + (unsigned long long)(ks * 2), bdesc + (unsigned long long)(ks * 2), 1);
-        fm_wg_commit();
-        fm_fence_regs(d);
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        fm_fence_regs(d);
+        fm_stage_wgmma(d, smem + (kt % FM_STAGES) * STAGE_B, a_wg);
     }
     fm_wg_wait();
     fm_fence_regs(d);
@@ -278,6 +285,36 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem
 #if FM_GEMM_CLUSTER > 1 || FM_GEMM_WS
 __device__ __forceinline__ fm_u32 fm_full_bar(fm_u32 bars, int s) { return bars + 8 * s; }
 __device__ __forceinline__ fm_u32 fm_empty_bar(fm_u32 bars, int s) { return bars + 8 * (FM_STAGES + s); }
+
+// Stage kt's A rows into the slot at a_dst by threads tid of NTHR, then each thread's arrival on the slot's full
+// barrier: once its copies have landed (cp.async), or at once after its converting stores (which the arrival releases).
+template <int NTHR>
+__device__ __forceinline__ void fm_stage_a(fm_u32 a_dst, fm_u32 full, int kt, const void *a0, const void *a1,
+                                           long long row0, long long rows, int tid) {
+    bool raw = fm_a_raw<FM_IN_TYPE, A0_REAL>();
+#if FM_A1_TYPE >= 0
+    if (kt >= K0TILES) {
+        fm_load_a<FM_A1_TYPE, A1_REAL, NTHR>(a_dst, a1, row0, rows, (kt - K0TILES) * KT, tid);
+        raw = fm_a_raw<FM_A1_TYPE, A1_REAL>();
+    } else
+#endif
+        fm_load_a<FM_IN_TYPE, A0_REAL, NTHR>(a_dst, a0, row0, rows, kt * KT, tid);
+    (void)a1;
+    if (raw)
+        fm_mbar_arrive_copies(full);
+    else
+        fm_mbar_arrive(full);
+}
+
+// fm_stage_wgmma on stage kt once its full barrier says it landed (the mbarrier forms); after it the slot of stage
+// kt - 1 may be released.
+template <int W>
+__device__ __forceinline__ void fm_stage_mma(float (&d)[W], fm_u32 smem, fm_u32 bars, int kt, fm_u32 a_wg) {
+    fm_mbar_wait(fm_full_bar(bars, kt % FM_STAGES), (fm_u32)(kt / FM_STAGES) & 1u);
+    // the A rows other threads stored (cp.async, st.shared: the generic proxy), to wgmma's async proxy
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    fm_stage_wgmma(d, smem + (kt % FM_STAGES) * STAGE_B, a_wg);
+}
 #endif
 
 #if FM_GEMM_WS
@@ -303,19 +340,7 @@ __device__ __forceinline__ void fm_ws_produce(fm_u32 smem, fm_u32 bars, const vo
             fm_bulk_g2s(a_dst + A_STAGE_B, (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B,
                         (fm_u32)B_STAGE_B, full);
         }
-        bool raw = fm_a_raw<FM_IN_TYPE, A0_REAL>();
-#if FM_A1_TYPE >= 0
-        if (kt >= K0TILES) {
-            fm_load_a<FM_A1_TYPE, A1_REAL, 128>(a_dst, a1, row0, rows, (kt - K0TILES) * KT, ptid);
-            raw = fm_a_raw<FM_A1_TYPE, A1_REAL>();
-        } else
-#endif
-            fm_load_a<FM_IN_TYPE, A0_REAL, 128>(a_dst, a0, row0, rows, kt * KT, ptid);
-        (void)a1;
-        if (raw)
-            fm_mbar_arrive_copies(full);
-        else
-            fm_mbar_arrive(full);
+        fm_stage_a<128>(a_dst, full, kt, a0, a1, row0, rows, ptid);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");  // leave no copy of this thread in flight at exit
 }
@@ -327,20 +352,7 @@ __device__ __forceinline__ void fm_mainloop_ws(float (&acc)[MT][NT][4], fm_u32 s
     const fm_u32 a_wg = (fm_u32)(warp >> 2) * 64 * 128;
 #pragma unroll 1
     for (int kt = 0; kt < KTILES; ++kt) {
-        fm_mbar_wait(fm_full_bar(bars, kt % FM_STAGES), (fm_u32)(kt / FM_STAGES) & 1u);
-        // the A rows the producer stored (cp.async, st.shared: the generic proxy), to wgmma's async proxy
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        const fm_u32 stage = smem + (kt % FM_STAGES) * STAGE_B;
-        const unsigned long long adesc = fm_desc_sw128(stage + a_wg), bdesc = fm_desc_sw128(stage + A_STAGE_B);
-        fm_fence_regs(d);
-        fm_wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < CH / 2; ++ks)
-            fm_wgmma<BN>::run_ss(d, adesc + (unsigned long long)(ks * 2), bdesc + (unsigned long long)(ks * 2), 1);
-        fm_wg_commit();
-        fm_fence_regs(d);
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1's MMAs are done
-        fm_fence_regs(d);
+        fm_stage_mma(d, smem, bars, kt, a_wg);
         if (kt > 0 && lane == 0)
             fm_mbar_arrive(fm_empty_bar(bars, (kt - 1) % FM_STAGES));
     }
@@ -381,19 +393,7 @@ __device__ __forceinline__ void fm_cl_produce(fm_u32 smem, fm_u32 bars, int kt, 
         fm_mbar_expect(1u, full, (fm_u32)B_STAGE_B);
         fm_bulk_multicast(a_dst + A_STAGE_B + rank * HALF_B, block + rank * HALF_B, HALF_B, full, 0x3);
     }
-    bool raw = fm_a_raw<FM_IN_TYPE, A0_REAL>();
-#if FM_A1_TYPE >= 0
-    if (kt >= K0TILES) {
-        fm_load_a<FM_A1_TYPE, A1_REAL>(a_dst, a1, row0, rows, (kt - K0TILES) * KT);
-        raw = fm_a_raw<FM_A1_TYPE, A1_REAL>();
-    } else
-#endif
-        fm_load_a<FM_IN_TYPE, A0_REAL>(a_dst, a0, row0, rows, kt * KT);
-    (void)a1;
-    if (raw)
-        fm_mbar_arrive_copies(full);
-    else
-        fm_mbar_arrive(full);
+    fm_stage_a<THREADS>(a_dst, full, kt, a0, a1, row0, rows, (int)threadIdx.x);
 }
 
 // Both CTAs' warps are done reading stage kt's slot: each warp's lane 0 tells the slot's empty barrier in both.
@@ -416,20 +416,7 @@ __device__ __forceinline__ void fm_mainloop_cluster(float (&acc)[MT][NT][4], fm_
         fm_cl_produce(smem, bars, kt, x, x1, w, row0, rows, ntile, rank);
 #pragma unroll 1
     for (int kt = 0; kt < KTILES; ++kt) {
-        fm_mbar_wait(fm_full_bar(bars, kt % FM_STAGES), (fm_u32)(kt / FM_STAGES) & 1u);
-        // the A rows other threads stored (cp.async, st.shared: the generic proxy), to wgmma's async proxy
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        const fm_u32 stage = smem + (kt % FM_STAGES) * STAGE_B;
-        const unsigned long long adesc = fm_desc_sw128(stage + a_wg), bdesc = fm_desc_sw128(stage + A_STAGE_B);
-        fm_fence_regs(d);
-        fm_wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < CH / 2; ++ks)
-            fm_wgmma<BN>::run_ss(d, adesc + (unsigned long long)(ks * 2), bdesc + (unsigned long long)(ks * 2), 1);
-        fm_wg_commit();
-        fm_fence_regs(d);
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // stage kt - 1's MMAs are done
-        fm_fence_regs(d);
+        fm_stage_mma(d, smem, bars, kt, a_wg);
         if (kt > 0)
             fm_cl_release(bars, kt - 1, lane);
         if (kt + FM_STAGES - 1 < KTILES)  // into the slot of stage kt - 1

@@ -137,13 +137,19 @@ def gemm_cluster():
     Raises:
         ValueError: any other value, naming the variable and the value.
     """
-    raw = os.environ.get("FUSEDMLP_GEMM_CLUSTER")
+    return _gemm_form("FUSEDMLP_GEMM_CLUSTER", {"1": 1, "2": 2}, "1 (one CTA a tile), 2 (CTA pairs) or auto")
+
+
+def _gemm_form(name, words, hint):
+    """The value `words` maps environment variable `name`'s (trimmed, lowercase) word to; 0 where it is unset, empty,
+    ``0`` or ``auto``; else ValueError naming the variable, the value and `hint`."""
+    raw = os.environ.get(name)
     word = "" if raw is None else raw.strip().lower()
     if word in ("", "0", "auto"):
         return 0
-    if word in ("1", "2"):
-        return int(word)
-    raise ValueError(f"FUSEDMLP_GEMM_CLUSTER={raw!r} is not a GEMM form; use 1 (one CTA a tile), 2 (CTA pairs) or auto")
+    if word in words:
+        return words[word]
+    raise ValueError(f"{name}={raw!r} is not a GEMM form; use {hint}")
 
 
 def gemm_ws():
@@ -157,10 +163,5 @@ def gemm_ws():
     Raises:
         ValueError: any other value, naming the variable and the value.
     """
-    raw = os.environ.get("FUSEDMLP_GEMM_WS")
-    word = "" if raw is None else raw.strip().lower()
-    if word in ("", "0", "auto"):
-        return 0
-    if word in ("1", "on", "-1", "off"):
-        return 1 if word in ("1", "on") else -1
-    raise ValueError(f"FUSEDMLP_GEMM_WS={raw!r} is not a GEMM form; use 1 (warp-specialised), -1 (not) or auto")
+    return _gemm_form("FUSEDMLP_GEMM_WS", {"1": 1, "on": 1, "-1": -1, "off": -1},
+                      "1 (warp-specialised), -1 (not) or auto")
