@@ -327,8 +327,8 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
     int want_wgmma = opts->wgmma > 0 || (opts->wgmma < 0 && shape_free);
     /* float8 takes its wgmma form by default where it fits: on the H100 it ran tcnn64 in 0.103 ms and tcnn128 in 0.234
      * against mma.sync's 0.169 and 0.620 (Hopper runs mma.sync e4m3 as float16 HMMAs plus unpacks;
-     * bench/results/h100-lowbit/). It runs each layer as one column group (its epilogue gathers whole k32 fragments).
-     * int8 has no wgmma form. */
+     * bench/results/h100-lowbit/). It runs each layer as one column group (its epilogue packs whole k32 fragments).
+     * int8's wgmma form (s32 accumulators started at the rounding constant's bits) is asked for with wgmma=1. */
     if (prec == FM_PREC_INT8 && opts->wgmma <= 0)
         want_wgmma = 0;
     if (fm_prec_is_8bit(prec) && want_wgmma && (opts->n_chunk || opts->kpipe > 0))
@@ -510,16 +510,17 @@ static fm_status fm_plan_split_check(const fm_plan *plan, int split, fm_error *e
     return FM_OK;
 }
 
-/* fm_plan.k_perm and q_fold: float8 on the register-A warpgroup kernel, where every layer after the first reads the
- * codes the layer before packed from its accumulators (the kernel's only float8 form: no cluster, streamed or
+/* fm_plan.k_perm and q_fold: 8-bit codes on the register-A warpgroup kernel, where every layer after the first reads
+ * the codes the layer before packed from its accumulators (the kernel's only 8-bit form: no cluster, streamed or
  * K-pipelined one, fm_plan_sm90). */
 static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
-    if (plan->prec != FM_PREC_E4M3 || !plan->wgmma)
+    if (!fm_prec_is_8bit(plan->prec) || !plan->wgmma)
         return;
     for (int l = 0; l < plan->num_layers; ++l) {
         const char *act = fm_expr_unary(spec->act[l]);
         plan->k_perm[l] = l > 0;
-        if (l < plan->num_layers - 1 && plan->res_op[l] == FM_RES_NONE && plan->norm[l] == FM_NORM_NONE && act)
+        /* (int8 keeps its float32 epilogue: the fold's roundings are not the emulation's) */
+        if (plan->prec == FM_PREC_E4M3 && l < plan->num_layers - 1 && plan->res_op[l] == FM_RES_NONE && plan->norm[l] == FM_NORM_NONE && act)
             plan->q_fold[l] = strcmp(act, "") == 0 ? 1 : strcmp(act, "relu") == 0 ? 2 : 0;
     }
 }

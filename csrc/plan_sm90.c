@@ -22,7 +22,9 @@ static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
     /* The streamed form's groups are apart: a wait for each group's slot sits between one group's epilogue and the
      * next group's MMAs, which ptxas does not move MMAs across, so one group's accumulators are live at a time. */
     int acc = p->stream_slots ? p->n_chunk[l] / 2 : p->n_pad[l] / 2;
-    const int per_reg = 8 / p->elem_bytes; /* 64 rows of k elements over 128 threads' 4-byte registers: k / per_reg */
+    /* 64 rows of k elements over 128 threads' 4-byte registers: k / per_reg. int8 is counted as halves: its float32
+     * epilogue (accurate activations, the clamp and rounding) spilled 280 bytes on 256-wide layers of a sine network */
+    const int per_reg = p->prec == FM_PREC_INT8 ? 4 : 8 / p->elem_bytes;
     int out = l == p->num_layers - 1 || p->wide_out[l] ? 0 : p->n_pad[l] / per_reg; /* wide_out: to shared memory */
     int regs = acc + p->k_pad[l] / per_reg + out + 40;
     /* A streamed norm layer (one group, the whole row) without a residual: its input fragments are dead once its
@@ -71,8 +73,6 @@ static const char *fm_plan_warpgroup_unfit(const fm_plan *p, int widest, int mos
         return "wgmma needs sm_90 (sm_90a)";
     if (p->prec == FM_PREC_TF32)
         return "the wgmma kernel takes float16 or bfloat16";
-    if (p->prec == FM_PREC_INT8) /* s32 accumulators; only e4m3 has a register-A wgmma form here (docs/design.md) */
-        return "int8 runs on the mma.sync kernel (the wgmma kernel's 8-bit form is float8's)";
     if (widest > most)
         return most > FM_MAX_ONCHIP_WIDTH ? "the streamed wgmma kernel takes layers up to 512 wide"
                                           : "the wgmma kernel takes layers up to 256 wide with resident weights or "

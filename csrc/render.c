@@ -230,10 +230,14 @@ static fm_status fm_render_gemm_layer(const fm_spec *spec, const fm_plan *p, fm_
  * one. */
 static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
     int done[257] = {0};
-    const char *ty = p->prec == FM_PREC_BF16 ? "bf16" : p->prec == FM_PREC_E4M3 ? "e4m3" : "f16";
-    /* e4m3: k32 steps (32 bytes, as 16 halves), and no transpose operand: 8-bit B is K-major only (PTX ISA, wgmma) */
-    const int k = p->prec == FM_PREC_E4M3 ? 32 : 16;
-    const char *trans = p->prec == FM_PREC_E4M3 ? "" : ", 0";
+    const char *ty = p->prec == FM_PREC_BF16 ? "bf16" : p->prec == FM_PREC_E4M3 ? "e4m3" : p->prec == FM_PREC_INT8 ? "s8"
+                                                                                                              : "f16";
+    /* 8-bit: k32 steps (32 bytes, as 16 halves), and no transpose operand: 8-bit B is K-major only (PTX ISA, wgmma).
+     * int8: s32 accumulators (the float registers' bits, "r" constraints) and no scale immediates either */
+    const int int8 = p->prec == FM_PREC_INT8, k = fm_prec_is_8bit(p->prec) ? 32 : 16;
+    const char *trans = int8 ? "" : fm_prec_is_8bit(p->prec) ? ", 1, 1" : ", 1, 1, 0";
+    const char *dty = int8 ? "s32" : "f32";
+    const char *cons = int8 ? "\"+r\"(*reinterpret_cast<int *>(&d[%d]))" : "\"+f\"(d[%d])";
     for (int g = 0; g < 4 * p->num_layers; ++g) {
         /* per layer: its column groups' width and the last, narrower group's; with streamed weights also the width
          * of the slot-sized pieces a norm layer's whole-row group is read in, and the last piece's (the template's
@@ -254,14 +258,16 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
                       "    static __device__ __forceinline__ void run(float (&d)[%d], const fm_u32 (&a)[4], "
                       "unsigned long long desc, int scale_d) {\n"
                       "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"\n"
-                      "                     \"wgmma.mma_async.sync.aligned.m64n%dk%d.f32.%s.%s {",
-                      nc, nd, nd + 5, nc, k, ty, ty);
+                      "                     \"wgmma.mma_async.sync.aligned.m64n%dk%d.%s.%s.%s {",
+                      nc, nd, nd + 5, nc, k, dty, ty, ty);
         for (int r = 0; r < nd; ++r)
             fm_str_printf(out, "%s%%%d", r ? ", " : "", r);
-        fm_str_printf(out, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1%s;\\n}\\n\"\n                     : ",
+        fm_str_printf(out, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p%s;\\n}\\n\"\n                     : ",
                       nd, nd + 1, nd + 2, nd + 3, nd + 4, trans);
-        for (int r = 0; r < nd; ++r)
-            fm_str_printf(out, "%s\"+f\"(d[%d])", r ? ", " : "", r);
+        for (int r = 0; r < nd; ++r) {
+            fm_str_append(out, r ? ", " : "");
+            fm_str_printf(out, cons, r);
+        }
         fm_str_printf(out, "\n                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(desc), "
                            "\"r\"(scale_d));\n    }\n");
         if (p->cluster || p->gemm) { /* and with A (64 x 16 of a shared-memory buffer) from a descriptor too */

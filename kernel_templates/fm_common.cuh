@@ -128,15 +128,17 @@ __device__ __forceinline__ unsigned short fm_quant2(float lo, float hi) {
     return r;
 #endif
 }
-#if FM_PREC == 4
-// fm_quant2 of relu(lo), relu(hi) in the one instruction (negatives to +0, NaN stays NaN: relu's float32 form's
-// results, as codes).
+// fm_quant2 of relu(lo), relu(hi): e4m3 in the one instruction (negatives to +0, NaN stays NaN: relu's float32
+// form's results, as codes). (int8 plans never fold relu into the rounding, fm_plan.q_fold: its form is relu's.)
 __device__ __forceinline__ unsigned short fm_quant2_relu(float lo, float hi) {
+#if FM_PREC == 4
     unsigned short r;
     asm("cvt.rn.satfinite.relu.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
-}
+#else
+    return fm_quant2(lo < 0.0f ? 0.0f : lo, hi < 0.0f ? 0.0f : hi);
 #endif
+}
 // Four floats (times the inverse scale) as four codes, the first in the lowest byte.
 __device__ __forceinline__ fm_u32 fm_quant4(float a, float b, float c, float d) {
     return (fm_u32)fm_quant2(a, b) | ((fm_u32)fm_quant2(c, d) << 16);

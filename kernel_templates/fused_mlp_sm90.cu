@@ -44,8 +44,8 @@ static_assert({{M_TILES}} == 1 && {{BUFFERS}} == 1 && ({{RESIDENT}} == 1) == (FM
 #include "fm_common.cuh"
 
 static_assert(FM_WARPS % 4 == 0, "whole warpgroups");
-static_assert(FM_PREC != 2 && FM_PREC != 3, "the wgmma kernel takes float16, bfloat16 or float8 (e4m3)");
-static_assert(FM_PREC < 3 || (FM_CLUSTER == 0 && !FM_KPIPE), "float8: the register-A form, not K-pipelined");
+static_assert(FM_PREC != 2, "the wgmma kernel takes float16, bfloat16, int8 or float8 (e4m3)");
+static_assert(FM_PREC < 3 || (FM_CLUSTER == 0 && !FM_KPIPE), "8-bit: the register-A form, not K-pipelined");
 static_assert(FM_STREAM == 0 || (FM_CLUSTER == 0 && !FM_KPIPE && FM_PREC < 3 && {{RESIDENT}} == 0),
               "streamed weights: the register-A form, 16-bit, not K-pipelined");
 constexpr int KE = 32 / EB;            // elements of one k step (32 bytes): k16 halves, k32 e4m3 codes
@@ -451,8 +451,10 @@ __device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 
 }
 
 #if FM_PREC >= 3
-// float8: the accumulators of columns c0 + 8 j + 2 t (+1) (d[4 j + 2 hh], rows g + 8 hh) become W h + b: times the
-// column's act_scale * w_scale (Ly::DQ_OFF in the float blob), plus its bias, as fused_mlp.cu's fm_dequant.
+// 8-bit: the accumulators of columns c0 + 8 j + 2 t (+1) (d[4 j + 2 hh], rows g + 8 hh) become W h + b: times the
+// column's act_scale * w_scale (Ly::DQ_OFF in the float blob), plus its bias, as fused_mlp.cu's fm_dequant. int8's s32
+// sums started at FM_MAGIC's bits (fm_layer_cols): |sum| <= 127^2 K < 2^22 for K <= 256, so the bits are the float
+// FM_MAGIC + sum, and one exact FADD leaves the sum.
 template <int L, int W>
 __device__ __forceinline__ void fm_dequant_d(float (&d)[W / 2], int c0, int t, const float *bias) {
     typedef Layer<L> Ly;
@@ -463,7 +465,8 @@ __device__ __forceinline__ void fm_dequant_d(float (&d)[W / 2], int c0, int t, c
         const float b0 = Ly::BIAS ? bias[Ly::B_OFF + col] : 0.0f, b1 = Ly::BIAS ? bias[Ly::B_OFF + col + 1] : 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            d[4 * j + i] = fmaf(d[4 * j + i], i & 1 ? q1 : q0, i & 1 ? b1 : b0);
+            d[4 * j + i] = fmaf(FM_PREC == 3 ? __fsub_rn(d[4 * j + i], FM_MAGIC) : d[4 * j + i], i & 1 ? q1 : q0,
+                                i & 1 ? b1 : b0);
     }
 }
 
@@ -538,11 +541,17 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
     // 0 on the first k step (the instruction ignores the accumulators' old values), the second group of a split
     // layer came out wrong on the H100 (NVRTC 13, results/h100/wgmma_split_diag.txt: every split layer without a bias
     // in the accumulators, every group after the first reusing the first's registers).
-    constexpr bool D_SET = BIAS_IN_D || W < Ly::N;
+    // int8: its s32 sums start at FM_MAGIC's bits (fm_dequant_d).
+    constexpr bool D_SET = BIAS_IN_D || W < Ly::N || FM_PREC == 3;
     const int t = lane & 3;
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
-    if constexpr (D_SET)
+    if constexpr (FM_PREC == 3) {
+#pragma unroll
+        for (int i = 0; i < W / 2; ++i)
+            d[i] = FM_MAGIC;
+    } else if constexpr (D_SET) {
         fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
+    }
     // the group's W weight rows: resident, or streamed through slots, each holding CH of them (a norm layer's group
     // is the whole row and may take several: it runs them one after another, each slot released as soon as its MMAs
     // are done, so that a warpgroup holds one slot at a time and the other warpgroup is not held back)

@@ -387,8 +387,9 @@ def test_an_arch_without_the_instructions_is_a_limit_error_naming_dtype_and_sm(r
 
 @pytest.mark.parametrize("dtype", LOWBIT)
 def test_low_bit_plans_pad_to_32_and_pick_their_kernel(rng, dtype):
-    """int8 runs mma.sync everywhere; float8 runs mma.sync on sm_89 and, where its form fits, wgmma on sm_90 (1.6-2.6x
-    faster than its mma.sync on the H100, which Hopper emulates with float16 HMMAs)."""
+    """int8 runs mma.sync by default everywhere (wgmma=1 asks for its wgmma form on sm_90); float8 runs mma.sync on
+    sm_89 and, where its form fits, wgmma on sm_90 (1.6-2.6x faster than its mma.sync on the H100, which Hopper
+    emulates with float16 HMMAs)."""
     mlp, *_ = calibrated(rng, dtype, widths=(7, 40, 33, 5))
     for arch in (80, 89, 90):
         if arch < (89 if dtype == "float8" else 80):
@@ -396,8 +397,7 @@ def test_low_bit_plans_pad_to_32_and_pick_their_kernel(rng, dtype):
         info = mlp._net.plan(arch, precision=dtype).info
         assert info["precision"] == dtype and info["wgmma"] == (arch == 90 and dtype == "float8")
     if dtype == "int8":
-        with pytest.raises(LimitError, match="int8 runs on the mma.sync kernel"):
-            mlp._net.plan(90, precision=dtype, wgmma=1)
+        assert mlp._net.plan(90, precision=dtype, wgmma=1).info["wgmma"] == 1
     else:
         assert mlp._net.plan(90, precision=dtype, wgmma=0).info["wgmma"] == 0
     assert mlp.segments is None  # no GEMM form: one fused kernel or a LimitError
@@ -531,27 +531,39 @@ WGMMA_NETWORKS = [([8, 64, 64, 4], None, None), ([7, 100, 33, 250, 9], None, Non
                   ([3, 256, 256, 256, 5], None, None, ["relu", "relu", "sin", "none"])]
 
 
-def wgmma_model(n, device="cpu"):
+def wgmma_model(n, device="cpu", dtype="float8"):
     widths, norm, residual = WGMMA_NETWORKS[n][:3]
     rng = np.random.default_rng(100 + n)
     ws, bs = torch_init(rng, widths)
     acts = WGMMA_NETWORKS[n][3] if len(WGMMA_NETWORKS[n]) > 3 else \
         ["gelu", "tanh", "silu", "relu"][: len(widths) - 2] + ["none"]
-    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, norm=norm, residual=residual, dtype="float8", device=device)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, norm=norm, residual=residual, dtype=dtype, device=device)
     return mlp.calibrate(rng.standard_normal((256, widths[0])).astype(np.float32))
 
 
-def test_the_float8_wgmma_form_compiles_for_sm_90a_without_spills(tmp_path):
-    """The opt-in register-A wgmma form for float8 (m64nNk32.f32.e4m3.e4m3, K-major B), every I/O dtype; ptxas's
-    report (-v) says no spills and no serialised wgmma (C7519)."""
+def int8_over_registers(n, dtype):
+    """Whether WGMMA_NETWORKS[n] has a hidden layer too wide for int8's register-A form: 256 in and out (its fragments
+    counted as halves: plan_sm90.c, fm_wgmma_layer_regs)."""
+    widths = WGMMA_NETWORKS[n][0]
+    return dtype == "int8" and any(k > 224 and n > 224 for k, n in zip(widths[1:-2], widths[2:-1]))
+
+
+@pytest.mark.parametrize("dtype, form", [("float8", r"f32\.e4m3\.e4m3"), ("int8", r"s32\.s8\.s8")])
+def test_the_8bit_wgmma_forms_compile_for_sm_90a_without_spills(tmp_path, dtype, form):
+    """The register-A wgmma forms for 8 bits (m64nNk32.f32.e4m3.e4m3, m64nNk32.s32.s8.s8; K-major B), every I/O
+    dtype; ptxas's report (-v) says no spills and no serialised wgmma (C7519)."""
     nvrtc_or_skip()
     cache = fusedmlp._cache.KernelCache(tmp_path)
     for n in range(len(WGMMA_NETWORKS)):
-        mlp = wgmma_model(n)
+        mlp = wgmma_model(n, dtype=dtype)
+        if int8_over_registers(n, dtype):
+            with pytest.raises(LimitError, match="would not fit the wgmma kernel's registers"):
+                mlp._render(90, 0, 0, "float16", "float16", wgmma=1)
+            continue
         for io in ("float32", "float16", "bfloat16"):
             plan, source = mlp._render(90, 0, 0, io, io, wgmma=1)
             assert plan.info["wgmma"] == 1 and plan.info["cluster"] == 0 and plan.info["kpipe"] == 0
-            assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", source)
+            assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\." + form, source)
             assert cubin_sm(fusedmlp._api.compile_cubin(source, 90, cache, True).path) == 90
         _, log = _core.nvrtc_compile(source, "fused_mlp.cu", 90, True, ("--ptxas-options=-v",))
         assert set(re.findall(r"(\d+) bytes spill stores", log)) == {"0"}, log  # (a sine: fm_sin_far too)

@@ -18,7 +18,7 @@ import fusedmlp
 from fusedmlp._gpu import gpu as _gpu
 from test_gpu import run_io_kernel as run_kernel  # io-typed input and output, bfloat16 as bits
 from conftest import graph_weights, rel_l2, torch_init
-from test_lowbit import WGMMA_NETWORKS, random_graph, wgmma_model
+from test_lowbit import WGMMA_NETWORKS, int8_over_registers, random_graph, wgmma_model
 
 pytestmark = pytest.mark.gpu
 
@@ -85,12 +85,10 @@ def test_one_and_two_layers_match_the_emulation_to_float32_rounding(dtype, wgmma
     the dequantisation, not the quantisation between layers. Two layers add the accumulator -> codes path (and, for
     wgmma, fm_epi_codes' quad gather): there a rare flipped code is allowed, a systematic error is not."""
     need(dtype)
-    if wgmma and (dtype != "float8" or arch() != 90):
-        pytest.skip("the wgmma form is float8's, on sm_90")
+    if wgmma and arch() != 90:
+        pytest.skip("the wgmma forms run on sm_90")
     rng = np.random.default_rng(40)
     for widths in ONE_LAYER + [w + [17] for w in ONE_LAYER]:
-        if wgmma and widths == [256, 256, 17]:
-            continue  # a 256-wide hidden layer is over the register-A kernel's registers (plan.c refuses it)
         ws, bs = torch_init(rng, widths)
         acts = ["relu"] * (len(widths) - 2) + ["none"]
         mlp = calibrated(ws, bs, dtype, rng, activation=acts)
@@ -101,7 +99,9 @@ def test_one_and_two_layers_match_the_emulation_to_float32_rounding(dtype, wgmma
         emu = mlp._net.forward_cpu(x).astype(np.float64)
         assert not np.isnan(y).any(), widths
         worst = float(np.max(np.abs(y - emu)) / max(np.max(np.abs(emu)), 1e-30))
-        one_tol, emu_tol = (WGMMA_ONE_TOL, WGMMA_EMU_TOL) if wgmma else (ONE_TOL[dtype], EMU_TOLS[dtype])
+        # (int8's wgmma sums are exact integers too: its mma.sync allowances)
+        one_tol, emu_tol = (WGMMA_ONE_TOL, WGMMA_EMU_TOL) if wgmma and dtype == "float8" else (ONE_TOL[dtype],
+                                                                                             EMU_TOLS[dtype])
         if len(widths) == 2:
             assert worst <= one_tol, (widths, worst)
         else:
@@ -161,22 +161,27 @@ def test_every_mma_sync_form_matches_the_emulation(dtype, options):
 
 @pytest.mark.parametrize("n", range(len(WGMMA_NETWORKS)), ids=lambda n: "-".join(map(str, WGMMA_NETWORKS[n][0])))
 @pytest.mark.parametrize("io", ["float32", "float16", "bfloat16"])
-def test_the_float8_wgmma_form_matches_the_emulation(n, io):
-    """sm_90 only: the register-A wgmma form of float8 (fused_mlp_sm90.cu, fm_epi_codes packs each k32 A fragment
-    from the lane's own accumulators, the next layer's weights in that K order), float8's default on sm_90 where it
-    fits since it passed this on the H100 and ran 1.6-2.6x faster than float8's mma.sync
-    (test_speed_against_float16_is_reported)."""
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_the_8bit_wgmma_forms_match_the_emulation(n, io, dtype):
+    """sm_90 only: the register-A wgmma forms of 8 bits (fused_mlp_sm90.cu, fm_epi_codes packs each k32 A fragment
+    from the lane's own accumulators, the next layer's weights in that K order): float8's, its default on sm_90 where
+    it fits since it passed this on the H100 and ran 1.6-2.6x faster than float8's mma.sync
+    (test_speed_against_float16_is_reported), and int8's (s32 sums started at the rounding constant's bits, exact as
+    mma.sync's: int8's allowance)."""
     if arch() != 90:
         pytest.skip(f"the wgmma kernel needs sm_90; this GPU is sm_{arch()}")
-    mlp = wgmma_model(n, device="cuda")
+    if int8_over_registers(n, dtype):
+        pytest.skip("a hidden layer too wide for int8's register-A form")
+    mlp = wgmma_model(n, device="cuda", dtype=dtype)
     kernel, plan, _, _ = mlp._build(io, io, wgmma=1)
-    assert plan.info["wgmma"] == 1 and plan.info["precision"] == "float8"
+    assert plan.info["wgmma"] == 1 and plan.info["precision"] == dtype
     rng = np.random.default_rng(30 + n)
     for rows in (1, 63, 65, 4099):
         x_seen, y = run_kernel(kernel, rng.standard_normal((rows, WGMMA_NETWORKS[n][0][0])).astype(np.float32), io)
         e_emu, e_ref = compare(mlp, x_seen, y, f"wgmma {WGMMA_NETWORKS[n][0]} {io} rows={rows}")
-        tol = WGMMA_EMU_TOL + (4e-3 if io == "bfloat16" else 1e-3 if io == "float16" else 0)
-        assert e_emu <= tol and e_ref <= fusedmlp.CHECK_TOLERANCES["float8"], (rows, e_emu, e_ref)
+        tol = (WGMMA_EMU_TOL if dtype == "float8" else EMU_TOLS[dtype]) + (
+            4e-3 if io == "bfloat16" else 1e-3 if io == "float16" else 0)
+        assert e_emu <= tol and e_ref <= fusedmlp.CHECK_TOLERANCES[dtype], (dtype, rows, e_emu, e_ref)
 
 
 @pytest.mark.parametrize("dtype", LOWBIT)
@@ -248,6 +253,14 @@ def test_speed_against_float16_is_reported(workload, capsys):
             report[dtype] = f"{ms:.4f} ms, rel. L2 {err:.2e}"
         except fusedmlp.LimitError as e:
             report[dtype] = f"LimitError: {e.message}"
+        if dtype == "int8" and arch() == 90:  # int8's wgmma form (opt-in), for comparison
+            try:
+                ms = mlp._build("float16", wgmma=1)[0].time(1 << 20)
+                _, y = run_kernel(mlp._build("float32", wgmma=1)[0], x[4096:], "float32")
+                err = rel_l2(y, mlp._net.forward_cpu(x[4096:], quantised=False).astype(np.float64))
+                report["int8 wgmma"] = f"{ms:.4f} ms, rel. L2 {err:.2e}"
+            except fusedmlp.LimitError as e:
+                report["int8 wgmma"] = f"LimitError: {e.message}"
         if dtype == "float8" and arch() == 90:  # float8's mma.sync form (HMMA plus unpacks on sm_90), for comparison
             try:
                 kernel = mlp._build("float16", wgmma=0)[0]
