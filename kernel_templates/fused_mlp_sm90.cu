@@ -545,13 +545,14 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
     constexpr bool D_SET = BIAS_IN_D || W < Ly::N || FM_PREC == 3;
     const int t = lane & 3;
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
-    if constexpr (FM_PREC == 3) {
+#if FM_PREC == 3
 #pragma unroll
-        for (int i = 0; i < W / 2; ++i)
-            d[i] = FM_MAGIC;
-    } else if constexpr (D_SET) {
+    for (int i = 0; i < W / 2; ++i)
+        d[i] = FM_MAGIC;
+#else
+    if constexpr (D_SET)
         fm_d_init<L, W, BIAS_IN_D>(d, C0, t, bias);
-    }
+#endif
     // the group's W weight rows: resident, or streamed through slots, each holding CH of them (a norm layer's group
     // is the whole row and may take several: it runs them one after another, each slot released as soon as its MMAs
     // are done, so that a warpgroup holds one slot at a time and the other warpgroup is not held back)
