@@ -328,9 +328,8 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
     /* float8 takes its wgmma form by default where it fits: on the H100 it ran tcnn64 in 0.103 ms and tcnn128 in 0.234
      * against mma.sync's 0.169 and 0.620 (Hopper runs mma.sync e4m3 as float16 HMMAs plus unpacks;
      * bench/results/h100-lowbit/). It runs each layer as one column group (its epilogue packs whole k32 fragments).
-     * int8's wgmma form (s32 accumulators started at the rounding constant's bits) is asked for with wgmma=1. */
-    if (prec == FM_PREC_INT8 && opts->wgmma <= 0)
-        want_wgmma = 0;
+     * So does int8 (s32 accumulators started at the rounding constant's bits): H100, 2^20 rows, tcnn128 0.332 ms and
+     * res128 1.698 against its mma.sync's 0.427 and 2.662 (bench/results/h100-float8-epilogue/int8_wgmma.txt). */
     if (fm_prec_is_8bit(prec) && want_wgmma && (opts->n_chunk || opts->kpipe > 0))
         return fm_fail(err, FM_ERR_LIMIT, "wgmma=1 with dtype='%s' runs each layer whole: n_chunk=%d and kpipe=%d "
                        "cannot be forced", fm_prec_name(prec), opts->n_chunk, opts->kpipe);
