@@ -519,7 +519,8 @@ static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
         const char *act = fm_expr_unary(spec->act[l]);
         plan->k_perm[l] = l > 0;
         /* (int8 keeps its float32 epilogue: the fold's roundings are not the emulation's) */
-        if (plan->prec == FM_PREC_E4M3 && l < plan->num_layers - 1 && plan->res_op[l] == FM_RES_NONE && plan->norm[l] == FM_NORM_NONE && act)
+        const int plain = l < plan->num_layers - 1 && plan->res_op[l] == FM_RES_NONE && plan->norm[l] == FM_NORM_NONE;
+        if (plan->prec == FM_PREC_E4M3 && plain && act != NULL)
             plan->q_fold[l] = strcmp(act, "") == 0 ? 1 : strcmp(act, "relu") == 0 ? 2 : 0;
     }
 }

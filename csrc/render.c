@@ -230,12 +230,12 @@ static fm_status fm_render_gemm_layer(const fm_spec *spec, const fm_plan *p, fm_
  * one. */
 static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
     int done[257] = {0};
-    const char *ty = p->prec == FM_PREC_BF16 ? "bf16" : p->prec == FM_PREC_E4M3 ? "e4m3" : p->prec == FM_PREC_INT8 ? "s8"
-                                                                                                              : "f16";
-    /* 8-bit: k32 steps (32 bytes, as 16 halves), and no transpose operand: 8-bit B is K-major only (PTX ISA, wgmma).
-     * int8: s32 accumulators (the float registers' bits, "r" constraints) and no scale immediates either */
     const int int8 = p->prec == FM_PREC_INT8, k = fm_prec_is_8bit(p->prec) ? 32 : 16;
-    const char *trans = int8 ? "" : fm_prec_is_8bit(p->prec) ? ", 1, 1" : ", 1, 1, 0";
+    const char *ty = p->prec == FM_PREC_BF16 ? "bf16" : p->prec == FM_PREC_E4M3 ? "e4m3" : int8 ? "s8" : "f16";
+    /* The operands after scale-d: imm-scale-a and -b (1), then 16-bit operands' B transpose (0). 8-bit: k32 steps
+     * (32 bytes, as 16 halves), and no transpose operand (8-bit B is K-major only; PTX ISA, wgmma). int8: s32
+     * accumulators (the float registers' bits, "r" constraints) and no scale immediates either. */
+    const char *imm = int8 ? "" : fm_prec_is_8bit(p->prec) ? ", 1, 1" : ", 1, 1, 0";
     const char *dty = int8 ? "s32" : "f32";
     const char *cons = int8 ? "\"+r\"(*reinterpret_cast<int *>(&d[%d]))" : "\"+f\"(d[%d])";
     for (int g = 0; g < 4 * p->num_layers; ++g) {
@@ -263,7 +263,7 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
         for (int r = 0; r < nd; ++r)
             fm_str_printf(out, "%s%%%d", r ? ", " : "", r);
         fm_str_printf(out, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p%s;\\n}\\n\"\n                     : ",
-                      nd, nd + 1, nd + 2, nd + 3, nd + 4, trans);
+                      nd, nd + 1, nd + 2, nd + 3, nd + 4, imm);
         for (int r = 0; r < nd; ++r) {
             fm_str_append(out, r ? ", " : "");
             fm_str_printf(out, cons, r);
