@@ -945,6 +945,19 @@ def same_bits_and_checked(base, kernel, mlp, c, case, failures):
     return checked
 
 
+def first_built_pair(mlp, io, attempts, base):
+    """The first of attempts, (shape options, the variant's options), on which mlp's streamed warpgroup kernel builds
+    both with base's options and with the variant's for io: (variant options, base build, variant build); None where
+    every attempt raises a LimitError (registers, shared memory, or what the variant refuses)."""
+    for shape, variant in attempts:
+        try:
+            return (variant, mlp._build(io, io, wgmma=1, resident=0, **base, **shape),
+                    mlp._build(io, io, wgmma=1, resident=0, **variant, **shape))
+        except fusedmlp.LimitError:
+            continue
+    return None
+
+
 def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
     """wide_loop (the default; wide_loop=-1 unrolls): the streamed kernel's wide layers (and a last layer as wide) run
     their column groups as a run-time loop over one group's code (fm_wide_layer; residual and norm layers stay
@@ -953,17 +966,13 @@ def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
     accumulators, the same epilogue."""
     failures, checked, compared = [], 0, 0
     for c, mlp in wide_stream_models():
-        built = None
-        for options in ({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk}, {"n_chunk": 64}, {}):
-            try:
-                built = (mlp._build(c.io, c.io, wgmma=1, resident=0, wide_loop=-1, **options),
-                         mlp._build(c.io, c.io, wgmma=1, resident=0, wide_loop=1, **options))
-                break
-            except fusedmlp.LimitError:  # the registers (a wide concat) or shared memory do not fit that shape
-                continue
+        # (a LimitError: the registers of a wide concat, or shared memory)
+        looped_form = {"wide_loop": 1}
+        built = first_built_pair(mlp, c.io, [({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk}, looped_form),
+                                             ({"n_chunk": 64}, looped_form), ({}, looped_form)], {"wide_loop": -1})
         if built is None:
             continue
-        (unrolled, plan_u, _, _), (looped, plan, source, _) = built
+        _, (unrolled, plan_u, _, _), (looped, plan, source, _) = built
         assert plan.info["wide_loop"] == 1 and "#define FM_WIDE_LOOP 1 " in source, plan.info
         assert {k: v for k, v in plan.info.items() if k != "wide_loop"} == {k: v for k, v in plan_u.info.items()
                                                                             if k != "wide_loop"}
@@ -985,21 +994,14 @@ def test_split_wide_layers_give_the_unsplit_kernels_bits_on_random_wide_chains()
     code on the same inputs."""
     failures, checked, compared = [], 0, 0
     for c, mlp in wide_stream_models():
-        split = (2, 4, 8)[c.i % 3]
-        built = None
-        for options in ({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk, "warps": 4 + 4 * (c.i % 2)},
-                        {"n_chunk": 64, "warps": 4}, {"n_chunk": 64, "warps": 4, "split_at": 2}):
-            options = dict(options)
-            s = options.pop("split_at", split)
-            try:
-                built = (s, mlp._build(c.io, c.io, wgmma=1, resident=0, **options),
-                         mlp._build(c.io, c.io, wgmma=1, resident=0, split=s, **options))
-                break
-            except fusedmlp.LimitError:  # a residual or norm on a wide layer, groups per CTA, registers, memory
-                continue
+        # (a LimitError: a residual or norm on a wide layer, groups per CTA, registers, memory)
+        split, narrow = {"split": (2, 4, 8)[c.i % 3]}, {"n_chunk": 64, "warps": 4}
+        built = first_built_pair(mlp, c.io, [({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk, "warps": 4 + 4 * (c.i % 2)},
+                                              split), (narrow, split), (narrow, {"split": 2})], {})
         if built is None:
             continue
-        s, (plain, plan_u, _, _), (split_k, plan, source, _) = built
+        variant, (plain, plan_u, _, _), (split_k, plan, source, _) = built
+        s = variant["split"]
         assert plan.info["split"] == s and f"#define FM_SPLIT {s} " in source, plan.info
         case = (c.i, s, c.widths, c.acts, c.residual, c.concat, c.prec, c.io, c.batch)
         checked += same_bits_and_checked(plain, split_k, mlp, c, case + ("split",), failures)
