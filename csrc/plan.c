@@ -509,18 +509,18 @@ static fm_status fm_plan_split_check(const fm_plan *plan, int split, fm_error *e
     return FM_OK;
 }
 
-/* fm_plan.k_perm and q_fold: 8-bit codes on the register-A warpgroup kernel, where every layer after the first reads
- * the codes the layer before packed from its accumulators (the kernel's only 8-bit form: no cluster, streamed or
- * K-pipelined one, fm_plan_sm90). */
+/* fm_plan.k_perm and q_fold of an 8-bit plan: k_perm on the register-A warpgroup kernel, where every layer after the
+ * first reads the codes the layer before packed from its accumulators (the kernel's only 8-bit form: no cluster,
+ * streamed or K-pipelined one, fm_plan_sm90); q_fold on every kernel. */
 static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
-    if (!fm_prec_is_8bit(plan->prec) || !plan->wgmma)
+    if (!fm_prec_is_8bit(plan->prec))
         return;
     for (int l = 0; l < plan->num_layers; ++l) {
         const char *act = fm_expr_unary(spec->act[l]);
-        plan->k_perm[l] = l > 0;
-        /* (int8 keeps its float32 epilogue: the fold's roundings are not the emulation's) */
+        plan->k_perm[l] = plan->wgmma && l > 0;
+        /* every 8-bit kernel folds (the mma.sync one stores its codes to shared memory the same way) */
         const int plain = l < plan->num_layers - 1 && plan->res_op[l] == FM_RES_NONE && plan->norm[l] == FM_NORM_NONE;
-        if (plan->prec == FM_PREC_E4M3 && plain && act != NULL)
+        if (plain && act != NULL)
             plan->q_fold[l] = strcmp(act, "") == 0 ? 1 : strcmp(act, "relu") == 0 ? 2 : 0;
     }
 }

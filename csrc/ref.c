@@ -194,8 +194,14 @@ fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const fl
                 next[i] = (double)(float)next[i];
             if (amax != NULL)
                 fm_ref_amax(next, count, &amax[l + 1], &amax_nan[l + 1]);
+            /* int8 relu layers without residual or norm: the kernels fold relu into the clamp (fm_plan.q_fold), so a
+             * NaN there is stored as 0, not -127 */
+            const char *unary = fm_expr_unary(spec->act[l]);
+            const int relu_clamp = qp == FM_PREC_INT8 && spec->res_op[l] == FM_RES_NONE &&
+                                   spec->norm[l] == FM_NORM_NONE && unary != NULL && strcmp(unary, "relu") == 0;
             for (size_t i = 0; quant && l + 1 < L && i < count; ++i) /* 8-bit storage: layer l + 1's input scale */
-                next[i] = fm_ref_fake_quant(next[i], spec->act_scale[l + 1], qp);
+                next[i] = relu_clamp && isnan(next[i]) ? 0.0
+                                                       : fm_ref_fake_quant(next[i], spec->act_scale[l + 1], qp);
             if (keep[l + 1])
                 memcpy(saved[l + 1], next, sizeof(double) * count);
             double *swap = cur;

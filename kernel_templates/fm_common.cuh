@@ -128,15 +128,18 @@ __device__ __forceinline__ unsigned short fm_quant2(float lo, float hi) {
     return r;
 #endif
 }
-// fm_quant2 of relu(lo), relu(hi): e4m3 in the one instruction (negatives to +0, NaN stays NaN: relu's float32
-// form's results, as codes). (int8 plans never fold relu into the rounding, fm_plan.q_fold: its form is relu's.)
+// fm_quant2 of relu(lo), relu(hi) (fm_plan.q_fold's relu layers): e4m3 in the one instruction (negatives to +0, NaN
+// stays NaN: relu's float32 form's results, as codes); int8 in the clamp, at 0 instead of -127 (NaN meets fmaxf
+// first: code 0, where relu's float32 form and the clamp give -127).
 __device__ __forceinline__ unsigned short fm_quant2_relu(float lo, float hi) {
 #if FM_PREC == 4
     unsigned short r;
     asm("cvt.rn.satfinite.relu.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
 #else
-    return fm_quant2(lo < 0.0f ? 0.0f : lo, hi < 0.0f ? 0.0f : hi);
+    const float a = __fadd_rn(fminf(fmaxf(lo, 0.0f), 127.0f), FM_MAGIC);
+    const float b = __fadd_rn(fminf(fmaxf(hi, 0.0f), 127.0f), FM_MAGIC);
+    return (unsigned short)fm_prmt(__float_as_uint(a), __float_as_uint(b), 0x0040u);
 #endif
 }
 // Four floats (times the inverse scale) as four codes, the first in the lowest byte.

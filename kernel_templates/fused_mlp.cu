@@ -249,6 +249,15 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
                 // The result's storage: out_t for the last layer, act_t for the others; 16-bit pairs take the
                 // layer's pair form where it has one. 8-bit: the next layer's codes (T 0, then times QOUT).
                 constexpr int T = L == LAST ? FM_OUT_TYPE : (FM_PREC == 2 || FM_PREC >= 3 ? 0 : FM_PREC + 1);
+#if FM_PREC >= 3
+                if constexpr (L != LAST && Ly::QFOLD != 0) {  // v0, v1 are times QOUT already (fm_plan.q_fold)
+                    if (!live || col >= Ly::NR)
+                        v0 = 0.0f;
+                    if (!live || col + 1 >= Ly::NR)
+                        v1 = 0.0f;
+                    fm_st_code2(addr, Ly::QFOLD == 2 ? fm_quant2_relu(v0, v1) : fm_quant2(v0, v1));
+                } else
+#endif
                 if constexpr (T == 0) {
                     if (live)
                         fm_epilogue<L>(v0, v1, r0, r1, col);

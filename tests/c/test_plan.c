@@ -1499,9 +1499,16 @@ static void test_lowbit(void) {
             int bad_codes = 0, bad_dq = 0;
             for (int l = 0; l < 3; ++l) {
                 CHECK(plan.dq_offset[l] == plan.b_offset[l] + (size_t)plan.n_pad[l], "layer %d dq offset", l);
+                /* hidden relu and identity layers fold the next input's inverse scale into both (fm_plan.q_fold):
+                 * layer 0 is relu (g_acts) */
+                CHECK(l != 0 || plan.q_fold[0] == 2, "layer 0 (relu) q_fold %d", plan.q_fold[0]);
+                const double fold = plan.q_fold[l] ? (double)(1.0f / good[l + 1]) : 1.0;
                 for (int n = 0; n < plan.n_pad[l]; ++n) {
-                    const float want = n < widths[l + 1] ? (float)((double)good[l] * (double)spec.w_scale[l][n]) : 0.0f;
+                    const float want =
+                        n < widths[l + 1] ? (float)((double)good[l] * (double)spec.w_scale[l][n] * fold) : 0.0f;
                     bad_dq += bb[plan.dq_offset[l] + (size_t)n] != want;
+                    if (n < widths[l + 1] && plan.has_bias[l])
+                        bad_dq += bb[plan.b_offset[l] + (size_t)n] != (float)((double)b[l][n] * fold);
                     for (int k = 0; k < widths[l] && n < widths[l + 1]; ++k) {
                         const float v = (float)((double)w[l][n * widths[l] + k] / (double)spec.w_scale[l][n]);
                         bad_codes += wb[fm_plan_w_index(&plan, l, n, k)] != fm_quant8(v, prec);
