@@ -117,7 +117,9 @@ const char *const *fm_expr_functions(void);
 
 /* ------------------------------------------------------------------------------------------------ spec */
 
-typedef enum fm_dtype { FM_F32 = 0, FM_F16 = 1, FM_BF16 = 2 } fm_dtype;
+/* Global-memory types. FM_CODES: an 8-bit network's codes between segments (a GEMM's operand or result, never a
+ * fused kernel's x or y), each value's codes with the scale of the layer reading it (fm_spec.act_scale). */
+typedef enum fm_dtype { FM_F32 = 0, FM_F16 = 1, FM_BF16 = 2, FM_CODES = 3 } fm_dtype;
 const char *fm_dtype_name(fm_dtype d);
 size_t fm_dtype_size(fm_dtype d);
 

@@ -18,10 +18,16 @@ enum { FM_GEMM_CLUSTER_AUTO = 1 };
  * loads that 256 did (docs/performance.md). */
 enum { FM_GEMM_WS_AUTO = 1 };
 
+/* The global dtype holding the compute precision's elements as they are: an 8-bit network's codes, float16 or
+ * bfloat16 for those, float32 for tf32 (gemm_layer.cu's fm_a_raw). */
+static int fm_gemm_storage(fm_prec p) {
+    return fm_prec_is_8bit(p) ? FM_CODES : p == FM_PREC_TF32 ? FM_F32 : (int)p + 1;
+}
+
 /* Whether an input part of dtype d and `real` elements a row is copied as it is (cp.async of 16-byte pieces): the
- * compute dtype with 16-byte rows (gemm_layer.cu, fm_a_raw). */
+ * compute dtype's storage with 16-byte rows (gemm_layer.cu, fm_a_raw). */
 static int fm_gemm_raw_part(const fm_plan *plan, int d, int real) {
-    return d == (int)plan->prec + 1 && real * plan->elem_bytes % 16 == 0;
+    return d == fm_gemm_storage(plan->prec) && real * plan->elem_bytes % 16 == 0;
 }
 
 /* The auto rule for warp specialisation: the default 128 x 256 tile (smaller ones run several CTAs an SM, which the
@@ -34,8 +40,11 @@ static int fm_gemm_ws_fits(const fm_plan *plan, int l) {
 
 static int fm_gemm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
-/* Whether d is a global dtype code: 0 float32, 1 float16, 2 bfloat16. */
-static int fm_gemm_valid_dtype(int d) { return d == FM_F32 || d == FM_F16 || d == FM_BF16; }
+/* Whether d is a global dtype code a GEMM of precision p takes: 0 float32, 1 float16, 2 bfloat16, and for an 8-bit
+ * network 3, its codes. */
+static int fm_gemm_valid_dtype(int d, fm_prec p) {
+    return d == FM_F32 || d == FM_F16 || d == FM_BF16 || (d == FM_CODES && fm_prec_is_8bit(p));
+}
 
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
@@ -46,15 +55,24 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     memset(plan, 0, sizeof *plan);
     if (l < 0 || l >= spec->num_layers)
         return fm_fail(err, FM_ERR_VALUE, "layer %d: the network has layers 0..%d", l, spec->num_layers - 1);
-    if (fm_prec_is_8bit(prec))
-        return fm_fail(err, FM_ERR_LIMIT, "layer %d: dtype='%s' has no GEMM form yet; an 8-bit network runs as one "
-                       "fused kernel (layers up to %d features)", l, fm_prec_name(prec), FM_MAX_ONCHIP_WIDTH);
-    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && prec != FM_PREC_TF32)
-        return fm_fail(err, FM_ERR_VALUE, "precision %d is not float16 (0), bfloat16 (1) or tf32 (2)", (int)prec);
-    if (!fm_gemm_valid_dtype((int)a0) || !fm_gemm_valid_dtype((int)out) || (a1 != -1 && !fm_gemm_valid_dtype(a1)) ||
-        (res != -1 && !fm_gemm_valid_dtype(res)))
-        return fm_fail(err, FM_ERR_VALUE, "GEMM dtypes a0=%d a1=%d res=%d out=%d: each is 0 (float32), 1 (float16) or "
-                       "2 (bfloat16), a1 and res -1 where absent", (int)a0, a1, res, (int)out);
+    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && prec != FM_PREC_TF32 && !fm_prec_is_8bit(prec))
+        return fm_fail(err, FM_ERR_VALUE, "precision %d is not float16 (0), bfloat16 (1), tf32 (2), int8 (3) or "
+                       "float8 (4)", (int)prec);
+    if (!fm_gemm_valid_dtype((int)a0, prec) || !fm_gemm_valid_dtype((int)out, prec) ||
+        (a1 != -1 && !fm_gemm_valid_dtype(a1, prec)) || (res != -1 && !fm_gemm_valid_dtype(res, prec)))
+        return fm_fail(err, FM_ERR_VALUE, "GEMM dtypes a0=%d a1=%d res=%d out=%d: each is 0 (float32), 1 (float16), "
+                       "2 (bfloat16) or, for an 8-bit network, 3 (its codes); a1 and res -1 where absent", (int)a0, a1,
+                       res, (int)out);
+    /* 8-bit: a result in codes is the next layer's input, with that layer's scale (the last layer has none) */
+    if (out == FM_CODES && l == spec->num_layers - 1)
+        return fm_fail(err, FM_ERR_VALUE, "layer %d is the network's last: its result is y (float32, float16 or "
+                       "bfloat16), not codes", l);
+    if (fm_prec_is_8bit(prec) && spec->quant != prec)
+        return fm_fail(err, FM_ERR_VALUE, "a dtype='%s' GEMM needs the network's %s scales, and it has %s",
+                       fm_prec_name(prec), fm_prec_name(prec),
+                       fm_prec_is_8bit(spec->quant) ? fm_prec_name(spec->quant) : "none (it is not an 8-bit network)");
+    if (fm_prec_is_8bit(prec) && fm_spec_check_calibrated(spec, "planning a GEMM", err) != FM_OK)
+        return FM_ERR_VALUE;
     if ((spec->cat[l] != FM_CAT_NONE) != (a1 != -1))
         return fm_fail(err, FM_ERR_VALUE, "layer %d %s input concat, but a1=%d (-1: none)", l,
                        spec->cat[l] != FM_CAT_NONE ? "has an" : "has no", a1);
@@ -88,12 +106,16 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->out_dtype = out;
     plan->a1_dtype = a1;
     plan->res_dtype = res;
+    for (int j = 0; j < spec->num_layers && fm_prec_is_8bit(prec); ++j) { /* QIN, QOUT, RSCALE and the factors */
+        plan->act_scale[j] = spec->act_scale[j];
+        plan->w_scale[j] = spec->w_scale[j];
+    }
 
-    /* sm_90a takes the warpgroup MMA (16-bit operands; tf32 stays on mma.sync): wgmma.mma_async with both operands
-     * from shared memory, as the fused warpgroup kernel's layers. */
+    /* sm_90a takes the warpgroup MMA (16- and 8-bit operands; tf32 stays on mma.sync): wgmma.mma_async with both
+     * operands from shared memory, as the fused warpgroup kernel's layers. */
     if (opts->wgmma > 0 && (target->arch != 90 || prec == FM_PREC_TF32))
-        return fm_fail(err, FM_ERR_LIMIT, "a wgmma GEMM needs sm_90a and float16 or bfloat16 (sm_%d, %s)", target->arch,
-                       fm_prec_name(prec));
+        return fm_fail(err, FM_ERR_LIMIT, "a wgmma GEMM needs sm_90a and a dtype other than tf32 (sm_%d, %s)",
+                       target->arch, fm_prec_name(prec));
     plan->wgmma = opts->wgmma >= 0 ? opts->wgmma : target->arch == 90 && prec != FM_PREC_TF32;
     /* Clusters of two CTAs on adjacent row tiles of one column tile, each loading half of every stage's weight tile
      * into both (one TMA multicast): a 128 x 256 stage reads 48 KB from L2 for about 1,024 cycles of MMA, twice what
@@ -101,8 +123,11 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     if (opts->cluster < 0 || opts->cluster > 2)
         return fm_fail(err, FM_ERR_VALUE, "GEMM cluster=%d: 1 (one CTA a tile) or 2 (pairs sharing the weight tile); "
                        "0: auto", opts->cluster);
+    if (opts->cluster == 2 && fm_prec_is_8bit(prec))
+        return fm_fail(err, FM_ERR_LIMIT, "a GEMM on clusters of 2 is 16-bit only: its %s form gave wrong results on "
+                       "an H100 (float32 I/O; not yet found), so it is refused", fm_prec_name(prec));
     if (opts->cluster == 2 && !plan->wgmma)
-        return fm_fail(err, FM_ERR_LIMIT, "a GEMM on clusters of 2 needs the wgmma form (sm_90a, float16 or bfloat16; "
+        return fm_fail(err, FM_ERR_LIMIT, "a GEMM on clusters of 2 needs the wgmma form (sm_90a, not tf32; "
                        "sm_%d, %s)", target->arch, fm_prec_name(prec));
     plan->gemm_cluster = opts->cluster ? opts->cluster : plan->wgmma ? FM_GEMM_CLUSTER_AUTO : 1;
     /* Warp specialisation: the loads leave the consumers' instruction stream and their waits (every thread of the
@@ -111,7 +136,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return fm_fail(err, FM_ERR_VALUE, "GEMM ws=%d: 1 (a producer warpgroup), -1 (none) or 0 (auto)", opts->ws);
     if (opts->ws == 1 && (!plan->wgmma || plan->gemm_cluster > 1))
         return fm_fail(err, FM_ERR_LIMIT, "a warp-specialised GEMM (ws=1) is the wgmma form on one CTA a tile (sm_90a, "
-                       "float16 or bfloat16, cluster 1; sm_%d, %s, cluster %d)", target->arch, fm_prec_name(prec),
+                       "not tf32, cluster 1; sm_%d, %s, cluster %d)", target->arch, fm_prec_name(prec),
                        plan->gemm_cluster);
     plan->gemm_ws = opts->ws == 1; /* (auto: below, once the tile is known) */
     /* K in stages of 64 bytes (mma.sync) or 128 (wgmma), each input part padded to whole stages so a stage reads
@@ -150,7 +175,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->resident = 0;
 
     if (plan->gemm_bn == 256 && !plan->wgmma)
-        return fm_fail(err, FM_ERR_VALUE, "GEMM tile columns 256 need the wgmma form (sm_90a, float16 or bfloat16)");
+        return fm_fail(err, FM_ERR_VALUE, "GEMM tile columns 256 need the wgmma form (sm_90a, not tf32)");
     /* a stage's A and B rows, and in the cluster form its two mbarriers (full, empty) */
     const size_t stage = (size_t)(plan->gemm_bm + plan->gemm_bn) * (plan->wgmma ? 128 : 64 + 16) +
                          (plan->gemm_cluster > 1 || plan->gemm_ws ? 16 : 0);
@@ -185,5 +210,8 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->b_offset[l] = 0;
     plan->w_elems = (size_t)plan->n_pad[l] * (size_t)plan->k_pad[l];
     plan->b_floats = (size_t)fm_gemm_round_up(plan->n_pad[l], 4);
+    plan->dq_offset[l] = plan->b_floats; /* 8-bit: act_scale[l] * w_scale[l][n] after the bias (fm_plan_pack) */
+    if (fm_prec_is_8bit(prec))
+        plan->b_floats += (size_t)fm_gemm_round_up(plan->n_pad[l], 4);
     return FM_OK;
 }

@@ -65,12 +65,13 @@ PyObject *fm_raise_clear(fm_error *err) {
 /* ------------------------------------------------------------------------------------------------ arguments */
 
 int fm_dtype_from_str(const char *s, fm_dtype *d) {
-    for (int i = FM_F32; i <= FM_BF16; ++i)
+    for (int i = FM_F32; i <= FM_CODES; ++i)
         if (strcmp(s, fm_dtype_name((fm_dtype)i)) == 0) {
             *d = (fm_dtype)i;
             return 0;
         }
-    PyErr_Format(PyExc_ValueError, "dtype '%s' is not one of float32, float16, bfloat16", s);
+    PyErr_Format(PyExc_ValueError, "dtype '%s' is not one of float32, float16, bfloat16 (or codes, an 8-bit network's "
+                 "values between its GEMMs)", s);
     return -1;
 }
 

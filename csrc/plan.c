@@ -109,7 +109,7 @@ int fm_plan_k_perm(int k) {
 }
 
 int fm_plan_result_type(const fm_plan *plan, int l) {
-    if (l == plan->num_layers - 1)
+    if (l == plan->num_layers - 1 && plan->out_dtype != FM_CODES) /* (codes: an 8-bit GEMM's hidden layer) */
         return (int)plan->out_dtype;
     /* int8: float32 forms. A fast form's 16-bit-sized error would move values near the top of a layer's range by up
      * to 1/16 of an int8 step and flip their code where the CPU emulation (exact activations) does not. float8:
@@ -279,6 +279,10 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
         plan->act_scale[l] = spec->act_scale[l];
         plan->w_scale[l] = spec->w_scale[l];
     }
+    if (in_dtype == FM_CODES || out_dtype == FM_CODES || (unsigned)in_dtype > FM_CODES ||
+        (unsigned)out_dtype > FM_CODES)
+        return fm_fail(err, FM_ERR_VALUE, "a fused kernel's x and y are float32, float16 or bfloat16 (in_dtype %d, "
+                       "out_dtype %d); codes are a GEMM segment's", (int)in_dtype, (int)out_dtype);
     if ((in_dtype == FM_BF16 || out_dtype == FM_BF16) && target->arch < 80) {
         fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer (cvt.rn.bf16x2); the target is sm_%d",
                 target->arch);

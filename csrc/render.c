@@ -154,7 +154,8 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
 static void fm_render_quant(const fm_plan *p, int l, fm_str *out) {
     if (!fm_prec_is_8bit(p->prec))
         return;
-    const int last = l == p->num_layers - 1, res = p->res_op[l] != FM_RES_NONE;
+    /* a GEMM's result is the next layer's codes where its output is (the network's last layer's is y) */
+    const int last = p->gemm ? p->out_dtype != FM_CODES : l == p->num_layers - 1, res = p->res_op[l] != FM_RES_NONE;
     const float qin = 1.0f / p->act_scale[l], qout = last ? 0.0f : 1.0f / p->act_scale[l + 1];
     const float rscale = res ? p->act_scale[p->res_src[l] + 1] : 0.0f;
     fm_str_printf(out,
@@ -208,16 +209,19 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
  * SDF decoder's six 512 x 512 relu layers) are one source, so one compile and one cache entry serve them all. */
 static fm_status fm_render_gemm_layer(const fm_spec *spec, const fm_plan *p, fm_str *out, fm_error *err) {
     const int l = p->gemm_layer;
-    fm_str body = {0}, expr_text = {0};
+    fm_str body = {0}, expr_text = {0}, quant = {0};
     fm_status st = fm_render_layer_body(spec, p, l, &body, err);
     fm_expr_to_string(spec->act[l], &expr_text);
+    fm_render_quant(p, l, &quant);
     if (st == FM_OK)
         fm_str_printf(out,
                       "template <> struct Layer<0> {  // %d -> %d, activation %s\n"
                       "    static constexpr int W_OFF = 0, B_OFF = 0, REPEAT = 1;\n"
-                      "%s"
+                      "%s%s"
                       "};\n",
-                      p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?", body.data);
+                      p->k_real[l], p->n_real[l], expr_text.data ? expr_text.data : "?",
+                      quant.data ? quant.data : "", body.data);
+    fm_str_free(&quant);
     fm_str_free(&body);
     fm_str_free(&expr_text);
     return st;
@@ -270,18 +274,22 @@ static void fm_render_wgmma(const fm_plan *p, fm_str *out) {
         }
         fm_str_printf(out, "\n                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(desc), "
                            "\"r\"(scale_d));\n    }\n");
-        if (p->cluster || p->gemm) { /* and with A (64 x 16 of a shared-memory buffer) from a descriptor too */
+        if (p->cluster || p->gemm) { /* and with A (64 x k of a shared-memory buffer) from a descriptor too: the
+                                        * same operand tail, plus 16-bit operands' A transpose (0) */
             fm_str_printf(out,
                           "    static __device__ __forceinline__ void run_ss(float (&d)[%d], unsigned long long adesc, "
                           "unsigned long long desc, int scale_d) {\n"
                           "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"\n"
-                          "                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {",
-                          nd, nd + 2, nc, ty, ty);
+                          "                     \"wgmma.mma_async.sync.aligned.m64n%dk%d.%s.%s.%s {",
+                          nd, nd + 2, nc, k, dty, ty, ty);
             for (int r = 0; r < nd; ++r)
                 fm_str_printf(out, "%s%%%d", r ? ", " : "", r);
-            fm_str_printf(out, "}, %%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n\"\n                     : ", nd, nd + 1);
-            for (int r = 0; r < nd; ++r)
-                fm_str_printf(out, "%s\"+f\"(d[%d])", r ? ", " : "", r);
+            fm_str_printf(out, "}, %%%d, %%%d, p%s%s;\\n}\\n\"\n                     : ", nd, nd + 1, imm,
+                          fm_prec_is_8bit(p->prec) ? "" : ", 0");
+            for (int r = 0; r < nd; ++r) {
+                fm_str_append(out, r ? ", " : "");
+                fm_str_printf(out, cons, r);
+            }
             fm_str_printf(out, "\n                     : \"l\"(adesc), \"l\"(desc), \"r\"(scale_d));\n    }\n");
         }
         fm_str_printf(out, "};\n");

@@ -103,11 +103,12 @@ const char *fm_dtype_name(fm_dtype d) {
     case FM_F32: return "float32";
     case FM_F16: return "float16";
     case FM_BF16: return "bfloat16";
+    case FM_CODES: return "codes";
     }
     return "?";
 }
 
-size_t fm_dtype_size(fm_dtype d) { return d == FM_F32 ? 4 : 2; }
+size_t fm_dtype_size(fm_dtype d) { return d == FM_F32 ? 4 : d == FM_CODES ? 1 : 2; }
 
 uint16_t fm_float_to_half(float f) {
     uint32_t x;

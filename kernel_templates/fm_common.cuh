@@ -10,7 +10,7 @@ struct alignas(8) fm_v2 { fm_u32 x, y; };
 #define FM_BLOCKS_PER_SM {{BLOCKS_PER_SM}} // the plan's occupancy: caps registers at 64K / (threads * this)
 #define FM_NUM_LAYERS {{NUM_LAYERS}}
 #define FM_PREC {{PREC}}          // on-chip weights and activations: 0 fp16, 1 bf16, 2 tf32, 3 int8, 4 e4m3
-#define FM_IN_TYPE {{IN_TYPE}}    // x in global memory: 0 float32, 1 float16, 2 bfloat16
+#define FM_IN_TYPE {{IN_TYPE}}    // x in global memory: 0 float32, 1 float16, 2 bfloat16 (3: 8-bit codes, GEMMs)
 #define FM_OUT_TYPE {{OUT_TYPE}}  // y in global memory: same codes
 
 constexpr int THREADS = FM_WARPS * 32;
@@ -29,11 +29,15 @@ typedef fm_half act_t;
 #endif
 #if FM_IN_TYPE == 0
 typedef float in_t;
+#elif FM_IN_TYPE == 3
+typedef unsigned char in_t;  // an 8-bit network's codes (gemm_layer.cu only: a value between segments)
 #else
 typedef fm_half in_t;
 #endif
 #if FM_OUT_TYPE == 0
 typedef float out_t;
+#elif FM_OUT_TYPE == 3
+typedef unsigned char out_t;
 #else
 typedef fm_half out_t;
 #endif

@@ -35,6 +35,14 @@
 //   elements a row, in its own dtype; its K range is padded to whole stages in the weights, so a stage reads one
 //   part. A part already in the compute dtype with 16-byte rows is copied as it is; any other (float32 x of a float16
 //   network, an odd width) is converted element by element on the way in.
+// - 8-bit networks (FM_PREC 3 int8, 4 e4m3): the operands are codes, a stage's 128 (64) bytes of K are 128 (64)
+//   elements, and each k step is a k32 MMA on the same 32 bytes as 16-bit's k16, so the shared-memory layouts, the
+//   descriptors and ldmatrix are byte for byte the 16-bit ones. A value between segments is stored as the codes the
+//   layer reading it multiplies (global dtype 3, its scale that layer's input scale); float32/16-bit parts (x, for
+//   layer 0 or a concat) are quantised on the way in with the layer's QIN. The accumulators start at zero (int8's are
+//   s32 bits) and the epilogue first makes them W h + b (times act_scale * w_scale[n], plus the bias), reads a
+//   residual operand's codes times its scale, and stores the next layer's codes (times QOUT) or, for the network's
+//   last layer, y. What it computes is csrc/ref.c's emulation, as the fused 8-bit kernels do.
 // - Each warp owns a (BM / WARPS_M) x (BN / WARPS_N) piece of the tile: mma.sync fed by ldmatrix, as in fused_mlp.cu.
 //
 // Plan: {{PLAN_COMMENT}}
@@ -69,7 +77,7 @@ constexpr int SROW_B = FM_WGMMA ? KT_B : KT_B + 16;  // bytes per shared-memory 
 constexpr int A_STAGE_B = BM * SROW_B, B_STAGE_B = BN * SROW_B, STAGE_B = A_STAGE_B + B_STAGE_B;
 constexpr int BAR_B = FM_GEMM_CLUSTER > 1 || FM_GEMM_WS ? 16 * FM_STAGES : 0;  // mbarriers full[s], empty[s]
 static_assert(!FM_WGMMA || (WARPS_M == CWARPS && BM == 64 * (CWARPS / 4) && FM_PREC != 2),
-              "wgmma: each warpgroup 64 rows of all BN columns, 16-bit operands");
+              "wgmma: each warpgroup 64 rows of all BN columns, 16- or 8-bit operands");
 static_assert(!FM_GEMM_WS || (FM_WGMMA && FM_GEMM_CLUSTER == 1), "warp specialisation: the one-CTA wgmma form");
 static_assert(!FM_WGMMA || KT_B == 128, "the 128-byte swizzle: a stage's row of K is one swizzle row");
 // Byte offset of (row r, byte b of K) in a stage's operand: padded rows, or the 128-byte swizzle (chunk b / 16 of row
@@ -112,17 +120,29 @@ __device__ __forceinline__ void fm_cp16(fm_u32 dst, const void *src) {
 #endif
 }
 
-// One global element of dtype T (fm_dtype codes) as a float.
+// One global element of dtype T (fm_dtype codes) as a float (8-bit codes: the code's value, not yet times its scale).
 template <int T> __device__ __forceinline__ float fm_ld_f(const void *p, long long i) {
-    if constexpr (T == 0)
+    if constexpr (T == 0) {
         return ((const float *)p)[i];
-    else
+    } else if constexpr (T == 3) {
+#if FM_PREC >= 3
+        float v, unused;
+        fm_code2_to_f(((const unsigned char *)p)[i], v, unused);
+        return v;
+#else
+        return 0.0f;  // (no 16-bit plan has codes: gemm.c)
+#endif
+    } else {
         return fm_16_to_f<T>(((const fm_half *)p)[i]);
+    }
 }
+
+// The global dtype holding act_t as it is: float32 (tf32), float16, bfloat16, or an 8-bit network's codes.
+constexpr int FM_ACT_TYPE = FM_PREC == 2 ? 0 : FM_PREC >= 3 ? 3 : FM_PREC + 1;
 
 // Whether an input part (REAL elements a row, dtype T) is copied as it is: the compute dtype with 16-byte rows.
 template <int T, int REAL> __device__ constexpr bool fm_a_raw() {
-    return T == (FM_PREC == 2 ? 0 : FM_PREC + 1) && (REAL * EB) % 16 == 0;
+    return T == FM_ACT_TYPE && (REAL * EB) % 16 == 0;
 }
 
 // Columns [kcol, kcol + KT) of rows [row0, row0 + BM) of an input part (REAL elements a row, dtype T) into the stage's
@@ -149,20 +169,62 @@ __device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ s
                          "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 #endif
         }
+#if FM_PREC >= 3
+    } else if constexpr (T != 3 && REAL % 8 == 0) {  // 8-bit, x: groups of 8 (16- or 32-byte loads, 8 codes stored)
+        for (int c = tid; c < BM * (KT / 8); c += NTHR) {
+            const int r = c / (KT / 8), k = (c % (KT / 8)) * 8;
+            const long long row = row0 + r;
+            const int col = kcol + k;
+            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (row < rows && col < REAL) {  // a whole group: REAL is a multiple of 8
+                if constexpr (T == 0) {
+                    const fm_v4 a = *(const fm_v4 *)((const float *)src + row * REAL + col);
+                    const fm_v4 b = *(const fm_v4 *)((const float *)src + row * REAL + col + 4);
+                    const fm_u32 u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int e = 0; e < 8; ++e)
+                        v[e] = __uint_as_float(u[e]);
+                } else {
+                    const fm_v4 a = *(const fm_v4 *)((const fm_half *)src + row * REAL + col);
+                    const fm_u32 u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        v[2 * e] = fm_16_to_f<T>((fm_half)(u[e] & 0xffffu));
+                        v[2 * e + 1] = fm_16_to_f<T>((fm_half)(u[e] >> 16));
+                    }
+                }
+            }
+            constexpr float Q = Ly::QIN;
+            const fm_u32 lo = fm_quant4(v[0] * Q, v[1] * Q, v[2] * Q, v[3] * Q);
+            const fm_u32 hi = fm_quant4(v[4] * Q, v[5] * Q, v[6] * Q, v[7] * Q);
+            asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(dst + fm_sm_off(r, k)), "r"(lo), "r"(hi) : "memory");
+        }
+#endif
     } else {  // converted on the way: element pairs, a row's pairs over consecutive threads
         for (int c = tid; c < BM * (KT / 2); c += NTHR) {
             const int r = c / (KT / 2), k = (c % (KT / 2)) * 2;
             const long long row = row0 + r;
             const int col = kcol + k;
             float v0 = 0.0f, v1 = 0.0f;
-            if (row < rows) {
+            if (T != 3 && row < rows) {  // (codes: copied below)
                 if (col < REAL)
                     v0 = fm_ld_f<T>(src, row * REAL + col);
                 if (col + 1 < REAL)
                     v1 = fm_ld_f<T>(src, row * REAL + col + 1);
             }
             const fm_u32 at = dst + fm_sm_off(r, k * EB);
-#if FM_PREC == 2
+#if FM_PREC >= 3
+            if constexpr (T == 3) {  // codes of a width that is not whole 16-byte rows: the bytes as they are
+                unsigned short c2 = 0;
+                if (row < rows && col < REAL)
+                    c2 = ((const unsigned char *)src)[row * REAL + col];
+                if (row < rows && col + 1 < REAL)
+                    c2 |= (unsigned short)(((const unsigned char *)src)[row * REAL + col + 1] << 8);
+                fm_st_code2(at, c2);
+            } else {  // x: its codes with the layer's input scale (zeros stay zero codes)
+                fm_st_code2(at, fm_quant2(v0 * Ly::QIN, v1 * Ly::QIN));
+            }
+#elif FM_PREC == 2
             fm_st_shared(at, fm_tf32(v0), fm_tf32(v1));
 #else
             fm_st_shared(at, fm_pack2<FM_PREC + 1>(v0, v1));
@@ -429,8 +491,9 @@ __device__ __forceinline__ void fm_mainloop_cluster(float (&acc)[MT][NT][4], fm_
 
 // The layer's epilogue on the tile's accumulators and the one store of y.
 __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
-                                                  const void *__restrict__ res, long long row0, long long rows, int n0,
-                                                  int wm, int wn, int g, int t) {
+                                                  const void *__restrict__ res, const float *__restrict__ bias,
+                                                  long long row0, long long rows, int n0, int wm, int wn, int g,
+                                                  int t) {
     // c0, c1 at (row g, columns 2t, 2t + 1) of each m16n8 tile, c2, c3 at row g + 8 (wgmma's fragment too).
     constexpr bool PAIRS = Ly::NR % 2 == 0;  // y's element pairs are whole aligned words
 #pragma unroll
@@ -446,14 +509,39 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
                 if (col >= Ly::NR)
                     continue;
                 float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1], r0 = 0.0f, r1 = 0.0f;
+#if FM_PREC >= 3  // W h + b: the sums times act_scale * w_scale[n], plus the bias (fm_dequant in fused_mlp.cu;
+                  // the blob's factors and bias are zero from NR to N)
+                v0 = fmaf(fm_acc_value(v0), bias[Ly::DQ_OFF + col], Ly::BIAS ? bias[col] : 0.0f);
+                v1 = fmaf(fm_acc_value(v1), bias[Ly::DQ_OFF + col + 1], Ly::BIAS ? bias[col + 1] : 0.0f);
+#else
+                (void)bias;
+#endif
 #if FM_RES_TYPE >= 0
                 r0 = fm_ld_f<FM_RES_TYPE>(res, row * Ly::NR + col);
                 if (col + 1 < Ly::NR)
                     r1 = fm_ld_f<FM_RES_TYPE>(res, row * Ly::NR + col + 1);
+#if FM_PREC >= 3
+                if constexpr (FM_RES_TYPE != 3) {  // x: the codes an 8-bit network keeps of it (csrc/ref.c)
+                    constexpr float RQ = 1.0f / Ly::RSCALE;
+                    fm_code2_to_f(fm_quant2(r0 * RQ, r1 * RQ), r0, r1);
+                }
+                r0 *= Ly::RSCALE;
+                r1 *= Ly::RSCALE;
+#endif
 #endif
                 (void)res;
                 out_t *at = y + row * Ly::NR + col;
-#if FM_OUT_TYPE == 0
+#if FM_OUT_TYPE == 3  // the next layer's codes
+                fm_epilogue<0>(v0, v1, r0, r1, col);
+                const unsigned short c2 = fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT);
+                if constexpr (PAIRS) {
+                    *(unsigned short *)at = c2;
+                } else {
+                    at[0] = (out_t)(c2 & 0xffu);
+                    if (col + 1 < Ly::NR)
+                        at[1] = (out_t)(c2 >> 8);
+                }
+#elif FM_OUT_TYPE == 0
                 fm_epilogue<0>(v0, v1, r0, r1, col);
                 if constexpr (PAIRS) {
                     *(fm_v2 *)at = fm_v2{__float_as_uint(v0), __float_as_uint(v1)};
@@ -533,12 +621,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     (void)ntile;
     fm_prefetch(smem, x, x1, w, row0, rows, n0);
 #endif
-    // Accumulators start at the bias, as in the fused kernels (no bias add in the epilogue).
+    // Accumulators start at the bias, as in the fused kernels (no bias add in the epilogue); 8-bit ones at zero (the
+    // epilogue's dequantisation adds the bias).
     float acc[MT][NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int col = n0 + wn * TN + nt * 8 + 2 * t;
-        const float b0 = Ly::BIAS ? bias[col] : 0.0f, b1 = Ly::BIAS ? bias[col + 1] : 0.0f;
+        const bool b = Ly::BIAS && FM_PREC < 3;
+        const float b0 = b ? bias[col] : 0.0f, b1 = b ? bias[col + 1] : 0.0f;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             acc[mt][nt][0] = acc[mt][nt][2] = b0;
@@ -549,15 +639,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     fm_mainloop_cluster(acc, smem, bars, x, x1, w, row0, rows, ntile, rank, warp, lane);
     // No CTA may leave while the other can still arrive on its barriers: the last arrivals came before this.
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    fm_epilogue_store(acc, y, res, row0, rows, n0, wm, wn, g, t);
+    fm_epilogue_store(acc, y, res, bias, row0, rows, n0, wm, wn, g, t);
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #elif FM_GEMM_WS
     fm_mainloop_ws(acc, smem, bars, warp, lane);
-    fm_epilogue_store(acc, y, res, row0, rows, n0, wm, wn, g, t);
+    fm_epilogue_store(acc, y, res, bias, row0, rows, n0, wm, wn, g, t);
     }  // (the consumers' branch)
 #else
     fm_mainloop(acc, smem, x, x1, w, row0, rows, n0, warp, lane);
     fm_copy_wait<0>();  // leave no copy in flight at exit (the last stages' groups are empty)
-    fm_epilogue_store(acc, y, res, row0, rows, n0, wm, wn, g, t);
+    fm_epilogue_store(acc, y, res, bias, row0, rows, n0, wm, wn, g, t);
 #endif
 }

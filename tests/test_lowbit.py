@@ -396,14 +396,86 @@ def test_low_bit_plans_pad_to_32_and_pick_their_kernel(rng, dtype):
         info = mlp._net.plan(arch, precision=dtype).info
         assert info["precision"] == dtype and info["wgmma"] == (arch == 90)
     assert mlp._net.plan(90, precision=dtype, wgmma=0).info["wgmma"] == 0
-    assert mlp.segments is None  # no GEMM form: one fused kernel or a LimitError
-    with pytest.raises(LimitError, match=f"dtype='{dtype}' has no GEMM form yet"):
-        mlp._net.gemm_plan(0, 90, 0, 0, "float32", None, None, "float32", precision=dtype)
+    assert mlp.segments is None  # one fused kernel where one takes the whole network
 
 
-def test_too_wide_a_low_bit_network_is_a_limit_error_not_a_segment_chain(rng):
+# ------------------------------------------------------------------------------------------- wider: 8-bit GEMMs
+
+#: (widths, concat, residual, norm) of 8-bit networks no fused kernel takes: a wide chain, a concat of x before a wide
+#: layer (NeRF/SDF's skip) with a residual from x, odd widths whose codes are not whole 16-byte rows.
+WIDE_NETWORKS = [
+    ([64, 512, 512, 512, 64], None, {2: "add"}, None),
+    ([19, 300, 300, 4], {2: "before"}, {1: ("add", "relu", 0)}, None),
+    ([33, 1024, 77, 1], {2: "after"}, None, None),
+]
+
+
+def wide_model(n, dtype, device="cpu", cache_dir=None):
+    widths, concat, residual, norm = WIDE_NETWORKS[n]
+    rng = np.random.default_rng(40 + n)
+    ws, bs = graph_weights(rng, widths, concat or {}, 1.0)
+    acts = ["relu", "gelu", "tanh", "silu"][: len(widths) - 2] + ["none"]
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, concat=concat, residual=residual, norm=norm, dtype=dtype,
+                            device=device, cache_dir=cache_dir)
+    return mlp.calibrate(rng.standard_normal((256, widths[0])).astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_a_wide_low_bit_network_runs_every_layer_as_an_8bit_gemm_chained_by_codes(dtype):
+    from fusedmlp import _segments
+
+    for n in range(len(WIDE_NETWORKS)):
+        mlp = wide_model(n, dtype)
+        widths = WIDE_NETWORKS[n][0]
+        cut = mlp._segments_for(90, 232448, 132, 233472, "float16", "float32")
+        assert [(s.first, s.kind) for s in cut] == [(l, "gemm") for l in range(len(widths) - 1)]
+        assert any("features; a fused kernel holds" in s.reason for s in cut)
+        for l, plan in enumerate(_segments.plans(mlp, 90, "float16", "float32")):
+            info = plan.info
+            assert info["gemm"] == 1 and info["precision"] == dtype and info["wgmma"] == 1
+            assert info["in_dtype"] == ("float16" if l == 0 or (WIDE_NETWORKS[n][1] or {}).get(l) == "before"
+                                        else "codes")
+            assert info["out_dtype"] == ("float32" if l == len(widths) - 2 else "codes")
+        # below sm_90: the mma.sync form, the same dtypes
+        arch = 89 if dtype == "float8" else 80
+        assert all(p.info["wgmma"] == 0 for p in _segments.plans(mlp, arch, "float32", "float32"))
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_an_8bit_gemm_renders_its_scales_and_k32_warpgroup_mma(dtype):
+    mlp = wide_model(0, dtype)
+    plan = mlp._gemm_plan(2, 90, 232448, 132, 233472, "codes", None, "codes", "codes")  # its residual reads layer 1's
+    source = fusedmlp._api._source_of(plan)
+    ty, acc = ("e4m3", "f32") if dtype == "float8" else ("s8", "s32")
+    assert f"wgmma.mma_async.sync.aligned.m64n256k32.{acc}.{ty}.{ty}" in source
+    s = np.asarray(mlp.act_scales, dtype=np.float32)
+    qin, qout, rscale = np.float32(1) / s[2], np.float32(1) / s[3], s[2]
+    assert (f"QIN = {c_hex(np.float32(qin))}f, QOUT = {c_hex(np.float32(qout))}f, RSCALE = {c_hex(rscale)}f"
+            in source), re.findall(r"QIN = .*", source)
+    assert "#define FM_IN_TYPE 3" in source and "#define FM_OUT_TYPE 3" in source and "#define FM_RES_TYPE 3" in source
+    last = mlp._gemm_plan(3, 90, 232448, 132, 233472, "codes", None, None, "float16")
+    assert "QOUT = 0x0p+0f" in fusedmlp._api._source_of(last)
+
+
+def test_codes_are_an_8bit_gemms_dtype_only(rng):
     mlp, *_ = calibrated(rng, "int8", widths=(8, 300, 4))
-    with pytest.raises(LimitError, match="at most 256 features per layer"):
+    with pytest.raises(ValueError, match="layer 1 is the network's last: its result is y"):
+        mlp._gemm_plan(1, 90, 232448, 132, 233472, "codes", None, None, "codes")
+    with pytest.raises(ValueError, match="codes are a GEMM segment's"):
+        mlp._net.plan(90, 232448, 132, "codes", "float32", precision="int8")
+    ws, bs = torch_init(rng, [8, 300, 4])
+    half = fusedmlp.FusedMLP(ws, bs, device="cpu")
+    with pytest.raises(ValueError, match=r"3 \(its codes\)"):
+        half._gemm_plan(1, 90, 232448, 132, 233472, "codes", None, None, "float32")
+    with pytest.raises(ValueError, match="dtype 'int4' is not one of float32, float16, bfloat16"):
+        mlp._gemm_plan(1, 90, 232448, 132, 233472, "int4", None, None, "float32")
+
+
+def test_a_norm_in_a_wide_low_bit_network_is_a_limit_error_naming_the_layer(rng):
+    ws, bs = torch_init(rng, [8, 300, 64, 4])
+    mlp = fusedmlp.FusedMLP(ws, bs, dtype="int8", norm={1: "layernorm"}, device="cpu")
+    mlp.calibrate(rng.standard_normal((64, 8)).astype(np.float32))
+    with pytest.raises(LimitError, match="layer 1 has a layernorm"):
         mlp.compile("sm_90")
 
 
@@ -458,6 +530,17 @@ def aot_model(n, dtype, cache_dir=None):
     mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, concat=concat, residual=residual, norm=norm, dtype=dtype,
                             device="cpu", cache_dir=cache_dir)
     return mlp.calibrate(rng.standard_normal((256, widths[0])).astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype,archs", [("int8", (80, 90)), ("float8", (89, 90))])
+def test_wide_low_bit_networks_compile_their_gemms_for_every_arch(dtype, archs, tmp_path):
+    nvrtc_or_skip()
+    for n in range(len(WIDE_NETWORKS)):
+        mlp = wide_model(n, dtype, cache_dir=tmp_path)
+        for a, arch in enumerate(archs):
+            paths = mlp.compile(f"sm_{arch}", ("float32", "float16", "bfloat16")[(n + a) % 3])
+            assert isinstance(paths, tuple) and len(paths) == len(WIDE_NETWORKS[n][0]) - 1
+            assert {cubin_sm(p) for p in paths} == {arch}
 
 
 @pytest.mark.parametrize("dtype,archs", [("int8", (80, 86, 89, 90)), ("float8", (89, 90))])

@@ -700,8 +700,8 @@ class FusedMLP:
     def _segments_for(self, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
         """The segments of this network for a target (_segments.plan), or None where it is one fused kernel."""
         key = (arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, self._segment_policy)
-        if key not in self._cuts:  # an 8-bit network has no GEMM form: one fused kernel, or the plan's LimitError
-            self._cuts[key] = None if self._precision in LOWBIT else _segments.plan(self, *key[:-1])
+        if key not in self._cuts:
+            self._cuts[key] = _segments.plan(self, *key[:-1])
         return self._cuts[key]
 
     def _build_gemm(self, layer, a0, a1, res, out, **tile):

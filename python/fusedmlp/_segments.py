@@ -6,6 +6,10 @@ operand comes from outside any stretch it could join) runs as a tiled Tensor Cor
 epilogue fused (kernel_templates/gemm_layer.cu). Between segments a value passes through global memory once, in the
 compute dtype, in workspace buffers that are planned once and reused by every call (the liveness of each value decides
 which values share one).
+
+An 8-bit network keeps its values between segments as the codes the next layer multiplies (one byte an element). Its
+fused kernels take the whole network only (x and y in float32 or 16 bits), so a network no fused kernel takes runs
+every layer as an 8-bit GEMM.
 """
 
 import concurrent.futures
@@ -15,9 +19,12 @@ import threading
 from . import _norm
 from .errors import LimitError
 
-#: Global-memory dtype of the values between segments, per compute dtype (tf32 values are float32).
-STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32"}
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: Global-memory dtype of the values between segments, per compute dtype (tf32 values are float32; 8-bit ones are
+#: codes, with the scale of the layer reading them).
+STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32", "int8": "codes", "float8": "codes"}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "codes": 1}
+#: Compute dtypes whose fused kernels take a whole network only (no fused segment: every layer of a cut one is a GEMM).
+_WHOLE_ONLY = ("int8", "float8")
 _ALIGN = 256  # bytes between workspace buffers: the GEMM's 16-byte loads, and a whole DRAM burst
 
 
@@ -287,10 +294,16 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
 
     from . import _core
 
-    def fits(first, last):
+    # the widest layer a fused kernel holds (8-bit: the resident forms' only, no streamed warpgroup kernel)
+    most = _core.MAX_ONCHIP_WIDTH if mlp._precision in _WHOLE_ONLY else _core.MAX_FUSED_WIDTH
+
+    def too_wide(first, last):  # why layers [first, last] are too wide for a fused kernel (None: they are not)
         widest = max(w for w in mlp.widths[first:last + 2])
-        if widest > _core.MAX_FUSED_WIDTH:
-            return False, f"{widest} features; a fused kernel holds {_core.MAX_FUSED_WIDTH} a layer"
+        return f"{widest} features; a fused kernel holds {most} a layer" if widest > most else None
+
+    def fits(first, last):
+        if too_wide(first, last):
+            return False, too_wide(first, last)
         try:
             info = _stretch_plan(mlp, first, last, target, in_dtype, out_dtype).info
         except LimitError as e:
@@ -304,7 +317,8 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
         return None
     policy = mlp._segment_policy
     if policy == "auto":
-        policy = "resident" if arch == 90 else "streamed"
+        # 8-bit: its one streamed kernel where it has one, until the all-GEMM chain is measured against it
+        policy = "resident" if arch == 90 and mlp._precision not in _WHOLE_ONLY else "streamed"
 
     def one_kernel():  # the whole network's plan of any form (streamed weights included), or None
         try:
@@ -314,7 +328,11 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
 
     if policy == "streamed" and one_kernel() is not None:
         return None
-    segments = cut(n, mlp._residual, mlp._concat, fits)
+    if mlp._precision in _WHOLE_ONLY:
+        segments = cut(n, mlp._residual, mlp._concat, lambda first, last: (False, too_wide(first, last) or (
+            f"a cut {mlp._precision} network runs every layer as a GEMM")))
+    else:
+        segments = cut(n, mlp._residual, mlp._concat, fits)
     # A layer the cut leaves to a GEMM may be one no GEMM takes (a norm: its row arrives in column tiles): then the
     # one streamed kernel where the network has it, else the GEMM's error, which names the layer and the rule.
     for seg in segments:
