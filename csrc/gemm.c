@@ -17,8 +17,6 @@ enum { FM_GEMM_CLUSTER_AUTO = 1 };
  * columns: rows of 518 bytes), 26.35 -> 33.77 ms for the network, its 128 producer threads doing the converting
  * loads that 256 did (docs/performance.md). */
 enum { FM_GEMM_WS_AUTO = 1 };
-/* The most inputs a float8 GEMM layer takes in the wgmma form by default (below). */
-enum { FM_GEMM_E4M3_WGMMA_K = 1024 };
 
 /* The global dtype holding the compute precision's elements as they are: an 8-bit network's codes, float16 or
  * bfloat16 for those, float32 for tf32 (gemm_layer.cu's fm_a_raw). */
@@ -118,13 +116,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     if (opts->wgmma > 0 && (target->arch != 90 || prec == FM_PREC_TF32))
         return fm_fail(err, FM_ERR_LIMIT, "a wgmma GEMM needs sm_90a and a dtype other than tf32 (sm_%d, %s)",
                        target->arch, fm_prec_name(prec));
-    /* float8 with more than FM_GEMM_E4M3_WGMMA_K inputs takes mma.sync (on sm_90 ptxas runs it as float16 MMAs
-     * accumulated in float32): Hopper's e4m3 wgmma sums in fewer bits than float32, which DeepSeek-V3's report (2024,
-     * section 3.3.2) measured at ~14 bits and which grows with K; on the H100 the two random wide networks with 2048
-     * inputs to a layer came out 2-3.4e-2 from the emulation in the wgmma form (the allowance 1.8e-2), every
-     * network in the mma.sync form within it. */
-    const int e4m3_long = prec == FM_PREC_E4M3 && fm_spec_in_features(spec, l) > FM_GEMM_E4M3_WGMMA_K;
-    plan->wgmma = opts->wgmma >= 0 ? opts->wgmma : target->arch == 90 && prec != FM_PREC_TF32 && !e4m3_long;
+    plan->wgmma = opts->wgmma >= 0 ? opts->wgmma : target->arch == 90 && prec != FM_PREC_TF32;
     /* Clusters of two CTAs on adjacent row tiles of one column tile, each loading half of every stage's weight tile
      * into both (one TMA multicast): a 128 x 256 stage reads 48 KB from L2 for about 1,024 cycles of MMA, twice what
      * L2 delivers to 132 SMs at that rate; the pair reads B once, 32 KB a stage instead of 64. */

@@ -457,16 +457,6 @@ def test_an_8bit_gemm_renders_its_scales_and_k32_warpgroup_mma(dtype):
     assert "QOUT = 0x0p+0f" in fusedmlp._api._source_of(last)
 
 
-def test_a_float8_gemm_of_more_than_1024_inputs_takes_mma_sync_on_sm_90(rng):
-    """Hopper's e4m3 wgmma sums in fewer bits than float32 (gemm.c, FM_GEMM_E4M3_WGMMA_K); int8's sums are exact."""
-    ws, bs = torch_init(rng, [16, 2048, 1024, 8])
-    for dtype, wgmma in (("float8", [1, 0, 1]), ("int8", [1, 1, 1])):
-        mlp = fusedmlp.FusedMLP(ws, bs, dtype=dtype, device="cpu")
-        mlp.calibrate(rng.standard_normal((64, 16)).astype(np.float32))
-        from fusedmlp import _segments
-        assert [p.info["wgmma"] for p in _segments.plans(mlp, 90, "float32", "float32")] == wgmma
-
-
 def test_codes_are_an_8bit_gemms_dtype_only(rng):
     mlp, *_ = calibrated(rng, "int8", widths=(8, 300, 4))
     with pytest.raises(ValueError, match="layer 1 is the network's last: its result is y"):
