@@ -6,6 +6,7 @@
  * whole epilogue in registers. The plan is an fm_plan with gemm set, so the renderer, the weight packing and the
  * binding's kernel object serve it as they serve the fused plans. */
 #include "fm.h"
+#include "plan_internal.h"
 
 #include <string.h>
 
@@ -55,9 +56,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     memset(plan, 0, sizeof *plan);
     if (l < 0 || l >= spec->num_layers)
         return fm_fail(err, FM_ERR_VALUE, "layer %d: the network has layers 0..%d", l, spec->num_layers - 1);
-    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && prec != FM_PREC_TF32 && !fm_prec_is_8bit(prec))
-        return fm_fail(err, FM_ERR_VALUE, "precision %d is not float16 (0), bfloat16 (1), tf32 (2), int8 (3) or "
-                       "float8 (4)", (int)prec);
+    fm_status st = fm_plan_check_prec(spec, target, prec, err); /* (the 8-bit scales among its checks) */
+    if (st != FM_OK)
+        return st;
     if (!fm_gemm_valid_dtype((int)a0, prec) || !fm_gemm_valid_dtype((int)out, prec) ||
         (a1 != -1 && !fm_gemm_valid_dtype(a1, prec)) || (res != -1 && !fm_gemm_valid_dtype(res, prec)))
         return fm_fail(err, FM_ERR_VALUE, "GEMM dtypes a0=%d a1=%d res=%d out=%d: each is 0 (float32), 1 (float16), "
@@ -67,12 +68,6 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     if (out == FM_CODES && l == spec->num_layers - 1)
         return fm_fail(err, FM_ERR_VALUE, "layer %d is the network's last: its result is y (float32, float16 or "
                        "bfloat16), not codes", l);
-    if (fm_prec_is_8bit(prec) && spec->quant != prec)
-        return fm_fail(err, FM_ERR_VALUE, "a dtype='%s' GEMM needs the network's %s scales, and it has %s",
-                       fm_prec_name(prec), fm_prec_name(prec),
-                       fm_prec_is_8bit(spec->quant) ? fm_prec_name(spec->quant) : "none (it is not an 8-bit network)");
-    if (fm_prec_is_8bit(prec) && fm_spec_check_calibrated(spec, "planning a GEMM", err) != FM_OK)
-        return FM_ERR_VALUE;
     if ((spec->cat[l] != FM_CAT_NONE) != (a1 != -1))
         return fm_fail(err, FM_ERR_VALUE, "layer %d %s input concat, but a1=%d (-1: none)", l,
                        spec->cat[l] != FM_CAT_NONE ? "has an" : "has no", a1);
@@ -84,12 +79,6 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
                        "the GEMM form computes a row in tiles of columns, so a norm layer runs in a fused kernel (up "
                        "to %d features)", l, fm_norm_name(spec->norm[l]), spec->width[l + 1],
                        FM_MAX_ONCHIP_WIDTH);
-    if (target->arch < fm_prec_min_arch(prec)) {
-        fm_fail(err, FM_ERR_LIMIT, "dtype='%s' needs Tensor Cores of sm_%d or newer; the target is sm_%d",
-                fm_prec_name(prec), fm_prec_min_arch(prec), target->arch);
-        fm_error_hint(err, "use dtype='float16' on this GPU");
-        return FM_ERR_LIMIT;
-    }
     if ((a0 == FM_BF16 || a1 == FM_BF16 || res == FM_BF16 || out == FM_BF16) && target->arch < 80)
         return fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer; the target is sm_%d",
                        target->arch);
@@ -106,10 +95,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->out_dtype = out;
     plan->a1_dtype = a1;
     plan->res_dtype = res;
-    for (int j = 0; j < spec->num_layers && fm_prec_is_8bit(prec); ++j) { /* QIN, QOUT, RSCALE and the factors */
-        plan->act_scale[j] = spec->act_scale[j];
-        plan->w_scale[j] = spec->w_scale[j];
-    }
+    fm_plan_take_scales(spec, plan); /* 8-bit: QIN, QOUT, RSCALE and the dequantisation factors */
 
     /* sm_90a takes the warpgroup MMA (16- and 8-bit operands; tf32 stays on mma.sync): wgmma.mma_async with both
      * operands from shared memory, as the fused warpgroup kernel's layers. */

@@ -242,8 +242,7 @@ static int fm_plan_better(const fm_plan *a, const fm_plan *b) {
     return 0;
 }
 
-/* Whether the target has the precision's mma and the spec what an 8-bit plan needs (its scales, calibrated). */
-static fm_status fm_plan_check_prec(const fm_spec *spec, const fm_target *target, fm_prec prec, fm_error *err) {
+fm_status fm_plan_check_prec(const fm_spec *spec, const fm_target *target, fm_prec prec, fm_error *err) {
     if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && prec != FM_PREC_TF32 && !fm_prec_is_8bit(prec))
         return fm_fail(err, FM_ERR_VALUE, "precision %d is not float16 (0), bfloat16 (1), tf32 (2), int8 (3) or "
                        "float8 (4)", (int)prec);
@@ -263,6 +262,13 @@ static fm_status fm_plan_check_prec(const fm_spec *spec, const fm_target *target
     return fm_spec_check_calibrated(spec, "planning the kernel", err);
 }
 
+void fm_plan_take_scales(const fm_spec *spec, fm_plan *plan) {
+    for (int l = 0; l < spec->num_layers && fm_prec_is_8bit(plan->prec); ++l) {
+        plan->act_scale[l] = spec->act_scale[l];
+        plan->w_scale[l] = spec->w_scale[l];
+    }
+}
+
 static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                               fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
     memset(plan, 0, sizeof *plan);
@@ -275,12 +281,8 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
     fm_status st = fm_plan_check_prec(spec, target, prec, err);
     if (st != FM_OK)
         return st;
-    for (int l = 0; l < spec->num_layers && fm_prec_is_8bit(prec); ++l) {
-        plan->act_scale[l] = spec->act_scale[l];
-        plan->w_scale[l] = spec->w_scale[l];
-    }
-    if (in_dtype == FM_CODES || out_dtype == FM_CODES || (unsigned)in_dtype > FM_CODES ||
-        (unsigned)out_dtype > FM_CODES)
+    fm_plan_take_scales(spec, plan);
+    if ((unsigned)in_dtype >= FM_CODES || (unsigned)out_dtype >= FM_CODES)
         return fm_fail(err, FM_ERR_VALUE, "a fused kernel's x and y are float32, float16 or bfloat16 (in_dtype %d, "
                        "out_dtype %d); codes are a GEMM segment's", (int)in_dtype, (int)out_dtype);
     if ((in_dtype == FM_BF16 || out_dtype == FM_BF16) && target->arch < 80) {

@@ -1,5 +1,5 @@
-/* plan_internal.h - what plan.c (padding, the mma.sync plans, the choice among kernels, packing) and plan_sm90.c (the
- * sm_90a warpgroup kernel's plans) share; not part of the core's boundary (fm.h). */
+/* plan_internal.h - what plan.c (padding, the mma.sync plans, the choice among kernels, packing), plan_sm90.c (the
+ * sm_90a warpgroup kernel's plans) and gemm.c (the GEMM layer's plans) share; not part of the core's boundary (fm.h). */
 #ifndef FM_PLAN_INTERNAL_H
 #define FM_PLAN_INTERNAL_H
 
@@ -13,6 +13,10 @@ int fm_stage_row_bytes(const fm_plan *p);
 int fm_act_stride(const fm_plan *p, const int *value_pad, int num_values, int stage);
 /* Weight and bias blob offsets per layer (w_offset, b_offset, dq_offset, w_elems, b_floats, w_rank_elems). */
 void fm_plan_blobs(fm_plan *p);
+/* Whether the target has the precision's mma and the spec what an 8-bit plan needs (its scales, calibrated). */
+fm_status fm_plan_check_prec(const fm_spec *spec, const fm_target *target, fm_prec prec, fm_error *err);
+/* An 8-bit plan's pointers to the spec's scales (plan->prec set; nothing for other precisions). */
+void fm_plan_take_scales(const fm_spec *spec, fm_plan *plan);
 
 /* plan_sm90.c */
 /* Why the register-A form with resident weights cannot run this network (NULL: it can). */

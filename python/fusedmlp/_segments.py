@@ -302,8 +302,9 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
         return f"{widest} features; a fused kernel holds {most} a layer" if widest > most else None
 
     def fits(first, last):
-        if too_wide(first, last):
-            return False, too_wide(first, last)
+        why = too_wide(first, last)
+        if why:
+            return False, why
         try:
             info = _stretch_plan(mlp, first, last, target, in_dtype, out_dtype).info
         except LimitError as e:
