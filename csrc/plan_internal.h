@@ -1,5 +1,6 @@
 /* plan_internal.h - what plan.c (padding, the mma.sync plans, the choice among kernels, packing), plan_sm90.c (the
- * sm_90a warpgroup kernel's plans) and gemm.c (the GEMM layer's plans) share; not part of the core's boundary (fm.h). */
+ * sm_90a warpgroup kernel's plans) and gemm.c (the GEMM layer's plans) share; not part of the core's boundary
+ * (fm.h). */
 #ifndef FM_PLAN_INTERNAL_H
 #define FM_PLAN_INTERNAL_H
 
