@@ -363,6 +363,12 @@ typedef struct fm_plan {
      * accumulators before the pipelined epilogue); the cluster kernel's CTAs exchange partial statistics through
      * distributed shared memory. The GEMM form (fm_plan_gemm) refuses it. */
     int norm[FM_MAX_LAYERS];
+    /* 1: a layernorm layer whose weights and bias fm_plan_pack stores centred (each input column's mean over the
+     * outputs subtracted from it, the bias's mean from the bias), so that z = W h + b arrives with a zero row mean
+     * whatever h is: the kernel skips the mean's reduction and its subtractions and runs rmsnorm's statistics
+     * (Layer<L>::CENTRED). Every 16- and 32-bit plan's layernorm layers; 8-bit plans keep the mean (their codes and
+     * the CPU emulation's are of the weights as given). */
+    int centred[FM_MAX_LAYERS];
     /* 8-bit plans (fm_prec_is_8bit(prec)): the weight blob holds codes (fm_quant8 of W / w_scale), the float blob
      * per layer also n_pad dequantisation factors act_scale[l] * w_scale[l][n] at dq_offset[l] (after the bias and a
      * norm's gamma and beta): the accumulators times these, plus the bias, are W h + b. act_scale[l] is the spec's
@@ -441,7 +447,7 @@ size_t fm_plan_wgmma_stage_bytes(const fm_plan *plan);
 
 /* Packs PyTorch-layout float32 weights (w[l]: n_real x k_real, row-major) and biases (b[l] or NULL) into the
  * zero-padded blob of plan->w_elems elements of plan->elem_bytes (rounded to plan->prec) and the float blob
- * (plan->b_floats) that the kernel reads. */
+ * (plan->b_floats) that the kernel reads; a centred layer's (plan->centred) less their means over its outputs. */
 void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const *b, void *w_blob, float *b_blob);
 /* Writes the norm layers' gamma and beta (the spec's, ones / zeros where it has none; zero in padded columns) into
  * the float blob fm_plan_pack filled, beside each norm layer's bias. */

@@ -314,6 +314,7 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
         plan->res_src[l] = spec->res_src[l];
         plan->cat[l] = spec->cat[l];
         plan->norm[l] = spec->norm[l];
+        plan->centred[l] = spec->norm[l] == FM_NORM_LAYER && !fm_prec_is_8bit(prec);
         /* A concat input is two parts, each padded on its own: they live in different activation buffers. */
         int first = spec->cat[l] == FM_CAT_BEFORE ? 0 : l, second = spec->cat[l] == FM_CAT_AFTER ? 0 : l;
         plan->k0_real[l] = spec->width[first];
@@ -588,10 +589,18 @@ void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const
         int kr = plan->k_real[l], nr = plan->n_real[l];
         /* Input column k of nn.Linear's weight: the first concat part's columns, then the second part's at k0_pad. */
         int k0r = plan->k0_real[l], shift = plan->k0_pad[l] - k0r;
+        /* a centred layer (a fused plan's: its inputs at most two parts of FM_MAX_FUSED_WIDTH): W's columns less
+         * their means over the outputs, in float64, then rounded */
+        double col_mean[2 * FM_MAX_FUSED_WIDTH] = {0};
+        for (int n = 0; plan->centred[l] && n < nr; ++n)
+            for (int k = 0; k < kr; ++k)
+                col_mean[k] += (double)w[l][(size_t)n * kr + k] / nr;
         for (int n = 0; n < nr; ++n)
             for (int k = 0; k < kr; ++k) {
                 size_t at = fm_plan_w_index(plan, l, n, k < k0r ? k : k + shift);
-                uint32_t bits = fm_plan_weight_bits(plan, l, n, w[l][(size_t)n * kr + k]);
+                const float wv = w[l][(size_t)n * kr + k];
+                const float wc = plan->centred[l] ? (float)((double)wv - col_mean[k]) : wv;
+                uint32_t bits = fm_plan_weight_bits(plan, l, n, wc);
                 if (plan->elem_bytes == 1)
                     ((uint8_t *)w_blob)[at] = (uint8_t)bits;
                 else if (plan->elem_bytes == 2)
@@ -601,8 +610,12 @@ void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const
             }
         /* q_fold: both times the next input's inverse scale, the float32 quotient the kernels' QOUT is */
         const double fold = plan->q_fold[l] ? (double)(1.0f / plan->act_scale[l + 1]) : 1.0;
-        for (int n = 0; b != NULL && b[l] != NULL && plan->has_bias[l] && n < nr; ++n)
-            b_blob[plan->b_offset[l] + n] = (float)((double)b[l][n] * fold);
+        const int has_b = b != NULL && b[l] != NULL && plan->has_bias[l];
+        double b_mean = 0.0; /* a centred layer's bias less its mean */
+        for (int n = 0; has_b && plan->centred[l] && n < nr; ++n)
+            b_mean += (double)b[l][n] / nr;
+        for (int n = 0; has_b && n < nr; ++n)
+            b_blob[plan->b_offset[l] + n] = (float)(((double)b[l][n] - b_mean) * fold);
         for (int n = 0; fm_prec_is_8bit(plan->prec) && n < nr; ++n) /* padded columns: 0, their outputs stay 0 */
             b_blob[plan->dq_offset[l] + n] =
                 (float)((double)plan->act_scale[l] * (double)plan->w_scale[l][n] * fold);

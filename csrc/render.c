@@ -122,6 +122,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static constexpr int A0_BUF = %d, A1_BUF = %d, OUT_BUF = %d;\n"
                       "    static constexpr int RES = %d, RES_BUF = %d;  // residual: 0 none, 1 add, 2 mul\n"
                       "    static constexpr int NORM = %d;  // of W h + b before act: 0 none, 1 layernorm, 2 rmsnorm\n"
+                      "    static constexpr bool CENTRED = %s;  // layernorm of centred weights: no mean (plan.c)\n"
                       "    static constexpr float EPS = %.9ef;\n"
                       "%s"
                       "%s"
@@ -133,7 +134,8 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       fm_plan_k_chunk(p, l), p->wide_out[l] ? "true" : "false", p->cat[l],
                       p->has_bias[l] ? "true" : "false", p->pipe[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l],
                       p->out_buf[l], spec->res_op[l],
-                      p->res_buf[l], spec->norm[l], spec->norm[l] ? spec->norm_eps[l] : 0.0,
+                      p->res_buf[l], spec->norm[l], p->centred[l] ? "true" : "false",
+                      spec->norm[l] ? spec->norm_eps[l] : 0.0,
                       fm_plan_result_type(p, l) != 0 ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
                       pair.data, act.data, far ? "true" : "false", tracked.data ? tracked.data : "x",
                       post.data ? post.data : "x");

@@ -295,13 +295,18 @@ constexpr int OUT_REAL = Layer<LAST>::NR;
 constexpr int OUT_PAD = Layer<LAST>::N;
 // ------------------------------------------------------------------------------------------------ norms
 
+// Whether layer L's norm subtracts the row mean: a layernorm, unless its weights and bias come centred (CENTRED,
+// plan.c's fm_plan_pack: each weight column and the bias less its mean over the outputs), so that W h + b has a zero
+// row mean for any h and its statistics are rmsnorm's, one reduction and no subtractions.
+template <int L> __device__ constexpr bool fm_norm_mean() { return Layer<L>::NORM == 1 && !Layer<L>::CENTRED; }
+
 // A layer with NORM normalizes each row of z = W h + b (bias included: the accumulators start at it) over its NR real
 // columns before the activation, in float32: layernorm (z - mean) * rsqrt(var + eps) * gamma + beta with the
 // variance about the mean (two passes over the registers, not E[z^2] - mean^2, which cancels where |mean| >> std),
-// rmsnorm z * rsqrt(mean(z^2) + eps) * gamma + beta. In both kernels' accumulator fragments (mma.sync's m16n8 tiles,
-// wgmma's m64nN) a lane holds columns 8 j + 2 t, + 1 of rows g and g + 8, and the four lanes of a quad (t = 0..3)
-// hold all of a row's columns: a row's sum is the lane's own, then two shuffles. v: the lane's NT 8-column tiles,
-// columns c0 + 8 j + 2 t (+ 1) of row g + 8 hh at v[4 j + 2 hh] (+ 1).
+// rmsnorm (and a centred layernorm, fm_norm_mean) z * rsqrt(mean(z^2) + eps) * gamma + beta. In both kernels'
+// accumulator fragments (mma.sync's m16n8 tiles, wgmma's m64nN) a lane holds columns 8 j + 2 t, + 1 of rows g and
+// g + 8, and the four lanes of a quad (t = 0..3) hold all of a row's columns: a row's sum is the lane's own, then two
+// shuffles. v: the lane's NT 8-column tiles, columns c0 + 8 j + 2 t (+ 1) of row g + 8 hh at v[4 j + 2 hh] (+ 1).
 
 __device__ __forceinline__ float fm_quad_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -342,7 +347,8 @@ __device__ __forceinline__ void fm_norm_apply(float *v, int c0, int t, int hh, f
         for (int e = 0; e < 2; ++e) {
             const int col = c0 + 8 * j + 2 * t + e;
             float &x = v[4 * j + 2 * hh + e];
-            x = (x - mean) * rstd * bias[Ly::B_OFF + Ly::N + col] + bias[Ly::B_OFF + 2 * Ly::N + col];
+            x = (fm_norm_mean<L>() ? x - mean : x) * rstd * bias[Ly::B_OFF + Ly::N + col] +
+                bias[Ly::B_OFF + 2 * Ly::N + col];
         }
     }
 }
@@ -355,8 +361,8 @@ __device__ __forceinline__ void fm_norm_tiles(float *v, int c0, int t, const flo
         constexpr float INV_N = 1.0f / (float)Ly::NR;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            const float mean = Ly::NORM == 1 ? fm_quad_sum(fm_norm_part<L, NT, false>(v, c0, t, hh, 0.0f)) * INV_N
-                                             : 0.0f;
+            const float mean =
+                fm_norm_mean<L>() ? fm_quad_sum(fm_norm_part<L, NT, false>(v, c0, t, hh, 0.0f)) * INV_N : 0.0f;
             const float var = fm_quad_sum(fm_norm_part<L, NT, true>(v, c0, t, hh, mean)) * INV_N;
             fm_norm_apply<L, NT>(v, c0, t, hh, mean, rsqrtf(var + Ly::EPS), bias);
         }

@@ -122,7 +122,7 @@ __device__ __forceinline__ void fm_dequant(float (&acc)[FM_M_TILES][NT][4], cons
 // A norm layer of more than one chunk (plan.c, fm_plan_layout) runs its chunks twice (fm_layer): first for the rows'
 // statistics, kept here per lane for its rows g and g + 8 of each m tile, then for the output. Pass 1 merges each
 // chunk's mean and M2 = sum (z - mean)^2 over its real columns into the running ones (Chan et al.'s pairwise update:
-// no E[z^2] - mean^2 cancellation); rmsnorm sums z^2 alone (mean stays 0).
+// no E[z^2] - mean^2 cancellation); rmsnorm and a centred layernorm (fm_norm_mean) sum z^2 alone (mean stays 0).
 struct fm_row_stats {
     float mean[FM_M_TILES][2], m2[FM_M_TILES][2];
 };
@@ -139,7 +139,7 @@ __device__ __forceinline__ void fm_row_stats_add(const float (&acc)[FM_M_TILES][
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const float *v = &acc[mt][0][0];
-            if constexpr (Ly::NORM == 1) {
+            if constexpr (fm_norm_mean<L>()) {
                 const float mb = fm_quad_sum(fm_norm_part<L, NT, false>(v, n0, t, hh, 0.0f)) / nb;
                 const float m2b = fm_quad_sum(fm_norm_part<L, NT, true>(v, n0, t, hh, mb));
                 const float delta = mb - st.mean[mt][hh];

@@ -1134,7 +1134,7 @@ __device__ __forceinline__ void fm_cl_norm(float (&d)[Layer<L>::NC / 2], int c0,
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float m = 0.0f;
-            if constexpr (Ly::NORM == 1) {
+            if constexpr (fm_norm_mean<L>()) {
                 const float sum = fm_quad_sum(fm_norm_part<L, NT, false>(d, c0, t, hh, 0.0f));
                 m = mine > 0 ? sum / (float)mine : 0.0f;
             }
@@ -1163,7 +1163,7 @@ __device__ __forceinline__ void fm_cl_norm(float (&d)[Layer<L>::NC / 2], int c0,
                              : "r"(slots + r * NSTAT_SLOT_B + row_b + 64 * hh)
                              : "memory");
             }
-            if constexpr (Ly::NORM == 1) {
+            if constexpr (fm_norm_mean<L>()) {
 #pragma unroll
                 for (int r = 0; r < CL; ++r)
                     mean += (float)fm_cl_real_cols<L>(r) * m[r];
@@ -1172,7 +1172,7 @@ __device__ __forceinline__ void fm_cl_norm(float (&d)[Layer<L>::NC / 2], int c0,
 #pragma unroll
             for (int r = 0; r < CL; ++r) {
                 const float dm = m[r] - mean;
-                var += Ly::NORM == 1 ? m2[r] + (float)fm_cl_real_cols<L>(r) * dm * dm : m2[r];
+                var += fm_norm_mean<L>() ? m2[r] + (float)fm_cl_real_cols<L>(r) * dm * dm : m2[r];
             }
             fm_norm_apply<L, NT>(d, c0, t, hh, mean, rsqrtf(var * INV_N + Ly::EPS), bias);
         }

@@ -266,6 +266,36 @@ def test_warpgroup_plans_keep_a_norm_layer_whole_and_clusters_split_it(rng):
     assert plan.info["cluster"] == 2 and norm_layer_chunks(source) == [(128, 64)]
 
 
+def test_layernorm_layers_are_packed_centred_and_run_without_their_mean(rng):
+    """A 16- or 32-bit plan stores a layernorm layer's weights less each input column's mean over the outputs (in
+    float64, then rounded), so W h + b has a zero row mean for any h and the kernel runs rmsnorm's one reduction
+    (CENTRED); rmsnorm layers, other layers and 8-bit plans keep their weights as given."""
+    ws, bs = weights_for(rng, [16, 64, 48, 8], bias_offset=3.0)
+    ws[0] += 0.5  # a common component in every row: what centring takes out
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="silu", norm={0: "layernorm", 1: "rmsnorm"}, device="cpu")
+    plan, source = mlp._render(80, 0, 0, "float16", "float16", resident=1)
+    assert re.findall(r"NORM = (\d);.*\n.*CENTRED = (\w+);", source) == [("1", "true"), ("2", "false"), ("0", "false")]
+    assert not plan.info["wgmma"] and plan.info["resident"]
+    bits = np.frombuffer(mlp._net.plan(80, 0, 0, "float16", "float16", resident=1).packed_weights(), np.uint16)
+    at = 0
+    for l, w in enumerate(ws):  # mma.sync's resident blob: each layer's n_pad rows of k_pad + 8 halves
+        n_pad, k_pad = -(-w.shape[0] // 16) * 16, -(-w.shape[1] // 16) * 16
+        got = bits[at:at + n_pad * (k_pad + 8)].reshape(n_pad, k_pad + 8)[:w.shape[0], :w.shape[1]]
+        w64 = w.astype(np.float64)
+        want = (w64 - w64.mean(0) if l == 0 else w64).astype(np.float32).astype(np.float16).view(np.uint16)
+        assert np.array_equal(got, want), l
+        at += n_pad * (k_pad + 8)
+    centred = bits[:64 * 24].reshape(64, 24)[:, :16].view(np.float16).astype(np.float64)
+    assert np.abs(centred.sum(0)).max() < 64 * 1e-3 < np.abs(ws[0].sum(0)).min()
+    x = rng.standard_normal((33, 16)).astype(np.float32)
+    ref = norm_forward(x, ws, bs, ["silu", "silu", "none"], norms={0: ("layernorm", None, None, 1e-5),
+                                                                   1: ("rmsnorm", None, None, 1e-5)})
+    assert rel_l2(mlp(x), ref) <= 1e-6  # the CPU path: the weights as given
+    q = fusedmlp.FusedMLP(ws, bs, activation="silu", norm={0: "layernorm"}, dtype="int8", device="cpu")
+    q.calibrate(x)
+    assert "CENTRED = true" not in q._render(90, 0, 0, "float16", "float16")[1]
+
+
 def test_a_norm_layer_in_a_segmented_network_keeps_its_norm(rng):
     """A network one fused kernel cannot hold is cut into stretches that are networks of their own: each keeps its
     layers' norms (a GEMM layer cannot take one: its rows come in column tiles)."""
