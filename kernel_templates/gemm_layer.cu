@@ -489,13 +489,64 @@ __device__ __forceinline__ void fm_mainloop_cluster(float (&acc)[MT][NT][4], fm_
 }
 #endif
 
-// The layer's epilogue on the tile's accumulators and the one store of y.
+// The epilogue's output through shared memory (STAGED, where y's rows and the warp's columns are whole 16-byte
+// chunks): each warp's TM x TN piece of y, converted, into a buffer of its own in the stages' bytes (the tile's MMAs
+// all done), then to y in 16-byte stores, a row's chunks by consecutive lanes, so every store fills whole 32-byte
+// sectors. The fragments' own stores put 4 bytes of a pair (2 for codes) at 8 rows at once: half (a quarter) of each
+// sector they touch, and 16 (32) times the store instructions. A staged row is padded by 16 bytes, so the 8 rows of
+// one fragment store fall 4 banks apart. Not in the cluster form, whose partner may still multicast into its stages
+// while it stores.
+constexpr int OUT_B = (int)sizeof(out_t);
+constexpr int STG_ROW_B = TN * OUT_B + 16, STG_WARP_B = TM * STG_ROW_B;
+constexpr bool STAGED = FM_GEMM_CLUSTER == 1 && (Ly::NR * OUT_B) % 16 == 0 && (TN * OUT_B) % 16 == 0 &&
+                        CWARPS * STG_WARP_B <= FM_STAGES * STAGE_B;
+
+// Two converted outputs (out_t's bits in `bits`, OUT_B * 2 bytes) of row `row`, column `col`: into y (not STG), or
+// at byte `at` of the warp's staged piece (STG).
+template <bool STG>
+__device__ __forceinline__ void fm_put2(out_t *__restrict__ y, long long row, int col, unsigned long long bits,
+                                        fm_u32 at) {
+    constexpr bool PAIRS = Ly::NR % 2 == 0;  // y's element pairs are whole aligned words
+    if constexpr (STG) {
+        if constexpr (OUT_B == 4)
+            fm_st_shared(at, (fm_u32)bits, (fm_u32)(bits >> 32));
+        else if constexpr (OUT_B == 2)
+            fm_st_shared(at, (fm_u32)bits);
+        else
+            asm volatile("st.shared.b16 [%0], %1;" ::"r"(at), "h"((unsigned short)bits) : "memory");
+    } else {
+        out_t *p = y + row * Ly::NR + col;
+        if constexpr (PAIRS) {
+            if constexpr (OUT_B == 4)
+                *(fm_v2 *)p = fm_v2{(fm_u32)bits, (fm_u32)(bits >> 32)};
+            else if constexpr (OUT_B == 2)
+                *(fm_u32 *)p = (fm_u32)bits;
+            else
+                *(unsigned short *)p = (unsigned short)bits;
+        } else {
+            constexpr int SH = 8 * OUT_B;
+            constexpr unsigned long long M = (1ull << SH) - 1ull;
+            if constexpr (OUT_B == 4) {
+                p[0] = __uint_as_float((fm_u32)bits);
+                if (col + 1 < Ly::NR)
+                    p[1] = __uint_as_float((fm_u32)(bits >> 32));
+            } else {  // (fm_half and the codes' unsigned char are integer types)
+                p[0] = (out_t)(bits & M);
+                if (col + 1 < Ly::NR)
+                    p[1] = (out_t)(bits >> SH);
+            }
+        }
+    }
+}
+
+// The layer's epilogue on the tile's accumulators and the one store of y (STG: through the warp's staged piece at
+// shared byte `stg`, STAGED above).
+template <bool STG>
 __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
                                                   const void *__restrict__ res, const float *__restrict__ bias,
                                                   long long row0, long long rows, int n0, int wm, int wn, int g,
-                                                  int t) {
+                                                  int t, fm_u32 stg, int lane) {
     // c0, c1 at (row g, columns 2t, 2t + 1) of each m16n8 tile, c2, c3 at row g + 8 (wgmma's fragment too).
-    constexpr bool PAIRS = Ly::NR % 2 == 0;  // y's element pairs are whole aligned words
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -530,39 +581,59 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
 #endif
 #endif
                 (void)res;
-                out_t *at = y + row * Ly::NR + col;
 #if FM_OUT_TYPE == 3  // the next layer's codes
                 fm_epilogue<0>(v0, v1, r0, r1, col);
-                const unsigned short c2 = fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT);
-                if constexpr (PAIRS) {
-                    *(unsigned short *)at = c2;
-                } else {
-                    at[0] = (out_t)(c2 & 0xffu);
-                    if (col + 1 < Ly::NR)
-                        at[1] = (out_t)(c2 >> 8);
-                }
+                const unsigned long long bits = fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT);
 #elif FM_OUT_TYPE == 0
                 fm_epilogue<0>(v0, v1, r0, r1, col);
-                if constexpr (PAIRS) {
-                    *(fm_v2 *)at = fm_v2{__float_as_uint(v0), __float_as_uint(v1)};
-                } else {
-                    at[0] = v0;
-                    if (col + 1 < Ly::NR)
-                        at[1] = v1;
-                }
+                const unsigned long long bits =
+                    (unsigned long long)__float_as_uint(v0) | (unsigned long long)__float_as_uint(v1) << 32;
 #else
-                const fm_u32 pair = fm_epilogue16<0, FM_OUT_TYPE>(v0, v1, r0, r1, col);
-                if constexpr (PAIRS) {
-                    *(fm_u32 *)at = pair;
-                } else {
-                    at[0] = (fm_half)(pair & 0xffffu);
-                    if (col + 1 < Ly::NR)
-                        at[1] = (fm_half)(pair >> 16);
-                }
+                const unsigned long long bits = fm_epilogue16<0, FM_OUT_TYPE>(v0, v1, r0, r1, col);
 #endif
+                fm_put2<STG>(y, row, col, bits,
+                             stg + (fm_u32)((mt * 16 + g + 8 * h) * STG_ROW_B + (nt * 8 + 2 * t) * OUT_B));
             }
         }
     }
+    if constexpr (STG) {  // the warp's staged piece to y, a row's 16-byte chunks by consecutive lanes
+        constexpr int CPR = TN * OUT_B / 16;
+        __syncwarp();
+#pragma unroll 4
+        for (int i = lane; i < TM * CPR; i += 32) {
+            const int r = i / CPR, c = i % CPR;
+            const long long row = row0 + wm * TM + r;
+            const int col = n0 + wn * TN + c * (16 / OUT_B);
+            if (row < rows && col < Ly::NR) {
+                fm_v4 v;
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                             : "r"(stg + (fm_u32)(r * STG_ROW_B + c * 16))
+                             : "memory");
+                *(fm_v4 *)(y + row * Ly::NR + col) = v;
+            }
+        }
+    }
+}
+
+// The epilogue, staged where the form allows and y is 16-byte aligned (a view of a caller's array may not be).
+// `sync`: every consumer warp is past its last read of the stages (a barrier of the warps that multiply).
+__device__ __forceinline__ void fm_epilogue_any(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
+                                                const void *__restrict__ res, const float *__restrict__ bias,
+                                                long long row0, long long rows, int n0, int wm, int wn, int g, int t,
+                                                fm_u32 smem, int warp, int lane) {
+    if constexpr (STAGED) {
+        if (((unsigned long long)y & 15ull) == 0ull) {
+            if constexpr (FM_GEMM_WS)
+                asm volatile("bar.sync 1, %0;" ::"n"(CWARPS * 32) : "memory");
+            else
+                __syncthreads();
+            fm_epilogue_store<true>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t,
+                                    smem + (fm_u32)(warp * STG_WARP_B), lane);
+            return;
+        }
+    }
+    fm_epilogue_store<false>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, 0u, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTER_DIMS}}
@@ -639,15 +710,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     fm_mainloop_cluster(acc, smem, bars, x, x1, w, row0, rows, ntile, rank, warp, lane);
     // No CTA may leave while the other can still arrive on its barriers: the last arrivals came before this.
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    fm_epilogue_store(acc, y, res, bias, row0, rows, n0, wm, wn, g, t);
+    fm_epilogue_store<false>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, 0u, lane);
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #elif FM_GEMM_WS
     fm_mainloop_ws(acc, smem, bars, warp, lane);
-    fm_epilogue_store(acc, y, res, bias, row0, rows, n0, wm, wn, g, t);
+    fm_epilogue_any(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, smem, warp, lane);
     }  // (the consumers' branch)
 #else
     fm_mainloop(acc, smem, x, x1, w, row0, rows, n0, warp, lane);
     fm_copy_wait<0>();  // leave no copy in flight at exit (the last stages' groups are empty)
-    fm_epilogue_store(acc, y, res, bias, row0, rows, n0, wm, wn, g, t);
+    fm_epilogue_any(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, smem, warp, lane);
 #endif
 }
