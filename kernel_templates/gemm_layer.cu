@@ -1,8 +1,9 @@
 // gemm_layer.cu - one layer of a network the fused kernels cannot hold on chip (a layer wider than they take, or a
 // stretch whose weights fit no CTA or cluster), as a tiled Tensor Core GEMM whose epilogue is the layer's whole
-// epilogue: y = post(act(x W^T + b) op r), converted to y's dtype in registers before the one store. This is CUTLASS's
-// residual-block epilogue Unary(Binary(Act(X.W + b), residual)) (NVIDIA/cutlass PR 391); there is no split-K, which
-// the PR rules out where the activation is not the identity.
+// epilogue: y = post(act(x W^T + b) op r), converted to y's dtype in registers, then stored once (through shared
+// memory in whole 32-byte sectors where y's rows allow: fm_epilogue_any). This is CUTLASS's residual-block epilogue
+// Unary(Binary(Act(X.W + b), residual)) (NVIDIA/cutlass PR 391); there is no split-K, which the PR rules out where the
+// activation is not the identity.
 //
 // Rendered by csrc/render.c from a GEMM plan (csrc/gemm.c); Layer<0> is the network's layer the plan names.
 // Shape of the work:
