@@ -296,6 +296,38 @@ def test_layernorm_layers_are_packed_centred_and_run_without_their_mean(rng):
     assert "CENTRED = true" not in q._render(90, 0, 0, "float16", "float16")[1]
 
 
+@pytest.mark.parametrize("common", [0.0, 0.5, 3.0])
+def test_centred_float16_weights_lose_no_more_than_the_weights_as_given(common):
+    """What the centring rests on (plan.c, fm_plan_pack): layernorm of W h + b with W rounded to float16 as given,
+    against rmsnorm of (W - mean row) h + (b - mean b) with the centred W rounded, both against float64. Without a
+    common part in W's rows and b the two lose alike; with one (rows whose mean is large against their spread) the
+    centred form loses less, its common part gone before the rounding."""
+    rng = np.random.default_rng(7)
+    worst = []
+    for _ in range(4):
+        n = k = 256
+        w = rng.uniform(-1, 1, (n, k)) / np.sqrt(k) + common * rng.uniform(-1, 1, k) / np.sqrt(k)
+        b = rng.uniform(-0.1, 0.1, n) + common
+        h = rng.standard_normal((64, k)).astype(np.float16).astype(np.float64)
+
+        def layernorm(z):
+            z = z - z.mean(1, keepdims=True)
+            return z / np.sqrt((z ** 2).mean(1, keepdims=True) + 1e-5)
+
+        def f16(a):
+            return a.astype(np.float32).astype(np.float16).astype(np.float64)
+
+        ref = layernorm(h @ w.T + b)
+        given = layernorm(h @ f16(w).T + b.astype(np.float32))
+        z = h @ f16(w - w.mean(0)).T + (b - b.mean()).astype(np.float32)
+        centred = z / np.sqrt((z ** 2).mean(1, keepdims=True) + 1e-5)
+        worst.append((rel_l2(given, ref), rel_l2(centred, ref)))
+    given_err, centred_err = np.max(worst, axis=0)
+    assert centred_err <= 1.1 * given_err and centred_err < 5e-4
+    if common >= 3.0:
+        assert centred_err < 0.5 * given_err
+
+
 def test_a_norm_layer_in_a_segmented_network_keeps_its_norm(rng):
     """A network one fused kernel cannot hold is cut into stretches that are networks of their own: each keeps its
     layers' norms (a GEMM layer cannot take one: its rows come in column tiles)."""
