@@ -314,7 +314,8 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
         plan->res_src[l] = spec->res_src[l];
         plan->cat[l] = spec->cat[l];
         plan->norm[l] = spec->norm[l];
-        plan->centred[l] = spec->norm[l] == FM_NORM_LAYER && !fm_prec_is_8bit(prec);
+        plan->centred[l] = spec->norm[l] == FM_NORM_LAYER && !fm_prec_is_8bit(prec) &&
+                           plan->k_real[l] <= 2 * FM_MAX_FUSED_WIDTH; /* (fm_plan_pack's column means) */
         /* A concat input is two parts, each padded on its own: they live in different activation buffers. */
         int first = spec->cat[l] == FM_CAT_BEFORE ? 0 : l, second = spec->cat[l] == FM_CAT_AFTER ? 0 : l;
         plan->k0_real[l] = spec->width[first];

@@ -1020,6 +1020,9 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
             if method.startswith("fusedmlp") and (entry.get("error") or entry.get("check_ok") is False):
                 failed = True
         del case, setups
+        # torch keeps the freed inputs, references and outputs of the case cached (a 2^21-row float64 reference of a
+        # 1024-wide output alone is 16 GB); fusedmlp's own buffers come from the driver, which cannot reach them
+        torch.cuda.empty_cache()
         save()
     return model, mlp, failed
 
