@@ -617,7 +617,8 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
     }
 }
 
-// The epilogue, staged where the form allows and y is 16-byte aligned (a view of a caller's array may not be).
+// The epilogue, staged where the form allows and y is 16-byte aligned (Kernel.launch takes no other pointer; the
+// check keeps the kernel safe on its own).
 // `sync`: every consumer warp is past its last read of the stages (a barrier of the warps that multiply).
 __device__ __forceinline__ void fm_epilogue_any(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
                                                 const void *__restrict__ res, const float *__restrict__ bias,
