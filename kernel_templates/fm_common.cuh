@@ -119,13 +119,17 @@ __device__ __forceinline__ fm_u32 fm_prmt(fm_u32 a, fm_u32 b, fm_u32 sel) {
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
+// int8 codes of two floats clamped to [least, 127] (NaN meets fmaxf first: `least`), then rounded as cvt.rni
+// (above); __fadd_rn is never contracted. lo in the low byte.
+__device__ __forceinline__ unsigned short fm_quant2_s8(float lo, float hi, float least) {
+    const float a = __fadd_rn(fminf(fmaxf(lo, least), 127.0f), FM_MAGIC);
+    const float b = __fadd_rn(fminf(fmaxf(hi, least), 127.0f), FM_MAGIC);
+    return (unsigned short)fm_prmt(__float_as_uint(a), __float_as_uint(b), 0x0040u);  // a's low byte, b's above it
+}
 // Two floats, already times the inverse scale, as two codes: lo in the low byte.
 __device__ __forceinline__ unsigned short fm_quant2(float lo, float hi) {
 #if FM_PREC == 3
-    // clamp (NaN meets fmaxf first: -127), then round as cvt.rni (above); __fadd_rn is never contracted
-    const float a = __fadd_rn(fminf(fmaxf(lo, -127.0f), 127.0f), FM_MAGIC);
-    const float b = __fadd_rn(fminf(fmaxf(hi, -127.0f), 127.0f), FM_MAGIC);
-    return (unsigned short)fm_prmt(__float_as_uint(a), __float_as_uint(b), 0x0040u);  // a's low byte, b's above it
+    return fm_quant2_s8(lo, hi, -127.0f);
 #else
     unsigned short r;  // the PTX ISA's cvt: operand a goes to the upper byte, b to the lower
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
@@ -141,9 +145,7 @@ __device__ __forceinline__ unsigned short fm_quant2_relu(float lo, float hi) {
     asm("cvt.rn.satfinite.relu.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
 #else
-    const float a = __fadd_rn(fminf(fmaxf(lo, 0.0f), 127.0f), FM_MAGIC);
-    const float b = __fadd_rn(fminf(fmaxf(hi, 0.0f), 127.0f), FM_MAGIC);
-    return (unsigned short)fm_prmt(__float_as_uint(a), __float_as_uint(b), 0x0040u);
+    return fm_quant2_s8(lo, hi, 0.0f);
 #endif
 }
 // Four floats (times the inverse scale) as four codes, the first in the lowest byte.

@@ -618,8 +618,8 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
 }
 
 // The epilogue, staged where the form allows and y is 16-byte aligned (Kernel.launch takes no other pointer; the
-// check keeps the kernel safe on its own).
-// `sync`: every consumer warp is past its last read of the stages (a barrier of the warps that multiply).
+// check keeps the kernel safe on its own). Before staging, a barrier of the warps that multiply: every one of them
+// is past its last read of the stages.
 __device__ __forceinline__ void fm_epilogue_any(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
                                                 const void *__restrict__ res, const float *__restrict__ bias,
                                                 long long row0, long long rows, int n0, int wm, int wn, int g, int t,
