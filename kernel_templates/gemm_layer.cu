@@ -172,7 +172,13 @@ __device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ s
         }
 #if FM_PREC >= 3
     } else if constexpr (T != 3 && REAL % 8 == 0) {  // 8-bit, x: groups of 8 (16- or 32-byte loads, 8 codes stored)
-        for (int c = tid; c < BM * (KT / 8); c += NTHR) {
+        // (a count the compiler knows, unrolled: several groups' loads in flight, as the pairs below)
+        constexpr int GROUPS = BM * (KT / 8), GITER = (GROUPS + NTHR - 1) / NTHR;
+#pragma unroll 4
+        for (int i = 0; i < GITER; ++i) {
+            const int c = tid + i * NTHR;
+            if (GROUPS % NTHR != 0 && c >= GROUPS)
+                break;
             const int r = c / (KT / 8), k = (c % (KT / 8)) * 8;
             const long long row = row0 + r;
             const int col = kcol + k;
@@ -202,7 +208,16 @@ __device__ __forceinline__ void fm_load_a(fm_u32 dst, const void *__restrict__ s
         }
 #endif
     } else {  // converted on the way: element pairs, a row's pairs over consecutive threads
-        for (int c = tid; c < BM * (KT / 2); c += NTHR) {
+        // A count of pairs a thread the compiler knows, unrolled by UNROLL: that many pairs' loads in flight before
+        // the first is used (the loop of runtime count had four, each group waiting out a global load's latency);
+        // more where one CTA an SM leaves the registers.
+        constexpr int PAIRS = BM * (KT / 2), ITER = (PAIRS + NTHR - 1) / NTHR;
+        constexpr int UNROLL = FM_BLOCKS_PER_SM > 1 ? 4 : 8;
+#pragma unroll UNROLL
+        for (int i = 0; i < ITER; ++i) {
+            const int c = tid + i * NTHR;
+            if (PAIRS % NTHR != 0 && c >= PAIRS)
+                break;
             const int r = c / (KT / 2), k = (c % (KT / 2)) * 2;
             const long long row = row0 + r;
             const int col = kcol + k;
