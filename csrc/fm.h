@@ -353,7 +353,11 @@ typedef struct fm_plan {
     int gemm_cluster;
     /* 1: the wgmma GEMM warp-specialised, one CTA a tile: a producer warpgroup (the last; warps counts it) fills the
      * stages, cp.async for A and one cp.async.bulk of B's block per stage (the blob in gemm_cluster 2's layout), and
-     * the consumer warpgroups only multiply and store, each stage handed over by full/empty mbarriers. */
+     * the consumer warpgroups only multiply and store, each stage handed over by full/empty mbarriers. 2: the same
+     * roles in turn ("ping-pong", CUTLASS's name): a persistent grid, each consumer warpgroup a 128 x BN tile of its
+     * own (every other tile of its CTA), the producer filling the stages tile after tile, so that one warpgroup's
+     * MMAs run while the other stores; each consumer warp stages its output in a buffer of its own after the stages.
+     * Opt-in (ws=2), not yet run on a GPU. */
     int gemm_ws;
     int a1_dtype, res_dtype;
     /* The spec's FM_NORM_* per layer. A norm layer's float blob holds n_pad floats of bias, then gamma, then beta
@@ -403,7 +407,7 @@ typedef struct fm_gemm_opts {
     int wgmma;   /* 1: the warpgroup form (sm_90a, 16-bit operands), 0: mma.sync, -1: wgmma where it can */
     int cluster; /* the wgmma form on clusters of 2 CTAs sharing the weight tile (fm_plan.gemm_cluster) or 1 CTA a
                     tile; 0: auto */
-    int ws;      /* 1: the wgmma form warp-specialised (fm_plan.gemm_ws), -1: not, 0: auto */
+    int ws;      /* 1: the wgmma form warp-specialised (fm_plan.gemm_ws), 2: in turn (ping-pong), -1: not, 0: auto */
 } fm_gemm_opts;
 
 /* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual

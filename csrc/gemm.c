@@ -118,13 +118,20 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->gemm_cluster = opts->cluster ? opts->cluster : plan->wgmma ? FM_GEMM_CLUSTER_AUTO : 1;
     /* Warp specialisation: the loads leave the consumers' instruction stream and their waits (every thread of the
      * other forms copies its share of A and B each stage, then meets the others at a barrier). */
-    if (opts->ws < -1 || opts->ws > 1)
-        return fm_fail(err, FM_ERR_VALUE, "GEMM ws=%d: 1 (a producer warpgroup), -1 (none) or 0 (auto)", opts->ws);
-    if (opts->ws == 1 && (!plan->wgmma || plan->gemm_cluster > 1))
-        return fm_fail(err, FM_ERR_LIMIT, "a warp-specialised GEMM (ws=1) is the wgmma form on one CTA a tile (sm_90a, "
-                       "not tf32, cluster 1; sm_%d, %s, cluster %d)", target->arch, fm_prec_name(prec),
-                       plan->gemm_cluster);
-    plan->gemm_ws = opts->ws == 1; /* (auto: below, once the tile is known) */
+    if (opts->ws < -1 || opts->ws > 2)
+        return fm_fail(err, FM_ERR_VALUE, "GEMM ws=%d: 1 (a producer warpgroup), 2 (its consumers in turn), -1 (none) "
+                       "or 0 (auto)", opts->ws);
+    if (opts->ws >= 1 && (!plan->wgmma || plan->gemm_cluster > 1))
+        return fm_fail(err, FM_ERR_LIMIT, "a warp-specialised GEMM (ws=%d) is the wgmma form on one CTA a tile "
+                       "(sm_90a, not tf32, cluster 1; sm_%d, %s, cluster %d)", opts->ws, target->arch,
+                       fm_prec_name(prec), plan->gemm_cluster);
+    if (opts->ws == 2 && res >= 0)
+        return fm_fail(err, FM_ERR_LIMIT, "a GEMM in turn (ws=2) takes no residual operand yet: its epilogue's reads "
+                       "spill at the 168 registers three warpgroups leave a thread (layer %d)", l);
+    if (opts->ws == 2 && (bm == 64 || bn == 256))
+        return fm_fail(err, FM_ERR_VALUE, "GEMM tile %dx%d in turn (ws=2): 128 rows a warpgroup, at most 128 columns "
+                       "(two m64 MMAs of 128 accumulators a thread)", bm ? bm : 128, bn);
+    plan->gemm_ws = opts->ws >= 1 ? opts->ws : 0; /* (auto: below, once the tile is known) */
     /* K in stages of 64 bytes (mma.sync) or 128 (wgmma), each input part padded to whole stages so a stage reads
      * one part. */
     const int kt = (plan->wgmma ? 128 : 64) / plan->elem_bytes;
@@ -145,12 +152,16 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
      * wgmma: two warpgroups of 64 rows, each all the tile's columns: 256 for a layer of more than 128 outputs (a
      * warpgroup then reads each A fragment once for 256 columns), else 128 or 64; 4 stages of 128 bytes of K, 192 KB
      * for 128 x 256. */
+    /* ws=2: each consumer warpgroup a 128-row tile of its own, two m64 MMAs of up to 128 columns a k step */
+    const int pp = plan->gemm_ws == 2;
     plan->gemm_bm = bm ? bm : 128;
-    plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : plan->n_real[l] <= 128 || !plan->wgmma ? 128 : 256);
+    plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : plan->n_real[l] <= 128 || !plan->wgmma || pp ? 128 : 256);
     if (opts->ws == 0)
         plan->gemm_ws = plan->wgmma && plan->gemm_cluster == 1 && FM_GEMM_WS_AUTO && fm_gemm_ws_fits(plan, l);
-    plan->warps = plan->wgmma ? plan->gemm_bm / 16 + (plan->gemm_ws ? 4 : 0) : 8;
-    if (plan->wgmma)
+    plan->warps = pp ? 12 : plan->wgmma ? plan->gemm_bm / 16 + (plan->gemm_ws ? 4 : 0) : 8;
+    if (pp)
+        plan->gemm_warps_m = 4; /* a warp's rows 16 w.. and 64 + 16 w.. of its warpgroup's tile, all columns */
+    else if (plan->wgmma)
         plan->gemm_warps_m = plan->gemm_bm / 16; /* a warp's 16 rows of its warpgroup's 64, all columns */
     else
         plan->gemm_warps_m = plan->gemm_bn == 128 ? (plan->gemm_bm == 128 ? 2 : 1) : (plan->gemm_bm == 128 ? 4 : 2);
@@ -171,8 +182,12 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     /* Stages: 4 for 128 x 256 wgmma tiles (one CTA an SM; 3 were 4-7% slower) and for mma.sync (two CTAs an SM at
      * 80 KB); 3 for 128 x 128 wgmma tiles, which then fit two CTAs an SM (8% faster than 4 at one). H100, 2^21 rows of
      * wide512 and rec1024: docs/performance.md. */
-    int stages = opts->stages ? opts->stages : (plan->wgmma && plan->gemm_bn <= 128 ? 3 : 4);
-    const size_t align = plan->wgmma ? 1024 : 0;
+    int stages = opts->stages ? opts->stages : (plan->wgmma && plan->gemm_bn <= 128 && !pp ? 3 : 4);
+    /* ws=2: after the stages, each consumer warp's staged output (its 32 rows of BN outputs, a row padded by 16
+     * bytes: gemm_layer.cu's STG_WARP_B); not for float32 y (135 KB for 128 columns), which is stored as it was */
+    const size_t staged =
+        pp && fm_dtype_size(out) <= 2 ? (size_t)8 * 32 * ((size_t)plan->gemm_bn * fm_dtype_size(out) + 16) : 0;
+    const size_t align = (plan->wgmma ? 1024 : 0) + staged + (pp ? 16 : 0); /* (pp: two turn mbarriers) */
     while (!opts->stages && stages > least && (size_t)stages * stage + align > target->smem_per_block)
         --stages;
     if ((size_t)stages * stage + align > target->smem_per_block)
@@ -180,11 +195,11 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
                        "gives a block %zu", plan->gemm_bm, plan->gemm_bn, stages, (size_t)stages * stage + align,
                        target->arch, target->smem_per_block);
     plan->gemm_stages = stages;
-    plan->smem_bytes = (size_t)stages * stage + (plan->wgmma ? 1024 : 0); /* wgmma: room to align the swizzle atoms */
+    plan->smem_bytes = (size_t)stages * stage + align; /* wgmma: room to align the swizzle atoms */
     size_t per_sm = target->smem_per_sm ? target->smem_per_sm : target->smem_per_block;
     int blocks = (int)(per_sm / (plan->smem_bytes + 1024)); /* the driver reserves 1 KB a block */
     plan->blocks_per_sm = blocks < 1 ? 1 : (blocks > 2 ? 2 : blocks);
-    if (plan->wgmma && plan->gemm_bn > 128) /* 128 accumulators a thread: two CTAs' threads would spill */
+    if ((plan->wgmma && plan->gemm_bn > 128) || pp) /* 128 accumulators a thread: two CTAs' threads would spill */
         plan->blocks_per_sm = 1;
     if (plan->gemm_ws) { /* its producer's threads take registers too: BN / 2 accumulators and ~48 more a thread */
         const int need = (plan->gemm_bn / 2 + 48 + 7) / 8 * 8, fit = 65536 / (plan->warps * 32 * need);

@@ -120,7 +120,12 @@ static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     if (p->gemm) { /* one CTA per tile of y, column tiles fastest; clusters: row tiles in pairs (gemm_layer.cu) */
         const int64_t pair = p->gemm_cluster > 1 ? p->gemm_cluster : 1;
         const int64_t row_tiles = (rows + p->gemm_bm - 1) / p->gemm_bm;
-        return (unsigned)((row_tiles + pair - 1) / pair * pair * (p->n_pad[p->gemm_layer] / p->gemm_bn));
+        const int64_t tiles = (row_tiles + pair - 1) / pair * pair * (p->n_pad[p->gemm_layer] / p->gemm_bn);
+        if (p->gemm_ws == 2) { /* persistent: a CTA an SM, each taking every grid-th tile */
+            const int64_t sms = self->gpu->gpu.sm_count > 0 ? self->gpu->gpu.sm_count : 1;
+            return (unsigned)(tiles < sms ? tiles : sms);
+        }
+        return (unsigned)tiles;
     }
     /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile; as many clusters
      * as can run at once (the GPCs' SM counts decide, not the SM count alone). */

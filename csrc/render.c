@@ -327,6 +327,8 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
         fm_str_printf(c, "; clusters of %d sharing the weight tile (TMA multicast)", p->gemm_cluster);
     if (p->gemm_ws)
         fm_str_append(c, "; warp-specialised (the last warpgroup loads)");
+    if (p->gemm_ws == 2)
+        fm_str_append(c, ", its two consumer warpgroups in turn on tiles of their own, a persistent grid");
     if (p->a1_dtype >= 0)
         fm_str_printf(c, " + %s (concat)", fm_dtype_name((fm_dtype)p->a1_dtype));
     if (p->res_dtype >= 0)

@@ -67,19 +67,31 @@ constexpr int A0_REAL = {{A0_REAL}}, A1_REAL = {{A1_REAL}};  // real widths of t
 #endif
 
 typedef Layer<0> Ly;
+// FM_GEMM_WS 2, the consumers in turn (ping-pong): each consumer warpgroup a BM x BN tile of its own, every other tile
+// of its CTA's, in two m64 MMAs a k step; a warp's rows 16 w.. and 64 + 16 w.. of it (w: its place in the warpgroup).
+constexpr bool PP = FM_GEMM_WS == 2;
 constexpr int CWARPS = FM_WARPS - (FM_GEMM_WS ? 4 : 0);  // the warps that multiply (all but a producer warpgroup)
-constexpr int WARPS_N = CWARPS / WARPS_M;
-constexpr int TM = BM / WARPS_M, TN = BN / WARPS_N;  // a warp's piece of the tile (wgmma: 16 rows x BN)
-constexpr int MT = TM / 16, NT = TN / 8;             // its m16 and n8 mma tiles
+constexpr int WARPS_N = PP ? 1 : CWARPS / WARPS_M;
+constexpr int TM = PP ? 32 : BM / WARPS_M, TN = BN / WARPS_N;  // a warp's piece of the tile (wgmma: 16 rows x BN)
+constexpr int MT = TM / 16, NT = TN / 8;                       // its m16 and n8 mma tiles
 constexpr int KT_B = FM_WGMMA ? 128 : 64;            // bytes of K per stage
 constexpr int KT = KT_B / EB;                        // elements of K per stage
 constexpr int CH = KT_B / 16;                        // 16-byte chunks of a row's K per stage
 constexpr int SROW_B = FM_WGMMA ? KT_B : KT_B + 16;  // bytes per shared-memory row of a stage
 constexpr int A_STAGE_B = BM * SROW_B, B_STAGE_B = BN * SROW_B, STAGE_B = A_STAGE_B + B_STAGE_B;
-constexpr int BAR_B = FM_GEMM_CLUSTER > 1 || FM_GEMM_WS ? 16 * FM_STAGES : 0;  // mbarriers full[s], empty[s]
-static_assert(!FM_WGMMA || (WARPS_M == CWARPS && BM == 64 * (CWARPS / 4) && FM_PREC != 2),
+// mbarriers full[s], empty[s]; PP: then turn[0], turn[1] (fm_mainloop_pp)
+constexpr int BAR_B = (FM_GEMM_CLUSTER > 1 || FM_GEMM_WS ? 16 * FM_STAGES : 0) + (FM_GEMM_WS == 2 ? 16 : 0);
+static_assert(!FM_WGMMA || PP || (WARPS_M == CWARPS && BM == 64 * (CWARPS / 4) && FM_PREC != 2),
               "wgmma: each warpgroup 64 rows of all BN columns, 16- or 8-bit operands");
+static_assert(!PP || (WARPS_M == 4 && CWARPS == 8 && BM == 128 && BN <= 128 && FM_PREC != 2),
+              "in turn: two consumer warpgroups, each a 128-row tile of at most 128 columns");
 static_assert(!FM_GEMM_WS || (FM_WGMMA && FM_GEMM_CLUSTER == 1), "warp specialisation: the one-CTA wgmma form");
+// The epilogue's staged output (fm_epilogue_any): a warp's TM x TN piece of y in out_t, a row padded by 16 bytes. In
+// the stages' bytes once the tile's MMAs are done, or (PP, whose producer is filling the stages for the other
+// warpgroup meanwhile) in a buffer of each consumer warp's own after the stages and their mbarriers.
+constexpr int OUT_B = (int)sizeof(out_t);
+constexpr int STG_ROW_B = TN * OUT_B + 16, STG_WARP_B = TM * STG_ROW_B;
+constexpr int STG_B = PP && OUT_B <= 2 ? CWARPS * STG_WARP_B : 0;  // (PP, float32 y: stored from the fragments)
 static_assert(!FM_WGMMA || KT_B == 128, "the 128-byte swizzle: a stage's row of K is one swizzle row");
 // Byte offset of (row r, byte b of K) in a stage's operand: padded rows, or the 128-byte swizzle (chunk b / 16 of row
 // r at chunk (b / 16) ^ (r % 8); the 8 rows of an atom, whose chunk c then lie in 8 different bank groups).
@@ -102,9 +114,14 @@ __device__ __forceinline__ unsigned long long fm_desc_sw128(fm_u32 addr) {
            (1ull << 62);
 }
 constexpr int KTILES = Ly::K / KT, K0TILES = Ly::K0 / KT;
-static_assert(WARPS_M * WARPS_N == CWARPS && TM % 16 == 0 && TN % 16 == 0, "warp pieces are whole mma tiles");
+static_assert((PP ? 2 : 1) * WARPS_M * WARPS_N == CWARPS && TM % 16 == 0 && TN % 16 == 0,
+              "warp pieces are whole mma tiles");
+// Row r of warp piece wm (wm = the warp's place in its warpgroup for PP) within its tile.
+__device__ __forceinline__ int fm_tile_row(int wm, int r) {
+    return PP ? (r >> 4) * 64 + wm * 16 + (r & 15) : wm * TM + r;
+}
 static_assert(Ly::K % KT == 0 && Ly::K0 % KT == 0 && Ly::N % BN == 0, "the plan pads K parts to stages, N to tiles");
-static_assert(FM_STAGES * STAGE_B + (FM_WGMMA ? 1024 : 0) + BAR_B == SMEM_BYTES,
+static_assert(FM_STAGES * STAGE_B + (FM_WGMMA ? 1024 : 0) + BAR_B + STG_B == SMEM_BYTES,
               "the shared memory is the plan's (gemm.c)");
 static_assert(FM_GEMM_CLUSTER == 1 || (FM_GEMM_CLUSTER == 2 && FM_WGMMA && BN % 16 == 0),
               "clusters of 2 in the wgmma form, each CTA copying whole swizzle atoms (8 rows) of the B tile");
@@ -437,6 +454,84 @@ __device__ __forceinline__ void fm_mainloop_ws(float (&acc)[MT][NT][4], fm_u32 s
     fm_wg_wait();
     fm_fence_regs(d);
 }
+
+#if FM_GEMM_WS == 2
+// The consumers in turn (PP). The CTA's tiles are tile blockIdx.x + j gridDim.x (j = 0, 1, ...), column tiles
+// fastest; consumer warpgroup j % 2 computes tile j. The producer fills the stages tile after tile, stage kt of tile j
+// being the CTA's stage j KTILES + kt (slot seq % FM_STAGES, use seq / FM_STAGES); empty[s] counts the one consuming
+// warpgroup's 4 warps. A warpgroup starts a tile's stages only once the other has waited for every stage of the tile
+// before (turn[wg], which the other's 128 threads arrive on after their last full wait): an mbarrier's parity tells
+// its phases apart only for a waiter at most one phase ahead, and the warpgroup waiting for use u of a slot has not
+// itself waited for use u - 1 (the other's). So the two warpgroups' mainloops take turns, each one's epilogue and
+// store running under the other's MMAs (CUTLASS's ping-pong kernel orders its math warpgroups the same way).
+__device__ __forceinline__ long long fm_pp_tiles(long long rows) { return (rows + BM - 1) / BM * (Ly::N / BN); }
+
+__device__ __forceinline__ void fm_pp_produce(fm_u32 smem, fm_u32 bars, const void *a0, const void *a1,
+                                              const act_t *__restrict__ w, long long rows, int ptid) {
+    long long seq = 0;
+#pragma unroll 1
+    for (long long tl = blockIdx.x; tl < fm_pp_tiles(rows); tl += gridDim.x) {
+        const int ntile = (int)(tl % (Ly::N / BN));
+        const long long row0 = tl / (Ly::N / BN) * BM;
+#pragma unroll 1
+        for (int kt = 0; kt < KTILES; ++kt, ++seq) {
+            const int s = (int)(seq % FM_STAGES);
+            const fm_u32 full = fm_full_bar(bars, s), a_dst = smem + s * STAGE_B;
+            if (seq >= FM_STAGES)
+                fm_mbar_wait(fm_empty_bar(bars, s), (fm_u32)(seq / FM_STAGES - 1) & 1u);
+            if (ptid == 0) {  // B: the blob's block (column tile, K stage), as fm_ws_produce
+                fm_mbar_expect(1u, full, (fm_u32)B_STAGE_B);
+                fm_bulk_g2s(a_dst + A_STAGE_B, (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B,
+                            (fm_u32)B_STAGE_B, full);
+            }
+            fm_stage_a<128>(a_dst, full, kt, a0, a1, row0, rows, ptid);
+        }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");  // leave no copy of this thread in flight at exit
+}
+
+// A consumer warpgroup's MMAs of one tile, its stages from the CTA's stage seq0 on: the tile's rows 0-63 and 64-127
+// (acc[0] and acc[1], each an m64 MMA's fragment) on each stage, the stage before released once this one's MMAs are
+// issued and that one's are done, the last released after the final wait. Returns with every MMA done.
+__device__ __forceinline__ void fm_mainloop_pp(float (&acc)[MT][NT][4], fm_u32 smem, fm_u32 bars, long long seq0,
+                                               fm_u32 next_turn, int lane) {
+    float (&d0)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]);
+    float (&d1)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(&acc[1][0][0]);
+#pragma unroll 1
+    for (int kt = 0; kt < KTILES; ++kt) {
+        const long long seq = seq0 + kt;
+        const int s = (int)(seq % FM_STAGES);
+        fm_mbar_wait(fm_full_bar(bars, s), (fm_u32)(seq / FM_STAGES) & 1u);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (as fm_stage_mma)
+        const fm_u32 stage = smem + s * STAGE_B;
+        const unsigned long long a0 = fm_desc_sw128(stage), a1 = fm_desc_sw128(stage + 64 * 128),
+                                 b = fm_desc_sw128(stage + A_STAGE_B);
+        fm_fence_regs(d0);
+        fm_fence_regs(d1);
+        fm_wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < CH / 2; ++ks) {
+            const unsigned long long k2 = (unsigned long long)(ks * 2);
+            fm_wgmma<BN>::run_ss(d0, a0 + k2, b + k2, 1);
+            fm_wgmma<BN>::run_ss(d1, a1 + k2, b + k2, 1);
+        }
+        fm_wg_commit();
+        fm_fence_regs(d0);
+        fm_fence_regs(d1);
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // the stage before's MMAs are done
+        fm_fence_regs(d0);
+        fm_fence_regs(d1);
+        if (kt > 0 && lane == 0)
+            fm_mbar_arrive(fm_empty_bar(bars, (int)((seq - 1) % FM_STAGES)));
+    }
+    fm_mbar_arrive(next_turn);  // every full wait of the tile is behind this thread: the other warpgroup's turn
+    fm_wg_wait();
+    fm_fence_regs(d0);
+    fm_fence_regs(d1);
+    if (lane == 0)
+        fm_mbar_arrive(fm_empty_bar(bars, (int)((seq0 + KTILES - 1) % FM_STAGES)));
+}
+#endif
 #endif
 
 #if FM_GEMM_CLUSTER > 1
@@ -512,10 +607,8 @@ __device__ __forceinline__ void fm_mainloop_cluster(float (&acc)[MT][NT][4], fm_
 // sector they touch, and 16 (32) times the store instructions. A staged row is padded by 16 bytes, so the 8 rows of
 // one fragment store fall 4 banks apart. Not in the cluster form, whose partner may still multicast into its stages
 // while it stores.
-constexpr int OUT_B = (int)sizeof(out_t);
-constexpr int STG_ROW_B = TN * OUT_B + 16, STG_WARP_B = TM * STG_ROW_B;
 constexpr bool STAGED = FM_GEMM_CLUSTER == 1 && (Ly::NR * OUT_B) % 16 == 0 && (TN * OUT_B) % 16 == 0 &&
-                        CWARPS * STG_WARP_B <= FM_STAGES * STAGE_B;
+                        (PP ? STG_B > 0 : CWARPS * STG_WARP_B <= FM_STAGES * STAGE_B);
 
 // Two converted outputs (out_t's bits in `bits`, OUT_B * 2 bytes) of row `row`, column `col`: into y (not STG), or
 // at byte `at` of the warp's staged piece (STG).
@@ -567,7 +660,7 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const long long row = row0 + wm * TM + mt * 16 + g + 8 * h;
+            const long long row = row0 + fm_tile_row(wm, mt * 16 + g + 8 * h);
             if (row >= rows)
                 continue;
 #pragma unroll
@@ -618,7 +711,7 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
 #pragma unroll 4
         for (int i = lane; i < TM * CPR; i += 32) {
             const int r = i / CPR, c = i % CPR;
-            const long long row = row0 + wm * TM + r;
+            const long long row = row0 + fm_tile_row(wm, r);
             const int col = n0 + wn * TN + c * (16 / OUT_B);
             if (row < rows && col < Ly::NR) {
                 fm_v4 v;
@@ -629,6 +722,7 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
                 *(fm_v4 *)(y + row * Ly::NR + col) = v;
             }
         }
+        __syncwarp();  // (PP: the warp's buffer is written again for its next tile)
     }
 }
 
@@ -641,6 +735,11 @@ __device__ __forceinline__ void fm_epilogue_any(const float (&acc)[MT][NT][4], o
                                                 fm_u32 smem, int warp, int lane) {
     if constexpr (STAGED) {
         if (((unsigned long long)y & 15ull) == 0ull) {
+            if constexpr (PP) {  // (its own buffer after the stages: nothing to wait for)
+                fm_epilogue_store<true>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t,
+                                        smem + (fm_u32)(FM_STAGES * STAGE_B + BAR_B + warp * STG_WARP_B), lane);
+                return;
+            }
             if constexpr (FM_GEMM_WS)
                 asm volatile("bar.sync 1, %0;" ::"n"(CWARPS * 32) : "memory");
             else
@@ -696,11 +795,56 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     if (threadIdx.x == 0) {
         for (int s = 0; s < FM_STAGES; ++s) {
             fm_mbar_init(fm_full_bar(bars, s), 128 + 1);
-            fm_mbar_init(fm_empty_bar(bars, s), CWARPS);
+            fm_mbar_init(fm_empty_bar(bars, s), PP ? 4 : CWARPS);  // (PP: the consuming warpgroup's warps)
+        }
+        if (PP) {  // turn[0], turn[1]: a warpgroup's 128 threads each
+            fm_mbar_init(bars + 16 * FM_STAGES, 128);
+            fm_mbar_init(bars + 16 * FM_STAGES + 8, 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+#if FM_GEMM_WS == 2
+    (void)ntile;
+    (void)row0;
+    (void)n0;
+    if (warp >= CWARPS) {
+        fm_pp_produce(smem, bars, x, x1, w, rows, (int)threadIdx.x - CWARPS * 32);
+    } else {
+        const int wg = warp >> 2, wq = warp & 3;
+        const fm_u32 turn = bars + 16 * FM_STAGES;  // turn[wg] at turn + 8 wg
+        long long j = 0, mine = 0;                  // the CTA's tile j, and this warpgroup's tiles so far
+#pragma unroll 1
+        for (long long tl = blockIdx.x; tl < fm_pp_tiles(rows); tl += gridDim.x, ++j) {
+            if ((int)(j & 1) != wg)
+                continue;
+            // turn[0]'s phase k - 1 lets warpgroup 0 start its tile k (its first needs none), turn[1]'s phase k
+            // warpgroup 1's tile k
+            if (wg == 1 || mine > 0)
+                fm_mbar_wait(turn + 8 * wg, (fm_u32)((wg == 0 ? mine - 1 : mine) & 1));
+            ++mine;
+            const int n0_t = (int)(tl % NTILES) * BN;
+            const long long row0_t = tl / NTILES * BM;
+            float acc[MT][NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {  // the bias, or zero (8-bit), as below
+                const int col = n0_t + nt * 8 + 2 * t;
+                const bool b = Ly::BIAS && FM_PREC < 3;
+                const float b0 = b ? bias[col] : 0.0f, b1 = b ? bias[col + 1] : 0.0f;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    acc[mt][nt][0] = acc[mt][nt][2] = b0;
+                    acc[mt][nt][1] = acc[mt][nt][3] = b1;
+                }
+            }
+            fm_mainloop_pp(acc, smem, bars, j * KTILES, turn + 8 * (wg ^ 1), lane);
+            fm_epilogue_any(acc, y, res, bias, row0_t, rows, n0_t, wq, 0, g, t, smem, warp, lane);
+        }
+    }
+    (void)wm;
+    (void)wn;
+    return;
+#endif
     // (No setmaxnreg: the consumers fit the launch bound's even share, 168 registers, without spills.)
     if (warp >= CWARPS) {
         fm_ws_produce(smem, bars, x, x1, w, row0, rows, ntile, (int)threadIdx.x - CWARPS * 32);

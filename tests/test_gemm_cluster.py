@@ -30,10 +30,12 @@ def model(rng, name, dtype="float16"):
 
 
 def gemm_plans(mlp, io, **options):
-    """The plans of mlp's GEMM layers for an H100 with fp I/O dtype io (layer, plan)."""
+    """The plans of mlp's GEMM layers for an H100 with fp I/O dtype io (layer, plan); with ws=2 (the form in turn,
+    which takes no residual yet) those of its layers without one."""
     segments = mlp._segments_for(*H100, io, io)
-    return [(seg.first, mlp._gemm_plan(seg.first, *H100, *_segments.gemm_dtypes(mlp, seg.first, io, io), **options))
-            for seg in segments if seg.kind == "gemm"]
+    dtypes = {seg.first: _segments.gemm_dtypes(mlp, seg.first, io, io) for seg in segments if seg.kind == "gemm"}
+    return [(l, mlp._gemm_plan(l, *H100, *d, **options)) for l, d in dtypes.items()
+            if not (options.get("ws") == 2 and d[2] is not None)]
 
 
 def test_clusters_of_two_are_a_wgmma_plan_option(rng):
@@ -89,17 +91,52 @@ def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs
         mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1, cluster=2)
     with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA"):
         mlp._gemm_plan(1, 80, 166912, 108, 167936, "float16", None, None, "float16", ws=1)
-    with pytest.raises(ValueError, match="ws=2"):
-        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=2)
+    with pytest.raises(ValueError, match="ws=3"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=3)
+
+
+def test_the_consumers_in_turn_are_a_plan_option_with_tiles_of_their_own(rng):
+    """ws=2 (ping-pong; opt-in, not yet run on a GPU): 12 warps, each consumer warpgroup a 128 x 128 tile of its own
+    in two m64 MMAs (a warp 32 rows), 4 stages of 32 KB, and after them each consumer warp's staged output (32 rows of
+    128 outputs, a row padded by 16 bytes); one CTA an SM. Not with a 256-column or 64-row tile, not on mma.sync."""
+    mlp, _ = model(rng, "rec1024")
+    plan = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=2)
+    info = plan.info
+    assert (info["ws"], info["warps"], info["bm"], info["bn"], info["stages"], info["blocks_per_sm"]) == (
+        2, 12, 128, 128, 4, 1)
+    assert info["smem_bytes"] == 4 * (256 * 128 + 16) + 16 + 1024 + 8 * 32 * (128 * 2 + 16)  # (16: turn mbarriers)
+    source = _api._source_of(plan)
+    assert "#define FM_GEMM_WS 2" in source and "in turn on tiles of their own" in source
+    f32 = mlp._gemm_plan(1, *H100, "float16", None, None, "float32", ws=2)
+    assert f32.info["smem_bytes"] == 4 * (256 * 128 + 16) + 16 + 1024  # float32 y: stored from the fragments
+    assert re.findall(r"(\d+) bytes spill stores", ptxas_report(_api._source_of(f32))) == ["0"]
+    with pytest.raises(ValueError, match=r"128x256 in turn \(ws=2\)"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=2, bn=256)
+    with pytest.raises(ValueError, match=r"64x128 in turn"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=2, bm=64, bn=128)
+    with pytest.raises(fusedmlp.LimitError, match=r"ws=2\) is the wgmma form on one CTA"):
+        mlp._gemm_plan(1, 80, 166912, 108, 167936, "float16", None, None, "float16", ws=2)
+    res, _ = model(rng, "res768")
+    with pytest.raises(fusedmlp.LimitError, match=r"in turn \(ws=2\) takes no residual operand yet"):
+        res._gemm_plan(1, *H100, "float16", None, "float16", "float16", ws=2)
+
+
+def test_the_environment_asking_for_the_form_in_turn_leaves_residual_layers_theirs(rng, monkeypatch):
+    monkeypatch.setenv("FUSEDMLP_GEMM_WS", "2")
+    mlp, _ = model(rng, "res768")
+    forms = {l: p.info["ws"] for l, p in gemm_plans(mlp, "float16")}
+    plain = {l: _segments.gemm_dtypes(mlp, l, "float16", "float16")[2] is None for l in forms}
+    assert forms and {forms[l] for l in forms if plain[l]} == {2} and {forms[l] for l in forms if not plain[l]} <= {
+        0, 1}
 
 
 def test_the_environment_forces_warp_specialisation_or_not(rng, monkeypatch):
     mlp, _ = model(rng, "sdf512")
-    for value, form in (("1", 1), ("on", 1), ("-1", 0), ("off", 0)):
+    for value, form in (("1", 1), ("on", 1), ("2", 2), ("pingpong", 2), ("-1", 0), ("off", 0)):
         monkeypatch.setenv("FUSEDMLP_GEMM_WS", value)
         assert [p.info["ws"] for _, p in gemm_plans(mlp, "float16")] == [form]
-    monkeypatch.setenv("FUSEDMLP_GEMM_WS", "2")
-    with pytest.raises(ValueError, match="FUSEDMLP_GEMM_WS='2'"):
+    monkeypatch.setenv("FUSEDMLP_GEMM_WS", "3")
+    with pytest.raises(ValueError, match="FUSEDMLP_GEMM_WS='3'"):
         gemm_plans(mlp, "float16")
 
 
@@ -159,7 +196,8 @@ def ptxas_report(source, arch=90):
 
 
 FORMS = {"cluster": ({"cluster": 2}, "clusters of 2 sharing the weight tile"),
-         "ws": ({"ws": 1}, "warp-specialised (the last warpgroup loads)")}
+         "ws": ({"ws": 1}, "warp-specialised (the last warpgroup loads)"),
+         "pingpong": ({"ws": 2}, "in turn on tiles of their own")}
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -176,7 +214,7 @@ def test_benchmark_gemms_compile_for_sm_90a_in_the_form_without_spills(rng, name
         for io in ("float32", "float16", "bfloat16"):
             for layer, plan in gemm_plans(mlp, io, **options):
                 assert plan.info["wgmma"] == 1 and (plan.info["cluster"], plan.info["ws"]) == (
-                    (2, 0) if form == "cluster" else (1, 1))
+                    (2, 0) if form == "cluster" else (1, options["ws"]))
                 sources.setdefault(_api._source_of(plan), (dtype, io, layer))
     assert len(sources) >= 3
     for source, case in sources.items():
@@ -184,13 +222,13 @@ def test_benchmark_gemms_compile_for_sm_90a_in_the_form_without_spills(rng, name
         if form == "cluster":
             assert "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" in source and "#define FM_GEMM_CLUSTER 2" in source
         else:
-            assert "#define FM_GEMM_WS 1" in source
+            assert f"#define FM_GEMM_WS {options['ws']}" in source
         log = ptxas_report(source)
         assert re.findall(r"(\d+) bytes spill stores", log) == ["0"], (case, log)
         assert "C7519" not in log and "C7510" not in log, (case, log)
 
 
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("form", ["cluster", "ws"])  # (the form in turn takes 128 x 128 tiles only)
 @pytest.mark.parametrize("tile", _segments.SMALL_TILES)
 def test_small_tiles_compile_in_the_form_without_spills(rng, tile, form):
     """The smaller tiles a small batch takes, in each form, with a concat part and a residual: one warpgroup (64 rows)

@@ -1,5 +1,6 @@
 """The wgmma GEMM's other forms on the GPU (gemm_layer.cu): clusters of two CTAs sharing the weight tile
-(FUSEDMLP_GEMM_CLUSTER=2) and the warp-specialised one-CTA form (FUSEDMLP_GEMM_WS=1), each over random wide networks
+(FUSEDMLP_GEMM_CLUSTER=2), the warp-specialised one-CTA form (FUSEDMLP_GEMM_WS=1) and its consumers in turn
+(FUSEDMLP_GEMM_WS=2, ping-pong; written without a GPU at hand, first to run here), each over random wide networks
 and the benchmark networks against float64 with every GEMM layer in that form, bit for bit the plain one-CTA form's
 results, and the torch path with out= and a CUDA graph. Marked `gpu`; skipped without a device (both forms need
 sm_90a: skipped on other GPUs)."""
@@ -17,7 +18,8 @@ from test_segments_gpu import test_torch_tensors_out_and_cuda_graphs_through_a_s
 pytestmark = pytest.mark.gpu
 
 
-FORMS = {"cluster": ("FUSEDMLP_GEMM_CLUSTER", "2"), "ws": ("FUSEDMLP_GEMM_WS", "1")}
+FORMS = {"cluster": ("FUSEDMLP_GEMM_CLUSTER", "2"), "ws": ("FUSEDMLP_GEMM_WS", "1"),
+         "pingpong": ("FUSEDMLP_GEMM_WS", "2")}
 PLAIN = {"FUSEDMLP_GEMM_CLUSTER": "1", "FUSEDMLP_GEMM_WS": "-1"}
 
 
@@ -39,7 +41,8 @@ def gemm_forms(mlp, io):
     segments = mlp._segments_for(*target, io, io) or []
     plans = [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
              for seg in segments if seg.kind == "gemm"]
-    return ["cluster" if p["cluster"] == 2 else "ws" if p["ws"] else "plain" for p in plans]
+    return ["cluster" if p["cluster"] == 2 else "pingpong" if p["ws"] == 2 else "ws" if p["ws"] else "plain"
+            for p in plans]
 
 
 def test_random_wide_graphs_in_the_form(form):

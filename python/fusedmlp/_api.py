@@ -725,11 +725,21 @@ class FusedMLP:
         cluster, ws = _env.gemm_cluster(), _env.gemm_ws()
         if cluster and "cluster" not in options and plan.info["wgmma"] and plan.info["cluster"] != cluster:
             forced["cluster"] = cluster
-        if ws and "ws" not in options and plan.info["wgmma"] and plan.info["ws"] != (ws == 1):
+        # (the form in turn, ws 2, takes the default tile only: a small batch's smaller tile keeps the plan's form)
+        if ws and "ws" not in options and plan.info["wgmma"] and plan.info["ws"] != max(ws, 0) and not (
+                ws == 2 and tile):
             forced["ws"] = ws
         if forced:
-            plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
-                                       smem_per_sm=smem_per_sm, precision=self._precision, **forced, **options)
+            try:
+                plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
+                                           smem_per_sm=smem_per_sm, precision=self._precision, **forced, **options)
+            except LimitError:
+                if forced.get("ws") != 2:
+                    raise
+                forced.pop("ws")  # (the form in turn takes no residual yet: such a layer keeps the plan's form)
+                if forced:
+                    plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
+                                               smem_per_sm=smem_per_sm, precision=self._precision, **forced, **options)
         return plan
 
     def _gpu_info(self):
