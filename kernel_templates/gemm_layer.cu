@@ -752,6 +752,22 @@ __device__ __forceinline__ void fm_epilogue_any(const float (&acc)[MT][NT][4], o
     fm_epilogue_store<false>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, 0u, lane);
 }
 
+// A tile's accumulators at the start, this warp's columns from c0: the bias, as in the fused kernels (no bias add in
+// the epilogue), or zero for 8-bit (the epilogue's dequantisation adds the bias).
+__device__ __forceinline__ void fm_acc_init(float (&acc)[MT][NT][4], int c0, int t, const float *__restrict__ bias) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int col = c0 + nt * 8 + 2 * t;
+        const bool b = Ly::BIAS && FM_PREC < 3;
+        const float b0 = b ? bias[col] : 0.0f, b1 = b ? bias[col + 1] : 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            acc[mt][nt][0] = acc[mt][nt][2] = b0;
+            acc[mt][nt][1] = acc[mt][nt][3] = b1;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTER_DIMS}}
 {{KERNEL_NAME}}(const void *__restrict__ x,      // input part 0: rows x A0_REAL of dtype FM_IN_TYPE
                 out_t *__restrict__ y,            // rows x NR of out_t
@@ -826,17 +842,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
             const int n0_t = (int)(tl % NTILES) * BN;
             const long long row0_t = tl / NTILES * BM;
             float acc[MT][NT][4];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {  // the bias, or zero (8-bit), as below
-                const int col = n0_t + nt * 8 + 2 * t;
-                const bool b = Ly::BIAS && FM_PREC < 3;
-                const float b0 = b ? bias[col] : 0.0f, b1 = b ? bias[col + 1] : 0.0f;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    acc[mt][nt][0] = acc[mt][nt][2] = b0;
-                    acc[mt][nt][1] = acc[mt][nt][3] = b1;
-                }
-            }
+            fm_acc_init(acc, n0_t, t, bias);
             fm_mainloop_pp(acc, smem, bars, j * KTILES, turn + 8 * (wg ^ 1), lane);
             fm_epilogue_any(acc, y, res, bias, row0_t, rows, n0_t, wq, 0, g, t, smem, warp, lane);
         }
@@ -853,20 +859,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     (void)ntile;
     fm_prefetch(smem, x, x1, w, row0, rows, n0);
 #endif
-    // Accumulators start at the bias, as in the fused kernels (no bias add in the epilogue); 8-bit ones at zero (the
-    // epilogue's dequantisation adds the bias).
     float acc[MT][NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int col = n0 + wn * TN + nt * 8 + 2 * t;
-        const bool b = Ly::BIAS && FM_PREC < 3;
-        const float b0 = b ? bias[col] : 0.0f, b1 = b ? bias[col + 1] : 0.0f;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            acc[mt][nt][0] = acc[mt][nt][2] = b0;
-            acc[mt][nt][1] = acc[mt][nt][3] = b1;
-        }
-    }
+    fm_acc_init(acc, n0 + wn * TN, t, bias);
 #if FM_GEMM_CLUSTER > 1
     fm_mainloop_cluster(acc, smem, bars, x, x1, w, row0, rows, ntile, rank, warp, lane);
     // No CTA may leave while the other can still arrive on its barriers: the last arrivals came before this.
