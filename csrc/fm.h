@@ -357,7 +357,7 @@ typedef struct fm_plan {
      * roles in turn ("ping-pong", CUTLASS's name): a persistent grid, each consumer warpgroup a 128 x BN tile of its
      * own (every other tile of its CTA), the producer filling the stages tile after tile, so that one warpgroup's
      * MMAs run while the other stores; each consumer warp stages its output in a buffer of its own after the stages.
-     * Opt-in (ws=2), not yet run on a GPU. */
+     * The auto choice where gemm.c's fm_gemm_pp_auto says (8-bit layers mostly). */
     int gemm_ws;
     int a1_dtype, res_dtype;
     /* The spec's FM_NORM_* per layer. A norm layer's float blob holds n_pad floats of bias, then gamma, then beta

@@ -39,6 +39,35 @@ static int fm_gemm_ws_fits(const fm_plan *plan, int l) {
            (plan->a1_dtype < 0 || fm_gemm_raw_part(plan, plan->a1_dtype, plan->k_real[l] - plan->k0_real[l]));
 }
 
+/* Whether every input part of layer l has rows of whole 16-byte pieces in its global dtype (sdf512's 259-column x
+ * part, 518-byte rows, does not: its element-by-element loads held a producer warpgroup at 5x the plain form's time). */
+static int fm_gemm_parts_whole(const fm_plan *plan, int l) {
+    const int k1 = plan->k_real[l] - plan->k0_real[l];
+    return plan->k0_real[l] * fm_dtype_size(plan->in_dtype) % 16 == 0 &&
+           (plan->a1_dtype < 0 || k1 * fm_dtype_size((fm_dtype)plan->a1_dtype) % 16 == 0);
+}
+
+/* The auto rule for the form in turn (ws=2), from each GEMM of wide512, rec1024 and sdf512 timed in the plain form, the
+ * producer form and in turn (H100, 2^21 rows, bench/results/h100-gemm-pingpong/): the wgmma form on one CTA a tile,
+ * more than 128 outputs, no residual operand (the form takes none), input rows of whole 16-byte pieces, and
+ *  - int8: every such layer (a 512 x 512 layer 3.66 -> 3.25 ms, rec1024's 1024 x 1024 7.13 -> 5.80);
+ *  - float8: at most 512 inputs (512 x 512 2.72 -> 1.73; at 1024 inputs the producer form stays ahead, 4.87 against
+ *    5.24), and an input converted on the way of at most 128 columns (rec1024's 256-column float16 x: 5.85 in turn,
+ *    4.20 plain);
+ *  - 16-bit: at most 512 bytes of inputs a row, copied as they are (rec1024's 256 -> 1024 layer 3.67 -> 3.07; its
+ *    1024 x 1024 layer 7.88 -> 10.45, each warpgroup's 128-column tile reading A twice as often as 128 x 256). */
+static int fm_gemm_pp_auto(const fm_plan *plan, int l, int res) {
+    if (!plan->wgmma || plan->gemm_cluster != 1 || plan->n_real[l] <= 128 || res >= 0 || !fm_gemm_parts_whole(plan, l))
+        return 0;
+    const int raw = fm_gemm_raw_part(plan, (int)plan->in_dtype, plan->k0_real[l]) &&
+                    (plan->a1_dtype < 0 || fm_gemm_raw_part(plan, plan->a1_dtype, plan->k_real[l] - plan->k0_real[l]));
+    if (plan->prec == FM_PREC_INT8)
+        return 1;
+    if (plan->prec == FM_PREC_E4M3)
+        return plan->k_real[l] <= 512 && (raw || plan->k_real[l] <= 128);
+    return raw && plan->k_real[l] * plan->elem_bytes <= 512;
+}
+
 static int fm_gemm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
 /* Whether d is a global dtype code a GEMM of precision p takes: 0 float32, 1 float16, 2 bfloat16, and for an 8-bit
@@ -152,11 +181,14 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
      * wgmma: two warpgroups of 64 rows, each all the tile's columns: 256 for a layer of more than 128 outputs (a
      * warpgroup then reads each A fragment once for 256 columns), else 128 or 64; 4 stages of 128 bytes of K, 192 KB
      * for 128 x 256. */
-    /* ws=2: each consumer warpgroup a 128-row tile of its own, two m64 MMAs of up to 128 columns a k step */
+    /* ws=2: each consumer warpgroup a 128-row tile of its own, two m64 MMAs of up to 128 columns a k step; the auto
+     * choice for 8-bit layers of more than 128 outputs at the default tile (fm_gemm_pp_auto) */
+    if (opts->ws == 0 && !bm && !bn && fm_gemm_pp_auto(plan, l, res))
+        plan->gemm_ws = 2;
     const int pp = plan->gemm_ws == 2;
     plan->gemm_bm = bm ? bm : 128;
     plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : plan->n_real[l] <= 128 || !plan->wgmma || pp ? 128 : 256);
-    if (opts->ws == 0)
+    if (opts->ws == 0 && !pp)
         plan->gemm_ws = plan->wgmma && plan->gemm_cluster == 1 && FM_GEMM_WS_AUTO && fm_gemm_ws_fits(plan, l);
     plan->warps = pp ? 12 : plan->wgmma ? plan->gemm_bm / 16 + (plan->gemm_ws ? 4 : 0) : 8;
     if (pp)

@@ -96,7 +96,7 @@ def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs
 
 
 def test_the_consumers_in_turn_are_a_plan_option_with_tiles_of_their_own(rng):
-    """ws=2 (ping-pong; opt-in, not yet run on a GPU): 12 warps, each consumer warpgroup a 128 x 128 tile of its own
+    """ws=2 (ping-pong): 12 warps, each consumer warpgroup a 128 x 128 tile of its own
     in two m64 MMAs (a warp 32 rows), 4 stages of 32 KB, and after them each consumer warp's staged output (32 rows of
     128 outputs, a row padded by 16 bytes); one CTA an SM. Not with a 256-column or 64-row tile, not on mma.sync."""
     mlp, _ = model(rng, "rec1024")
@@ -119,6 +119,27 @@ def test_the_consumers_in_turn_are_a_plan_option_with_tiles_of_their_own(rng):
     res, _ = model(rng, "res768")
     with pytest.raises(fusedmlp.LimitError, match=r"in turn \(ws=2\) takes no residual operand yet"):
         res._gemm_plan(1, *H100, "float16", None, "float16", "float16", ws=2)
+
+
+@pytest.mark.parametrize("name,dtype,io,forms", [
+    ("wide512", "int8", "float16", [2, 2, 2, 2, 0]), ("wide512", "float8", "float16", [2, 2, 2, 2, 0]),
+    ("rec1024", "int8", "float16", [2, 2, 2, 2, 0]), ("rec1024", "float8", "float16", [0, 1, 1, 2, 0]),
+    ("sdf512", "int8", "float16", [0, 2, 2, 2, 0, 2, 2, 2, 0]),
+    ("sdf512", "float8", "float32", [0, 2, 2, 2, 0, 2, 2, 2, 0]),
+    ("rec1024", "float16", "float16", [2, 1, 1]), ("rec1024", "float16", "float32", [0, 1, 1]),
+    ("sdf512", "float16", "float16", [0])])
+def test_the_form_in_turn_is_the_auto_choice_where_it_won(rng, name, dtype, io, forms):
+    """fm_gemm_pp_auto, as timed per GEMM on the H100: 8-bit layers of more than 128 outputs (float8: at most 512
+    inputs, a converted x part of at most 128 columns), 16-bit ones of at most 512 bytes of raw input a row; never an
+    input whose rows are not whole 16-byte pieces (sdf512's 259 columns), a residual layer or a layer of <= 128
+    outputs; the others keep the producer form (1) or the plain one (0)."""
+    mlp, ws = model(rng, name, dtype) if name in NETWORKS else (None, None)
+    if name == "wide512":  # (a GEMM chain in 8 bits; in 16 one streamed kernel, so not among NETWORKS)
+        ws, bs = graph_weights(rng, [64] + [512] * 4 + [64], {}, 1.0)
+        mlp = fusedmlp.FusedMLP(ws, bs, activation="gelu", dtype=dtype, device="cpu")
+    if dtype != "float16":
+        mlp.calibrate(rng.standard_normal((256, ws[0].shape[1])).astype(np.float32))
+    assert [p.info["ws"] for _, p in gemm_plans(mlp, io)] == forms
 
 
 def test_the_environment_asking_for_the_form_in_turn_leaves_residual_layers_theirs(rng, monkeypatch):

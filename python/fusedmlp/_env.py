@@ -157,7 +157,7 @@ def gemm_ws():
 
     Returns:
         ``1`` (a producer warpgroup loads the stages), ``2`` (as 1, its two consumer warpgroups in turn on tiles of
-        their own: the ping-pong form, not yet run on a GPU) or ``-1`` (every thread loads and multiplies) as
+        their own: the ping-pong form) or ``-1`` (every thread loads and multiplies) as
         ``FUSEDMLP_GEMM_WS`` says (``1``/``on``, ``2``/``pingpong``, ``-1``/``off``); ``0`` (the plan's choice) if it
         is unset, empty, ``0`` or ``auto``.
 
