@@ -359,13 +359,19 @@ typedef struct fm_plan {
      * MMAs run while the other stores; each consumer warp stages its output in a buffer of its own after the stages.
      * The auto choice where gemm.c's fm_gemm_pp_auto says (8-bit layers mostly). */
     int gemm_ws;
+    /* 1: a norm layer's second kernel (row_norm.cu), after the GEMM of the layer cut before its norm wrote z = W h + b
+     * (python/fusedmlp/_segments.py): a warp a row, its statistics, then the rest of the layer's epilogue, y once.
+     * in_dtype is z's global dtype; no weights (w_elems a dummy 16 bytes), the float blob n_pad floats (unused),
+     * gamma, beta; warps rows a CTA, one CTA per warps rows. */
+    int gemm_norm;
     int a1_dtype, res_dtype;
     /* The spec's FM_NORM_* per layer. A norm layer's float blob holds n_pad floats of bias, then gamma, then beta
      * (b_offset[l], + n_pad, + 2 n_pad; fm_plan_pack_norms). Its row statistics need every column of a row: the
      * mma.sync kernel makes it one chunk where the accumulators allow, else runs its chunks twice (statistics, then
      * output); the register-A kernel keeps it one column group (K-pipelined too: the norm runs on the whole
      * accumulators before the pipelined epilogue); the cluster kernel's CTAs exchange partial statistics through
-     * distributed shared memory. The GEMM form (fm_plan_gemm) refuses it. */
+     * distributed shared memory. The GEMM form (fm_plan_gemm) refuses it: such a layer runs as a GEMM of the layer
+     * without its norm, activation and residual, then its second kernel (fm_plan.gemm_norm). */
     int norm[FM_MAX_LAYERS];
     /* 1: a layernorm layer whose weights and bias fm_plan_pack stores centred (each input column's mean over the
      * outputs subtracted from it, the bias's mean from the bias), so that z = W h + b arrives with a zero row mean
@@ -408,6 +414,7 @@ typedef struct fm_gemm_opts {
     int cluster; /* the wgmma form on clusters of 2 CTAs sharing the weight tile (fm_plan.gemm_cluster) or 1 CTA a
                     tile; 0: auto */
     int ws;      /* 1: the wgmma form warp-specialised (fm_plan.gemm_ws), 2: in turn (ping-pong), -1: not, 0: auto */
+    int norm_pass; /* 1: not the GEMM but the norm layer's second kernel (fm_plan.gemm_norm); a0 is then z's dtype */
 } fm_gemm_opts;
 
 /* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual

@@ -76,9 +76,58 @@ static int fm_gemm_valid_dtype(int d, fm_prec p) {
     return d == FM_F32 || d == FM_F16 || d == FM_BF16 || (d == FM_CODES && fm_prec_is_8bit(p));
 }
 
+/* The second kernel of norm layer l (fm_plan.gemm_norm): z (dtype a0, the compute dtype's storage the GEMM wrote)
+ * normalised over the row, then act, the residual (res: its dtype, -1 none) and post, y in out. Eight warps a CTA, a
+ * warp a row; four CTAs an SM at most by the launch bounds (a row of up to 2048 stays in 64 registers a lane). */
+static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0,
+                                   int a1, int res, fm_dtype out, fm_plan *plan, fm_error *err) {
+    if (spec->norm[l] == FM_NORM_NONE)
+        return fm_fail(err, FM_ERR_VALUE, "layer %d has no norm: its GEMM has no second kernel", l);
+    if (fm_prec_is_8bit(prec))
+        return fm_fail(err, FM_ERR_LIMIT, "layer %d has a %s and %d features, too wide for the fused %s kernels (%d); "
+                       "a wide norm layer runs as a GEMM and a row pass in 16 or 32 bits only (an 8-bit GEMM's values "
+                       "between layers are codes, with no pass for the row's statistics yet)", l,
+                       fm_norm_name(spec->norm[l]), spec->width[l + 1], fm_prec_name(prec), FM_MAX_ONCHIP_WIDTH);
+    if (a1 != -1 || !fm_gemm_valid_dtype((int)a0, prec) || a0 == FM_CODES || !fm_gemm_valid_dtype((int)out, prec) ||
+        out == FM_CODES || (res != -1 && (!fm_gemm_valid_dtype(res, prec) || res == FM_CODES)))
+        return fm_fail(err, FM_ERR_VALUE, "norm pass dtypes z=%d a1=%d res=%d out=%d: z, res and out 0 (float32), 1 "
+                       "(float16) or 2 (bfloat16), a1 -1 (the concat is the GEMM's), res -1 where absent", (int)a0, a1,
+                       res, (int)out);
+    if ((spec->res_op[l] != FM_RES_NONE) != (res != -1))
+        return fm_fail(err, FM_ERR_VALUE, "layer %d %s residual, but res=%d (-1: none)", l,
+                       spec->res_op[l] != FM_RES_NONE ? "has a" : "has no", res);
+    if ((a0 == FM_BF16 || res == FM_BF16 || out == FM_BF16) && target->arch < 80)
+        return fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer; the target is sm_%d",
+                       target->arch);
+    plan->gemm = plan->gemm_norm = 1;
+    plan->gemm_layer = l;
+    plan->num_layers = l + 1;
+    plan->prec = prec;
+    plan->elem_bytes = (int)fm_prec_size(prec);
+    plan->arch = target->arch;
+    plan->in_dtype = a0;
+    plan->out_dtype = out;
+    plan->a1_dtype = -1;
+    plan->res_dtype = res;
+    plan->gemm_cluster = 1;
+    plan->n_real[l] = spec->width[l + 1];
+    plan->n_pad[l] = plan->n_chunk[l] = fm_gemm_round_up(plan->n_real[l], 8);
+    plan->res_op[l] = spec->res_op[l];
+    plan->res_src[l] = spec->res_src[l];
+    plan->norm[l] = spec->norm[l];
+    plan->a1_buf[l] = plan->res_buf[l] = -1;
+    plan->warps = 8;
+    plan->rows_per_cta = plan->warps;
+    plan->blocks_per_sm = 4;
+    plan->act_stride = 16 / plan->elem_bytes;
+    plan->w_elems = (size_t)(16 / plan->elem_bytes); /* (no weights: k_real stays 0, so fm_plan_pack packs none) */
+    plan->b_floats = (size_t)3 * (size_t)plan->n_pad[l];
+    return FM_OK;
+}
+
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
-    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0};
+    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0, 0};
     if (opts == NULL)
         opts = &auto_opts;
     const int bm = opts->bm, bn = opts->bn;
@@ -88,6 +137,8 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     fm_status st = fm_plan_check_prec(spec, target, prec, err); /* (the 8-bit scales among its checks) */
     if (st != FM_OK)
         return st;
+    if (opts->norm_pass)
+        return fm_plan_gemm_norm(spec, l, target, prec, a0, a1, res, out, plan, err);
     if (!fm_gemm_valid_dtype((int)a0, prec) || !fm_gemm_valid_dtype((int)out, prec) ||
         (a1 != -1 && !fm_gemm_valid_dtype(a1, prec)) || (res != -1 && !fm_gemm_valid_dtype(res, prec)))
         return fm_fail(err, FM_ERR_VALUE, "GEMM dtypes a0=%d a1=%d res=%d out=%d: each is 0 (float32), 1 (float16), "
@@ -105,9 +156,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
                        spec->res_op[l] != FM_RES_NONE ? "has a" : "has no", res);
     if (spec->norm[l] != FM_NORM_NONE)
         return fm_fail(err, FM_ERR_LIMIT, "layer %d has a %s, whose row statistics need all its %d columns at once; "
-                       "the GEMM form computes a row in tiles of columns, so a norm layer runs in a fused kernel (up "
-                       "to %d features)", l, fm_norm_name(spec->norm[l]), spec->width[l + 1],
-                       FM_MAX_ONCHIP_WIDTH);
+                       "the GEMM form computes a row in tiles of columns, so it multiplies the layer without its "
+                       "norm and a second kernel (norm_pass=1) finishes the rows", l, fm_norm_name(spec->norm[l]),
+                       spec->width[l + 1]);
     if ((a0 == FM_BF16 || a1 == FM_BF16 || res == FM_BF16 || out == FM_BF16) && target->arch < 80)
         return fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer; the target is sm_%d",
                        target->arch);

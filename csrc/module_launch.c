@@ -117,6 +117,8 @@ static void Kernel_dealloc(KernelObject *self) {
 
 static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     const fm_plan *p = &self->plan->plan;
+    if (p->gemm_norm) /* a norm layer's second kernel: a CTA per rows_per_cta rows (row_norm.cu) */
+        return (unsigned)((rows + p->rows_per_cta - 1) / p->rows_per_cta);
     if (p->gemm) { /* one CTA per tile of y, column tiles fastest; clusters: row tiles in pairs (gemm_layer.cu) */
         const int64_t pair = p->gemm_cluster > 1 ? p->gemm_cluster : 1;
         const int64_t row_tiles = (rows + p->gemm_bm - 1) / p->gemm_bm;

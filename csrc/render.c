@@ -348,6 +348,17 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(fm_subst_add(t, "BLOCKS_PER_SM"), "%d", p->blocks_per_sm);
     fm_str_printf(fm_subst_add(t, "B_FLOATS"), "%zu", p->b_floats);
     fm_str_printf(fm_subst_add(t, "SMEM_BYTES"), "%zu", p->smem_bytes);
+    if (p->gemm_norm) { /* a norm layer's second kernel (row_norm.cu): no weights, no tile */
+        const int l = p->gemm_layer;
+        fm_str_append(fm_subst_add(t, "W_SMEM_ELEMS"), "0");
+        fm_str_printf(fm_subst_add(t, "RES_TYPE"), "%d", p->res_dtype);
+        fm_str_printf(fm_subst_add(t, "PLAN_COMMENT"), "a %s layer's second kernel, %d features; sm_%d; %s; a warp a "
+                      "row, %d rows a CTA; z %s%s%s, y %s", fm_norm_name(spec->norm[l]), p->n_real[l], p->arch,
+                      fm_prec_name(p->prec), p->rows_per_cta, fm_dtype_name(p->in_dtype),
+                      p->res_dtype >= 0 ? ", residual " : "", p->res_dtype >= 0 ? fm_dtype_name((fm_dtype)p->res_dtype) : "",
+                      fm_dtype_name(p->out_dtype));
+        return fm_render_gemm_layer(spec, p, fm_subst_add(t, "LAYERS"), err);
+    }
     if (p->gemm) {
         fm_str_append(fm_subst_add(t, "W_SMEM_ELEMS"), "0");
         fm_render_gemm_substs(p, t);

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fusedmlp
-from fusedmlp import _api, _core
+from fusedmlp import _api, _core, _segments
 from fusedmlp._cache import KernelCache
 from test_gpu import run_io_kernel as run_kernel  # io-typed input and output, bfloat16 as bits
 from conftest import rel_l2
@@ -330,7 +330,8 @@ def test_centred_float16_weights_lose_no_more_than_the_weights_as_given(common):
 
 def test_a_norm_layer_in_a_segmented_network_keeps_its_norm(rng):
     """A network one fused kernel cannot hold is cut into stretches that are networks of their own: each keeps its
-    layers' norms (a GEMM layer cannot take one: its rows come in column tiles)."""
+    layers' norms (a GEMM cannot take one, its rows come in column tiles: a norm layer that is a GEMM is the GEMM of
+    the layer cut before its norm, then a row pass, below)."""
     ws, bs = weights_for(rng, [8, 300, 64, 64, 4])
     norm = {2: ("layernorm", rng.uniform(0.5, 1, 64).astype(np.float32), None, 1e-5)}
     mlp = fusedmlp.FusedMLP(ws, bs, activation="silu", norm={2: spec(norm[2])}, device="cpu")
@@ -339,11 +340,72 @@ def test_a_norm_layer_in_a_segmented_network_keeps_its_norm(rng):
     assert len(plans) >= 2 and any("NORM = 1" in s for s in sources)
     assert mlp.segments is None and "NORM = 1" in mlp.source and "WIDE = true" in mlp.source
     with pytest.raises(fusedmlp.LimitError, match="layer 0 has a layernorm, whose row statistics need all its 300 "
-                                                  "columns"):
-        fusedmlp.FusedMLP(ws, bs, norm={0: "layernorm"}, device="cpu")._gemm_plan(0, 90, 0, 0, 0, "float32", None,
-                                                                                   None, "float16")
+                                                  "columns.*norm_pass=1"):
+        fusedmlp.FusedMLP(ws, bs, norm={0: "layernorm"}, device="cpu")._net.gemm_plan(0, 90, 0, 0, "float32", None,
+                                                                                       None, "float16")
     x = rng.standard_normal((20, 8)).astype(np.float32)
     assert rel_l2(mlp(x), norm_forward(x, ws, bs, ["silu"] * 3 + ["none"], norms=norm)) <= 1e-6
+
+
+def wide_norm_model(rng, widths, norms, residual=None, **kwargs):
+    """(ws, bs, norms, FusedMLP on the CPU) of a chain with the given norm kinds {layer: kind} (random affine, eps)."""
+    ws, bs = weights_for(rng, widths, bias_offset=3.0)
+    entries = {l: random_norm(rng, widths[l + 1], kind) for l, kind in norms.items()}
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="gelu", residual=residual, norm={l: spec(e) for l, e in entries.items()},
+                            device="cpu", **kwargs)
+    return ws, bs, entries, mlp
+
+
+def test_a_wide_norm_layer_is_its_gemm_without_the_norm_then_a_row_pass(rng):
+    """A norm layer no fused kernel takes (here 512 and 300 features): its GEMM multiplies the layer cut before its
+    norm (no activation, no residual; a layernorm's weights less their means over the outputs, an rmsnorm's as
+    given), writing z in the compute dtype's storage, and its second kernel (row_norm.cu) reads z, normalises each
+    row and runs the rest of the layer's epilogue, its residual operand included."""
+    widths = [16, 512, 512, 300, 8]
+    ws, bs, norms, mlp = wide_norm_model(rng, widths, {0: "layernorm", 1: "rmsnorm", 2: "layernorm"},
+                                         residual={1: ("add", "relu", 0)})
+    for arch in (80, 90):
+        plans = _segments.plans(mlp, arch, "float16", "float32")
+        kinds = [(p.info.get("gemm_layer"), p.info.get("norm_pass")) for p in plans]
+        assert kinds[:6] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)], kinds
+        sources = [_api._source_of(p) for p in plans[:6]]
+        for gemm in sources[0::2]:  # the GEMMs: W h + b alone
+            assert "NORM = 0" in gemm and "act(float x) { return (x); }" in gemm and "FM_RES_TYPE -1" in gemm
+        assert "a layernorm layer's second kernel, 512 features" in sources[1] and "NORM = 1" in sources[1]
+        assert "NORM = 2" in sources[3] and "FM_RES_TYPE 1 " in sources[3] and "RES = 1" in sources[3]
+        assert "y float16" in sources[5]  # (layer 2's output is a value between segments, not y)
+    # the GEMMs' weights: a layernorm layer's centred (float64, then rounded), an rmsnorm layer's as given
+    for layer, centred in ((0, True), (1, False)):
+        plan = mlp._gemm_plan(layer, 80, 0, 0, 0, "float16", None, None, "float16")
+        k_pad = -(-widths[layer] // 32) * 32  # (mma.sync: K in stages of 32 halves, the blob row-major)
+        packed = np.frombuffer(plan.packed_weights(), np.float16).reshape(-1, k_pad)
+        w64 = ws[layer].astype(np.float64)
+        want = (w64 - w64.mean(0)) if centred else w64
+        n, k = ws[layer].shape
+        assert np.array_equal(packed[:n, :k], want.astype(np.float32).astype(np.float16))
+    assert "its layernorm in a second kernel over whole rows" in mlp.segments[0]
+
+
+def test_wide_norm_row_passes_compile_ahead_of_time(rng, tmp_path):
+    """The row pass for every kind of row it has: widths whose rows split into chunks of 8, 4, 2 and 1 elements, up
+    to 2048 in registers and wider ones read twice; layernorm and rmsnorm; residuals from x (float32, bfloat16) and
+    between segments; every compute dtype; sm_75, sm_80 and sm_90a; ptxas reports no spills."""
+    cases = [  # (widths, norms, residual, compute dtype, io, arch)
+        ([16, 1024, 8], {0: "layernorm"}, None, "float16", "float16", 90),
+        ([300, 300, 8], {0: "rmsnorm"}, {0: ("add", "none", "input")}, "bfloat16", "bfloat16", 80),
+        ([777, 777, 8], {0: "layernorm"}, {0: ("mul", "tanh", "input")}, "float16", "float32", 75),
+        ([8, 2050, 2050, 4], {0: "layernorm", 1: "rmsnorm"}, {1: ("add", "relu", 0)}, "tf32", "float32", 80),
+        ([8, 4100, 4], {0: "layernorm"}, None, "bfloat16", "float16", 90),
+        ([8, 514, 4], {0: "rmsnorm"}, None, "float16", "float16", 90),
+    ]
+    for widths, kinds, residual, prec, io, arch in cases:
+        _, _, _, mlp = wide_norm_model(rng, widths, kinds, residual=residual, dtype=prec, cache_dir=tmp_path)
+        rows = [p for p in _segments.plans(mlp, arch, io, io) if p.info.get("norm_pass")]
+        assert len(rows) == len(kinds), (widths, [p.info for p in rows])
+        for plan in rows:
+            options = ("--ptxas-options=-v",) + _api.nvrtc_no_cache()  # (NVRTC's cache would answer without it)
+            _, log = _core.nvrtc_compile(_api._source_of(plan), _api.TEMPLATE_NORM, arch, arch == 90, options)
+            assert re.findall(r"(\d+) bytes spill stores", log) == ["0"], (widths, prec, arch, log)
 
 
 COMPILE_CASES = [
@@ -556,3 +618,97 @@ def test_gpu_norm_check_true_agrees_with_the_cpu_path():
     y = fusedmlp.evaluate_fused_mlp(x, ws, bs, activation="silu", norm=norm, device="cuda", check=True)
     cpu = fusedmlp.evaluate_fused_mlp(x, ws, bs, activation="silu", norm=norm, device="cpu")
     assert not np.isnan(y).any() and rel_l2(y, cpu.astype(np.float64)) <= 2e-3
+
+
+# ------------------------------------------------------------------------- norm layers as a GEMM and a row pass (GPU)
+
+
+def random_wide_norm_graph(rng):
+    """A random chain with at least one norm layer no fused kernel takes (257-2050 features: a GEMM and a row pass;
+    2050-wide rows are read twice, the others stay in registers), norms on narrow layers too, residuals onto norm
+    layers from their input, an earlier output or the network input, input concats (also onto norm layers), rows
+    far from zero."""
+    depth = int(rng.integers(1, 5))
+    pool = [16, 64, 256, 300, 512, 777, 1024, 2050]
+    widths = [int(rng.choice([3, 32, 259, 512]))] + [int(rng.choice(pool)) for _ in range(depth)]
+    wide = [l for l in range(depth) if widths[l + 1] > 256]
+    if not wide:
+        wide = [int(rng.integers(depth))]
+        widths[wide[0] + 1] = int(rng.choice([300, 512, 777, 1024, 2050]))
+    concat = {l: str(rng.choice(["after", "before"])) for l in range(1, depth) if rng.random() < 0.2}
+    acts = [str(rng.choice(ACTS)) for _ in range(depth - 1)] + [str(rng.choice(["none", "tanh"]))]
+    norms = {l: random_norm(rng, widths[l + 1]) for l in range(depth) if rng.random() < (0.85 if l in wide else 0.3)}
+    if not set(norms) & set(wide):
+        norms[wide[0]] = random_norm(rng, widths[wide[0] + 1])
+    norms = {l: ("layernorm", *e[1:]) if widths[l + 1] == 1 else e for l, e in norms.items()}
+    residual = {}
+    for l in range(depth):
+        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
+        if sources and rng.random() < 0.5:
+            residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
+                           int(rng.choice(sources)))
+    ws, bs = weights_for(rng, widths, concat, bias_offset=float(rng.choice([0.0, 0.0, 30.0])))
+    return types.SimpleNamespace(widths=widths, ws=ws, bs=bs, acts=acts, norms=norms, residual=residual,
+                                 concat=concat)
+
+
+@pytest.mark.gpu
+def test_gpu_wide_norm_layers_run_as_a_gemm_and_a_row_pass():
+    """30 random chains whose norm layers no fused kernel takes, float16 / bfloat16 / tf32 with rotating I/O dtypes,
+    batches of 1 to 4099 rows, poisoned outputs, against float64 within each dtype's check=True bound."""
+    rng = np.random.default_rng(303)
+    failures, checked, passes = [], 0, 0
+    for i in range(30):
+        g = random_wide_norm_graph(rng)
+        prec, io = ("float16", "bfloat16", "tf32")[i % 3], ("float32", "float16", "bfloat16")[(i // 3) % 3]
+        mlp = fused(g, dtype=prec, device="cuda")
+        x32 = rng.standard_normal((int(rng.choice([1, 63, 1000, 4099])), g.widths[0])).astype(np.float32)
+        ref = norm_forward(x32, g.ws, g.bs, g.acts, g.residual, g.concat, g.norms)
+        if not np.all(np.isfinite(ref)) or np.max(np.abs(ref)) > 6e4:
+            continue  # outside what float16 holds
+        x, y = run_kernel(mlp._kernel(io, rows=len(x32)), x32, io)
+        ref = norm_forward(x, g.ws, g.bs, g.acts, g.residual, g.concat, g.norms)
+        err = np.inf if np.isnan(y).any() else rel_l2(y, ref)
+        checked += 1
+        passes += sum("second kernel" in s for s in mlp.segments or [])
+        if not err <= max(fusedmlp.CHECK_TOLERANCES[prec], 1.6e-2 if io == "bfloat16" else 0):
+            failures.append((i, g.widths, sorted(g.norms), g.residual, g.concat, prec, io, len(x32), err,
+                             mlp.segments))
+    print(f"\nwide norms: {checked} graphs checked, {passes} row passes, {len(failures)} failures")
+    assert checked >= 24 and passes >= 24
+    assert not failures, failures[:4]
+
+
+@pytest.mark.gpu
+def test_gpu_wide_norm_network_through_torch_out_and_a_cuda_graph():
+    """A 1024-wide LayerNorm + SiLU stack (rl1024) through the torch call path, out=, batch 0 and a CUDA graph
+    capture after a warm-up call: the row passes' workspace slot and launches replay like the GEMMs'."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(304)
+    widths = [64, 1024, 1024, 1024, 16]
+    ws, bs = weights_for(rng, widths)
+    norms = {l: random_norm(rng, 1024, "layernorm") for l in range(3)}
+    acts = ["silu"] * 3 + ["none"]
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, norm={l: spec(e) for l, e in norms.items()}, device="cuda")
+    assert sum("second kernel" in s for s in mlp.segments) == 3
+    x = torch.randn(3000, 64, device="cuda", dtype=torch.float16)
+    ref = norm_forward(x.double().cpu().numpy(), ws, bs, acts, norms=norms)
+    assert rel_l2(mlp(x).double().cpu().numpy(), ref) <= fusedmlp.CHECK_TOLERANCES["float16"]
+    out = torch.full((3000, 16), float("nan"), device="cuda", dtype=torch.float32)
+    assert mlp(x, out=out) is out and rel_l2(out.double().cpu().numpy(), ref) <= fusedmlp.CHECK_TOLERANCES["float16"]
+    assert mlp(x[:0]).shape == (0, 16)
+    static_x = torch.randn(4096, 64, device="cuda", dtype=torch.float16)
+    static_y = torch.empty(4096, 16, device="cuda", dtype=torch.float16)
+    mlp(static_x, out=static_y)  # warm-up: builds the kernels
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mlp(static_x, out=static_y)
+    for seed in range(2):
+        static_x.copy_(torch.randn(4096, 64, device="cuda", dtype=torch.float16,
+                                   generator=torch.Generator("cuda").manual_seed(seed)))
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = norm_forward(static_x.double().cpu().numpy(), ws, bs, acts, norms=norms)
+        assert rel_l2(static_y.double().cpu().numpy(), ref) <= fusedmlp.CHECK_TOLERANCES["float16"]

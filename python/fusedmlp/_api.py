@@ -27,6 +27,7 @@ KERNEL_NAME = "fusedmlp_forward"
 TEMPLATE = "fused_mlp.cu"
 TEMPLATE_SM90 = "fused_mlp_sm90.cu"  # the plan's wgmma kernel (sm_90a)
 TEMPLATE_GEMM = "gemm_layer.cu"  # one layer of a segmented network as a GEMM with its epilogue (_segments.py)
+TEMPLATE_NORM = "row_norm.cu"  # a norm layer's second kernel, after the GEMM of the layer cut before its norm
 PRELUDE = "activations.cuh"
 
 #: Relative L2 error that ``check=True`` accepts between the GPU result and the CPU float64 reference. fp16
@@ -60,10 +61,11 @@ def _template(name, folder=None):
 
 
 def _source_of(plan):
-    """CUDA source of a plan: the sm_90a warpgroup template where the plan chose wgmma, the GEMM one for a GEMM plan,
-    else the mma.sync one."""
+    """CUDA source of a plan: the sm_90a warpgroup template where the plan chose wgmma, the GEMM one for a GEMM plan
+    (the row pass for a norm layer's second kernel), else the mma.sync one."""
     info = plan.info
-    name = TEMPLATE_GEMM if info.get("gemm") else TEMPLATE_SM90 if info["wgmma"] else TEMPLATE
+    name = (TEMPLATE_NORM if info.get("norm_pass") else TEMPLATE_GEMM if info.get("gemm") else
+            TEMPLATE_SM90 if info["wgmma"] else TEMPLATE)
     return plan.render(_template(PRELUDE), _template(name), KERNEL_NAME)
 
 
@@ -469,6 +471,7 @@ class FusedMLP:
         self._chains = {}  # (in dtype, out dtype) -> _segments.Chain
         self._segment_policy = "auto"  # see _segments.plan: whether a network with streamed weights is cut
         self._gemm_options = {}  # forced GEMM choices (bm, bn, stages, wgmma, cluster): the probe tool's A/B runs
+        self._prenorm = None  # the network whose norm layers stop before their norm (_prenorm_net), once needed
         self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
         self._sm_count = 0  # the GPU's SMs, which size the untuned tile choice (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
@@ -715,12 +718,54 @@ class FusedMLP:
         entry = compile_cubin(_source_of(plan), info["arch"], self._cache, plan.info["wgmma"])
         return plan.load(gpu, entry.cubin, KERNEL_NAME)
 
+    def _prenorm_net(self):
+        """This network with each norm layer cut before its norm: W h + b alone (no norm, activation or residual), so
+        its GEMM writes z and the layer's second kernel (_norm_plan, row_norm.cu) finishes the rows. A layernorm
+        layer's weights and bias come less their means over the layer's outputs (float64, then float32): a layernorm
+        is blind to a common part of its row, and z then has a near-zero row mean, so storing it in 16 bits keeps the
+        deviations' bits (as the fused kernels' centred weights, fm_plan.centred). Only the norm layers' GEMMs read
+        it."""
+        if self._prenorm is None:
+            w, b, acts, residual = list(self._w), list(self._b), list(self._acts), list(self._residual)
+            for l, entry in enumerate(self._norm):
+                if entry is None:
+                    continue
+                acts[l], residual[l] = "none", None
+                if entry[0] == _norm.KINDS["layernorm"]:
+                    w64 = w[l].astype(np.float64)
+                    w[l] = np.ascontiguousarray(w64 - w64.mean(axis=0), dtype=np.float32)
+                    if b[l] is not None:
+                        b[l] = (b[l].astype(np.float64) - b[l].astype(np.float64).mean()).astype(np.float32)
+            self._prenorm = _core().Network(w, b, acts, residual, self._concat, [None] * len(w))
+        return self._prenorm
+
+    def _gemm_net(self, layer):
+        """The network whose layer `layer` a GEMM multiplies: this one, or for a norm layer _prenorm_net."""
+        return self._prenorm_net() if 0 <= layer < len(self._norm) and self._norm[layer] is not None else self._net
+
+    def _norm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, z, res, out):
+        """Norm layer `layer`'s second kernel (row_norm.cu): z (its GEMM's result, dtype z) through the norm and the
+        rest of the layer's epilogue, the residual operand of dtype res (None: none), the output out."""
+        return self._net.gemm_plan(layer, arch, smem_per_block, sm_count, z, None, res, out, smem_per_sm=smem_per_sm,
+                                   precision=self._precision, norm_pass=True)
+
+    def _build_norm(self, layer, z, res, out):
+        """Plans, renders, compiles (through the cache) and loads norm layer `layer`'s second kernel (_norm_plan)."""
+        gpu = _gpu(self._ordinal)
+        info = gpu.info
+        plan = self._norm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"], z,
+                               res, out)
+        entry = compile_cubin(_source_of(plan), info["arch"], self._cache, plan.info["wgmma"])
+        return plan.load(gpu, entry.cubin, KERNEL_NAME)
+
     def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out, **tile):
-        """Layer `layer`'s GEMM plan; FUSEDMLP_GEMM_CLUSTER (_env.gemm_cluster) and FUSEDMLP_GEMM_WS (_env.gemm_ws)
-        pick the wgmma form's clusters and warp specialisation where neither tile nor _gemm_options does."""
+        """Layer `layer`'s GEMM plan (a norm layer's: of the layer cut before its norm, _gemm_net);
+        FUSEDMLP_GEMM_CLUSTER (_env.gemm_cluster) and FUSEDMLP_GEMM_WS (_env.gemm_ws) pick the wgmma form's clusters
+        and warp specialisation where neither tile nor _gemm_options does."""
         options = {**tile, **self._gemm_options}
-        plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
-                                   precision=self._precision, **options)
+        net = self._gemm_net(layer)
+        plan = net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
+                             precision=self._precision, **options)
         forced = {}
         cluster, ws = _env.gemm_cluster(), _env.gemm_ws()
         if cluster and "cluster" not in options and plan.info["wgmma"] and plan.info["cluster"] != cluster:
@@ -731,15 +776,15 @@ class FusedMLP:
             forced["ws"] = ws
         if forced:
             try:
-                plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
-                                           smem_per_sm=smem_per_sm, precision=self._precision, **forced, **options)
+                plan = net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
+                                     precision=self._precision, **forced, **options)
             except LimitError:
                 if forced.get("ws") != 2:
                     raise
                 forced.pop("ws")  # (the form in turn takes no residual yet: such a layer keeps the plan's form)
                 if forced:
-                    plan = self._net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
-                                               smem_per_sm=smem_per_sm, precision=self._precision, **forced, **options)
+                    plan = net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
+                                         smem_per_sm=smem_per_sm, precision=self._precision, **forced, **options)
         return plan
 
     def _gpu_info(self):

@@ -7,6 +7,10 @@ epilogue fused (kernel_templates/gemm_layer.cu). Between segments a value passes
 compute dtype, in workspace buffers that are planned once and reused by every call (the liveness of each value decides
 which values share one).
 
+A norm layer that runs as a GEMM (too wide for the fused kernels' norm layers, or past a cut) is two kernels: the GEMM
+of the layer cut before its norm writes z = W h + b to a workspace slot of its own, and the layer's second kernel
+(kernel_templates/row_norm.cu) reads each row of z once, normalises it and runs the rest of the layer's epilogue.
+
 An 8-bit network keeps its values between segments as the codes the next layer multiplies (one byte an element). Its
 fused kernels take the whole network only (x and y in float32 or 16 bits), so a network no fused kernel takes runs
 every layer as an 8-bit GEMM.
@@ -26,6 +30,8 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "codes": 1}
 #: Compute dtypes whose fused kernels take a whole network only (no fused segment: every layer of a cut one is a GEMM).
 _WHOLE_ONLY = ("int8", "float8")
 _ALIGN = 256  # bytes between workspace buffers: the GEMM's 16-byte loads, and a whole DRAM burst
+#: The value key of a norm layer's z = W h + b between its GEMM and its second kernel (a workspace slot of its own).
+NORM_Z = "z"
 
 
 @dataclasses.dataclass
@@ -157,6 +163,12 @@ class Chain:
         self._slot_row_bytes = [0] * count
         for v, s in slot_of.items():
             self._slot_row_bytes[s] = max(self._slot_row_bytes[s], widths[v + 1] * _ITEMSIZE[storage])
+        # the z of the norm layers that run as a GEMM and a row pass (NORM_Z): one slot of its own, live only between
+        # a layer's two kernels
+        z_rows = [widths[seg.first + 1] for seg in segments if seg.kind == "gemm" and mlp._norm[seg.first] is not None]
+        if z_rows:
+            slot_of[NORM_Z] = len(self._slot_row_bytes)
+            self._slot_row_bytes.append(max(z_rows) * _ITEMSIZE[storage])
         self._workspaces = {}  # stream -> (rows capacity, Buffer, offsets)
         self._keep = []  # outgrown workspaces: a captured graph may still use them
         self._host = None  # (rows, x Buffer, y Buffer) for run()
@@ -166,7 +178,7 @@ class Chain:
         # the second's first kernel overwriting a value the first's next kernel reads (launches are asynchronous,
         # so this orders the host's few microseconds only)
         self._launch_lock = threading.Lock()
-        self.info = {"segments": [seg.describe() for seg in segments], "kernels": len(segments), "in_dtype": in_dtype,
+        self.info = {"segments": [seg.describe() for seg in segments], "kernels": len(steps), "in_dtype": in_dtype,
                      "out_dtype": out_dtype}
 
     def _workspace(self, rows, stream):
@@ -192,6 +204,8 @@ class Chain:
         workspace (csrc/module_fast.c reads the same codes)."""
         if v is None:
             return -2
+        if v == NORM_Z:
+            return offsets[self._slot_of[v]]
         if v == -1:
             return -1
         if v == len(self._mlp.widths) - 2:
@@ -334,16 +348,25 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
             f"a cut {mlp._precision} network runs every layer as a GEMM")))
     else:
         segments = cut(n, mlp._residual, mlp._concat, fits)
-    # A layer the cut leaves to a GEMM may be one no GEMM takes (a norm: its row arrives in column tiles): then the
-    # one streamed kernel where the network has it, else the GEMM's error, which names the layer and the rule.
+    # A layer the cut leaves to a GEMM may be one no GEMM takes (an 8-bit norm layer: no row pass for codes): then
+    # the one streamed kernel where the network has it, else the plan's error, which names the layer and the rule. A
+    # norm layer is its GEMM and a second kernel; the one streamed kernel, where the network has it, beats that cut
+    # (its norm layers' rows stay on chip).
     for seg in segments:
         if seg.kind == "gemm":
+            norm = mlp._norm[seg.first] is not None
+            if norm and one_kernel() is not None:
+                return None
             try:
+                if norm:
+                    mlp._norm_plan(seg.first, *target, *norm_dtypes(mlp, seg.first, in_dtype, out_dtype))
                 mlp._gemm_plan(seg.first, *target, *gemm_dtypes(mlp, seg.first, in_dtype, out_dtype))
             except LimitError:
                 if one_kernel() is not None:
                     return None
                 raise
+            if norm:
+                seg.reason += f"; its {_norm.NAMES[mlp._norm[seg.first][0]]} in a second kernel over whole rows"
     return segments
 
 
@@ -357,9 +380,21 @@ def _gemm_operands(mlp, layer):
 
 def gemm_dtypes(mlp, layer, in_dtype, out_dtype):
     """The global dtypes of layer's GEMM operands (part 0, the concat's part 1, the residual's: None where absent) and
-    of its result, as gemm_plan takes them."""
-    return tuple(None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
-                 for v in (*_gemm_operands(mlp, layer), layer))
+    of its result, as gemm_plan takes them. A norm layer's GEMM has no residual and writes z in the compute dtype's
+    storage: its second kernel (norm_dtypes) reads the residual and writes the layer's result."""
+    dtypes = tuple(None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
+                   for v in (*_gemm_operands(mlp, layer), layer))
+    if mlp._norm[layer] is not None:
+        return dtypes[0], dtypes[1], None, STORAGE[mlp._precision]
+    return dtypes
+
+
+def norm_dtypes(mlp, layer, in_dtype, out_dtype):
+    """The global dtypes of norm layer's second kernel: z (its GEMM's result), the residual operand (None: absent) and
+    the layer's result, as _norm_plan takes them."""
+    _, _, res = _gemm_operands(mlp, layer)
+    return (STORAGE[mlp._precision], None if res is None else _value_dtype(mlp, res, in_dtype, out_dtype),
+            _value_dtype(mlp, layer, in_dtype, out_dtype))
 
 
 def plans(mlp, arch, in_dtype, out_dtype):
@@ -371,6 +406,8 @@ def plans(mlp, arch, in_dtype, out_dtype):
             out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype))
         else:
             out.append(mlp._gemm_plan(seg.first, *target, *gemm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
+            if mlp._norm[seg.first] is not None:
+                out.append(mlp._norm_plan(seg.first, *target, *norm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
     return out
 
 
@@ -441,10 +478,12 @@ def chain(mlp, in_dtype, out_dtype):
         # the GEMMs compile and load in parallel first, as the tuner's candidates do (NVRTC releases the GIL): sdf512's
         # nine layers are four distinct sources
         gemms = [seg.first for seg in segments if seg.kind == "gemm"]
+        norms = [l for l in gemms if mlp._norm[l] is not None]
 
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(gemms)))) as pool:
-            built = dict(zip(gemms, pool.map(lambda l: mlp._build_gemm(l, *gemm_dtypes(mlp, l, in_dtype, out_dtype)),
-                                             gemms)))
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, len(gemms) + len(norms)))) as pool:
+            built = pool.map(lambda l: mlp._build_gemm(l, *gemm_dtypes(mlp, l, in_dtype, out_dtype)), gemms)
+            built_norms = pool.map(lambda l: mlp._build_norm(l, *norm_dtypes(mlp, l, in_dtype, out_dtype)), norms)
+            built, built_norms = dict(zip(gemms, built)), dict(zip(norms, built_norms))
         steps, fused = [], []
         for seg in segments:
             f, last = seg.first, seg.last
@@ -459,6 +498,10 @@ def chain(mlp, in_dtype, out_dtype):
                 plan = mlp._gemm_plan(f, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
                                       *dtypes).info
                 gemm = GemmLayer(mlp, f, dtypes, (plan["bm"], plan["bn"]), built[f], info["sm_count"])
-                steps.append((gemm.kernel, p0, f, p1, res))
+                if f in built_norms:  # z = W h + b to its slot, then the rows through the norm and the rest
+                    steps.append((gemm.kernel, p0, NORM_Z, p1, None))
+                    steps.append((lambda rows, k=built_norms[f]: k, NORM_Z, f, None, res))
+                else:
+                    steps.append((gemm.kernel, p0, f, p1, res))
         found = mlp._chains[key] = Chain(mlp, segments, in_dtype, out_dtype, steps, fused)
         return found

@@ -100,6 +100,9 @@ WORKLOADS = {
     # issue 30's control-loop MLP of recent RL agents: Linear -> LayerNorm -> SiLU
     "rl256": Workload((64, 256, 256, 256, 16), "silu", True, norm="layernorm"),
     "r256": Workload((64, 256, 256, 256, 16), "silu", True),  # rl256 without its LayerNorm: what the norm costs
+    # the same at a width no fused kernel's norm layer takes: each layer a GEMM, each LayerNorm a row pass after it
+    "rl1024": Workload((64, 1024, 1024, 1024, 16), "silu", True, norm="layernorm"),
+    "r1024": Workload((64, 1024, 1024, 1024, 16), "silu", True),
 }
 
 DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)
