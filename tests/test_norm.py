@@ -73,6 +73,25 @@ def weights_for(rng, widths, concat=(), bias_offset=0.0):
     return ws, bs
 
 
+def finish_graph(rng, widths, concat, acts, norms):
+    """A random graph's namespace from its widths, concats, activations and norms: one-wide norm layers made
+    LayerNorm (below), residuals drawn from the layer's input, an earlier output or the network input, weights with
+    rows near or far from zero."""
+    # RMSNorm over one feature is gamma * sign(z), discontinuous at z = 0: any rounding flips the rows near it (on one
+    # such graph, rounding the weights to float16 alone moved the float64 reference by 0.42%), so a one-wide norm
+    # layer takes LayerNorm, which is its bias there (no draw changes: the other graphs stay the same).
+    norms = {l: ("layernorm", *e[1:]) if widths[l + 1] == 1 else e for l, e in norms.items()}
+    residual = {}
+    for l in range(len(widths) - 1):
+        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
+        if sources and rng.random() < 0.5:
+            residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
+                           int(rng.choice(sources)))
+    ws, bs = weights_for(rng, widths, concat, bias_offset=float(rng.choice([0.0, 0.0, 30.0])))
+    return types.SimpleNamespace(widths=widths, ws=ws, bs=bs, acts=acts, norms=norms, residual=residual,
+                                 concat=concat)
+
+
 def random_graph(rng):
     """A random chain mixing norms, residuals and input concats: widths 1..256, each layer's norm with probability
     0.6 (any affine, any eps), residuals from the layer's input, an earlier output or the network input."""
@@ -83,19 +102,7 @@ def random_graph(rng):
     concat = {l: str(rng.choice(["after", "before"])) for l in range(1, depth) if rng.random() < 0.25}
     acts = [str(rng.choice(ACTS)) for _ in range(depth - 1)] + [str(rng.choice(["none", "tanh"]))]
     norms = {l: random_norm(rng, widths[l + 1]) for l in range(depth) if rng.random() < 0.6}
-    # RMSNorm over one feature is gamma * sign(z), discontinuous at z = 0: any rounding flips the rows near it (on one
-    # such graph, rounding the weights to float16 alone moved the float64 reference by 0.42%), so a one-wide norm
-    # layer takes LayerNorm, which is its bias there (no draw changes: the other graphs stay the same).
-    norms = {l: ("layernorm", *e[1:]) if widths[l + 1] == 1 else e for l, e in norms.items()}
-    residual = {}
-    for l in range(depth):
-        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
-        if sources and rng.random() < 0.5:
-            residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
-                           int(rng.choice(sources)))
-    ws, bs = weights_for(rng, widths, concat, bias_offset=float(rng.choice([0.0, 0.0, 30.0])))
-    return types.SimpleNamespace(widths=widths, ws=ws, bs=bs, acts=acts, norms=norms, residual=residual,
-                                 concat=concat)
+    return finish_graph(rng, widths, concat, acts, norms)
 
 
 def fused(g, **kwargs):
@@ -640,16 +647,7 @@ def random_wide_norm_graph(rng):
     norms = {l: random_norm(rng, widths[l + 1]) for l in range(depth) if rng.random() < (0.85 if l in wide else 0.3)}
     if not set(norms) & set(wide):
         norms[wide[0]] = random_norm(rng, widths[wide[0] + 1])
-    norms = {l: ("layernorm", *e[1:]) if widths[l + 1] == 1 else e for l, e in norms.items()}
-    residual = {}
-    for l in range(depth):
-        sources = [v for v in range(-1, l) if widths[v + 1] == widths[l + 1]]
-        if sources and rng.random() < 0.5:
-            residual[l] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu", "tanh"])),
-                           int(rng.choice(sources)))
-    ws, bs = weights_for(rng, widths, concat, bias_offset=float(rng.choice([0.0, 0.0, 30.0])))
-    return types.SimpleNamespace(widths=widths, ws=ws, bs=bs, acts=acts, norms=norms, residual=residual,
-                                 concat=concat)
+    return finish_graph(rng, widths, concat, acts, norms)
 
 
 @pytest.mark.gpu
@@ -683,6 +681,8 @@ def test_gpu_wide_norm_layers_run_as_a_gemm_and_a_row_pass():
 def test_gpu_wide_norm_network_through_torch_out_and_a_cuda_graph():
     """A 1024-wide LayerNorm + SiLU stack (rl1024) through the torch call path, out=, batch 0 and a CUDA graph
     capture after a warm-up call: the row passes' workspace slot and launches replay like the GEMMs'."""
+    from test_segments_gpu import check_graph_replays
+
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(304)
     widths = [64, 1024, 1024, 1024, 16]
@@ -691,24 +691,13 @@ def test_gpu_wide_norm_network_through_torch_out_and_a_cuda_graph():
     acts = ["silu"] * 3 + ["none"]
     mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, norm={l: spec(e) for l, e in norms.items()}, device="cuda")
     assert sum("second kernel" in s for s in mlp.segments) == 3
+    def reference(x):
+        return norm_forward(x, ws, bs, acts, norms=norms)
+
     x = torch.randn(3000, 64, device="cuda", dtype=torch.float16)
-    ref = norm_forward(x.double().cpu().numpy(), ws, bs, acts, norms=norms)
+    ref = reference(x.double().cpu().numpy())
     assert rel_l2(mlp(x).double().cpu().numpy(), ref) <= fusedmlp.CHECK_TOLERANCES["float16"]
     out = torch.full((3000, 16), float("nan"), device="cuda", dtype=torch.float32)
     assert mlp(x, out=out) is out and rel_l2(out.double().cpu().numpy(), ref) <= fusedmlp.CHECK_TOLERANCES["float16"]
     assert mlp(x[:0]).shape == (0, 16)
-    static_x = torch.randn(4096, 64, device="cuda", dtype=torch.float16)
-    static_y = torch.empty(4096, 16, device="cuda", dtype=torch.float16)
-    mlp(static_x, out=static_y)  # warm-up: builds the kernels
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mlp(static_x, out=static_y)
-    for seed in range(2):
-        static_x.copy_(torch.randn(4096, 64, device="cuda", dtype=torch.float16,
-                                   generator=torch.Generator("cuda").manual_seed(seed)))
-        static_y.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = norm_forward(static_x.double().cpu().numpy(), ws, bs, acts, norms=norms)
-        assert rel_l2(static_y.double().cpu().numpy(), ref) <= fusedmlp.CHECK_TOLERANCES["float16"]
+    check_graph_replays(torch, mlp, 64, 16, reference, fusedmlp.CHECK_TOLERANCES["float16"])
