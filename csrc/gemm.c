@@ -78,7 +78,7 @@ static int fm_gemm_valid_dtype(int d, fm_prec p) {
 
 /* The second kernel of norm layer l (fm_plan.gemm_norm): z (dtype a0, the compute dtype's storage the GEMM wrote)
  * normalised over the row, then act, the residual (res: its dtype, -1 none) and post, y in out. Eight warps a CTA, a
- * warp a row; four CTAs an SM at most by the launch bounds (a row of up to 2048 stays in 64 registers a lane). */
+ * warp a row; four or two CTAs an SM by the launch bounds, by the registers a row's values take. */
 static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0,
                                    int a1, int res, fm_dtype out, fm_plan *plan, fm_error *err) {
     if (spec->norm[l] == FM_NORM_NONE)
@@ -118,7 +118,11 @@ static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *
     plan->a1_buf[l] = plan->res_buf[l] = -1;
     plan->warps = 8;
     plan->rows_per_cta = plan->warps;
-    plan->blocks_per_sm = 4;
+    /* a lane's values of a row in registers (row_norm.cu's CPL * VE; past 64 it reads the row twice instead): up to
+     * 32 fit the 64 registers of four CTAs an SM, more take two CTAs' 128 (NVRTC 13, sm_90a: 1536 float32 columns
+     * spilled 24 bytes at 64 registers, 2048 float16 ones 344; at 128, 2048 float32 ones spill 8) */
+    const int nr = plan->n_real[l], ve = nr % 8 == 0 ? 8 : nr % 4 == 0 ? 4 : nr % 2 == 0 ? 2 : 1;
+    plan->blocks_per_sm = (nr / ve + 31) / 32 * ve <= 32 ? 4 : 2;
     plan->act_stride = 16 / plan->elem_bytes;
     plan->w_elems = (size_t)(16 / plan->elem_bytes); /* (no weights: k_real stays 0, so fm_plan_pack packs none) */
     plan->b_floats = (size_t)3 * (size_t)plan->n_pad[l];

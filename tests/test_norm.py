@@ -404,6 +404,8 @@ def test_wide_norm_row_passes_compile_ahead_of_time(rng, tmp_path):
         ([8, 2050, 2050, 4], {0: "layernorm", 1: "rmsnorm"}, {1: ("add", "relu", 0)}, "tf32", "float32", 80),
         ([8, 4100, 4], {0: "layernorm"}, None, "bfloat16", "float16", 90),
         ([8, 514, 4], {0: "rmsnorm"}, None, "float16", "float16", 90),
+        ([8, 2048, 4], {0: "layernorm"}, None, "float16", "float16", 90),  # 64 values a lane: two CTAs an SM
+        ([8, 1536, 4], {0: "rmsnorm"}, None, "tf32", "float32", 90),
     ]
     for widths, kinds, residual, prec, io, arch in cases:
         _, _, _, mlp = wide_norm_model(rng, widths, kinds, residual=residual, dtype=prec, cache_dir=tmp_path)
