@@ -375,3 +375,35 @@ def test_gpu_rl_mlp_with_layernorm_matches_torch_float64():
         y = mlp(x)
     assert y.dtype == torch.float32 and not torch.isnan(y).any()
     assert rel(y.cpu(), ref64(model.cpu(), x.cpu())) <= 2e-3
+
+
+def test_a_wide_layernorm_model_converts_and_compiles_as_gemms_and_row_passes(tmp_path):
+    """A SimBa/BRO-style critic as written (Linear -> LayerNorm -> ReLU at 1024 features, a residual block, a weight-norm
+    head): from_torch reads it, the CPU path matches torch in float64, and for sm_90 and sm_80 each 1024-wide norm
+    layer plans as its GEMM and a row pass (a LimitError before), compiled ahead of time."""
+    torch.manual_seed(3)
+
+    class Critic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.ln0 = nn.Linear(48, 1024), nn.LayerNorm(1024)
+            self.hid, self.ln1 = nn.Linear(1024, 1024), nn.LayerNorm(1024)
+            self.head = parametrizations.weight_norm(nn.Linear(1024, 1))
+
+        def forward(self, x):
+            h = torch.relu(self.ln0(self.inp(x)))
+            h = h + torch.relu(self.ln1(self.hid(h)))
+            return self.head(h)
+
+    model = Critic().eval()
+    with torch.no_grad():
+        for ln in (model.ln0, model.ln1):
+            ln.weight.uniform_(0.5, 1.5)
+            ln.bias.uniform_(-0.5, 0.5)
+    mlp = fusedmlp.from_torch(model, device="cpu", cache_dir=tmp_path)
+    x = torch.randn(300, 48)
+    assert rel(mlp(x.numpy()), ref64(model, x)) <= 1e-6
+    for arch in ("sm_90", "sm_80"):
+        paths = mlp.compile(arch, "float16")
+        assert len(paths) >= 5, paths  # two GEMMs and their row passes, and the head
+    assert sum("layernorm in a second kernel" in s for s in mlp.segments) == 2
