@@ -84,10 +84,10 @@ static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *
     if (spec->norm[l] == FM_NORM_NONE)
         return fm_fail(err, FM_ERR_VALUE, "layer %d has no norm: its GEMM has no second kernel", l);
     if (fm_prec_is_8bit(prec))
-        return fm_fail(err, FM_ERR_LIMIT, "layer %d has a %s and %d features, too wide for the fused %s kernels (%d); "
-                       "a wide norm layer runs as a GEMM and a row pass in 16 or 32 bits only (an 8-bit GEMM's values "
-                       "between layers are codes, with no pass for the row's statistics yet)", l,
-                       fm_norm_name(spec->norm[l]), spec->width[l + 1], fm_prec_name(prec), FM_MAX_ONCHIP_WIDTH);
+        return fm_fail(err, FM_ERR_LIMIT, "layer %d has a %s and runs as an 8-bit GEMM (no fused %s kernel holds "
+                       "the network: a layer over %d features); a norm layer that is a GEMM runs with a row pass in 16 "
+                       "or 32 bits only (an 8-bit GEMM's values between layers are codes, with no row pass for them "
+                       "yet)", l, fm_norm_name(spec->norm[l]), fm_prec_name(prec), FM_MAX_ONCHIP_WIDTH);
     if (a1 != -1 || !fm_gemm_valid_dtype((int)a0, prec) || a0 == FM_CODES || !fm_gemm_valid_dtype((int)out, prec) ||
         out == FM_CODES || (res != -1 && (!fm_gemm_valid_dtype(res, prec) || res == FM_CODES)))
         return fm_fail(err, FM_ERR_VALUE, "norm pass dtypes z=%d a1=%d res=%d out=%d: z, res and out 0 (float32), 1 "
