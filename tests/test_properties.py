@@ -299,7 +299,9 @@ def test_inputs_of_the_wrong_shape_are_shape_errors_naming_x(data):
     shape = data.draw(st.one_of(
         st.tuples(st.integers(0, 5), st.integers(0, 12).filter(lambda n: n != n_in)),  # wrong feature count
         st.tuples(st.integers(0, 12).filter(lambda n: n != n_in)),  # one row of the wrong length
-        st.lists(st.integers(1, 3), min_size=3, max_size=5).map(tuple),  # rank 3 and up
+        # rank 3 and up with a wrong feature count (leading dimensions are rows, as nn.Linear takes them)
+        st.lists(st.integers(1, 3), min_size=2, max_size=4).flatmap(
+            lambda lead: st.integers(0, 12).filter(lambda n: n != n_in).map(lambda n: (*lead, n))),
         st.just(()),  # a scalar
     ))
     x = random_values(net["rng"], shape, data.draw(st.sampled_from([np.float32, np.float64, np.float16])), 1.0)

@@ -280,17 +280,35 @@ def test_activation_must_be_text(net, kwargs, field):
 def test_x_with_the_wrong_feature_count(net, rng):
     mlp = make(*net)
     with pytest.raises(ShapeError, match=re.escape("x has shape (4, 5); the network takes (batch, 3) (or (3,) for "
-                                                   "one row)")):
+                                                   "one row, or (..., 3) with more leading dimensions)")):
         mlp(rng.standard_normal((4, 5)).astype(np.float32))
     with pytest.raises(ShapeError, match=re.escape("x has shape (2,); the network takes (batch, 3)")):
         mlp(rng.standard_normal(2).astype(np.float32))
 
 
-@pytest.mark.parametrize("shape", [(2, 4, 3), (), (1, 1, 3)])
-def test_x_of_the_wrong_rank(net, rng, shape):
+@pytest.mark.parametrize("shape", [(), (2, 4, 5), (2, 0)])
+def test_x_of_the_wrong_rank_or_width(net, rng, shape):
     mlp = make(*net)
     with pytest.raises(ShapeError, match=re.escape(f"x has shape {shape}; the network takes (batch, 3)")):
         mlp(rng.standard_normal(shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 3), (1, 1, 3), (3, 0, 3), (2, 1, 5, 3)])
+def test_x_with_leading_dimensions_keeps_them_as_nn_linear_does(net, rng, shape):
+    """(..., in) in, (..., out) out, each row the 2-D call's (float32 and float16, out= too): a NeRF batch of
+    (rays, samples, features) needs no reshape."""
+    mlp = make(*net)
+    for dtype in (np.float32, np.float16):
+        x = rng.standard_normal(shape).astype(dtype)
+        y = mlp(x)
+        flat = mlp(x.reshape(-1, 3))
+        assert y.shape == shape[:-1] + (flat.shape[1],) and y.dtype == dtype
+        np.testing.assert_array_equal(y.reshape(flat.shape), flat)
+        out = np.full_like(y, np.nan)
+        assert mlp(x, out=out) is out
+        np.testing.assert_array_equal(out, y)
+        with pytest.raises(ShapeError, match="out has shape"):
+            mlp(x, out=np.empty(flat.shape, dtype))
 
 
 @pytest.mark.parametrize("dtype", [np.complex128, np.complex64, object, np.int64, np.uint8, bool, "<U3"])

@@ -922,8 +922,9 @@ class FusedMLP:
     # -------------------------------------------------------------------------------------------- calls
 
     def __call__(self, x, out_dtype=None, *, out=None):
-        """Runs the network on x: a (batch, in_features) NumPy array (float32/float16/float64; 1-D: one row), or a
-        torch tensor / CuPy array / DLPack object (..., in_features) on the CPU or a CUDA device.
+        """Runs the network on x: a (..., in_features) NumPy array (float32/float16/float64; (batch, in_features), 1-D
+        for one row, or more leading dimensions, as nn.Linear takes), or a torch tensor / CuPy array / DLPack object
+        (..., in_features) on the CPU or a CUDA device.
 
         Args:
             x: the inputs.
@@ -953,23 +954,23 @@ class FusedMLP:
         bf16 = arr.dtype.name == "bfloat16"  # ml_dtypes' bfloat16 (what JAX and others hand NumPy users)
         if arr.dtype not in _ACCEPTED_X and not bf16:
             raise DTypeError(f"x has dtype {arr.dtype}; it must be float32, float16, bfloat16 (ml_dtypes) or float64")
-        squeeze = arr.ndim == 1
-        if squeeze:
-            arr = arr[None, :]
         n_in, n_out = self.widths[0], self.widths[-1]
-        if arr.ndim != 2 or arr.shape[1] != n_in:
-            raise ShapeError(f"x has shape {np.shape(x)}; the network takes (batch, {n_in}) (or ({n_in},) for one row)")
+        if arr.ndim == 0 or arr.shape[-1] != n_in:
+            raise ShapeError(f"x has shape {np.shape(x)}; the network takes (batch, {n_in}) (or ({n_in},) for one "
+                             f"row, or (..., {n_in}) with more leading dimensions)")
+        lead = arr.shape[:-1]  # the rows' shape, as nn.Linear keeps it: () for one row, (batch,), (rays, samples)...
+        arr = arr.reshape(-1, n_in)  # (a view where x's layout allows, else a copy)
         if out is not None:
-            _out.check_numpy(x, arr, out, (n_out,) if squeeze else (arr.shape[0], n_out))
+            _out.check_numpy(x, arr, out, (*lead, n_out))
         if arr.shape[0] == 0:
             y = np.empty((0, n_out), dtype=arr.dtype)
         else:
             y = self._host_forward(arr, bf16)
+        y = y.reshape(*lead, n_out)
         if out is not None:
-            np.copyto(out, y[0] if squeeze else y, casting="unsafe")  # float32 to x's dtype: the cast astype makes
+            np.copyto(out, y, casting="unsafe")  # float32 to x's dtype: the cast astype makes
             return out
-        y = y.astype(arr.dtype, copy=False)
-        return y[0] if squeeze else y
+        return y.astype(arr.dtype, copy=False)
 
     def _host_forward(self, arr, bf16):
         """The outputs of a (batch > 0, in_features) host array, as its path computes them: float32, or x's own
