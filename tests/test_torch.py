@@ -13,7 +13,9 @@ from fusedmlp import torch as ft  # noqa: E402
 
 ACTIVATION_MODULES = [nn.ReLU(), nn.LeakyReLU(0.2), nn.ELU(0.5), nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU(),
                       nn.Sigmoid(), nn.Tanh(), nn.Softplus(beta=2, threshold=10), nn.Mish(), nn.SELU(), nn.ReLU6(),
-                      nn.Hardtanh(-2, 2), nn.Hardsigmoid(), nn.Hardswish(), nn.Softsign(), nn.Identity()]
+                      nn.Hardtanh(-2, 2), nn.Hardsigmoid(), nn.Hardswish(), nn.Softsign(), nn.Identity(),
+                      nn.CELU(0.7), nn.LogSigmoid(), nn.Tanhshrink(), nn.Softshrink(0.3), nn.Hardshrink(0.3),
+                      nn.PReLU(init=-0.13)]
 
 
 def ref64(module, x):
@@ -38,6 +40,37 @@ def test_from_torch_matches_each_activation_module(act):
         y = mlp(x)
     assert isinstance(y, torch.Tensor) and y.dtype == torch.float32 and y.shape == (300, 2)
     assert max_rel(y, ref64(model, x)) <= 1e-6
+
+
+def test_traced_activation_functions_match_torch():
+    """The functional forms of the activations written as expressions (celu, logsigmoid, tanhshrink, softshrink,
+    hardshrink), through torch.fx."""
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c, self.d, self.e, self.f = (nn.Linear(6, 32), nn.Linear(32, 32), nn.Linear(32, 32),
+                                                              nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 3))
+
+        def forward(self, x):
+            h = F.celu(self.a(x), alpha=0.6)
+            h = F.softshrink(self.b(h), 0.2) + h
+            h = F.hardshrink(self.c(h), lambd=0.1)
+            h = F.tanhshrink(self.d(h))
+            return self.f(F.logsigmoid(self.e(h)))
+
+    torch.manual_seed(4)
+    model = Net().eval()
+    x = torch.randn(200, 6)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+def test_a_prelu_with_a_slope_per_channel_names_what_is_supported():
+    model = nn.Sequential(nn.Linear(4, 8), nn.PReLU(8), nn.Linear(8, 2)).eval()
+    with pytest.raises(fusedmlp.ArgumentError, match=r"1: PReLU is not supported; .*PReLU \(one slope\)"):
+        fusedmlp.from_torch(model, device="cpu")
 
 
 def test_nested_sequentials_dropout_and_linear_without_bias():

@@ -41,17 +41,36 @@ def _activation_text(module):
         return "hardtanh(x, 0, 6)"
     if isinstance(module, nn.Hardtanh):
         return f"hardtanh(x, {float(module.min_val)!r}, {float(module.max_val)!r})"
+    if isinstance(module, nn.CELU):  # max(0, x) + min(0, a (exp(x / a) - 1)) = a elu(x / a)
+        return f"{float(module.alpha)!r} * elu(x / {float(module.alpha)!r})"
+    if isinstance(module, nn.Softshrink):
+        return _shrink_text("soft", module.lambd)
+    if isinstance(module, nn.Hardshrink):
+        return _shrink_text("hard", module.lambd)
+    if isinstance(module, nn.PReLU) and module.weight.numel() == 1:  # one learned slope: a leaky relu
+        return f"leaky_relu(x, {float(module.weight.detach().reshape(())):.9g})"
     simple = {nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.Mish: "mish", nn.SELU: "selu",
-              nn.Hardsigmoid: "hardsigmoid", nn.Hardswish: "hardswish", nn.Softsign: "softsign"}
+              nn.Hardsigmoid: "hardsigmoid", nn.Hardswish: "hardswish", nn.Softsign: "softsign",
+              nn.LogSigmoid: "-softplus(-x)", nn.Tanhshrink: "x - tanh(x)"}
     for cls, text in simple.items():
         if type(module) is cls:
             return text
     return None
 
 
+def _shrink_text(kind, lambd):
+    """Softshrink (x - clamp(x, -l, l)) or Hardshrink (x where |x| > l, else 0: the step as a ceil of a clamp) as an
+    expression."""
+    lam = float(lambd)
+    if kind == "soft":
+        return f"x - min(max(x, {-lam!r}), {lam!r})"
+    return f"x * ceil(min(max(abs(x) - {lam!r}, 0), 1))"
+
+
 SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (directly after a Linear), "
-             "ReLU, LeakyReLU, ELU, GELU, SiLU, Sigmoid, Tanh, Softplus, Mish, SELU, ReLU6, Hardtanh, Hardsigmoid, "
-             "Hardswish, Softsign, Identity, Dropout and BatchNorm1d (in eval mode), nested Sequential")
+             "ReLU, LeakyReLU, ELU, CELU, GELU, SiLU, Sigmoid, LogSigmoid, Tanh, Tanhshrink, Softplus, Mish, SELU, "
+             "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, PReLU (one slope), Identity, "
+             "Dropout and BatchNorm1d (in eval mode), nested Sequential")
 
 
 # ------------------------------------------------------------------------------------------------ weights and folds
@@ -308,7 +327,8 @@ F = nn.functional
 _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid",
               F.sigmoid: "sigmoid", F.silu: "silu", F.mish: "mish", F.selu: "selu", F.softsign: "softsign",
               F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.relu6: "hardtanh(x, 0, 6)", torch.sin: "sin",
-              torch.cos: "cos", torch.exp: "exp", torch.erf: "erf", torch.abs: "abs"}
+              torch.cos: "cos", torch.exp: "exp", torch.erf: "erf", torch.abs: "abs", F.logsigmoid: "-softplus(-x)",
+              F.tanhshrink: "x - tanh(x)"}
 _METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "sin": "sin", "cos": "cos", "exp": "exp",
             "abs": "abs"}
 _ADD = {operator.add, operator.iadd, torch.add}
@@ -342,6 +362,11 @@ def _functional_text(node):
         return f"softplus(x, {float(_arg(node, 1, 'beta', 1.0))!r}, {float(_arg(node, 2, 'threshold', 20.0))!r})"
     if target is F.hardtanh:
         return f"hardtanh(x, {float(_arg(node, 1, 'min_val', -1.0))!r}, {float(_arg(node, 2, 'max_val', 1.0))!r})"
+    if target is F.celu:
+        alpha = float(_arg(node, 1, "alpha", 1.0))
+        return f"{alpha!r} * elu(x / {alpha!r})"
+    if target in (F.softshrink, F.hardshrink):
+        return _shrink_text("soft" if target is F.softshrink else "hard", _arg(node, 1, "lambd", 0.5))
     return None
 
 
