@@ -711,12 +711,15 @@ class FusedMLP:
         """Plans, renders, compiles (through the cache) and loads layer `layer` as a GEMM (gemm_layer.cu) for this
         model's GPU; a0, a1, res, out: dtype names of its input parts, residual operand (None: absent) and result;
         tile: bm, bn (the plan's default where absent; _gemm_options, when set, win)."""
-        gpu = _gpu(self._ordinal)
-        info = gpu.info
-        plan = self._gemm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
-                               a0, a1, res, out, **tile)
-        entry = compile_cubin(_source_of(plan), info["arch"], self._cache, plan.info["wgmma"])
-        return plan.load(gpu, entry.cubin, KERNEL_NAME)
+        info = self._gpu_info()
+        return self._load(self._gemm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"],
+                                          info["smem_per_sm"], a0, a1, res, out, **tile))
+
+    def _load(self, plan):
+        """A chain step's plan (a GEMM, a norm layer's row pass) rendered, compiled (through the cache) and loaded on
+        this model's GPU."""
+        entry = compile_cubin(_source_of(plan), plan.info["arch"], self._cache, plan.info["wgmma"])
+        return plan.load(_gpu(self._ordinal), entry.cubin, KERNEL_NAME)
 
     def _prenorm_net(self):
         """This network with each norm layer cut before its norm: W h + b alone (no norm, activation or residual), so
@@ -751,12 +754,9 @@ class FusedMLP:
 
     def _build_norm(self, layer, z, res, out):
         """Plans, renders, compiles (through the cache) and loads norm layer `layer`'s second kernel (_norm_plan)."""
-        gpu = _gpu(self._ordinal)
-        info = gpu.info
-        plan = self._norm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"], z,
-                               res, out)
-        entry = compile_cubin(_source_of(plan), info["arch"], self._cache, plan.info["wgmma"])
-        return plan.load(gpu, entry.cubin, KERNEL_NAME)
+        info = self._gpu_info()
+        return self._load(self._norm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"],
+                                          info["smem_per_sm"], z, res, out))
 
     def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out, **tile):
         """Layer `layer`'s GEMM plan (a norm layer's: of the layer cut before its norm, _gemm_net);

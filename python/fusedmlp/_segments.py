@@ -18,6 +18,7 @@ every layer as an 8-bit GEMM.
 
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 
 from . import _norm
@@ -335,6 +336,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
         # 8-bit: its one streamed kernel where it has one, until the all-GEMM chain is measured against it
         policy = "resident" if arch == 90 and mlp._precision not in _WHOLE_ONLY else "streamed"
 
+    @functools.lru_cache(maxsize=None)  # (asked once for each norm layer the cut makes a GEMM)
     def one_kernel():  # the whole network's plan of any form (streamed weights included), or None
         try:
             return _stretch_plan(mlp, 0, n - 1, target, in_dtype, out_dtype)

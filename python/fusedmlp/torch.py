@@ -41,8 +41,8 @@ def _activation_text(module):
         return "hardtanh(x, 0, 6)"
     if isinstance(module, nn.Hardtanh):
         return f"hardtanh(x, {float(module.min_val)!r}, {float(module.max_val)!r})"
-    if isinstance(module, nn.CELU):  # max(0, x) + min(0, a (exp(x / a) - 1)) = a elu(x / a)
-        return f"{float(module.alpha)!r} * elu(x / {float(module.alpha)!r})"
+    if isinstance(module, nn.CELU):
+        return _celu_text(module.alpha)
     if isinstance(module, nn.Softshrink):
         return _shrink_text("soft", module.lambd)
     if isinstance(module, nn.Hardshrink):
@@ -56,6 +56,12 @@ def _activation_text(module):
         if type(module) is cls:
             return text
     return None
+
+
+def _celu_text(alpha):
+    """CELU as an expression: max(0, x) + min(0, a (exp(x / a) - 1)) = a elu(x / a)."""
+    alpha = float(alpha)
+    return f"{alpha!r} * elu(x / {alpha!r})"
 
 
 def _shrink_text(kind, lambd):
@@ -363,8 +369,7 @@ def _functional_text(node):
     if target is F.hardtanh:
         return f"hardtanh(x, {float(_arg(node, 1, 'min_val', -1.0))!r}, {float(_arg(node, 2, 'max_val', 1.0))!r})"
     if target is F.celu:
-        alpha = float(_arg(node, 1, "alpha", 1.0))
-        return f"{alpha!r} * elu(x / {alpha!r})"
+        return _celu_text(_arg(node, 1, "alpha", 1.0))
     if target in (F.softshrink, F.hardshrink):
         return _shrink_text("soft" if target is F.softshrink else "hard", _arg(node, 1, "lambd", 0.5))
     return None
