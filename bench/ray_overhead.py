@@ -26,7 +26,7 @@ the predictor's calls stay one at a time).
 
     python3 bench/ray_overhead.py --out ray_overhead.json
 Options: --rows (2^24), --block-rows (2^22 2^23), --workloads (pinn50 flex siren256 tcnn64), --reps (3),
---variants (v2/1 native/1 native/2), --cpu (the CPU path, no GPU: a smoke run of the script; ~5 s per 2^20 rows of
+--variants (v2/1 native/1 native/2), --actors (1; e.g. 1 2 4 for the scaling over a machine's GPUs), --cpu (the CPU path, no GPU: a smoke run of the script; ~5 s per 2^20 rows of
 pinn50 on two cores, so give it small --rows), --stand-in (a NumPy stand-in for the model on both sides, CPU actors:
 Ray's part alone, in seconds).
 
@@ -102,7 +102,7 @@ class TimedPredictor(fusedmlp.ray.FusedMLPPredictor):
     def __call__(self, batch):
         start = time.time()
         out = super().__call__(batch)
-        self._note(event="call", start=start, end=time.time(), rows=len(out["y"]))
+        self._note(event="call", start=start, end=time.time(), rows=len(out["y"]), pid=os.getpid())
         return out
 
 
@@ -151,13 +151,13 @@ def _tensor_format(ray, fmt):
     ray.data.DataContext.get_current().arrow_fixed_shape_tensor_format = getattr(FixedShapeTensorFormat, _FORMATS[fmt])
 
 
-def _ray_once(ray, ds, kwargs, block_rows, resources, calls_per_actor):
+def _ray_once(ray, ds, kwargs, block_rows, resources, calls_per_actor, actors=1):
     if os.path.exists(_NOTES):
         os.unlink(_NOTES)
     submitted = time.time()
     # max_concurrent_calls_per_actor > 1: Ray Data reads the next block and stores the last output in other threads
     # of the actor while the UDF runs one call at a time (enable_true_multi_threading stays False)
-    pool = ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=calls_per_actor)
+    pool = ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=calls_per_actor)
     out = ds.map_batches(TimedPredictor, fn_constructor_kwargs=dict(notes=_NOTES, warmup_rows=block_rows, **kwargs),
                          batch_size=block_rows, compute=pool, zero_copy_batch=True, **resources).materialize()
     done = time.time()
@@ -165,17 +165,26 @@ def _ray_once(ray, ds, kwargs, block_rows, resources, calls_per_actor):
         notes = [json.loads(line) for line in f]
     ready = [n for n in notes if n["event"] == "ready"]
     calls = sorted((n for n in notes if n["event"] == "call"), key=lambda n: n["start"])
-    assert len(ready) == 1, f"expected one actor, got {len(ready)} (restarts?)"
-    return {"steady_s": done - ready[0]["end"], "from_submit_s": done - submitted,
-            "actor_start_s": ready[0]["end"] - submitted, "constructor_s": ready[0]["end"] - ready[0]["start"],
+    assert len(ready) == actors, f"expected {actors} actor(s), got {len(ready)} (restarts?)"
+    # with several actors the clock starts when the first is ready (blocks flow to it from then on); ready_skew_s
+    # says how much later the last one was
+    first_ready = min(n["end"] for n in ready)
+    return {"steady_s": done - first_ready, "from_submit_s": done - submitted,
+            "actor_start_s": first_ready - submitted, "ready_skew_s": max(n["end"] for n in ready) - first_ready,
+            "constructor_s": max(n["end"] - n["start"] for n in ready),
             "calls_s": sum(n["end"] - n["start"] for n in calls), "calls": len(calls),
-            # where the rest of steady_s goes: before the first block reaches the actor, between calls (the actor
-            # idle: its last output stored, the next block read), and after the last call (its output stored, the
-            # executor's end, materialize's return)
-            "first_call_wait_s": calls[0]["start"] - ready[0]["end"],
-            "between_calls_s": sum(max(0.0, b["start"] - a["end"]) for a, b in zip(calls, calls[1:])),
+            # where the rest of steady_s goes (one actor): before the first block reaches the actor, between calls
+            # (the actor idle: its last output stored, the next block read), and after the last call (its output
+            # stored, the executor's end, materialize's return); summed over actors where there are several
+            "first_call_wait_s": calls[0]["start"] - first_ready,
+            "between_calls_s": sum(max(0.0, b["start"] - a["end"]) for pid in {n["pid"] for n in calls}
+                                   for a, b in _pairs([n for n in calls if n["pid"] == pid])),
             "after_last_call_s": done - max(n["end"] for n in calls),
-            "devices": ready[0]["devices"]}, out
+            "devices": sorted({d for n in ready for d in n["devices"]})}, out
+
+
+def _pairs(items):
+    return zip(items, items[1:])
 
 
 def _gather(out):
@@ -183,8 +192,10 @@ def _gather(out):
     return np.concatenate([b["y"] for b in out.iter_batches(batch_size=None, batch_format="numpy")])
 
 
-def measure(ray, workload, rows, block_rows, reps, folder, cache, rng, variants, cpu=False, stand_in=False):
-    """The loop once, then each variant (tensor format, calls per actor) of the Ray pipeline: a list of results."""
+def measure(ray, workload, rows, block_rows, reps, folder, cache, rng, variants, cpu=False, stand_in=False,
+            actor_counts=(1,)):
+    """The loop once, then each variant (tensor format, calls per actor) of the Ray pipeline with each number of
+    actors: a list of results."""
     path, options = _model(workload, folder, rng)
     widths = WORKLOADS[workload].widths
     x = rng.standard_normal((rows, widths[0]), dtype=np.float32)
@@ -203,29 +214,38 @@ def measure(ray, workload, rows, block_rows, reps, folder, cache, rng, variants,
         _tensor_format(ray, fmt)
         ds = ray.data.from_numpy(blocks).materialize()  # in the object store, in this format, before the clock starts
         stored = str(ds.schema().base_schema.field("data").type)  # Ray falls back to V2 where pyarrow is older than 16
-        runs, same = [], True
-        for _ in range(reps):
-            run, out = _ray_once(ray, ds, kwargs, block_rows, {"num_cpus": 1} if cpu or stand_in else {"num_gpus": 1},
-                                 calls_per_actor)
-            y = _gather(out)
-            same = same and bool(y.shape == loop_y.shape and np.array_equal(y, loop_y, equal_nan=True))
-            del out, y  # the object store holds one run's outputs at a time
-            runs.append(run)
+        one_actor_s = None
+        for actors in actor_counts:
+            runs, same = [], True
+            for _ in range(reps):
+                run, out = _ray_once(ray, ds, kwargs, block_rows,
+                                     {"num_cpus": 1} if cpu or stand_in else {"num_gpus": 1}, calls_per_actor, actors)
+                y = _gather(out)
+                same = same and bool(y.shape == loop_y.shape and np.array_equal(y, loop_y, equal_nan=True))
+                del out, y  # the object store holds one run's outputs at a time
+                runs.append(run)
+            best = min(runs, key=lambda r: r["steady_s"])
+            one_actor_s = one_actor_s or (best["steady_s"] if actors == 1 else None)
+            result = {"workload": workload, "widths": list(widths), "rows": rows, "block_rows": block_rows,
+                      "blocks": len(blocks), "tensor_format": fmt, "max_concurrent_calls_per_actor": calls_per_actor,
+                      "actors": actors, "stored_as": stored,
+                      "stand_in": stand_in, "loop_s": loop_s, "ray": best, "ray_runs": runs,
+                      "overhead": best["steady_s"] / loop_s - 1,
+                      "overhead_from_submit": best["from_submit_s"] / loop_s - 1,
+                      "loop_rows_per_s": rows / loop_s, "ray_rows_per_s": rows / best["steady_s"],
+                      "efficiency_vs_one_actor": one_actor_s / best["steady_s"] / actors if one_actor_s else None,
+                      "bit_identical": same}
+            scaling = (f", x{one_actor_s / best['steady_s']:.2f} one actor (efficiency "
+                       f"{result['efficiency_vs_one_actor']:.2f}, ready skew {best['ready_skew_s'] * 1e3:.0f} ms)"
+                       if one_actor_s and actors > 1 else "")
+            print(f"{workload:9s} {block_rows:>9d} rows/block {fmt:>6s}/{calls_per_actor} {actors} actor(s): loop "
+                  f"{loop_s * 1e3:7.1f} ms, ray {best['steady_s'] * 1e3:7.1f} ms = first wait "
+                  f"{best['first_call_wait_s'] * 1e3:5.1f} + calls {best['calls_s'] * 1e3:7.1f} + between "
+                  f"{best['between_calls_s'] * 1e3:6.1f} + after last {best['after_last_call_s'] * 1e3:5.1f} "
+                  f"({best['from_submit_s']:.2f} s from submit), overhead {result['overhead'] * 100:+6.1f}%{scaling}, "
+                  f"same bits: {same}", flush=True)
+            results.append(result)
         del ds
-        best = min(runs, key=lambda r: r["steady_s"])
-        result = {"workload": workload, "widths": list(widths), "rows": rows, "block_rows": block_rows,
-                  "blocks": len(blocks), "tensor_format": fmt, "max_concurrent_calls_per_actor": calls_per_actor,
-                  "stored_as": stored,
-                  "stand_in": stand_in, "loop_s": loop_s, "ray": best, "ray_runs": runs,
-                  "overhead": best["steady_s"] / loop_s - 1,
-                  "overhead_from_submit": best["from_submit_s"] / loop_s - 1,
-                  "loop_rows_per_s": rows / loop_s, "ray_rows_per_s": rows / best["steady_s"], "bit_identical": same}
-        print(f"{workload:9s} {block_rows:>9d} rows/block {fmt:>6s}/{calls_per_actor}: loop {loop_s * 1e3:7.1f} ms, "
-              f"ray {best['steady_s'] * 1e3:7.1f} ms = first wait {best['first_call_wait_s'] * 1e3:5.1f} + calls "
-              f"{best['calls_s'] * 1e3:7.1f} + between {best['between_calls_s'] * 1e3:6.1f} + after last "
-              f"{best['after_last_call_s'] * 1e3:5.1f} ({best['from_submit_s']:.2f} s from submit), overhead "
-              f"{result['overhead'] * 100:+6.1f}%, same bits: {same}", flush=True)
-        results.append(result)
     return results
 
 
@@ -240,6 +260,9 @@ def main(argv=None):
     parser.add_argument("--variants", nargs="+", type=_variant, default=[("v2", 1), ("native", 1), ("native", 2)],
                         help="Ray pipelines to time, each FORMAT/CALLS: the fixed-shape tensor format (v2: Ray's "
                              "default; native: pyarrow's fixed_shape_tensor) and max_concurrent_calls_per_actor")
+    parser.add_argument("--actors", type=int, nargs="+", default=[1],
+                        help="actor pool sizes to time (each actor one GPU, or one CPU with --cpu/--stand-in); with "
+                             "several, each also against one actor: the scaling over GPUs")
     parser.add_argument("--cpu", action="store_true", help="a smoke run on the CPU path (no GPU needed)")
     parser.add_argument("--stand-in", action="store_true",
                         help="a NumPy stand-in for the model on both sides (CPU actors): Ray's part alone")
@@ -268,7 +291,7 @@ def main(argv=None):
         for workload in args.workloads:
             for block_rows in args.block_rows:
                 report["results"].extend(measure(ray, workload, args.rows, block_rows, args.reps, folder, cache, rng,
-                                                 args.variants, args.cpu, args.stand_in))
+                                                 args.variants, args.cpu, args.stand_in, args.actors))
     finally:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
