@@ -364,6 +364,15 @@ typedef struct fm_plan {
      * in_dtype is z's global dtype; no weights (w_elems a dummy 16 bytes), the float blob n_pad floats (unused),
      * gamma, beta; warps rows a CTA, one CTA per warps rows. */
     int gemm_norm;
+    /* 1: the pad pass (pad_rows.cu): x (in_dtype, the network input's width) copied to rows of gemm_a_row[0]
+     * elements of the compute dtype's storage (whole 16-byte pieces, zeros after x's width), for a GEMM that reads x
+     * as an input part whose rows are not whole 16-byte pieces (sdf512's 259 float16 columns: 518-byte rows, which
+     * no cp.async size fits, so the GEMM converted them element pair by element pair on the way in). rows_per_cta
+     * rows a CTA, staged through shared memory (smem_bytes). 16-bit compute dtypes only. */
+    int gemm_pad;
+    /* A GEMM's input parts in global memory: elements a row of part 0 and part 1 (0: the part's width). More than the
+     * width: a padded copy (the pad pass's), its extra columns zero, the weights' zero padding beyond the width. */
+    int gemm_a_row[2];
     int a1_dtype, res_dtype;
     /* The spec's FM_NORM_* per layer. A norm layer's float blob holds n_pad floats of bias, then gamma, then beta
      * (b_offset[l], + n_pad, + 2 n_pad; fm_plan_pack_norms). Its row statistics need every column of a row: the
@@ -415,11 +424,16 @@ typedef struct fm_gemm_opts {
                     tile; 0: auto */
     int ws;      /* 1: the wgmma form warp-specialised (fm_plan.gemm_ws), 2: in turn (ping-pong), -1: not, 0: auto */
     int norm_pass; /* 1: not the GEMM but the norm layer's second kernel (fm_plan.gemm_norm); a0 is then z's dtype */
+    int pad_pass;  /* 1: not the GEMM but the pad pass of x (fm_plan.gemm_pad): a0 is x's dtype, a_row[0] the copy's */
+    int a_row[2];  /* elements a row of input part 0 and 1 in memory (fm_plan.gemm_a_row); 0: the part's width */
 } fm_gemm_opts;
 
 /* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual
  * operand (a1, res: -1 where the layer has none), out the result's; opts (NULL: all auto) forces the tile. FM_ERR_LIMIT
  * where the arch or shared memory cannot. */
+/* Elements a row of the pad pass's copy of x (fm_plan.gemm_pad) for precision p. */
+int fm_gemm_pad_row(const fm_spec *spec, fm_prec p);
+
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err);
 

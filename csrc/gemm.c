@@ -31,20 +31,30 @@ static int fm_gemm_raw_part(const fm_plan *plan, int d, int real) {
     return d == fm_gemm_storage(plan->prec) && real * plan->elem_bytes % 16 == 0;
 }
 
+/* Elements a row of input part p (0, 1) of GEMM layer l in global memory: its width, or a padded copy's row. */
+static int fm_gemm_part_row(const fm_plan *plan, int l, int p) {
+    const int real = p == 0 ? plan->k0_real[l] : plan->k_real[l] - plan->k0_real[l];
+    return plan->gemm_a_row[p] ? plan->gemm_a_row[p] : real;
+}
+
+/* Whether every input part of layer l is copied as it is. */
+static int fm_gemm_parts_raw(const fm_plan *plan, int l) {
+    return fm_gemm_raw_part(plan, (int)plan->in_dtype, fm_gemm_part_row(plan, l, 0)) &&
+           (plan->a1_dtype < 0 || fm_gemm_raw_part(plan, plan->a1_dtype, fm_gemm_part_row(plan, l, 1)));
+}
+
 /* The auto rule for warp specialisation: the default 128 x 256 tile (smaller ones run several CTAs an SM, which the
  * producer's registers would cut to one for 128 x 128) and every input part copied as it is. */
 static int fm_gemm_ws_fits(const fm_plan *plan, int l) {
-    return plan->gemm_bm == 128 && plan->gemm_bn == 256 &&
-           fm_gemm_raw_part(plan, (int)plan->in_dtype, plan->k0_real[l]) &&
-           (plan->a1_dtype < 0 || fm_gemm_raw_part(plan, plan->a1_dtype, plan->k_real[l] - plan->k0_real[l]));
+    return plan->gemm_bm == 128 && plan->gemm_bn == 256 && fm_gemm_parts_raw(plan, l);
 }
 
 /* Whether every input part of layer l has rows of whole 16-byte pieces in its global dtype (sdf512's 259-column x
- * part, 518-byte rows, does not: its element-by-element loads held a producer warpgroup at 5x the plain form's time). */
+ * part, 518-byte rows, does not: its element-by-element loads held a producer warpgroup at 5x the plain form's time;
+ * the chain gives such a layer x's padded copy, fm_plan.gemm_pad). */
 static int fm_gemm_parts_whole(const fm_plan *plan, int l) {
-    const int k1 = plan->k_real[l] - plan->k0_real[l];
-    return plan->k0_real[l] * fm_dtype_size(plan->in_dtype) % 16 == 0 &&
-           (plan->a1_dtype < 0 || k1 * fm_dtype_size((fm_dtype)plan->a1_dtype) % 16 == 0);
+    return fm_gemm_part_row(plan, l, 0) * fm_dtype_size(plan->in_dtype) % 16 == 0 &&
+           (plan->a1_dtype < 0 || fm_gemm_part_row(plan, l, 1) * fm_dtype_size((fm_dtype)plan->a1_dtype) % 16 == 0);
 }
 
 /* The auto rule for the form in turn (ws=2), from each GEMM of wide512, rec1024 and sdf512 timed in the plain form, the
@@ -59,8 +69,7 @@ static int fm_gemm_parts_whole(const fm_plan *plan, int l) {
 static int fm_gemm_pp_auto(const fm_plan *plan, int l, int res) {
     if (!plan->wgmma || plan->gemm_cluster != 1 || plan->n_real[l] <= 128 || res >= 0 || !fm_gemm_parts_whole(plan, l))
         return 0;
-    const int raw = fm_gemm_raw_part(plan, (int)plan->in_dtype, plan->k0_real[l]) &&
-                    (plan->a1_dtype < 0 || fm_gemm_raw_part(plan, plan->a1_dtype, plan->k_real[l] - plan->k0_real[l]));
+    const int raw = fm_gemm_parts_raw(plan, l);
     if (plan->prec == FM_PREC_INT8)
         return 1;
     if (plan->prec == FM_PREC_E4M3)
@@ -129,6 +138,58 @@ static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *
     return FM_OK;
 }
 
+/* Elements a row of the pad pass's copy of x (fm_plan.gemm_pad) for precision p: x's width rounded up to whole
+ * 16-byte pieces of the compute dtype's storage. */
+int fm_gemm_pad_row(const fm_spec *spec, fm_prec p) {
+    const int e16 = 16 / (int)fm_prec_size(p);
+    return fm_gemm_round_up(spec->width[0], e16);
+}
+
+/* The pad pass (fm_plan.gemm_pad) of a GEMM layer l that reads x: x (dtype a0) to rows of `row` elements of the
+ * compute dtype's storage. A CTA stages rows_per_cta rows of x (contiguous in memory) through shared memory with
+ * 16-byte loads, then writes their padded rows in 16-byte pieces. */
+static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0,
+                                  int row, fm_plan *plan, fm_error *err) {
+    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16)
+        return fm_fail(err, FM_ERR_LIMIT, "the pad pass of x copies it to float16 or bfloat16 rows; the network "
+                       "computes in %s (its GEMMs convert x on the way in)", fm_prec_name(prec));
+    if (a0 != FM_F32 && a0 != FM_F16 && a0 != FM_BF16)
+        return fm_fail(err, FM_ERR_VALUE, "pad pass x dtype %d: 0 (float32), 1 (float16) or 2 (bfloat16)", (int)a0);
+    if (a0 == FM_BF16 && target->arch < 80)
+        return fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer; the target is sm_%d",
+                       target->arch);
+    if (row != fm_gemm_pad_row(spec, prec))
+        return fm_fail(err, FM_ERR_VALUE, "pad pass a0_row=%d: x's %d features take rows of %d elements (whole "
+                       "16-byte pieces of %s)", row, spec->width[0], fm_gemm_pad_row(spec, prec), fm_prec_name(prec));
+    const size_t in_row = (size_t)spec->width[0] * fm_dtype_size(a0);
+    int rows = 32; /* rows a CTA: 16 KB of float16 x at 259 features; fewer for wide x, down to 8 */
+    while (rows > 8 && (size_t)rows * in_row > 48 * 1024)
+        rows /= 2;
+    if ((size_t)rows * in_row > target->smem_per_block || (size_t)rows * in_row > 200 * 1024)
+        return fm_fail(err, FM_ERR_LIMIT, "the pad pass stages %d rows of x (%zu bytes each) in shared memory; sm_%d "
+                       "gives a block %zu", rows, in_row, target->arch, target->smem_per_block);
+    plan->gemm = plan->gemm_pad = 1;
+    plan->gemm_layer = l;
+    plan->num_layers = l + 1;
+    plan->prec = prec;
+    plan->elem_bytes = (int)fm_prec_size(prec);
+    plan->arch = target->arch;
+    plan->in_dtype = a0;
+    plan->out_dtype = (fm_dtype)fm_gemm_storage(prec);
+    plan->a1_dtype = plan->res_dtype = -1;
+    plan->gemm_cluster = 1;
+    plan->gemm_a_row[0] = row;
+    plan->a1_buf[l] = plan->res_buf[l] = -1;
+    plan->warps = 8;
+    plan->rows_per_cta = rows;
+    plan->smem_bytes = (size_t)rows * in_row;
+    plan->blocks_per_sm = 4;
+    plan->act_stride = 16 / plan->elem_bytes;
+    plan->w_elems = (size_t)(16 / plan->elem_bytes); /* (no weights or biases: k_real and n_pad stay 0) */
+    plan->b_floats = 4;
+    return FM_OK;
+}
+
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
     const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0, 0};
@@ -143,6 +204,8 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return st;
     if (opts->norm_pass)
         return fm_plan_gemm_norm(spec, l, target, prec, a0, a1, res, out, plan, err);
+    if (opts->pad_pass)
+        return fm_plan_gemm_pad(spec, l, target, prec, a0, opts->a_row[0], plan, err);
     if (!fm_gemm_valid_dtype((int)a0, prec) || !fm_gemm_valid_dtype((int)out, prec) ||
         (a1 != -1 && !fm_gemm_valid_dtype(a1, prec)) || (res != -1 && !fm_gemm_valid_dtype(res, prec)))
         return fm_fail(err, FM_ERR_VALUE, "GEMM dtypes a0=%d a1=%d res=%d out=%d: each is 0 (float32), 1 (float16), "
@@ -224,6 +287,16 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->k0_real[l] = spec->width[first];
     plan->k0_pad[l] = fm_gemm_round_up(spec->width[first], kt);
     plan->k_pad[l] = plan->k0_pad[l] + (spec->cat[l] != FM_CAT_NONE ? fm_gemm_round_up(spec->width[second], kt) : 0);
+    /* a part read from a padded copy (the pad pass's): rows of whole 16-byte pieces, no wider than its K stages */
+    for (int p = 0; p < 2; ++p) {
+        const int real = p == 0 ? plan->k0_real[l] : plan->k_real[l] - plan->k0_real[l];
+        const int padded = p == 0 ? plan->k0_pad[l] : plan->k_pad[l] - plan->k0_pad[l];
+        const int row = opts->a_row[p];
+        if (row && (real == 0 || row < real || row > padded))
+            return fm_fail(err, FM_ERR_VALUE, "GEMM a%d_row=%d: input part %d has %d features (0: its width; a padded "
+                           "copy's rows between that and %d)", p, row, p, real, padded);
+        plan->gemm_a_row[p] = row == real ? 0 : row;
+    }
     plan->n_real[l] = spec->width[l + 1];
     plan->has_bias[l] = spec->has_bias[l];
     plan->res_op[l] = spec->res_op[l];

@@ -117,7 +117,7 @@ static void Kernel_dealloc(KernelObject *self) {
 
 static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     const fm_plan *p = &self->plan->plan;
-    if (p->gemm_norm) /* a norm layer's second kernel: a CTA per rows_per_cta rows (row_norm.cu) */
+    if (p->gemm_norm || p->gemm_pad) /* a norm layer's second kernel, x's pad pass: a CTA per rows_per_cta rows */
         return (unsigned)((rows + p->rows_per_cta - 1) / p->rows_per_cta);
     if (p->gemm) { /* one CTA per tile of y, column tiles fastest; clusters: row tiles in pairs (gemm_layer.cu) */
         const int64_t pair = p->gemm_cluster > 1 ? p->gemm_cluster : 1;

@@ -423,8 +423,10 @@ static PyMethodDef Network_methods[] = {
      "wide_loop=0, split=0) -> Plan"},
     {"gemm_plan", (PyCFunction)(void (*)(void))Network_gemm_plan, METH_VARARGS | METH_KEYWORDS,
      "gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=0, precision='float16', bm=0, "
-     "bn=0, stages=0, wgmma=-1, cluster=0, ws=0, norm_pass=False) -> Plan: the layer alone as a GEMM (dtype names; "
-     "a1, res None where the layer has no concat/residual); norm_pass: a norm layer's second kernel instead (a0: z)"},
+     "bn=0, stages=0, wgmma=-1, cluster=0, ws=0, norm_pass=False, pad_pass=False, a0_row=0, a1_row=0) -> Plan: the "
+     "layer alone as a GEMM (dtype names; a1, res None where the layer has no concat/residual); norm_pass: a norm "
+     "layer's second kernel instead (a0: z); pad_pass: x's copy to rows of a0_row elements (a0: x's dtype); a0_row, "
+     "a1_row: a part read from such a copy (0: its width)"},
     {NULL, NULL, 0, NULL},
 };
 

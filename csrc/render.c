@@ -316,8 +316,10 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
         fm_subst_add(t, "WGMMA"); /* the shared helpers' placeholder: no instruction forms */
     fm_str_printf(fm_subst_add(t, "A1_TYPE"), "%d", p->a1_dtype);
     fm_str_printf(fm_subst_add(t, "RES_TYPE"), "%d", p->res_dtype);
-    fm_str_printf(fm_subst_add(t, "A0_REAL"), "%d", p->k0_real[l]);
-    fm_str_printf(fm_subst_add(t, "A1_REAL"), "%d", p->k_real[l] - p->k0_real[l]);
+    /* a part's row in memory: its width, or the padded copy's (fm_plan.gemm_a_row; zeros past the width) */
+    fm_str_printf(fm_subst_add(t, "A0_REAL"), "%d", p->gemm_a_row[0] ? p->gemm_a_row[0] : p->k0_real[l]);
+    fm_str_printf(fm_subst_add(t, "A1_REAL"), "%d",
+                  p->gemm_a_row[1] ? p->gemm_a_row[1] : p->k_real[l] - p->k0_real[l]);
     fm_str *c = fm_subst_add(t, "PLAN_COMMENT");
     fm_str_printf(c, "one layer, %d -> %d; sm_%d; %s %s GEMM; %dx%d tiles of %d warps, %d stages of %d B of "
                   "K, %d CTAs/SM; %zu B shared memory; input %s", p->k_real[l], p->n_real[l], p->arch,
@@ -329,8 +331,11 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
         fm_str_append(c, "; warp-specialised (the last warpgroup loads)");
     if (p->gemm_ws == 2)
         fm_str_append(c, ", its two consumer warpgroups in turn on tiles of their own, a persistent grid");
+    if (p->gemm_a_row[0])
+        fm_str_printf(c, " (x's padded copy, rows of %d)", p->gemm_a_row[0]);
     if (p->a1_dtype >= 0)
-        fm_str_printf(c, " + %s (concat)", fm_dtype_name((fm_dtype)p->a1_dtype));
+        fm_str_printf(c, " + %s (concat%s)", fm_dtype_name((fm_dtype)p->a1_dtype),
+                      p->gemm_a_row[1] ? ", x's padded copy" : "");
     if (p->res_dtype >= 0)
         fm_str_printf(c, ", residual %s", fm_dtype_name((fm_dtype)p->res_dtype));
     fm_str_printf(c, ", y %s", fm_dtype_name(p->out_dtype));
@@ -357,6 +362,17 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
                       fm_prec_name(p->prec), p->rows_per_cta, fm_dtype_name(p->in_dtype),
                       p->res_dtype >= 0 ? ", residual " : "", p->res_dtype >= 0 ? fm_dtype_name((fm_dtype)p->res_dtype) : "",
                       fm_dtype_name(p->out_dtype));
+        return fm_render_gemm_layer(spec, p, fm_subst_add(t, "LAYERS"), err);
+    }
+    if (p->gemm_pad) { /* the pad pass of x (pad_rows.cu): no weights, no tile */
+        fm_str_append(fm_subst_add(t, "W_SMEM_ELEMS"), "0");
+        fm_str_printf(fm_subst_add(t, "ROWS_CTA"), "%d", p->rows_per_cta);
+        fm_str_printf(fm_subst_add(t, "X_COLS"), "%d", spec->width[0]);
+        fm_str_printf(fm_subst_add(t, "X_ROW"), "%d", p->gemm_a_row[0]);
+        fm_str_printf(fm_subst_add(t, "PLAN_COMMENT"), "x (%d features, %s) copied to rows of %d %s for layer %d's "
+                      "GEMM; sm_%d; %d rows a CTA through %zu B of shared memory", spec->width[0],
+                      fm_dtype_name(p->in_dtype), p->gemm_a_row[0], fm_dtype_name(p->out_dtype), p->gemm_layer,
+                      p->arch, p->rows_per_cta, p->smem_bytes);
         return fm_render_gemm_layer(spec, p, fm_subst_add(t, "LAYERS"), err);
     }
     if (p->gemm) {

@@ -8,6 +8,7 @@ import pytest
 
 import fusedmlp
 from fusedmlp import _segments
+from fusedmlp._api import _source_of
 from conftest import graph_weights, reference, rel_l2
 
 
@@ -143,7 +144,64 @@ def test_equal_layers_share_one_gemm_kernel(rng, tmp_path):
     mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", output_activation="tanh", concat={4: "before"}, device="cpu",
                             cache_dir=tmp_path)
     paths = mlp.compile("sm_80", "float16")
-    assert len(paths) == 9 and len(set(paths)) == 4  # layer 0, the six equal ones, the concat layer, the last
+    # x's pad pass (259 float16 features: 518-byte rows), layer 0, the six equal ones, the concat layer, the last
+    assert len(paths) == 10 and len(set(paths)) == 5
+
+
+def _sdf(rng, widths=(259, 512, 512, 512, 512, 512, 1), at=3, **options):
+    ws, _ = graph_weights(rng, list(widths), {at: "before"}, 1.0)
+    bs = [rng.uniform(-0.1, 0.1, w.shape[0]).astype(np.float32) for w in ws]
+    return fusedmlp.FusedMLP(ws, bs, activation="relu", concat={at: "before"}, device="cpu", **options)
+
+
+@pytest.mark.parametrize("io, width, row, hidden", [("float16", 259, 264, 512), ("float32", 259, 264, 512),
+                                                    ("float32", 256, 256, 512), ("bfloat16", 3, 8, 1024)])
+def test_gemms_reading_x_read_its_padded_copy(rng, monkeypatch, io, width, row, hidden):
+    """x not in the compute dtype, or with rows that are not whole 16-byte pieces, is copied once by the pad pass
+    (pad_rows.cu) to rows of whole pieces of the compute dtype, and every GEMM that reads x reads that copy as it is;
+    x in float16 with whole rows is read as it is, x narrower than PAD_MIN_WIDTH too unless FUSEDMLP_GEMM_PAD=1."""
+    def model():  # (a model's cut, whose lines say where x is read from, is made once)
+        return _sdf(rng, (width,) + (hidden,) * 4 + (1,), dtype="bfloat16" if io == "bfloat16" else "float16")
+
+    if width < _segments.PAD_MIN_WIDTH:
+        assert not any(p.info.get("pad_pass") for p in _segments.plans(model(), 90, io, io))
+        monkeypatch.setenv("FUSEDMLP_GEMM_PAD", "1")
+    else:
+        monkeypatch.setenv("FUSEDMLP_GEMM_PAD", "off")
+        assert not any(p.info.get("pad_pass") for p in _segments.plans(model(), 90, io, io))
+        monkeypatch.delenv("FUSEDMLP_GEMM_PAD")
+    mlp = model()
+    plans = _segments.plans(mlp, 90, io, io)
+    pads = [p.info for p in plans if p.info.get("pad_pass")]
+    concat = next(p.info for p in plans if p.info.get("gemm") and not p.info["pad_pass"])
+    storage = "bfloat16" if io == "bfloat16" else "float16"
+    assert len(pads) == 1 and pads[0]["a0_row"] == row and pads[0]["in_dtype"] == io
+    assert pads[0]["out_dtype"] == storage
+    assert concat["in_dtype"] == storage and concat["a0_row"] == (row if row != width else 0)
+    assert concat["ws"] >= 1  # every part copied as it is: a warp-specialised form, the auto choice for such a layer
+    src = _source_of(next(p for p in plans if p.info.get("pad_pass")))
+    assert f"constexpr int XC = {width};" in src and f"constexpr int XR = {row};" in src
+    assert any("x read from its copy in rows of" in line for line in mlp.segments)
+    # x already in the compute dtype with whole rows: no pad pass, the GEMM reads x itself
+    plain = _sdf(rng, (256, 512, 512, 512, 512, 1))
+    assert not any(p.info.get("pad_pass") for p in _segments.plans(plain, 90, "float16", "float16"))
+    # 8-bit and tf32 GEMMs read x as before (quantised / taken on the way in)
+    tf32 = _sdf(rng, (259, 512, 512, 512, 512, 1), dtype="tf32")
+    assert not any(p.info.get("pad_pass") for p in _segments.plans(tf32, 90, "float32", "float32"))
+
+
+def test_pad_pass_compiles_for_every_arch_and_refuses_bad_requests(rng, tmp_path):
+    mlp = _sdf(rng, cache_dir=tmp_path)
+    for arch, io in (("sm_75", "float32"), ("sm_80", "bfloat16"), ("sm_90a", "float16")):
+        assert mlp.compile(arch, io)
+    net = mlp._net
+    with pytest.raises(fusedmlp.FusedMLPError, match="rows of 264"):
+        net.gemm_plan(3, 90, 0, 132, "float16", None, None, "float16", pad_pass=True, a0_row=260)
+    with pytest.raises(fusedmlp.LimitError, match="float16 or bfloat16"):
+        net.gemm_plan(3, 90, 0, 132, "float16", None, None, "float16", pad_pass=True, a0_row=264, precision="tf32")
+    for row in (258, 328):  # narrower than x, wider than its K stages (320)
+        with pytest.raises(fusedmlp.FusedMLPError, match=f"a0_row={row}: input part 0 has 259 features"):
+            net.gemm_plan(3, 90, 0, 132, "float16", "float16", None, "float16", a0_row=row)
 
 
 def test_gemm_plan_refuses_bad_requests(rng):

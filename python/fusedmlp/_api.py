@@ -28,6 +28,7 @@ TEMPLATE = "fused_mlp.cu"
 TEMPLATE_SM90 = "fused_mlp_sm90.cu"  # the plan's wgmma kernel (sm_90a)
 TEMPLATE_GEMM = "gemm_layer.cu"  # one layer of a segmented network as a GEMM with its epilogue (_segments.py)
 TEMPLATE_NORM = "row_norm.cu"  # a norm layer's second kernel, after the GEMM of the layer cut before its norm
+TEMPLATE_PAD = "pad_rows.cu"  # x copied to rows of whole 16-byte pieces of the compute dtype, for the GEMMs reading it
 PRELUDE = "activations.cuh"
 
 #: Relative L2 error that ``check=True`` accepts between the GPU result and the CPU float64 reference. fp16
@@ -62,10 +63,10 @@ def _template(name, folder=None):
 
 def _source_of(plan):
     """CUDA source of a plan: the sm_90a warpgroup template where the plan chose wgmma, the GEMM one for a GEMM plan
-    (the row pass for a norm layer's second kernel), else the mma.sync one."""
+    (the row pass for a norm layer's second kernel, the pad pass for x's padded copy), else the mma.sync one."""
     info = plan.info
-    name = (TEMPLATE_NORM if info.get("norm_pass") else TEMPLATE_GEMM if info.get("gemm") else
-            TEMPLATE_SM90 if info["wgmma"] else TEMPLATE)
+    name = (TEMPLATE_NORM if info.get("norm_pass") else TEMPLATE_PAD if info.get("pad_pass") else
+            TEMPLATE_GEMM if info.get("gemm") else TEMPLATE_SM90 if info["wgmma"] else TEMPLATE)
     return plan.render(_template(PRELUDE), _template(name), KERNEL_NAME)
 
 
@@ -758,11 +759,24 @@ class FusedMLP:
         return self._load(self._norm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"],
                                           info["smem_per_sm"], z, res, out))
 
+    def _pad_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, x_dtype):
+        """The pad pass (pad_rows.cu) before GEMM layer `layer`, the chain's first that reads x: x (x_dtype) to its
+        padded copy in the compute dtype (_segments.pad_row)."""
+        return self._net.gemm_plan(layer, arch, smem_per_block, sm_count, x_dtype, None, None, x_dtype,
+                                   smem_per_sm=smem_per_sm, precision=self._precision, pad_pass=True,
+                                   a0_row=_segments.pad_row(self, x_dtype))
+
+    def _build_pad(self, layer, x_dtype):
+        """Plans, renders, compiles (through the cache) and loads the pad pass (_pad_plan)."""
+        info = self._gpu_info()
+        return self._load(self._pad_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"],
+                                         info["smem_per_sm"], x_dtype))
+
     def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out, **tile):
         """Layer `layer`'s GEMM plan (a norm layer's: of the layer cut before its norm, _gemm_net);
         FUSEDMLP_GEMM_CLUSTER (_env.gemm_cluster) and FUSEDMLP_GEMM_WS (_env.gemm_ws) pick the wgmma form's clusters
         and warp specialisation where neither tile nor _gemm_options does."""
-        options = {**tile, **self._gemm_options}
+        options = {**_segments.part_rows(self, layer, a0, a1), **tile, **self._gemm_options}
         net = self._gemm_net(layer)
         plan = net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
                              precision=self._precision, **options)

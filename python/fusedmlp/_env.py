@@ -166,3 +166,19 @@ def gemm_ws():
     """
     return _gemm_form("FUSEDMLP_GEMM_WS", {"1": 1, "on": 1, "2": 2, "pingpong": 2, "-1": -1, "off": -1},
                       "1 (warp-specialised), 2 (its consumers in turn), -1 (not) or auto")
+
+
+def gemm_pad():
+    """Tells whether a segmented network's GEMMs read x from its padded copy (the pad pass, python/fusedmlp/_segments.py,
+    pad_row) where x is not read as it is.
+
+    Returns:
+        ``1`` (wherever x is not read as it is), ``-1`` (never: the GEMMs convert x on the way in) as
+        ``FUSEDMLP_GEMM_PAD`` says (``1``/``on``, ``-1``/``off``); ``0`` (the plan's rule) if it is unset, empty,
+        ``0`` or ``auto``.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    return _gemm_form("FUSEDMLP_GEMM_PAD", {"1": 1, "on": 1, "-1": -1, "off": -1},
+                      "1 (x's padded copy wherever x is not read as it is), -1 (never) or auto")

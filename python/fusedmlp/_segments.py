@@ -11,6 +11,13 @@ A norm layer that runs as a GEMM (too wide for the fused kernels' norm layers, o
 of the layer cut before its norm writes z = W h + b to a workspace slot of its own, and the layer's second kernel
 (kernel_templates/row_norm.cu) reads each row of z once, normalises it and runs the rest of the layer's epilogue.
 
+A GEMM copies an input part as it is (cp.async of 16-byte pieces) where the part is in the compute dtype with rows of
+whole 16-byte pieces; any other part it converted element pair by element pair through registers on the way in, by
+the threads that issue the MMAs (sdf512's re-injected x, 259 float16 features, took 9.0 ms of the network's 26 at 2^21
+rows on the H100 that way). So where a GEMM reads x and x is not such a part (float32 x, or a width that is not a
+multiple of 8), the chain first copies x once to rows of whole pieces of the compute dtype, zeros after its width
+(kernel_templates/pad_rows.cu, the pad pass), and the GEMMs read the copy.
+
 An 8-bit network keeps its values between segments as the codes the next layer multiplies (one byte an element). Its
 fused kernels take the whole network only (x and y in float32 or 16 bits), so a network no fused kernel takes runs
 every layer as an 8-bit GEMM.
@@ -21,7 +28,7 @@ import dataclasses
 import functools
 import threading
 
-from . import _norm
+from . import _env, _norm
 from .errors import LimitError
 
 #: Global-memory dtype of the values between segments, per compute dtype (tf32 values are float32; 8-bit ones are
@@ -33,6 +40,14 @@ _WHOLE_ONLY = ("int8", "float8")
 _ALIGN = 256  # bytes between workspace buffers: the GEMM's 16-byte loads, and a whole DRAM burst
 #: The value key of a norm layer's z = W h + b between its GEMM and its second kernel (a workspace slot of its own).
 NORM_Z = "z"
+#: The value key of x's padded copy (the pad pass, kernel_templates/pad_rows.cu; a workspace slot of its own): what
+#: the chain's GEMMs read of x where x is not in the compute dtype or its rows are not whole 16-byte pieces.
+X_PAD = "x"
+#: Compute dtypes with a pad pass (8-bit GEMMs quantise x on the way in; tf32 ones take float32 x as it is).
+_PAD_PRECISIONS = ("float16", "bfloat16")
+#: x narrower than this is converted by the GEMMs on the way in (one K stage of the wgmma form, 64 16-bit values, or
+#: less: the conversion is a small part of such a layer, and the pad pass would be one more launch).
+PAD_MIN_WIDTH = 64
 
 
 @dataclasses.dataclass
@@ -170,6 +185,9 @@ class Chain:
         if z_rows:
             slot_of[NORM_Z] = len(self._slot_row_bytes)
             self._slot_row_bytes.append(max(z_rows) * _ITEMSIZE[storage])
+        if any(step[2] == X_PAD for step in steps):  # x's padded copy: live from its pad pass to the last GEMM reading it
+            slot_of[X_PAD] = len(self._slot_row_bytes)
+            self._slot_row_bytes.append(pad_row(mlp, in_dtype) * _ITEMSIZE[storage])
         self._workspaces = {}  # stream -> (rows capacity, Buffer, offsets)
         self._keep = []  # outgrown workspaces: a captured graph may still use them
         self._host = None  # (rows, x Buffer, y Buffer) for run()
@@ -205,7 +223,7 @@ class Chain:
         workspace (csrc/module_fast.c reads the same codes)."""
         if v is None:
             return -2
-        if v == NORM_Z:
+        if v in (NORM_Z, X_PAD):
             return offsets[self._slot_of[v]]
         if v == -1:
             return -1
@@ -369,6 +387,10 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
                 raise
             if norm:
                 seg.reason += f"; its {_norm.NAMES[mlp._norm[seg.first][0]]} in a second kernel over whole rows"
+            row = pad_row(mlp, in_dtype)
+            if row and reads_x(mlp, seg.first):
+                seg.reason += (f"; x read from its copy in rows of {row} {STORAGE[mlp._precision]} (made once, before "
+                               "the first GEMM that reads x)")
     return segments
 
 
@@ -380,12 +402,47 @@ def _gemm_operands(mlp, layer):
     return p0, p1, res
 
 
+def pad_row(mlp, in_dtype):
+    """Elements a row of x's padded copy (X_PAD) in a chain of input dtype in_dtype, or 0 where its GEMMs read x as
+    it is: a 16-bit compute dtype, x not in it or its rows not whole 16-byte pieces, and x wider than PAD_MIN_WIDTH
+    (FUSEDMLP_GEMM_PAD=1 / -1: any width / never)."""
+    storage, force = STORAGE[mlp._precision], _env.gemm_pad()
+    if mlp._precision not in _PAD_PRECISIONS or (in_dtype == storage and mlp.widths[0] * _ITEMSIZE[storage] % 16 == 0):
+        return 0
+    if force < 0 or (force == 0 and mlp.widths[0] < PAD_MIN_WIDTH):
+        return 0
+    return _whole_pieces(mlp.widths[0])
+
+
+def _whole_pieces(width):
+    """width 16-bit elements rounded up to whole 16-byte pieces (fm_gemm_pad_row)."""
+    return -(-width // 8) * 8
+
+
+def reads_x(mlp, layer):
+    """Whether GEMM layer `layer` reads x (the network input) as an input part."""
+    return -1 in _gemm_operands(mlp, layer)[:2]
+
+
+def part_rows(mlp, layer, a0, a1):
+    """gemm_plan's a0_row / a1_row for layer's GEMM with input parts of dtypes a0, a1: the padded copy's row for a
+    part that is x in the compute dtype's storage (16-bit compute dtypes: the pad pass's copy, or x itself where its
+    rows are whole pieces, when the row is its width and the plan takes it as 0)."""
+    if mlp._precision not in _PAD_PRECISIONS or not 0 <= layer < len(mlp._w):  # (gemm_plan names a bad layer)
+        return {}
+    storage, (p0, p1, _) = STORAGE[mlp._precision], _gemm_operands(mlp, layer)
+    row = _whole_pieces(mlp.widths[0])
+    return {name: row for name, v, d in (("a0_row", p0, a0), ("a1_row", p1, a1)) if v == -1 and d == storage}
+
+
 def gemm_dtypes(mlp, layer, in_dtype, out_dtype):
     """The global dtypes of layer's GEMM operands (part 0, the concat's part 1, the residual's: None where absent) and
     of its result, as gemm_plan takes them. A norm layer's GEMM has no residual and writes z in the compute dtype's
-    storage: its second kernel (norm_dtypes) reads the residual and writes the layer's result."""
-    dtypes = tuple(None if v is None else _value_dtype(mlp, v, in_dtype, out_dtype)
-                   for v in (*_gemm_operands(mlp, layer), layer))
+    storage: its second kernel (norm_dtypes) reads the residual and writes the layer's result. x read from its padded
+    copy (pad_row) is in the compute dtype's storage."""
+    padded = pad_row(mlp, in_dtype)
+    dtypes = tuple(None if v is None else STORAGE[mlp._precision] if v == -1 and padded else
+                   _value_dtype(mlp, v, in_dtype, out_dtype) for v in (*_gemm_operands(mlp, layer), layer))
     if mlp._norm[layer] is not None:
         return dtypes[0], dtypes[1], None, STORAGE[mlp._precision]
     return dtypes
@@ -403,10 +460,14 @@ def plans(mlp, arch, in_dtype, out_dtype):
     """Ahead of time: the plan of every segment's kernel for a named arch (fused stretches: their default plan)."""
     target = (arch, 0, 0, 0)
     out = []
+    padded = False
     for seg in mlp._segments_for(*target, in_dtype, out_dtype):
         if seg.kind == "fused":
             out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype))
         else:
+            if not padded and pad_row(mlp, in_dtype) and reads_x(mlp, seg.first):
+                out.append(mlp._pad_plan(seg.first, *target, in_dtype))
+                padded = True
             out.append(mlp._gemm_plan(seg.first, *target, *gemm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
             if mlp._norm[seg.first] is not None:
                 out.append(mlp._norm_plan(seg.first, *target, *norm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
@@ -487,15 +548,19 @@ def chain(mlp, in_dtype, out_dtype):
             built_norms = pool.map(lambda l: mlp._build_norm(l, *norm_dtypes(mlp, l, in_dtype, out_dtype)), norms)
             built, built_norms = dict(zip(gemms, built)), dict(zip(norms, built_norms))
         steps, fused = [], []
+        padded = pad_row(mlp, in_dtype)
         for seg in segments:
             f, last = seg.first, seg.last
+            if seg.kind == "gemm" and padded and reads_x(mlp, f) and not any(s[2] == X_PAD for s in steps):
+                pad = mlp._build_pad(f, in_dtype)  # x to its padded copy, once, before the first GEMM reading it
+                steps.append((lambda rows, k=pad: k, -1, X_PAD, None, None))
             if seg.kind == "fused":
                 sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype)
                 fused.append((seg, sub, k_in, k_out))
                 kernel = lambda rows, sub=sub, k_in=k_in, k_out=k_out: sub._kernel(k_in, k_out, rows)  # noqa: E731
                 steps.append((kernel, f - 1, last, None, None))
             else:
-                p0, p1, res = _gemm_operands(mlp, f)
+                p0, p1, res = (X_PAD if padded and v == -1 else v for v in _gemm_operands(mlp, f))
                 dtypes = gemm_dtypes(mlp, f, in_dtype, out_dtype)
                 plan = mlp._gemm_plan(f, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
                                       *dtypes).info

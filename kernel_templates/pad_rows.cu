@@ -1,0 +1,83 @@
+// pad_rows.cu - x copied to rows of whole 16-byte pieces of the compute dtype (float16 or bfloat16), zeros after its
+// X_COLS features, for a GEMM that reads x as an input part (gemm_layer.cu; python/fusedmlp/_segments.py). Such a
+// GEMM copies a part as it is with cp.async when its rows are whole 16-byte pieces of the compute dtype; x of 259
+// float16 features (sdf512's, re-injected halfway: 518-byte rows) is not, and the GEMM then converted it element
+// pair by element pair through registers on the way in, by the threads that issue the MMAs. This kernel runs once
+// before the chain's first GEMM that reads x (one pass over x, a copy written once), and that GEMM copies the copy.
+//
+// Shape of the work: a CTA takes ROWS_CTA consecutive rows of x, which are one contiguous span of memory: it stages
+// the span in shared memory with 16-byte loads (bytes where x's start is not 16-byte aligned), then writes each
+// padded row in 16-byte pieces, consecutive threads consecutive pieces. Values are converted as the GEMM's own
+// converting loads convert them (to float, then the nearest float16 / bfloat16), so the copy holds the same bits.
+//
+// Plan: {{PLAN_COMMENT}}
+
+#define FM_WARPS {{WARPS}}
+constexpr int ROWS_W = 16;  // (fm_common.cuh's input helper, which this kernel does not use, names it)
+
+#include "fm_common.cuh"
+
+constexpr int ROWS_CTA = {{ROWS_CTA}};  // rows of x a CTA
+constexpr int XC = {{X_COLS}};          // x's features
+constexpr int XR = {{X_ROW}};           // elements a row of the copy: XC rounded up to whole 16-byte pieces
+constexpr int PIECES = XR / 8;          // 16-byte pieces a row of the copy
+constexpr int XB = XC * (FM_IN_TYPE == 0 ? 4 : 2);  // bytes a row of x
+static_assert(FM_PREC <= 1 && FM_OUT_TYPE == FM_PREC + 1, "the copy is in the 16-bit compute dtype");
+static_assert(FM_IN_TYPE <= 2 && XR % 8 == 0 && XR >= XC && XR - XC < 8, "rows of whole 16-byte pieces");
+static_assert(ROWS_CTA * XB == SMEM_BYTES, "the plan's shared memory is the staged rows (gemm.c)");
+
+// Element i of the staged rows as a float.
+__device__ __forceinline__ float fm_staged(const unsigned char *s, int i) {
+    if constexpr (FM_IN_TYPE == 0)
+        return ((const float *)s)[i];
+    else
+        return fm_16_to_f<FM_IN_TYPE>(((const fm_half *)s)[i]);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
+{{KERNEL_NAME}}(const void *__restrict__ x,      // rows x XC of FM_IN_TYPE
+                out_t *__restrict__ y,            // rows x XR of the compute dtype: the copy
+                const act_t *__restrict__ w,      // (unused)
+                const float *__restrict__ bias,   // (unused)
+                long long rows,                   // batch size, >= 1
+                const void *__restrict__ x1,      // (unused)
+                const void *__restrict__ res)     // (unused)
+{
+    (void)w;
+    (void)bias;
+    (void)x1;
+    (void)res;
+    extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
+    const long long r0 = (long long)blockIdx.x * ROWS_CTA;
+    const int nr = rows - r0 < ROWS_CTA ? (int)(rows - r0) : ROWS_CTA;
+    const int bytes = nr * XB;
+    const unsigned char *src = (const unsigned char *)x + r0 * XB;
+    if (((unsigned long long)src & 15) == 0) {
+        const int whole = bytes & ~15;
+        for (int i = threadIdx.x * 16; i < whole; i += THREADS * 16)
+            *(fm_v4 *)(fm_smem_raw + i) = *(const fm_v4 *)(src + i);
+        for (int i = whole + threadIdx.x; i < bytes; i += THREADS)
+            fm_smem_raw[i] = src[i];
+    } else {  // x's start not 16-byte aligned (a view into a larger array): its elements one by one
+        const int esize = FM_IN_TYPE == 0 ? 4 : 2;
+        for (int i = threadIdx.x; i < bytes / esize; i += THREADS) {
+            if constexpr (FM_IN_TYPE == 0)
+                ((float *)fm_smem_raw)[i] = ((const float *)src)[i];
+            else
+                ((fm_half *)fm_smem_raw)[i] = ((const fm_half *)src)[i];
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < nr * PIECES; c += THREADS) {
+        const int r = c / PIECES, k = (c % PIECES) * 8;
+        fm_u32 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int col = k + 2 * j;
+            const float v0 = col < XC ? fm_staged(fm_smem_raw, r * XC + col) : 0.0f;
+            const float v1 = col + 1 < XC ? fm_staged(fm_smem_raw, r * XC + col + 1) : 0.0f;
+            v[j] = fm_pack2<FM_OUT_TYPE>(v0, v1);
+        }
+        *(fm_v4 *)(y + (r0 + r) * XR + k) = fm_v4{v[0], v[1], v[2], v[3]};
+    }
+}
