@@ -125,3 +125,30 @@ def check_graph_replays(torch, mlp, n_in, n_out, reference, tol):
         graph.replay()
         torch.cuda.synchronize()
         assert rel_l2(static_y.double().cpu().numpy(), reference(static_x.double().cpu().numpy())) <= tol
+
+
+@pytest.mark.parametrize("width, prec, io", [(259, "float16", "float16"), (259, "float16", "float32"),
+                                             (100, "bfloat16", "bfloat16"), (64, "float16", "float32")])
+def test_gemms_reading_x_padded_copy_gives_the_converting_loads_bits(rng, monkeypatch, width, prec, io):
+    """A GEMM reading x from the pad pass's copy (pad_rows.cu: rows of whole 16-byte pieces of the compute dtype,
+    zeros after x's width) gives the bits it gives converting x on the way in (the same rounding of the same values);
+    both within the dtype's bound of float64. An SDF decoder (x re-injected halfway; on sm_90 its concat layer is the
+    GEMM), all-GEMM on other GPUs, batches that end mid-CTA of the pad pass."""
+    widths, concat = [width] + [512] * 6 + [1], {3: "before"}
+    ws, bs = graph_weights(rng, widths, concat, 1.0)
+
+    def outputs(pad):  # (the setting is read when the model's cut and chain are made: at its first call)
+        monkeypatch.setenv("FUSEDMLP_GEMM_PAD", pad)
+        mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", output_activation="tanh", concat=concat, dtype=prec,
+                                device="cuda")
+        assert any("x read from its copy" in line for line in mlp.segments) == (pad == "1")
+        runs = []
+        for batch in (1, 33, 4099):
+            x32 = np.random.default_rng(batch).standard_normal((batch, width)).astype(np.float32)
+            runs.append(run_io(mlp, x32, io) + (mlp,))
+        return runs
+
+    for (x, y, mlp), (_, y_plain, _) in zip(outputs("1"), outputs("-1")):
+        np.testing.assert_array_equal(y, y_plain)
+        ref = graph_reference(x, ws, bs, mlp)
+        assert rel_l2(y, ref) <= max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
