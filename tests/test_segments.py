@@ -306,3 +306,16 @@ def test_a_spilled_streamed_kernel_is_rebuilt_narrower_unless_it_has_wide_layers
         plan = mlp._build("float16")[1]
         assert plan.info["stream_slots"] >= 2
         assert built[1:] == ([{"wgmma": 1, "resident": 0, "n_chunk": 64}] if rebuilt else []), (widths, built)
+
+
+@pytest.mark.parametrize("width, io, pad", [(63, "float16", "auto"), (259, "float16", "-1"), (259, "float32", "-1"),
+                                           (3, "float32", "auto")])
+def test_gemms_reading_x_as_it_is_take_its_width_as_its_row(rng, monkeypatch, width, io, pad):
+    """Where the chain does not pad x (narrower than PAD_MIN_WIDTH, or FUSEDMLP_GEMM_PAD=-1), the GEMMs that read x
+    read it as it is: x's dtype, rows of its width (a0_row 0), and no pad pass."""
+    monkeypatch.setenv("FUSEDMLP_GEMM_PAD", pad)
+    mlp = _sdf(rng, (width, 1024, 1024, 1024, 1), at=2)
+    plans = _segments.plans(mlp, 90, io, io)
+    assert not any(p.info.get("pad_pass") for p in plans)
+    reading = [p.info for p in plans if p.info.get("gemm") and p.info["gemm_layer"] in (0, 2)]
+    assert len(reading) == 2 and all(i["in_dtype"] == io and i["a0_row"] == 0 for i in reading)

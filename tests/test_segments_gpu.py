@@ -132,9 +132,9 @@ def check_graph_replays(torch, mlp, n_in, n_out, reference, tol):
 def test_gemms_reading_x_padded_copy_gives_the_converting_loads_bits(rng, monkeypatch, width, prec, io):
     """A GEMM reading x from the pad pass's copy (pad_rows.cu: rows of whole 16-byte pieces of the compute dtype,
     zeros after x's width) gives the bits it gives converting x on the way in (the same rounding of the same values);
-    both within the dtype's bound of float64. An SDF decoder (x re-injected halfway; on sm_90 its concat layer is the
-    GEMM), all-GEMM on other GPUs, batches that end mid-CTA of the pad pass."""
-    widths, concat = [width] + [512] * 6 + [1], {3: "before"}
+    both within the dtype's bound of float64. A decoder with x re-injected halfway, every layer a GEMM (the first and
+    the concat layer read x), batches that end mid-CTA of the pad pass."""
+    widths, concat = [width] + [1024] * 4 + [1], {2: "before"}  # (wider than any fused kernel: every layer a GEMM)
     ws, bs = graph_weights(rng, widths, concat, 1.0)
 
     def outputs(pad):  # (the setting is read when the model's cut and chain are made: at its first call)

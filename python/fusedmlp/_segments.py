@@ -426,12 +426,15 @@ def reads_x(mlp, layer):
 
 def part_rows(mlp, layer, a0, a1):
     """gemm_plan's a0_row / a1_row for layer's GEMM with input parts of dtypes a0, a1: the padded copy's row for a
-    part that is x in the compute dtype's storage (16-bit compute dtypes: the pad pass's copy, or x itself where its
-    rows are whole pieces, when the row is its width and the plan takes it as 0)."""
+    part that is x in the compute dtype's storage where the chain pads x of that dtype (pad_row). x of another dtype
+    read as the compute dtype's storage is the copy too; its row is x's width where pad_row(storage) is 0 (whole
+    pieces), which the plan takes as 0, so the same rule serves."""
     if mlp._precision not in _PAD_PRECISIONS or not 0 <= layer < len(mlp._w):  # (gemm_plan names a bad layer)
         return {}
     storage, (p0, p1, _) = STORAGE[mlp._precision], _gemm_operands(mlp, layer)
-    row = _whole_pieces(mlp.widths[0])
+    row = pad_row(mlp, storage)
+    if not row:
+        return {}
     return {name: row for name, v, d in (("a0_row", p0, a0), ("a1_row", p1, a1)) if v == -1 and d == storage}
 
 
