@@ -4,6 +4,7 @@ For each workload (fusedmlp.bench.WORKLOADS, nn.Linear's initialisation, the npz
 GPU count n, the same x of --rows rows runs three ways:
   - host: NumPy x in, NumPy y out (``mlp(x)``): each GPU's share copied in, run and copied out by a thread of its own;
     what a user with data in host memory gets. Bound by the host's copies where the network is light.
+  - host_out: the same into a preallocated y (``mlp(x, out=y)``, y reused by every call): no fresh pages to fault in.
   - torch: x a torch tensor on cuda:0 (``mlp(x)``): the other GPUs' shares copied to them and back over the GPUs'
     link, no host synchronisation; y on cuda:0.
   - resident: each GPU's share already on that GPU, y left there (every share launched, then every GPU
@@ -35,7 +36,8 @@ from fusedmlp.multi_gpu import MultiDeviceMLP, _shares, visible_devices
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ray_overhead import _model  # noqa: E402  (the workload's npz, as the Ray measurement writes it)
 
-MODES = ("host", "torch", "resident")
+MODES = ("host", "host_out", "torch", "resident")
+HOST_REPS = 2  # the host modes move the whole batch through the host (seconds a call at 2^26 rows): fewer calls
 
 
 def _timed(fn, sync, reps):
@@ -93,7 +95,11 @@ def measure(torch, workload, rows, gpus, reps, io_dtype, folder, cache, rng):
 
         for mode in MODES:
             if mode == "host":
-                best, median, y = _timed(lambda: mlp(x), sync, reps)
+                best, median, y = _timed(lambda: mlp(x), sync, min(reps, HOST_REPS))
+            elif mode == "host_out":
+                y_out = np.empty((rows, widths[-1]), dtype=x.dtype)
+                best, median, y = _timed(lambda: mlp(x, out=y_out), sync, min(reps, HOST_REPS))
+                del y_out
             elif mode == "torch":
                 best, median, y = _timed(lambda: mlp(x_torch), sync, reps)
                 y = y.cpu().numpy()
@@ -108,7 +114,7 @@ def measure(torch, workload, rows, gpus, reps, io_dtype, folder, cache, rng):
                       "mode": mode, "best_s": best, "median_s": median, "rows_per_s": rows / best,
                       "speedup": one[0] / best, "efficiency": one[0] / best / n, "bits_equal_one_gpu": same}
             results.append(result)
-            print(f"{workload:9s} {mode:8s} {n} GPU: best {best * 1e3:8.2f} ms, median {median * 1e3:8.2f} ms, "
+            print(f"{workload:9s} {mode:9s} {n} GPU: best {best * 1e3:8.2f} ms, median {median * 1e3:8.2f} ms, "
                   f"{rows / best / 1e9:6.3f} G rows/s, x{result['speedup']:.2f} one GPU (efficiency "
                   f"{result['efficiency']:.2f}), same bits as one GPU: {same}", flush=True)
             del y

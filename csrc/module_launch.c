@@ -196,12 +196,31 @@ static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, i
     return st;
 }
 
-/* run(x, poison=False) -> y: x a C-contiguous array of the plan's input dtype with >= 1 row. */
+/* Whether out (not NULL) is an array the kernel can write y of dims into: the output dtype, C-contiguous, aligned,
+ * writable; raises ValueError naming what is wrong otherwise. */
+static int Kernel_out_ok(PyObject *out, int out_type, const npy_intp dims[2]) {
+    if (!PyArray_Check(out)) {
+        PyErr_SetString(PyExc_ValueError, "out must be a NumPy array");
+        return 0;
+    }
+    PyArrayObject *o = (PyArrayObject *)out;
+    if (PyArray_TYPE(o) != out_type || PyArray_NDIM(o) != 2 || PyArray_DIM(o, 0) != dims[0] ||
+        PyArray_DIM(o, 1) != dims[1] || !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISALIGNED(o) ||
+        !PyArray_ISWRITEABLE(o)) {
+        PyErr_Format(PyExc_ValueError, "out must be a writable, aligned, C-contiguous (%zd, %zd) array of the kernel's "
+                     "output dtype (NumPy type %d)", (Py_ssize_t)dims[0], (Py_ssize_t)dims[1], out_type);
+        return 0;
+    }
+    return 1;
+}
+
+/* run(x, poison=False, out=None) -> y: x a C-contiguous array of the plan's input dtype with >= 1 row; y written
+ * into out where given (Kernel_out_ok), so a caller's array takes the device's copy with no array in between. */
 static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"x", "poison", NULL};
-    PyObject *xobj;
+    static char *kwlist[] = {"x", "poison", "out", NULL};
+    PyObject *xobj, *outobj = Py_None;
     int poison = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p", kwlist, &xobj, &poison))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|pO", kwlist, &xobj, &poison, &outobj))
         return NULL;
     const fm_plan *p = &self->plan->plan;
     if (p->gemm) { /* its operands come from its network's other values: python/fusedmlp/_segments.py's Chain */
@@ -220,7 +239,17 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
         return NULL;
     }
     npy_intp dims[2] = {PyArray_DIM(x, 0), p->n_real[p->num_layers - 1]};
-    PyArrayObject *y = (PyArrayObject *)PyArray_SimpleNew(2, dims, out_type);
+    PyArrayObject *y;
+    if (outobj != Py_None) {
+        if (!Kernel_out_ok(outobj, out_type, dims)) {
+            Py_DECREF(x);
+            return NULL;
+        }
+        Py_INCREF(outobj);
+        y = (PyArrayObject *)outobj;
+    } else {
+        y = (PyArrayObject *)PyArray_SimpleNew(2, dims, out_type);
+    }
     if (y == NULL) {
         Py_DECREF(x);
         return NULL;
@@ -364,7 +393,7 @@ static PyObject *Kernel_get_info(KernelObject *self, void *closure) {
 
 static PyMethodDef Kernel_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Kernel_run, METH_VARARGS | METH_KEYWORDS,
-     "run(x, poison=False) -> y: copy x in, launch, copy y out (synchronous)."},
+     "run(x, poison=False, out=None) -> y: copy x in, launch, copy y out (synchronous); into out where given."},
     {"launch", (PyCFunction)Kernel_launch, METH_VARARGS,
      "launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0): asynchronous."},
     {"time", (PyCFunction)Kernel_time, METH_VARARGS, "time(rows, reps=5) -> ms per launch on random rows (best)."},

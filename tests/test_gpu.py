@@ -1279,3 +1279,28 @@ def test_sin_of_far_arguments_in_every_kernel_form(rng):
     x = x.astype(np.float16)  # exact in fp16, so every pre-activation is exact in float32
     ref, _ = reference(x, [w0, w1], [None, None], mlp.activations)
     assert_every_kernel_form(mlp, x, ref)
+
+
+@pytest.mark.parametrize("widths, concat", [([20, 64, 64, 3], None), ([259, 512, 512, 512, 1], {2: "before"})])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_numpy_out_takes_the_outputs_the_plain_call_returns(rng, widths, concat, dtype):
+    """NumPy x with out=: the device's copy lands in out where out is C-contiguous in the kernel's output dtype (a
+    fused kernel's run(out=), a segmented network's chain), else through a copy (float64, a strided out); either way
+    out holds the plain call's bits, every element written (out poisoned first), leading dimensions kept; and
+    MultiDeviceMLP's shares write their rows of out (three shares on one GPU)."""
+    from fusedmlp.multi_gpu import MultiDeviceMLP
+
+    ws, bs = graph_weights(rng, widths, concat or {}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", concat=concat, device="cuda")
+    np_dtype = pytest.importorskip("ml_dtypes").bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x = rng.standard_normal((3, 1031, widths[0])).astype(np_dtype)
+    plain = mlp(x)
+    for out in (np.full((3, 1031, widths[-1]), np.nan, dtype=np_dtype),
+                np.full((3, 1031, 2 * widths[-1]), np.nan, dtype=np_dtype)[..., ::2]):  # contiguous, strided
+        assert mlp(x, out=out) is out
+        np.testing.assert_array_equal(out.astype(np.float64), plain.astype(np.float64))
+    split = MultiDeviceMLP(ws, bs, activation="relu", concat=concat, devices=["cuda:0"] * 3, min_rows_per_device=64)
+    x2 = x.reshape(-1, widths[0])
+    out = np.full((len(x2), widths[-1]), np.nan, dtype=np_dtype)
+    assert split(x2, out=out) is out
+    np.testing.assert_array_equal(out.astype(np.float64), split.mlps[0](x2).astype(np.float64))

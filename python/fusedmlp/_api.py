@@ -976,31 +976,43 @@ class FusedMLP:
         arr = arr.reshape(-1, n_in)  # (a view where x's layout allows, else a copy)
         if out is not None:
             _out.check_numpy(x, arr, out, (*lead, n_out))
+        direct = out is not None and arr.shape[0] > 0 and self._writes_into(arr, bf16, out)
         if arr.shape[0] == 0:
             y = np.empty((0, n_out), dtype=arr.dtype)
         else:
-            y = self._host_forward(arr, bf16)
+            y = self._host_forward(arr, bf16, out.reshape(-1, n_out) if direct else None)
+        if direct:
+            return out
         y = y.reshape(*lead, n_out)
         if out is not None:
             np.copyto(out, y, casting="unsafe")  # float32 to x's dtype: the cast astype makes
             return out
         return y.astype(arr.dtype, copy=False)
 
-    def _host_forward(self, arr, bf16):
+    def _writes_into(self, arr, bf16, out):
+        """Whether a GPU host call can write its outputs straight into out (checked by _out.check_numpy): out in the
+        dtype the kernel writes (x's; float32 for float64 x is not) and C-contiguous, so the device's copy lands in
+        it with no array in between (a large batch's outputs were copied twice, the second time into fresh pages)."""
+        kernel_dtype = arr.dtype if bf16 or arr.dtype == np.float16 else np.dtype(np.float32)
+        return self._kind == "cuda" and out.dtype == kernel_dtype and out.flags.c_contiguous and out.flags.aligned
+
+    def _host_forward(self, arr, bf16, out=None):
         """The outputs of a (batch > 0, in_features) host array, as its path computes them: float32, or x's own
-        16-bit dtype; the caller casts them to x's dtype."""
+        16-bit dtype; the caller casts them to x's dtype. out (GPU path, _writes_into): a 2-D C-contiguous array of
+        that dtype the outputs are written into."""
         if self._kind == "cpu":
             # aligned: the C forward reads float32 elements in place (any strides, but not at odd addresses)
             return self._net.forward_cpu(np.require(arr, np.float32, ["A"]))
         if bf16:  # the kernel reads and writes the bits; NumPy itself has no bfloat16
             xin = np.ascontiguousarray(arr).view(np.uint16)
-            y = self._kernel("bfloat16", rows=len(xin)).run(xin).view(arr.dtype)
+            y = self._kernel("bfloat16", rows=len(xin)).run(
+                xin, out=None if out is None else out.view(np.uint16)).view(arr.dtype)
             if self._check:
                 self._verify(arr.astype(np.float32), y.astype(np.float32))
             return y
         dtype = "float16" if arr.dtype == np.float16 else "float32"
         xin = np.require(arr, dtype, ["C", "A"])
-        y = self._kernel(dtype, rows=len(xin)).run(xin)
+        y = self._kernel(dtype, rows=len(xin)).run(xin, out=out)
         if self._check:
             self._verify(arr, y)  # y in the kernel's dtype: _verify compares in float64, as after the cast
         return y

@@ -246,14 +246,17 @@ class Chain:
         steps = [(kernel(rows), *(self._operand(v, offsets) for v in values)) for kernel, *values in self._steps]
         return steps, buf.ptr, cap
 
-    def run(self, x, poison=False):
-        """The outputs of a C-contiguous host array x (rows >= 1) of the chain's input dtype, synchronously."""
+    def run(self, x, poison=False, out=None):
+        """The outputs of a C-contiguous host array x (rows >= 1) of the chain's input dtype, synchronously; written
+        into out (a C-contiguous array of the output dtype and shape) where given."""
         import numpy as np
 
         rows = x.shape[0]
         n_out = self._mlp.widths[-1]
         out_np = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[self._out]
-        y = np.empty((rows, n_out), dtype=out_np)
+        if out is not None and (out.dtype != out_np or out.shape != (rows, n_out) or not out.flags.c_contiguous):
+            raise ValueError(f"out must be a C-contiguous ({rows}, {n_out}) array of {np.dtype(out_np)}")
+        y = np.empty((rows, n_out), dtype=out_np) if out is None else out
         with self._run_lock:
             if self._host is None or self._host[0] < rows:
                 self._host = (rows, self._mlp._device_buffer(max(x.nbytes, 16)),
