@@ -319,3 +319,16 @@ def test_gemms_reading_x_as_it_is_take_its_width_as_its_row(rng, monkeypatch, wi
     assert not any(p.info.get("pad_pass") for p in plans)
     reading = [p.info for p in plans if p.info.get("gemm") and p.info["gemm_layer"] in (0, 2)]
     assert len(reading) == 2 and all(i["in_dtype"] == io and i["a0_row"] == 0 for i in reading)
+
+
+def test_a_residual_from_x_reads_x_itself_where_the_parts_read_its_copy(rng):
+    """A GEMM whose input part and residual operand are both x: the part is the padded copy (the compute dtype's
+    storage), the residual x as it is (its dtype, rows of its width)."""
+    widths, concat = [300, 1024, 300], {1: "before"}
+    ws, bs = graph_weights(rng, widths, concat, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", concat=concat, residual={1: ("add", "none", "input")},
+                            device="cpu")
+    assert _segments.gemm_dtypes(mlp, 1, "float32", "float16") == ("float16", "float16", "float32", "float16")
+    info = next(p.info for p in _segments.plans(mlp, 90, "float32", "float16") if p.info.get("gemm_layer") == 1
+                and not p.info["pad_pass"])
+    assert info["in_dtype"] == "float16" and info["a0_row"] == 304

@@ -447,8 +447,9 @@ def gemm_dtypes(mlp, layer, in_dtype, out_dtype):
     storage: its second kernel (norm_dtypes) reads the residual and writes the layer's result. x read from its padded
     copy (pad_row) is in the compute dtype's storage."""
     padded = pad_row(mlp, in_dtype)
-    dtypes = tuple(None if v is None else STORAGE[mlp._precision] if v == -1 and padded else
-                   _value_dtype(mlp, v, in_dtype, out_dtype) for v in (*_gemm_operands(mlp, layer), layer))
+    p0, p1, res = _gemm_operands(mlp, layer)
+    dtypes = tuple(None if v is None else STORAGE[mlp._precision] if v == -1 and padded and part else
+                   _value_dtype(mlp, v, in_dtype, out_dtype) for v, part in ((p0, 1), (p1, 1), (res, 0), (layer, 0)))
     if mlp._norm[layer] is not None:
         return dtypes[0], dtypes[1], None, STORAGE[mlp._precision]
     return dtypes
@@ -566,7 +567,8 @@ def chain(mlp, in_dtype, out_dtype):
                 kernel = lambda rows, sub=sub, k_in=k_in, k_out=k_out: sub._kernel(k_in, k_out, rows)  # noqa: E731
                 steps.append((kernel, f - 1, last, None, None))
             else:
-                p0, p1, res = (X_PAD if padded and v == -1 else v for v in _gemm_operands(mlp, f))
+                p0, p1, res = _gemm_operands(mlp, f)  # (a residual from x reads x itself, in its dtype)
+                p0, p1 = (X_PAD if padded and v == -1 else v for v in (p0, p1))
                 dtypes = gemm_dtypes(mlp, f, in_dtype, out_dtype)
                 plan = mlp._gemm_plan(f, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
                                       *dtypes).info
