@@ -148,7 +148,11 @@ def test_gemms_reading_x_padded_copy_gives_the_converting_loads_bits(rng, monkey
             runs.append(run_io(mlp, x32, io) + (mlp,))
         return runs
 
+    ys, refs = [], []
     for (x, y, mlp), (_, y_plain, _) in zip(outputs("1"), outputs("-1")):
         np.testing.assert_array_equal(y, y_plain)
-        ref = graph_reference(x, ws, bs, mlp)
-        assert rel_l2(y, ref) <= max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+        ys.append(y)
+        refs.append(graph_reference(x, ws, bs, mlp))
+    # over every batch's rows (one row's one output near zero is no measure of a relative error)
+    tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
+    assert rel_l2(np.concatenate(ys), np.concatenate(refs)) <= tol
