@@ -70,6 +70,31 @@ def test_random_wide_graphs_in_every_precision():
     assert not failures, failures[:3]
 
 
+def test_random_wide_graphs_reading_x_through_its_padded_copy():
+    """16 random wide networks whose chain pads x (x of 259 or 63 features, float32 or 16-bit x; GEMMs reading it as
+    a concat part or as their input, residuals from x read as it is), float16 and bfloat16, within float64's bound."""
+    from fusedmlp import _segments
+
+    rng = np.random.default_rng(20261126)
+    failures, padded = [], 0
+    for i in range(300):
+        ws, bs, acts, residual, concat = random_wide_case(rng)
+        if ws[0].shape[1] < _segments.PAD_MIN_WIDTH:
+            continue
+        prec, io = str(rng.choice(["float16", "bfloat16"])), str(rng.choice(["float32", "float16", "bfloat16"]))
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=prec, device="cuda")
+        chain = mlp._kernel(io)
+        if not isinstance(chain, _segments.Chain) or _segments.X_PAD not in chain._slot_of:
+            continue
+        padded += tally(mlp, ws, bs, prec, io, int(rng.choice([1, 127, 1000, 4099])), i,
+                        (i, prec, io, [w.shape for w in ws], acts, residual, concat), failures)
+        if padded == 16:
+            break
+    print(f"\n{padded} padded chains checked, {len(failures)} failures")
+    assert padded >= 12
+    assert not failures, failures[:3]
+
+
 NETWORKS = {
     "nerf": ([63] + [256] * 8 + [4], "relu", "none", {5: "before"}),
     "sdf512": ([259] + [512] * 8 + [1], "relu", "tanh", {4: "before"}),
