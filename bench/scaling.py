@@ -15,7 +15,8 @@ compiles), by the host's clock around the call and a synchronisation of every GP
 rows/s over n times one GPU's rows/s.
 
     python3 bench/scaling.py --out scaling.json          # every visible GPU: n = 1, 2, 4, ... up to their count
-Options: --rows (2^26), --workloads (tcnn128 siren256), --gpus (1 2 4 ...), --reps (5), --io-dtype (float16).
+Options: --rows (2^26), --workloads (tcnn128 siren256), --gpus (1 2 4 ...), --reps (5), --io-dtype (float16),
+--modes (host host_out torch resident).
 """
 
 import argparse
@@ -79,7 +80,7 @@ def _resident(torch, mlp, x_host, kind):
     return call, gather
 
 
-def measure(torch, workload, rows, gpus, reps, io_dtype, folder, cache, rng):
+def measure(torch, workload, rows, gpus, reps, io_dtype, folder, cache, rng, modes=MODES):
     path, options = _model(workload, folder, rng)
     widths = WORKLOADS[workload].widths
     x = (rng.random((rows, widths[0]), dtype=np.float32) * 2 - 1).astype(io_dtype)  # (uniform: faster to draw)
@@ -93,7 +94,7 @@ def measure(torch, workload, rows, gpus, reps, io_dtype, folder, cache, rng):
             for i in range(n):
                 torch.cuda.synchronize(i)
 
-        for mode in MODES:
+        for mode in modes:
             if mode == "host":
                 best, median, y = _timed(lambda: mlp(x), sync, min(reps, HOST_REPS))
             elif mode == "host_out":
@@ -131,6 +132,7 @@ def main(argv=None):
                         help="GPU counts (default: 1, 2, 4, ... up to the visible GPUs, and their count)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--io-dtype", default="float16", choices=["float16", "float32"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     args = parser.parse_args(argv)
 
     import torch
@@ -150,7 +152,7 @@ def main(argv=None):
     try:
         for workload in args.workloads:
             report["results"].extend(measure(torch, workload, args.rows, gpus, args.reps, args.io_dtype, folder,
-                                             cache, rng))
+                                             cache, rng, args.modes))
             torch.cuda.empty_cache()
     finally:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

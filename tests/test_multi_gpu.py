@@ -12,7 +12,7 @@ import pytest
 
 import fusedmlp
 from conftest import gpu_available, torch_init
-from fusedmlp.multi_gpu import MultiDeviceMLP, _shares, visible_devices
+from fusedmlp.multi_gpu import TORCH_SPLIT_FLOPS_PER_BYTE, MultiDeviceMLP, _shares, visible_devices
 
 WIDTHS = [5, 64, 64, 3]
 
@@ -115,6 +115,18 @@ def test_from_npz_reads_the_file_once_for_every_device(net, rng, tmp_path):
 # ------------------------------------------------------------------------------------------------ GPU
 
 
+def test_a_torch_x_is_split_only_for_networks_of_enough_flops_per_byte(rng):
+    """FLOPs per byte of a row's inputs and outputs: 2 x the weights' elements over (in + out) x itemsize; a torch x
+    on one GPU is split over the others only at TORCH_SPLIT_FLOPS_PER_BYTE or more (tcnn128's 512 ran 3.2x slower
+    split over two H200s than on one)."""
+    ws, bs = torch_init(rng, [64, 128, 128, 128, 128, 64], False)
+    tcnn128 = MultiDeviceMLP(ws, bs, devices=["cpu"] * 2)
+    assert tcnn128._flops_per_byte(2) == 2 * (64 * 128 * 2 + 128 * 128 * 3) / (128 * 2) == 512
+    ws, bs = torch_init(rng, [2, 256, 256, 256, 3], True)
+    siren = MultiDeviceMLP(ws, bs, devices=["cpu"] * 2)
+    assert siren._flops_per_byte(2) > 10 * TORCH_SPLIT_FLOPS_PER_BYTE > 10 * tcnn128._flops_per_byte(2)
+
+
 def _gpu_cases(rng):
     ws, bs = torch_init(rng, [3, 64, 128, 64, 4], True)
     # 20000 rows: 151 rows per SM on an H100 (the default plan untuned), while a third of them would get the small
@@ -161,8 +173,13 @@ def test_every_gpu_gives_one_gpus_bits(rng):
     except ImportError:
         return
     if torch.cuda.device_count() >= 2:
-        xt = torch.from_numpy(x).to("cuda:1")  # x on another device than the first share's
-        assert torch.equal(split(xt).cpu(), torch.from_numpy(whole))
+        # x on another device than the first share's; float16, so the network does enough FLOPs per byte of a row's
+        # inputs and outputs to be split (TORCH_SPLIT_FLOPS_PER_BYTE)
+        x16 = x.astype(np.float16)
+        assert split._flops_per_byte(2) >= TORCH_SPLIT_FLOPS_PER_BYTE
+        xt = torch.from_numpy(x16).to("cuda:1")
+        whole16 = fusedmlp.FusedMLP(ws, bs, activation="silu", device="cuda:0")(x16)
+        assert torch.equal(split(xt).cpu(), torch.from_numpy(whole16))
 
 
 def test_import_fusedmlp_needs_numpy_alone():

@@ -25,6 +25,12 @@ __all__ = ["MultiDeviceMLP", "visible_devices"]
 #: a large part of its kernel time (an H100 runs 2^16 rows of tcnn64 in ~5 us), so fewer devices do as well.
 MIN_ROWS_PER_DEVICE = 1 << 16
 
+#: A torch x on one GPU is split over the others only where the network does at least this many FLOPs per byte of
+#: the rows' inputs and outputs, which the other shares copy between the GPUs and back. On two H200s (NVLink) a share's
+#: copies ran at about 270 GB/s against ~650 TFLOP/s of the kernels: 2^26 rows of tcnn128 (512 FLOP a byte) took
+#: 10.25 ms on one GPU and 32.41 ms split over two (bench/results/h200x2-scaling/); the break-even is ~2400.
+TORCH_SPLIT_FLOPS_PER_BYTE = 2048
+
 #: Shares start at multiples of this many rows: 16-byte aligned rows for every dtype and width (8 rows of 2-byte
 #: values), and whole 64-row warpgroup tiles.
 _ROW_STEP = 64
@@ -86,8 +92,10 @@ class MultiDeviceMLP:
     NumPy inputs: each share runs in its own thread (the C core releases the GIL) on its device's stream; the
     outputs land in one array (``out=`` too). Torch CUDA tensors: the share of x's own device is launched on torch's
     current stream, every other share is copied to its GPU, launched on a stream of that GPU and copied back, and
-    the current stream waits for them (no host synchronisation). Anything else (CuPy, 1-D x, ``out=`` with a torch
-    x, a small batch) is a plain call on one device, which also raises FusedMLP's errors for malformed input.
+    the current stream waits for them (no host synchronisation); only for a network of TORCH_SPLIT_FLOPS_PER_BYTE or
+    more FLOPs per byte of a row's inputs and outputs (a lighter one runs faster on x's GPU alone than its copies
+    between the GPUs take). Anything else (CuPy, 1-D x, ``out=`` with a torch x, a small batch) is a plain call on
+    one device, which also raises FusedMLP's errors for malformed input.
     """
 
     def __init__(self, weights, biases=None, activation="relu", output_activation=None, *, devices=None,
@@ -144,6 +152,11 @@ class MultiDeviceMLP:
                 if arr is not None:
                     return self._call_host(x, arr, out)
         return self.mlps[0](x, out=out)
+
+    def _flops_per_byte(self, itemsize):
+        """The network's FLOPs per byte of a row's inputs and outputs of `itemsize` bytes an element."""
+        flops = 2 * sum(w.size for w in self.mlps[0]._w)
+        return flops / ((self.widths[0] + self.widths[-1]) * itemsize)
 
     def _parts(self, rows):
         """How many devices a call of `rows` rows uses: each gets min_rows_per_device rows or more, and a share
@@ -203,6 +216,7 @@ class MultiDeviceMLP:
         if (out is not None or kind is None or not x.is_cuda or len(mlps) < len(self.mlps) or x.dim() != 2
                 or x.shape[1] != self.widths[0]
                 or (x.requires_grad and torch.is_grad_enabled()) or self._parts(rows) < 2
+                or self._flops_per_byte(x.element_size()) < TORCH_SPLIT_FLOPS_PER_BYTE
                 or (kind == "bfloat16" and not all(_dlpack._bf16_native(m) for m in mlps))):
             return plain(x, out=out)
         if not x.is_contiguous() or x.data_ptr() % 16:
