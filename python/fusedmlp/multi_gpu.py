@@ -26,9 +26,10 @@ __all__ = ["MultiDeviceMLP", "visible_devices"]
 MIN_ROWS_PER_DEVICE = 1 << 16
 
 #: A torch x on one GPU is split over the others only where the network does at least this many FLOPs per byte of
-#: the rows' inputs and outputs, which the other shares copy between the GPUs and back. On two H200s (NVLink) a share's
-#: copies ran at about 270 GB/s against ~650 TFLOP/s of the kernels: 2^26 rows of tcnn128 (512 FLOP a byte) took
-#: 10.25 ms on one GPU and 32.41 ms split over two (bench/results/h200x2-scaling/); the break-even is ~2400.
+#: the rows' inputs and outputs, which the other shares copy between the GPUs and back. On two H200s (NVLink),
+#: 2^26 rows of tcnn128 (512 FLOP a byte) took 10.25 ms on one GPU and 32.41 ms split over two
+#: (bench/results/h200x2-scaling/): the other share's 8.6 GB of copies, ~22 ms, is twice one GPU's whole time. At the
+#: kernels' ~650 TFLOP/s and that ~390 GB/s, a split pays from ~1700 FLOP a byte on.
 TORCH_SPLIT_FLOPS_PER_BYTE = 2048
 
 #: Shares start at multiples of this many rows: 16-byte aligned rows for every dtype and width (8 rows of 2-byte
@@ -224,7 +225,7 @@ class MultiDeviceMLP:
         shares = _shares(rows, self._parts(rows))
         y = torch.empty((rows, self.widths[-1]), device=x.device, dtype=x.dtype)
         main = torch.cuda.current_stream(x.device)
-        waits, local = [], []
+        waits, local, backs = [], [], []
         for mlp, (a, b) in zip(mlps, shares):
             kernel = mlp._kernel(kind, kind, rows)  # the kernel of the whole batch: a one-GPU call's bits
             if mlp._ordinal == x.device.index:
@@ -235,15 +236,22 @@ class MultiDeviceMLP:
             if stream is None:
                 stream = self._streams[mlp._ordinal] = torch.cuda.Stream(device=device)
             with torch.cuda.device(device), torch.cuda.stream(stream):
-                # torch orders a copy between GPUs after both devices' current streams, on the source's stream
+                # torch runs a copy between GPUs on the source's current stream, after both devices' current streams,
+                # and makes the destination's current stream wait for it
                 xs = torch.empty((b - a, x.shape[1]), device=device, dtype=x.dtype)
                 xs.copy_(x[a:b], non_blocking=True)
                 ys = torch.empty((b - a, y.shape[1]), device=device, dtype=y.dtype)
                 kernel.launch(xs.data_ptr(), ys.data_ptr(), b - a, stream.cuda_stream)
-                y[a:b].copy_(ys, non_blocking=True)
+            backs.append((device, stream, ys, a, b))
             waits.append(stream)
         for kernel, a, b in local:
             kernel.launch(x[a:b].data_ptr(), y[a:b].data_ptr(), b - a, main.cuda_stream)
+        # the copies back only now: each makes main wait for it (and so for its share's kernel), so main's own share,
+        # launched above, runs beside the other GPUs' (enqueued before its launch, main's share waited for theirs:
+        # siren256 split over two H200s took 43.2 ms against one GPU's 42.1)
+        for device, stream, ys, a, b in backs:
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                y[a:b].copy_(ys, non_blocking=True)
         for stream in waits:
             main.wait_stream(stream)
         return y
