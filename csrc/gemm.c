@@ -85,6 +85,27 @@ static int fm_gemm_valid_dtype(int d, fm_prec p) {
     return d == FM_F32 || d == FM_F16 || d == FM_BF16 || (d == FM_CODES && fm_prec_is_8bit(p));
 }
 
+/* What a GEMM layer's row kernels (its norm layer's second kernel, the pad pass of x) share: layer l alone, eight warps a
+ * CTA, no tile, no weights (w_elems a dummy 16 bytes: k_real stays 0, so fm_plan_pack packs none). */
+static void fm_plan_row_kernel(fm_plan *plan, int l, const fm_target *target, fm_prec prec, fm_dtype in, fm_dtype out,
+                               int res) {
+    plan->gemm = 1;
+    plan->gemm_layer = l;
+    plan->num_layers = l + 1;
+    plan->prec = prec;
+    plan->elem_bytes = (int)fm_prec_size(prec);
+    plan->arch = target->arch;
+    plan->in_dtype = in;
+    plan->out_dtype = out;
+    plan->a1_dtype = -1;
+    plan->res_dtype = res;
+    plan->gemm_cluster = 1;
+    plan->a1_buf[l] = plan->res_buf[l] = -1;
+    plan->warps = 8;
+    plan->act_stride = 16 / plan->elem_bytes;
+    plan->w_elems = (size_t)(16 / plan->elem_bytes);
+}
+
 /* The second kernel of norm layer l (fm_plan.gemm_norm): z (dtype a0, the compute dtype's storage the GEMM wrote)
  * normalised over the row, then act, the residual (res: its dtype, -1 none) and post, y in out. Eight warps a CTA, a
  * warp a row; four or two CTAs an SM by the launch bounds, by the registers a row's values take. */
@@ -108,32 +129,19 @@ static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *
     if ((a0 == FM_BF16 || res == FM_BF16 || out == FM_BF16) && target->arch < 80)
         return fm_fail(err, FM_ERR_LIMIT, "bfloat16 input/output needs sm_80 or newer; the target is sm_%d",
                        target->arch);
-    plan->gemm = plan->gemm_norm = 1;
-    plan->gemm_layer = l;
-    plan->num_layers = l + 1;
-    plan->prec = prec;
-    plan->elem_bytes = (int)fm_prec_size(prec);
-    plan->arch = target->arch;
-    plan->in_dtype = a0;
-    plan->out_dtype = out;
-    plan->a1_dtype = -1;
-    plan->res_dtype = res;
-    plan->gemm_cluster = 1;
+    fm_plan_row_kernel(plan, l, target, prec, a0, out, res);
+    plan->gemm_norm = 1;
     plan->n_real[l] = spec->width[l + 1];
     plan->n_pad[l] = plan->n_chunk[l] = fm_gemm_round_up(plan->n_real[l], 8);
     plan->res_op[l] = spec->res_op[l];
     plan->res_src[l] = spec->res_src[l];
     plan->norm[l] = spec->norm[l];
-    plan->a1_buf[l] = plan->res_buf[l] = -1;
-    plan->warps = 8;
     plan->rows_per_cta = plan->warps;
     /* a lane's values of a row in registers (row_norm.cu's CPL * VE; past 64 it reads the row twice instead): up to
      * 32 fit the 64 registers of four CTAs an SM, more take two CTAs' 128 (NVRTC 13, sm_90a: 1536 float32 columns
      * spilled 24 bytes at 64 registers, 2048 float16 ones 344; at 128, 2048 float32 ones spill 8) */
     const int nr = plan->n_real[l], ve = nr % 8 == 0 ? 8 : nr % 4 == 0 ? 4 : nr % 2 == 0 ? 2 : 1;
     plan->blocks_per_sm = (nr / ve + 31) / 32 * ve <= 32 ? 4 : 2;
-    plan->act_stride = 16 / plan->elem_bytes;
-    plan->w_elems = (size_t)(16 / plan->elem_bytes); /* (no weights: k_real stays 0, so fm_plan_pack packs none) */
     plan->b_floats = (size_t)3 * (size_t)plan->n_pad[l];
     return FM_OK;
 }
@@ -168,25 +176,13 @@ static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *t
     if ((size_t)rows * in_row > target->smem_per_block || (size_t)rows * in_row > 200 * 1024)
         return fm_fail(err, FM_ERR_LIMIT, "the pad pass stages %d rows of x (%zu bytes each) in shared memory; sm_%d "
                        "gives a block %zu", rows, in_row, target->arch, target->smem_per_block);
-    plan->gemm = plan->gemm_pad = 1;
-    plan->gemm_layer = l;
-    plan->num_layers = l + 1;
-    plan->prec = prec;
-    plan->elem_bytes = (int)fm_prec_size(prec);
-    plan->arch = target->arch;
-    plan->in_dtype = a0;
-    plan->out_dtype = (fm_dtype)fm_gemm_storage(prec);
-    plan->a1_dtype = plan->res_dtype = -1;
-    plan->gemm_cluster = 1;
+    fm_plan_row_kernel(plan, l, target, prec, a0, (fm_dtype)fm_gemm_storage(prec), -1);
+    plan->gemm_pad = 1;
     plan->gemm_a_row[0] = row;
-    plan->a1_buf[l] = plan->res_buf[l] = -1;
-    plan->warps = 8;
     plan->rows_per_cta = rows;
     plan->smem_bytes = (size_t)rows * in_row;
     plan->blocks_per_sm = 4;
-    plan->act_stride = 16 / plan->elem_bytes;
-    plan->w_elems = (size_t)(16 / plan->elem_bytes); /* (no weights or biases: k_real and n_pad stay 0) */
-    plan->b_floats = 4;
+    plan->b_floats = 4; /* (no biases either: n_pad stays 0) */
     return FM_OK;
 }
 
