@@ -309,3 +309,23 @@ def test_native_tensor_pipeline_stores_outputs_as_fixed_shape_tensors(cluster, m
     assert isinstance(out.schema().base_schema.field("y").type, pa.FixedShapeTensorType)  # stored without offsets
     frame = out.to_pandas().sort_values("id")
     np.testing.assert_array_equal(np.stack(frame["y"].to_numpy()), model["expected"])
+
+
+def test_ray_overhead_script_runs_several_actors_on_the_cpu(tmp_path):
+    """bench/ray_overhead.py (the device measurement) as a CPU smoke run: its NumPy stand-in for the model, one and two
+    CPU actors, its JSON with one result per actor count, each the loop's bits. In a process of its own (its own Ray)."""
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "ray_overhead.json"
+    run = subprocess.run([sys.executable, os.path.join(root, "bench", "ray_overhead.py"), "--stand-in", "--rows",
+                          str(1 << 18), "--block-rows", str(1 << 16), "--workloads", "pinn50", "--reps", "1",
+                          "--variants", "native/2", "--actors", "1", "2", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert [r["actors"] for r in results] == [1, 2]
+    assert all(r["bit_identical"] for r in results)
+    assert results[1]["efficiency_vs_one_actor"] is not None and results[1]["ray"]["ready_skew_s"] >= 0
