@@ -70,7 +70,7 @@ def test_the_environment_forces_the_form_where_the_wgmma_form_runs(rng, monkeypa
         gemm_plans(mlp, "float16")
 
 
-def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs_copy_as_they_are(rng):
+def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs_copy_as_they_are(rng, monkeypatch):
     """ws=1: a producer warpgroup more (12 warps for 128-row tiles), a full and an empty mbarrier a stage, its register
     share counted in the CTAs an SM; the default where the tile is 128 x 256 and every input part is the compute dtype
     with 16-byte rows (rec1024 on the H100: 22.60 -> 20.28 ms), not where a part is converted on the way (sdf512's x,
@@ -86,7 +86,9 @@ def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs
     small = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=128, bn=128, ws=1).info
     assert (small["warps"], small["blocks_per_sm"]) == (12, 1)  # 112 registers a thread: one CTA of 384
     sdf, _ = model(rng, "sdf512")
-    assert [p.info["ws"] for _, p in gemm_plans(sdf, "float16")] == [0]
+    assert [p.info["ws"] for _, p in gemm_plans(sdf, "float16")] == [1]  # x read from its padded copy, as it is
+    monkeypatch.setenv("FUSEDMLP_GEMM_PAD", "-1")
+    assert [p.info["ws"] for _, p in gemm_plans(sdf, "float16")] == [0]  # x converted on the way
     with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA"):
         mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1, cluster=2)
     with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA"):
@@ -126,13 +128,14 @@ def test_the_consumers_in_turn_are_a_plan_option_with_tiles_of_their_own(rng):
     ("rec1024", "int8", "float16", [2, 2, 2, 2, 0]), ("rec1024", "float8", "float16", [0, 1, 1, 2, 0]),
     ("sdf512", "int8", "float16", [0, 2, 2, 2, 0, 2, 2, 2, 0]),
     ("sdf512", "float8", "float32", [0, 2, 2, 2, 0, 2, 2, 2, 0]),
-    ("rec1024", "float16", "float16", [2, 1, 1]), ("rec1024", "float16", "float32", [0, 1, 1]),
-    ("sdf512", "float16", "float16", [0])])
+    ("rec1024", "float16", "float16", [2, 1, 1]), ("rec1024", "float16", "float32", [2, 1, 1]),
+    ("sdf512", "float16", "float16", [1])])
 def test_the_form_in_turn_is_the_auto_choice_where_it_won(rng, name, dtype, io, forms):
     """fm_gemm_pp_auto, as timed per GEMM on the H100: 8-bit layers of more than 128 outputs (float8: at most 512
     inputs, a converted x part of at most 128 columns), 16-bit ones of at most 512 bytes of raw input a row; never an
-    input whose rows are not whole 16-byte pieces (sdf512's 259 columns), a residual layer or a layer of <= 128
-    outputs; the others keep the producer form (1) or the plain one (0)."""
+    input whose rows are not whole 16-byte pieces, a residual layer or a layer of <= 128 outputs; the others keep the
+    producer form (1) or the plain one (0). 16-bit GEMMs read float32 x, and sdf512's 259 float16 features, from
+    x's padded copy: rec1024's first layer then reads 512 bytes a row as they are, sdf512's concat layer 528 + 1024."""
     mlp, ws = model(rng, name, dtype) if name in NETWORKS else (None, None)
     if name == "wide512":  # (a GEMM chain in 8 bits; in 16 one streamed kernel, so not among NETWORKS)
         ws, bs = graph_weights(rng, [64] + [512] * 4 + [64], {}, 1.0)
@@ -223,14 +226,15 @@ FORMS = {"cluster": ({"cluster": 2}, "clusters of 2 sharing the weight tile"),
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("name", NETWORKS)
-def test_benchmark_gemms_compile_for_sm_90a_in_the_form_without_spills(rng, name, form):
+def test_benchmark_gemms_compile_for_sm_90a_in_the_form_without_spills(rng, monkeypatch, name, form):
     """Every GEMM of wide768, rec1024, sdf512 (a concat) and a residual network, in the cluster and the
-    warp-specialised form, float16 and bfloat16 compute, float32, float16 and bfloat16 I/O: ptxas's report (-v) shows
-    no spills and no serialised wgmma."""
+    warp-specialised form, float16 and bfloat16 compute, float32, float16 and bfloat16 I/O, x read from its padded
+    copy and converted on the way: ptxas's report (-v) shows no spills and no serialised wgmma."""
     _api._nvrtc_info()
     options, comment = FORMS[form]
     sources = {}
-    for dtype in ("float16", "bfloat16"):
+    for dtype, pad in (("float16", "auto"), ("bfloat16", "auto"), ("float16", "-1")):
+        monkeypatch.setenv("FUSEDMLP_GEMM_PAD", pad)
         mlp, _ = model(rng, name, dtype)
         for io in ("float32", "float16", "bfloat16"):
             for layer, plan in gemm_plans(mlp, io, **options):
@@ -275,5 +279,5 @@ def test_a_network_compiles_ahead_of_time_on_clusters(rng, tmp_path, monkeypatch
     mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, concat=concat, device="cpu",
                             cache_dir=tmp_path)
     paths = mlp.compile(arch="sm_90")
-    assert len(paths) == 3  # layers 0-3 streamed, the concat layer a GEMM, layers 5-8 streamed
+    assert len(paths) == 4  # layers 0-3 streamed, x's pad pass, the concat layer a GEMM, layers 5-8 streamed
     assert mlp.source.count("clusters of 2 sharing the weight tile") >= 1
