@@ -53,6 +53,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -267,6 +268,9 @@ def main(argv=None):
     parser.add_argument("--stand-in", action="store_true",
                         help="a NumPy stand-in for the model on both sides (CPU actors): Ray's part alone")
     args = parser.parse_args(argv)
+    # a time limit's SIGTERM (timeout(1) on the device machine) ends the run through the finally below, which writes
+    # the JSON of what was measured so far
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     import ray
 

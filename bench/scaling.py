@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -134,6 +135,9 @@ def main(argv=None):
     parser.add_argument("--io-dtype", default="float16", choices=["float16", "float32"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     args = parser.parse_args(argv)
+    # a time limit's SIGTERM (timeout(1) on the device machine) ends the run through the finally below, which writes
+    # the JSON of what was measured so far
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     import torch
 
