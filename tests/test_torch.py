@@ -15,7 +15,7 @@ ACTIVATION_MODULES = [nn.ReLU(), nn.LeakyReLU(0.2), nn.ELU(0.5), nn.GELU(), nn.G
                       nn.Sigmoid(), nn.Tanh(), nn.Softplus(beta=2, threshold=10), nn.Mish(), nn.SELU(), nn.ReLU6(),
                       nn.Hardtanh(-2, 2), nn.Hardsigmoid(), nn.Hardswish(), nn.Softsign(), nn.Identity(),
                       nn.CELU(0.7), nn.LogSigmoid(), nn.Tanhshrink(), nn.Softshrink(0.3), nn.Hardshrink(0.3),
-                      nn.PReLU(init=-0.13)]
+                      nn.PReLU(init=-0.13), nn.Threshold(0.1, 0.0), nn.Threshold(-0.25, 1.5)]
 
 
 def ref64(module, x):
@@ -65,6 +65,65 @@ def test_traced_activation_functions_match_torch():
     x = torch.randn(200, 6)
     mlp = fusedmlp.from_torch(model, device="cpu")
     assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
+def test_threshold_is_exact_at_its_step_and_at_infinities():
+    """Threshold(t, v): x where x > t, else v; at x = t exactly v, x just above t itself, -inf v, inf inf; its
+    functional form through torch.fx."""
+    import torch.nn.functional as F
+
+    for t, v in ((0.1, 0.0), (-0.25, 1.5), (0.0, -3.0)):
+        expr = ft._threshold_text(t, v)
+        mlp = fusedmlp.FusedMLP([np.eye(1, dtype=np.float32)], None, activation=[expr], device="cpu")
+        above = float(np.nextafter(np.float32(t), np.float32(1)))
+        x = np.array([[t], [above], [t - 1], [t + 1], [-np.inf], [np.inf]], dtype=np.float32)
+        want = torch.nn.Threshold(t, v)(torch.from_numpy(x)).numpy()
+        np.testing.assert_array_equal(mlp(x), want)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(5, 24), nn.Linear(24, 2)
+
+        def forward(self, x):
+            return self.b(F.threshold(self.a(x), 0.05, -0.5))
+
+    torch.manual_seed(6)
+    model = Net().eval()
+    x = torch.randn(100, 5)
+    assert max_rel(fusedmlp.from_torch(model, device="cpu")(x), ref64(model, x)) <= 1e-6
+
+
+@pytest.mark.parametrize("drop", [nn.Dropout1d(0.2), nn.AlphaDropout(0.2), nn.FeatureAlphaDropout(0.2)],
+                         ids=lambda m: type(m).__name__)
+def test_every_dropout_form_is_the_identity_in_eval_mode_and_an_error_in_training(drop):
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), drop, nn.Linear(16, 3)).eval()
+    x = torch.randn(50, 4)
+    assert max_rel(fusedmlp.from_torch(model, device="cpu")(x), ref64(model, x)) <= 1e-6
+    with pytest.raises(fusedmlp.ArgumentError, match=f"2: {type(drop).__name__}.*training mode.*model.eval"):
+        fusedmlp.from_torch(model.train(), device="cpu")
+
+
+def test_traced_dropout_functions_follow_their_training_argument():
+    """F.dropout defaults to training=True (it drops units in eval mode too unless told not to): refused without
+    training=False; F.alpha_dropout defaults to False: the identity."""
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self, fn, **kw):
+            super().__init__()
+            self.a, self.b, self.fn, self.kw = nn.Linear(4, 8), nn.Linear(8, 2), fn, kw
+
+        def forward(self, x):
+            return self.b(self.fn(torch.relu(self.a(x)), 0.3, **self.kw))
+
+    x = torch.randn(20, 4)
+    for model in (Net(F.dropout, training=False), Net(F.alpha_dropout)):
+        model.eval()
+        assert max_rel(fusedmlp.from_torch(model, device="cpu")(x), ref64(model, x)) <= 1e-6
+    with pytest.raises(fusedmlp.ArgumentError, match="training=True is active"):
+        fusedmlp.from_torch(Net(F.dropout).eval(), device="cpu")
 
 
 def test_a_prelu_with_a_slope_per_channel_names_what_is_supported():

@@ -47,6 +47,8 @@ def _activation_text(module):
         return _shrink_text("soft", module.lambd)
     if isinstance(module, nn.Hardshrink):
         return _shrink_text("hard", module.lambd)
+    if isinstance(module, nn.Threshold):
+        return _threshold_text(module.threshold, module.value)
     if isinstance(module, nn.PReLU) and module.weight.numel() == 1:  # one learned slope: a leaky relu
         return f"leaky_relu(x, {float(module.weight.detach().reshape(())):.9g})"
     simple = {nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.Mish: "mish", nn.SELU: "selu",
@@ -73,10 +75,23 @@ def _shrink_text(kind, lambd):
     return f"x * ceil(min(max(abs(x) - {lam!r}, 0), 1))"
 
 
+def _threshold_text(threshold, value):
+    """Threshold (x where x > t, else v) as an expression: max(x, t), then t moved to v below the step (the step as a
+    ceil of a clamp, as Hardshrink's): exact where x > t, and for v = 0, including x = -inf. t and v as the float32
+    values torch compares and writes (x = float32(0.1) is not above Threshold(0.1)'s threshold)."""
+    t, v = float(np.float32(threshold)), float(np.float32(value))
+    return f"max(x, {t!r}) + ({v!r} - {t!r}) * (1 - ceil(min(max(x - {t!r}, 0), 1)))"
+
+
+#: Dropout in all its forms (Dropout, Dropout1d/2d/3d, AlphaDropout, FeatureAlphaDropout): the identity in eval mode.
+_DROPOUTS = (nn.modules.dropout._DropoutNd,)
+_DROPOUT_FUNCTIONS = tuple(getattr(nn.functional, name) for name in ("dropout", "alpha_dropout", "feature_alpha_dropout",
+                                                                    "dropout1d", "dropout2d", "dropout3d"))
+
 SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (directly after a Linear), "
              "ReLU, LeakyReLU, ELU, CELU, GELU, SiLU, Sigmoid, LogSigmoid, Tanh, Tanhshrink, Softplus, Mish, SELU, "
-             "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, PReLU (one slope), Identity, "
-             "Dropout and BatchNorm1d (in eval mode), nested Sequential")
+             "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, Threshold, PReLU (one slope), "
+             "Identity, Dropout (any form) and BatchNorm1d (in eval mode), nested Sequential")
 
 
 # ------------------------------------------------------------------------------------------------ weights and folds
@@ -301,10 +316,10 @@ def read_module(module, activations=None):
             continue
         if text is None and isinstance(leaf, (nn.Identity, nn.Flatten)):
             continue
-        if text is None and isinstance(leaf, nn.Dropout):
+        if text is None and isinstance(leaf, _DROPOUTS):
             if leaf.training and leaf.p > 0:
-                raise ArgumentError(f"{label}: Dropout(p={leaf.p}) is active because the model is in training mode; "
-                                    "call model.eval() first (fusedmlp runs inference)")
+                raise ArgumentError(f"{label}: {type(leaf).__name__}(p={leaf.p}) is active because the model is in "
+                                    "training mode; call model.eval() first (fusedmlp runs inference)")
             continue
         if text is None and isinstance(leaf, nn.BatchNorm1d):
             layers.batchnorm(leaf, label)
@@ -344,7 +359,7 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
                     "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
                     "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) directly after a Linear, "
-                    "Dropout and BatchNorm1d (folded into the Linear before or after it) in eval mode")
+                    "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
 def _arg(node, index, name, default):
@@ -372,6 +387,8 @@ def _functional_text(node):
         return _celu_text(_arg(node, 1, "alpha", 1.0))
     if target in (F.softshrink, F.hardshrink):
         return _shrink_text("soft" if target is F.softshrink else "hard", _arg(node, 1, "lambd", 0.5))
+    if target is F.threshold:
+        return _threshold_text(_arg(node, 1, "threshold", None), _arg(node, 2, "value", None))
     return None
 
 
@@ -498,14 +515,17 @@ def _read_traced(module, activations):
             pending_cat = "after" if parts[0] is cur else "before"
             cur = node
             continue
-        if leaf is not None and text is None and isinstance(leaf, (nn.Identity, nn.Dropout)):
-            if isinstance(leaf, nn.Dropout) and leaf.training and leaf.p > 0:
-                raise ArgumentError(f"{node.target}: Dropout(p={leaf.p}) is active because the model is in training "
-                                    "mode; call model.eval() first")
+        if leaf is not None and text is None and isinstance(leaf, (nn.Identity, *_DROPOUTS)):
+            if isinstance(leaf, _DROPOUTS) and leaf.training and leaf.p > 0:
+                raise ArgumentError(f"{node.target}: {type(leaf).__name__}(p={leaf.p}) is active because the model is "
+                                    "in training mode; call model.eval() first")
             cur = node
             continue
-        if node.op == "call_function" and node.target is F.dropout:
-            if _arg(node, 2, "training", False) and _arg(node, 1, "p", 0.5) > 0:
+        if node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
+            # (F.dropout and F.dropoutNd default to training=True: a call that does not pass it drops units in eval
+            # mode too, at random, which no fused network reproduces; the alpha dropouts default to False)
+            on = node.target not in (F.alpha_dropout, F.feature_alpha_dropout)  # (F: nn.functional, below)
+            if _arg(node, 2, "training", on) and _arg(node, 1, "p", 0.5) > 0:
                 raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
             cur = node
             continue
