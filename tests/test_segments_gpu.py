@@ -2,6 +2,8 @@
 epilogue, fused stretches between them, residuals and input concats read across the cuts, every compute dtype and
 I/O dtype, poisoned outputs. Marked `gpu`; skipped without a device."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -51,22 +53,34 @@ def tally(mlp, ws, bs, prec, io, batch, seed, case, failures):
     return 1
 
 
-def test_random_wide_graphs_in_every_precision():
-    """48 random networks with widths up to 2048, each in float16, bfloat16 and tf32 with rotating I/O dtypes."""
+@functools.lru_cache(maxsize=None)
+def _wide_runs():
+    """48 random networks with widths up to 2048, each in float16, bfloat16 and tf32 with rotating I/O dtypes and a
+    random batch: (network index, case, precision, I/O dtype, batch), drawn in one sequence."""
     rng = np.random.default_rng(20261125)
-    failures, checked, cut = [], 0, 0
+    runs = []
     for i in range(48):
-        ws, bs, acts, residual, concat = random_wide_case(rng)
+        case = random_wide_case(rng)
         for j, prec in enumerate(fusedmlp.PRECISIONS):
-            io = ("float32", "float16", "bfloat16")[(i + j) % 3]
-            mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=prec,
-                                    device="cuda")
-            cut += mlp.segments is not None
-            batch = int(rng.choice([1, 127, 1000, 4099]))
-            checked += tally(mlp, ws, bs, prec, io, batch, i,
-                             (i, prec, io, [w.shape for w in ws], acts, residual, concat), failures)
+            runs.append((i, case, prec, ("float32", "float16", "bfloat16")[(i + j) % 3],
+                         int(rng.choice([1, 127, 1000, 4099]))))
+    return runs
+
+
+@pytest.mark.parametrize("part", range(4))
+def test_random_wide_graphs_in_every_precision(part):
+    """_wide_runs' networks 12 part to 12 part + 11 (in four parts, each ~75 s on an H100, so that a device call's
+    time limit takes them one by one): 36 runs a part, 28-33 of them segmented (144 and 117 in all)."""
+    failures, checked, cut = [], 0, 0
+    for i, (ws, bs, acts, residual, concat), prec, io, batch in _wide_runs():
+        if i // 12 != part:
+            continue
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=prec, device="cuda")
+        cut += mlp.segments is not None
+        checked += tally(mlp, ws, bs, prec, io, batch, i,
+                         (i, prec, io, [w.shape for w in ws], acts, residual, concat), failures)
     print(f"\n{checked} runs checked, {cut} of them segmented, {len(failures)} failures")
-    assert checked >= 120 and cut >= 90
+    assert checked >= 30 and cut >= 22
     assert not failures, failures[:3]
 
 
