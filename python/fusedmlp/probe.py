@@ -157,6 +157,8 @@ def segment_table(wl, gpu, io="float16", dtype="float16"):
                       f"{info['stages']} stages, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
             if info["cluster"] > 1:
                 detail += f", clusters of {info['cluster']} sharing B"
+            if info["ws"]:
+                detail += ", a producer warpgroup" + (", consumers in turn" if info["ws"] == 2 else "")
         lines.append(f"{seg.describe()}: {detail}")
     return lines
 
