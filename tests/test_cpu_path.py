@@ -13,7 +13,7 @@ import pytest
 
 import fusedmlp
 from fusedmlp import _core
-from conftest import rel_l2, torch_init
+from conftest import graph_weights, rel_l2, torch_init
 
 # Relative L2 error allowed between the CPU path and a float64 forward: float32 storage between layers rounds by
 # 2**-24 (6e-8) per layer, so measured errors are ~1e-7.
@@ -634,3 +634,39 @@ def test_out_for_one_row_must_be_one_row(small, rng):
     x = rng.standard_normal(6).astype(np.float32)
     with pytest.raises(fusedmlp.ShapeError, match=r"out has shape \(1, 3\); for x of shape \(6,\) it must be \(3,\)"):
         mlp(x, out=np.zeros((1, 3), np.float32))
+
+
+def test_the_cpu_path_splits_large_batches_over_threads_with_one_calls_bits(rng, monkeypatch):
+    """Rows over FUSEDMLP_CPU_THREADS threads (else OMP_NUM_THREADS, else the CPUs the process may use), at least
+    CPU_ROWS_PER_THREAD rows each: the same bits as one thread, residuals and concats included."""
+    from fusedmlp import _api, _env
+
+    ws, bs = graph_weights(rng, [5, 48, 48, 3], {1: "before"}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="tanh", concat={1: "before"}, residual={1: "add"}, device="cpu")
+    x = rng.standard_normal((3 * _api.CPU_ROWS_PER_THREAD + 17, 5)).astype(np.float32)
+    monkeypatch.setenv("FUSEDMLP_CPU_THREADS", "1")
+    one = mlp(x)
+    calls = []
+
+    class Counting:  # the network, counting the rows of each forward_cpu call
+        def __init__(self, net):
+            self._net = net
+
+        def __getattr__(self, name):
+            return getattr(self._net, name)
+
+        def forward_cpu(self, a):
+            calls.append(len(a))
+            return self._net.forward_cpu(a)
+
+    monkeypatch.setattr(mlp, "_net", Counting(mlp._net))
+    monkeypatch.setenv("FUSEDMLP_CPU_THREADS", "8")  # more than the rows allow: three parts
+    np.testing.assert_array_equal(mlp(x), one)
+    assert sorted(calls) == [4101, 4102, 4102] and sum(calls) == len(x)
+    monkeypatch.delenv("FUSEDMLP_CPU_THREADS")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert _env.cpu_threads() == 2
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("FUSEDMLP_CPU_THREADS", bad)
+        with pytest.raises(ValueError, match=f"FUSEDMLP_CPU_THREADS={bad!r} is not a thread count"):
+            _env.cpu_threads()

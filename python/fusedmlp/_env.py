@@ -182,3 +182,26 @@ def gemm_pad():
     """
     return _gemm_form("FUSEDMLP_GEMM_PAD", {"1": 1, "on": 1, "-1": -1, "off": -1},
                       "1 (x's padded copy wherever x is not read as it is), -1 (never) or auto")
+
+
+def cpu_threads():
+    """Tells how many threads the CPU path may split a call's rows over.
+
+    Returns:
+        ``FUSEDMLP_CPU_THREADS`` if set, else ``OMP_NUM_THREADS`` (what Ray sets for a worker of ``num_cpus=N``, and
+        what NumPy's BLAS obeys), else the CPUs this process may run on; at least 1.
+
+    Raises:
+        ValueError: a value that is not a positive integer, naming the variable and the value.
+    """
+    for name in ("FUSEDMLP_CPU_THREADS", "OMP_NUM_THREADS"):
+        raw = os.environ.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        if not raw.strip().isdigit() or int(raw) < 1:
+            raise ValueError(f"{name}={raw!r} is not a thread count; use a positive integer such as 4")
+        return int(raw)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # (not Linux)
+        return max(1, os.cpu_count() or 1)
