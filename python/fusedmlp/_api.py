@@ -1019,7 +1019,7 @@ class FusedMLP:
 
     def _verify(self, x, y):
         # against the float network: an 8-bit model's bound is its quantisation error too (CHECK_TOLERANCES)
-        ref = self._net.forward_cpu(np.asarray(x, dtype=np.float32), quantised=False).astype(np.float64)
+        ref = _cpu_forward(self._net, np.asarray(x, dtype=np.float32), quantised=False).astype(np.float64)
         err = np.linalg.norm(y.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
         tolerance = CHECK_TOLERANCES[self._precision]
         if not err <= tolerance:  # also catches NaN
@@ -1035,17 +1035,17 @@ class FusedMLP:
 CPU_ROWS_PER_THREAD = 4096
 
 
-def _cpu_forward(net, x):
-    """net.forward_cpu(x) with x's rows split over the threads _env.cpu_threads() allows (the C forward releases the
-    GIL; a row's result does not depend on the others, so the bits are those of one call)."""
+def _cpu_forward(net, x, **options):
+    """net.forward_cpu(x, **options) with x's rows split over the threads _env.cpu_threads() allows (the C forward
+    releases the GIL; a row's result does not depend on the others, so the bits are those of one call)."""
     rows = len(x)
     parts = min(_env.cpu_threads(), rows // CPU_ROWS_PER_THREAD)
     if parts < 2:
-        return net.forward_cpu(x)
+        return net.forward_cpu(x, **options)
     cuts = [rows * i // parts for i in range(parts + 1)]
     with concurrent.futures.ThreadPoolExecutor(parts - 1) as pool:
-        futures = [pool.submit(net.forward_cpu, x[a:b]) for a, b in zip(cuts[1:-1], cuts[2:])]
-        first = net.forward_cpu(x[: cuts[1]])
+        futures = [pool.submit(net.forward_cpu, x[a:b], **options) for a, b in zip(cuts[1:-1], cuts[2:])]
+        first = net.forward_cpu(x[: cuts[1]], **options)
         return np.concatenate([first] + [f.result() for f in futures])
 
 
