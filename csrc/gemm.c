@@ -31,12 +31,6 @@ static int fm_gemm_raw_part(const fm_plan *plan, int d, int real) {
     return d == fm_gemm_storage(plan->prec) && real * plan->elem_bytes % 16 == 0;
 }
 
-/* Elements a row of input part p (0, 1) of GEMM layer l in global memory: its width, or a padded copy's row. */
-static int fm_gemm_part_row(const fm_plan *plan, int l, int p) {
-    const int real = p == 0 ? plan->k0_real[l] : plan->k_real[l] - plan->k0_real[l];
-    return plan->gemm_a_row[p] ? plan->gemm_a_row[p] : real;
-}
-
 /* Whether every input part of layer l is copied as it is. */
 static int fm_gemm_parts_raw(const fm_plan *plan, int l) {
     return fm_gemm_raw_part(plan, (int)plan->in_dtype, fm_gemm_part_row(plan, l, 0)) &&
@@ -76,8 +70,6 @@ static int fm_gemm_pp_auto(const fm_plan *plan, int l, int res) {
         return plan->k_real[l] <= 512 && (raw || plan->k_real[l] <= 128);
     return raw && plan->k_real[l] * plan->elem_bytes <= 512;
 }
-
-static int fm_gemm_round_up(int v, int m) { return (v + m - 1) / m * m; }
 
 /* Whether d is a global dtype code a GEMM of precision p takes: 0 float32, 1 float16, 2 bfloat16, and for an 8-bit
  * network 3, its codes. */
@@ -132,7 +124,7 @@ static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *
     fm_plan_row_kernel(plan, l, target, prec, a0, out, res);
     plan->gemm_norm = 1;
     plan->n_real[l] = spec->width[l + 1];
-    plan->n_pad[l] = plan->n_chunk[l] = fm_gemm_round_up(plan->n_real[l], 8);
+    plan->n_pad[l] = plan->n_chunk[l] = fm_round_up(plan->n_real[l], 8);
     plan->res_op[l] = spec->res_op[l];
     plan->res_src[l] = spec->res_src[l];
     plan->norm[l] = spec->norm[l];
@@ -148,9 +140,9 @@ static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *
 
 /* Elements a row of the pad pass's copy of x (fm_plan.gemm_pad) for precision p: x's width rounded up to whole
  * 16-byte pieces of the compute dtype's storage. */
-int fm_gemm_pad_row(const fm_spec *spec, fm_prec p) {
+static int fm_gemm_pad_row(const fm_spec *spec, fm_prec p) {
     const int e16 = 16 / (int)fm_prec_size(p);
-    return fm_gemm_round_up(spec->width[0], e16);
+    return fm_round_up(spec->width[0], e16);
 }
 
 /* The pad pass (fm_plan.gemm_pad) of a GEMM layer l that reads x: x (dtype a0) to rows of `row` elements of the
@@ -281,11 +273,11 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     const int first = spec->cat[l] == FM_CAT_BEFORE ? 0 : l, second = spec->cat[l] == FM_CAT_AFTER ? 0 : l;
     plan->k_real[l] = fm_spec_in_features(spec, l);
     plan->k0_real[l] = spec->width[first];
-    plan->k0_pad[l] = fm_gemm_round_up(spec->width[first], kt);
-    plan->k_pad[l] = plan->k0_pad[l] + (spec->cat[l] != FM_CAT_NONE ? fm_gemm_round_up(spec->width[second], kt) : 0);
+    plan->k0_pad[l] = fm_round_up(spec->width[first], kt);
+    plan->k_pad[l] = plan->k0_pad[l] + (spec->cat[l] != FM_CAT_NONE ? fm_round_up(spec->width[second], kt) : 0);
     /* a part read from a padded copy (the pad pass's): rows of whole 16-byte pieces, no wider than its K stages */
     for (int p = 0; p < 2; ++p) {
-        const int real = p == 0 ? plan->k0_real[l] : plan->k_real[l] - plan->k0_real[l];
+        const int real = fm_gemm_part_width(plan, l, p);
         const int padded = p == 0 ? plan->k0_pad[l] : plan->k_pad[l] - plan->k0_pad[l];
         const int row = opts->a_row[p];
         if (row && (real == 0 || row < real || row > padded))
@@ -321,7 +313,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         plan->gemm_warps_m = plan->gemm_bm / 16; /* a warp's 16 rows of its warpgroup's 64, all columns */
     else
         plan->gemm_warps_m = plan->gemm_bn == 128 ? (plan->gemm_bm == 128 ? 2 : 1) : (plan->gemm_bm == 128 ? 4 : 2);
-    plan->n_pad[l] = fm_gemm_round_up(plan->n_real[l], plan->gemm_bn);
+    plan->n_pad[l] = fm_round_up(plan->n_real[l], plan->gemm_bn);
     plan->n_chunk[l] = plan->gemm_bn;
     plan->rows_per_cta = plan->gemm_bm;
     plan->m_tiles = plan->gemm_bm / plan->gemm_warps_m / 16;
@@ -366,9 +358,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->w_offset[l] = 0;
     plan->b_offset[l] = 0;
     plan->w_elems = (size_t)plan->n_pad[l] * (size_t)plan->k_pad[l];
-    plan->b_floats = (size_t)fm_gemm_round_up(plan->n_pad[l], 4);
+    plan->b_floats = (size_t)fm_round_up(plan->n_pad[l], 4);
     plan->dq_offset[l] = plan->b_floats; /* 8-bit: act_scale[l] * w_scale[l][n] after the bias (fm_plan_pack) */
     if (fm_prec_is_8bit(prec))
-        plan->b_floats += (size_t)fm_gemm_round_up(plan->n_pad[l], 4);
+        plan->b_floats += (size_t)fm_round_up(plan->n_pad[l], 4);
     return FM_OK;
 }

@@ -317,9 +317,8 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(fm_subst_add(t, "A1_TYPE"), "%d", p->a1_dtype);
     fm_str_printf(fm_subst_add(t, "RES_TYPE"), "%d", p->res_dtype);
     /* a part's row in memory: its width, or the padded copy's (fm_plan.gemm_a_row; zeros past the width) */
-    fm_str_printf(fm_subst_add(t, "A0_REAL"), "%d", p->gemm_a_row[0] ? p->gemm_a_row[0] : p->k0_real[l]);
-    fm_str_printf(fm_subst_add(t, "A1_REAL"), "%d",
-                  p->gemm_a_row[1] ? p->gemm_a_row[1] : p->k_real[l] - p->k0_real[l]);
+    fm_str_printf(fm_subst_add(t, "A0_REAL"), "%d", fm_gemm_part_row(p, l, 0));
+    fm_str_printf(fm_subst_add(t, "A1_REAL"), "%d", fm_gemm_part_row(p, l, 1));
     fm_str *c = fm_subst_add(t, "PLAN_COMMENT");
     fm_str_printf(c, "one layer, %d -> %d; sm_%d; %s %s GEMM; %dx%d tiles of %d warps, %d stages of %d B of "
                   "K, %d CTAs/SM; %zu B shared memory; input %s", p->k_real[l], p->n_real[l], p->arch,
