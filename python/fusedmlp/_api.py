@@ -665,11 +665,7 @@ class FusedMLP:
     def segments(self):
         """How the network is cut for its GPU (for sm_90 when it runs on the CPU): None when it is one fused kernel,
         else one line per segment saying its layers, its kernel and why the cut is there."""
-        if self._kind == "cuda":
-            info = self._gpu_info()
-            target = (info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"])
-        else:
-            target = (90, 0, 0, 0)
+        target = self._target() if self._kind == "cuda" else (90, 0, 0, 0)
         cut = self._segments_for(*target, "float32", "float32")
         return None if cut is None else [seg.describe() for seg in cut]
 
@@ -712,9 +708,7 @@ class FusedMLP:
         """Plans, renders, compiles (through the cache) and loads layer `layer` as a GEMM (gemm_layer.cu) for this
         model's GPU; a0, a1, res, out: dtype names of its input parts, residual operand (None: absent) and result;
         tile: bm, bn (the plan's default where absent; _gemm_options, when set, win)."""
-        info = self._gpu_info()
-        return self._load(self._gemm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"],
-                                          info["smem_per_sm"], a0, a1, res, out, **tile))
+        return self._load(self._gemm_plan(layer, *self._target(), a0, a1, res, out, **tile))
 
     def _load(self, plan):
         """A chain step's plan (a GEMM, a norm layer's row pass) rendered, compiled (through the cache) and loaded on
@@ -755,9 +749,7 @@ class FusedMLP:
 
     def _build_norm(self, layer, z, res, out):
         """Plans, renders, compiles (through the cache) and loads norm layer `layer`'s second kernel (_norm_plan)."""
-        info = self._gpu_info()
-        return self._load(self._norm_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"],
-                                          info["smem_per_sm"], z, res, out))
+        return self._load(self._norm_plan(layer, *self._target(), z, res, out))
 
     def _pad_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, x_dtype):
         """The pad pass (pad_rows.cu) before GEMM layer `layer`, the chain's first that reads x: x (x_dtype) to its
@@ -768,9 +760,7 @@ class FusedMLP:
 
     def _build_pad(self, layer, x_dtype):
         """Plans, renders, compiles (through the cache) and loads the pad pass (_pad_plan)."""
-        info = self._gpu_info()
-        return self._load(self._pad_plan(layer, info["arch"], info["smem_per_block"], info["sm_count"],
-                                         info["smem_per_sm"], x_dtype))
+        return self._load(self._pad_plan(layer, *self._target(), x_dtype))
 
     def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out, **tile):
         """Layer `layer`'s GEMM plan (a norm layer's: of the layer cut before its norm, _gemm_net);
@@ -804,6 +794,11 @@ class FusedMLP:
     def _gpu_info(self):
         """The model's GPU: arch, sm_count, smem_per_block, smem_per_sm, name (opens it on first use)."""
         return _gpu(self._ordinal).info
+
+    def _target(self):
+        """The model's GPU as the plans take it: (arch, smem_per_block, sm_count, smem_per_sm)."""
+        info = self._gpu_info()
+        return info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"]
 
     def _device_buffer(self, nbytes):
         """Device memory of this model's GPU, freed with the object (a segmented network's workspace)."""
@@ -893,9 +888,7 @@ class FusedMLP:
             kernel = self._calls.get(call_key)
             if kernel is not None:
                 return kernel
-        info = self._gpu_info()
-        if self._segments_for(info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"], dtype,
-                              out_dtype) is not None:
+        if self._segments_for(*self._target(), dtype, out_dtype) is not None:
             kernel = _segments.chain(self, dtype, out_dtype)
             if call_key is not None:
                 self._calls[call_key] = kernel
@@ -996,23 +989,25 @@ class FusedMLP:
         kernel_dtype = arr.dtype if bf16 or arr.dtype == np.float16 else np.dtype(np.float32)
         return self._kind == "cuda" and out.dtype == kernel_dtype and out.flags.c_contiguous and out.flags.aligned
 
-    def _host_forward(self, arr, bf16, out=None):
+    def _host_forward(self, arr, bf16, out=None, rows=None):
         """The outputs of a (batch > 0, in_features) host array, as its path computes them: float32, or x's own
         16-bit dtype; the caller casts them to x's dtype. out (GPU path, _writes_into): a 2-D C-contiguous array of
-        that dtype the outputs are written into."""
+        that dtype the outputs are written into. rows: the batch size whose kernel runs (default arr's; a
+        MultiDeviceMLP share runs the whole call's, for its bits)."""
         if self._kind == "cpu":
             # aligned: the C forward reads float32 elements in place (any strides, but not at odd addresses)
             return _cpu_forward(self._net, np.require(arr, np.float32, ["A"]))
+        rows = len(arr) if rows is None else rows
         if bf16:  # the kernel reads and writes the bits; NumPy itself has no bfloat16
             xin = np.ascontiguousarray(arr).view(np.uint16)
-            y = self._kernel("bfloat16", rows=len(xin)).run(
+            y = self._kernel("bfloat16", rows=rows).run(
                 xin, out=None if out is None else out.view(np.uint16)).view(arr.dtype)
             if self._check:
                 self._verify(arr.astype(np.float32), y.astype(np.float32))
             return y
         dtype = "float16" if arr.dtype == np.float16 else "float32"
         xin = np.require(arr, dtype, ["C", "A"])
-        y = self._kernel(dtype, rows=len(xin)).run(xin, out=out)
+        y = self._kernel(dtype, rows=rows).run(xin, out=out)
         if self._check:
             self._verify(arr, y)  # y in the kernel's dtype: _verify compares in float64, as after the cast
         return y
@@ -1086,7 +1081,7 @@ def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), io_dtype="float16"):
         raise ArgumentError(f"tune needs a model on a CUDA device; this one runs on {mlp.device}")
     dtype = _io_dtype_name(io_dtype, "io_dtype")
     info = _gpu(mlp._ordinal).info
-    cut = mlp._segments_for(info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"], dtype, dtype)
+    cut = mlp._segments_for(*mlp._target(), dtype, dtype)
     if cut is not None:  # the chain's own stretch models, so its next calls take the choices at once
         return {seg.describe(): _tune_sizes(sub, k_in, k_out, batch_sizes, info)
                 for seg, sub, k_in, k_out in _segments.chain(mlp, dtype, dtype).fused}

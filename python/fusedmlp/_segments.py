@@ -185,7 +185,7 @@ class Chain:
         if z_rows:
             slot_of[NORM_Z] = len(self._slot_row_bytes)
             self._slot_row_bytes.append(max(z_rows) * _ITEMSIZE[storage])
-        if any(step[2] == X_PAD for step in steps):  # x's padded copy: live from its pad pass to the last GEMM reading it
+        if any(step[2] == X_PAD for step in steps):  # x's padded copy: from its pad pass to the last GEMM reading it
             slot_of[X_PAD] = len(self._slot_row_bytes)
             self._slot_row_bytes.append(pad_row(mlp, in_dtype) * _ITEMSIZE[storage])
         self._workspaces = {}  # stream -> (rows capacity, Buffer, offsets)
@@ -427,6 +427,14 @@ def reads_x(mlp, layer):
     return -1 in _gemm_operands(mlp, layer)[:2]
 
 
+def pad_before(mlp, segments, in_dtype):
+    """The first GEMM layer of `segments` that reads x where the chain pads x of dtype in_dtype (its pad pass runs
+    just before that GEMM, once for every GEMM reading x), else None."""
+    if not pad_row(mlp, in_dtype):
+        return None
+    return next((seg.first for seg in segments if seg.kind == "gemm" and reads_x(mlp, seg.first)), None)
+
+
 def part_rows(mlp, layer, a0, a1):
     """gemm_plan's a0_row / a1_row for layer's GEMM with input parts of dtypes a0, a1: the padded copy's row for a
     part that is x in the compute dtype's storage where the chain pads x of that dtype (pad_row). x of another dtype
@@ -467,14 +475,14 @@ def plans(mlp, arch, in_dtype, out_dtype):
     """Ahead of time: the plan of every segment's kernel for a named arch (fused stretches: their default plan)."""
     target = (arch, 0, 0, 0)
     out = []
-    padded = False
-    for seg in mlp._segments_for(*target, in_dtype, out_dtype):
+    segments = mlp._segments_for(*target, in_dtype, out_dtype)
+    pad_at = pad_before(mlp, segments, in_dtype)
+    for seg in segments:
         if seg.kind == "fused":
             out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype))
         else:
-            if not padded and pad_row(mlp, in_dtype) and reads_x(mlp, seg.first):
+            if seg.first == pad_at:
                 out.append(mlp._pad_plan(seg.first, *target, in_dtype))
-                padded = True
             out.append(mlp._gemm_plan(seg.first, *target, *gemm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
             if mlp._norm[seg.first] is not None:
                 out.append(mlp._norm_plan(seg.first, *target, *norm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
@@ -542,9 +550,8 @@ def chain(mlp, in_dtype, out_dtype):
         found = mlp._chains.get(key)
         if found is not None:
             return found
-        info = mlp._gpu_info()
-        segments = mlp._segments_for(info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
-                                     in_dtype, out_dtype)
+        target = mlp._target()
+        segments = mlp._segments_for(*target, in_dtype, out_dtype)
         # the GEMMs compile and load in parallel first, as the tuner's candidates do (NVRTC releases the GIL): sdf512's
         # nine layers are four distinct sources
         gemms = [seg.first for seg in segments if seg.kind == "gemm"]
@@ -555,12 +562,11 @@ def chain(mlp, in_dtype, out_dtype):
             built_norms = pool.map(lambda l: mlp._build_norm(l, *norm_dtypes(mlp, l, in_dtype, out_dtype)), norms)
             built, built_norms = dict(zip(gemms, built)), dict(zip(norms, built_norms))
         steps, fused = [], []
-        padded = pad_row(mlp, in_dtype)
+        padded, pad_at = pad_row(mlp, in_dtype), pad_before(mlp, segments, in_dtype)
         for seg in segments:
             f, last = seg.first, seg.last
-            if seg.kind == "gemm" and padded and reads_x(mlp, f) and not any(s[2] == X_PAD for s in steps):
-                pad = mlp._build_pad(f, in_dtype)  # x to its padded copy, once, before the first GEMM reading it
-                steps.append((lambda rows, k=pad: k, -1, X_PAD, None, None))
+            if seg.kind == "gemm" and f == pad_at:  # x to its padded copy, once, before the first GEMM reading it
+                steps.append((lambda rows, k=mlp._build_pad(f, in_dtype): k, -1, X_PAD, None, None))
             if seg.kind == "fused":
                 sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype)
                 fused.append((seg, sub, k_in, k_out))
@@ -570,9 +576,8 @@ def chain(mlp, in_dtype, out_dtype):
                 p0, p1, res = _gemm_operands(mlp, f)  # (a residual from x reads x itself, in its dtype)
                 p0, p1 = (X_PAD if padded and v == -1 else v for v in (p0, p1))
                 dtypes = gemm_dtypes(mlp, f, in_dtype, out_dtype)
-                plan = mlp._gemm_plan(f, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
-                                      *dtypes).info
-                gemm = GemmLayer(mlp, f, dtypes, (plan["bm"], plan["bn"]), built[f], info["sm_count"])
+                plan = mlp._gemm_plan(f, *target, *dtypes).info
+                gemm = GemmLayer(mlp, f, dtypes, (plan["bm"], plan["bn"]), built[f], target[2])
                 if f in built_norms:  # z = W h + b to its slot, then the rows through the norm and the rest
                     steps.append((gemm.kernel, p0, NORM_Z, p1, None))
                     steps.append((lambda rows, k=built_norms[f]: k, NORM_Z, f, None, res))

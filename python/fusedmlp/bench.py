@@ -683,10 +683,9 @@ def _plan_info(mlp):
 
     info = _api._gpu(0).info
     if mlp.segments is not None:  # cut into segments: how, each segment's kernel, its GEMMs' clusters (1: none)
-        gemms = [mlp._gemm_plan(seg.first, info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"],
-                                *_segments.gemm_dtypes(mlp, seg.first, "float16", "float16")).info
-                 for seg in mlp._segments_for(info["arch"], info["smem_per_block"], info["sm_count"],
-                                              info["smem_per_sm"], "float16", "float16") if seg.kind == "gemm"]
+        target = mlp._target()
+        gemms = [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, "float16", "float16")).info
+                 for seg in mlp._segments_for(*target, "float16", "float16") if seg.kind == "gemm"]
         return {"segments": mlp.segments, "kernel": dict(mlp._kernel("float16").info), "cache_entry": mlp.cache_path,
                 "gemm_cluster": sorted({g["cluster"] for g in gemms})}
     plan = mlp._net.plan(info["arch"], info["smem_per_block"], info["sm_count"], "float16", "float16",

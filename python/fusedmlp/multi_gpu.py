@@ -193,9 +193,11 @@ class MultiDeviceMLP:
 
         def run(mlp, a, b):
             if direct:  # each device's copy lands in its rows of y
-                _host_share(mlp, arr[a:b], kind, rows, y[a:b])
-            else:
-                np.copyto(y[a:b], _host_share(mlp, arr[a:b], kind, rows), casting="unsafe")
+                mlp._host_forward(arr[a:b], bf16, y[a:b], rows)
+            elif mlp._kind == "cpu":  # a row's result does not depend on the batch
+                np.copyto(y[a:b], mlp(arr[a:b]), casting="unsafe")
+            else:  # the kernel a call of all rows picks: one call's bits
+                np.copyto(y[a:b], mlp._host_forward(arr[a:b], bf16, rows=rows), casting="unsafe")
 
         with concurrent.futures.ThreadPoolExecutor(len(shares) - 1) as pool:
             futures = [pool.submit(run, m, a, b) for m, (a, b) in zip(mlps[1:], shares[1:])]
@@ -255,21 +257,4 @@ class MultiDeviceMLP:
         for stream in waits:
             main.wait_stream(stream)
         return y
-
-
-def _host_share(mlp, chunk, kind, rows, out=None):
-    """The outputs of one share of a host call: the CPU path as a plain call (a row's result does not depend on the
-    batch), a GPU through the kernel a call of all `rows` picks, as FusedMLP._host_forward runs it (into out, a
-    C-contiguous array of the kernel's output dtype, where given)."""
-    if mlp._kind == "cpu":
-        return mlp(chunk)
-    kernel = mlp._kernel(kind, rows=rows)
-    if kind == "bfloat16":  # ml_dtypes' bfloat16: the kernel reads and writes the bits
-        y = kernel.run(np.ascontiguousarray(chunk).view(np.uint16),
-                       out=None if out is None else out.view(np.uint16)).view(chunk.dtype)
-    else:
-        y = kernel.run(np.require(chunk, kind, ["C", "A"]), out=out)
-    if mlp._check:
-        mlp._verify(chunk.astype(np.float32), y.astype(np.float32))
-    return y
 
