@@ -21,18 +21,10 @@ constexpr int ROWS_CTA = {{ROWS_CTA}};  // rows of x a CTA
 constexpr int XC = {{X_COLS}};          // x's features
 constexpr int XR = {{X_ROW}};           // elements a row of the copy: XC rounded up to whole 16-byte pieces
 constexpr int PIECES = XR / 8;          // 16-byte pieces a row of the copy
-constexpr int XB = XC * (FM_IN_TYPE == 0 ? 4 : 2);  // bytes a row of x
+constexpr int XB = XC * (int)sizeof(in_t);  // bytes a row of x
 static_assert(FM_PREC <= 1 && FM_OUT_TYPE == FM_PREC + 1, "the copy is in the 16-bit compute dtype");
 static_assert(FM_IN_TYPE <= 2 && XR % 8 == 0 && XR >= XC && XR - XC < 8, "rows of whole 16-byte pieces");
 static_assert(ROWS_CTA * XB == SMEM_BYTES, "the plan's shared memory is the staged rows (gemm.c)");
-
-// Element i of the staged rows as a float.
-__device__ __forceinline__ float fm_staged(const unsigned char *s, int i) {
-    if constexpr (FM_IN_TYPE == 0)
-        return ((const float *)s)[i];
-    else
-        return fm_16_to_f<FM_IN_TYPE>(((const fm_half *)s)[i]);
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
 {{KERNEL_NAME}}(const void *__restrict__ x,      // rows x XC of FM_IN_TYPE
@@ -59,23 +51,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
         for (int i = whole + threadIdx.x; i < bytes; i += THREADS)
             fm_smem_raw[i] = src[i];
     } else {  // x's start not 16-byte aligned (a view into a larger array): its elements one by one
-        const int esize = FM_IN_TYPE == 0 ? 4 : 2;
-        for (int i = threadIdx.x; i < bytes / esize; i += THREADS) {
-            if constexpr (FM_IN_TYPE == 0)
-                ((float *)fm_smem_raw)[i] = ((const float *)src)[i];
-            else
-                ((fm_half *)fm_smem_raw)[i] = ((const fm_half *)src)[i];
-        }
+        for (int i = threadIdx.x; i < nr * XC; i += THREADS)
+            ((in_t *)fm_smem_raw)[i] = ((const in_t *)src)[i];
     }
     __syncthreads();
+    const in_t *staged = (const in_t *)fm_smem_raw;  // the CTA's rows of x
     for (int c = threadIdx.x; c < nr * PIECES; c += THREADS) {
         const int r = c / PIECES, k = (c % PIECES) * 8;
         fm_u32 v[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int col = k + 2 * j;
-            const float v0 = col < XC ? fm_staged(fm_smem_raw, r * XC + col) : 0.0f;
-            const float v1 = col + 1 < XC ? fm_staged(fm_smem_raw, r * XC + col + 1) : 0.0f;
+            const float v0 = col < XC ? fm_in_to_f(staged[r * XC + col]) : 0.0f;
+            const float v1 = col + 1 < XC ? fm_in_to_f(staged[r * XC + col + 1]) : 0.0f;
             v[j] = fm_pack2<FM_OUT_TYPE>(v0, v1);
         }
         *(fm_v4 *)(y + (r0 + r) * XR + k) = fm_v4{v[0], v[1], v[2], v[3]};
