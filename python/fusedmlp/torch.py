@@ -85,8 +85,14 @@ def _threshold_text(threshold, value):
 
 #: Dropout in all its forms (Dropout, Dropout1d/2d/3d, AlphaDropout, FeatureAlphaDropout): the identity in eval mode.
 _DROPOUTS = (nn.modules.dropout._DropoutNd,)
-_DROPOUT_FUNCTIONS = tuple(getattr(nn.functional, name) for name in ("dropout", "alpha_dropout", "feature_alpha_dropout",
-                                                                    "dropout1d", "dropout2d", "dropout3d"))
+
+
+def _check_dropout_off(module, label):
+    """Raises where a dropout module is active (its model in training mode): fusedmlp runs inference, where dropout is
+    the identity."""
+    if module.training and module.p > 0:
+        raise ArgumentError(f"{label}: {type(module).__name__}(p={module.p}) is active because the model is in "
+                            "training mode; call model.eval() first (fusedmlp runs inference)")
 
 SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (directly after a Linear), "
              "ReLU, LeakyReLU, ELU, CELU, GELU, SiLU, Sigmoid, LogSigmoid, Tanh, Tanhshrink, Softplus, Mish, SELU, "
@@ -317,9 +323,7 @@ def read_module(module, activations=None):
         if text is None and isinstance(leaf, (nn.Identity, nn.Flatten)):
             continue
         if text is None and isinstance(leaf, _DROPOUTS):
-            if leaf.training and leaf.p > 0:
-                raise ArgumentError(f"{label}: {type(leaf).__name__}(p={leaf.p}) is active because the model is in "
-                                    "training mode; call model.eval() first (fusedmlp runs inference)")
+            _check_dropout_off(leaf, label)
             continue
         if text is None and isinstance(leaf, nn.BatchNorm1d):
             layers.batchnorm(leaf, label)
@@ -350,6 +354,11 @@ _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "t
               F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.relu6: "hardtanh(x, 0, 6)", torch.sin: "sin",
               torch.cos: "cos", torch.exp: "exp", torch.erf: "erf", torch.abs: "abs", F.logsigmoid: "-softplus(-x)",
               F.tanhshrink: "x - tanh(x)"}
+#: The dropout functions, each with its default for `training`: F.dropout and F.dropoutNd default to True (a call that
+#: does not pass training=False drops units in eval mode too, at random, which no fused network reproduces), the alpha
+#: dropouts to False.
+_DROPOUT_FUNCTIONS = {F.dropout: True, F.dropout1d: True, F.dropout2d: True, F.dropout3d: True, F.alpha_dropout: False,
+                      F.feature_alpha_dropout: False}
 _METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "sin": "sin", "cos": "cos", "exp": "exp",
             "abs": "abs"}
 _ADD = {operator.add, operator.iadd, torch.add}
@@ -516,16 +525,12 @@ def _read_traced(module, activations):
             cur = node
             continue
         if leaf is not None and text is None and isinstance(leaf, (nn.Identity, *_DROPOUTS)):
-            if isinstance(leaf, _DROPOUTS) and leaf.training and leaf.p > 0:
-                raise ArgumentError(f"{node.target}: {type(leaf).__name__}(p={leaf.p}) is active because the model is "
-                                    "in training mode; call model.eval() first")
+            if isinstance(leaf, _DROPOUTS):
+                _check_dropout_off(leaf, node.target)
             cur = node
             continue
         if node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
-            # (F.dropout and F.dropoutNd default to training=True: a call that does not pass it drops units in eval
-            # mode too, at random, which no fused network reproduces; the alpha dropouts default to False)
-            on = node.target not in (F.alpha_dropout, F.feature_alpha_dropout)  # (F: nn.functional, below)
-            if _arg(node, 2, "training", on) and _arg(node, 1, "p", 0.5) > 0:
+            if _arg(node, 2, "training", _DROPOUT_FUNCTIONS[node.target]) and _arg(node, 1, "p", 0.5) > 0:
                 raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
             cur = node
             continue
