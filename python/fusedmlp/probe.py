@@ -8,6 +8,8 @@
     act    (GPU) a workload's kernel with its hidden activation swapped: what the activation costs
     cold   (GPU, PyTorch) where a cold first call goes: the span of each of its NVRTC compiles
     host   (GPU, PyTorch) where a small call's host time goes: microseconds per call of __call__'s pieces
+    steps  (GPU, PyTorch) a segmented network's kernels timed one by one, against the whole chain's device time
+    gemm   (GPU) each GEMM layer of a segmented network in every tile and form, per batch size
 
 Workloads are the benchmark's (fusedmlp.bench.WORKLOADS) and a few shapes outside it (EXTRA), with fixed random
 weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best of 5 launches on random rows; where
@@ -30,7 +32,7 @@ import time
 import numpy as np
 
 from . import _api, _segments, _tune, bench
-from .errors import LimitError
+from .errors import ArgumentError, LimitError
 
 __all__ = ["EXTRA", "GPUS", "main", "plan_table", "weights", "workload"]
 
@@ -567,6 +569,137 @@ def host_time(args):
     return 0
 
 
+def _graph_us(torch, body, replays=20, reps=9):
+    """Median over reps of the device microseconds per replay of body() captured `replays` times in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        body()  # warm: first launches, workspaces
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(replays):
+            body()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end, times = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / replays)
+    return statistics.median(times)
+
+
+def chain_steps(args):
+    """(GPU, PyTorch) Where a segmented network's device time goes at a batch size: each kernel of its chain alone
+    (replayed back to back in a CUDA graph, so launches never starve the GPU: its own time plus the gap between two
+    dependent kernels), their sum, and the whole chain in a CUDA graph. The chain's time less the sum is what the
+    boundaries between kernels add beyond each kernel's own gap; FUSEDMLP_PDL=0 turns programmatic dependent launch
+    off for an A/B in two processes.
+
+        python -m fusedmlp.bench probe steps [workloads] [--rows 1024]
+    """
+    require_gpu("steps")
+    torch = bench._import_torch()
+    for name in args.workloads:
+        wl = workload(name)
+        mlp = model(wl)
+        for rows in args.rows or [1024]:
+            x = torch.randn(rows, wl.widths[0], device="cuda", dtype=torch.float16)
+            y = torch.empty((rows, wl.widths[-1]), device="cuda", dtype=torch.float16)
+            mlp(x, out=y)
+            torch.cuda.synchronize()
+            chain = mlp._kernel("float16", rows=rows)
+            if not isinstance(chain, _segments.Chain):
+                print(f"{name} at {rows} rows: one fused kernel, {_graph_us(torch, lambda: mlp(x, out=y)):.1f} us "
+                      "a call in a CUDA graph", flush=True)
+                continue
+            stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731 (the capture's stream)
+            kernels = []
+            n_steps = len(chain.program(rows, torch.cuda.current_stream().cuda_stream)[0])
+            labels = ([seg.describe() for seg in chain.segments] if n_steps == len(chain.segments) else
+                      [f"step {i} (of {n_steps}: the segments' kernels and their pad or norm passes)"
+                       for i in range(n_steps)])
+            for i, label in enumerate(labels):
+                def one(i=i):
+                    steps, base, _ = chain.program(rows, stream())
+                    kernel, *codes = steps[i]
+                    where = {-1: x.data_ptr(), -2: 0, -3: y.data_ptr()}
+                    a, b, a1, r = (where.get(c, base + c) for c in codes)
+                    kernel.launch(a, b, rows, stream(), a1, r)
+                kernels.append((label, _graph_us(torch, one)))
+            whole = _graph_us(torch, lambda: chain.launch(x.data_ptr(), y.data_ptr(), rows, stream()))
+            total = sum(us for _, us in kernels)
+            print(f"{name} at {rows} rows ({len(kernels)} kernels; device us, CUDA graph replays):", flush=True)
+            for label, us in kernels:
+                print(f"  {us:8.2f}  {label}")
+            print(f"  {total:8.2f}  sum of the kernels alone\n  {whole:8.2f}  the chain ({whole - total:+.2f} against "
+                  "the sum)", flush=True)
+    return 0
+
+
+#: The GEMM forms `probe gemm` times beside the plan's auto form at each tile: clusters of 2 sharing B, the producer
+#: warpgroup, the consumers in turn (each where the plan takes it).
+GEMM_FORMS = ({}, {"cluster": 2}, {"ws": 1}, {"ws": 2})
+
+
+def gemm_forms(args):
+    """(GPU) Each GEMM layer of a segmented network timed in every tile (_segments.SMALL_TILES and the plan's
+    default) and form (the plan's auto form, clusters of 2 sharing B, a producer warpgroup, consumers in turn), per
+    batch size, in alternating rounds (Kernel.time: the best of 5 launches a round, the median over rounds). What
+    _segments.gemm_tile picks is marked with *, the fastest with <.
+
+        python -m fusedmlp.bench probe gemm [workloads] [--rows 1024] [--rows 16384]
+    """
+    require_gpu("gemm")
+    for name in args.workloads:
+        mlp = model(workload(name))
+        io = args.io
+        mlp(np.zeros((1, mlp.widths[0]), dtype=np.float16 if io == "float16" else np.float32))  # builds the chain
+        target = mlp._target()
+        segments = mlp._segments_for(*target, io, io)
+        if segments is None:
+            print(f"{name}: one fused kernel, no GEMM", flush=True)
+            continue
+        for seg in segments:
+            if seg.kind != "gemm":
+                continue
+            layer = seg.first
+            dtypes = _segments.gemm_dtypes(mlp, layer, io, io)
+            default = mlp._gemm_plan(layer, *target, *dtypes).info
+            default = (default["bm"], default["bn"])
+            tiles = [default] + [t for t in _segments.SMALL_TILES if t != default]
+            kernels, labels, seen = [], [], set()
+            for bm, bn in tiles:
+                for form in GEMM_FORMS:
+                    try:
+                        kernel = mlp._build_gemm(layer, *dtypes, bm=bm, bn=bn, **form)
+                    except (LimitError, ArgumentError):  # a form this tile does not take
+                        continue
+                    info = kernel.info
+                    shape = (info["bm"], info["bn"], info["cluster"], info["ws"])
+                    if shape in seen:  # the form is the auto one here, or the plan kept another
+                        continue
+                    seen.add(shape)
+                    kernels.append(kernel)
+                    what = (" c2" if info["cluster"] == 2 else "") + (f" ws{info['ws']}" if info["ws"] else "")
+                    labels.append((bm, bn, f"{bm}x{bn}{what}", not form))
+            print(f"{name} layer {layer} ({mlp.widths[layer]} -> {mlp.widths[layer + 1]}), {io} I/O; "
+                  "kernel us, median of rounds:", flush=True)
+            for rows in args.rows or [1024, 16384]:
+                times = alternate(kernels, rows, args.rounds)
+                med = [statistics.median(t) * 1e3 for t in times]
+                picked = _segments.gemm_tile(rows, mlp.widths[layer + 1], default, target[2])
+                best = min(range(len(med)), key=med.__getitem__)
+                cells = [f"{lab}{'*' if (bm, bn) == picked and auto else ''}{'<' if i == best else ''} {us:.2f}"
+                         for i, ((bm, bn, lab, auto), us) in enumerate(zip(labels, med))]
+                print(f"  {rows:>8} rows: " + "; ".join(cells), flush=True)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------ entry
 
 
@@ -629,6 +762,16 @@ def _parser():
     p = command("host", host_time, "(GPU, PyTorch) host microseconds per call of a small call's pieces")
     p.add_argument("workload", nargs="?", default="tcnn64", help="a workload name (default tcnn64)")
     p.add_argument("--rows", type=int, default=1024, help="batch size (default 1024)")
+
+    p = command("steps", chain_steps, "(GPU, PyTorch) a segmented network's kernels timed one by one")
+    p.add_argument("workloads", nargs="*", help=known)
+    p.add_argument("--rows", type=int, action="append", help=f"{rows_help} (default 1024)")
+
+    p = command("gemm", gemm_forms, "(GPU) each GEMM layer of a segmented network in every tile and form")
+    p.add_argument("workloads", nargs="*", help=known)
+    p.add_argument("--rows", type=int, action="append", help=f"{rows_help} (default 1024 and 16384)")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    p.add_argument("--io", choices=("float16", "float32"), default="float16", help="x's and y's dtype")
     return ap
 
 
