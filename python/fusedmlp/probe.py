@@ -676,15 +676,14 @@ def gemm_forms(args):
             for bm, bn in tiles:
                 for form in GEMM_FORMS:
                     try:
-                        kernel = mlp._build_gemm(layer, *dtypes, bm=bm, bn=bn, **form)
+                        info = mlp._gemm_plan(layer, *target, *dtypes, bm=bm, bn=bn, **form).info
                     except (LimitError, ArgumentError):  # a form this tile does not take
                         continue
-                    info = kernel.info
                     shape = (info["bm"], info["bn"], info["cluster"], info["ws"])
                     if shape in seen:  # the form is the auto one here, or the plan kept another
                         continue
                     seen.add(shape)
-                    kernels.append(kernel)
+                    kernels.append(mlp._build_gemm(layer, *dtypes, bm=bm, bn=bn, **form))
                     what = (" c2" if info["cluster"] == 2 else "") + (f" ws{info['ws']}" if info["ws"] else "")
                     labels.append((bm, bn, f"{bm}x{bn}{what}", not form))
             print(f"{name} layer {layer} ({mlp.widths[layer]} -> {mlp.widths[layer + 1]}), {io} I/O; "
