@@ -29,11 +29,23 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef unsigned long long CUdeviceptr;
-/* cuda.h's CUlaunchConfig (CUDA 11.8+), for the cluster occupancy query; no attributes are passed. */
+/* cuda.h's CUlaunchAttribute (CUDA 11.8+): an id, padding to 8 bytes, a 64-byte value union; only the
+ * programmatic-stream-serialization id and its int value are used. */
+typedef struct fm_launch_attr {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int value;
+        void *align; /* (the union holds pointers: 8-byte aligned) */
+    } value;
+} fm_launch_attr;
+enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+/* cuda.h's CUlaunchConfig (CUDA 11.8+), for the cluster occupancy query and a dependent launch (cuLaunchKernelEx). */
 typedef struct fm_launch_config {
     unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, smem_bytes;
     CUstream stream;
-    void *attrs;
+    fm_launch_attr *attrs;
     unsigned num_attrs;
 } fm_launch_config;
 
@@ -87,6 +99,8 @@ typedef struct fm_cuda_api {
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
                                unsigned block_y, unsigned block_z, unsigned smem_bytes, CUstream stream,
                                void **params, void **extra);
+    /* Optional (CUDA 12.0+): a launch with attributes, here programmatic dependent launch (fm_kernel_launch). */
+    CUresult (*cuLaunchKernelEx)(const fm_launch_config *config, CUfunction f, void **params, void **extra);
     CUresult (*cuMemAlloc)(CUdeviceptr *dptr, size_t bytes);
     /* Optional (CUDA 10.1+): lets fm_mem_alloc run while the thread captures a CUDA graph, as PyTorch's allocator does. */
     CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
@@ -205,6 +219,7 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     FM_RESOLVE(cuEventDestroy, "cuEventDestroy_v2");
 #undef FM_RESOLVE
     *(void **)&api->cuOccupancyMaxActiveClusters = dlsym(handle, "cuOccupancyMaxActiveClusters");
+    *(void **)&api->cuLaunchKernelEx = dlsym(handle, "cuLaunchKernelEx");
     *(void **)&api->cuThreadExchangeStreamCaptureMode = dlsym(handle, "cuThreadExchangeStreamCaptureMode");
     return NULL;
 }
@@ -434,14 +449,25 @@ cleanup:
     return st;
 }
 
-fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, fm_error *err) {
+fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, int after,
+                           fm_error *err) {
     fm_status st = FM_OK;
     if (k == NULL || k->function == NULL || !cu_is_ready())
         return fm_fail(err, FM_ERR_VALUE, "fm_kernel_launch: the kernel is not loaded (call fm_kernel_load first)");
     if (grid == 0)
         return FM_OK; /* an empty batch: nothing to launch (the driver would call a zero grid invalid) */
-    CU_CHECK(cuLaunchKernel, ((CUfunction)k->function, grid, 1, 1, (unsigned)k->threads, 1, 1,
-                              (unsigned)k->smem_bytes, (CUstream)stream, params, NULL));
+    if (after && g_api.cuLaunchKernelEx != NULL) {
+        fm_launch_attr attr;
+        memset(&attr, 0, sizeof attr);
+        attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.value = 1;
+        fm_launch_config config = {grid, 1, 1, (unsigned)k->threads, 1, 1, (unsigned)k->smem_bytes,
+                                   (CUstream)stream, &attr, 1};
+        CU_CHECK(cuLaunchKernelEx, (&config, (CUfunction)k->function, params, NULL));
+    } else {
+        CU_CHECK(cuLaunchKernel, ((CUfunction)k->function, grid, 1, 1, (unsigned)k->threads, 1, 1,
+                                  (unsigned)k->smem_bytes, (CUstream)stream, params, NULL));
+    }
 cleanup:
     return st;
 }
@@ -457,7 +483,7 @@ fm_status fm_kernel_time(const fm_kernel *k, unsigned grid, fm_stream stream, vo
     CU_CHECK(cuEventCreate, (&end, 0));
     CU_CHECK(cuEventRecord, (start, (CUstream)stream));
     for (int i = 0; i < launches && st == FM_OK; ++i)
-        st = fm_kernel_launch(k, grid, stream, params, err);
+        st = fm_kernel_launch(k, grid, stream, params, 0, err);
     if (st != FM_OK)
         goto cleanup;
     CU_CHECK(cuEventRecord, (end, (CUstream)stream));
@@ -491,18 +517,18 @@ fm_status fm_launch_floor(const fm_gpu *gpu, const void *cubin, const char *name
     long long rows = 1;
     void *params[] = {&none, &none, &none, &none, &rows, &none, &none}; /* the fused kernels' argument list */
     for (int i = 0; i < 16 && st == FM_OK; ++i) /* warm: the first launches of a module cost more */
-        st = fm_kernel_launch(&k, 1, NULL, params, err);
+        st = fm_kernel_launch(&k, 1, NULL, params, 0, err);
     if (st == FM_OK)
         st = fm_stream_sync(NULL, err);
     double t = fm_now_us();
     for (int i = 0; i < calls && st == FM_OK; ++i)
-        st = fm_kernel_launch(&k, 1, NULL, params, err);
+        st = fm_kernel_launch(&k, 1, NULL, params, 0, err);
     *async_us = (fm_now_us() - t) / calls;
     if (st == FM_OK)
         st = fm_stream_sync(NULL, err);
     t = fm_now_us();
     for (int i = 0; i < calls && st == FM_OK; ++i) {
-        st = fm_kernel_launch(&k, 1, NULL, params, err);
+        st = fm_kernel_launch(&k, 1, NULL, params, 0, err);
         if (st == FM_OK)
             st = fm_stream_sync(NULL, err);
     }

@@ -550,8 +550,12 @@ void fm_kernel_unload(fm_kernel *k);
  * 132 / 4 = 33 (a grid of 33 ran its last 3 as a second wave, 1.7x slower). Leaves 0 where the driver has no cluster
  * occupancy query. */
 fm_status fm_kernel_cluster_occupancy(fm_kernel *k, int cluster, fm_error *err);
-/* Launches k with a 1-D grid; params as for cuLaunchKernel. */
-fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, fm_error *err);
+/* Launches k with a 1-D grid; params as for cuLaunchKernel. after: launch it as a programmatic dependent of the
+ * kernel before it on the stream (CUDA 12+ drivers; a plain launch on older ones): its CTAs may start while that kernel
+ * runs, so k must call griddepcontrol.wait before touching anything that kernel reads or writes (the templates'
+ * fm_grid_wait, compiled for sm_90+; the caller checks the CUBIN's arch). */
+fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, int after,
+                           fm_error *err);
 /* Times `launches` back-to-back launches between two events on stream (synchronises); *ms is per launch. */
 fm_status fm_kernel_time(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, int launches, float *ms,
                          fm_error *err);

@@ -79,6 +79,7 @@ enum { FAST_X = -1, FAST_NONE = -2, FAST_Y = -3 };
 typedef struct {
     PyObject *kernel; /* a fusedmlp._core.Kernel: a fused stretch's or a GEMM layer's */
     long long x, y, x1, res;
+    int after; /* launched as a dependent of the step before (Kernel.launch's after) */
 } FastStep;
 typedef struct {
     int n;
@@ -337,8 +338,9 @@ static PyObject *Fast_add(FastObject *self, PyObject *args) {
 }
 
 /* add_chain(in_kind, out_kind, rows, sm_count, owner, lock, stream, base, cap, steps): a segmented network's
- * launches for calls like one of `rows` rows on `stream`; steps a sequence of (kernel, x, y, x1, res) with operand
- * codes -1 x, -3 y, -2 none, >= 0 a byte offset from base (the workspace of cap rows). */
+ * launches for calls like one of `rows` rows on `stream`; steps a sequence of (kernel, x, y, x1, res, after) with
+ * operand codes -1 x, -3 y, -2 none, >= 0 a byte offset from base (the workspace of cap rows), and after as
+ * Kernel.launch's. */
 static PyObject *Fast_add_chain(FastObject *self, PyObject *args) {
     int in, out, sm_count;
     long long rows, cap;
@@ -361,8 +363,8 @@ static PyObject *Fast_add_chain(FastObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; ++i) {
         FastStep *st = &c->steps[i];
         PyObject *kernel;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "O!LLLL", &KernelType, &kernel, &st->x, &st->y,
-                              &st->x1, &st->res)) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "O!LLLLp", &KernelType, &kernel, &st->x, &st->y,
+                              &st->x1, &st->res, &st->after)) {
             Py_DECREF(seq);
             Fast_free_chain(c);
             return NULL;
@@ -572,7 +574,7 @@ static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, lo
         const FastStep *s = &c->steps[i];
         st = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, c->base), fast_operand(s->y, x, y, c->base),
                                 rows, stream, fast_operand(s->x1, x, y, c->base), fast_operand(s->res, x, y, c->base),
-                                err);
+                                s->after, err);
     }
     PyObject *released = PyObject_CallMethodNoArgs(c->lock, s_release);
     if (released == NULL) {
@@ -656,7 +658,7 @@ static PyObject *Fast_call(FastObject *self, PyObject *const *args, Py_ssize_t n
      * around it would cost more than it frees and can wait on another thread's switch interval. */
     fm_error err = {0};
     fm_status st = e->chain != NULL ? Fast_run_chain(e->chain, x.ptr, o.ptr, rows, stream, &err)
-                                    : Kernel_launch_ptrs(e->kernel, x.ptr, o.ptr, rows, stream, 0, 0, &err);
+                                    : Kernel_launch_ptrs(e->kernel, x.ptr, o.ptr, rows, stream, 0, 0, 0, &err);
     if (st != FM_OK) {
         fm_raise_clear(&err);
         goto fail;

@@ -86,6 +86,6 @@ PyObject *Plan_load(PlanObject *self, PyObject *args);                          
 /* module_launch.c, for module_fast.c: */
 int Kernel_is_gemm(PyObject *kernel);
 fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long long rows, fm_stream stream, fm_devptr x1,
-                             fm_devptr res, fm_error *err);
+                             fm_devptr res, int after, fm_error *err);
 
 #endif /* FM_MODULE_INTERNAL_H */

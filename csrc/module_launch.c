@@ -187,7 +187,7 @@ static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, i
     if (st == FM_OK) {
         long long n = (long long)rows;
         void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n, &self->x_buf, &self->x_buf};
-        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), NULL, params, err);
+        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), NULL, params, 0, err);
     }
     if (st == FM_OK)
         st = fm_memcpy_dtoh(y, self->y_buf, y_bytes, NULL, err);
@@ -267,12 +267,19 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
     return (PyObject *)y;
 }
 
-/* launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0): device pointers (16-byte aligned, C-contiguous),
- * asynchronous; x1 and res are a GEMM plan's concat part and residual operand (unused by the fused kernels). */
+/* Whether a launch of self may be a programmatic dependent one (fm_kernel_launch's after): its CUBIN is for sm_90+,
+ * where the templates' fm_grid_wait is griddepcontrol.wait (an older arch's CUBIN has no wait, and a dependent launch
+ * of it could read its input before the kernel writing it is done). */
+static int Kernel_after(const KernelObject *self, int after) { return after && self->plan->plan.arch >= 90; }
+
+/* launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0, after=False): device pointers (16-byte aligned,
+ * C-contiguous), asynchronous; x1 and res are a GEMM plan's concat part and residual operand (unused by the fused
+ * kernels); after: the launch before it on the stream is a kernel of the same chain (a dependent launch, sm_90+). */
 static PyObject *Kernel_launch(KernelObject *self, PyObject *args) {
     unsigned long long xp, yp, stream = 0, x1p = 0, resp = 0;
     long long rows;
-    if (!PyArg_ParseTuple(args, "KKL|KKK", &xp, &yp, &rows, &stream, &x1p, &resp))
+    int after = 0;
+    if (!PyArg_ParseTuple(args, "KKL|KKKp", &xp, &yp, &rows, &stream, &x1p, &resp, &after))
         return NULL;
     const fm_plan *p = &self->plan->plan;
     if (p->gemm && ((p->a1_dtype >= 0 && (x1p == 0 || x1p % 16)) || (p->res_dtype >= 0 && (resp == 0 || resp % 16)))) {
@@ -291,7 +298,8 @@ static PyObject *Kernel_launch(KernelObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&self->gpu->gpu, &err);
     if (st == FM_OK) {
         void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
-        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), (fm_stream)(uintptr_t)stream, params, &err);
+        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), (fm_stream)(uintptr_t)stream, params,
+                              Kernel_after(self, after), &err);
     }
     Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
     Py_RETURN_NONE;
@@ -302,13 +310,13 @@ int Kernel_is_gemm(PyObject *kernel) { return ((KernelObject *)kernel)->plan->pl
 /* The fast path's launch (module_fast.c): x, y (and a GEMM's x1 and res) are checked device pointers, rows >= 1;
  * the GIL stays held. */
 fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long long rows, fm_stream stream, fm_devptr x1,
-                             fm_devptr res, fm_error *err) {
+                             fm_devptr res, int after, fm_error *err) {
     KernelObject *self = (KernelObject *)kernel;
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st != FM_OK)
         return st;
     void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
-    return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, err);
+    return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, Kernel_after(self, after), err);
 }
 
 /* Fills the staging input with N(0,1)-like values (a sum of uniforms; timing must not run on zeros): the first 2^20

@@ -229,6 +229,24 @@ __device__ __forceinline__ void fm_copy_block(act_t *dst, const act_t *src, int 
         fm_copy16(dst + i, src + i);
 }
 
+// Programmatic dependent launch (sm_90+). A chain's kernels after its first are launched as dependents of the one
+// before them on the stream (csrc/cuda.c, fm_kernel_launch's `after`): a kernel's CTAs may start while the kernel
+// before it still runs, so its launch and set-up hide under that kernel's last tiles. fm_grid_wait() returns once
+// every earlier kernel has finished and its writes are visible (at once after a plain launch); every kernel calls it
+// before it reads a value an earlier kernel wrote or writes memory an earlier kernel reads (a workspace slot is
+// reused), and only weights, biases and shared memory are touched before it. fm_grid_release() then lets the next
+// kernel's CTAs be scheduled as SMs free up; called right after the wait, at most one kernel waits ahead.
+__device__ __forceinline__ void fm_grid_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fm_grid_release() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // One element of x as a float, and a float as act_t.
 __device__ __forceinline__ float fm_in_to_f(in_t v) {
 #if FM_IN_TYPE == 0

@@ -417,6 +417,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
     fm_copy_commit();
 #endif
     __syncthreads();
+    fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: x may be read, y written
+    fm_grid_release();
 
     const long long tiles = (rows + ROWS_CTA - 1) / ROWS_CTA;
     int slot = 0;

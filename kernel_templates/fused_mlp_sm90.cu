@@ -1512,6 +1512,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         *(fm_v4 *)((unsigned char *)in_buf + 16 * i) = fm_v4{0u, 0u, 0u, 0u};
     __syncwarp();
     const int strip = wg * 64 + wq * ROWS_W;  // this warp's first row in a tile
+    fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: x may be read, y written
+    fm_grid_release();
     if ((long long)FM_TILE0 < tiles)
         fm_prefetch_x(in_addr, raw_addr, x, FM_TILE0 * (long long)ROWS_CTA + strip, rows, lane);
     fm_copy_wait<1>();  // the weights (the older group)

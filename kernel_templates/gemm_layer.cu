@@ -781,6 +781,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     // wgmma's swizzle atoms are 1024-byte aligned: the plan gives that much more shared memory to align the stages
     const fm_u32 smem = FM_WGMMA ? (fm_smem_addr(fm_smem_raw) + 1023u) & ~1023u : fm_smem_addr(fm_smem_raw);
     constexpr int NTILES = Ly::N / BN;
+    fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: x may be read, y written
+    fm_grid_release();
 #if FM_GEMM_CLUSTER > 1
     // A cluster takes adjacent row tiles of one column tile (so its CTAs share B), column tiles fastest; a CTA whose
     // rows are all past the batch (the grid's row tiles are even) loads its half of B and stores nothing.

@@ -40,6 +40,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
     (void)x1;
     (void)res;
     extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
+    fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: x may be read, y written
+    fm_grid_release();
     const long long r0 = (long long)blockIdx.x * ROWS_CTA;
     const int nr = rows - r0 < ROWS_CTA ? (int)(rows - r0) : ROWS_CTA;
     const int bytes = nr * XB;

@@ -148,6 +148,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
 {
     (void)w;
     (void)x1;
+    fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: z may be read, y written
+    fm_grid_release();
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * FM_WARPS + (threadIdx.x >> 5);
     if (row >= rows)

@@ -332,3 +332,63 @@ def test_a_residual_from_x_reads_x_itself_where_the_parts_read_its_copy(rng):
     info = next(p.info for p in _segments.plans(mlp, 90, "float32", "float16") if p.info.get("gemm_layer") == 1
                 and not p.info["pad_pass"])
     assert info["in_dtype"] == "float16" and info["a0_row"] == 304
+
+
+class _Launches:
+    """A chain step's kernel that records its launches' arguments instead of launching."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def launch(self, x, y, rows, stream=0, x1=0, res=0, after=False):
+        self.log.append((self.name, after))
+
+
+@pytest.mark.parametrize("pdl, expect", [(None, [False, True, True, True, True]), ("0", [False] * 5)])
+def test_a_chain_launches_each_kernel_after_the_first_as_a_dependent(rng, monkeypatch, pdl, expect):
+    """Chain.launch and Chain.program (the C fast path's steps) mark every kernel but the first as a dependent launch
+    (Kernel.launch's after: it starts while the one before finishes, sm_90+); FUSEDMLP_PDL=0, read when the chain is
+    made, launches them all plainly. rec1024 on sm_90 in float32: the pad pass, three GEMMs, the fused tail."""
+    if pdl is None:
+        monkeypatch.delenv("FUSEDMLP_PDL", raising=False)
+    else:
+        monkeypatch.setenv("FUSEDMLP_PDL", pdl)
+    widths = [256, 1024, 1024, 512, 256, 1]
+    ws, bs = graph_weights(rng, widths, {}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, device="cpu")
+    segments = mlp._segments_for(90, 232448, 132, 233472, "float32", "float32")
+    log = []
+    kernels = [_Launches(log, i) for i in range(5)]
+    steps = [(lambda rows, k=kernels[0]: k, -1, _segments.X_PAD, None, None)]
+    steps += [(lambda rows, k=kernels[i + 1]: k, _segments.X_PAD if i == 0 else i - 1, i, None, None) for i in range(3)]
+    steps.append((lambda rows, k=kernels[4]: k, 2, 4, None, None))
+
+    class Buffer:
+        ptr = 1 << 20
+
+    monkeypatch.setattr(mlp, "_device_buffer", lambda nbytes: Buffer())
+    chain = _segments.Chain(mlp, segments, "float32", "float32", steps, [])
+    chain.launch(16, 32, 100)
+    assert log == list(enumerate(expect))
+    program, _, _ = chain.program(100, 0)
+    assert [step[-1] for step in program] == expect and [step[0] for step in program] == kernels
+    monkeypatch.setenv("FUSEDMLP_PDL", "maybe")
+    with pytest.raises(ValueError, match="FUSEDMLP_PDL='maybe' is not a boolean"):
+        _segments.Chain(mlp, segments, "float32", "float32", steps, [])
+
+
+def test_every_kernel_template_waits_for_the_kernel_before_it():
+    """Each kernel template calls fm_grid_wait (griddepcontrol.wait on sm_90+) once, before its tile loop or its
+    first read of an input, and fm_grid_release after it: a chain launches its kernels after the first as dependents,
+    which may start before the kernel writing their input is done."""
+    folder = os.path.join(os.path.dirname(fusedmlp.__file__), "kernel_templates")
+    for name in ("fused_mlp.cu", "fused_mlp_sm90.cu", "gemm_layer.cu", "pad_rows.cu", "row_norm.cu"):
+        with open(os.path.join(folder, name)) as f:
+            body = f.read().split("__global__", 1)[1]
+        assert body.count("fm_grid_wait();") == 1 and body.count("fm_grid_release();") == 1, name
+        wait = body.index("fm_grid_wait();")
+        assert wait < body.index("fm_grid_release();"), name
+        for first_use in ("fm_prefetch(", "fm_prefetch_x(", "fm_load_input(", "for (long long tile", "fm_ldv<",
+                          "*)x + r0", "fm_ws_produce(", "fm_pp_produce(", "fm_mainloop"):
+            if first_use in body:
+                assert wait < body.index(first_use), (name, first_use)

@@ -195,3 +195,59 @@ def test_gemms_reading_x_padded_copy_gives_the_converting_loads_bits(rng, monkey
     # over every batch's rows (one row's one output near zero is no measure of a relative error)
     tol = max(PREC_TOL[prec], PREC_TOL["bfloat16"] if io == "bfloat16" else 0)
     assert rel_l2(np.concatenate(ys), np.concatenate(refs)) <= tol
+
+
+@pytest.mark.parametrize("name", ["rec1024", "sdf512", "hazards"])
+def test_dependent_launches_give_the_plain_launches_bits(rng, monkeypatch, name):
+    """A chain's kernels after its first start while the one before finishes (programmatic dependent launch, sm_90+;
+    FUSEDMLP_PDL=0 at chain creation launches them plainly). Each kernel waits for the one before it before it reads
+    or writes: same bits as plain launches, call after call on one stream (the NumPy path, torch tensors with the
+    fast path, a CUDA graph's replays), at batches from one row to several waves. "hazards": workspace slots reused
+    (a kernel writes the slot the kernel before it read), residuals and a concat read across the cuts, a norm
+    layer's GEMM and row pass, x's padded copy."""
+    torch = pytest.importorskip("torch")
+    if name == "hazards":
+        widths = [259, 600, 600, 300, 600, 256, 256, 5]
+        concat = {3: "before"}
+        ws, bs = graph_weights(rng, widths, concat, 1.0)
+        options = dict(activation=["gelu", "relu", "silu", "tanh", "relu", "gelu", "none"], concat=concat,
+                       residual={1: "add", 3: ("add", "none", 0), 5: "add"},
+                       norm={2: "layernorm"})
+    else:
+        widths, act, out_act, concat = NETWORKS[name]
+        ws, bs = graph_weights(rng, widths, concat, 1.0)
+        options = dict(activation=act, output_activation=out_act, concat=concat or None)
+    models = {}
+    for pdl in ("1", "0"):
+        monkeypatch.setenv("FUSEDMLP_PDL", pdl)
+        mlp = fusedmlp.FusedMLP(ws, bs, device="cuda", **options)
+        mlp(np.zeros((1, widths[0]), np.float16))  # the chains are made now, under this setting
+        mlp(torch.zeros((1, widths[0]), device="cuda", dtype=torch.float16))
+        models[pdl] = mlp
+    assert models["1"].segments is not None and len(models["1"]._kernel("float16", rows=1000).info["segments"]) > 1
+    assert models["1"]._kernel("float16", rows=1000)._after and not models["0"]._kernel("float16", rows=1000)._after
+    for batch in (1, 1000, 4099, 300000):
+        x = np.random.default_rng(batch).standard_normal((batch, widths[0])).astype(np.float16)
+        ys = {pdl: [m(x) for _ in range(3)] for pdl, m in models.items()}
+        for y in ys["1"] + ys["0"][1:]:
+            assert np.array_equal(y.view(np.uint16), ys["0"][0].view(np.uint16)), (name, batch)
+        xt = torch.from_numpy(x).cuda()
+        outs = {pdl: [m(xt) for _ in range(5)] for pdl, m in models.items()}  # back to back on one stream
+        torch.cuda.synchronize()
+        for y in outs["1"] + outs["0"]:
+            assert torch.equal(y.cpu(), torch.from_numpy(ys["0"][0])), (name, batch)
+    static_x = torch.randn(4096, widths[0], device="cuda", dtype=torch.float16)
+    ys = {}
+    for pdl, m in models.items():
+        static_y = torch.full((4096, widths[-1]), float("nan"), device="cuda", dtype=torch.float16)
+        m(static_x, out=static_y)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            m(static_x, out=static_y)
+        static_y.fill_(float("nan"))
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        ys[pdl] = static_y.cpu()
+    assert torch.equal(ys["1"], ys["0"]) and not torch.isnan(ys["1"]).any()

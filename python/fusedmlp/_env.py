@@ -10,6 +10,8 @@ test can change ``os.environ`` and see the effect without reloading anything.
 ``FUSEDMLP_CACHE_MAX_BYTES`` size the kernel cache may grow to, e.g. ``2147483648`` or ``512M`` (default 2 GiB)
 ``FUSEDMLP_GEMM_CLUSTER``   the sm_90a GEMM layers' form: ``1`` one CTA a tile, ``2`` CTA pairs sharing the weight tile
                             (default: the plan's choice); for A/B timing of the two forms
+``FUSEDMLP_PDL``            ``0``/``off`` launches a segmented network's kernels plainly, each after the one before has
+                            finished (default on: programmatic dependent launch on sm_90+); for A/B timing
 ==========================  ==================================================================================
 """
 
@@ -85,6 +87,21 @@ def nvrtc_search_path():
     return os.pathsep.join(entries)
 
 
+def _switch(name):
+    """A boolean switch that is on by default: ``False`` if variable `name` is ``0``, ``false``, ``no`` or ``off`` (any
+    case); ``True`` if it is unset, empty, ``1``, ``true``, ``yes`` or ``on``; else ValueError naming the variable and
+    the value."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return True
+    word = raw.strip().lower()
+    if word == "" or word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+
+
 def autotune_enabled():
     """Tells whether tile autotuning is on.
 
@@ -95,15 +112,21 @@ def autotune_enabled():
     Raises:
         ValueError: any other value, naming the variable and the value.
     """
-    raw = os.environ.get("FUSEDMLP_AUTOTUNE")
-    if raw is None:
-        return True
-    word = raw.strip().lower()
-    if word == "" or word in _TRUE_WORDS:
-        return True
-    if word in _FALSE_WORDS:
-        return False
-    raise ValueError(f"FUSEDMLP_AUTOTUNE={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off")
+    return _switch("FUSEDMLP_AUTOTUNE")
+
+
+def dependent_launch():
+    """Tells whether a segmented network's kernels after its first are launched as programmatic dependents of the one
+    before them (sm_90+: each starts while the one before finishes; csrc/cuda.c, fm_kernel_launch).
+
+    Returns:
+        ``False`` if ``FUSEDMLP_PDL`` is ``0``, ``false``, ``no`` or ``off`` (any case), for A/B timing; ``True``
+        otherwise (unset, empty, ``1``, ...). Read when a chain is made.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    return _switch("FUSEDMLP_PDL")
 
 
 def cache_max_bytes():

@@ -197,6 +197,8 @@ class Chain:
         # the second's first kernel overwriting a value the first's next kernel reads (launches are asynchronous,
         # so this orders the host's few microseconds only)
         self._launch_lock = threading.Lock()
+        # each kernel after the first starts while the one before it finishes (sm_90+, Kernel.launch's after)
+        self._after = _env.dependent_launch()
         self.info = {"segments": [seg.describe() for seg in segments], "kernels": len(steps), "in_dtype": in_dtype,
                      "out_dtype": out_dtype}
 
@@ -235,15 +237,17 @@ class Chain:
         _, buf, offsets = self._workspace(rows, stream)
         where = {-1: x, -2: 0, -3: y}
         with self._launch_lock:
-            for kernel, *values in self._steps:
+            for i, (kernel, *values) in enumerate(self._steps):
                 a, b, a1, r = (where.get(c, buf.ptr + c) for c in (self._operand(v, offsets) for v in values))
-                kernel(rows).launch(a, b, rows, stream, a1, r)
+                kernel(rows).launch(a, b, rows, stream, a1, r, self._after and i > 0)
 
     def program(self, rows, stream):
         """What a call of `rows` rows on `stream` launches, for the C fast path (FastPath.add_chain): (steps, the
-        workspace's address, its rows), steps as (kernel, x, y, x1, res) in _operand's codes."""
+        workspace's address, its rows), steps as (kernel, x, y, x1, res, after) in _operand's codes, after as
+        Kernel.launch's."""
         cap, buf, offsets = self._workspace(rows, stream)
-        steps = [(kernel(rows), *(self._operand(v, offsets) for v in values)) for kernel, *values in self._steps]
+        steps = [(kernel(rows), *(self._operand(v, offsets) for v in values), self._after and i > 0)
+                 for i, (kernel, *values) in enumerate(self._steps)]
         return steps, buf.ptr, cap
 
     def run(self, x, poison=False, out=None):

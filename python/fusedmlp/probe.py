@@ -626,7 +626,7 @@ def chain_steps(args):
             for i, label in enumerate(labels):
                 def one(i=i):
                     steps, base, _ = chain.program(rows, stream())
-                    kernel, *codes = steps[i]
+                    kernel, *codes, _ = steps[i]  # (alone: a plain launch)
                     where = {-1: x.data_ptr(), -2: 0, -3: y.data_ptr()}
                     a, b, a1, r = (where.get(c, base + c) for c in codes)
                     kernel.launch(a, b, rows, stream(), a1, r)

@@ -306,7 +306,7 @@ static void *pattern_job(void *arg) {
     if (st == FM_OK) st = fm_gpu_activate(j->gpu, &err);
     if (st == FM_OK) st = fm_mem_alloc(&d, (size_t)(n + pad) * sizeof *host, &err);
     if (st == FM_OK) st = fm_memset_d8(d, 0xAB, (size_t)(n + pad) * sizeof *host, NULL, &err);
-    if (st == FM_OK) st = fm_kernel_launch(j->k, grid, NULL, params, &err);
+    if (st == FM_OK) st = fm_kernel_launch(j->k, grid, NULL, params, 0, &err);
     if (st == FM_OK) st = fm_memcpy_dtoh(host, d, (size_t)(n + pad) * sizeof *host, NULL, &err);
     if (st == FM_OK) st = fm_stream_sync(NULL, &err);
     j->ok = st == FM_OK;
@@ -343,7 +343,7 @@ static void test_mma_on_gpu(const fm_gpu *gpu) {
     if (st == FM_OK) st = fm_mem_alloc(&d_b, sizeof b, &err);
     if (st == FM_OK) st = fm_memcpy_htod(d_a, a, sizeof a, NULL, &err);
     if (st == FM_OK) st = fm_memcpy_htod(d_b, b, sizeof b, NULL, &err);
-    if (st == FM_OK) st = fm_kernel_launch(&k, 1, NULL, params, &err);
+    if (st == FM_OK) st = fm_kernel_launch(&k, 1, NULL, params, 0, &err);
     if (st == FM_OK) st = fm_memcpy_dtoh(out, d_out, sizeof out, NULL, &err);
     if (st == FM_OK) st = fm_stream_sync(NULL, &err);
     int good = st == FM_OK;
@@ -430,7 +430,7 @@ static void test_gpu(void) {
             CHECK(jobs[i].ok, "thread %d: %u words match the pattern, tail untouched%s%s", i, jobs[i].n,
                   jobs[i].ok ? "" : ": ", jobs[i].message);
         }
-        CHECK(fm_kernel_launch(&k, 0, NULL, NULL, &err) == FM_OK, "a zero grid is a no-op");
+        CHECK(fm_kernel_launch(&k, 0, NULL, NULL, 0, &err) == FM_OK, "a zero grid is a no-op");
     }
     fm_kernel_unload(&k);
     test_mma_on_gpu(&gpu);
