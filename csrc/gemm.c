@@ -71,6 +71,22 @@ static int fm_gemm_pp_auto(const fm_plan *plan, int l, int res) {
     return raw && plan->k_real[l] * plan->elem_bytes <= 512;
 }
 
+/* The auto form at a tile given explicitly (a small batch's, python/fusedmlp/_segments.py gemm_tile), for 16-bit
+ * wgmma layers whose input parts copy as they are: 128 x 128 in turn (ws=2; more than 128 outputs, no residual), a
+ * 64-row tile with a producer warpgroup (ws=1); else 0 (the plain form). Each GEMM of rec1024 and sdf512 timed in every
+ * tile and form on the H100 at 1024, 4096, 16384 and 2^18 rows (bench/results/h100-gemm-small/gemm_probe.txt):
+ * wherever a smaller tile was the fastest, it was in this form (1024 rows: rec1024's 1024 x 1024 layer 64x128 9.44 us
+ * with the producer, 12.31 plain; its 1024 -> 512 one 64x64 8.12 against 10.49; 4096 rows: 128x128 in turn 12.71
+ * against 14.09). */
+static int fm_gemm_small_form(const fm_plan *plan, int l, int res, int bm, int bn) {
+    if (!plan->wgmma || plan->gemm_cluster != 1 || fm_prec_is_8bit(plan->prec) || plan->n_real[l] <= 128 ||
+        !fm_gemm_parts_raw(plan, l))
+        return 0;
+    if (bm == 128 && bn == 128)
+        return res < 0 ? 2 : 0;
+    return bm == 64 ? 1 : 0;
+}
+
 /* Whether d is a global dtype code a GEMM of precision p takes: 0 float32, 1 float16, 2 bfloat16, and for an 8-bit
  * network 3, its codes. */
 static int fm_gemm_valid_dtype(int d, fm_prec p) {
@@ -301,10 +317,13 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
      * choice for 8-bit layers of more than 128 outputs at the default tile (fm_gemm_pp_auto) */
     if (opts->ws == 0 && !bm && !bn && fm_gemm_pp_auto(plan, l, res))
         plan->gemm_ws = 2;
+    const int small = bm && bn && (bm < 128 || bn < 256); /* a tile smaller than the default 128 x 256, given */
+    if (opts->ws == 0 && small)
+        plan->gemm_ws = fm_gemm_small_form(plan, l, res, bm, bn);
     const int pp = plan->gemm_ws == 2;
     plan->gemm_bm = bm ? bm : 128;
     plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : plan->n_real[l] <= 128 || !plan->wgmma || pp ? 128 : 256);
-    if (opts->ws == 0 && !pp)
+    if (opts->ws == 0 && !pp && !small)
         plan->gemm_ws = plan->wgmma && plan->gemm_cluster == 1 && FM_GEMM_WS_AUTO && fm_gemm_ws_fits(plan, l);
     plan->warps = pp ? 12 : plan->wgmma ? plan->gemm_bm / 16 + (plan->gemm_ws ? 4 : 0) : 8;
     if (pp)

@@ -70,11 +70,31 @@ def test_the_environment_forces_the_form_where_the_wgmma_form_runs(rng, monkeypa
         gemm_plans(mlp, "float16")
 
 
+def test_a_small_batchs_smaller_tiles_take_the_warp_specialised_forms_where_they_won(rng):
+    """A tile smaller than 128 x 256, given (a small batch's, _segments.gemm_tile), takes the form that won at it on
+    the H100 (bench/results/h100-gemm-small/): 128 x 128 in turn (ws=2), 64-row tiles a producer warpgroup (ws=1),
+    for 16-bit wgmma layers of more than 128 outputs whose parts copy as they are; the plain form elsewhere (a part
+    converted on the way, a residual in turn, 8-bit, a narrow layer, mma.sync), and wherever a form is asked for."""
+    mlp, _ = model(rng, "rec1024")
+
+    def ws(layer=1, a0="float16", res=None, net=mlp, **tile):
+        return net._gemm_plan(layer, *H100, a0, None, res, "float16", **tile).info["ws"]
+
+    assert [ws(bm=bm, bn=bn) for bm, bn in _segments.SMALL_TILES] == [2, 1, 1]
+    assert [ws(layer=0, a0="float32", bm=bm, bn=bn) for bm, bn in _segments.SMALL_TILES] == [0, 0, 0]  # converted
+    assert ws(bm=128, bn=256) == 1 and ws(bm=64, bn=128, ws=-1) == 0 and ws(bm=128, bn=128, ws=1) == 1
+    res, _ = model(rng, "res768")  # layer 1 adds layer 0's output: not in turn
+    assert ws(1, net=res, res="float16", bm=128, bn=128) == 0 and ws(1, net=res, res="float16", bm=64, bn=64) == 1
+    int8, _ = model(rng, "rec1024", dtype="int8")
+    int8.calibrate(rng.standard_normal((64, 256)).astype(np.float32))
+    assert int8._gemm_plan(1, *H100, "float16", None, None, "float16", bm=64, bn=64).info["ws"] == 0
+
+
 def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs_copy_as_they_are(rng, monkeypatch):
     """ws=1: a producer warpgroup more (12 warps for 128-row tiles), a full and an empty mbarrier a stage, its register
     share counted in the CTAs an SM; the default where the tile is 128 x 256 and every input part is the compute dtype
     with 16-byte rows (rec1024 on the H100: 22.60 -> 20.28 ms), not where a part is converted on the way (sdf512's x,
-    259 columns: 26.35 -> 33.77 ms) or a small tile runs several CTAs an SM."""
+    259 columns: 26.35 -> 33.77 ms). (A smaller tile given has its own rule: the next test.)"""
     mlp, _ = model(rng, "rec1024")
     plain = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=-1).info
     ws = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1).info
@@ -82,7 +102,6 @@ def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs
     assert ws["smem_bytes"] == plain["smem_bytes"] + 16 * 4 and ws["blocks_per_sm"] == 1
     assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16").info["ws"] == 1  # the default
     assert mlp._gemm_plan(0, *H100, "float32", None, None, "float16").info["ws"] == 0  # x converted on the way
-    assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=128, bn=128).info["ws"] == 0
     small = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=128, bn=128, ws=1).info
     assert (small["warps"], small["blocks_per_sm"]) == (12, 1)  # 112 registers a thread: one CTA of 384
     sdf, _ = model(rng, "sdf512")

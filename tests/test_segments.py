@@ -244,6 +244,20 @@ def test_small_batches_take_gemm_tiles_that_fill_the_sms(rows, n, default, expec
     assert _segments.gemm_tile(rows, n, default, 132) == expect
 
 
+ALL_SPECIALISED = ((128, 256),) + _segments.SMALL_TILES
+
+
+@pytest.mark.parametrize("rows, n, expect", [
+    (4096, 1024, (128, 256)),  # 128 CTAs, over half the SMs (rec1024's 1024 x 1024 layer: 16.9 us, 24.2 in 128 x 128)
+    (4096, 512, (128, 128)),  # 64 CTAs of 128 x 256 are fewer than half; 128 of 128 x 128
+    (1024, 1024, (64, 128)),  # 128 CTAs
+    (1024, 512, (64, 64)),  # 64 CTAs of 64 x 128 are fewer than half (rec1024's 1024 -> 512: 8.1 us, 9.4 in 64 x 128)
+    (16384, 512, (128, 256)),
+])
+def test_warp_specialised_tiles_need_fill_only_half_the_sms(rows, n, expect):
+    assert _segments.gemm_tile(rows, n, (128, 256), 132, ALL_SPECIALISED) == expect
+
+
 @pytest.mark.parametrize("arch, prec", [(90, "float16"), (90, "bfloat16"), (80, "float16"), (90, "tf32")])
 @pytest.mark.parametrize("tile", _segments.SMALL_TILES)
 def test_small_gemm_tiles_compile_ahead_of_time(rng, tmp_path, arch, prec, tile):

@@ -508,15 +508,21 @@ def stretch_model(mlp, seg, in_dtype, out_dtype):
 SMALL_TILES = ((128, 128), (64, 128), (64, 64))
 
 
-def gemm_tile(rows, n, default, sm_count):
+def gemm_tile(rows, n, default, sm_count, specialised=()):
     """The GEMM tile (bm, bn) for a call of `rows` rows of a layer of n outputs: the plan's default tile (bm, bn)
-    where its tiles fill the GPU's SMs at least once, else the largest smaller tile that does, else the smallest.
+    where its tiles fill the GPU's SMs at least once, else the largest smaller tile that does, else the smallest. The
+    `specialised` tiles (those whose form for the layer is warp-specialised: csrc/gemm.c, fm_gemm_small_form and the
+    default's auto rules) need fill only half the SMs.
 
     At 2^10 rows a 512-wide layer's default 128 x 256 tile makes 16 CTAs for 132 SMs; each then runs the whole K loop
-    alone (wide512's five GEMMs took 66 us at 2^10 rows on the H100, PyTorch's CUDA graph 25)."""
+    alone (wide512's five GEMMs took 66 us at 2^10 rows on the H100, PyTorch's CUDA graph 25). A warp-specialised CTA
+    keeps its loads ahead of its MMAs, so fewer, larger tiles win sooner: on the H100 (bench/results/h100-gemm-small/)
+    rec1024's 1024 x 1024 layer at 4096 rows took 16.9 us in the default tile's 128 CTAs, 24.2 in 128 x 128's 256; at
+    1024 rows its 1024 -> 512 layer 8.1 us in 64 x 64's 128 CTAs with a producer warpgroup, 9.4 in 64 x 128's 64."""
     tiles = [default] + [t for t in SMALL_TILES if t[0] <= default[0] and t[1] <= default[1] and t != default]
     for bm, bn in tiles:
-        if -(-rows // bm) * -(-n // bn) >= sm_count:
+        need = -(-sm_count // 2) if (bm, bn) in specialised else sm_count
+        if -(-rows // bm) * -(-n // bn) >= need:
             return bm, bn
     return tiles[-1]
 
@@ -525,15 +531,17 @@ class GemmLayer:
     """One GEMM layer of a chain: its kernel for each tile a call's batch size asks for (gemm_tile), built on first
     use; the default tile's is built with the chain."""
 
-    def __init__(self, mlp, layer, dtypes, default, kernel, sm_count):
+    def __init__(self, mlp, layer, dtypes, default, kernel, sm_count, specialised=()):
         self._mlp, self._layer, self._dtypes, self._sm_count = mlp, layer, dtypes, sm_count
         self._n = mlp.widths[layer + 1]
         self.default = default
+        self.specialised = tuple(specialised)  # the tiles whose form is warp-specialised (gemm_tile)
         self._kernels = {default: kernel}
         self._lock = threading.Lock()
 
     def kernel(self, rows):
-        tile = self.default if self._mlp._gemm_options else gemm_tile(rows, self._n, self.default, self._sm_count)
+        tile = self.default if self._mlp._gemm_options else gemm_tile(rows, self._n, self.default, self._sm_count,
+                                                                       self.specialised)
         found = self._kernels.get(tile)
         if found is None:
             with self._lock:
@@ -581,7 +589,11 @@ def chain(mlp, in_dtype, out_dtype):
                 p0, p1 = (X_PAD if padded and v == -1 else v for v in (p0, p1))
                 dtypes = gemm_dtypes(mlp, f, in_dtype, out_dtype)
                 plan = mlp._gemm_plan(f, *target, *dtypes).info
-                gemm = GemmLayer(mlp, f, dtypes, (plan["bm"], plan["bn"]), built[f], target[2])
+                default = (plan["bm"], plan["bn"])
+                specialised = [default] if plan["ws"] else []
+                specialised += [t for t in SMALL_TILES if t[0] <= default[0] and t[1] <= default[1] and t != default
+                                and mlp._gemm_plan(f, *target, *dtypes, bm=t[0], bn=t[1]).info["ws"]]
+                gemm = GemmLayer(mlp, f, dtypes, default, built[f], target[2], specialised)
                 if f in built_norms:  # z = W h + b to its slot, then the rows through the norm and the rest
                     steps.append((gemm.kernel, p0, NORM_Z, p1, None))
                     steps.append((lambda rows, k=built_norms[f]: k, NORM_Z, f, None, res))

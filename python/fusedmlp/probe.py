@@ -641,16 +641,16 @@ def chain_steps(args):
     return 0
 
 
-#: The GEMM forms `probe gemm` times beside the plan's auto form at each tile: clusters of 2 sharing B, the producer
-#: warpgroup, the consumers in turn (each where the plan takes it).
-GEMM_FORMS = ({}, {"cluster": 2}, {"ws": 1}, {"ws": 2})
+#: The GEMM forms `probe gemm` times beside the plan's auto form at each tile: the plain one, clusters of 2 sharing
+#: B, the producer warpgroup, the consumers in turn (each where the plan takes it).
+GEMM_FORMS = ({}, {"ws": -1}, {"cluster": 2}, {"ws": 1}, {"ws": 2})
 
 
 def gemm_forms(args):
     """(GPU) Each GEMM layer of a segmented network timed in every tile (_segments.SMALL_TILES and the plan's
-    default) and form (the plan's auto form, clusters of 2 sharing B, a producer warpgroup, consumers in turn), per
-    batch size, in alternating rounds (Kernel.time: the best of 5 launches a round, the median over rounds). What
-    _segments.gemm_tile picks is marked with *, the fastest with <.
+    default) and form (the plan's auto form, the plain one, clusters of 2 sharing B, a producer warpgroup, consumers
+    in turn), per batch size, in alternating rounds (Kernel.time: the best of 5 launches a round, the median over
+    rounds). What _segments.gemm_tile picks is marked with *, the fastest with <.
 
         python -m fusedmlp.bench probe gemm [workloads] [--rows 1024] [--rows 16384]
     """
@@ -672,7 +672,7 @@ def gemm_forms(args):
             default = mlp._gemm_plan(layer, *target, *dtypes).info
             default = (default["bm"], default["bn"])
             tiles = [default] + [t for t in _segments.SMALL_TILES if t != default]
-            kernels, labels, seen = [], [], set()
+            kernels, labels, seen, specialised = [], [], set(), []
             for bm, bn in tiles:
                 for form in GEMM_FORMS:
                     try:
@@ -686,12 +686,14 @@ def gemm_forms(args):
                     kernels.append(mlp._build_gemm(layer, *dtypes, bm=bm, bn=bn, **form))
                     what = (" c2" if info["cluster"] == 2 else "") + (f" ws{info['ws']}" if info["ws"] else "")
                     labels.append((bm, bn, f"{bm}x{bn}{what}", not form))
+                    if not form and info["ws"]:
+                        specialised.append((bm, bn))
             print(f"{name} layer {layer} ({mlp.widths[layer]} -> {mlp.widths[layer + 1]}), {io} I/O; "
                   "kernel us, median of rounds:", flush=True)
             for rows in args.rows or [1024, 16384]:
                 times = alternate(kernels, rows, args.rounds)
                 med = [statistics.median(t) * 1e3 for t in times]
-                picked = _segments.gemm_tile(rows, mlp.widths[layer + 1], default, target[2])
+                picked = _segments.gemm_tile(rows, mlp.widths[layer + 1], default, target[2], specialised)
                 best = min(range(len(med)), key=med.__getitem__)
                 cells = [f"{lab}{'*' if (bm, bn) == picked and auto else ''}{'<' if i == best else ''} {us:.2f}"
                          for i, ((bm, bn, lab, auto), us) in enumerate(zip(labels, med))]
