@@ -234,8 +234,11 @@ __device__ __forceinline__ void fm_copy_block(act_t *dst, const act_t *src, int 
 // before it still runs, so its launch and set-up hide under that kernel's last tiles. fm_grid_wait() returns once
 // every earlier kernel has finished and its writes are visible (at once after a plain launch); every kernel calls it
 // before it reads a value an earlier kernel wrote or writes memory an earlier kernel reads (a workspace slot is
-// reused), and only weights, biases and shared memory are touched before it. fm_grid_release() then lets the next
-// kernel's CTAs be scheduled as SMs free up; called right after the wait, at most one kernel waits ahead.
+// reused), and only weights, biases and shared memory are touched before it. fm_grid_release() (its CTA's first call
+// counts) lets the next kernel's CTAs be scheduled once every CTA of this one has called it or exited; they then wait
+// in their fm_grid_wait on SMs this kernel still runs on. Called late: a CTA's last tile, the GEMM's last stages.
+// Released at the top, the waiting CTAs of rec1024's next GEMM shared the SMs from the start: its chain at 1024 rows
+// ran 36.6 us against 29.3 launched plainly (H100, bench/results/h100-gemm-small/pdl_steps_top.txt).
 __device__ __forceinline__ void fm_grid_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

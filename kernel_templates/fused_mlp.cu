@@ -418,11 +418,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
 #endif
     __syncthreads();
     fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: x may be read, y written
-    fm_grid_release();
 
     const long long tiles = (rows + ROWS_CTA - 1) / ROWS_CTA;
     int slot = 0;
     for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        if (tile + gridDim.x >= tiles)
+            fm_grid_release();  // the CTA's last tile: the next kernel's CTAs may be scheduled (fm_common.cuh)
         const long long r0 = tile * ROWS_CTA + warp * ROWS_W;
         const long long left = rows - r0;
         const int nrows = left <= 0 ? 0 : (left < ROWS_W ? (int)left : ROWS_W);

@@ -1513,7 +1513,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     __syncwarp();
     const int strip = wg * 64 + wq * ROWS_W;  // this warp's first row in a tile
     fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: x may be read, y written
-    fm_grid_release();
     if ((long long)FM_TILE0 < tiles)
         fm_prefetch_x(in_addr, raw_addr, x, FM_TILE0 * (long long)ROWS_CTA + strip, rows, lane);
     fm_copy_wait<1>();  // the weights (the older group)
@@ -1535,6 +1534,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     const fm_u32 a_lane = in_addr + (lane & 15) * ROW_B + (lane >> 4) * 16;  // ldmatrix roles, as in fused_mlp.cu
     const fm_u32 stage_lane = out_addr + (lane >> 2) * STAGE_W * (int)sizeof(out_t);
     for (long long tile = FM_TILE0; tile < tiles; tile += FM_TILE_STEP) {
+        if (tile + FM_TILE_STEP >= tiles)
+            fm_grid_release();  // the CTA's last tile: the next kernel's CTAs may be scheduled (fm_common.cuh)
         const long long r0 = tile * ROWS_CTA + strip;
         const long long left = rows - r0;
         const int nrows = left <= 0 ? 0 : (left < ROWS_W ? (int)left : ROWS_W);

@@ -782,7 +782,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     const fm_u32 smem = FM_WGMMA ? (fm_smem_addr(fm_smem_raw) + 1023u) & ~1023u : fm_smem_addr(fm_smem_raw);
     constexpr int NTILES = Ly::N / BN;
     fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: x may be read, y written
-    fm_grid_release();
 #if FM_GEMM_CLUSTER > 1
     // A cluster takes adjacent row tiles of one column tile (so its CTAs share B), column tiles fastest; a CTA whose
     // rows are all past the batch (the grid's row tiles are even) loads its half of B and stores nothing.
@@ -828,6 +827,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     (void)n0;
     if (warp >= CWARPS) {
         fm_pp_produce(smem, bars, x, x1, w, rows, (int)threadIdx.x - CWARPS * 32);
+        fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
         const int wg = warp >> 2, wq = warp & 3;
         const fm_u32 turn = bars + 16 * FM_STAGES;  // turn[wg] at turn + 8 wg
@@ -856,6 +856,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     // (No setmaxnreg: the consumers fit the launch bound's even share, 168 registers, without spills.)
     if (warp >= CWARPS) {
         fm_ws_produce(smem, bars, x, x1, w, row0, rows, ntile, (int)threadIdx.x - CWARPS * 32);
+        fm_grid_release();  // the tile's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
 #elif FM_GEMM_CLUSTER == 1
     (void)ntile;
@@ -865,6 +866,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     fm_acc_init(acc, n0 + wn * TN, t, bias);
 #if FM_GEMM_CLUSTER > 1
     fm_mainloop_cluster(acc, smem, bars, x, x1, w, row0, rows, ntile, rank, warp, lane);
+    fm_grid_release();  // (fm_common.cuh) the next kernel's CTAs may be scheduled
     // No CTA may leave while the other can still arrive on its barriers: the last arrivals came before this.
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     fm_epilogue_store<false>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, 0u, lane);
@@ -875,6 +877,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     }  // (the consumers' branch)
 #else
     fm_mainloop(acc, smem, x, x1, w, row0, rows, n0, warp, lane);
+    fm_grid_release();  // (fm_common.cuh) the next kernel's CTAs may be scheduled
     fm_copy_wait<0>();  // leave no copy in flight at exit (the last stages' groups are empty)
     fm_epilogue_any(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, smem, warp, lane);
 #endif

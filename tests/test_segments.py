@@ -393,13 +393,13 @@ def test_a_chain_launches_each_kernel_after_the_first_as_a_dependent(rng, monkey
 
 def test_every_kernel_template_waits_for_the_kernel_before_it():
     """Each kernel template calls fm_grid_wait (griddepcontrol.wait on sm_90+) once, before its tile loop or its
-    first read of an input, and fm_grid_release after it: a chain launches its kernels after the first as dependents,
-    which may start before the kernel writing their input is done."""
+    first read of an input, and fm_grid_release only after it: a chain launches its kernels after the first as
+    dependents, which may start before the kernel writing their input is done."""
     folder = os.path.join(os.path.dirname(fusedmlp.__file__), "kernel_templates")
     for name in ("fused_mlp.cu", "fused_mlp_sm90.cu", "gemm_layer.cu", "pad_rows.cu", "row_norm.cu"):
         with open(os.path.join(folder, name)) as f:
             body = f.read().split("__global__", 1)[1]
-        assert body.count("fm_grid_wait();") == 1 and body.count("fm_grid_release();") == 1, name
+        assert body.count("fm_grid_wait();") == 1 and body.count("fm_grid_release();") >= 1, name
         wait = body.index("fm_grid_wait();")
         assert wait < body.index("fm_grid_release();"), name
         for first_use in ("fm_prefetch(", "fm_prefetch_x(", "fm_load_input(", "for (long long tile", "fm_ldv<",
