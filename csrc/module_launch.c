@@ -269,8 +269,13 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
 
 /* Whether a launch of self may be a programmatic dependent one (fm_kernel_launch's after): its CUBIN is for sm_90+,
  * where the templates' fm_grid_wait is griddepcontrol.wait (an older arch's CUBIN has no wait, and a dependent launch
- * of it could read its input before the kernel writing it is done). */
-static int Kernel_after(const KernelObject *self, int after) { return after && self->plan->plan.arch >= 90; }
+ * of it could read its input before the kernel writing it is done), and one CTA fits an SM. A kernel of several CTAs
+ * an SM (a small batch's 64-row GEMM tiles, the row passes) launches plainly: launched while the kernel before it
+ * ran, its CTAs were placed where that kernel's left room, not one an SM, and rec1024's chain at 1024 rows took 37.3
+ * us against 29.2 (H100, bench/results/h100-gemm-small/pdl_steps_late.txt), where one-CTA kernels gained 1.6-4.4 us. */
+static int Kernel_after(const KernelObject *self, int after) {
+    return after && self->plan->plan.arch >= 90 && self->k.blocks_per_sm <= 1;
+}
 
 /* launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0, after=False): device pointers (16-byte aligned,
  * C-contiguous), asynchronous; x1 and res are a GEMM plan's concat part and residual operand (unused by the fused
