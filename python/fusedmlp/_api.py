@@ -1083,8 +1083,12 @@ def tune(mlp, batch_sizes=(1024, 16384, 262144, 2097152), io_dtype="float16"):
     info = _gpu(mlp._ordinal).info
     cut = mlp._segments_for(*mlp._target(), dtype, dtype)
     if cut is not None:  # the chain's own stretch models, so its next calls take the choices at once
-        return {seg.describe(): _tune_sizes(sub, k_in, k_out, batch_sizes, info)
-                for seg, sub, k_in, k_out in _segments.chain(mlp, dtype, dtype).fused}
+        chain = _segments.chain(mlp, dtype, dtype)
+        results = {seg.describe(): _tune_sizes(sub, k_in, k_out, batch_sizes, info)
+                   for seg, sub, k_in, k_out in chain.fused}
+        chain.forget()
+        mlp._calls.clear()  # (the fast path's steps hold the stretches' kernels too)
+        return results
     return _tune_sizes(mlp, dtype, dtype, batch_sizes, info)
 
 

@@ -189,6 +189,7 @@ class Chain:
             slot_of[X_PAD] = len(self._slot_row_bytes)
             self._slot_row_bytes.append(pad_row(mlp, in_dtype) * _ITEMSIZE[storage])
         self._workspaces = {}  # stream -> (rows capacity, Buffer, offsets)
+        self._programs = {}  # (rows, stream) -> program(rows, stream), for launch(); cleared as the workspace grows
         self._keep = []  # outgrown workspaces: a captured graph may still use them
         self._host = None  # (rows, x Buffer, y Buffer) for run()
         self._lock = threading.Lock()  # growing the workspaces
@@ -218,6 +219,7 @@ class Chain:
                 if ws is not None:
                     self._keep.append(ws[1])
                 ws = self._workspaces[stream] = (cap, buf, offsets)
+                self._programs.clear()
         return ws
 
     def _operand(self, v, offsets):
@@ -234,12 +236,23 @@ class Chain:
         return offsets[self._slot_of[v]]
 
     def launch(self, x, y, rows, stream=0):
-        _, buf, offsets = self._workspace(rows, stream)
+        key = (rows, stream)
+        program = self._programs.get(key)
+        if program is None:  # its kernels and operands, resolved once per batch size and stream
+            program = self.program(rows, stream)
+            if len(self._programs) >= 64:
+                self._programs.clear()
+            self._programs[key] = program
+        steps, base, _ = program
         where = {-1: x, -2: 0, -3: y}
         with self._launch_lock:
-            for i, (kernel, *values) in enumerate(self._steps):
-                a, b, a1, r = (where.get(c, buf.ptr + c) for c in (self._operand(v, offsets) for v in values))
-                kernel(rows).launch(a, b, rows, stream, a1, r, self._after and i > 0)
+            for kernel, a, b, a1, r, after in steps:
+                kernel.launch(where.get(a, base + a), where.get(b, base + b), rows, stream, where.get(a1, base + a1),
+                              where.get(r, base + r), after)
+
+    def forget(self):
+        """Drops the resolved launches (a stretch of the chain was tuned: its calls take their kernels again)."""
+        self._programs.clear()
 
     def program(self, rows, stream):
         """What a call of `rows` rows on `stream` launches, for the C fast path (FastPath.add_chain): (steps, the

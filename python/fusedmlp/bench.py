@@ -13,7 +13,9 @@ What each number is (all inputs and outputs fp16, weights fp16-rounded, inputs N
   Groups last >= 0.5 ms, so at small batches this is the steady-state cost per call, launch overhead included where
   the host is the bottleneck. Calls rotate among >= 4 input buffers, more when they are small, so that together they
   span twice the L2 cache where that takes at most 64 buffers.
-- ``fusedmlp``: ``Kernel.launch`` on preallocated tensors. ``fusedmlp_graph``: one CUDA graph holding one launch per
+- ``fusedmlp``: ``Kernel.launch`` on preallocated tensors; for a segmented network ``fused(x, out=y)``, whose launches
+  run from C after a first call (the fast path; its chain's ``launch`` walks the segments in Python, 50 us at 1024
+  rows of rec1024 on the H100, more than the kernels). ``fusedmlp_graph``: one CUDA graph holding one launch per
   input buffer, time per launch (device time without host overhead). ``fusedmlp_call``: ``fused(x)`` on a CUDA tensor
   (``FusedMLP.__call__`` if it accepts CUDA tensors, else a shim: check, allocate the output, launch).
 - ``torch_eager``: ``nn.Sequential`` in fp16 under ``torch.inference_mode``. ``torch_graph``: the same captured in
@@ -780,6 +782,8 @@ def _tuned_tile(mlp, rows):
 
 
 def _fused_methods(torch, case, mlp, caller):
+    from . import _segments
+
     kernel = mlp._kernel("float16", rows=case.rows)  # the kernel a call of this size gets (small batches: small tiles)
     case.result["tile"] = _tuned_tile(mlp, case.rows)
     xs, rows, n = case.xs, case.rows, len(case.xs)
@@ -793,6 +797,12 @@ def _fused_methods(torch, case, mlp, caller):
         return y
 
     def kernel_setup():
+        if isinstance(kernel, _segments.Chain) and caller is mlp:
+            def fn(k):  # a segmented network's launches from C, as a caller's call with out= gets them
+                caller(xs[k % n], out=y)
+
+            return fn, 1, lambda: poisoned(lambda: fn(0)), fn
+
         def fn(k):
             kernel.launch(xp[k % n], yp, rows, stream)
 
