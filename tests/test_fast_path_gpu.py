@@ -167,11 +167,11 @@ def _wide_reference(mlp, w, x):
 
 
 def test_segmented_networks_take_the_fast_path_on_their_stream():
-    """A network cut into segments (512-wide layers: GEMMs) runs its chain from C after a first call: the same bits
-    as the chain launched from Python, on the stream its workspace belongs to; another stream, or a batch larger than
-    the workspace, takes the checked path and stays right."""
+    """A network cut into segments (768-wide layers: GEMMs; sm_90's streamed kernel holds 512) runs its chain from C
+    after a first call: the same bits as the chain launched from Python, on the stream its workspace belongs to;
+    another stream, or a batch larger than the workspace, takes the checked path and stays right."""
     rng = np.random.default_rng(5)
-    widths = [32, 512, 512, 16]
+    widths = [32, 768, 768, 16]
     w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(3)]
     mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
     assert mlp.segments is not None
@@ -202,10 +202,13 @@ def test_segmented_networks_take_the_fast_path_on_their_stream():
 
 
 def test_cuda_graph_capture_of_a_segmented_fast_call():
+    """A segmented call (its kernels after the first launched as dependents on sm_90) captured from the fast path on a
+    side stream replays with new inputs."""
     rng = np.random.default_rng(6)
-    widths = [32, 512, 16]
+    widths = [32, 768, 16]
     w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(2)]
     mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
+    assert mlp.segments is not None
     x = torch.randn(512, 32, device="cuda", dtype=torch.float16)
     out = torch.empty(512, 16, device="cuda", dtype=torch.float16)
     s = torch.cuda.Stream()
