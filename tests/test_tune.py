@@ -261,3 +261,26 @@ def test_tune_of_a_segmented_network_tunes_each_fused_stretch(monkeypatch, tmp_p
     chain = mlp._chains[("float32", "float32")]  # the chain's own stretch models hold the choices now
     assert [sub._tuned for _, sub, _, _ in chain.fused] == [{("float32", "float16", 1024): {"wgmma": 1}},
                                                             {("float16", "float32", 1024): {"wgmma": 1}}]
+
+
+def test_large_buckets_are_timed_on_at_most_tune_max_rows(monkeypatch, tmp_path):
+    """A first call of 2^26 rows times its candidates on TUNE_MAX_ROWS rows (Kernel.time stages the rows it times, per
+    candidate, on the host and the GPU), records the choice under its own bucket; smaller calls time their rows."""
+    timed = []
+
+    def tune_bucket(mlp, dtype, out_dtype, rows, reps=5, bucket_rows=None, sm_count=0):
+        timed.append((rows, bucket_rows))
+        return {"wgmma": 1, "warps": 8}, {"wg8": 1.0}
+
+    monkeypatch.setattr(_tune, "tune_bucket", tune_bucket)
+    monkeypatch.setattr(_tune, "_model_key", lambda *a: "c" * 64)
+    store = _tune.TuningStore(tmp_path)
+    info = {"sm_count": 132}
+
+    class Model:
+        widths = (64, 128, 64)
+
+    assert _tune.choose(Model, "float16", "float16", 2 ** 26, info, store) == {"wgmma": 1, "warps": 8}
+    assert _tune.choose(Model, "float16", "float16", 3000, info, store) == {"wgmma": 1, "warps": 8}
+    assert timed == [(_tune.TUNE_MAX_ROWS, 2 ** 26), (3000, 4096)]
+    assert set(store.load("c" * 64)) == {str(2 ** 26), "4096"}

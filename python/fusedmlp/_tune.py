@@ -56,6 +56,13 @@ CANDIDATES_MMA_FALLBACK = ({"warps": 8, "m_tiles": 1},)
 #: rows 43.0 / 59.3 / 108.5; at 16384 rows and more 2.1-6.2x the default's time.
 CANDIDATES_SPLIT = tuple({"wgmma": 1, "resident": 0, "warps": 4, "split": s} for s in (2, 4))
 SPLIT_ROWS_PER_SM = 32
+#: The most rows a candidate is timed on. Kernel.time stages the rows it times (random inputs drawn on the host,
+#: copied to the kernel's staging buffers, which it keeps), and every candidate is built before the first is timed: a
+#: first call of 2^26 rows of tcnn128 staged 8.6 GB of x per candidate, in host memory and on the GPU beside the
+#: caller's batch. From 2^18 rows on the tiles run in many waves and the choice settles: of the benchmark workloads'
+#: tunings at 2^18 and 2^21 rows on the H100 (bench/results/h100*/bench.json), every choice but one (flex, 1.5% apart
+#: at 2^18) was the same at both; none is measured above 2^21, where the larger buckets are now timed.
+TUNE_MAX_ROWS = 1 << 21
 
 
 def label(options):
@@ -248,7 +255,7 @@ def choose(mlp, dtype, out_dtype, rows, gpu_info, store, force=False):
     record = store.load(key)
     b = str(bucket(rows))
     if b not in record or force:
-        options, timings = tune_bucket(mlp, dtype, out_dtype, min(rows, int(b)), bucket_rows=int(b),
+        options, timings = tune_bucket(mlp, dtype, out_dtype, min(rows, int(b), TUNE_MAX_ROWS), bucket_rows=int(b),
                                        sm_count=gpu_info["sm_count"])
         if options is None:
             return None
