@@ -240,3 +240,20 @@ def test_list_shows_how_a_gpu_cuts_a_network_and_each_segments_kernel():
     # rows against 9.4 cut into a cluster kernel, a GEMM and a cluster kernel); the A100 keeps mma.sync's streamed one
     assert probe.segment_table(probe.workload("nerf"), probe.GPUS["h100"]) is None
     assert probe.segment_table(probe.workload("nerf"), probe.GPUS["a100"]) is None
+
+
+def test_list_shows_each_gemms_tile_and_form_per_batch_size():
+    """probe list --rows on a segmented workload: per batch size, each GEMM's tile, form and CTA count as the chain
+    picks them (_segments.gemm_tile over the tiles' plans): on the H100 the forms that won in probe gemm."""
+    rec = probe.segment_table(probe.workload("rec1024"), probe.GPUS["h100"], rows=(1024, 4096, 2 ** 21))
+    picks = {line.split(":")[0]: line.split(": ", 1)[1] for line in rec if " rows:" in line}
+    assert picks["layer 1 at 1024 rows"].startswith("wgmma GEMM 64x128 tiles") and "128 CTAs" in picks[
+        "layer 1 at 1024 rows"] and picks["layer 1 at 1024 rows"].count("producer") == 1
+    assert picks["layer 2 at 1024 rows"].startswith("wgmma GEMM 64x64 tiles")
+    assert picks["layer 2 at 4096 rows"].startswith("wgmma GEMM 128x128") and "consumers in turn" in picks[
+        "layer 2 at 4096 rows"]
+    assert picks["layer 1 at 4096 rows"].startswith("wgmma GEMM 128x256") and picks["layer 1 at 2097152 rows"].endswith(
+        "65536 CTAs")
+    assert len(picks) == 9 and len(rec) == 4 + 9
+    a100 = probe.segment_table(probe.workload("rec1024"), probe.GPUS["a100"], rows=(1024,))
+    assert all("producer" not in line for line in a100)  # mma.sync: the plain form at every tile

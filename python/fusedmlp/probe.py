@@ -140,9 +140,21 @@ def shape(info, kernel=None):
     return (text + f", {weights}, kpipe {info['kpipe']}, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
 
 
-def segment_table(wl, gpu, io="float16", dtype="float16"):
+def gemm_shape(info):
+    """A GEMM plan's tile and form in one line, from plan.info."""
+    text = (f"{'wgmma' if info['wgmma'] else 'mma.sync'} GEMM {info['bm']}x{info['bn']} tiles, {info['stages']} stages, "
+            f"{info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
+    if info["cluster"] > 1:
+        text += f", clusters of {info['cluster']} sharing B"
+    if info["ws"]:
+        text += ", a producer warpgroup" + (", consumers in turn" if info["ws"] == 2 else "")
+    return text
+
+
+def segment_table(wl, gpu, io="float16", dtype="float16", rows=()):
     """How a GPU cuts a workload into segments (None where it runs one fused kernel): a line per segment, its layers,
-    kernel and reason, then its plan's shape (a fused stretch's default plan, a GEMM's tile and stages)."""
+    kernel and reason, then its plan's shape (a fused stretch's default plan, a GEMM's tile and stages); per batch size
+    in rows, each GEMM's tile and form for a call of that size (_segments.gemm_tile, as the chain picks it)."""
     mlp = model(wl, device="cpu", dtype=dtype)
     target = (gpu["arch"], gpu["smem_per_block"], gpu["sm_count"], gpu["smem_per_sm"])
     cut = mlp._segments_for(*target, io, io)
@@ -152,16 +164,21 @@ def segment_table(wl, gpu, io="float16", dtype="float16"):
     for seg in cut:
         if seg.kind == "fused":
             info = _segments._stretch_plan(mlp, seg.first, seg.last, target, io, io).info
-            detail = shape(info)
-        else:
-            info = mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
-            detail = (f"{'wgmma' if info['wgmma'] else 'mma.sync'} GEMM {info['bm']}x{info['bn']} tiles, "
-                      f"{info['stages']} stages, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
-            if info["cluster"] > 1:
-                detail += f", clusters of {info['cluster']} sharing B"
-            if info["ws"]:
-                detail += ", a producer warpgroup" + (", consumers in turn" if info["ws"] == 2 else "")
-        lines.append(f"{seg.describe()}: {detail}")
+            lines.append(f"{seg.describe()}: {shape(info)}")
+            continue
+        dtypes = _segments.gemm_dtypes(mlp, seg.first, io, io)
+        info = mlp._gemm_plan(seg.first, *target, *dtypes).info
+        lines.append(f"{seg.describe()}: {gemm_shape(info)}")
+        default = (info["bm"], info["bn"])
+        smaller = [t for t in _segments.SMALL_TILES if t[0] <= default[0] and t[1] <= default[1] and t != default]
+        tiles = {t: mlp._gemm_plan(seg.first, *target, *dtypes, bm=t[0], bn=t[1]).info for t in smaller}
+        tiles[default] = info
+        specialised = [t for t, i in tiles.items() if i["ws"]]
+        n = mlp.widths[seg.first + 1]
+        for r in rows:
+            bm, bn = _segments.gemm_tile(r, n, default, gpu["sm_count"], specialised)
+            ctas = -(-r // bm) * -(-n // bn)
+            lines.append(f"layer {seg.first} at {r} rows: {gemm_shape(tiles[(bm, bn)])}, {ctas} CTAs")
     return lines
 
 
@@ -317,7 +334,8 @@ SKIPPED = (("dominated", "cannot win at this size"), ("unfit", "not taken by the
 def list_plans(args):
     """(no GPU) Each workload's plan for a GPU ahead of time: the default plan, each forced --plan, and per
     --rows the plan a call of that size gets with tuning off (FUSEDMLP_AUTOTUNE=0) and the candidates the tuner
-    compiles and times for it (less those that cannot win at that batch size, and those planned like an earlier one).
+    compiles and times for it (less those that cannot win at that batch size, and those planned like an earlier one);
+    for a network cut into segments, each segment's plan and per --rows each GEMM's tile and form.
 
         python -m fusedmlp.bench probe list [--gpu h100] [--io float32] [--plan wgmma=0] [--rows 1024] [workload ...]
     """
@@ -325,7 +343,7 @@ def list_plans(args):
     print(f"{gpu['name']} (sm_{gpu['arch']}, {gpu['sm_count']} SMs, {gpu['smem_per_block']} B shared memory per "
           f"block), {args.io} x and y, {args.dtype} compute", flush=True)
     for name in args.workloads:
-        segments = segment_table(workload(name), gpu, args.io, args.dtype)
+        segments = segment_table(workload(name), gpu, args.io, args.dtype, args.rows)
         for line in segments or ():
             print(f"{name:11s} {line}")
         if segments:
