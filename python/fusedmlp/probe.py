@@ -142,8 +142,8 @@ def shape(info, kernel=None):
 
 def gemm_shape(info):
     """A GEMM plan's tile and form in one line, from plan.info."""
-    text = (f"{'wgmma' if info['wgmma'] else 'mma.sync'} GEMM {info['bm']}x{info['bn']} tiles, {info['stages']} stages, "
-            f"{info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
+    text = (f"{'wgmma' if info['wgmma'] else 'mma.sync'} GEMM {info['bm']}x{info['bn']} tiles, "
+            f"{info['stages']} stages, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
     if info["cluster"] > 1:
         text += f", clusters of {info['cluster']} sharing B"
     if info["ws"]:
