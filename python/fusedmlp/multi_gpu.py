@@ -15,7 +15,7 @@ import io
 
 import numpy as np
 
-from . import _api, _out
+from . import _api, _args, _out
 from ._api import FusedMLP
 from .errors import ArgumentError, CudaError, LibraryNotFoundError
 
@@ -63,7 +63,7 @@ def _device_list(devices):
     if not isinstance(devices, (list, tuple)) or not devices:
         raise ArgumentError(f"devices={devices!r} must be None (every visible GPU), a device string or a non-empty "
                             "list of them, e.g. ['cuda:0', 'cuda:1']")
-    kinds = {_api._parse_device(d)[0] for d in devices}  # raises ArgumentError naming a bad one
+    kinds = {_args._parse_device(d)[0] for d in devices}  # raises ArgumentError naming a bad one
     if len(kinds) > 1 and kinds & {"cpu", "auto"}:
         raise ArgumentError(f"devices={list(devices)!r} mixes the CPU path with GPUs; the CPU path computes in "
                             "float64, so its rows would not match the GPUs' bits: list GPUs only, or 'cpu' alone",
@@ -121,7 +121,7 @@ class MultiDeviceMLP:
     def _setup(self, devices, min_rows_per_device, options, build):
         if "device" in options:
             raise ArgumentError("MultiDeviceMLP takes devices=[...] (a list), not device=")
-        if not _api._is_index(min_rows_per_device, 1, 1 << 62):
+        if not _args._is_index(min_rows_per_device, 1, 1 << 62):
             raise ArgumentError(f"min_rows_per_device={min_rows_per_device!r} must be a positive int")
         self.devices = _device_list(devices)
         self.min_rows_per_device = int(min_rows_per_device)

@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from . import _api, _tune
+from . import _api, _args, _tune
 from .errors import ArgumentError, DTypeError, LimitError, ShapeError
 from .multi_gpu import MultiDeviceMLP
 
@@ -136,7 +136,7 @@ def precompile(model, arch="sm_90", io_dtypes=("float32",), cache_dir=None, tuni
     """
     options = _split_options({k: v for k, v in kwargs.items() if k not in _COLUMN_OPTIONS})
     mlp = _api.FusedMLP.from_npz(_model_source(model), device="cpu", cache_dir=cache_dir, **options)
-    number, _ = _api._parse_arch(arch)
+    number, _ = _args._parse_arch(arch)
     if isinstance(io_dtypes, str):
         io_dtypes = (io_dtypes,)
     jobs, paths = [], []
@@ -295,7 +295,7 @@ class FusedMLPPredictor:
         else:
             raise ArgumentError(f"keep_columns={keep_columns!r} must be True (every column), False (outputs only) or "
                                 "a list of column names")
-        if not _api._is_index(warmup_rows, 0, 1 << 40):
+        if not _args._is_index(warmup_rows, 0, 1 << 40):
             raise ArgumentError(f"warmup_rows={warmup_rows!r} must be an int >= 0 (rows of the warm-up call)")
         if warmup_rows:
             self._mlp(np.random.default_rng(0).standard_normal((int(warmup_rows), n_in), dtype=np.float32))
