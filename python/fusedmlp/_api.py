@@ -71,7 +71,8 @@ def _template(name, folder=None):
 
     def expand(file):
         text = (root / file).read_text(encoding="utf-8")
-        return re.sub(r'^#include "([\w.]+)"$', lambda m: expand(m.group(1)), text, flags=re.M)
+        # (the included file's last newline is the #include line's own)
+        return re.sub(r'^#include "([\w.]+)"$', lambda m: expand(m.group(1)).removesuffix("\n"), text, flags=re.M)
 
     return expand(name)
 
