@@ -406,3 +406,18 @@ def test_every_kernel_template_waits_for_the_kernel_before_it():
                           "*)x + r0", "fm_ws_produce(", "fm_pp_produce(", "fm_mainloop"):
             if first_use in body:
                 assert wait < body.index(first_use), (name, first_use)
+
+
+def test_a_gemms_tile_plans_are_its_default_then_each_smaller_tile(rng):
+    """gemm_tile_plans: the plan info a chain reads its GEMM's tiles and their forms from (GemmLayer.specialised):
+    rec1024's 1024 x 1024 layer on the H100 at 128 x 256 (the default) and each smaller tile, every one
+    warp-specialised; tf32's mma.sync GEMM steps down from 128 x 128, in the plain form."""
+    widths = [256, 1024, 1024, 512, 256, 1]
+    ws, bs = graph_weights(rng, widths, {}, 1.0)
+    target = (90, 232448, 132, 233472)
+    for dtype, tiles, forms in (("float16", [(128, 256), (128, 128), (64, 128), (64, 64)], [1, 2, 1, 1]),
+                                ("tf32", [(128, 128), (64, 128), (64, 64)], [0, 0, 0])):
+        mlp = fusedmlp.FusedMLP(ws, bs, dtype=dtype, device="cpu")
+        plans = _segments.gemm_tile_plans(mlp, 1, target, _segments.gemm_dtypes(mlp, 1, "float16", "float16"))
+        assert list(plans) == tiles and [info["ws"] for info in plans.values()] == forms
+        assert all((info["bm"], info["bn"]) == tile for tile, info in plans.items())

@@ -521,6 +521,21 @@ def stretch_model(mlp, seg, in_dtype, out_dtype):
 SMALL_TILES = ((128, 128), (64, 128), (64, 64))
 
 
+def smaller_tiles(default):
+    """The SMALL_TILES a layer whose default GEMM tile is `default` may step down to, largest first."""
+    return [t for t in SMALL_TILES if t[0] <= default[0] and t[1] <= default[1] and t != default]
+
+
+def gemm_tile_plans(mlp, layer, target, dtypes):
+    """Layer `layer`'s GEMM plan info at its default tile and at each smaller one: {tile: info}, the default first;
+    gemm_tile's `specialised` are the tiles whose info has ws."""
+    info = mlp._gemm_plan(layer, *target, *dtypes).info
+    plans = {(info["bm"], info["bn"]): info}
+    for bm, bn in smaller_tiles((info["bm"], info["bn"])):
+        plans[(bm, bn)] = mlp._gemm_plan(layer, *target, *dtypes, bm=bm, bn=bn).info
+    return plans
+
+
 def gemm_tile(rows, n, default, sm_count, specialised=()):
     """The GEMM tile (bm, bn) for a call of `rows` rows of a layer of n outputs: the plan's default tile (bm, bn)
     where its tiles fill the GPU's SMs at least once, else the largest smaller tile that does, else the smallest. The
@@ -532,7 +547,7 @@ def gemm_tile(rows, n, default, sm_count, specialised=()):
     keeps its loads ahead of its MMAs, so fewer, larger tiles win sooner: on the H100 (bench/results/h100-gemm-small/)
     rec1024's 1024 x 1024 layer at 4096 rows took 16.9 us in the default tile's 128 CTAs, 24.2 in 128 x 128's 256; at
     1024 rows its 1024 -> 512 layer 8.1 us in 64 x 64's 128 CTAs with a producer warpgroup, 9.4 in 64 x 128's 64."""
-    tiles = [default] + [t for t in SMALL_TILES if t[0] <= default[0] and t[1] <= default[1] and t != default]
+    tiles = [default] + smaller_tiles(default)
     for bm, bn in tiles:
         need = -(-sm_count // 2) if (bm, bn) in specialised else sm_count
         if -(-rows // bm) * -(-n // bn) >= need:
@@ -601,12 +616,9 @@ def chain(mlp, in_dtype, out_dtype):
                 p0, p1, res = _gemm_operands(mlp, f)  # (a residual from x reads x itself, in its dtype)
                 p0, p1 = (X_PAD if padded and v == -1 else v for v in (p0, p1))
                 dtypes = gemm_dtypes(mlp, f, in_dtype, out_dtype)
-                plan = mlp._gemm_plan(f, *target, *dtypes).info
-                default = (plan["bm"], plan["bn"])
-                specialised = [default] if plan["ws"] else []
-                specialised += [t for t in SMALL_TILES if t[0] <= default[0] and t[1] <= default[1] and t != default
-                                and mlp._gemm_plan(f, *target, *dtypes, bm=t[0], bn=t[1]).info["ws"]]
-                gemm = GemmLayer(mlp, f, dtypes, default, built[f], target[2], specialised)
+                plans = gemm_tile_plans(mlp, f, target, dtypes)
+                specialised = [tile for tile, info in plans.items() if info["ws"]]
+                gemm = GemmLayer(mlp, f, dtypes, next(iter(plans)), built[f], target[2], specialised)
                 if f in built_norms:  # z = W h + b to its slot, then the rows through the norm and the rest
                     steps.append((gemm.kernel, p0, NORM_Z, p1, None))
                     steps.append((lambda rows, k=built_norms[f]: k, NORM_Z, f, None, res))

@@ -166,13 +166,9 @@ def segment_table(wl, gpu, io="float16", dtype="float16", rows=()):
             info = _segments._stretch_plan(mlp, seg.first, seg.last, target, io, io).info
             lines.append(f"{seg.describe()}: {shape(info)}")
             continue
-        dtypes = _segments.gemm_dtypes(mlp, seg.first, io, io)
-        info = mlp._gemm_plan(seg.first, *target, *dtypes).info
-        lines.append(f"{seg.describe()}: {gemm_shape(info)}")
-        default = (info["bm"], info["bn"])
-        smaller = [t for t in _segments.SMALL_TILES if t[0] <= default[0] and t[1] <= default[1] and t != default]
-        tiles = {t: mlp._gemm_plan(seg.first, *target, *dtypes, bm=t[0], bn=t[1]).info for t in smaller}
-        tiles[default] = info
+        tiles = _segments.gemm_tile_plans(mlp, seg.first, target, _segments.gemm_dtypes(mlp, seg.first, io, io))
+        default = next(iter(tiles))
+        lines.append(f"{seg.describe()}: {gemm_shape(tiles[default])}")
         specialised = [t for t, i in tiles.items() if i["ws"]]
         n = mlp.widths[seg.first + 1]
         for r in rows:
