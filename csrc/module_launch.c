@@ -272,7 +272,8 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
  * of it could read its input before the kernel writing it is done), and one CTA fits an SM. A kernel of several CTAs
  * an SM (a small batch's 64-row GEMM tiles, the row passes) launches plainly: launched while the kernel before it
  * ran, its CTAs were placed where that kernel's left room, not one an SM, and rec1024's chain at 1024 rows took 37.3
- * us against 29.2 (H100, bench/results/h100-gemm-small/pdl_steps_late.txt), where one-CTA kernels gained 1.6-4.4 us. */
+ * us against 29.2 (H100, bench/results/h100-gemm-small/pdl_steps_late.txt); with only one-CTA kernels dependent it
+ * took 28.5, and 44.4 against 46.4 at 4096 rows (pdl_steps_rule.txt). */
 static int Kernel_after(const KernelObject *self, int after) {
     return after && self->plan->plan.arch >= 90 && self->k.blocks_per_sm <= 1;
 }
