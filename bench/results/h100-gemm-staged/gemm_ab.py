@@ -35,7 +35,7 @@ for r in range(5):
             steps, wsbase, _ = chain.program(rows, stream)
             where = {-1: x.data_ptr(), -2: 0, -3: ys[i].data_ptr()}
             p = []
-            for k, *ops in steps:
+            for k, *ops, _ in steps:  # (the last: after, a dependent launch)
                 a, b, a1, rr = (where.get(c, wsbase + c) for c in ops)
                 p.append(timed(lambda: k.launch(a, b, rows, stream, a1, rr), 3))
             per[i].append(p)

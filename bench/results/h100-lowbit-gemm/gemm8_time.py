@@ -28,7 +28,7 @@ for name in sys.argv[1:]:
                 if hasattr(chain, "program"):
                     steps, base, _ = chain.program(rows, stream)
                     where = {-1: x.data_ptr(), -2: 0, -3: y.data_ptr()}
-                    for k, *ops in steps:
+                    for k, *ops, _ in steps:  # (the last: after, a dependent launch)
                         a, b, a1, r = (where.get(c, base + c) for c in ops)
                         per.append(round(timed(lambda: k.launch(a, b, rows, stream, a1, r)), 3))
                 print(f"{name:8s} {dtype:8s} {str(opts):28s} total {total:7.3f} ms  per kernel {per}", flush=True)
