@@ -428,9 +428,6 @@ typedef struct fm_gemm_opts {
     int a_row[2];  /* elements a row of input part 0 and 1 in memory (fm_plan.gemm_a_row); 0: the part's width */
 } fm_gemm_opts;
 
-/* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual
- * operand (a1, res: -1 where the layer has none), out the result's; opts (NULL: all auto) forces the tile. FM_ERR_LIMIT
- * where the arch or shared memory cannot. */
 /* Features of input part p (0, 1) of GEMM plan `plan`'s layer l: part 1 is a concat's second part (0 without one). */
 static inline int fm_gemm_part_width(const fm_plan *plan, int l, int p) {
     return p == 0 ? plan->k0_real[l] : plan->k_real[l] - plan->k0_real[l];
@@ -442,6 +439,9 @@ static inline int fm_gemm_part_row(const fm_plan *plan, int l, int p) {
     return plan->gemm_a_row[p] ? plan->gemm_a_row[p] : fm_gemm_part_width(plan, l, p);
 }
 
+/* The GEMM plan of spec layer l (see fm_plan.gemm): a0/a1/res are the global dtypes of its input parts and residual
+ * operand (a1, res: -1 where the layer has none), out the result's; opts (NULL: all auto) forces the tile. FM_ERR_LIMIT
+ * where the arch or shared memory cannot. */
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err);
 
