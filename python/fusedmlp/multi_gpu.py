@@ -227,7 +227,7 @@ class MultiDeviceMLP:
         shares = _shares(rows, self._parts(rows))
         y = torch.empty((rows, self.widths[-1]), device=x.device, dtype=x.dtype)
         main = torch.cuda.current_stream(x.device)
-        waits, local, backs = [], [], []
+        local, backs = [], []
         for mlp, (a, b) in zip(mlps, shares):
             kernel = mlp._kernel(kind, kind, rows)  # the kernel of the whole batch: a one-GPU call's bits
             if mlp._ordinal == x.device.index:
@@ -245,7 +245,6 @@ class MultiDeviceMLP:
                 ys = torch.empty((b - a, y.shape[1]), device=device, dtype=y.dtype)
                 kernel.launch(xs.data_ptr(), ys.data_ptr(), b - a, stream.cuda_stream)
             backs.append((device, stream, ys, a, b))
-            waits.append(stream)
         for kernel, a, b in local:
             kernel.launch(x[a:b].data_ptr(), y[a:b].data_ptr(), b - a, main.cuda_stream)
         # the copies back only now: each makes main wait for it (and so for its share's kernel), so main's own share,
@@ -254,7 +253,7 @@ class MultiDeviceMLP:
         for device, stream, ys, a, b in backs:
             with torch.cuda.device(device), torch.cuda.stream(stream):
                 y[a:b].copy_(ys, non_blocking=True)
-        for stream in waits:
+        for _, stream, *_ in backs:
             main.wait_stream(stream)
         return y
 
