@@ -10,7 +10,7 @@ import pytest
 
 from conftest import gpu_available
 
-from fusedmlp import _api, _tune, bench, probe
+from fusedmlp import _api, _segments, _tune, bench, bench_lowbit, probe
 
 #: Each subcommand, what its help says it needs, and arguments that pass parsing (for the no-GPU message).
 SUBCOMMANDS = {
@@ -21,6 +21,9 @@ SUBCOMMANDS = {
     "act": ("(GPU)", ["tcnn64", "relu", "gelu"]),
     "cold": ("(GPU, PyTorch)", ["siren256"]),
     "host": ("(GPU, PyTorch)", ["tcnn64"]),
+    "steps": ("(GPU, PyTorch)", ["--dtype", "int8", "--gemm", "bn=128", "--base", "build/ab_base", "--check",
+                                 "rec1024"]),
+    "gemm": ("(GPU)", ["--dtype", "float8", "wide512"]),
 }
 GPU_ONLY = [name for name in SUBCOMMANDS if name != "list"]
 
@@ -79,6 +82,34 @@ def test_plan_options_parse_and_unknown_or_malformed_ones_are_usage_errors(capsy
     assert status == 2 and "unknown plan option(s) warp in 'warp=4'" in err
     status, _, err = run_main(capsys, ["plans", "--plan", "warps", "tcnn64"])
     assert status == 2 and "'warps' is not plan options written as name=int" in err
+
+
+def test_steps_and_gemm_take_8_bit_compute_dtypes_and_steps_a_forced_gemm_baselines_and_check(capsys):
+    """The options behind the deleted one-off chain scripts (gemm_forms.py, gemm_ab.py, gemm8_time.py)."""
+    parse = probe._parser().parse_args
+    args = parse(["steps", "--dtype", "float8", "--gemm", "bn=128,ws=2", "--base", "a", "--base", "b", "--rounds",
+                  "3", "--check", "--rows", "2097152", "wide512"])
+    assert (args.dtype, args.gemm, args.base, args.rounds, args.check, args.rows) == \
+        ("float8", {"bn": 128, "ws": 2}, ["a", "b"], 3, True, [2097152])
+    args = parse(["steps"])
+    assert (args.dtype, args.gemm, args.base, args.rounds, args.check, args.rows) == ("float16", {}, [], 9, False, None)
+    assert parse(["gemm", "--dtype", "int8"]).dtype == "int8" and parse(["gemm"]).dtype == "float16"
+    assert probe.DTYPES == ("float16", "bfloat16", "tf32", "int8", "float8")
+    status, _, err = run_main(capsys, ["steps", "--gemm", "bk=64", "rec1024"])
+    assert status == 2 and "unknown GEMM option(s) bk in 'bk=64'; the GEMM takes bm, bn, stages, wgmma, cluster, ws" in err
+    status, _, err = run_main(capsys, ["steps", "--gemm", "bn", "rec1024"])
+    assert status == 2 and "'bn' is not GEMM options written as name=int[,name=int...], e.g. bn=128" in err
+    status, _, err = run_main(capsys, ["gemm", "--dtype", "int4", "rec1024"])
+    assert status == 2 and "argument --dtype: invalid choice: 'int4'" in err
+
+
+def test_alternate_calls_times_each_timer_once_a_round_in_turn_and_columns_show_ratios_to_the_first():
+    order = []
+    timers = [lambda i=i: order.append(i) or 10.0 * (i + 1) for i in range(3)]
+    assert probe.alternate_calls(timers, 2) == [[10.0, 10.0], [20.0, 20.0], [30.0, 30.0]]
+    assert order == [0, 1, 2, 0, 1, 2]
+    assert probe._columns([200.0, 150.0, 410.0]) == "    200.00    150.00    410.00 (0.750) (2.050)"
+    assert probe._columns([17091.0]) == "  17091.00"
 
 
 @pytest.mark.skipif(gpu_available(), reason="this machine has a GPU")
@@ -191,6 +222,90 @@ def test_list_prints_a_line_per_plan_and_per_candidate(capsys):
     assert lines[5].split()[:6] == ["tcnn64", "1024", "rows", "tuner", "tries", "wg4"]
     assert lines[6].endswith("tuner skips wg16, wg12, wg8 (cannot win at this size)")
     assert len(lines) == 7
+
+
+def test_an_8_bit_model_that_runs_kernels_is_calibrated_on_fixed_rows_as_the_benchmarks():
+    """probe.model calibrates an 8-bit model for a GPU (probe.calibrate), not one for planning ahead of time (device
+    'cpu': it takes no scales, and rec1024's calibration takes ~8 s of CPU)."""
+    wl = probe.workload("tcnn64")
+    assert probe.model(wl, device="cpu", dtype="int8").act_scales is None
+    int8, again, float8 = (probe.calibrate(probe.model(wl, device="cpu", dtype=d)) for d in ("int8", "int8", "float8"))
+    sample = np.random.default_rng(2).standard_normal((bench_lowbit.CALIBRATION_ROWS, 64)).astype(np.float16)
+    assert int8.act_scales[0] * 127 == pytest.approx(float(np.abs(sample).max()), rel=1e-6)  # x's largest value
+    assert np.array_equal(int8.act_scales, again.act_scales)
+    assert np.allclose(int8.act_scales * 127, float8.act_scales * 448, rtol=1e-6)  # the same values, other codes
+    assert 0 < int8.calibration_error < _api.CHECK_TOLERANCES["int8"]
+    half = probe.model(wl, device="cpu")
+    assert probe.calibrate(half) is half and half.act_scales is None and half.calibration_error is None
+
+
+def test_resolved_builds_what_a_call_launches_from_each_builds_templates():
+    """A chain builds a smaller tile's GEMM and a fused stretch's tuned kernel at its first call of a batch size:
+    resolved makes that happen within templates_from(the build's folder), so an A/B's baseline chain is all baseline."""
+    seen = []
+
+    def folder_now():
+        return getattr(_api._template, "keywords", {}).get("folder")
+
+    class LazyChain(_segments.Chain):
+        def __init__(self):  # (no model or GPU: program is all resolved calls)
+            pass
+
+        def program(self, rows, stream):
+            seen.append(("program", rows, stream, folder_now()))
+
+    class Model:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def _kernel(self, dtype, rows=None):
+            seen.append(("kernel", dtype, rows, folder_now()))
+            return self.kernel
+
+    chain, fused, own = LazyChain(), object(), _api._template
+    assert probe.resolved([(Model(chain), "build/ab_base"), (Model(fused), None)], 4096, 7) == [chain, fused]
+    assert seen == [("kernel", "float16", 4096, "build/ab_base"), ("program", 4096, 7, "build/ab_base"),
+                    ("kernel", "float16", 4096, None)]
+    assert _api._template is own
+
+
+def test_gemm_builds_each_gemm_layers_kernels_and_not_the_chain(monkeypatch, capsys):
+    """probe gemm on rec1024 planned for the H100 (the GEMM builds and their times faked: no GPU here): a kernel per
+    tile and form of each GEMM layer, the chain never built; * marks what the chain picks at the batch size (as probe
+    list shows), < the fastest."""
+    gpu, built, real_model = probe.GPUS["h100"], [], probe.model
+
+    class Kernel:
+        def __init__(self, layer, bm, bn, form):
+            self.key = (layer, bm, bn, tuple(sorted(form.items())))
+
+        def time(self, rows, launches):
+            return self.key[1] * self.key[2] * 1e-5  # ms: the smallest tile fastest
+
+    def model(wl, **options):
+        mlp = real_model(wl, device="cpu", **options)
+        mlp._target = lambda: (gpu["arch"], gpu["smem_per_block"], gpu["sm_count"], gpu["smem_per_sm"])
+        mlp._build_gemm = lambda layer, *dtypes, bm, bn, **form: built.append(Kernel(layer, bm, bn, form)) or built[-1]
+        return mlp
+
+    def no_chain(*a, **k):
+        raise AssertionError("probe gemm built the chain")
+
+    monkeypatch.setattr(probe, "model", model)
+    monkeypatch.setattr(probe, "require_gpu", lambda command: None)
+    monkeypatch.setattr(_segments, "chain", no_chain)
+    status, out, _ = run_main(capsys, ["gemm", "rec1024", "--rows", "1024", "--rounds", "1"])
+    lines = out.splitlines()
+    assert status == 0
+    assert [line.split(" (")[0] for line in lines[::2]] == [f"rec1024 layer {l}" for l in range(3)]
+    assert all("float16 compute, float16 I/O" in line for line in lines[::2])
+    cells = [line.split("rows: ")[1].split("; ") for line in lines[1::2]]
+    assert sorted({k.key[0] for k in built}) == [0, 1, 2] and sum(map(len, cells)) == len(built)
+    assert len({k.key for k in built}) == len(built)  # each tile and form built once
+    picks = [" ".join(cell.split()[:-1]) for layer in cells for cell in layer if "*" in cell]
+    assert picks == ["64x128 ws1*", "64x128 ws1*", "64x64 ws1*<"]  # probe list's picks at 1024 rows
+    fastest = [cell.split()[0] for layer in cells for cell in layer if "<" in cell]
+    assert fastest == ["64x64"] * 3
 
 
 # ------------------------------------------------------------------------------------------------ on a GPU

@@ -8,8 +8,9 @@
     act    (GPU) a workload's kernel with its hidden activation swapped: what the activation costs
     cold   (GPU, PyTorch) where a cold first call goes: the span of each of its NVRTC compiles
     host   (GPU, PyTorch) where a small call's host time goes: microseconds per call of __call__'s pieces
-    steps  (GPU, PyTorch) a segmented network's kernels timed one by one, against the whole chain's device time
-    gemm   (GPU) each GEMM layer of a segmented network in every tile and form, per batch size
+    steps  (GPU, PyTorch) a segmented network's kernels timed one by one, against the whole chain's device time;
+           --dtype (8-bit chains too), --gemm (a forced GEMM tile or form), --base (templates A/B, as ab), --check
+    gemm   (GPU) each GEMM layer of a segmented network in every tile and form, per batch size; --dtype
 
 Workloads are the benchmark's (fusedmlp.bench.WORKLOADS) and a few shapes outside it (EXTRA), with fixed random
 weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best of 5 launches on random rows; where
@@ -17,12 +18,13 @@ kernels are compared, they are timed in alternating rounds in one process and th
 Plan options (--plan) are those the tuner forces (PLAN_OPTIONS: wgmma, cluster, warps, m_tiles, n_chunk, resident,
 kpipe, k_chunk), wide_loop (-1: the streamed kernel's wide layers' column groups unrolled, not the default loop) and
 split (2, 4 or 8: the streamed kernel's wide layers split over clusters of that many CTAs, small batches), written
-``warps=4,m_tiles=1``.
+``warps=4,m_tiles=1``. An 8-bit network (--dtype int8 or float8) is calibrated on fixed random rows first.
 """
 
 import argparse
 import contextlib
 import functools
+import gc
 import logging
 import statistics
 import sys
@@ -31,7 +33,7 @@ import time
 
 import numpy as np
 
-from . import _api, _segments, _tune, bench
+from . import _api, _segments, _tune, bench, bench_lowbit
 from .errors import ArgumentError, LimitError
 
 __all__ = ["EXTRA", "GPUS", "main", "plan_table", "weights", "workload"]
@@ -65,6 +67,10 @@ GPUS = {
 }
 
 IO_DTYPES = ("float16", "float32", "bfloat16")
+#: Compute dtypes of the subcommands that take 8-bit ones too (a model that runs kernels comes calibrated: model).
+DTYPES = _api.PRECISIONS + _api.LOWBIT_PRECISIONS
+#: check's batch size: more than a wave of tiles, and a partial last one.
+CHECK_ROWS = 65536 + 37
 #: The plan's options (Network.plan's keywords past the GPU's limits and the dtypes), as the tuner forces them.
 PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe", "k_chunk", "wide_loop",
                 "split")
@@ -99,25 +105,44 @@ def weights(wl):
 
 
 def model(wl, device="cuda", **options):
-    """A FusedMLP of the workload with weights(wl); options (activation, dtype, cache_dir) override the workload's."""
+    """A FusedMLP of the workload with weights(wl); options (activation, dtype, cache_dir) override the workload's.
+    An 8-bit one that runs kernels (device not 'cpu') comes calibrated (calibrate); planning ahead of time takes none
+    of its scales, and calibrating rec1024 takes ~8 s of CPU."""
     import fusedmlp
 
     ws, bs = weights(wl)
-    return fusedmlp.FusedMLP(ws, bs, device=device, **dict(bench.fused_options(wl), **options))
+    mlp = fusedmlp.FusedMLP(ws, bs, device=device, **dict(bench.fused_options(wl), **options))
+    return mlp if device == "cpu" else calibrate(mlp)
 
 
-def parse_plan(text):
-    """'warps=4,m_tiles=1' -> {'warps': 4, 'm_tiles': 1} (an argparse type: a malformed item is a usage error)."""
+def calibrate(mlp):
+    """An 8-bit model calibrated as the benchmark's (bench_lowbit.models: CALIBRATION_ROWS standard normal rows
+    rounded to float16), fixed rows (seed 2) so that runs compare; any other model as it is. Returns mlp."""
+    if mlp._precision not in _api.LOWBIT:
+        return mlp
+    rng = np.random.default_rng(2)
+    sample = rng.standard_normal((bench_lowbit.CALIBRATION_ROWS, mlp.widths[0])).astype(np.float16)
+    return mlp.calibrate(sample.astype(np.float32))
+
+
+def parse_plan(text, known=PLAN_OPTIONS, what="plan", example="warps=4,m_tiles=1"):
+    """'warps=4,m_tiles=1' -> {'warps': 4, 'm_tiles': 1} (an argparse type: a malformed item is a usage error);
+    known: the option names taken, what: whose options they are (parse_gemm: the GEMM's)."""
     try:
         options = {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not plan options written as name=int[,name=int...], "
-                                         "e.g. warps=4,m_tiles=1") from None
-    unknown = [k for k in options if k not in PLAN_OPTIONS]
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what} options written as name=int[,name=int...], "
+                                         f"e.g. {example}") from None
+    unknown = [k for k in options if k not in known]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown plan option(s) {', '.join(unknown)} in {text!r}; the plan takes "
-                                         f"{', '.join(PLAN_OPTIONS)}")
+        raise argparse.ArgumentTypeError(f"unknown {what} option(s) {', '.join(unknown)} in {text!r}; the {what} "
+                                         f"takes {', '.join(known)}")
     return options
+
+
+#: `probe steps --gemm`: forced on every GEMM of a chain (FusedMLP._gemm_options, Network.gemm_plan's keywords).
+GEMM_OPTIONS = ("bm", "bn", "stages", "wgmma", "cluster", "ws")
+parse_gemm = functools.partial(parse_plan, known=GEMM_OPTIONS, what="GEMM", example="bn=128")
 
 
 def plan_text(options):
@@ -191,17 +216,26 @@ def alternate(kernels, rows, rounds, launches=5):
     Returns:
         one list of times (ms, each the best of `launches`) per kernel.
     """
-    times = [[] for _ in kernels]
+    return alternate_calls([functools.partial(kernel.time, rows, launches) for kernel in kernels], rounds)
+
+
+def alternate_calls(timers, rounds):
+    """alternate for any timers: each timer() (one time) called once per round, round after round.
+
+    Returns:
+        one list of times per timer.
+    """
+    times = [[] for _ in timers]
     for _ in range(rounds):
-        for kernel_times, kernel in zip(times, kernels):
-            kernel_times.append(kernel.time(rows, launches))
+        for timer_times, timer in zip(times, timers):
+            timer_times.append(timer())
     return times
 
 
-def check(name, mlp, kernels, labels, dtype=np.float16, rows=65536 + 37):
+def check(name, mlp, kernels, labels, dtype=np.float16, rows=CHECK_ROWS):
     """Prints whether each kernel's outputs on the same random rows (poisoned first) are the first kernel's bit for
     bit, and their relative L2 error against mlp's CPU reference (a change that only reorders work must leave the
-    bits as they were). rows: more than a wave of tiles, and a partial last one.
+    bits as they were).
 
     Args:
         dtype: x's and y's dtype.
@@ -583,75 +617,125 @@ def host_time(args):
     return 0
 
 
-def _graph_us(torch, body, replays=20, reps=9):
-    """Median over reps of the device microseconds per replay of body() captured `replays` times in one CUDA graph."""
-    stream = torch.cuda.Stream()
+def _graph_timer(torch, body, stream, replays=20):
+    """body() captured `replays` times in one CUDA graph on stream, after a first run there (first launches): a timer
+    that replays the graph once and returns the device microseconds per body() (the body's own time plus the gap
+    between two dependent launches: launches never starve the GPU)."""
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        body()  # warm: first launches, workspaces
-    torch.cuda.current_stream().wait_stream(stream)
+        body()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for _ in range(replays):
             body()
     graph.replay()
     torch.cuda.synchronize()
-    start, end, times = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
-    for _ in range(reps):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timer():
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays)
-    return statistics.median(times)
+        return start.elapsed_time(end) * 1e3 / replays
+
+    return timer
+
+
+def resolved(builds, rows, stream=0):
+    """What a float16 call of `rows` rows launches on `stream`, for each (model, template folder or None) of builds:
+    its loaded kernel, or its Chain with every kernel the call launches built now. Within templates_from(folder): a
+    chain builds a smaller tile's GEMM and a fused stretch's tuned kernel at its first call of a batch size, which
+    would otherwise render from the package's templates (stream: where the call will run; a chain keeps a workspace
+    per stream, Chain.run's is 0)."""
+    kernels = []
+    for mlp, folder in builds:
+        with templates_from(folder):
+            kernel = mlp._kernel("float16", rows=rows)
+            if isinstance(kernel, _segments.Chain):
+                kernel.program(rows, stream)
+            kernels.append(kernel)
+    return kernels
+
+
+def _step_timers(torch, kernel, x, y, rows, stream):
+    """_graph_timer of each kernel a Chain launches for `rows` rows, alone (a plain launch, not a dependent one), then
+    of the whole call on x and y; of a fused kernel the call alone."""
+    s = stream.cuda_stream
+    timers = []
+    if isinstance(kernel, _segments.Chain):
+        steps, base, _ = kernel.program(rows, s)
+        where = {-1: x.data_ptr(), -2: 0, -3: y.data_ptr()}
+        for step, *codes, _ in steps:
+            a, b, a1, r = (where.get(c, base + c) for c in codes)
+            timers.append(_graph_timer(torch, functools.partial(step.launch, a, b, rows, s, a1, r), stream))
+    return timers + [_graph_timer(torch, lambda: kernel.launch(x.data_ptr(), y.data_ptr(), rows, s), stream)]
+
+
+def _columns(values):
+    """Microseconds a build, then each build's ratio to the first's."""
+    return "".join(f"{v:10.2f}" for v in values) + "".join(f" ({v / values[0]:.3f})" for v in values[1:])
 
 
 def chain_steps(args):
     """(GPU, PyTorch) Where a segmented network's device time goes at a batch size: each kernel of its chain alone
     (replayed back to back in a CUDA graph, so launches never starve the GPU: its own time plus the gap between two
-    dependent kernels), their sum, and the whole chain in a CUDA graph. The chain's time less the sum is what the
-    boundaries between kernels add beyond each kernel's own gap; FUSEDMLP_PDL=0 turns programmatic dependent launch
-    off for an A/B in two processes.
+    dependent kernels), their sum, and the whole chain in a CUDA graph; medians of --rounds alternating rounds. The
+    chain's time less the sum is what the boundaries between kernels add beyond each kernel's own gap; FUSEDMLP_PDL=0
+    (dependent launch off) or FUSEDMLP_GEMM_WS (a GEMM form) in the environment, for an A/B in two processes.
+    --dtype: the compute dtype (an 8-bit one calibrated: model). --gemm: options forced on every GEMM of the chain,
+    that tile at every batch size (bn=128: 128-column tiles; ws=2: the consumers in turn). --base: an A/B of a
+    kernel-template change, as ab's: the chain built from each baseline folder (A, B, ...) and from the working tree's
+    templates (the last letter), same plans, timed in the same rounds, each time with its ratio to A's. --check first
+    compares the builds' outputs (bit for bit with A's; the relative error against the CPU reference, for an 8-bit
+    network its emulation).
 
-        python -m fusedmlp.bench probe steps [workloads] [--rows 1024]
+        python -m fusedmlp.bench probe steps [workloads] [--rows 1024] [--dtype float8] [--gemm bn=128]
+            [--base build/ab_base] [--rounds 9] [--check]
     """
     require_gpu("steps")
     torch = bench._import_torch()
+    folders = args.base + [None]
+    letters = [chr(ord("A") + i) for i in range(len(folders))]
+    legend = "; " + ", ".join(f"{letter}: {folder or 'the working tree'}" for letter, folder in zip(letters, folders))
+    legend = legend if args.base else ""
+    stream = torch.cuda.Stream()  # every warm-up and capture: a chain keeps a workspace per stream (rec1024 at 2^21
+    # rows: 8.6 GB)
     for name in args.workloads:
         wl = workload(name)
-        mlp = model(wl)
+        builds = [(model(wl, dtype=args.dtype), folder) for folder in folders]
+        for mlp, _ in builds:
+            mlp._gemm_options = dict(args.gemm)
+        if args.check:
+            check(name, builds[0][0], resolved(builds, CHECK_ROWS), letters)
         for rows in args.rows or [1024]:
             x = torch.randn(rows, wl.widths[0], device="cuda", dtype=torch.float16)
             y = torch.empty((rows, wl.widths[-1]), device="cuda", dtype=torch.float16)
-            mlp(x, out=y)
-            torch.cuda.synchronize()
-            chain = mlp._kernel("float16", rows=rows)
-            if not isinstance(chain, _segments.Chain):
-                print(f"{name} at {rows} rows: one fused kernel, {_graph_us(torch, lambda: mlp(x, out=y)):.1f} us "
-                      "a call in a CUDA graph", flush=True)
+            kernels = resolved(builds, rows, stream.cuda_stream)
+            timers = [_step_timers(torch, kernel, x, y, rows, stream) for kernel in kernels]
+            times = iter(alternate_calls([t for build in timers for t in build], args.rounds))
+            us = [[statistics.median(next(times)) for _ in build] for build in timers]  # per build: steps, chain
+            what = f"{name} {args.dtype}{f' GEMMs {plan_text(args.gemm)}' if args.gemm else ''} at {rows} rows"
+            if not isinstance(kernels[0], _segments.Chain):
+                print(f"{what}: one fused kernel, device us a launch in a CUDA graph{legend}:"
+                      f"{_columns([u[0] for u in us])}", flush=True)
                 continue
-            stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731 (the capture's stream)
-            kernels = []
-            n_steps = len(chain.program(rows, torch.cuda.current_stream().cuda_stream)[0])
+            chain, n_steps = kernels[0], len(us[0]) - 1
             labels = ([seg.describe() for seg in chain.segments] if n_steps == len(chain.segments) else
                       [f"step {i} (of {n_steps}: the segments' kernels and their pad or norm passes)"
                        for i in range(n_steps)])
+            print(f"{what} ({n_steps} kernels; device us, CUDA graph replays, median of {args.rounds} rounds"
+                  f"{legend}):", flush=True)
             for i, label in enumerate(labels):
-                def one(i=i):
-                    steps, base, _ = chain.program(rows, stream())
-                    kernel, *codes, _ = steps[i]  # (alone: a plain launch)
-                    where = {-1: x.data_ptr(), -2: 0, -3: y.data_ptr()}
-                    a, b, a1, r = (where.get(c, base + c) for c in codes)
-                    kernel.launch(a, b, rows, stream(), a1, r)
-                kernels.append((label, _graph_us(torch, one)))
-            whole = _graph_us(torch, lambda: chain.launch(x.data_ptr(), y.data_ptr(), rows, stream()))
-            total = sum(us for _, us in kernels)
-            print(f"{name} at {rows} rows ({len(kernels)} kernels; device us, CUDA graph replays):", flush=True)
-            for label, us in kernels:
-                print(f"  {us:8.2f}  {label}")
-            print(f"  {total:8.2f}  sum of the kernels alone\n  {whole:8.2f}  the chain ({whole - total:+.2f} against "
-                  "the sum)", flush=True)
+                print(f"  {_columns([u[i] for u in us])}  {label}")
+            sums, wholes = [sum(u[:-1]) for u in us], [u[-1] for u in us]
+            print(f"  {_columns(sums)}  sum of the kernels alone\n  {_columns(wholes)}  the chain ("
+                  + ", ".join(f"{w - s:+.2f}" for w, s in zip(wholes, sums)) + " against the sum)", flush=True)
+        # a chain and its model refer to each other: only the cyclic GC frees their workspaces before the next
+        # workload's (bench/results/h100-gemm-pingpong/README.md: sdf512 ran out of memory after rec1024 at 2^21 rows)
+        del builds, kernels, timers
+        gc.collect()
     return 0
 
 
@@ -664,15 +748,15 @@ def gemm_forms(args):
     """(GPU) Each GEMM layer of a segmented network timed in every tile (_segments.SMALL_TILES and the plan's
     default) and form (the plan's auto form, the plain one, clusters of 2 sharing B, a producer warpgroup, consumers
     in turn), per batch size, in alternating rounds (Kernel.time: the best of 5 launches a round, the median over
-    rounds). What _segments.gemm_tile picks is marked with *, the fastest with <.
+    rounds). What _segments.gemm_tile picks is marked with *, the fastest with <. Only the GEMMs are built, not the
+    chain around them. --dtype: the compute dtype (an 8-bit one calibrated: model).
 
-        python -m fusedmlp.bench probe gemm [workloads] [--rows 1024] [--rows 16384]
+        python -m fusedmlp.bench probe gemm [workloads] [--rows 1024] [--rows 16384] [--dtype float8]
     """
     require_gpu("gemm")
+    io = args.io
     for name in args.workloads:
-        mlp = model(workload(name))
-        io = args.io
-        mlp(np.zeros((1, mlp.widths[0]), dtype=np.float16 if io == "float16" else np.float32))  # builds the chain
+        mlp = model(workload(name), dtype=args.dtype)
         target = mlp._target()
         segments = mlp._segments_for(*target, io, io)
         if segments is None:
@@ -702,8 +786,8 @@ def gemm_forms(args):
                     labels.append((bm, bn, f"{bm}x{bn}{what}", not form))
                     if not form and info["ws"]:
                         specialised.append((bm, bn))
-            print(f"{name} layer {layer} ({mlp.widths[layer]} -> {mlp.widths[layer + 1]}), {io} I/O; "
-                  "kernel us, median of rounds:", flush=True)
+            print(f"{name} layer {layer} ({mlp.widths[layer]} -> {mlp.widths[layer + 1]}), {args.dtype} compute, {io} "
+                  "I/O; kernel us, median of rounds:", flush=True)
             for rows in args.rows or [1024, 16384]:
                 times = alternate(kernels, rows, args.rounds)
                 med = [statistics.median(t) * 1e3 for t in times]
@@ -781,12 +865,19 @@ def _parser():
     p = command("steps", chain_steps, "(GPU, PyTorch) a segmented network's kernels timed one by one")
     p.add_argument("workloads", nargs="*", help=known)
     p.add_argument("--rows", type=int, action="append", help=f"{rows_help} (default 1024)")
+    p.add_argument("--dtype", choices=DTYPES, default="float16", help="the compute dtype (default float16)")
+    p.add_argument("--gemm", type=parse_gemm, default={}, help="GEMM options forced on every GEMM, e.g. bn=128")
+    p.add_argument("--base", action="append", default=[],
+                   help="a folder of baseline template files to time against the working tree's; repeat")
+    p.add_argument("--rounds", type=int, default=9, help="alternating rounds (default 9)")
+    p.add_argument("--check", action="store_true", help="first compare the builds' outputs")
 
     p = command("gemm", gemm_forms, "(GPU) each GEMM layer of a segmented network in every tile and form")
     p.add_argument("workloads", nargs="*", help=known)
     p.add_argument("--rows", type=int, action="append", help=f"{rows_help} (default 1024 and 16384)")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     p.add_argument("--io", choices=("float16", "float32"), default="float16", help="x's and y's dtype")
+    p.add_argument("--dtype", choices=DTYPES, default="float16", help="the compute dtype (default float16)")
     return ap
 
 
