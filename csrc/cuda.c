@@ -109,6 +109,10 @@ typedef struct fm_cuda_api {
     CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream);
     CUresult (*cuStreamSynchronize)(CUstream stream);
+    CUresult (*cuStreamCreate)(CUstream *stream, unsigned int flags);
+    CUresult (*cuStreamDestroy)(CUstream stream);
+    CUresult (*cuMemAllocHost)(void **p, size_t bytes);
+    CUresult (*cuMemFreeHost)(void *p);
     CUresult (*cuEventCreate)(void **event, unsigned int flags);
     CUresult (*cuEventRecord)(void *event, CUstream stream);
     CUresult (*cuEventSynchronize)(void *event);
@@ -212,6 +216,10 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     FM_RESOLVE(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     FM_RESOLVE(cuMemsetD8Async, "cuMemsetD8Async");
     FM_RESOLVE(cuStreamSynchronize, "cuStreamSynchronize");
+    FM_RESOLVE(cuStreamCreate, "cuStreamCreate");
+    FM_RESOLVE(cuStreamDestroy, "cuStreamDestroy_v2");
+    FM_RESOLVE(cuMemAllocHost, "cuMemAllocHost_v2");
+    FM_RESOLVE(cuMemFreeHost, "cuMemFreeHost");
     FM_RESOLVE(cuEventCreate, "cuEventCreate");
     FM_RESOLVE(cuEventRecord, "cuEventRecord");
     FM_RESOLVE(cuEventSynchronize, "cuEventSynchronize");
@@ -600,4 +608,39 @@ fm_status fm_stream_sync(fm_stream stream, fm_error *err) {
     CU_CHECK(cuStreamSynchronize, ((CUstream)stream));
 cleanup:
     return st;
+}
+
+/* A stream ordered after the legacy default stream's work (flags 0, not CU_STREAM_NON_BLOCKING): the weights' upload
+ * on that stream comes before any kernel on it. */
+fm_status fm_stream_create(fm_stream *stream, fm_error *err) {
+    CUstream s = NULL;
+    fm_status st = fm_cuda_load(err);
+    *stream = NULL;
+    if (st != FM_OK)
+        return st;
+    CU_CHECK(cuStreamCreate, (&s, 0));
+    *stream = (fm_stream)s;
+cleanup:
+    return st;
+}
+
+void fm_stream_destroy(fm_stream stream) {
+    if (stream != NULL && cu_is_ready())
+        g_api.cuStreamDestroy((CUstream)stream);
+}
+
+/* Page-locked host memory in the current context, which the copy engines read and write at the bus's rate. */
+fm_status fm_host_alloc(void **p, size_t bytes, fm_error *err) {
+    fm_status st = fm_cuda_load(err);
+    *p = NULL;
+    if (st != FM_OK)
+        return st;
+    CU_CHECK(cuMemAllocHost, (p, bytes));
+cleanup:
+    return st;
+}
+
+void fm_host_free(void *p) {
+    if (p != NULL && cu_is_ready())
+        g_api.cuMemFreeHost(p);
 }

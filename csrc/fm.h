@@ -566,6 +566,10 @@ fm_status fm_memcpy_htod(fm_devptr dst, const void *src, size_t bytes, fm_stream
 fm_status fm_memcpy_dtoh(void *dst, fm_devptr src, size_t bytes, fm_stream stream, fm_error *err);
 fm_status fm_memset_d8(fm_devptr dst, unsigned char value, size_t bytes, fm_stream stream, fm_error *err);
 fm_status fm_stream_sync(fm_stream stream, fm_error *err);
+fm_status fm_stream_create(fm_stream *stream, fm_error *err);
+void fm_stream_destroy(fm_stream stream);
+fm_status fm_host_alloc(void **p, size_t bytes, fm_error *err);
+void fm_host_free(void *p);
 /* The launch floor: host microseconds per launch of `name` (an empty kernel taking the fused kernels' arguments) from
  * `cubin`, one CTA of 32 threads, `calls` back to back (*async_us: no wait between them) and each followed by a
  * synchronize (*sync_us): what no call into the driver can beat (issue 25's benchmark). */
@@ -587,5 +591,39 @@ fm_status fm_ref_forward(const fm_spec *spec, const float *const *w, const float
 fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const float *const *b, const float *x,
                             int64_t rows, int64_t x_row, int64_t x_col, float *y, int quant, double *amax,
                             fm_error *err);
+
+/* ------------------------------------------------------------------------------------------------ host_pipe.c */
+
+/* A large host-array call in pieces: worker threads copy each piece of x into page-locked staging, the copy engines
+ * move it to the device, the kernel runs, and the piece's outputs come back the same way, every stage of one piece
+ * under the others' (docs/performance.md, "Large host batches"). */
+enum {
+    FM_PIPE_WORKERS = 8,           /* threads at most: 8 filled the H200 machine's copies (39 GB/s, 16 threads 43) */
+    FM_PIPE_SLOTS = 2,             /* pieces in flight a worker: one copied on the host while one is on the device */
+    FM_PIPE_SLOT_BYTES = 8 << 20,  /* a piece's x and y together, page-locked and on the device */
+};
+typedef struct {
+    fm_stream stream; /* the piece's copies and launches, in order */
+    void *host;       /* FM_PIPE_SLOT_BYTES page-locked: x's piece, then y's */
+    fm_devptr dev;    /* FM_PIPE_SLOT_BYTES on the device, the same split */
+} fm_pipe_slot;
+/* A device's staging, made on first use and kept (256 MB at most, half of it page-locked); one run at a time. */
+typedef struct fm_pipe {
+    fm_pipe_slot slot[FM_PIPE_WORKERS][FM_PIPE_SLOTS];
+} fm_pipe;
+
+/* Launches the kernel (or kernels) on rows rows of x into y, both device pointers, on stream. */
+typedef fm_status (*fm_pipe_launch)(void *ctx, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
+                                    fm_error *err);
+
+/* The bytes of x and y at which fm_pipe_run pays: below it one copy each way is as fast. */
+size_t fm_pipe_min_bytes(void);
+/* y = launch(x) for rows rows (rows of x_row and y_row bytes; 1 <= x_row + y_row <= FM_PIPE_SLOT_BYTES / 2), in
+ * pieces through pipe's staging; poison fills each piece's device output with 0xFF before its launch. Returns once
+ * every piece's outputs are in y; the first failure stops the rest. Called with the GPU's context usable. */
+fm_status fm_pipe_run(fm_pipe *pipe, const fm_gpu *gpu, const void *x, void *y, int64_t rows, size_t x_row,
+                      size_t y_row, int poison, fm_pipe_launch launch, void *ctx, fm_error *err);
+/* Frees the staging (the GPU's context must still exist). */
+void fm_pipe_free(fm_pipe *pipe);
 
 #endif /* FM_H */

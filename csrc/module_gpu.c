@@ -26,6 +26,10 @@ static int Gpu_init(GpuObject *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "Gpu is already initialised");
         return -1;
     }
+    if (self->pipe_lock == NULL && (self->pipe_lock = PyThread_allocate_lock()) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     fm_error err = {0};
     fm_status st;
     Py_BEGIN_ALLOW_THREADS st = fm_cuda_load(&err);
@@ -40,8 +44,15 @@ static int Gpu_init(GpuObject *self, PyObject *args, PyObject *kwds) {
 }
 
 static void Gpu_dealloc(GpuObject *self) {
-    if (self->open)
+    if (self->open) {
+        fm_error err = {0};
+        fm_gpu_activate(&self->gpu, &err); /* teardown: failures (driver already shut down) are ignored */
+        fm_error_clear(&err);
+        fm_pipe_free(&self->pipe);
         fm_gpu_close(&self->gpu);
+    }
+    if (self->pipe_lock != NULL)
+        PyThread_free_lock(self->pipe_lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

@@ -34,6 +34,8 @@
 typedef struct {
     PyObject_HEAD fm_gpu gpu;
     int open;
+    fm_pipe pipe;                 /* staging for large host-array calls (host_pipe.c), made on first use */
+    PyThread_type_lock pipe_lock; /* one such call at a time on the device; taken after a kernel's own lock */
 } GpuObject;
 
 typedef struct {

@@ -178,8 +178,35 @@ static fm_status Kernel_stage(KernelObject *self, const void *x, int64_t rows, s
     return st;
 }
 
-static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, int64_t rows, int poison,
+/* One piece of a pipelined run (fm_pipe_launch): the fused kernel on rows rows at device x into y. */
+static fm_status Kernel_pipe_launch(void *ctx, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
+                                    fm_error *err) {
+    KernelObject *self = ctx;
+    long long n = (long long)rows;
+    void *params[] = {&x, &y, &self->w, &self->b, &n, &x, &x};
+    return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, 0, err);
+}
+
+/* x's rows through the kernel into y: one copy each way through this kernel's staging, or, where pipeline says so
+ * (-1: x and y of fm_pipe_min_bytes or more), in pieces through the device's page-locked staging (host_pipe.c).
+ * Called with the kernel lock held and the GIL released. */
+static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, int64_t rows, int poison, int pipeline,
                                    fm_error *err) {
+    const fm_plan *p = &self->plan->plan;
+    const size_t x_row = (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
+    const size_t y_row = (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
+    if (pipeline < 0)
+        pipeline = (size_t)rows * (x_row + y_row) >= fm_pipe_min_bytes();
+    if (pipeline) {
+        fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
+        if (st != FM_OK)
+            return st;
+        PyThread_acquire_lock(self->gpu->pipe_lock, WAIT_LOCK);
+        st = fm_pipe_run(&self->gpu->pipe, &self->gpu->gpu, x, y, rows, x_row, y_row, poison, Kernel_pipe_launch,
+                         self, err);
+        PyThread_release_lock(self->gpu->pipe_lock);
+        return st;
+    }
     size_t y_bytes = 0;
     fm_status st = Kernel_stage(self, x, rows, &y_bytes, err);
     if (st == FM_OK && poison) /* 0xFF.. is NaN in float16 and float32: an unwritten element cannot pass */
@@ -214,13 +241,14 @@ static int Kernel_out_ok(PyObject *out, int out_type, const npy_intp dims[2]) {
     return 1;
 }
 
-/* run(x, poison=False, out=None) -> y: x a C-contiguous array of the plan's input dtype with >= 1 row; y written
- * into out where given (Kernel_out_ok), so a caller's array takes the device's copy with no array in between. */
+/* run(x, poison=False, out=None, pipeline=-1) -> y: x a C-contiguous array of the plan's input dtype with >= 1 row;
+ * y written into out where given (Kernel_out_ok), so a caller's array takes the device's copy with no array in
+ * between; pipeline: 1 in pieces, 0 in one copy each way, -1 by size (Kernel_run_locked). */
 static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"x", "poison", "out", NULL};
+    static char *kwlist[] = {"x", "poison", "out", "pipeline", NULL};
     PyObject *xobj, *outobj = Py_None;
-    int poison = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|pO", kwlist, &xobj, &poison, &outobj))
+    int poison = 0, pipeline = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|pOi", kwlist, &xobj, &poison, &outobj, &pipeline))
         return NULL;
     const fm_plan *p = &self->plan->plan;
     if (p->gemm) { /* its operands come from its network's other values: python/fusedmlp/_segments.py's Chain */
@@ -257,7 +285,7 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
     fm_error err = {0};
     fm_status st;
     Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
-    st = Kernel_run_locked(self, PyArray_DATA(x), PyArray_DATA(y), dims[0], poison, &err);
+    st = Kernel_run_locked(self, PyArray_DATA(x), PyArray_DATA(y), dims[0], poison, pipeline, &err);
     PyThread_release_lock(self->lock);
     Py_END_ALLOW_THREADS Py_DECREF(x);
     if (st != FM_OK) {
@@ -407,7 +435,8 @@ static PyObject *Kernel_get_info(KernelObject *self, void *closure) {
 
 static PyMethodDef Kernel_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Kernel_run, METH_VARARGS | METH_KEYWORDS,
-     "run(x, poison=False, out=None) -> y: copy x in, launch, copy y out (synchronous); into out where given."},
+     "run(x, poison=False, out=None, pipeline=-1) -> y: copy x in, launch, copy y out (synchronous); into out where "
+     "given; pipeline 1/0/-1: in pieces through page-locked staging / one copy each way / by size."},
     {"launch", (PyCFunction)Kernel_launch, METH_VARARGS,
      "launch(x_ptr, y_ptr, rows, stream=0, x1_ptr=0, res_ptr=0): asynchronous."},
     {"time", (PyCFunction)Kernel_time, METH_VARARGS, "time(rows, reps=5) -> ms per launch on random rows (best)."},

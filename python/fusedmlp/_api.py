@@ -742,13 +742,13 @@ class FusedMLP:
         if bf16:  # the kernel reads and writes the bits; NumPy itself has no bfloat16
             xin = np.ascontiguousarray(arr).view(np.uint16)
             y = self._kernel("bfloat16", rows=rows).run(
-                xin, out=None if out is None else out.view(np.uint16)).view(arr.dtype)
+                xin, out=None if out is None else out.view(np.uint16), pipeline=_env.host_pipeline()).view(arr.dtype)
             if self._check:
                 self._verify(arr.astype(np.float32), y.astype(np.float32))
             return y
         dtype = "float16" if arr.dtype == np.float16 else "float32"
         xin = np.require(arr, dtype, ["C", "A"])
-        y = self._kernel(dtype, rows=rows).run(xin, out=out)
+        y = self._kernel(dtype, rows=rows).run(xin, out=out, pipeline=_env.host_pipeline())
         if self._check:
             self._verify(arr, y)  # y in the kernel's dtype: _verify compares in float64, as after the cast
         return y

@@ -12,6 +12,8 @@ test can change ``os.environ`` and see the effect without reloading anything.
                             (default: the plan's choice); for A/B timing of the two forms
 ``FUSEDMLP_PDL``            ``0``/``off`` launches a segmented network's kernels plainly, each after the one before has
                             finished (default on: programmatic dependent launch on sm_90+); for A/B timing
+``FUSEDMLP_HOST_PIPE``      ``1``/``-1`` moves a GPU call's host arrays always / never in pipelined pieces (default by
+                            size: from 16 MiB); for A/B timing
 ==========================  ==================================================================================
 """
 
@@ -163,16 +165,16 @@ def gemm_cluster():
     return _gemm_form("FUSEDMLP_GEMM_CLUSTER", {"1": 1, "2": 2}, "1 (one CTA a tile), 2 (CTA pairs) or auto")
 
 
-def _gemm_form(name, words, hint):
+def _gemm_form(name, words, hint, what="a GEMM form"):
     """The value `words` maps environment variable `name`'s (trimmed, lowercase) word to; 0 where it is unset, empty,
-    ``0`` or ``auto``; else ValueError naming the variable, the value and `hint`."""
+    ``0`` or ``auto``; else ValueError naming the variable, the value, `what` it should be and `hint`."""
     raw = os.environ.get(name)
     word = "" if raw is None else raw.strip().lower()
     if word in ("", "0", "auto"):
         return 0
     if word in words:
         return words[word]
-    raise ValueError(f"{name}={raw!r} is not a GEMM form; use {hint}")
+    raise ValueError(f"{name}={raw!r} is not {what}; use {hint}")
 
 
 def gemm_ws():
@@ -205,6 +207,23 @@ def gemm_pad():
     """
     return _gemm_form("FUSEDMLP_GEMM_PAD", {"1": 1, "on": 1, "-1": -1, "off": -1},
                       "1 (x's padded copy wherever x is not read as it is), -1 (never) or auto")
+
+
+def host_pipeline():
+    """Tells how a GPU call on host (NumPy) arrays moves them: in pieces through page-locked staging, each piece's
+    copies and kernel under the others' (csrc/host_pipe.c), or as one copy each way.
+
+    Returns:
+        ``1`` (always in pieces) or ``0`` (always one copy each way) as ``FUSEDMLP_HOST_PIPE`` says (``1``/``on``,
+        ``-1``/``off``); ``-1`` (by size: in pieces from 16 MiB of x and y) if it is unset, empty, ``0`` or ``auto``.
+        For A/B timing and tests.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    form = _gemm_form("FUSEDMLP_HOST_PIPE", {"1": 1, "on": 1, "-1": -1, "off": -1},
+                      "1 (in pieces), -1 (one copy each way) or auto", what="a host copy form")
+    return {0: -1, 1: 1, -1: 0}[form]
 
 
 def cpu_threads():

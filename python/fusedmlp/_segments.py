@@ -263,9 +263,10 @@ class Chain:
                  for i, (kernel, *values) in enumerate(self._steps)]
         return steps, buf.ptr, cap
 
-    def run(self, x, poison=False, out=None):
+    def run(self, x, poison=False, out=None, pipeline=-1):
         """The outputs of a C-contiguous host array x (rows >= 1) of the chain's input dtype, synchronously; written
-        into out (a C-contiguous array of the output dtype and shape) where given."""
+        into out (a C-contiguous array of the output dtype and shape) where given. pipeline is Kernel.run's: a chain
+        copies x in and y out once each way whatever it says (its pieces would each need a workspace of their own)."""
         import numpy as np
 
         rows = x.shape[0]

@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 
-from . import bench_host, bench_lowbit
+from . import bench_arrays, bench_host, bench_lowbit
 from .bench_report import PEERS, format_table, plot, rows_label, summarize, write_outputs  # noqa: F401
 
 __all__ = ["WORKLOADS", "Workload", "main", "floor_ms", "flops", "io_bytes", "format_table", "plot", "device_slug"]
@@ -704,6 +704,8 @@ def _parse_args(argv):
     ap.add_argument("--reps", type=int, help="timed groups per method (default 100, --quick 20)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-host", action="store_true", help="skip the host section (small calls' host time)")
+    ap.add_argument("--arrays", nargs="+", type=parse_rows, metavar="ROWS",
+                    help="add the host-array section (float32 NumPy calls) at these batch sizes, e.g. 2^20 2^24")
     ap.add_argument("--dtype", nargs="+", default=["float16"], choices=("float16",) + bench_lowbit.LOWBIT,
                     help="compute dtypes to time: float16 always, int8 and float8 beside it (the low-bit section)")
     ap.add_argument("--budget-s", type=float, default=420.0,
@@ -934,7 +936,7 @@ def main(argv=None):
             failed |= workload_failed
             if model is not None:
                 models[wname] = model
-            if mlp is not None and not args.no_host:
+            if mlp is not None and (not args.no_host or args.arrays):
                 # the host section times small calls: the 2^21-row workspaces of the chains go (a chain and its
                 # FusedMLP refer to each other, so gc.collect below frees them, and the low-bit models' too)
                 mlp._chains.clear()
@@ -945,6 +947,9 @@ def main(argv=None):
         save(with_plot=True)
         if not args.no_host:
             bench_host.run(torch, report, fused, os.path.join(cache_root, "launch-floor"), not args.no_compile, _say)
+            save()
+        if args.arrays:
+            bench_arrays.run(torch, report, fused, args.arrays, _say)
             save()
         if args.no_compile:
             for r in report["results"]:

@@ -9,7 +9,7 @@ import math
 import os
 import pathlib
 
-from . import bench_host, bench_lowbit
+from . import bench_arrays, bench_host, bench_lowbit
 
 #: The PyTorch methods a fused result is compared with (x peer: the best of them).
 PEERS = ("torch_eager", "torch_graph", "torch_compile")
@@ -126,6 +126,8 @@ def format_table(report):
                  "the JSON)")
     lines.extend(f"error: {f}" for f in failures)
     sections = [bench_lowbit.format_section(report), bench_host.format_section(report.get("host"))]
+    if report.get("arrays"):
+        sections.append(bench_arrays.format_section(report["arrays"]))
     return "\n".join(lines + [section for section in sections if section])
 
 
