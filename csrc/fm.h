@@ -612,12 +612,16 @@ typedef struct fm_pipe {
     fm_pipe_slot slot[FM_PIPE_WORKERS][FM_PIPE_SLOTS];
 } fm_pipe;
 
-/* Launches the kernel (or kernels) on rows rows of x into y, both device pointers, on stream. */
-typedef fm_status (*fm_pipe_launch)(void *ctx, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
+/* Launches the kernel (or kernels) on rows rows of x into y, both device pointers, on stream; slot (0 to
+ * FM_PIPE_WORKERS * FM_PIPE_SLOTS - 1) names the staging slot, whose pieces run one after another, so a chain's
+ * workspace for slot s is used by one piece at a time. */
+typedef fm_status (*fm_pipe_launch)(void *ctx, int slot, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
                                     fm_error *err);
 
 /* The bytes of x and y at which fm_pipe_run pays: below it one copy each way is as fast. */
 size_t fm_pipe_min_bytes(void);
+/* Rows a piece holds at most (x_row + y_row bytes a row; 1 to FM_PIPE_SLOT_BYTES / 2). */
+int64_t fm_pipe_piece_rows(size_t x_row, size_t y_row);
 /* y = launch(x) for rows rows (rows of x_row and y_row bytes; 1 <= x_row + y_row <= FM_PIPE_SLOT_BYTES / 2), in
  * pieces through pipe's staging; poison fills each piece's device output with 0xFF before its launch. Returns once
  * every piece's outputs are in y; the first failure stops the rest. Called with the GPU's context usable. */

@@ -27,6 +27,11 @@
 /* x and y together below this go as one copy each way: two slots' worth, where a piece's copies could overlap. */
 size_t fm_pipe_min_bytes(void) { return 2 * (size_t)FM_PIPE_SLOT_BYTES; }
 
+/* y's part starts 256 bytes past x's in a slot (device pointers stay 256-byte aligned, as cuMemAlloc's are). */
+int64_t fm_pipe_piece_rows(size_t x_row, size_t y_row) {
+    return (int64_t)((FM_PIPE_SLOT_BYTES - 256) / (x_row + y_row));
+}
+
 typedef struct {
     fm_pipe *pipe;
     const fm_gpu *gpu;
@@ -77,7 +82,8 @@ static fm_status pipe_issue(pipe_job *j, fm_pipe_slot *s, int64_t piece) {
     if (st == FM_OK && j->poison) /* 0xFF.. is NaN in float16 and float32: an unwritten element cannot pass */
         st = fm_memset_d8(s->dev + j->y_offset, 0xFF, y_bytes, s->stream, &j->err);
     if (st == FM_OK)
-        st = j->launch(j->ctx, s->dev, s->dev + j->y_offset, (int64_t)n, s->stream, &j->err);
+        st = j->launch(j->ctx, (int)(s - j->pipe->slot[0]), s->dev, s->dev + j->y_offset, (int64_t)n, s->stream,
+                       &j->err);
     if (st == FM_OK)
         st = fm_memcpy_dtoh((char *)s->host + j->y_offset, s->dev + j->y_offset, y_bytes, s->stream, &j->err);
     return st;
@@ -136,8 +142,7 @@ fm_status fm_pipe_run(fm_pipe *pipe, const fm_gpu *gpu, const void *x, void *y, 
     if (rows < 1 || x_row + y_row == 0 || x_row + y_row > FM_PIPE_SLOT_BYTES / 2)
         return fm_fail(err, FM_ERR_VALUE, "fm_pipe_run: rows %lld of %zu + %zu bytes: needs rows >= 1 and 1 to %d "
                        "bytes a row", (long long)rows, x_row, y_row, FM_PIPE_SLOT_BYTES / 2);
-    /* y's part starts 256 bytes past x's (device pointers stay 256-byte aligned, as cuMemAlloc's are) */
-    const int64_t piece_rows = (int64_t)((FM_PIPE_SLOT_BYTES - 256) / (x_row + y_row));
+    const int64_t piece_rows = fm_pipe_piece_rows(x_row, y_row);
     const size_t y_offset = ((size_t)piece_rows * x_row + 255) / 256 * 256;
     const int64_t pieces = (rows + piece_rows - 1) / piece_rows;
     int workers = pipe_cpus();

@@ -14,6 +14,10 @@ static PyMethodDef module_methods[] = {
     {"nvrtc_compile", py_nvrtc_compile, METH_VARARGS,
      "nvrtc_compile(source, name, arch, arch_a, options: tuple) -> (cubin, log)."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, "cuda_device_count() -> int (raises without a driver)."},
+    {"pipe_layout", py_pipe_layout, METH_VARARGS,
+     "pipe_layout(x_row_bytes, y_row_bytes) -> (piece rows, staging slots) of a pipelined host-array call."},
+    {"pipe_chain", py_pipe_chain, METH_VARARGS,
+     "pipe_chain(gpu, x, y, steps, base, stride, poison): a segmented network on host arrays in pieces."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -33,7 +37,8 @@ static int module_exec(PyObject *m) {
     }
     return PyModule_AddIntConstant(m, "MAX_FUSED_WIDTH", FM_MAX_FUSED_WIDTH) < 0 ||
                    PyModule_AddIntConstant(m, "MAX_ONCHIP_WIDTH", FM_MAX_ONCHIP_WIDTH) < 0 ||
-                   PyModule_AddIntConstant(m, "MAX_LAYERS", FM_MAX_LAYERS) < 0
+                   PyModule_AddIntConstant(m, "MAX_LAYERS", FM_MAX_LAYERS) < 0 ||
+                   PyModule_AddIntConstant(m, "PIPE_MIN_BYTES", (long)fm_pipe_min_bytes()) < 0
                ? -1
                : 0;
 }

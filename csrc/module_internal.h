@@ -75,6 +75,8 @@ PyObject *py_expr_functions(PyObject *self, PyObject *noargs);
 PyObject *py_nvrtc_load(PyObject *self, PyObject *arg);
 PyObject *py_nvrtc_compile(PyObject *self, PyObject *args);
 PyObject *py_cuda_device_count(PyObject *self, PyObject *noargs);
+PyObject *py_pipe_layout(PyObject *self, PyObject *args);
+PyObject *py_pipe_chain(PyObject *self, PyObject *args);
 
 /* ------------------------------------------------------------------------------------------------ methods */
 

@@ -179,9 +179,10 @@ static fm_status Kernel_stage(KernelObject *self, const void *x, int64_t rows, s
 }
 
 /* One piece of a pipelined run (fm_pipe_launch): the fused kernel on rows rows at device x into y. */
-static fm_status Kernel_pipe_launch(void *ctx, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
+static fm_status Kernel_pipe_launch(void *ctx, int slot, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
                                     fm_error *err) {
     KernelObject *self = ctx;
+    (void)slot;
     long long n = (long long)rows;
     void *params[] = {&x, &y, &self->w, &self->b, &n, &x, &x};
     return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, 0, err);

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import fusedmlp
-from conftest import reference, rel_l2, torch_init
+from conftest import graph_weights, reference, rel_l2, torch_init
+from test_gpu import graph_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -95,3 +96,24 @@ def test_two_models_at_once(rng):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("concat", [None, {2: "before"}])
+def test_a_segmented_network_in_pieces(rng, monkeypatch, dtype, concat):
+    """A chain (768-wide layers run as GEMMs: a workspace per staging slot), with the input concatenated past the
+    first cut or not: pieces give one copy's bits, every row written (poisoned first), near the float64 forward."""
+    widths = [40, 768, 256, 768, 12]
+    ws, bs = graph_weights(rng, widths, concat or {}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, "gelu", concat=concat, device="cuda")
+    rows = piece_rows(40, 12, np.dtype(dtype).itemsize) * 5 + 19
+    x = rng.standard_normal((rows, 40)).astype(dtype)
+    monkeypatch.setenv("FUSEDMLP_HOST_PIPE", "1")
+    y_pieces = mlp(x)
+    assert mlp.segments is not None
+    chain = mlp._kernel("float16" if dtype == np.float16 else "float32", rows=rows)
+    assert np.array_equal(chain.run(x, poison=True, pipeline=1).view(np.uint8), y_pieces.view(np.uint8))
+    monkeypatch.setenv("FUSEDMLP_HOST_PIPE", "-1")
+    y_one = mlp(x)
+    assert np.array_equal(y_pieces.view(np.uint8), y_one.view(np.uint8))
+    assert rel_l2(y_pieces, graph_reference(x, ws, bs, mlp)) < 1e-2

@@ -192,6 +192,7 @@ class Chain:
         self._programs = {}  # (rows, stream) -> program(rows, stream), for launch(); cleared as the workspace grows
         self._keep = []  # outgrown workspaces: a captured graph may still use them
         self._host = None  # (rows, x Buffer, y Buffer) for run()
+        self._pieces = None  # (piece rows, Buffer, its stride a staging slot, slot offsets) for run() in pieces
         self._lock = threading.Lock()  # growing the workspaces
         self._run_lock = threading.Lock()  # one run() at a time: its staging buffers are shared, as _core.Kernel's
         # one launch sequence at a time: two threads on one stream would otherwise interleave their segments on it,
@@ -211,16 +212,21 @@ class Chain:
             ws = self._workspaces.get(stream)
             if ws is None or ws[0] < rows:
                 cap = max(rows, 2 * ws[0]) if ws is not None else rows
-                offsets, total = [], 0
-                for row_bytes in self._slot_row_bytes:
-                    offsets.append(total)
-                    total += -(-cap * row_bytes // _ALIGN) * _ALIGN
-                buf = self._mlp._device_buffer(max(total, _ALIGN))
+                offsets, total = self._layout(cap)
+                buf = self._mlp._device_buffer(total)
                 if ws is not None:
                     self._keep.append(ws[1])
                 ws = self._workspaces[stream] = (cap, buf, offsets)
                 self._programs.clear()
         return ws
+
+    def _layout(self, rows):
+        """A workspace of `rows` rows: each slot's byte offset, and the bytes in all (a multiple of _ALIGN, >= 1)."""
+        offsets, total = [], 0
+        for row_bytes in self._slot_row_bytes:
+            offsets.append(total)
+            total += -(-rows * row_bytes // _ALIGN) * _ALIGN
+        return offsets, max(total, _ALIGN)
 
     def _operand(self, v, offsets):
         """Value v's place in a call: -1 the input x, -3 the output y, -2 none, else its byte offset in the
@@ -265,8 +271,8 @@ class Chain:
 
     def run(self, x, poison=False, out=None, pipeline=-1):
         """The outputs of a C-contiguous host array x (rows >= 1) of the chain's input dtype, synchronously; written
-        into out (a C-contiguous array of the output dtype and shape) where given. pipeline is Kernel.run's: a chain
-        copies x in and y out once each way whatever it says (its pieces would each need a workspace of their own)."""
+        into out (a C-contiguous array of the output dtype and shape) where given. pipeline as Kernel.run's: 1 in
+        pieces through the device's page-locked staging (_core.pipe_chain), 0 one copy each way, -1 by size."""
         import numpy as np
 
         rows = x.shape[0]
@@ -275,6 +281,13 @@ class Chain:
         if out is not None and (out.dtype != out_np or out.shape != (rows, n_out) or not out.flags.c_contiguous):
             raise ValueError(f"out must be a C-contiguous ({rows}, {n_out}) array of {np.dtype(out_np)}")
         y = np.empty((rows, n_out), dtype=out_np) if out is None else out
+        from . import _core as core, _gpu
+
+        if pipeline < 0:
+            pipeline = x.nbytes + y.nbytes >= core.PIPE_MIN_BYTES
+        if pipeline:
+            self._run_pieces(core, _gpu.gpu(self._mlp._ordinal), x, y, poison)
+            return y
         with self._run_lock:
             if self._host is None or self._host[0] < rows:
                 self._host = (rows, self._mlp._device_buffer(max(x.nbytes, 16)),
@@ -286,6 +299,21 @@ class Chain:
             self.launch(xb.ptr, yb.ptr, rows, 0)
             yb.read(y)
         return y
+
+    def _run_pieces(self, core, gpu, x, y, poison):
+        """run() in pieces: the kernels of x's whole batch (their bits), each staging slot with a workspace of a
+        piece's rows of its own, made on first use and kept (rec1024 at 16K rows a piece: 16 x 92 MB, against 12 GB
+        for one workspace of 2^21 rows)."""
+        piece_rows, slots = core.pipe_layout(x.strides[0], y.strides[0])
+        with self._run_lock:
+            if self._pieces is None or self._pieces[0] != piece_rows:
+                offsets, stride = self._layout(piece_rows)
+                self._pieces = (piece_rows, self._mlp._device_buffer(stride * slots), stride, offsets)
+            _, buf, stride, offsets = self._pieces
+            rows = x.shape[0]
+            steps = [(kernel(rows), *(self._operand(v, offsets) for v in values), self._after and i > 0)
+                     for i, (kernel, *values) in enumerate(self._steps)]
+            core.pipe_chain(gpu, x, y, steps, buf.ptr, stride, bool(poison))
 
     def time(self, rows, reps=5):
         raise LimitError("a segmented network is not tuned as one kernel; its fused segments are tuned on their own")
