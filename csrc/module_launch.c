@@ -404,6 +404,13 @@ static fm_status Kernel_time_locked(KernelObject *self, int64_t rows, int reps, 
             *best_ms = ms;
     }
     free(host);
+    /* The staging goes: the tuner times up to 2^21 rows (_tune.TUNE_MAX_ROWS; a GEMM's input buffer is float32 of its
+     * widest operand, 8 GB at 1024 features), and the winner kept them for the life of the model while its large
+     * calls run through the device's pieces (host_pipe.c). A later small run() makes them again. */
+    fm_mem_free(self->x_buf);
+    fm_mem_free(self->y_buf);
+    self->x_buf = self->y_buf = 0;
+    self->x_cap = self->y_cap = 0;
     return st;
 }
 

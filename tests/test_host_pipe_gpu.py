@@ -117,3 +117,15 @@ def test_a_segmented_network_in_pieces(rng, monkeypatch, dtype, concat):
     y_one = mlp(x)
     assert np.array_equal(y_pieces.view(np.uint8), y_one.view(np.uint8))
     assert rel_l2(y_pieces, graph_reference(x, ws, bs, mlp)) < 1e-2
+
+
+def test_timing_drops_its_staging_and_a_small_call_makes_it_again(rng):
+    """Kernel.time frees the rows it staged (up to the tuner's 2^21); the small calls after it stage theirs afresh
+    and give the bits of before."""
+    mlp, ws, bs = model(rng, (32, 64, 64, 16))
+    kernel = mlp._kernel("float32", rows=4096)
+    x = rng.standard_normal((4096, 32)).astype(np.float32)
+    before = kernel.run(x, pipeline=0)
+    assert kernel.time(1 << 16, 2) > 0
+    assert np.array_equal(kernel.run(x, poison=True, pipeline=0), before)
+    assert np.array_equal(kernel.run(x[:100], pipeline=0), before[:100])

@@ -57,7 +57,7 @@ CANDIDATES_MMA_FALLBACK = ({"warps": 8, "m_tiles": 1},)
 CANDIDATES_SPLIT = tuple({"wgmma": 1, "resident": 0, "warps": 4, "split": s} for s in (2, 4))
 SPLIT_ROWS_PER_SM = 32
 #: The most rows a candidate is timed on. Kernel.time stages the rows it times (random inputs drawn on the host,
-#: copied to the kernel's staging buffers, which it keeps), and every candidate is built before the first is timed: a
+#: copied to the kernel's staging buffers, freed once it is timed), and every candidate is built first: a
 #: first call of 2^26 rows of tcnn128 staged 8.6 GB of x per candidate, in host memory and on the GPU beside the
 #: caller's batch. From 2^18 rows on the tiles run in many waves and the choice settles: of the benchmark workloads'
 #: tunings at 2^18 and 2^21 rows on the H100 (bench/results/h100*/bench.json), every choice but one (flex, 1.5% apart
