@@ -264,6 +264,7 @@ typedef struct fm_plan_opts {
                          (fm_plan.wide_loop): 0 auto (looped), -1 off (unrolled), 1 on (a limit where none is wide) */
     int split;        /* the streamed warpgroup kernel's wide layers split over clusters of this many CTAs
                          (fm_plan.split; 0: none, 2, 4 or 8); the tuner tries 2 and 4 for small batches */
+    int norm_half;    /* fm_plan.norm_half where it applies: 0 auto (on), -1 off (for A/B timing) */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -388,6 +389,11 @@ typedef struct fm_plan {
      * (Layer<L>::CENTRED). Every 16- and 32-bit plan's layernorm layers; 8-bit plans keep the mean (their codes and
      * the CPU emulation's are of the weights as given). */
     int centred[FM_MAX_LAYERS];
+    /* 1: a norm layer whose activation is silu or sigmoid in its fast form (fm_plan_result_type != 0) takes
+     * h = x / 2 (both are functions of tanh(x / 2)): fm_plan_pack_norms stores gamma / 2 and beta / 2, and the layer's
+     * act is fm_silu_h / fm_sigmoid_h, so the norm's scale and shift yield h and the FMUL by 1/2 per element goes.
+     * Halving is exact in float32, so the bits are those of the unhalved form. Fused 16-bit plans only. */
+    int norm_half[FM_MAX_LAYERS];
     /* 8-bit plans (fm_prec_is_8bit(prec)): the weight blob holds codes (fm_quant8 of W / w_scale), the float blob
      * per layer also n_pad dequantisation factors act_scale[l] * w_scale[l][n] at dq_offset[l] (after the bias and a
      * norm's gamma and beta): the accumulators times these, plus the bias, are W h + b. act_scale[l] is the spec's

@@ -28,15 +28,16 @@ static PlanObject *Plan_new(NetworkObject *self, int arch, Py_ssize_t smem, int 
 PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
                              "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", "kpipe",
-                             "k_chunk", "wide_loop", "split", NULL};
+                             "k_chunk", "wide_loop", "split", "norm_half", NULL};
     int arch, sm_count = 0;
     Py_ssize_t smem = 0, smem_sm = 0;
     const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
-    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0};
+    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiiiiii", kwlist, &arch, &smem, &sm_count, &in_s, &out_s,
-                                     &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm, &prec_s,
-                                     &opts.wgmma, &opts.cluster, &opts.kpipe, &opts.k_chunk, &opts.wide_loop, &opts.split))
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiiiiiii", kwlist, &arch, &smem, &sm_count, &in_s,
+                                     &out_s, &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm,
+                                     &prec_s, &opts.wgmma, &opts.cluster, &opts.kpipe, &opts.k_chunk, &opts.wide_loop,
+                                     &opts.split, &opts.norm_half))
         return NULL;
     fm_dtype in_d, out_d;
     fm_prec prec;
@@ -109,6 +110,16 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
         p->rows_per_cta, "resident", p->resident, "stream_slots", p->stream_slots, "buffers", p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes",
         (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
         fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
+    int halved = 0; /* norm layers whose act takes x / 2 (fm_plan.norm_half) */
+    for (int l = 0; l < p->num_layers; ++l)
+        halved += p->norm_half[l] != 0;
+    PyObject *nh = info != NULL ? PyLong_FromLong(halved) : NULL;
+    if (info != NULL && (nh == NULL || PyDict_SetItemString(info, "norm_half", nh) < 0)) {
+        Py_XDECREF(nh);
+        Py_DECREF(info);
+        return NULL;
+    }
+    Py_XDECREF(nh);
     if (info != NULL && p->stream_slots) { /* the streamed form's layers wider than 256 (fm_plan.wide_out, k_chunk) */
         /* tuples: the tuner hashes plan.info's items to tell plans apart */
         Py_ssize_t nwide = 0;
@@ -154,28 +165,44 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
 }
 
 /* The weight blob Plan.load uploads (fm_plan_pack), for tests that read its layout back on the host. */
-static PyObject *Plan_packed_weights(PlanObject *self, PyObject *unused) {
-    (void)unused;
+/* The blobs load() puts on the device, in the plan's layout: the weights (floats = 0) or the float blob (biases, a
+ * norm layer's gamma and beta, an 8-bit plan's dequantisation factors; floats = 1). */
+static PyObject *Plan_packed(PlanObject *self, int floats) {
     const fm_plan *p = &self->plan;
-    const size_t bytes = p->w_elems * (size_t)p->elem_bytes;
+    const size_t bytes = p->w_elems * (size_t)p->elem_bytes, n_floats = p->b_floats ? p->b_floats : 4;
     void *wh = malloc(bytes ? bytes : 1);
-    float *bf = malloc((p->b_floats ? p->b_floats : 4) * sizeof *bf);
+    float *bf = calloc(n_floats, sizeof *bf);
     PyObject *res = NULL;
     if (wh == NULL || bf == NULL)
         PyErr_NoMemory();
     else {
         fm_plan_pack(p, (const float *const *)self->net->w, (const float *const *)self->net->b, wh, bf);
-        res = PyBytes_FromStringAndSize((const char *)wh, (Py_ssize_t)bytes);
+        if (floats)
+            fm_plan_pack_norms(p, &self->net->spec, bf);
+        res = floats ? PyBytes_FromStringAndSize((const char *)bf, (Py_ssize_t)(p->b_floats * sizeof *bf))
+                     : PyBytes_FromStringAndSize((const char *)wh, (Py_ssize_t)bytes);
     }
     free(wh);
     free(bf);
     return res;
 }
 
+static PyObject *Plan_packed_weights(PlanObject *self, PyObject *unused) {
+    (void)unused;
+    return Plan_packed(self, 0);
+}
+
+static PyObject *Plan_packed_floats(PlanObject *self, PyObject *unused) {
+    (void)unused;
+    return Plan_packed(self, 1);
+}
+
 static PyMethodDef Plan_methods[] = {
     {"render", (PyCFunction)Plan_render, METH_VARARGS, "render(prelude, template, kernel_name) -> CUDA source"},
     {"packed_weights", (PyCFunction)Plan_packed_weights, METH_NOARGS,
      "packed_weights() -> bytes: the weight blob load() puts on the device, in the plan's layout"},
+    {"packed_floats", (PyCFunction)Plan_packed_floats, METH_NOARGS,
+     "packed_floats() -> bytes: the float32 blob load() puts on the device (biases, norms' gamma and beta, ...)"},
     {"load", (PyCFunction)Plan_load, METH_VARARGS, "load(gpu, cubin, kernel_name) -> Kernel"},
     {NULL, NULL, 0, NULL},
 };

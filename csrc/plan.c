@@ -537,9 +537,18 @@ static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
  * where the plan is the streamed warpgroup kernel of a network with a layer wider than 256 in or out (its wide form:
  * fm_plan.wide_out, k_chunk; the kernel loops over such a layer's column groups, fm_plan.wide_loop); wide_loop=1 on
  * any other plan is a limit naming it. */
+/* fm_plan.norm_half for every layer of a fused plan. */
+static void fm_plan_norm_halves(const fm_spec *spec, fm_plan *plan) {
+    for (int l = 0; l < plan->num_layers; ++l) {
+        const char *act = spec->norm[l] != FM_NORM_NONE ? fm_expr_unary(spec->act[l]) : NULL;
+        plan->norm_half[l] = act != NULL && !fm_prec_is_8bit(plan->prec) && fm_plan_result_type(plan, l) != 0 &&
+                             (strcmp(act, "silu") == 0 || strcmp(act, "sigmoid") == 0);
+    }
+}
+
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
-    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0};
+    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0};
     if (opts == NULL)
         opts = &none;
     if (opts->wide_loop < -1 || opts->wide_loop > 1) {
@@ -553,8 +562,11 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
                        "CTAs, or 0 (none, the default)", opts->split);
     }
     fm_status st = fm_plan_form(spec, target, opts, prec, in_dtype, out_dtype, plan, err);
-    if (st == FM_OK)
+    if (st == FM_OK) {
         fm_plan_codes_in_place(spec, plan);
+        if (opts->norm_half >= 0)
+            fm_plan_norm_halves(spec, plan);
+    }
     if (st == FM_OK && opts->split > 1 && opts->wide_loop < 0)
         return fm_fail(err, FM_ERR_LIMIT, "split=%d was asked for with wide_loop=-1: a split layer's column groups "
                        "run as a loop (fused_mlp_sm90.cu, fm_wide_layer)", opts->split);
@@ -628,9 +640,10 @@ void fm_plan_pack_norms(const fm_plan *plan, const fm_spec *spec, float *b_blob)
         if (!plan->norm[l])
             continue;
         float *gamma = b_blob + plan->b_offset[l] + plan->n_pad[l], *beta = gamma + plan->n_pad[l];
+        const float scale = plan->norm_half[l] ? 0.5f : 1.0f; /* (exact) */
         for (int n = 0; n < plan->n_real[l]; ++n) {
-            gamma[n] = spec->norm_w[l] != NULL ? spec->norm_w[l][n] : 1.0f;
-            beta[n] = spec->norm_b[l] != NULL ? spec->norm_b[l][n] : 0.0f;
+            gamma[n] = scale * (spec->norm_w[l] != NULL ? spec->norm_w[l][n] : 1.0f);
+            beta[n] = scale * (spec->norm_b[l] != NULL ? spec->norm_b[l][n] : 0.0f);
         }
     }
 }

@@ -94,7 +94,9 @@ static const char *const *fm_render_trig_bounded(const fm_spec *spec, const fm_p
 static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int l, fm_str *out, fm_error *err) {
     fm_str act = {0}, post = {0}, pair = {0}, tracked = {0}, emitted = {0};
     fm_status st = fm_expr_emit_cuda(spec->act[l], "x", &emitted, err);
-    if (st == FM_OK) {
+    if (st == FM_OK && p->norm_half[l]) { /* the norm hands act h = x / 2 (fm_plan.norm_half) */
+        fm_str_append(&act, strcmp(fm_expr_unary(spec->act[l]), "silu") == 0 ? "fm_silu_h(x)" : "fm_sigmoid_h(x)");
+    } else if (st == FM_OK) {
         const char *const *bounded = fm_render_trig_bounded(spec, p, l);
         fm_render_replace(emitted.data ? emitted.data : "x", fm_trig, bounded ? bounded : fm_trig, 2, &act);
     }

@@ -117,7 +117,11 @@ __device__ __forceinline__ float fm_tanh_fast(float x) {
 }
 // sigmoid(x) = 0.5 tanh(x / 2) + 0.5: one MUFU op for sigmoid and silu (flex) instead of exp + reciprocal; absolute
 // error ~2^-12, below the 16-bit rounding of values of order 1 that follows.
-__device__ __forceinline__ float fm_sigmoid_fast(float x) { return fmaf(0.5f, fm_tanh_fast(0.5f * x), 0.5f); }
+// sigmoid(2 h) and silu(2 h) of h = x / 2 (the forms below on x; alone for a norm layer whose gamma and beta come
+// halved, fm_plan.norm_half: its scale and shift yield h, and the FMUL by 1/2 per element goes).
+__device__ __forceinline__ float fm_sigmoid_h(float h) { return fmaf(0.5f, fm_tanh_fast(h), 0.5f); }
+__device__ __forceinline__ float fm_silu_h(float h) { return fmaf(h, fm_tanh_fast(h), h); }
+__device__ __forceinline__ float fm_sigmoid_fast(float x) { return fm_sigmoid_h(0.5f * x); }
 // erf(z) ~ tanh(z (c0 + c1 z^2 + c2 z^4)), z^2 clamped at 16 (erf(4) = 1 - 1.5e-8): a weighted least-squares fit of
 // atanh(erf) on [0, 2.6] whose GELU, 0.5 x (1 + erf(x / sqrt 2)), is within 3e-5 of the exact one everywhere (the
 // tanh-form gelu_tanh is 4.7e-4 off), so the 16-bit rounding that follows (and tanh.approx) dominate. One MUFU op
@@ -137,10 +141,7 @@ __device__ __forceinline__ float fm_gelu_fast(float x) {
 }
 // silu(x) = x sigmoid(x) = h (1 + tanh(h)) with h = x / 2 (exact): one FMUL, the MUFU and one FFMA, a rounding fewer
 // than x * fm_sigmoid_fast(x).
-__device__ __forceinline__ float fm_silu_fast(float x) {
-    const float h = 0.5f * x;
-    return fmaf(h, fm_tanh_fast(h), h);
-}
+__device__ __forceinline__ float fm_silu_fast(float x) { return fm_silu_h(0.5f * x); }
 #define FM_FAST_HELPERS \
     static __device__ __forceinline__ float fm_tanh(float x) { return fm_tanh_fast(x); } \
     static __device__ __forceinline__ float fm_sigmoid(float x) { return fm_sigmoid_fast(x); } \

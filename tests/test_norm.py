@@ -703,3 +703,66 @@ def test_gpu_wide_norm_network_through_torch_out_and_a_cuda_graph():
     assert mlp(x, out=out) is out and rel_l2(out.double().cpu().numpy(), ref) <= fusedmlp.CHECK_TOLERANCES["float16"]
     assert mlp(x[:0]).shape == (0, 16)
     check_graph_replays(torch, mlp, 64, 16, reference, fusedmlp.CHECK_TOLERANCES["float16"])
+
+
+def _holds(blob, values):
+    """Whether the float32 blob holds values as one contiguous run."""
+    n = len(values)
+    return any(np.array_equal(blob[i:i + n], values) for i in range(len(blob) - n + 1))
+
+
+def test_a_norm_layer_hands_silu_and_sigmoid_half_their_argument(rng):
+    """Where a norm layer's silu or sigmoid runs in its fast form (16-bit results), the plan packs gamma / 2 and
+    beta / 2 and the layer's act takes h = x / 2 (fm_silu_h, fm_sigmoid_h): the FMUL by 1/2 goes, with no bit changed
+    (halving is exact). Other activations, float32 results and tf32 plans keep gamma and beta as given."""
+    ws, bs = weights_for(rng, [16, 64, 48, 32, 8])
+    affine = [(rng.uniform(0.5, 2, w.shape[0]).astype(np.float32), rng.uniform(-1, 1, w.shape[0]).astype(np.float32))
+              for w in ws[:3]]
+    norm = {0: ("layernorm", *affine[0], 1e-5), 1: ("rmsnorm", *affine[1], 1e-5), 2: ("layernorm", *affine[2], 1e-5)}
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=["silu", "sigmoid", "gelu", "none"], norm=norm, device="cpu")
+    for arch, form in ((90, {"wgmma": 1}), (80, {})):
+        plan, source = mlp._render(arch, 0, 0, "float16", "float16", **form)
+        acts = re.findall(r"float act\(float x\) \{ return (.*?); \}", source)
+        assert acts[:2] == ["fm_silu_h(x)", "fm_sigmoid_h(x)"] and "_h(" not in acts[2], acts
+        blob = np.frombuffer(mlp._net.plan(arch, 0, 0, "float16", "float16", **form).packed_floats(), np.float32)
+        for l, (g, b) in enumerate(affine):
+            scale = np.float32(0.5 if l < 2 else 1.0)
+            assert _holds(blob, g * scale) and _holds(blob, b * scale), (arch, l)
+    tf32 = fusedmlp.FusedMLP(ws, bs, activation=["silu", "sigmoid", "gelu", "none"], norm=norm, dtype="tf32",
+                             device="cpu")
+    plan, source = tf32._render(80, 0, 0, "float32", "float32")
+    assert not any("_h(" in a for a in re.findall(r"float act\(float x\) \{ return (.*?); \}", source))
+    blob = np.frombuffer(tf32._net.plan(80, 0, 0, "float32", "float32", precision="tf32").packed_floats(), np.float32)
+    assert all(_holds(blob, g) for g, _ in affine)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prec", ["float16", "bfloat16"])
+def test_gpu_halved_gamma_and_beta_give_the_unhalved_bits(prec):
+    """fm_plan.norm_half (a silu or sigmoid norm layer's act takes x / 2 from gamma / 2 and beta / 2) changes no bit
+    against the plan without it (norm_half=-1), in every kernel form that holds the network; rl256's shape, a
+    sigmoid norm layer, a residual one and a concat."""
+    rng = np.random.default_rng(305)
+    graphs = [([64, 256, 256, 256, 16], {0: "layernorm", 1: "layernorm", 2: "layernorm"}, {}, {},
+               ["silu"] * 3 + ["none"]),
+              ([9, 96, 96, 64, 5], {0: "rmsnorm", 1: "layernorm", 2: "layernorm"}, {1: ("add", "none", 0)}, {2: "after"},
+               ["sigmoid", "silu", "sigmoid", "none"])]
+    compared, halved = 0, 0
+    for i, (widths, kinds, residual, concat, acts) in enumerate(graphs):
+        ws, bs = weights_for(rng, widths, concat, bias_offset=1.0)
+        g = types.SimpleNamespace(ws=ws, bs=bs, acts=acts, residual=residual, concat=concat,
+                                  norms={l: random_norm(rng, widths[l + 1], k) for l, k in kinds.items()})
+        mlp = fused(g, dtype=prec, device="cuda")
+        x32 = rng.standard_normal((4099, widths[0])).astype(np.float32)
+        for name, options in gpu_forms().items():
+            try:
+                kernel, plan, source, _ = mlp._build("float16", "float16", **options)
+                plain, _, plain_source, _ = mlp._build("float16", "float16", norm_half=-1, **options)
+            except fusedmlp.LimitError:
+                continue
+            halved += "fm_silu_h(x)" in source and "fm_silu_h(x)" not in plain_source
+            _, y = run_kernel(kernel, x32, "float16")
+            _, y_plain = run_kernel(plain, x32, "float16")
+            assert np.array_equal(y.view(np.uint16), y_plain.view(np.uint16)), (i, name)
+            compared += 1
+    assert compared >= 10 and halved >= 5, (compared, halved)
