@@ -598,6 +598,12 @@ class FusedMLP:
             # after all, the same plan without them (both compiles stay in the cache, so this happens once)
             log.debug("fusedmlp: K-pipelined kernel spilled (%s); built without it", kernel.info)
             return self._build(dtype, out_dtype, kpipe=-1, **plan_options)
+        if plan.info["norm_half"] and "norm_half" not in plan_options and spilled(kernel, plan):
+            # a norm layer's act taking x / 2 (fm_plan.norm_half) is one FMUL an element fewer, yet ptxas spilled 8-16
+            # bytes at 255 registers in two of ten random streamed chains where the plain form spills none (NVRTC 13,
+            # tests/test_graphs.py): the plain form then, same bits
+            log.debug("fusedmlp: kernel with halved norms spilled (%s); built without them", kernel.info)
+            return self._build(dtype, out_dtype, norm_half=-1, **plan_options)
         if (plan.info["stream_slots"] and not plan.info["wide_layers"] and "n_chunk" not in plan_options
                 and spilled(kernel, plan)):
             # the same for the streamed form's group width: 128-column groups where the estimate allowed them, but
