@@ -421,3 +421,24 @@ def test_a_gemms_tile_plans_are_its_default_then_each_smaller_tile(rng):
         plans = _segments.gemm_tile_plans(mlp, 1, target, _segments.gemm_dtypes(mlp, 1, "float16", "float16"))
         assert list(plans) == tiles and [info["ws"] for info in plans.values()] == forms
         assert all((info["bm"], info["bn"]) == tile for tile, info in plans.items())
+
+
+def test_small_batches_of_networks_with_wide_fused_stretches_run_every_layer_as_a_gemm():
+    """gemms_at: sdf512's cut has fused stretches of four 512-wide layers, so below 64 rows per SM its calls take
+    the all-GEMM chain (policy "gemm", every layer its own segment); rec1024's stretch is its narrow tail, and a
+    network that is one fused kernel has no cut to change. Norm layers keep their cut."""
+    from fusedmlp import probe
+
+    sdf = probe.model(probe.workload("sdf512"), device="cpu")
+    segments = sdf._segments_for(90, 232448, 132, 233472, "float16", "float16")
+    assert [seg.kind for seg in segments] == ["fused", "gemm", "fused"]
+    assert _segments.gemms_at(sdf, segments, 1024, 132) and _segments.gemms_at(sdf, segments, 8000, 132)
+    assert not _segments.gemms_at(sdf, segments, 8448, 132) and not _segments.gemms_at(sdf, segments, 1024, 0)
+    every = sdf._segments_for(90, 232448, 132, 233472, "float16", "float16", "gemm")
+    assert [(seg.first, seg.last, seg.kind) for seg in every] == [(l, l, "gemm") for l in range(9)]
+    rec = probe.model(probe.workload("rec1024"), device="cpu")
+    assert not _segments.gemms_at(rec, rec._segments_for(90, 232448, 132, 233472, "float16", "float16"), 1024, 132)
+    ws = [np.ones((768, 64), np.float32), np.ones((768, 768), np.float32), np.ones((8, 768), np.float32)]
+    normed = fusedmlp.FusedMLP(ws, None, "silu", norm={1: "layernorm"}, device="cpu")
+    assert normed._segments_for(90, 232448, 132, 233472, "float16", "float16", "gemm") == \
+        normed._segments_for(90, 232448, 132, 233472, "float16", "float16")

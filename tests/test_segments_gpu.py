@@ -251,3 +251,33 @@ def test_dependent_launches_give_the_plain_launches_bits(rng, monkeypatch, name)
         torch.cuda.synchronize()
         ys[pdl] = static_y.cpu()
     assert torch.equal(ys["1"], ys["0"]) and not torch.isnan(ys["1"]).any()
+
+
+def test_small_batches_of_wide_stretches_run_every_layer_as_a_gemm(rng):
+    """sdf512's shape below 64 rows per SM runs the all-GEMM chain (gemms_at), above it the default cut: both near
+    float64, on NumPy and torch, and a CUDA graph of the small call replays its answer."""
+    torch = pytest.importorskip("torch")
+    widths = [259, 512, 512, 512, 512, 512, 512, 512, 512, 1]  # x as wide as sdf512's: its concat layer is a GEMM
+    concat = {4: "before"}
+    ws, bs = graph_weights(rng, widths, concat, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, "relu", concat=concat, output_activation="tanh", device="cuda")
+    if mlp.segments is None:
+        pytest.skip("one fused kernel on this GPU: no cut to change")
+    sm = mlp._sm_count or fusedmlp._api._gpu(0).info["sm_count"]
+    for rows in (1000, 64 * sm + 5):
+        x = rng.standard_normal((rows, widths[0])).astype(np.float32)
+        y = mlp(x)
+        every = mlp._segments_for(*mlp._target(), "float32", "float32", "gemm")
+        assert (mlp._kernel("float32", rows=rows).segments == every) == (rows == 1000), rows
+        assert rel_l2(y, graph_reference(x, ws, bs, mlp)) < 1e-2, rows
+    xt = torch.from_numpy(x[:1000]).cuda().half()
+    out = torch.empty(1000, 1, device="cuda", dtype=torch.float16)
+    mlp(xt, out=out)
+    want = out.clone()
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mlp(xt, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

@@ -405,7 +405,9 @@ class FusedMLP:
     @property
     def segments(self):
         """How the network is cut for its GPU (for sm_90 when it runs on the CPU): None when it is one fused kernel,
-        else one line per segment saying its layers, its kernel and why the cut is there."""
+        else one line per segment saying its layers, its kernel and why the cut is there. (A call below 64 rows per SM
+        of a cut network with a fused stretch of two or more layers wider than 256 runs every layer as a GEMM
+        instead: _segments.gemms_at.)"""
         target = self._target() if self._kind == "cuda" else (90, 0, 0, 0)
         cut = self._segments_for(*target, "float32", "float32")
         return None if cut is None else [seg.describe() for seg in cut]
@@ -438,11 +440,12 @@ class FusedMLP:
 
     # -------------------------------------------------------------------------------------------- segments
 
-    def _segments_for(self, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
-        """The segments of this network for a target (_segments.plan), or None where it is one fused kernel."""
-        key = (arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, self._segment_policy)
+    def _segments_for(self, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, policy=None):
+        """The segments of this network for a target (_segments.plan), or None where it is one fused kernel; policy
+        (default the model's, _segment_policy) as _segments.plan reads it."""
+        key = (arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, policy or self._segment_policy)
         if key not in self._cuts:
-            self._cuts[key] = _segments.plan(self, *key[:-1])
+            self._cuts[key] = _segments.plan(self, *key[:-1], policy=key[-1])
         return self._cuts[key]
 
     def _build_gemm(self, layer, a0, a1, res, out, **tile):
@@ -635,8 +638,10 @@ class FusedMLP:
             kernel = self._calls.get(call_key)
             if kernel is not None:
                 return kernel
-        if self._segments_for(*self._target(), dtype, out_dtype) is not None:
-            kernel = _segments.chain(self, dtype, out_dtype)
+        segments = self._segments_for(*self._target(), dtype, out_dtype)
+        if segments is not None:
+            small = rows is not None and _segments.gemms_at(self, segments, rows, self._sm_count)
+            kernel = _segments.chain(self, dtype, out_dtype, "gemm" if small else None)
             if call_key is not None:
                 self._calls[call_key] = kernel
             return kernel

@@ -28,7 +28,7 @@ import dataclasses
 import functools
 import threading
 
-from . import _env, _norm
+from . import _env, _norm, _tune
 from .errors import LimitError
 
 #: Global-memory dtype of the values between segments, per compute dtype (tf32 values are float32; 8-bit ones are
@@ -365,12 +365,13 @@ def _kernel_words(info):
     return f"{'wgmma' if info['wgmma'] else 'mma.sync'}, weights resident"
 
 
-def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
+def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, policy=None):
     """The segments of mlp for a target, or None where the whole network is one fused kernel: with its weights on
     chip, or (mlp._segment_policy "streamed") any fused kernel, streamed weights included; policy "resident" cuts a
     network whose weights do not stay on chip into stretches whose weights do. "auto" (the default) is "resident" on
     sm_90, where NeRF's trunk ran 9.56 ms cut against 11.0 ms streamed (H100, 2^21 rows: docs/performance.md), and
-    "streamed" on the GPUs not measured."""
+    "streamed" on the GPUs not measured. "gemm" runs every layer as a GEMM (a 16- or 32-bit network without norm
+    layers; others as "auto"): what a small batch of a network with wide fused stretches takes (gemms_at)."""
     target = (arch, smem_per_block, sm_count, smem_per_sm)
     n = len(mlp._w)
 
@@ -395,10 +396,14 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype):
             return False, "its weights do not fit on chip (one CTA or a cluster)"
         return True, _kernel_words(info)
 
+    policy = policy or mlp._segment_policy
+    if policy == "gemm":
+        if mlp._precision not in _WHOLE_ONLY and not any(nm is not None for nm in mlp._norm):
+            return cut(n, mlp._residual, mlp._concat, lambda first, last: (False, "every layer a GEMM (a small batch)"))
+        policy = "auto"
     whole, _ = fits(0, n - 1)
     if whole:
         return None
-    policy = mlp._segment_policy
     if policy == "auto":
         # 8-bit: its one streamed kernel where it has one, until the all-GEMM chain is measured against it
         policy = "resident" if arch == 90 and mlp._precision not in _WHOLE_ONLY else "streamed"
@@ -609,9 +614,29 @@ class GemmLayer:
         return found
 
 
-def chain(mlp, in_dtype, out_dtype):
-    """The Chain of mlp's segments on its GPU for one dtype pair, built (compiled, loaded) once."""
-    key = (in_dtype, out_dtype)
+#: A batch in _tune.size_class up to this one (0: below 16 rows per SM, 1: below 64; the class is part of a call's
+#: key, so every call of a key runs the same kernels) runs a cut network every layer a GEMM (policy "gemm") where a
+#: fused stretch of it holds two or more layers wider than 256 (gemms_at). sdf512 on the H100, each form in a CUDA
+#: graph (bench/results/h100-gemm-small-batch/): 1024 rows 62.4 -> 50.8 us, 2048 72.7 -> 56.2, 4096 77.0 -> 69.7, 8192
+#: 97.5 -> 98.5 and 16384 183.4 -> 182.5 (even), the same bits (the stretches keep their values in 16 bits between
+#: layers, as the GEMMs do). rec1024, whose fused stretch is its narrow tail, lost as all GEMMs (29.4 -> 30.3
+#: us) and wide512, one kernel, too (26.0 -> 28.3): neither is picked.
+GEMMS_SIZE_CLASS = 1
+
+
+def gemms_at(mlp, segments, rows, sm_count):
+    """Whether a call of `rows` rows of a network cut into `segments` runs every layer as a GEMM instead."""
+    if not sm_count or _tune.size_class(rows, sm_count) > GEMMS_SIZE_CLASS:
+        return False
+    widths = mlp.widths
+    return any(seg.kind == "fused" and sum(widths[l + 1] > 256 for l in range(seg.first, seg.last + 1)) >= 2
+               for seg in segments)
+
+
+def chain(mlp, in_dtype, out_dtype, policy=None):
+    """The Chain of mlp's segments on its GPU for one dtype pair, built (compiled, loaded) once; policy as
+    _segments_for takes it (None: the model's)."""
+    key = (in_dtype, out_dtype, policy)
     found = mlp._chains.get(key)
     if found is not None:
         return found
@@ -620,7 +645,7 @@ def chain(mlp, in_dtype, out_dtype):
         if found is not None:
             return found
         target = mlp._target()
-        segments = mlp._segments_for(*target, in_dtype, out_dtype)
+        segments = mlp._segments_for(*target, in_dtype, out_dtype, policy)
         # the GEMMs compile and load in parallel first, as the tuner's candidates do (NVRTC releases the GIL): sdf512's
         # nine layers are four distinct sources
         gemms = [seg.first for seg in segments if seg.kind == "gemm"]
