@@ -72,15 +72,6 @@ static const fm_dl_tensor *fast_capsule_tensor(PyObject *capsule) {
 
 enum { FAST_MAX_DIMS = 8, FAST_MAX_ENTRIES = 64, FAST_KINDS = 3, FAST_LIBS = 2 }; /* kinds: 0 f32, 1 f16, 2 bf16 */
 
-/* A segmented network's launches (python/fusedmlp/_segments.py, Chain.program): each step's operands by code,
- * FAST_X / FAST_Y the call's x and y, FAST_NONE absent, >= 0 a byte offset into the chain's workspace for the stream
- * the entry was made on. */
-enum { FAST_X = -1, FAST_NONE = -2, FAST_Y = -3 };
-typedef struct {
-    PyObject *kernel; /* a fusedmlp._core.Kernel: a fused stretch's or a GEMM layer's */
-    long long x, y, x1, res;
-    int after; /* launched as a dependent of the step before (Kernel.launch's after) */
-} FastStep;
 typedef struct {
     int n;
     FastStep *steps;
@@ -337,6 +328,18 @@ static PyObject *Fast_add(FastObject *self, PyObject *args) {
     return Fast_put(self, in, out, rows, sm_count, Py_NewRef(kernel), NULL);
 }
 
+int chain_step_parse(PyObject *item, Py_ssize_t i, const char *who, FastStep *st) {
+    if (!PyArg_ParseTuple(item, "O!LLLLp", &KernelType, &st->kernel, &st->x, &st->y, &st->x1, &st->res, &st->after))
+        return -1;
+    long long codes[] = {st->x, st->y, st->x1, st->res};
+    for (int j = 0; j < 4; ++j)
+        if (codes[j] < FAST_Y) {
+            PyErr_Format(PyExc_ValueError, "%s: step %zd has operand code %lld (-3..-1 or an offset)", who, i, codes[j]);
+            return -1;
+        }
+    return 0;
+}
+
 /* add_chain(in_kind, out_kind, rows, sm_count, owner, lock, stream, base, cap, steps): a segmented network's
  * launches for calls like one of `rows` rows on `stream`; steps a sequence of (kernel, x, y, x1, res, after) with
  * operand codes -1 x, -3 y, -2 none, >= 0 a byte offset from base (the workspace of cap rows), and after as
@@ -362,23 +365,12 @@ static PyObject *Fast_add_chain(FastObject *self, PyObject *args) {
     *c = (FastChain){0, c->steps, Py_NewRef(owner), Py_NewRef(lock), (fm_stream)(uintptr_t)stream, base, cap};
     for (Py_ssize_t i = 0; i < n; ++i) {
         FastStep *st = &c->steps[i];
-        PyObject *kernel;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "O!LLLLp", &KernelType, &kernel, &st->x, &st->y,
-                              &st->x1, &st->res, &st->after)) {
+        if (chain_step_parse(PySequence_Fast_GET_ITEM(seq, i), i, "add_chain", st) < 0) {
             Py_DECREF(seq);
             Fast_free_chain(c);
             return NULL;
         }
-        long long codes[] = {st->x, st->y, st->x1, st->res};
-        for (int j = 0; j < 4; ++j)
-            if (codes[j] < FAST_Y) {
-                PyErr_Format(PyExc_ValueError, "add_chain: step %zd has operand code %lld (-3..-1 or an offset)", i,
-                             codes[j]);
-                Py_DECREF(seq);
-                Fast_free_chain(c);
-                return NULL;
-            }
-        st->kernel = Py_NewRef(kernel);
+        Py_INCREF(st->kernel);
         c->n = (int)i + 1;
     }
     Py_DECREF(seq);
@@ -552,9 +544,6 @@ static int Fast_stream(const FastLib *lib, fm_stream *stream) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-static fm_devptr fast_operand(long long code, fm_devptr x, fm_devptr y, fm_devptr base) {
-    return code == FAST_X ? x : code == FAST_Y ? y : code == FAST_NONE ? 0 : base + (fm_devptr)code;
-}
 
 /* A chain's launches in order, under its launch lock (taken without waiting: held, the checked path waits for it). */
 static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
@@ -757,107 +746,3 @@ PyTypeObject FastPathType = {
     .tp_methods = Fast_methods,
     .tp_getset = Fast_getset,
 };
-
-/* ------------------------------------------------------------------------------------------------ pipelined chains */
-
-/* A segmented network's pieces through the device's staging (host_pipe.c): the chain's steps on every piece, each
- * staging slot with a workspace of its own at base + slot * stride (one piece at a time uses a slot). */
-typedef struct {
-    const FastStep *steps;
-    int n;
-    fm_devptr base;
-    size_t stride;
-} PipeChain;
-
-static fm_status pipe_chain_launch(void *ctx, int slot, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
-                                   fm_error *err) {
-    const PipeChain *c = ctx;
-    const fm_devptr base = c->base + (fm_devptr)slot * c->stride;
-    fm_status st = FM_OK;
-    for (int i = 0; i < c->n && st == FM_OK; ++i) {
-        const FastStep *s = &c->steps[i];
-        st = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, base), fast_operand(s->y, x, y, base), rows,
-                                stream, fast_operand(s->x1, x, y, base), fast_operand(s->res, x, y, base), s->after,
-                                err);
-    }
-    return st;
-}
-
-/* pipe_layout(x_row_bytes, y_row_bytes) -> (piece rows, staging slots): what a pipelined run of such rows uses. */
-PyObject *py_pipe_layout(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_ssize_t x_row, y_row;
-    if (!PyArg_ParseTuple(args, "nn", &x_row, &y_row))
-        return NULL;
-    if (x_row < 0 || y_row < 0 || x_row + y_row < 1 || x_row + y_row > FM_PIPE_SLOT_BYTES / 2) {
-        PyErr_Format(PyExc_ValueError, "pipe_layout: rows of %zd + %zd bytes; a row takes 1 to %d bytes", x_row, y_row,
-                     FM_PIPE_SLOT_BYTES / 2);
-        return NULL;
-    }
-    return Py_BuildValue("(Li)", (long long)fm_pipe_piece_rows((size_t)x_row, (size_t)y_row),
-                         FM_PIPE_WORKERS * FM_PIPE_SLOTS);
-}
-
-/* pipe_chain(gpu, x, y, steps, base, stride, poison): y = the chain on x (2-D C-contiguous host arrays, y writable),
- * in pieces (fm_pipe_run); steps as FastPath.add_chain's, offsets into a workspace of pipe_layout's piece rows; slot
- * s's workspace at base + s * stride. Synchronous. */
-PyObject *py_pipe_chain(PyObject *self, PyObject *args) {
-    (void)self;
-    GpuObject *gpu;
-    PyArrayObject *x, *y;
-    PyObject *steps;
-    unsigned long long base;
-    Py_ssize_t stride;
-    int poison;
-    if (!PyArg_ParseTuple(args, "O!O!O!OKnp", &GpuType, &gpu, &PyArray_Type, &x, &PyArray_Type, &y, &steps, &base,
-                          &stride, &poison))
-        return NULL;
-    if (!gpu->open || PyArray_NDIM(x) != 2 || PyArray_NDIM(y) != 2 || !PyArray_IS_C_CONTIGUOUS(x) ||
-        !PyArray_IS_C_CONTIGUOUS(y) || !PyArray_ISWRITEABLE(y) || PyArray_DIM(x, 0) != PyArray_DIM(y, 0) ||
-        PyArray_DIM(x, 0) < 1 || stride < 0 || base % 256) {
-        PyErr_SetString(PyExc_ValueError, "pipe_chain: needs an open Gpu, C-contiguous 2-D x and writable y of the same "
-                                          ">= 1 rows, and a 256-byte aligned workspace");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(steps, "pipe_chain: steps must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    FastStep *parsed = calloc(n > 0 ? (size_t)n : 1, sizeof *parsed);
-    if (parsed == NULL) {
-        Py_DECREF(seq);
-        return PyErr_NoMemory();
-    }
-    int ok = n >= 1;
-    for (Py_ssize_t i = 0; ok && i < n; ++i) { /* borrowed kernels: seq holds them for the call */
-        FastStep *st = &parsed[i];
-        ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "O!LLLLp", &KernelType, &st->kernel, &st->x, &st->y,
-                              &st->x1, &st->res, &st->after) &&
-             st->x >= FAST_Y && st->y >= FAST_Y && st->x1 >= FAST_Y && st->res >= FAST_Y;
-    }
-    if (!ok) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "pipe_chain: steps are (kernel, x, y, x1, res, after), at least one, with "
-                                              "operand codes -3..-1 or a workspace offset");
-        free(parsed);
-        Py_DECREF(seq);
-        return NULL;
-    }
-    const size_t x_row = (size_t)PyArray_DIM(x, 1) * (size_t)PyArray_ITEMSIZE(x);
-    const size_t y_row = (size_t)PyArray_DIM(y, 1) * (size_t)PyArray_ITEMSIZE(y);
-    PipeChain chain = {parsed, (int)n, (fm_devptr)base, (size_t)stride};
-    fm_error err = {0};
-    fm_status st;
-    Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&gpu->gpu, &err);
-    if (st == FM_OK) {
-        PyThread_acquire_lock(gpu->pipe_lock, WAIT_LOCK);
-        st = fm_pipe_run(&gpu->pipe, &gpu->gpu, PyArray_DATA(x), PyArray_DATA(y), PyArray_DIM(x, 0), x_row, y_row,
-                         poison, pipe_chain_launch, &chain, &err);
-        PyThread_release_lock(gpu->pipe_lock);
-    }
-    Py_END_ALLOW_THREADS free(parsed);
-    Py_DECREF(seq);
-    if (st != FM_OK)
-        return fm_raise_clear(&err);
-    Py_RETURN_NONE;
-}

@@ -66,7 +66,7 @@ const char *fm_text(PyObject *obj, const char *what);
 
 /* ------------------------------------------------------------------------------------------------ functions */
 
-/* The module's functions, in module.c's table (module_compile.c, module_gpu.c). */
+/* The module's functions, in module.c's table (module_compile.c, module_gpu.c, module_pipe.c). */
 
 PyObject *py_parse_expr(PyObject *self, PyObject *arg);
 PyObject *py_expr_range(PyObject *self, PyObject *args);
@@ -87,7 +87,26 @@ PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds);    
 PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds); /* module_plan.c */
 PyObject *Plan_load(PlanObject *self, PyObject *args);                            /* module_launch.c */
 
-/* module_launch.c, for module_fast.c: */
+/* A segmented network's launches (python/fusedmlp/_segments.py, Chain.program), as FastPath.add_chain and
+ * pipe_chain take them: each step's operands by code, FAST_X / FAST_Y the call's x and y, FAST_NONE absent, >= 0 a
+ * byte offset into a workspace. */
+enum { FAST_X = -1, FAST_NONE = -2, FAST_Y = -3 };
+typedef struct {
+    PyObject *kernel; /* a fusedmlp._core.Kernel: a fused stretch's or a GEMM layer's */
+    long long x, y, x1, res;
+    int after; /* launched as a dependent of the step before (Kernel.launch's after) */
+} FastStep;
+
+/* An operand's address for a call of x, y with the workspace at base. */
+static inline fm_devptr fast_operand(long long code, fm_devptr x, fm_devptr y, fm_devptr base) {
+    return code == FAST_X ? x : code == FAST_Y ? y : code == FAST_NONE ? 0 : base + (fm_devptr)code;
+}
+
+/* module_fast.c: step i of a sequence, (kernel, x, y, x1, res, after), into *st (the kernel borrowed); -1 with a
+ * Python error naming `who`, the step and the code where it is not one. */
+int chain_step_parse(PyObject *item, Py_ssize_t i, const char *who, FastStep *st);
+
+/* module_launch.c, for module_fast.c and module_pipe.c: */
 int Kernel_is_gemm(PyObject *kernel);
 fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long long rows, fm_stream stream, fm_devptr x1,
                              fm_devptr res, int after, fm_error *err);
