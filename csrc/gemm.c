@@ -196,7 +196,7 @@ static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *t
 
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
-    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0, 0};
+    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0, 0, 0, {0, 0}};
     if (opts == NULL)
         opts = &auto_opts;
     const int bm = opts->bm, bn = opts->bn;

@@ -57,7 +57,7 @@ PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds)
                              "precision", "bm", "bn", "stages", "wgmma", "cluster", "ws", "norm_pass", "pad_pass",
                              "a0_row", "a1_row", NULL};
     int layer, arch, sm_count, a1, res;
-    fm_gemm_opts opts = {0, 0, 0, -1, 0, 0, 0};
+    fm_gemm_opts opts = {0, 0, 0, -1, 0, 0, 0, 0, {0, 0}};
     Py_ssize_t smem, smem_sm = 0;
     const char *a0_s, *out_s, *prec_s = "float16";
     PyObject *a1_o, *res_o;
