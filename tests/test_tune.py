@@ -258,7 +258,7 @@ def test_tune_of_a_segmented_network_tunes_each_fused_stretch(monkeypatch, tmp_p
     assert list(result) == ["layers 0-1: fused (wgmma, weights resident)", "layer 4: fused (wgmma, weights resident)"]
     assert tuned == [([32, 64, 64], "float32", "float16", 1024), ([64, 16], "float16", "float32", 1024)]
     assert all(r[1024]["options"] == {"wgmma": 1} for r in result.values())
-    chain = mlp._chains[("float32", "float32")]  # the chain's own stretch models hold the choices now
+    chain = mlp._chains[("float32", "float32", None)]  # the chain's own stretch models hold the choices now
     assert [sub._tuned for _, sub, _, _ in chain.fused] == [{("float32", "float16", 1024): {"wgmma": 1}},
                                                             {("float16", "float32", 1024): {"wgmma": 1}}]
 

@@ -210,7 +210,7 @@ class FusedMLP:
         self.calibration_error = None  # calibrate()'s relative L2 error on its sample
         self._w, self._b, self._acts = w, b, acts  # a segmented network's fused stretches are networks of their own
         self._cuts = {}  # target and dtypes -> the segments (None: one fused kernel), see _segments.py
-        self._chains = {}  # (in dtype, out dtype) -> _segments.Chain
+        self._chains = {}  # (in dtype, out dtype, segment policy or None) -> _segments.Chain
         self._segment_policy = "auto"  # see _segments.plan: whether a network with streamed weights is cut
         self._gemm_options = {}  # forced GEMM choices (bm, bn, stages, wgmma, cluster): the probe tool's A/B runs
         self._prenorm = None  # the network whose norm layers stop before their norm (_prenorm_net), once needed
