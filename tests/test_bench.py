@@ -411,3 +411,27 @@ def test_low_bit_dtypes_are_timed_beside_float16_with_their_own_bounds(cpu_bench
     assert "low-bit kernels, ms" in text
     line = next(l for l in text.splitlines() if l.startswith("tcnn64") and len(l.split()) == 9)
     assert line.split()[1] == "2^5" and all(c != "err" for c in line.split()[2:5])
+
+
+def test_host_array_section_rates_each_form_against_torch_and_the_floor():
+    """The --arrays section: the bus rates, then per (workload, rows) each form's ms, fused+out over torch, and
+    fused+out over the larger of the bus floor and the kernel; a failed row says its error."""
+    from fusedmlp import bench_arrays
+
+    row = {"workload": "nerf", "rows": 1 << 24, "fused_ms": 109.6, "fused_out_ms": 96.7, "fused_one_ms": 661.3,
+           "torch_ms": 841.7, "kernel_ms": 26.0, "floor_ms": 76.4, "same_bits": True}
+    slow_kernel = dict(row, workload="siren256", kernel_ms=200.0)
+    text = bench_arrays.format_section({"rates": {"h2d_GBps": 55.3, "d2h_GBps": 55.2},
+                                        "rows": [row, slow_kernel, {"workload": "pinn50", "rows": 1024,
+                                                                    "error": "CudaError: boom"}]})
+    assert "page-locked bus: 55.3 GB/s to the device, 55.2 GB/s back" in text
+    cells = next(l for l in text.splitlines() if l.startswith("nerf")).split()
+    assert cells[:8] == ["nerf", str(1 << 24), "109.60", "96.70", "661.30", "841.70", "26.00", "76.40"]
+    assert cells[8:] == ["8.70", "1.27", "True"]  # 841.7 / 96.7; 96.7 / 76.4
+    assert next(l for l in text.splitlines() if l.startswith("siren256")).split()[9] == "0.48"  # 96.7 / 200
+    assert "pinn50         1024  CudaError: boom" in text
+
+
+def test_arrays_takes_batch_sizes_as_rows_does():
+    args = bench._parse_args(["--arrays", "2^20", "1<<24", "--no-host"])
+    assert args.arrays == [1 << 20, 1 << 24] and bench._parse_args([]).arrays is None
