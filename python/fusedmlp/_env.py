@@ -22,7 +22,8 @@ import pathlib
 import re
 import sys
 
-__all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "cache_max_bytes", "gemm_cluster"]
+__all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "dependent_launch", "cache_max_bytes", "gemm_cluster",
+           "gemm_ws", "gemm_pad", "host_pipeline", "cpu_threads"]
 
 # Folders (relative to a site-packages entry) where NVIDIA's pip wheels put libnvrtc, newest CUDA first:
 # nvidia-cuda-nvrtc 13.x installs nvidia/cu13/lib/libnvrtc.so.13; the 12.x wheels use nvidia/cuda_nvrtc/lib
