@@ -545,6 +545,17 @@ static int Fast_stream(const FastLib *lib, fm_stream *stream) {
 }
 
 
+fm_status chain_steps_launch(const FastStep *steps, int n, fm_devptr x, fm_devptr y, fm_devptr base, long long rows,
+                             fm_stream stream, fm_error *err) {
+    fm_status st = FM_OK;
+    for (int i = 0; i < n && st == FM_OK; ++i) {
+        const FastStep *s = &steps[i];
+        st = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, base), fast_operand(s->y, x, y, base), rows, stream,
+                                fast_operand(s->x1, x, y, base), fast_operand(s->res, x, y, base), s->after, err);
+    }
+    return st;
+}
+
 /* A chain's launches in order, under its launch lock (taken without waiting: held, the checked path waits for it). */
 static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
                                 fm_error *err) {
@@ -558,13 +569,7 @@ static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, lo
             return fm_fail(err, FM_ERR_VALUE, "a segmented call could not take its chain's launch lock");
         Py_DECREF(got);
     }
-    fm_status st = FM_OK;
-    for (int i = 0; i < c->n && st == FM_OK; ++i) {
-        const FastStep *s = &c->steps[i];
-        st = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, c->base), fast_operand(s->y, x, y, c->base),
-                                rows, stream, fast_operand(s->x1, x, y, c->base), fast_operand(s->res, x, y, c->base),
-                                s->after, err);
-    }
+    fm_status st = chain_steps_launch(c->steps, c->n, x, y, c->base, rows, stream, err);
     PyObject *released = PyObject_CallMethodNoArgs(c->lock, s_release);
     if (released == NULL) {
         PyErr_Clear();

@@ -162,12 +162,17 @@ static size_t Kernel_x_bytes(const fm_plan *p, int64_t rows) {
     return (size_t)rows * 4 * (size_t)(p->k_real[l] > p->n_real[l] ? p->k_real[l] : p->n_real[l]);
 }
 
+/* Bytes of a row of the output y. */
+static size_t Kernel_y_row(const fm_plan *p) {
+    return (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
+}
+
 /* Makes the context current, sizes the staging buffers for rows and copies the host input x (Kernel_x_bytes of it)
  * into them (on the legacy default stream); *y_bytes receives the output's size. Called with the kernel lock held. */
 static fm_status Kernel_stage(KernelObject *self, const void *x, int64_t rows, size_t *y_bytes, fm_error *err) {
     const fm_plan *p = &self->plan->plan;
     size_t x_bytes = Kernel_x_bytes(p, rows);
-    *y_bytes = (size_t)rows * (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
+    *y_bytes = (size_t)rows * Kernel_y_row(p);
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st == FM_OK)
         st = Kernel_reserve(&self->x_buf, &self->x_cap, x_bytes, err);
@@ -181,11 +186,8 @@ static fm_status Kernel_stage(KernelObject *self, const void *x, int64_t rows, s
 /* One piece of a pipelined run (fm_pipe_launch): the fused kernel on rows rows at device x into y. */
 static fm_status Kernel_pipe_launch(void *ctx, int slot, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
                                     fm_error *err) {
-    KernelObject *self = ctx;
     (void)slot;
-    long long n = (long long)rows;
-    void *params[] = {&x, &y, &self->w, &self->b, &n, &x, &x};
-    return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, 0, err);
+    return Kernel_launch_ptrs((PyObject *)ctx, x, y, (long long)rows, stream, x, x, 0, err);
 }
 
 /* x's rows through the kernel into y: one copy each way through this kernel's staging, or, where pipeline says so
@@ -194,8 +196,7 @@ static fm_status Kernel_pipe_launch(void *ctx, int slot, fm_devptr x, fm_devptr 
 static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, int64_t rows, int poison, int pipeline,
                                    fm_error *err) {
     const fm_plan *p = &self->plan->plan;
-    const size_t x_row = (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
-    const size_t y_row = (size_t)p->n_real[p->num_layers - 1] * fm_dtype_size(p->out_dtype);
+    const size_t x_row = Kernel_x_bytes(p, 1), y_row = Kernel_y_row(p);
     if (pipeline < 0)
         pipeline = (size_t)rows * (x_row + y_row) >= fm_pipe_min_bytes();
     if (pipeline) {

@@ -17,15 +17,7 @@ typedef struct {
 static fm_status pipe_chain_launch(void *ctx, int slot, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
                                    fm_error *err) {
     const PipeChain *c = ctx;
-    const fm_devptr base = c->base + (fm_devptr)slot * c->stride;
-    fm_status st = FM_OK;
-    for (int i = 0; i < c->n && st == FM_OK; ++i) {
-        const FastStep *s = &c->steps[i];
-        st = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, base), fast_operand(s->y, x, y, base), rows,
-                                stream, fast_operand(s->x1, x, y, base), fast_operand(s->res, x, y, base), s->after,
-                                err);
-    }
-    return st;
+    return chain_steps_launch(c->steps, c->n, x, y, c->base + (fm_devptr)slot * c->stride, rows, stream, err);
 }
 
 /* pipe_layout(x_row_bytes, y_row_bytes) -> (piece rows, staging slots): what a pipelined run of such rows uses. */

@@ -164,9 +164,9 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     return info;
 }
 
-/* The weight blob Plan.load uploads (fm_plan_pack), for tests that read its layout back on the host. */
-/* The blobs load() puts on the device, in the plan's layout: the weights (floats = 0) or the float blob (biases, a
- * norm layer's gamma and beta, an 8-bit plan's dequantisation factors; floats = 1). */
+/* The blobs Plan.load uploads, in the plan's layout, for tests that read it back on the host: the weights (floats = 0,
+ * fm_plan_pack) or the float blob (floats = 1: biases, a norm layer's gamma and beta by fm_plan_pack_norms, an 8-bit
+ * plan's dequantisation factors). */
 static PyObject *Plan_packed(PlanObject *self, int floats) {
     const fm_plan *p = &self->plan;
     const size_t bytes = p->w_elems * (size_t)p->elem_bytes, n_floats = p->b_floats ? p->b_floats : 4;

@@ -533,10 +533,6 @@ static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
     }
 }
 
-/* The plan of the form fm_plan_form chooses, with the options that do not change the choice: wide_loop (auto or on)
- * where the plan is the streamed warpgroup kernel of a network with a layer wider than 256 in or out (its wide form:
- * fm_plan.wide_out, k_chunk; the kernel loops over such a layer's column groups, fm_plan.wide_loop); wide_loop=1 on
- * any other plan is a limit naming it. */
 /* fm_plan.norm_half for every layer of a fused plan. */
 static void fm_plan_norm_halves(const fm_spec *spec, fm_plan *plan) {
     for (int l = 0; l < plan->num_layers; ++l) {
@@ -546,6 +542,10 @@ static void fm_plan_norm_halves(const fm_spec *spec, fm_plan *plan) {
     }
 }
 
+/* The plan of the form fm_plan_form chooses, with the options that do not change the choice: wide_loop (auto or on)
+ * where the plan is the streamed warpgroup kernel of a network with a layer wider than 256 in or out (its wide form:
+ * fm_plan.wide_out, k_chunk; the kernel loops over such a layer's column groups, fm_plan.wide_loop); wide_loop=1 on
+ * any other plan is a limit naming it. */
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
     fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0};

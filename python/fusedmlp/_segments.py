@@ -265,9 +265,13 @@ class Chain:
         workspace's address, its rows), steps as (kernel, x, y, x1, res, after) in _operand's codes, after as
         Kernel.launch's."""
         cap, buf, offsets = self._workspace(rows, stream)
-        steps = [(kernel(rows), *(self._operand(v, offsets) for v in values), self._after and i > 0)
-                 for i, (kernel, *values) in enumerate(self._steps)]
-        return steps, buf.ptr, cap
+        return self._resolved(rows, offsets), buf.ptr, cap
+
+    def _resolved(self, rows, offsets):
+        """The steps as (kernel, x, y, x1, res, after): the kernels of a call of `rows` rows, the operands in
+        _operand's codes for a workspace laid out at `offsets`."""
+        return [(kernel(rows), *(self._operand(v, offsets) for v in values), self._after and i > 0)
+                for i, (kernel, *values) in enumerate(self._steps)]
 
     def run(self, x, poison=False, out=None, pipeline=-1):
         """The outputs of a C-contiguous host array x (rows >= 1) of the chain's input dtype, synchronously; written
@@ -310,10 +314,7 @@ class Chain:
                 offsets, stride = self._layout(piece_rows)
                 self._pieces = (piece_rows, self._mlp._device_buffer(stride * slots), stride, offsets)
             _, buf, stride, offsets = self._pieces
-            rows = x.shape[0]
-            steps = [(kernel(rows), *(self._operand(v, offsets) for v in values), self._after and i > 0)
-                     for i, (kernel, *values) in enumerate(self._steps)]
-            core.pipe_chain(gpu, x, y, steps, buf.ptr, stride, bool(poison))
+            core.pipe_chain(gpu, x, y, self._resolved(x.shape[0], offsets), buf.ptr, stride, bool(poison))
 
     def time(self, rows, reps=5):
         raise LimitError("a segmented network is not tuned as one kernel; its fused segments are tuned on their own")
