@@ -167,7 +167,10 @@ typedef struct fm_spec {
     double z_bound[FM_MAX_LAYERS];
     /* Normalization of layer l's z = W h + b over its width[l + 1] outputs, before the activation (issue 30):
      * FM_NORM_LAYER z' = (z - mean) / sqrt(var + eps) * gamma + beta (var biased, as torch.nn.LayerNorm),
-     * FM_NORM_RMS z' = z / sqrt(mean(z^2) + eps) * gamma + beta (torch.nn.RMSNorm, plus an optional beta). */
+     * FM_NORM_RMS z' = z / sqrt(mean(z^2) + eps) * gamma + beta (torch.nn.RMSNorm, plus an optional beta),
+     * FM_NORM_SOFTMAX z' = exp(z - max) / sum exp(z - max) (torch.softmax over the features; no eps, gamma or beta),
+     * FM_NORM_LOG_SOFTMAX z' = z - max - log(sum exp(z - max)) (torch.log_softmax). A classifier's head is its last
+     * layer with a softmax norm and the identity activation. */
     int norm[FM_MAX_LAYERS];          /* FM_NORM_* */
     double norm_eps[FM_MAX_LAYERS];   /* eps, >= 0 */
     float *norm_w[FM_MAX_LAYERS];     /* gamma, width[l + 1] floats (owned), or NULL: ones */
@@ -184,7 +187,9 @@ typedef struct fm_spec {
 
 enum { FM_RES_NONE = 0, FM_RES_ADD = 1, FM_RES_MUL = 2 };
 enum { FM_CAT_NONE = 0, FM_CAT_AFTER = 1, FM_CAT_BEFORE = 2 };
-enum { FM_NORM_NONE = 0, FM_NORM_LAYER = 1, FM_NORM_RMS = 2 };
+enum { FM_NORM_NONE = 0, FM_NORM_LAYER = 1, FM_NORM_RMS = 2, FM_NORM_SOFTMAX = 3, FM_NORM_LOG_SOFTMAX = 4 };
+/* Whether an FM_NORM_* is a softmax (its statistics the row's max and sum of exponentials, no affine). */
+#define FM_NORM_IS_SOFT(kind) ((kind) == FM_NORM_SOFTMAX || (kind) == FM_NORM_LOG_SOFTMAX)
 
 /* Checks that weight shapes chain and parses every activation; shapes[2*l] = out_l, shapes[2*l+1] = in_l
  * (PyTorch's nn.Linear.weight layout), bias_len[l] = -1 for no bias, concat[l] an FM_CAT_* (NULL: none; layer 0
@@ -203,12 +208,12 @@ int fm_spec_in_features(const fm_spec *spec, int l);
  * layer's own input h, k < l - 1: layer k's output), then post (an activation text; NULL or "none" for identity).
  * The value must be as wide as the layer's output. */
 fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, int src, fm_error *err);
-/* Gives layer l a normalization of its W h + b before the activation: kind FM_NORM_LAYER or FM_NORM_RMS, eps >= 0
- * and finite, gamma / beta (copied; NULL: ones / zeros) of weight_len / bias_len floats, each the layer's output
- * width. Call before fm_spec_bound_preacts (a norm layer's pre-activations have no bound from the weights). */
+/* Gives layer l a normalization of its W h + b before the activation: kind FM_NORM_*, eps >= 0 and finite, gamma /
+ * beta (copied; NULL: ones / zeros) of weight_len / bias_len floats, each the layer's output width (a softmax takes
+ * neither, and eps 0). Call before fm_spec_bound_preacts (a norm layer's pre-activations have no bound from the weights). */
 fm_status fm_spec_set_norm(fm_spec *spec, int layer, int kind, double eps, const float *gamma, int64_t weight_len,
                            const float *beta, int64_t bias_len, fm_error *err);
-/* "layernorm", "rmsnorm" or "none" for an FM_NORM_* (anything else: "?"). */
+/* "layernorm", "rmsnorm", "softmax", "log_softmax" or "none" for an FM_NORM_* (anything else: "?"). */
 const char *fm_norm_name(int kind);
 
 /* ------------------------------------------------------------------------------------------------ quant */

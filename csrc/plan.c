@@ -536,7 +536,9 @@ static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
 /* fm_plan.norm_half for every layer of a fused plan. */
 static void fm_plan_norm_halves(const fm_spec *spec, fm_plan *plan) {
     for (int l = 0; l < plan->num_layers; ++l) {
-        const char *act = spec->norm[l] != FM_NORM_NONE ? fm_expr_unary(spec->act[l]) : NULL;
+        /* a layernorm's or rmsnorm's: a softmax has no gamma and beta to halve */
+        const int affine = spec->norm[l] != FM_NORM_NONE && !FM_NORM_IS_SOFT(spec->norm[l]);
+        const char *act = affine ? fm_expr_unary(spec->act[l]) : NULL;
         plan->norm_half[l] = act != NULL && !fm_prec_is_8bit(plan->prec) && fm_plan_result_type(plan, l) != 0 &&
                              (strcmp(act, "silu") == 0 || strcmp(act, "sigmoid") == 0);
     }

@@ -46,9 +46,23 @@ static void fm_ref_linear(const double *in, int rows, int k_in, const float *w, 
 }
 
 /* Layer l's norm (spec->norm[l]) over each of the nr rows of z (n_out wide), in place: the statistics in float64,
- * the mean first and the variance about it (not E[z^2] - mean^2, which cancels where |mean| >> std). */
+ * the mean first and the variance about it (not E[z^2] - mean^2, which cancels where |mean| >> std); a softmax's the
+ * row's max, then the sum of exp(z - max). */
 static void fm_ref_norm(const fm_spec *spec, int l, double *z, int nr, int n_out) {
     const float *gamma = spec->norm_w[l], *beta = spec->norm_b[l];
+    if (FM_NORM_IS_SOFT(spec->norm[l])) { /* exp(z - max) / sum, or its log: z - max - log(sum) */
+        for (int r = 0; r < nr; ++r) {
+            double *row = z + (size_t)r * n_out, max = row[0], sum = 0.0;
+            for (int j = 1; j < n_out; ++j)
+                max = row[j] > max ? row[j] : max;
+            for (int j = 0; j < n_out; ++j)
+                sum += exp(row[j] - max);
+            const double log_sum = log(sum);
+            for (int j = 0; j < n_out; ++j)
+                row[j] = spec->norm[l] == FM_NORM_SOFTMAX ? exp(row[j] - max) / sum : row[j] - max - log_sum;
+        }
+        return;
+    }
     for (int r = 0; r < nr; ++r) {
         double *row = z + (size_t)r * n_out, mean = 0.0, sq = 0.0;
         if (spec->norm[l] == FM_NORM_LAYER) {

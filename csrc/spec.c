@@ -178,7 +178,12 @@ fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *pos
 }
 
 const char *fm_norm_name(int kind) {
-    return kind == FM_NORM_LAYER ? "layernorm" : kind == FM_NORM_RMS ? "rmsnorm" : kind == FM_NORM_NONE ? "none" : "?";
+    return kind == FM_NORM_LAYER         ? "layernorm"
+           : kind == FM_NORM_RMS         ? "rmsnorm"
+           : kind == FM_NORM_SOFTMAX     ? "softmax"
+           : kind == FM_NORM_LOG_SOFTMAX ? "log_softmax"
+           : kind == FM_NORM_NONE        ? "none"
+                                         : "?";
 }
 
 /* A copy of n floats (n >= 1), or NULL when malloc fails. */
@@ -194,11 +199,15 @@ fm_status fm_spec_set_norm(fm_spec *spec, int layer, int kind, double eps, const
     if (layer < 0 || layer >= spec->num_layers)
         return fm_fail(err, FM_ERR_VALUE, "norm layer %d does not exist; the network has layers 0..%d", layer,
                        spec->num_layers - 1);
-    if (kind != FM_NORM_LAYER && kind != FM_NORM_RMS)
-        return fm_fail(err, FM_ERR_VALUE, "norm kind %d of layer %d is not layernorm (%d) or rmsnorm (%d)", kind, layer,
-                       FM_NORM_LAYER, FM_NORM_RMS);
+    if (kind < FM_NORM_LAYER || kind > FM_NORM_LOG_SOFTMAX)
+        return fm_fail(err, FM_ERR_VALUE, "norm kind %d of layer %d is not layernorm (%d), rmsnorm (%d), softmax (%d) or "
+                       "log_softmax (%d)", kind, layer, FM_NORM_LAYER, FM_NORM_RMS, FM_NORM_SOFTMAX,
+                       FM_NORM_LOG_SOFTMAX);
     if (!(eps >= 0.0) || !isfinite(eps))
         return fm_fail(err, FM_ERR_VALUE, "norm eps of layer %d is %g; it must be a finite number >= 0", layer, eps);
+    if (FM_NORM_IS_SOFT(kind) && (gamma != NULL || beta != NULL || eps != 0.0))
+        return fm_fail(err, FM_ERR_VALUE, "the %s of layer %d takes no %s; it has no eps, weight or bias",
+                       fm_norm_name(kind), layer, gamma != NULL ? "weight" : beta != NULL ? "bias" : "eps");
     const int n = spec->width[layer + 1];
     if ((gamma != NULL && weight_len != n) || (beta != NULL && bias_len != n))
         return fm_fail(err, FM_ERR_SHAPE, "norm %s of layer %d has %lld elements; the layer has %d outputs",

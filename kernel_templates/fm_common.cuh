@@ -301,8 +301,9 @@ template <int T> __device__ __forceinline__ fm_u32 fm_relu2(float lo, float hi) 
 //   A0_BUF, A1_BUF: activation buffers holding input columns [0, K0) and [K0, K) (-1: no second part);
 //   OUT_BUF: where the output goes; RES (0 none, 1 add, 2 mul) and RES_BUF: the residual y = post(act(.) op r);
 //   act, post: emitted from the checked expression ASTs;
-//   NORM (0 none, 1 layernorm, 2 rmsnorm) and EPS: W h + b normalized over the row's NR columns before act, with
-//   gamma and beta at B_OFF + N and B_OFF + 2 N of the bias blob (fm_norm_*, below);
+//   NORM (0 none, 1 layernorm, 2 rmsnorm, 3 softmax, 4 log_softmax) and EPS: W h + b normalized over the row's NR
+//   columns before act, with gamma and beta at B_OFF + N and B_OFF + 2 N of the bias blob (fm_norm_*, fm_soft_*,
+//   below; a softmax has none);
 //   8-bit plans only: DQ_OFF, the float blob's act_scale * w_scale[n] per column (accumulator -> W h); QIN and QOUT,
 //   the inverse scales of the layer's input and output values (QOUT 0 for the last layer, stored unscaled); RSCALE,
 //   the scale of the residual operand's value (its codes times this are its values); KPERM, QFOLD (the float8
@@ -376,11 +377,82 @@ __device__ __forceinline__ void fm_norm_apply(float *v, int c0, int t, int hh, f
     }
 }
 
+// NORM 3 (softmax) and 4 (log_softmax): a row's statistics are its max m and s = sum exp(z - m) over its real
+// columns; the value is exp(z - m) / s, or z - m - log s. Partial statistics of column sets (a multi-chunk layer's
+// chunks, a cluster's CTAs) combine as m = max m_i, s = sum s_i exp(m_i - m); a set with no real column is
+// (-inf, 0), which adds nothing. exp and log are the special-function unit's (ex2.approx, lg2.approx): relative errors
+// near 2^-21, far under the 16-bit results' rounding and tf32's bound.
+template <int L> __device__ constexpr bool fm_norm_soft() { return Layer<L>::NORM >= 3; }
+
+__device__ __forceinline__ float fm_quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// This lane's max of row hh over its real columns (-inf where it holds none), not yet over the quad.
+template <int L, int NT> __device__ __forceinline__ float fm_soft_max_part(const float *v, int c0, int t, int hh) {
+    float m = __int_as_float(0xff800000);  // -inf
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            if (Layer<L>::NR == Layer<L>::N || c0 + 8 * j + 2 * t + e < Layer<L>::NR)
+                m = fmaxf(m, v[4 * j + 2 * hh + e]);
+    return m;
+}
+
+// This lane's part of row hh's sum of exp(z - m) over its real columns, not yet over the quad; EXP: v becomes
+// exp(v - m) (a softmax's numerators, so that the apply is one multiply).
+template <int L, int NT, bool EXP>
+__device__ __forceinline__ float fm_soft_sum_part(float *v, int c0, int t, int hh, float m) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float &x = v[4 * j + 2 * hh + e];
+            const float ex = __expf(x - m);
+            if (Layer<L>::NR == Layer<L>::N || c0 + 8 * j + 2 * t + e < Layer<L>::NR)
+                s += ex;
+            if constexpr (EXP)
+                x = ex;
+        }
+    }
+    return s;
+}
+
+// Row hh's softmax (log_softmax) values in place from the row's m and s; EXPED: v already holds exp(z - m_own),
+// m_own this lane's own max (a cluster CTA's partial), so that the value is v * exp(m_own - m) / s. Padded columns
+// become zero.
+template <int L, int NT, bool EXPED>
+__device__ __forceinline__ void fm_soft_apply(float *v, int c0, int t, int hh, float m, float s, float m_own) {
+    typedef Layer<L> Ly;
+    const float scale = EXPED ? __expf(m_own - m) / s : 1.0f / s, shift = m + __logf(s);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = c0 + 8 * j + 2 * t + e;
+            float &x = v[4 * j + 2 * hh + e];
+            const float y = Ly::NORM == 4 ? x - shift : (EXPED ? x : __expf(x - m)) * scale;
+            x = Ly::NR == Ly::N || col < Ly::NR ? y : 0.0f;
+        }
+    }
+}
+
 // Layer L's norm of this lane's rows where its quad holds every column of them (all but a cluster's split layers).
 template <int L, int NT>
 __device__ __forceinline__ void fm_norm_tiles(float *v, int c0, int t, const float *bias) {
     typedef Layer<L> Ly;
-    if constexpr (Ly::NORM != 0) {
+    if constexpr (fm_norm_soft<L>()) {
+        constexpr bool EXP = Ly::NORM == 3;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float m = fm_quad_max(fm_soft_max_part<L, NT>(v, c0, t, hh));
+            const float s = fm_quad_sum(fm_soft_sum_part<L, NT, EXP>(v, c0, t, hh, m));
+            fm_soft_apply<L, NT, EXP>(v, c0, t, hh, m, s, m);
+        }
+    } else if constexpr (Ly::NORM != 0) {
         constexpr float INV_N = 1.0f / (float)Ly::NR;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {

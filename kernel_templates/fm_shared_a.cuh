@@ -241,7 +241,8 @@ __device__ __forceinline__ void fm_st_shared_f2(fm_u32 on, fm_u32 addr, float v0
 // where the CTA holds whole rows. A split layer's rows are spread over the cluster, so its statistics are too: each
 // CTA reduces its own columns (n real ones) to a partial mean m and M2 = sum (z - m)^2 per row (rmsnorm: m = 0), and
 // every CTA combines all CTAs' partials in rank order, the same sums in the same order everywhere, as Chan et al.'s
-// pairwise update: mean = sum n_r m_r / NR, M2 = sum (M2_r + n_r (m_r - mean)^2). The exchange is the activation
+// pairwise update: mean = sum n_r m_r / NR, M2 = sum (M2_r + n_r (m_r - mean)^2); a softmax's partials are each
+// CTA's max and sum of exp(z - max) (fm_soft_*), combined as m = max m_r, s = sum s_r exp(m_r - m). The exchange is the activation
 // exchange's protocol on slots of its own: the quad's first lane stores its two rows' partials into this CTA's slot,
 // the warpgroup's barrier (after a proxy fence), and the elected thread copies the slot (cp.async.bulk, 512 bytes) into
 // the same slot of every other CTA, completing bytes on their mbarrier of the round; every thread then waits for
@@ -264,8 +265,16 @@ __device__ __forceinline__ void fm_cl_norm(float (&d)[Layer<L>::NC / 2], int c0,
         const fm_u32 bar = s.stats + 2 * CL * NSTAT_SLOT_B + 8 * (s.nround & 1u);
         const fm_u32 row_b = (fm_u32)(16 * ((threadIdx.x >> 5) & 3) + (s.lane >> 2)) * 8;  // row g's (m, M2)
         const fm_u32 own = slots + s.rank * NSTAT_SLOT_B;
+        constexpr bool EXP = Ly::NORM == 3;  // a softmax's numerators exp(z - m_own) in place (fm_soft_sum_part)
+        float m_own[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
+            if constexpr (fm_norm_soft<L>()) {  // (max, sum of exp(z - max)) over this CTA's columns; (-inf, 0): none
+                m_own[hh] = fm_quad_max(fm_soft_max_part<L, NT>(d, c0, t, hh));
+                const float se = fm_quad_sum(fm_soft_sum_part<L, NT, EXP>(d, c0, t, hh, m_own[hh]));
+                fm_st_shared_f2(t == 0, own + row_b + 64 * hh, m_own[hh], se);
+                continue;
+            }
             float m = 0.0f;
             if constexpr (fm_norm_mean<L>()) {
                 const float sum = fm_quad_sum(fm_norm_part<L, NT, false>(d, c0, t, hh, 0.0f));
@@ -295,6 +304,17 @@ __device__ __forceinline__ void fm_cl_norm(float (&d)[Layer<L>::NC / 2], int c0,
                              : "=f"(m[r]), "=f"(m2[r])
                              : "r"(slots + r * NSTAT_SLOT_B + row_b + 64 * hh)
                              : "memory");
+            }
+            if constexpr (fm_norm_soft<L>()) {  // the same sums in the same order in every CTA
+                float mx = m[0], se = 0.0f;
+#pragma unroll
+                for (int r = 1; r < CL; ++r)
+                    mx = fmaxf(mx, m[r]);
+#pragma unroll
+                for (int r = 0; r < CL; ++r)
+                    se += m2[r] * __expf(m[r] - mx);
+                fm_soft_apply<L, NT, EXP>(d, c0, t, hh, mx, se, m_own[hh]);
+                continue;
             }
             if constexpr (fm_norm_mean<L>()) {
 #pragma unroll

@@ -122,7 +122,8 @@ __device__ __forceinline__ void fm_dequant(float (&acc)[FM_M_TILES][NT][4], cons
 // A norm layer of more than one chunk (plan.c, fm_plan_layout) runs its chunks twice (fm_layer): first for the rows'
 // statistics, kept here per lane for its rows g and g + 8 of each m tile, then for the output. Pass 1 merges each
 // chunk's mean and M2 = sum (z - mean)^2 over its real columns into the running ones (Chan et al.'s pairwise update:
-// no E[z^2] - mean^2 cancellation); rmsnorm and a centred layernorm (fm_norm_mean) sum z^2 alone (mean stays 0).
+// no E[z^2] - mean^2 cancellation); rmsnorm and a centred layernorm (fm_norm_mean) sum z^2 alone (mean stays 0); a
+// softmax keeps the max and the sum of exp(z - max) there (fm_soft_*; every chunk has a real column).
 struct fm_row_stats {
     float mean[FM_M_TILES][2], m2[FM_M_TILES][2];
 };
@@ -139,7 +140,13 @@ __device__ __forceinline__ void fm_row_stats_add(const float (&acc)[FM_M_TILES][
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const float *v = &acc[mt][0][0];
-            if constexpr (fm_norm_mean<L>()) {
+            if constexpr (fm_norm_soft<L>()) {  // mean: the max so far, m2: the sum of exp(z - max)
+                const float mb = fm_quad_max(fm_soft_max_part<L, NT>(v, n0, t, hh));
+                const float sb = fm_quad_sum(fm_soft_sum_part<L, NT, false>(const_cast<float *>(v), n0, t, hh, mb));
+                const float m = n0 == 0 ? mb : fmaxf(st.mean[mt][hh], mb);
+                st.m2[mt][hh] = n0 == 0 ? sb : st.m2[mt][hh] * __expf(st.mean[mt][hh] - m) + sb * __expf(mb - m);
+                st.mean[mt][hh] = m;
+            } else if constexpr (fm_norm_mean<L>()) {
                 const float mb = fm_quad_sum(fm_norm_part<L, NT, false>(v, n0, t, hh, 0.0f)) / nb;
                 const float m2b = fm_quad_sum(fm_norm_part<L, NT, true>(v, n0, t, hh, mb));
                 const float delta = mb - st.mean[mt][hh];
@@ -206,9 +213,13 @@ __device__ __forceinline__ void fm_layer_chunk(fm_u32 act, fm_u32 w, const float
 #pragma unroll
         for (int mt = 0; mt < FM_M_TILES; ++mt)
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-                fm_norm_apply<L, NT>(&acc[mt][0][0], n0, t, hh, st.mean[mt][hh],
-                                     rsqrtf(st.m2[mt][hh] * INV_N + Ly::EPS), bias);
+            for (int hh = 0; hh < 2; ++hh) {
+                if constexpr (fm_norm_soft<L>())
+                    fm_soft_apply<L, NT, false>(&acc[mt][0][0], n0, t, hh, st.mean[mt][hh], st.m2[mt][hh], 0.0f);
+                else
+                    fm_norm_apply<L, NT>(&acc[mt][0][0], n0, t, hh, st.mean[mt][hh],
+                                         rsqrtf(st.m2[mt][hh] * INV_N + Ly::EPS), bias);
+            }
     } else if constexpr (Ly::NORM != 0) {  // one chunk: the quads hold whole rows
         static_assert(NCC == Ly::N, "a norm layer in one pass is one chunk");
 #pragma unroll

@@ -1,12 +1,12 @@
-// row_norm.cu - the second half of a norm layer that runs as a GEMM: a LayerNorm / RMSNorm of z = W h + b over the
-// layer's NR columns, then the rest of the layer's epilogue, y = post(act(norm(z) * gamma + beta) op r), converted to
-// y's dtype. A GEMM computes a row in tiles of columns and cannot see a row's statistics, so a norm layer no fused
-// kernel holds (wider than 256 features, or past a cut) is two kernels: the GEMM with the epilogue cut before the
-// norm (bias only; a layernorm's weights and bias stored less their means over the outputs, so z has a near-zero row
-// mean and rounding it to the compute dtype's storage costs its bits of the deviations only: python/fusedmlp/_api.py,
-// _prenorm_net), which writes z once; then this kernel, which reads each row of z once and writes the layer's output
-// once. That is the traffic of PyTorch's best form of the same layer (torch.compile: a GEMM, then one fused
-// norm-and-activation kernel).
+// row_norm.cu - the second half of a norm layer that runs as a GEMM: a LayerNorm / RMSNorm (or a softmax / log_softmax,
+// fm_soft_row) of z = W h + b over the layer's NR columns, then the rest of the layer's epilogue, y = post(act(norm(z)
+// * gamma + beta) op r), converted to y's dtype. A GEMM computes a row in tiles of columns and cannot see a row's
+// statistics, so a norm layer no fused kernel holds (wider than 256 features, or past a cut) is two kernels: the GEMM
+// with the epilogue cut before the norm (bias only; a layernorm's weights and bias stored less their means over the
+// outputs, so z has a near-zero row mean and rounding it to the compute dtype's storage costs its bits of the
+// deviations only: python/fusedmlp/_api.py, _prenorm_net), which writes z once; then this kernel, which reads each row
+// of z once and writes the layer's output once. That is the traffic of PyTorch's best form of the same layer
+// (torch.compile: a GEMM, then one fused norm-and-activation kernel).
 //
 // Shape of the work: a warp a row (FM_WARPS rows a CTA, one CTA per FM_WARPS rows). The lanes take the row's chunks
 // of VE elements in turn (chunk c at lane c % 32), VE the widest of 8, 4, 2, 1 that divides NR, so a warp's load is
@@ -25,7 +25,7 @@ constexpr int ROWS_W = 16;        // (fm_common.cuh's input helper, which this k
 #include "fm_common.cuh"
 
 typedef Layer<0> Ly;
-static_assert(Ly::NORM == 1 || Ly::NORM == 2, "a norm layer's second pass");
+static_assert(Ly::NORM >= 1 && Ly::NORM <= 4, "a norm layer's second pass");
 static_assert(FM_IN_TYPE <= 2 && FM_OUT_TYPE <= 2 && FM_RES_TYPE <= 2, "16- and 32-bit values (no 8-bit codes)");
 constexpr int NR = Ly::NR, NP = Ly::N;  // gamma at bias[NP], beta at bias[2 NP] (fm_plan_pack_norms)
 constexpr int VE = NR % 8 == 0 ? 8 : NR % 4 == 0 ? 4 : NR % 2 == 0 ? 2 : 1;  // elements a chunk
@@ -137,6 +137,87 @@ __device__ __forceinline__ void fm_finish(float (&v)[VE], out_t *__restrict__ y,
     fm_stv(y, row * NR + c * VE, v);
 }
 
+__device__ __forceinline__ float fm_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// A softmax (NORM 3) or log_softmax (4) row from z0 on: its max m, s = sum exp(z - m), then exp(z - m) / s or
+// z - m - log s through fm_finish (gamma ones and beta zeros: exact). In registers up to 64 values a lane; a wider row
+// is read three times (max, sum, values; the second and third reads mostly hit L1/L2).
+__device__ __forceinline__ void fm_soft_row(const void *__restrict__ x, out_t *__restrict__ y,
+                                            const float *__restrict__ bias, const void *__restrict__ res,
+                                            long long row, long long z0, int lane) {
+    float m = __int_as_float(0xff800000), s = 0.0f;  // -inf, 0: no column yet
+    if constexpr (IN_REGS) {
+        float v[CPL][VE];
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            if (NCH % 32 == 0 || i * 32 + lane < NCH) {
+                fm_ldv<FM_IN_TYPE>(x, z0 + (i * 32 + lane) * VE, v[i]);
+#pragma unroll
+                for (int e = 0; e < VE; ++e)
+                    m = fmaxf(m, v[i][e]);
+            }
+        }
+        m = fm_warp_max(m);
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            if (NCH % 32 == 0 || i * 32 + lane < NCH) {
+#pragma unroll
+                for (int e = 0; e < VE; ++e) {
+                    const float ex = __expf(v[i][e] - m);
+                    s += ex;
+                    if constexpr (Ly::NORM == 3)
+                        v[i][e] = ex;
+                }
+            }
+        }
+        s = fm_warp_sum(s);
+        const float inv = 1.0f / s, shift = m + __logf(s);
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            if (NCH % 32 == 0 || i * 32 + lane < NCH) {
+#pragma unroll
+                for (int e = 0; e < VE; ++e)
+                    v[i][e] = Ly::NORM == 3 ? v[i][e] * inv : v[i][e] - shift;
+                fm_finish(v[i], y, bias, res, row, i * 32 + lane);
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int c = lane; c < NCH; c += 32) {
+            float f[VE];
+            fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, f);
+#pragma unroll
+            for (int e = 0; e < VE; ++e)
+                m = fmaxf(m, f[e]);
+        }
+        m = fm_warp_max(m);
+#pragma unroll 4
+        for (int c = lane; c < NCH; c += 32) {
+            float f[VE];
+            fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, f);
+#pragma unroll
+            for (int e = 0; e < VE; ++e)
+                s += __expf(f[e] - m);
+        }
+        s = fm_warp_sum(s);
+        const float inv = 1.0f / s, shift = m + __logf(s);
+#pragma unroll 4
+        for (int c = lane; c < NCH; c += 32) {
+            float f[VE];
+            fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, f);
+#pragma unroll
+            for (int e = 0; e < VE; ++e)
+                f[e] = Ly::NORM == 3 ? __expf(f[e] - m) * inv : f[e] - shift;
+            fm_finish(f, y, bias, res, row, c);
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
 {{KERNEL_NAME}}(const void *__restrict__ x,      // z = W h + b: rows x NR of FM_IN_TYPE
                 out_t *__restrict__ y,            // rows x NR of out_t: the layer's output
@@ -155,7 +236,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
     if (row >= rows)
         return;
     const long long z0 = row * NR;
-    if constexpr (IN_REGS) {
+    if constexpr (Ly::NORM >= 3) {
+        fm_soft_row(x, y, bias, res, row, z0, lane);
+    } else if constexpr (IN_REGS) {
         float v[CPL][VE];
         float s = 0.0f;
 #pragma unroll

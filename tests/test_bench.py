@@ -40,7 +40,11 @@ def test_flops_count_real_widths_not_the_padded_ones():
 def test_workload_set_is_the_issue_set():
     assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128",  # issue 4
                                      "nerf", "deep256", "wide512", "sdf512", "rec1024",  # issue 29
-                                     "rl256", "r256", "rl1024", "r1024"]  # issue 30 (r*: rl* without norms)
+                                     "rl256", "r256", "rl1024", "r1024",  # issue 30 (r*: rl* without norms)
+                                     "cls10", "cls1000"]  # classifiers: softmax heads
+    cls = bench.WORKLOADS["cls1000"]
+    assert cls.output_activation == "softmax" and bench.fused_options(cls) == {
+        "activation": "relu", "output_activation": "softmax"}
     nerf, sdf = bench.WORKLOADS["nerf"], bench.WORKLOADS["sdf512"]
     assert nerf.widths == (63,) + (256,) * 8 + (4,) and nerf.concat == ((5, "before"),)
     assert nerf.layer_inputs()[5] == 63 + 256 and bench.flops(nerf.widths, 1, nerf.concat) == 2 * (

@@ -19,9 +19,9 @@ ACTS = ["relu", "gelu", "silu", "tanh", "none", "mish", "x * tanh(softplus(x))",
 
 def norm_forward(x, ws, bs, acts, residual=None, concat=None, norms=None):
     """Float64 forward of a graph with norms: z = W h + b, then the layer's norm over its features (torch's
-    LayerNorm: biased variance; RMSNorm: mean square), act, the residual op and its activation. residual: {layer:
-    (op, then, source)} with source -1 (input), k (layer k's output); concat: {layer: 'after' | 'before'}; norms:
-    {layer: (kind, weight, bias, eps)} (weight / bias None: ones / zeros)."""
+    LayerNorm: biased variance; RMSNorm: mean square; softmax / log_softmax), act, the residual op and its activation.
+    residual: {layer: (op, then, source)} with source -1 (input), k (layer k's output); concat: {layer: 'after' |
+    'before'}; norms: {layer: (kind, weight, bias, eps)} (weight / bias None: ones / zeros)."""
     def act(text, y):
         return _core.eval_expr(text, np.ascontiguousarray(y.ravel())).reshape(y.shape)
 
@@ -31,7 +31,11 @@ def norm_forward(x, ws, bs, acts, residual=None, concat=None, norms=None):
         cat = (concat or {}).get(l)
         inp = h if cat is None else np.concatenate([h, x0] if cat == "after" else [x0, h], 1)
         z = inp @ np.asarray(w, np.float64).T + (0 if b is None else np.asarray(b, np.float64))
-        if norms and l in norms:
+        if norms and l in norms and norms[l][0] in ("softmax", "log_softmax"):
+            zc = z - z.max(1, keepdims=True)
+            lse = np.log(np.exp(zc).sum(1, keepdims=True))
+            z = np.exp(zc - lse) if norms[l][0] == "softmax" else zc - lse
+        elif norms and l in norms:
             kind, g, beta, eps = norms[l]
             mean = z.mean(1, keepdims=True) if kind == "layernorm" else 0.0
             var = ((z - mean) ** 2).mean(1, keepdims=True)
@@ -188,8 +192,8 @@ def test_layernorm_of_one_feature_is_its_bias(rng):
 
 
 @pytest.mark.parametrize("norm, error, match", [
-    ({0: "batchnorm"}, fusedmlp.ArgumentError, r"norm kind of layer 0 is 'batchnorm'; it must be 'layernorm' or "
-                                               r"'rmsnorm'"),
+    ({0: "batchnorm"}, fusedmlp.ArgumentError, r"norm kind of layer 0 is 'batchnorm'; it must be 'layernorm', "
+                                               r"'rmsnorm', 'softmax' or 'log_softmax'"),
     ({3: "layernorm"}, fusedmlp.ArgumentError, r"norm names layer 3; the network has layers 0\.\.1"),
     ({-1: "layernorm"}, fusedmlp.ArgumentError, r"norm names layer -1"),
     ({True: "layernorm"}, fusedmlp.ArgumentError, r"norm names layer True"),
@@ -235,7 +239,7 @@ def norm_layer_chunks(source):
     """(N, NC) of each Layer<l> with a norm in a rendered source."""
     out = []
     for body in re.findall(r"template <> struct Layer<\d+> \{(.*?)\n\};", source, flags=re.S):
-        if re.search(r"static constexpr int NORM = [12];", body):
+        if re.search(r"static constexpr int NORM = [1-4];", body):
             n, nc = re.search(r"N = (\d+), NR = \d+, NC = (\d+);", body).groups()
             out.append((int(n), int(nc)))
     return out

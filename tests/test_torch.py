@@ -341,13 +341,13 @@ class _SkipTwo(nn.Module):  # a residual over two layers: the network input adde
         return x + self.b(torch.relu(self.a(x)))
 
 
-class _Softmax(nn.Module):
+class _Cumsum(nn.Module):
     def __init__(self):
         super().__init__()
         self.a = nn.Linear(4, 3)
 
     def forward(self, x):
-        return torch.softmax(self.a(x), dim=-1)
+        return torch.cumsum(self.a(x), dim=-1)
 
 
 @pytest.mark.parametrize("model, concat, residual", [(_Concat(), [0, 1], [None, None]),
@@ -361,7 +361,7 @@ def test_traced_concat_and_skip_graphs_match_torch(model, concat, residual):
 
 
 @pytest.mark.parametrize("model, match", [
-    (_Softmax(), r"softmax.*is not supported"),
+    (_Cumsum(), r"cumsum.*is not supported"),
 ])
 def test_traced_graphs_name_the_unsupported_node(model, match):
     with pytest.raises(fusedmlp.ArgumentError, match=match):

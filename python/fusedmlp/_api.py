@@ -158,7 +158,8 @@ class FusedMLP:
         biases: None, or one (out_features,) array or None per layer.
         activation: the activation of every hidden layer (a name or an expression over ``x``), or a list with one
             per hidden layer, or one per layer (then leave output_activation None).
-        output_activation: the activation of the last layer; None means "none".
+        output_activation: the activation of the last layer; None means "none". 'softmax' and 'log_softmax' (over
+            the output features, a classifier's head) are fused too: they run as that layer's norm (below).
         residual: residual epilogues y = then(act(W h + b) op r), fused: a dict {layer: spec} (or a list with one
             spec or None per layer). A spec is 'add' or 'mul' (r = h, the layer's input), (op, then),
             (op, then, from) or {'op': ..., 'then': ..., 'from': ...}; ``from`` names an earlier layer (r is its
@@ -171,6 +172,8 @@ class FusedMLP:
             'layernorm' or 'rmsnorm' (no affine), (kind, weight, bias, eps) cut short anywhere after kind, or
             {'kind': ..., 'weight': ..., 'bias': ..., 'eps': ...}: weight and bias (out_features,) arrays or None,
             eps default 1e-5 (layernorm) / float32's machine epsilon (rmsnorm, as torch.nn.RMSNorm's eps=None).
+            'softmax' and 'log_softmax' (no weight, bias or eps) normalise the row the same way: exp(z - max) / sum
+            exp(z - max), or its log.
         dtype: the Tensor Core compute dtype, 'float16' (default), 'bfloat16' or 'tf32' (sm_80+): what weights and
             the activations between layers are stored as on chip; every path accumulates in float32. Inputs and
             outputs keep the caller's dtype (float32, float16 or bfloat16) and are converted in the kernel.
@@ -198,12 +201,12 @@ class FusedMLP:
             raise ArgumentError(f"biases must be None or a list of {n} entries (an array or None per layer)")
         w = [_as_float_array(wi, f"weights[{i}]", 2) for i, wi in enumerate(weights)]
         b = [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)]
-        acts = _layer_activations(n, activation, output_activation)
+        self._norm = _norm.parse(n, [wi.shape[0] for wi in w], norm)
+        acts = _norm.take_softmax(_layer_activations(n, activation, output_activation), self._norm)
         _check_expressions(acts)
         self._residual = _layer_residuals(n, residual)
         self._concat = _layer_concat(n, concat)
         self._precision = _parse_precision(dtype)
-        self._norm = _norm.parse(n, [wi.shape[0] for wi in w], norm)
         self._net = _core().Network(w, b, acts, self._residual, self._concat, self._norm)
         if self._precision in LOWBIT:  # the weight scales now; the activation scales come from calibrate()
             self._net.set_quant(self._precision)
@@ -464,16 +467,16 @@ class FusedMLP:
         """This network with each norm layer cut before its norm: W h + b alone (no norm, activation or residual), so
         its GEMM writes z and the layer's second kernel (_norm_plan, row_norm.cu) finishes the rows. A layernorm
         layer's weights and bias come less their means over the layer's outputs (float64, then float32): a layernorm
-        is blind to a common part of its row, and z then has a near-zero row mean, so storing it in 16 bits keeps the
-        deviations' bits (as the fused kernels' centred weights, fm_plan.centred). Only the norm layers' GEMMs read
-        it."""
+        (and a softmax: softmax(z - c) = softmax(z)) is blind to a common part of its row, and z then has a near-zero
+        row mean, so storing it in 16 bits keeps the deviations' bits (as the fused kernels' centred weights,
+        fm_plan.centred). Only the norm layers' GEMMs read it."""
         if self._prenorm is None:
             w, b, acts, residual = list(self._w), list(self._b), list(self._acts), list(self._residual)
             for l, entry in enumerate(self._norm):
                 if entry is None:
                     continue
                 acts[l], residual[l] = "none", None
-                if entry[0] == _norm.KINDS["layernorm"]:
+                if _norm.NAMES[entry[0]] in ("layernorm", "softmax", "log_softmax"):  # blind to a common part
                     w64 = w[l].astype(np.float64)
                     w[l] = np.ascontiguousarray(w64 - w64.mean(axis=0), dtype=np.float32)
                     if b[l] is not None:

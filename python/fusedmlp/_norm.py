@@ -1,4 +1,4 @@
-"""FusedMLP's norm= option: LayerNorm / RMSNorm of a layer's W h + b before its activation (issue 30).
+"""FusedMLP's norm= option: LayerNorm / RMSNorm (or a softmax) of a layer's W h + b before its activation (issue 30).
 
 The C core applies it (csrc/spec.c holds the arrays, csrc/ref.c the CPU forward, the kernel templates the fused
 epilogue: the row's statistics in float32 across its columns); this module turns the user's spelling into the core's
@@ -11,15 +11,19 @@ import numpy as np
 
 from .errors import ArgumentError, DTypeError, ShapeError
 
-#: The kinds, as the core's FM_NORM_* codes.
-KINDS = {"layernorm": 1, "rmsnorm": 2}
+#: The kinds, as the core's FM_NORM_* codes. softmax and log_softmax (over the layer's features, as torch.softmax(z,
+#: -1)) are row normalisations too: their statistics are the row's max and its sum of exp(z - max), and they take no
+#: weight, bias or eps. A classifier's head is its last layer with one of them and no activation; the activation
+#: names 'softmax' and 'log_softmax' are spelled that way (take_softmax).
+KINDS = {"layernorm": 1, "rmsnorm": 2, "softmax": 3, "log_softmax": 4}
+SOFTMAX = ("softmax", "log_softmax")
 NAMES = {code: name for name, code in KINDS.items()}
 #: eps where a spec gives none: torch.nn.LayerNorm's default, and for rmsnorm what torch.nn.RMSNorm's eps=None means
 #: for float32 inputs, torch.finfo(torch.float32).eps (the kernels compute the statistics in float32).
-DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": float(np.finfo(np.float32).eps)}
+DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": float(np.finfo(np.float32).eps), "softmax": 0.0, "log_softmax": 0.0}
 
-_SPELLINGS = ("'layernorm', 'rmsnorm', (kind, weight), (kind, weight, bias), (kind, weight, bias, eps) or "
-              "{'kind': ..., 'weight': ..., 'bias': ..., 'eps': ...}")
+_SPELLINGS = ("'layernorm', 'rmsnorm', 'softmax', 'log_softmax', (kind, weight), (kind, weight, bias), (kind, weight, "
+              "bias, eps) or {'kind': ..., 'weight': ..., 'bias': ..., 'eps': ...}")
 
 
 def _vector(value, field, width):
@@ -55,8 +59,14 @@ def _one(layer, spec, width):
     else:
         raise ArgumentError(f"norm of layer {layer} is {spec!r}; write {_SPELLINGS}")
     if not isinstance(kind, str) or kind not in KINDS:
-        raise ArgumentError(f"norm kind of layer {layer} is {kind!r}; it must be 'layernorm' or 'rmsnorm' (a "
-                            "BatchNorm1d folds into the weights instead: fusedmlp.from_torch does that)")
+        raise ArgumentError(f"norm kind of layer {layer} is {kind!r}; it must be 'layernorm', 'rmsnorm', 'softmax' or "
+                            "'log_softmax' (a BatchNorm1d folds into the weights instead: fusedmlp.from_torch does "
+                            "that)")
+    if kind in SOFTMAX:
+        given = [name for name, v in (("weight", weight), ("bias", bias)) if v is not None]
+        if given or eps not in (None, 0, 0.0):
+            what = given[0] if given else f"eps={eps!r}"
+            raise ArgumentError(f"norm of layer {layer} is a {kind} with {what}; a {kind} takes no weight, bias or eps")
     if eps is None:
         eps = DEFAULT_EPS[kind]
     elif isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)):
@@ -96,12 +106,31 @@ def parse(num_layers, out_widths, norm):
     return [None if spec is None else _one(layer, spec, out_widths[layer]) for layer, spec in enumerate(entries)]
 
 
+def take_softmax(acts, norms):
+    """The activations and norms with each 'softmax' / 'log_softmax' activation (a classifier's output_activation)
+    moved into norms: that layer's norm, and the identity activation. norms: parse's list (changed in place)."""
+    out = list(acts)
+    for layer, act in enumerate(acts):
+        name = act.strip().lower().replace("logsoftmax", "log_softmax")
+        if name not in SOFTMAX:
+            continue
+        if norms[layer] is not None:
+            raise ArgumentError(f"layer {layer} has the activation {act!r} and the norm {NAMES[norms[layer][0]]}; a "
+                                f"{name} is that layer's norm itself (give one of the two)")
+        norms[layer] = (KINDS[name], 0.0, None, None)
+        out[layer] = "none"
+    return out
+
+
 def describe(norms):
     """The repr fragment ', norm={1: layernorm(eps=1e-05, affine), ...}', or '' without norms."""
     parts = []
     for layer, entry in enumerate(norms):
         if entry is not None:
             kind, eps, weight, bias = entry
+            if NAMES[kind] in SOFTMAX:
+                parts.append(f"{layer}: {NAMES[kind]}")
+                continue
             extra = "".join(f", {name}" for name, arr in (("weight", weight), ("bias", bias)) if arr is not None)
             parts.append(f"{layer}: {NAMES[kind]}(eps={eps:g}{extra})")
     return f", norm={{{', '.join(parts)}}}" if parts else ""

@@ -105,6 +105,10 @@ WORKLOADS = {
     # the same at a width no fused kernel's norm layer takes: each layer a GEMM, each LayerNorm a row pass after it
     "rl1024": Workload((64, 1024, 1024, 1024, 16), "silu", True, norm="layernorm"),
     "r1024": Workload((64, 1024, 1024, 1024, 16), "silu", True),
+    # classifiers: a softmax over the classes after the last Linear (fused as its norm); 1000 classes are a GEMM and a
+    # row pass after the two 1024-wide layers
+    "cls10": Workload((64, 256, 256, 256, 10), "relu", True, output_activation="softmax"),
+    "cls1000": Workload((256, 1024, 1024, 1000), "relu", True, output_activation="softmax"),
 }
 
 DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)
@@ -312,7 +316,8 @@ def _concat_model(torch, wl, acts):
     inputs, the output activation after the last."""
     nn = torch.nn
     cat = dict(wl.concat)
-    final = {"none": nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[wl.output_activation]
+    final = {"none": nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
+             "softmax": lambda: nn.Softmax(dim=-1)}[wl.output_activation]
 
     class ConcatMLP(nn.Module):
         def __init__(self):

@@ -95,6 +95,7 @@ def _check_dropout_off(module, label):
                             "training mode; call model.eval() first (fusedmlp runs inference)")
 
 SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (directly after a Linear), "
+             "Softmax and LogSoftmax over the features (directly after a Linear), "
              "ReLU, LeakyReLU, ELU, CELU, GELU, SiLU, Sigmoid, LogSigmoid, Tanh, Tanhshrink, Softplus, Mish, SELU, "
              "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, Threshold, PReLU (one slope), "
              "Identity, Dropout (any form) and BatchNorm1d (in eval mode), nested Sequential")
@@ -149,6 +150,15 @@ def _norm_module(module):
     rms = getattr(nn, "RMSNorm", None)  # torch 2.4 and later
     if rms is not None and isinstance(module, rms):
         return "rmsnorm", module.normalized_shape, module.weight, None, module.eps
+    return None
+
+
+def _softmax_module(module):
+    """(kind, dim) of an nn.Softmax ('softmax') or nn.LogSoftmax ('log_softmax'), else None."""
+    if isinstance(module, nn.Softmax):
+        return "softmax", module.dim
+    if isinstance(module, nn.LogSoftmax):
+        return "log_softmax", module.dim
     return None
 
 
@@ -245,6 +255,23 @@ class _Layers:
                              f"outputs; fusedmlp fuses a norm over the layer's features, normalized_shape ({width},)")
         self.norms[-1] = [kind, _numpy64(weight), _numpy64(bias), None if eps is None else float(eps)]
 
+    def softmax(self, kind, dim, label):
+        """A Softmax (kind 'softmax') or LogSoftmax ('log_softmax') over dim at label: the last layer's norm (FusedMLP
+        fuses it before the layer's activation), so it must come directly after that layer's Linear. dim: -1, or 1 (or
+        None, which torch reads as 1) of the (rows, features) batches fusedmlp runs."""
+        name = "Softmax" if kind == "softmax" else "LogSoftmax"
+        if dim not in (None, -1, 1):
+            raise ArgumentError(f"{label}: {name}(dim={dim}) does not run over the features; fusedmlp fuses a {name} "
+                                "over a layer's features, dim=-1 (or 1) of its (rows, features) input")
+        self.unfoldable(label, f"a {name}")
+        if not self.open or self.norms[-1] is not None:
+            raise ArgumentError(f"{label}: {name} is not directly after a Linear" + (
+                " (it follows a norm)" if self.weights and self.norms[-1] is not None else "") +
+                f"; fusedmlp fuses a {name} over a Linear's outputs, before the layer's activation (Linear -> {name} "
+                "-> activation)")
+        self.norms[-1] = [kind, None, None, None]
+        self.open = False  # a BatchNorm1d after it folds into the next Linear (a softmax has no affine to take it)
+
     def unfoldable(self, label, what):
         """Raises if a BatchNorm1d waits for a Linear and `what` (at label) comes first."""
         if self.pending is not None:
@@ -303,7 +330,8 @@ def read_module(module, activations=None):
             torch.fx can trace into Linear / F.linear, activations, x + f(x) / x * f(x) residuals, input concats and
             norms. Linears may carry weight_norm / spectral_norm parametrizations (their eval-mode weight is read);
             BatchNorm1d in eval mode folds into the Linear before or after it; LayerNorm / RMSNorm directly after a
-            Linear becomes that layer's fused norm.
+            Linear becomes that layer's fused norm, and so does a Softmax / LogSoftmax over the features (a
+            classifier's head).
         activations: {module path: expression} for modules fusedmlp does not know (e.g. {"mlp.4": "x*tanh(x)"}).
 
     Returns:
@@ -330,6 +358,9 @@ def read_module(module, activations=None):
             continue
         if text is None and _norm_module(leaf) is not None:
             layers.norm(*_norm_module(leaf), label)
+            continue
+        if text is None and _softmax_module(leaf) is not None:
+            layers.softmax(*_softmax_module(leaf), label)
             continue
         if text is None:
             text = _activation_text(leaf)
@@ -367,7 +398,8 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "(relu, gelu, silu, tanh, sigmoid, softplus, leaky_relu, elu, ...), residuals h + f(h) and "
                     "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
                     "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
-                    "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) directly after a Linear, "
+                    "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) and softmax / log_softmax "
+                    "over the features (modules, functions or methods) directly after a Linear, "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
@@ -434,6 +466,23 @@ def _traced_norm(root, node, leaf, label):
                 _traced_attr(root, _arg(node, 3, "bias", None), label), float(_arg(node, 4, "eps", 1e-5)))
     eps = _arg(node, 3, "eps", None)
     return "rmsnorm", shape, _traced_attr(root, _arg(node, 2, "weight", None), label), None, eps
+
+
+_SOFTMAX_FUNCTIONS = {F.softmax: "softmax", torch.softmax: "softmax", F.log_softmax: "log_softmax",
+                      torch.log_softmax: "log_softmax"}
+
+
+def _traced_softmax(node, leaf):
+    """(kind, dim) of a softmax / log_softmax graph node (an nn.Softmax / nn.LogSoftmax, F.softmax, torch.softmax or
+    the tensor method, and their log forms), else None. A dtype argument only picks the precision torch computes in;
+    the kernels compute in float32."""
+    if leaf is not None:
+        return _softmax_module(leaf)
+    if node.op == "call_function" and node.target in _SOFTMAX_FUNCTIONS:
+        return _SOFTMAX_FUNCTIONS[node.target], _arg(node, 1, "dim", None)
+    if node.op == "call_method" and node.target in ("softmax", "log_softmax"):
+        return node.target, _arg(node, 1, "dim", None)
+    return None
 
 
 def _is_parametrization_call(gm, node):
@@ -511,6 +560,13 @@ def _read_traced(module, activations):
             if not inputs or inputs[0] is not cur:
                 raise ArgumentError(f"{label}: a norm that does not take the previous layer's output")
             layers.norm(*norm, node.target if leaf is not None else label)
+            cur = node
+            continue
+        soft = _traced_softmax(node, leaf if text is None else None)
+        if soft is not None:
+            if not inputs or inputs[0] is not cur:
+                raise ArgumentError(f"{label}: a softmax that does not take the previous layer's output")
+            layers.softmax(*soft, node.target if leaf is not None else label)
             cur = node
             continue
         if node.op == "call_function" and node.target is torch.cat:
