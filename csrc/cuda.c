@@ -118,6 +118,22 @@ typedef struct fm_cuda_api {
     CUresult (*cuEventSynchronize)(void *event);
     CUresult (*cuEventElapsedTime)(float *ms, void *start, void *end);
     CUresult (*cuEventDestroy)(void *event);
+    /* Optional (CUDA 11.4+; programmatic edges in a capture 12.3+): a chain's launches captured once and replayed as
+     * one graph launch (fm_graph_*). */
+    CUresult (*cuStreamBeginCapture)(CUstream stream, int mode);
+    CUresult (*cuStreamEndCapture)(CUstream stream, void **graph);
+    CUresult (*cuStreamIsCapturing)(CUstream stream, int *status);
+    CUresult (*cuGraphInstantiateWithFlags)(void **exec, void *graph, unsigned long long flags);
+    CUresult (*cuGraphLaunch)(void *exec, CUstream stream);
+    CUresult (*cuGraphExecDestroy)(void *exec);
+    CUresult (*cuGraphDestroy)(void *graph);
+    /* the node a capture added last (CUDA 12.3's form with edge data; else 11.3's), and a kernel node's arguments
+     * changed in an instantiated graph (CUDA 12.0's params struct) */
+    CUresult (*cuStreamGetCaptureInfo3)(CUstream stream, int *status, unsigned long long *id, void **graph,
+                                        void *const **deps, const void **edges, size_t *n);
+    CUresult (*cuStreamGetCaptureInfo2)(CUstream stream, int *status, unsigned long long *id, void **graph,
+                                        void *const **deps, size_t *n);
+    CUresult (*cuGraphExecKernelNodeSetParams)(void *exec, void *node, const void *params);
 } fm_cuda_api;
 
 /* Written once under g_lock, published through g_ready (release), read-only afterwards. */
@@ -229,6 +245,16 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     *(void **)&api->cuOccupancyMaxActiveClusters = dlsym(handle, "cuOccupancyMaxActiveClusters");
     *(void **)&api->cuLaunchKernelEx = dlsym(handle, "cuLaunchKernelEx");
     *(void **)&api->cuThreadExchangeStreamCaptureMode = dlsym(handle, "cuThreadExchangeStreamCaptureMode");
+    *(void **)&api->cuStreamBeginCapture = dlsym(handle, "cuStreamBeginCapture_v2");
+    *(void **)&api->cuStreamEndCapture = dlsym(handle, "cuStreamEndCapture");
+    *(void **)&api->cuStreamIsCapturing = dlsym(handle, "cuStreamIsCapturing");
+    *(void **)&api->cuGraphInstantiateWithFlags = dlsym(handle, "cuGraphInstantiateWithFlags");
+    *(void **)&api->cuGraphLaunch = dlsym(handle, "cuGraphLaunch");
+    *(void **)&api->cuGraphExecDestroy = dlsym(handle, "cuGraphExecDestroy");
+    *(void **)&api->cuGraphDestroy = dlsym(handle, "cuGraphDestroy");
+    *(void **)&api->cuStreamGetCaptureInfo3 = dlsym(handle, "cuStreamGetCaptureInfo_v3");
+    *(void **)&api->cuStreamGetCaptureInfo2 = dlsym(handle, "cuStreamGetCaptureInfo_v2");
+    *(void **)&api->cuGraphExecKernelNodeSetParams = dlsym(handle, "cuGraphExecKernelNodeSetParams_v2");
     return NULL;
 }
 
@@ -627,6 +653,102 @@ cleanup:
 void fm_stream_destroy(fm_stream stream) {
     if (stream != NULL && cu_is_ready())
         g_api.cuStreamDestroy((CUstream)stream);
+}
+
+int fm_graph_available(void) {
+    return cu_is_ready() && g_api.cuStreamBeginCapture != NULL && g_api.cuStreamEndCapture != NULL &&
+           g_api.cuStreamIsCapturing != NULL && g_api.cuGraphInstantiateWithFlags != NULL &&
+           g_api.cuGraphLaunch != NULL && g_api.cuGraphExecDestroy != NULL && g_api.cuGraphDestroy != NULL &&
+           (g_api.cuStreamGetCaptureInfo3 != NULL || g_api.cuStreamGetCaptureInfo2 != NULL) &&
+           g_api.cuGraphExecKernelNodeSetParams != NULL;
+}
+
+fm_status fm_graph_last_node(fm_stream stream, void **node, fm_error *err) {
+    fm_status st = FM_OK;
+    int status = 0;
+    unsigned long long id = 0;
+    void *graph = NULL;
+    void *const *deps = NULL;
+    const void *edges = NULL;
+    size_t n = 0;
+    *node = NULL;
+    if (g_api.cuStreamGetCaptureInfo3 != NULL)
+        CU_CHECK(cuStreamGetCaptureInfo3, ((CUstream)stream, &status, &id, &graph, &deps, &edges, &n));
+    else
+        CU_CHECK(cuStreamGetCaptureInfo2, ((CUstream)stream, &status, &id, &graph, &deps, &n));
+    if (status != 1 || n != 1 || deps == NULL)
+        return fm_fail(err, FM_ERR_INTERNAL, "a capture's last launch is %zu nodes (status %d), not one", n, status);
+    *node = deps[0];
+cleanup:
+    return st;
+}
+
+/* CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h, CUDA 12.0+): func, or kern where func is NULL; ctx NULL: the current one. */
+typedef struct {
+    void *func;
+    unsigned grid[3], block[3], smem;
+    void **params, **extra;
+    void *kern, *ctx;
+} fm_kernel_node_params;
+
+fm_status fm_graph_set_kernel(fm_graph_exec exec, void *node, const fm_kernel *k, unsigned grid, void **params,
+                              fm_error *err) {
+    fm_status st = FM_OK;
+    const fm_kernel_node_params p = {k->function, {grid, 1, 1}, {(unsigned)k->threads, 1, 1}, (unsigned)k->smem_bytes,
+                                     params, NULL, NULL, NULL};
+    CU_CHECK(cuGraphExecKernelNodeSetParams, (exec, node, &p));
+cleanup:
+    return st;
+}
+
+int fm_stream_capturing(fm_stream stream) {
+    int status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
+    if (!fm_graph_available() || g_api.cuStreamIsCapturing((CUstream)stream, &status) != CUDA_SUCCESS)
+        return -1;
+    return status != 0;
+}
+
+fm_status fm_graph_begin(fm_stream *stream, fm_error *err) {
+    fm_status st = FM_OK;
+    CUstream s = (CUstream)*stream;
+    if (!fm_graph_available())
+        return fm_fail(err, FM_ERR_LIBRARY, "the driver has no stream capture (CUDA 11.4+)");
+    if (s == NULL) {
+        CU_CHECK(cuStreamCreate, (&s, 1)); /* CU_STREAM_NON_BLOCKING: no implicit wait on the legacy stream */
+        *stream = (fm_stream)s;
+    }
+    CU_CHECK(cuStreamBeginCapture, (s, 2)); /* CU_STREAM_CAPTURE_MODE_RELAXED: other threads' calls are theirs */
+cleanup:
+    return st;
+}
+
+fm_status fm_graph_end(fm_stream stream, int keep, fm_graph_exec *exec, void **graph, fm_error *err) {
+    fm_status st = FM_OK;
+    *exec = NULL;
+    *graph = NULL;
+    CU_CHECK(cuStreamEndCapture, ((CUstream)stream, graph));
+    if (keep)
+        CU_CHECK(cuGraphInstantiateWithFlags, (exec, *graph, 0));
+cleanup:
+    if ((st != FM_OK || !keep) && *graph != NULL) {
+        g_api.cuGraphDestroy(*graph);
+        *graph = NULL;
+    }
+    return st;
+}
+
+fm_status fm_graph_launch(fm_graph_exec exec, fm_stream stream, fm_error *err) {
+    fm_status st = FM_OK;
+    CU_CHECK(cuGraphLaunch, (exec, (CUstream)stream));
+cleanup:
+    return st;
+}
+
+void fm_graph_free(fm_graph_exec exec, void *graph) {
+    if (exec != NULL && cu_is_ready())
+        g_api.cuGraphExecDestroy(exec);
+    if (graph != NULL && cu_is_ready())
+        g_api.cuGraphDestroy(graph);
 }
 
 /* Page-locked host memory in the current context, which the copy engines read and write at the bus's rate. */

@@ -579,6 +579,27 @@ fm_status fm_memset_d8(fm_devptr dst, unsigned char value, size_t bytes, fm_stre
 fm_status fm_stream_sync(fm_stream stream, fm_error *err);
 fm_status fm_stream_create(fm_stream *stream, fm_error *err);
 void fm_stream_destroy(fm_stream stream);
+/* A chain's launches captured once and replayed as one graph launch (module_fast.c): a captured graph, instantiated. */
+typedef void *fm_graph_exec;
+/* Whether the driver has stream capture and graph launches (CUDA 11.4+). */
+int fm_graph_available(void);
+/* 1 while `stream` captures a graph (work enqueued on it is recorded, not run), 0 when not, -1 when unknown. */
+int fm_stream_capturing(fm_stream stream);
+/* Starts capturing the work enqueued on *stream (relaxed mode), first creating it (non-blocking) where it is NULL. */
+fm_status fm_graph_begin(fm_stream *stream, fm_error *err);
+/* Ends the capture on `stream` (always, so that the stream runs work again); keep: instantiates what it recorded into
+ * *exec and keeps the graph in *graph (its nodes are the handles fm_graph_set_kernel takes); else, and on failure,
+ * both are NULL. */
+fm_status fm_graph_end(fm_stream stream, int keep, fm_graph_exec *exec, void **graph, fm_error *err);
+/* The kernel node the last launch on the capturing `stream` added. */
+fm_status fm_graph_last_node(fm_stream stream, void **node, fm_error *err);
+/* Gives kernel node `node` of `exec` new arguments (k's function and block, grid CTAs): later launches of exec use
+ * them, launches already enqueued keep theirs. */
+fm_status fm_graph_set_kernel(fm_graph_exec exec, void *node, const fm_kernel *k, unsigned grid, void **params,
+                              fm_error *err);
+fm_status fm_graph_launch(fm_graph_exec exec, fm_stream stream, fm_error *err);
+/* Frees an instantiated graph and the graph it came from (either may be NULL). */
+void fm_graph_free(fm_graph_exec exec, void *graph);
 fm_status fm_host_alloc(void **p, size_t bytes, fm_error *err);
 void fm_host_free(void *p);
 /* The launch floor: host microseconds per launch of `name` (an empty kernel taking the fused kernels' arguments) from

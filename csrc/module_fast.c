@@ -72,6 +72,21 @@ static const fm_dl_tensor *fast_capsule_tensor(PyObject *capsule) {
 
 enum { FAST_MAX_DIMS = 8, FAST_MAX_ENTRIES = 64, FAST_KINDS = 3, FAST_LIBS = 2 }; /* kinds: 0 f32, 1 f16, 2 bf16 */
 
+/* A chain's launches for calls of `rows` rows, captured once and replayed as one graph launch (Fast_chain_graph). */
+typedef struct {
+    long long rows;
+    fm_devptr x, y;          /* the addresses its nodes now take */
+    fm_graph_exec exec;      /* NULL: an empty slot */
+    void *graph;             /* the captured graph exec came from (its nodes are the handles node[] holds) */
+    void **node;             /* per step, its kernel node where it reads x or writes y (their arguments change), else
+                              * NULL */
+    unsigned long long used; /* the chain's tick when last launched (the least recent slot is replaced) */
+} FastGraph;
+
+/* Batch sizes a chain keeps graphs for, and the largest batch that runs through them: below it a chain's launches
+ * cost more than its kernels (docs/performance.md, "Segmented networks at small batches"). */
+enum { FAST_GRAPHS = 8, FAST_GRAPH_MAX_ROWS = 1 << 16 };
+
 typedef struct {
     int n;
     FastStep *steps;
@@ -80,6 +95,12 @@ typedef struct {
     fm_stream stream; /* the stream the workspace belongs to: a call on another stream takes the checked path */
     fm_devptr base;   /* the workspace */
     long long cap;    /* its rows */
+    int graphs;       /* replay small calls from graphs (add_chain's graphs, _env.chain_graphs; off after failures) */
+    FastGraph graph[FAST_GRAPHS];
+    fm_stream capture; /* the stream the launches are captured on (made at the first capture) */
+    unsigned long long tick;
+    long long graph_hits, graph_misses;
+    char graph_error[1024]; /* why graphs went off (a capture or an update failed), or empty */
 } FastChain;
 
 typedef struct {
@@ -146,6 +167,11 @@ static int fast_same_env(const char *a, const char *b) {
 static void Fast_free_chain(FastChain *c) {
     if (c == NULL)
         return;
+    for (int i = 0; i < FAST_GRAPHS; ++i) {
+        fm_graph_free(c->graph[i].exec, c->graph[i].graph);
+        free(c->graph[i].node);
+    }
+    fm_stream_destroy(c->capture);
     for (int i = 0; i < c->n; ++i)
         Py_XDECREF(c->steps[i].kernel);
     free(c->steps);
@@ -340,17 +366,18 @@ int chain_step_parse(PyObject *item, Py_ssize_t i, const char *who, FastStep *st
     return 0;
 }
 
-/* add_chain(in_kind, out_kind, rows, sm_count, owner, lock, stream, base, cap, steps): a segmented network's
- * launches for calls like one of `rows` rows on `stream`; steps a sequence of (kernel, x, y, x1, res, after) with
- * operand codes -1 x, -3 y, -2 none, >= 0 a byte offset from base (the workspace of cap rows), and after as
- * Kernel.launch's. */
+/* add_chain(in_kind, out_kind, rows, sm_count, owner, lock, stream, base, cap, steps, graphs=True): a segmented
+ * network's launches for calls like one of `rows` rows on `stream`; steps a sequence of (kernel, x, y, x1, res, after)
+ * with operand codes -1 x, -3 y, -2 none, >= 0 a byte offset from base (the workspace of cap rows), and after as
+ * Kernel.launch's; graphs: replay small calls from CUDA graphs (Fast_chain_graph; _env.chain_graphs). */
 static PyObject *Fast_add_chain(FastObject *self, PyObject *args) {
     int in, out, sm_count;
     long long rows, cap;
     unsigned long long stream, base;
     PyObject *owner, *lock, *steps;
-    if (!PyArg_ParseTuple(args, "iiLiOOKKLO", &in, &out, &rows, &sm_count, &owner, &lock, &stream, &base, &cap,
-                          &steps))
+    int graphs = 1;
+    if (!PyArg_ParseTuple(args, "iiLiOOKKLO|p", &in, &out, &rows, &sm_count, &owner, &lock, &stream, &base, &cap,
+                          &steps, &graphs))
         return NULL;
     PyObject *seq = PySequence_Fast(steps, "add_chain: steps must be a sequence");
     if (seq == NULL)
@@ -362,7 +389,8 @@ static PyObject *Fast_add_chain(FastObject *self, PyObject *args) {
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
-    *c = (FastChain){0, c->steps, Py_NewRef(owner), Py_NewRef(lock), (fm_stream)(uintptr_t)stream, base, cap};
+    *c = (FastChain){.steps = c->steps, .owner = Py_NewRef(owner), .lock = Py_NewRef(lock),
+                     .stream = (fm_stream)(uintptr_t)stream, .base = base, .cap = cap, .graphs = graphs && n > 1};
     for (Py_ssize_t i = 0; i < n; ++i) {
         FastStep *st = &c->steps[i];
         if (chain_step_parse(PySequence_Fast_GET_ITEM(seq, i), i, "add_chain", st) < 0) {
@@ -556,8 +584,94 @@ fm_status chain_steps_launch(const FastStep *steps, int n, fm_devptr x, fm_devpt
     return st;
 }
 
+/* Whether step s reads x or writes y: its kernel node's arguments change with the call's addresses. */
+static int fast_step_moves(const FastStep *s) {
+    return s->x == FAST_X || s->y == FAST_Y || s->x1 == FAST_X || s->res == FAST_X || s->y == FAST_X ||
+           s->x == FAST_Y || s->x1 == FAST_Y || s->res == FAST_Y;
+}
+
+/* Captures the chain's launches for `rows` rows into g (a free or least recent slot): the same launches on a stream of
+ * the chain's own, recorded rather than run, each x- or y-moving step's node noted, then instantiated. */
+static fm_status Fast_chain_capture(FastChain *c, FastGraph *g, fm_devptr x, fm_devptr y, long long rows,
+                                    fm_error *err) {
+    void **node = calloc((size_t)c->n, sizeof *node);
+    if (node == NULL)
+        return fm_fail(err, FM_ERR_NOMEM, "out of memory for a chain graph's %d nodes", c->n);
+    fm_graph_exec exec = NULL;
+    void *graph = NULL;
+    fm_status st = fm_graph_begin(&c->capture, err);
+    if (st == FM_OK) {
+        fm_status launched = FM_OK;
+        for (int i = 0; i < c->n && launched == FM_OK; ++i) {
+            const FastStep *s = &c->steps[i];
+            launched = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, c->base), fast_operand(s->y, x, y, c->base),
+                                          rows, c->capture, fast_operand(s->x1, x, y, c->base),
+                                          fast_operand(s->res, x, y, c->base), s->after, err);
+            if (launched == FM_OK && fast_step_moves(s))
+                launched = fm_graph_last_node(c->capture, &node[i], err);
+        }
+        st = fm_graph_end(c->capture, launched == FM_OK, &exec, &graph, launched == FM_OK ? err : NULL);
+        st = launched != FM_OK ? launched : st;
+    }
+    if (st != FM_OK || exec == NULL) {
+        free(node);
+        return st != FM_OK ? st : fm_fail(err, FM_ERR_INTERNAL, "a chain's capture gave no graph");
+    }
+    fm_graph_free(g->exec, g->graph);
+    free(g->node);
+    *g = (FastGraph){rows, x, y, exec, graph, node, 0};
+    c->graph_misses++;
+    return FM_OK;
+}
+
+/* A small call's launches as one graph launch: the chain's graph for `rows` rows (Fast_chain_capture the first time),
+ * its x- and y-moving nodes given this call's addresses where they differ from the last call's. One graph launch
+ * replaces a launch per step on the host, and the GPU starts each kernel sooner after the one before (rec1024 at 1024
+ * rows: 32.1 us launched, 28.4 us captured in a CUDA graph; docs/performance.md). Where capturing or an update fails (a
+ * driver without them, say) the chain goes back to its launches for good; a call on a stream that is itself being
+ * captured (the caller's own CUDA graph) launches as before, so that its graph records the kernels. Same kernels, same
+ * arguments: the bits are the launches'. */
+static fm_status Fast_chain_graph(FastChain *c, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
+                                  fm_error *err) {
+    FastGraph *g = NULL, *slot = &c->graph[0];
+    for (int i = 0; i < FAST_GRAPHS; ++i) {
+        FastGraph *o = &c->graph[i];
+        if (o->exec != NULL && o->rows == rows)
+            g = o;
+        if (o->used < slot->used)
+            slot = o;
+    }
+    fm_error local = {0};
+    fm_status st = FM_OK;
+    if (g == NULL) {
+        st = Fast_chain_capture(c, slot, x, y, rows, &local);
+        g = slot;
+    } else if (g->x != x || g->y != y) {
+        for (int i = 0; i < c->n && st == FM_OK; ++i) {
+            const FastStep *s = &c->steps[i];
+            if (g->node[i] != NULL)
+                st = Kernel_set_node(s->kernel, g->exec, g->node[i], fast_operand(s->x, x, y, c->base),
+                                     fast_operand(s->y, x, y, c->base), rows, fast_operand(s->x1, x, y, c->base),
+                                     fast_operand(s->res, x, y, c->base), &local);
+        }
+        g->x = x, g->y = y;
+        c->graph_hits++;
+    } else {
+        c->graph_hits++;
+    }
+    if (st != FM_OK) { /* graphs off for good: the launches, and why, for stats */
+        c->graphs = 0;
+        snprintf(c->graph_error, sizeof c->graph_error, "%s", local.message);
+        fm_error_clear(&local);
+        return chain_steps_launch(c->steps, c->n, x, y, c->base, rows, stream, err);
+    }
+    fm_error_clear(&local);
+    g->used = ++c->tick;
+    return fm_graph_launch(g->exec, stream, err);
+}
+
 /* A chain's launches in order, under its launch lock (taken without waiting: held, the checked path waits for it). */
-static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
+static fm_status Fast_run_chain(FastChain *c, fm_devptr x, fm_devptr y, long long rows, fm_stream stream,
                                 fm_error *err) {
     PyObject *got = PyObject_CallMethodOneArg(c->lock, s_acquire, Py_False);
     if (got == NULL)
@@ -569,7 +683,11 @@ static fm_status Fast_run_chain(const FastChain *c, fm_devptr x, fm_devptr y, lo
             return fm_fail(err, FM_ERR_VALUE, "a segmented call could not take its chain's launch lock");
         Py_DECREF(got);
     }
-    fm_status st = chain_steps_launch(c->steps, c->n, x, y, c->base, rows, stream, err);
+    fm_status st;
+    if (c->graphs && rows <= FAST_GRAPH_MAX_ROWS && fm_stream_capturing(stream) == 0)
+        st = Fast_chain_graph(c, x, y, rows, stream, err);
+    else
+        st = chain_steps_launch(c->steps, c->n, x, y, c->base, rows, stream, err);
     PyObject *released = PyObject_CallMethodNoArgs(c->lock, s_release);
     if (released == NULL) {
         PyErr_Clear();
@@ -716,14 +834,32 @@ done:
 
 static PyObject *Fast_get_stats(FastObject *self, void *closure) {
     (void)closure;
-    return Py_BuildValue("{s:L,s:L,s:i}", "calls", self->calls, "misses", self->misses, "entries", self->n_entries);
+    long long hits = 0, misses = 0;
+    const char *why = "";
+    for (int i = 0; i < self->n_entries; ++i) {
+        const FastChain *c = self->entries[i].chain;
+        if (c != NULL) {
+            hits += c->graph_hits, misses += c->graph_misses;
+            why = c->graph_error[0] != '\0' ? c->graph_error : why;
+        }
+    }
+    PyObject *d = Py_BuildValue("{s:L,s:L,s:i,s:L,s:L}", "calls", self->calls, "misses", self->misses, "entries",
+                                self->n_entries, "graph_hits", hits, "graph_misses", misses);
+    if (d != NULL && why[0] != '\0') { /* only where graphs went off: the reason */
+        PyObject *text = PyUnicode_DecodeUTF8(why, (Py_ssize_t)strlen(why), "replace");
+        if (text == NULL || PyDict_SetItemString(d, "graph_error", text) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(text);
+    }
+    return d;
 }
 
 static PyMethodDef Fast_methods[] = {
     {"call", (PyCFunction)(void (*)(void))Fast_call, METH_FASTCALL,
      "call(x, out_dtype, out) -> y, or NotImplemented when the checked Python path must take the call."},
     {"add_chain", (PyCFunction)Fast_add_chain, METH_VARARGS,
-     "add_chain(in_kind, out_kind, rows, sm_count, owner, lock, stream, base, cap, steps): a segmented network."},
+     "add_chain(in_kind, out_kind, rows, sm_count, owner, lock, stream, base, cap, steps, graphs=True): a segmented "
+     "network (graphs: replay its small calls from CUDA graphs)."},
     {"add", (PyCFunction)Fast_add, METH_VARARGS,
      "add(in_kind, out_kind, rows, sm_count, kernel): kinds 0 float32, 1 float16, 2 bfloat16."},
     {"set_library", (PyCFunction)Fast_set_library, METH_VARARGS,
@@ -735,7 +871,9 @@ static PyMethodDef Fast_methods[] = {
 };
 
 static PyGetSetDef Fast_getset[] = {
-    {"stats", (getter)Fast_get_stats, NULL, "dict: calls answered, misses (sent to the checked path), entries", NULL},
+    {"stats", (getter)Fast_get_stats, NULL, "dict: calls answered, misses (sent to the checked path), entries, and "
+     "the chains' graph replays (graph_hits) and captures (graph_misses); graph_error where a chain's graphs went off",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

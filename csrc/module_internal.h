@@ -114,5 +114,8 @@ fm_status chain_steps_launch(const FastStep *steps, int n, fm_devptr x, fm_devpt
 int Kernel_is_gemm(PyObject *kernel);
 fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long long rows, fm_stream stream, fm_devptr x1,
                              fm_devptr res, int after, fm_error *err);
+/* The same arguments into kernel node `node` of an instantiated graph (module_fast.c's chain graphs). */
+fm_status Kernel_set_node(PyObject *kernel, fm_graph_exec exec, void *node, fm_devptr x, fm_devptr y, long long rows,
+                          fm_devptr x1, fm_devptr res, fm_error *err);
 
 #endif /* FM_MODULE_INTERNAL_H */

@@ -355,6 +355,16 @@ fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long lo
     return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, Kernel_after(self, after), err);
 }
 
+fm_status Kernel_set_node(PyObject *kernel, fm_graph_exec exec, void *node, fm_devptr x, fm_devptr y, long long rows,
+                          fm_devptr x1, fm_devptr res, fm_error *err) {
+    KernelObject *self = (KernelObject *)kernel;
+    fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
+    if (st != FM_OK)
+        return st;
+    void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
+    return fm_graph_set_kernel(exec, node, &self->k, Kernel_grid(self, rows), params, err);
+}
+
 /* Fills the staging input with N(0,1)-like values (a sum of uniforms; timing must not run on zeros): the first 2^20
  * drawn, the rest copies of them. Drawing every value took seconds for a tuning batch of 2^21 rows of 64 features
  * (H100 host: 6.6 s for a first call at 2^21 rows of a network with 64 inputs, two candidates). */

@@ -27,7 +27,7 @@ def test_fast_path_sends_calls_it_cannot_take_back():
     path = _core.FastPath(3, 4, 0)
     x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
     assert path.call(x, None, None) is NotImplemented
-    assert path.stats == {"calls": 0, "misses": 1, "entries": 0}
+    assert path.stats == {"calls": 0, "misses": 1, "entries": 0, "graph_hits": 0, "graph_misses": 0}
 
 
 def test_fast_path_sends_cpu_tensors_back():
@@ -95,3 +95,14 @@ def test_a_dlpack_producer_on_the_cpu_gets_the_cpu_paths_answer():
     x = rng.standard_normal((5, 4)).astype(np.float32)
     y = mlp(Producer(x))
     assert isinstance(y, torch.Tensor) and np.array_equal(y.numpy(), mlp(x))
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("0", False), ("off", False)])
+def test_chain_graphs_switch(monkeypatch, value, on):
+    """FUSEDMLP_CHAIN_GRAPHS=0 turns off the graph replay of a segmented network's small calls (module_fast.c)."""
+    from fusedmlp import _env
+    if value is None:
+        monkeypatch.delenv("FUSEDMLP_CHAIN_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("FUSEDMLP_CHAIN_GRAPHS", value)
+    assert _env.chain_graphs() is on

@@ -28,7 +28,8 @@ def model():
 
 def stats(mlp):
     path = mlp._calls._path
-    return dict(path.stats) if path is not None else {"calls": 0, "misses": 0, "entries": 0}
+    return dict(path.stats) if path is not None else {"calls": 0, "misses": 0, "entries": 0, "graph_hits": 0,
+                                                      "graph_misses": 0}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -199,6 +200,49 @@ def test_segmented_networks_take_the_fast_path_on_their_stream():
         yb = mlp(big)
     refb = _wide_reference(mlp, w, big)
     assert rel_l2(yb.double().cpu().numpy(), refb) <= 2e-3
+
+
+def test_small_segmented_calls_replay_a_graph(monkeypatch):
+    """A small segmented call on the fast path captures its launches once per batch size and replays that graph, its
+    x- and y-moving kernels given each call's addresses: new values in the same tensors and new tensors come out right,
+    with the plain launches' bits (FUSEDMLP_CHAIN_GRAPHS=0); a batch over 65536 rows launches as before."""
+    rng = np.random.default_rng(7)
+    widths = [32, 768, 768, 16]
+    w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(3)]
+    mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
+    assert mlp.segments is not None
+    x = torch.randn(1000, 32, device="cuda", dtype=torch.float16)
+    out = torch.empty(1000, 16, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        mlp(x, out=out)  # checked path: builds the chain and adds it
+        for _ in range(5):
+            out.fill_(float("nan"))
+            mlp(x, out=out)
+        first = stats(mlp)
+        assert first["graph_misses"] == 1 and first["graph_hits"] == 4 and "graph_error" not in first, first
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        mlp(x, out=out)  # a replay reads x's new values
+        torch.cuda.synchronize()
+        assert rel_l2(out.double().cpu().numpy(), _wide_reference(mlp, w, x)) <= 2e-3
+        for _ in range(20):  # a new y each call
+            assert torch.equal(mlp(x), out)
+        others = [torch.randn(1000, 32, device="cuda", dtype=torch.float16) for _ in range(3)]
+        ys = [mlp(o) for o in others]  # new x addresses too
+        rotating = stats(mlp)
+        assert rotating["graph_hits"] == first["graph_hits"] + 24 and rotating["graph_misses"] == 1, rotating
+        assert "graph_error" not in rotating, rotating
+        big = torch.randn(70000, 32, device="cuda", dtype=torch.float16)
+        mlp(big)
+        mlp(big)
+        assert stats(mlp)["graph_misses"] == rotating["graph_misses"]  # past 65536 rows: no capture
+        monkeypatch.setenv("FUSEDMLP_CHAIN_GRAPHS", "0")
+        plain = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
+        plain(x)
+        y_plain = plain(x)
+        ys_plain = [plain(o) for o in others]
+        assert stats(plain)["graph_misses"] == 0 and stats(plain)["calls"] >= 4
+    assert torch.equal(y_plain, out) and all(torch.equal(a, b) for a, b in zip(ys, ys_plain))
 
 
 def test_cuda_graph_capture_of_a_segmented_fast_call():

@@ -7,7 +7,7 @@ surrounding work and can be captured in a CUDA graph (after a first, warm-up cal
 
 import numpy as np
 
-from . import _core, _out, _segments
+from . import _core, _env, _out, _segments
 from .errors import ArgumentError, DTypeError, ShapeError
 
 
@@ -85,7 +85,7 @@ def remember(mlp, library, k_in, k_out, rows, kernel, stream):
     else:
         steps, base, cap = program
         path.add_chain(_KIND_CODES[k_in], _KIND_CODES[k_out], rows, mlp._sm_count, kernel, kernel._launch_lock,
-                       stream, base, cap, steps)
+                       stream, base, cap, steps, _env.chain_graphs())
 
 
 def call(mlp, x, out_dtype=None, out=None):

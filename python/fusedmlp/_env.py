@@ -12,6 +12,8 @@ test can change ``os.environ`` and see the effect without reloading anything.
                             (default: the plan's choice); for A/B timing of the two forms
 ``FUSEDMLP_PDL``            ``0``/``off`` launches a segmented network's kernels plainly, each after the one before has
                             finished (default on: programmatic dependent launch on sm_90+); for A/B timing
+``FUSEDMLP_CHAIN_GRAPHS``   ``0``/``off`` launches a segmented network's small calls (up to 65536 rows, torch / CuPy
+                            arrays) kernel by kernel instead of replaying them from a CUDA graph; for A/B timing
 ``FUSEDMLP_HOST_PIPE``      ``1``/``-1`` moves a GPU call's host arrays always / never in pipelined pieces (default by
                             size: from 16 MiB); for A/B timing
 ==========================  ==================================================================================
@@ -22,8 +24,8 @@ import pathlib
 import re
 import sys
 
-__all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "dependent_launch", "cache_max_bytes", "gemm_cluster",
-           "gemm_ws", "gemm_pad", "host_pipeline", "cpu_threads"]
+__all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "dependent_launch", "chain_graphs", "cache_max_bytes",
+           "gemm_cluster", "gemm_ws", "gemm_pad", "host_pipeline", "cpu_threads"]
 
 # Folders (relative to a site-packages entry) where NVIDIA's pip wheels put libnvrtc, newest CUDA first:
 # nvidia-cuda-nvrtc 13.x installs nvidia/cu13/lib/libnvrtc.so.13; the 12.x wheels use nvidia/cuda_nvrtc/lib
@@ -130,6 +132,20 @@ def dependent_launch():
         ValueError: any other value, naming the variable and the value.
     """
     return _switch("FUSEDMLP_PDL")
+
+
+def chain_graphs():
+    """Tells whether a segmented network's small calls on the C fast path replay their launches from a CUDA graph
+    captured once per batch size and x / y addresses (csrc/module_fast.c, Fast_chain_graph).
+
+    Returns:
+        ``False`` if ``FUSEDMLP_CHAIN_GRAPHS`` is ``0``, ``false``, ``no`` or ``off`` (any case), for A/B timing;
+        ``True`` otherwise. Read when a chain joins the fast path.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    return _switch("FUSEDMLP_CHAIN_GRAPHS")
 
 
 def cache_max_bytes():
