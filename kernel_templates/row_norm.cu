@@ -144,6 +144,17 @@ __device__ __forceinline__ float fm_warp_max(float v) {
     return v;
 }
 
+// This lane's chunks of the row from z0 on (c = lane, lane + 32, ...), each read and handed to f(c, its VE values).
+template <typename F>
+__device__ __forceinline__ void fm_row_chunks(const void *__restrict__ x, long long z0, int lane, F f) {
+#pragma unroll 4
+    for (int c = lane; c < NCH; c += 32) {
+        float v[VE];
+        fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, v);
+        f(c, v);
+    }
+}
+
 // A softmax (NORM 3) or log_softmax (4) row from z0 on: its max m, s = sum exp(z - m), then exp(z - m) / s or
 // z - m - log s through fm_finish (gamma ones and beta zeros: exact). In registers up to 64 values a lane; a wider row
 // is read three times (max, sum, values; the second and third reads mostly hit L1/L2).
@@ -186,35 +197,26 @@ __device__ __forceinline__ void fm_soft_row(const void *__restrict__ x, out_t *_
                 fm_finish(v[i], y, bias, res, row, i * 32 + lane);
             }
         }
-    } else {
-#pragma unroll 4
-        for (int c = lane; c < NCH; c += 32) {
-            float f[VE];
-            fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, f);
+    } else {  // each pass reads the row's chunks again
+        fm_row_chunks(x, z0, lane, [&](int, float (&f)[VE]) {
 #pragma unroll
             for (int e = 0; e < VE; ++e)
                 m = fmaxf(m, f[e]);
-        }
+        });
         m = fm_warp_max(m);
-#pragma unroll 4
-        for (int c = lane; c < NCH; c += 32) {
-            float f[VE];
-            fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, f);
+        fm_row_chunks(x, z0, lane, [&](int, float (&f)[VE]) {
 #pragma unroll
             for (int e = 0; e < VE; ++e)
                 s += __expf(f[e] - m);
-        }
+        });
         s = fm_warp_sum(s);
         const float inv = 1.0f / s, shift = m + __logf(s);
-#pragma unroll 4
-        for (int c = lane; c < NCH; c += 32) {
-            float f[VE];
-            fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, f);
+        fm_row_chunks(x, z0, lane, [&](int c, float (&f)[VE]) {
 #pragma unroll
             for (int e = 0; e < VE; ++e)
                 f[e] = Ly::NORM == 3 ? __expf(f[e] - m) * inv : f[e] - shift;
             fm_finish(f, y, bias, res, row, c);
-        }
+        });
     }
 }
 
@@ -288,28 +290,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
             k = f[0];
         }
         float s1 = 0.0f, s2 = 0.0f;
-#pragma unroll 4
-        for (int c = lane; c < NCH; c += 32) {
-            float f[VE];
-            fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, f);
+        fm_row_chunks(x, z0, lane, [&](int, float (&f)[VE]) {
 #pragma unroll
             for (int e = 0; e < VE; ++e) {
                 const float d = f[e] - k;
                 s1 += d;
                 s2 = fmaf(d, d, s2);
             }
-        }
+        });
         const float m1 = fm_warp_sum(s1) * (1.0f / NR), m2 = fm_warp_sum(s2) * (1.0f / NR);
         const float mean = Ly::NORM == 1 ? k + m1 : 0.0f, var = Ly::NORM == 1 ? fmaxf(m2 - m1 * m1, 0.0f) : m2;
         const float rstd = rsqrtf(var + Ly::EPS);
-#pragma unroll 4
-        for (int c = lane; c < NCH; c += 32) {
-            float f[VE];
-            fm_ldv<FM_IN_TYPE>(x, z0 + c * VE, f);
+        fm_row_chunks(x, z0, lane, [&](int c, float (&f)[VE]) {
 #pragma unroll
             for (int e = 0; e < VE; ++e)
                 f[e] = (f[e] - mean) * rstd;
             fm_finish(f, y, bias, res, row, c);
-        }
+        });
     }
 }

@@ -530,6 +530,15 @@ def check_forms(mlp, g, x32, io, forms, seen, failures, label):
             seen.add("mma.sync two passes")
 
 
+def check_default(mlp, g, x32, io, failures, label):
+    """The kernel a call gets (tuner off: conftest) on x32 against float64, as check_forms checks each form."""
+    x, y = run_kernel(mlp._kernel(io, rows=len(x32)), x32, io)
+    ref = norm_forward(x, g.ws, g.bs, g.acts, g.residual, g.concat, g.norms)
+    err = np.inf if np.isnan(y).any() else rel_l2(y, ref)
+    if not err <= max(fusedmlp.CHECK_TOLERANCES[mlp._precision], 1.6e-2 if io == "bfloat16" else 0):
+        failures.append((label, "default", io, mlp._precision, len(x32), err))
+
+
 NAMED_GRAPHS = [
     # widths, norms {layer: kind}, residual {layer: (op, then, source)}, concat, activations
     ([7, 64, 64, 5], {0: "layernorm", 1: "rmsnorm"}, {}, {}, ["silu", "gelu", "none"]),
@@ -561,11 +570,7 @@ def test_gpu_norm_networks_in_every_kernel_form(prec):
         for batch, io in [((1, 129, 63)[i % 3], ios[i % 3]), ((4099, 70001)[i % 2], ios[(i + 1) % 3])]:
             x32 = rng.standard_normal((batch, widths[0])).astype(np.float32)
             check_forms(mlp, g, x32, io, forms, seen, failures, (i, widths))
-            x, y = run_kernel(mlp._kernel(io, rows=batch), x32, io)  # what a call gets (tuner off: conftest)
-            ref = norm_forward(x, ws, bs, acts, residual, concat, g.norms)
-            err = np.inf if np.isnan(y).any() else rel_l2(y, ref)
-            if not err <= max(fusedmlp.CHECK_TOLERANCES[prec], 1.6e-2 if io == "bfloat16" else 0):
-                failures.append(((i, widths), "default", io, prec, batch, err))
+            check_default(mlp, g, x32, io, failures, (i, widths))
     want = set(forms) | {"mma.sync two passes"}
     assert want <= seen, want - seen
     assert not failures, failures[:8]

@@ -11,10 +11,9 @@ import pytest
 
 import fusedmlp
 from fusedmlp import _api, _core, _segments
-from fusedmlp._cache import KernelCache
 from conftest import rel_l2
 from test_gpu import run_io_kernel as run_kernel
-from test_norm import check_forms, gpu_forms, norm_forward, norm_layer_chunks, weights_for
+from test_norm import check_default, check_forms, gpu_forms, norm_forward, norm_layer_chunks, weights_for
 
 SOFT = ("softmax", "log_softmax")
 
@@ -260,10 +259,7 @@ def test_gpu_softmax_heads_in_every_kernel_form(prec):
         batch, io = (1, 4099, 129, 70001, 63)[i % 5], ("float32", "float16", "bfloat16")[i % 3]
         x32 = rng.standard_normal((batch, widths[0])).astype(np.float32)
         check_forms(mlp, g, x32, io, forms, seen, failures, (i, widths))
-        x, y = run_kernel(mlp._kernel(io, rows=batch), x32, io)
-        err = np.inf if np.isnan(y).any() else rel_l2(y, norm_forward(x, g.ws, g.bs, g.acts, norms=g.norms))
-        if not err <= max(fusedmlp.CHECK_TOLERANCES[prec], 1.6e-2 if io == "bfloat16" else 0):
-            failures.append(((i, widths), "default", io, prec, batch, err))
+        check_default(mlp, g, x32, io, failures, (i, widths))
     want = set(forms) | {"mma.sync two passes"}
     assert want <= seen, want - seen
     assert not failures, failures[:8]

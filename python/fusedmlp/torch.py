@@ -243,12 +243,7 @@ class _Layers:
         """A LayerNorm (kind 'layernorm') or RMSNorm ('rmsnorm') over `shape` (its normalized_shape) at label: the
         last layer's norm, fused before its activation; it must come directly after that layer's Linear."""
         name = "LayerNorm" if kind == "layernorm" else "RMSNorm"
-        self.unfoldable(label, f"a {name}")
-        if not self.open or self.norms[-1] is not None:
-            raise ArgumentError(f"{label}: {name} is not directly after a Linear" + (
-                " (nor after one without a norm)" if self.weights and self.norms[-1] is not None else "") +
-                f"; fusedmlp fuses a {name} over a Linear's outputs, before the layer's activation (Linear -> {name} "
-                "-> activation)")
+        self.after_linear(name, label, "nor after one without a norm")
         width = self.weights[-1].shape[0]
         if tuple(shape) != (width,):
             raise ShapeError(f"{label}: {name} normalizes over {tuple(shape)}, but the Linear before it has {width} "
@@ -263,14 +258,19 @@ class _Layers:
         if dim not in (None, -1, 1):
             raise ArgumentError(f"{label}: {name}(dim={dim}) does not run over the features; fusedmlp fuses a {name} "
                                 "over a layer's features, dim=-1 (or 1) of its (rows, features) input")
+        self.after_linear(name, label, "it follows a norm")
+        self.norms[-1] = [kind, None, None, None]
+        self.open = False  # a BatchNorm1d after it folds into the next Linear (a softmax has no affine to take it)
+
+    def after_linear(self, name, label, after_norm):
+        """Raises unless module `name` at label comes directly after a Linear whose layer has no norm yet (the layer's
+        norm is fused before its activation); after_norm: what the message adds where a norm came first."""
         self.unfoldable(label, f"a {name}")
         if not self.open or self.norms[-1] is not None:
             raise ArgumentError(f"{label}: {name} is not directly after a Linear" + (
-                " (it follows a norm)" if self.weights and self.norms[-1] is not None else "") +
+                f" ({after_norm})" if self.weights and self.norms[-1] is not None else "") +
                 f"; fusedmlp fuses a {name} over a Linear's outputs, before the layer's activation (Linear -> {name} "
                 "-> activation)")
-        self.norms[-1] = [kind, None, None, None]
-        self.open = False  # a BatchNorm1d after it folds into the next Linear (a softmax has no affine to take it)
 
     def unfoldable(self, label, what):
         """Raises if a BatchNorm1d waits for a Linear and `what` (at label) comes first."""
