@@ -475,3 +475,28 @@ def test_out_dtype_must_agree_with_out():
         mlp(x, out=torch.empty(4, 5, dtype=torch.float16), out_dtype="float16")
     with pytest.raises(fusedmlp.ShapeError, match=r"out has shape \(3, 5\)"):  # batch 0 still checks out's shape
         mlp(torch.randn(0, 6), out=torch.empty(3, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cpu_tensors_reach_the_host_call_in_their_own_dtype(dtype, monkeypatch):
+    """A float32 / float16 CPU tensor is handed to the NumPy call as a view in its own dtype (no float32 copy; a GPU
+    model's host copies then move half the bytes for float16), with the NumPy call's result; bfloat16 and another
+    output dtype go through float32."""
+    mlp = random_mlp(21)
+    x = torch.randn(300, 6).to(dtype)
+    seen = []
+    numpy_call = fusedmlp.FusedMLP.__call__
+
+    def spy(self, arr, *args, **kwargs):
+        if isinstance(arr, np.ndarray):
+            seen.append(arr)
+        return numpy_call(self, arr, *args, **kwargs)
+
+    monkeypatch.setattr(fusedmlp.FusedMLP, "__call__", spy)
+    y = mlp(x)
+    assert seen[-1].dtype == np.dtype(str(dtype).split(".")[1]) and np.shares_memory(seen[-1], x.numpy())
+    assert y.dtype == dtype and torch.equal(y, torch.from_numpy(numpy_call(mlp, x.numpy())))
+    y32 = mlp(x, out_dtype=torch.float32)
+    assert seen[-1].dtype == np.float32 and y32.dtype == torch.float32
+    yb = mlp(x.to(torch.bfloat16))
+    assert seen[-1].dtype == np.float32 and yb.dtype == torch.bfloat16

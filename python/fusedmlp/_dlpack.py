@@ -214,8 +214,15 @@ def _call_torch_checked(torch, mlp, x, out_dtype, out):
     if out is not None:
         _out.check_torch(torch, x, out, (*lead, n_out))
     if x.device.type != "cuda":
-        y = torch.from_numpy(mlp(x.detach().to(torch.float32).reshape(-1, n_in).numpy())).reshape(*lead, n_out)
-        return y.to(out_dtype) if out is None else _out.torch_copy_into(torch, out, y)
+        # NumPy's own call on a view of x: float32 and float16 as they are (the kernel reads and writes them, and a GPU
+        # call's host copies move half the bytes for float16), bfloat16 (no NumPy dtype) or another output dtype
+        # through float32
+        same = x.dtype in (torch.float32, torch.float16) and out_dtype == x.dtype
+        xs = x.detach() if same else x.detach().to(torch.float32)
+        y = torch.from_numpy(mlp(xs.reshape(-1, n_in).numpy())).reshape(*lead, n_out)
+        if out is not None:
+            return _out.torch_copy_into(torch, out, y)
+        return y if same else y.to(out_dtype)
     if mlp._kind != "cuda" or x.device.index != mlp._ordinal:
         raise ArgumentError(f"x is on {x.device} but the model runs on {mlp.device}; move x there, or build the model "
                             f"with device='{x.device}'")
