@@ -349,3 +349,23 @@ def test_cupy_out_if_available():
         mlp(x, out=torch.empty(777, 10, device="cuda"))
     with pytest.raises(fusedmlp.ShapeError, match=r"out has shape \(777, 9\)"):
         mlp(x, out=cupy.empty((777, 9), dtype=cupy.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cpu_tensors_into_a_gpu_model_give_the_cuda_calls_results(dtype):
+    """A CPU tensor into a GPU model runs through the host call in x's own dtype (float32, float16) or through float32
+    (bfloat16): the CUDA tensor call's bits for the first two, its values within bfloat16's rounding for the third;
+    out= on the CPU too."""
+    mlp = fusedmlp.from_torch(make_model(9))
+    x = torch.randn(3001, 24).to(dtype)
+    with torch.no_grad():
+        y = mlp(x)
+        y_cuda = mlp(x.cuda()).cpu()
+        out = torch.full((3001, 10), float("nan"), dtype=dtype)
+        assert mlp(x, out=out) is out
+    assert y.device.type == "cpu" and y.dtype == dtype
+    if dtype == torch.bfloat16:
+        assert torch.allclose(y.float(), y_cuda.float(), rtol=1e-2, atol=1e-2)
+    else:
+        assert torch.equal(y, y_cuda)
+    assert torch.equal(out, y)
