@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 from fusedmlp import _api, _core, probe
+from fusedmlp.errors import LimitError
 from fusedmlp.bench import WORKLOADS
 
 
@@ -35,16 +36,25 @@ def find_tool(name):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", choices=sorted(probe.GPUS), default="h100", help="the GPU to plan for (default h100)")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS), metavar="NAME",
+                    help="the benchmark workloads to report (default all)")
+    ap.add_argument("--ops", action="store_true", help="also each kernel's 12 most frequent SASS opcodes")
     args = ap.parse_args()
     gpu = probe.GPUS[args.gpu]
     arch = gpu["arch"]
     cuobjdump = find_tool("cuobjdump")
     env = dict(os.environ, PATH=os.path.dirname(find_tool("nvdisasm")) + os.pathsep + os.environ.get("PATH", ""))
     _api._nvrtc_info()
-    for name, wl in WORKLOADS.items():
-        mlp = probe.model(wl, device="cpu")
-        plan = mlp._net.plan(arch, gpu["smem_per_block"], gpu["sm_count"], "float16", "float16",
-                             smem_per_sm=gpu["smem_per_sm"])
+    for name in args.workloads:
+        mlp = probe.model(WORKLOADS[name], device="cpu")
+        try:
+            plan = mlp._net.plan(arch, gpu["smem_per_block"], gpu["sm_count"], "float16", "float16",
+                                 smem_per_sm=gpu["smem_per_sm"])
+        except LimitError:  # no one fused kernel: a chain of segments (probe steps times them on a GPU)
+            segments = mlp._segments_for(arch, gpu["smem_per_block"], gpu["sm_count"], gpu["smem_per_sm"], "float16",
+                                         "float16")
+            print(f"{name:9s} sm_{arch}: a chain of {len(segments or [])} segments, not reported")
+            continue
         source = _api._source_of(plan)
         wgmma = bool(plan.info["wgmma"])  # the warpgroup kernel targets sm_90a
         cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, arch, wgmma,
@@ -64,6 +74,11 @@ def main():
               f"spills {spill.group(2)}/{spill.group(3)} B | SASS {len(ops)}: HMMA {count('HMMA')}, "
               f"HGMMA {count('HGMMA')}, LDSM {count('LDSM')}, LDL {count('LDL')}, STL {count('STL')}, "
               f"MUFU {count('MUFU')}")
+        if args.ops:
+            tally = {}
+            for o in ops:
+                tally[o.split(".")[0]] = tally.get(o.split(".")[0], 0) + 1
+            print("    " + ", ".join(f"{o} {n}" for o, n in sorted(tally.items(), key=lambda t: -t[1])[:12]))
 
 
 if __name__ == "__main__":
