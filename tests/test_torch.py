@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
+F = nn.functional
 
 import fusedmlp  # noqa: E402
 from fusedmlp import torch as ft  # noqa: E402
@@ -500,3 +501,78 @@ def test_cpu_tensors_reach_the_host_call_in_their_own_dtype(dtype, monkeypatch):
     assert seen[-1].dtype == np.float32 and y32.dtype == torch.float32
     yb = mlp(x.to(torch.bfloat16))
     assert seen[-1].dtype == np.float32 and yb.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------------ flattened inputs
+
+class _Mnist(nn.Module):
+    """The MLP of the MNIST tutorials: the image flattened in forward, dropout, log_softmax."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.fc1, self.fc2, self.how = nn.Linear(784, 64), nn.Linear(64, 10), how
+
+    def forward(self, x):
+        if self.how == "view":
+            x = x.view(x.size(0), -1)
+        elif self.how == "flatten":
+            x = torch.flatten(x, 1)
+        elif self.how == "reshape":
+            x = x.reshape(x.shape[0], -1)
+        else:
+            x = x.view(-1, 28 * 28)
+        x = F.dropout(F.relu(self.fc1(x)), training=self.training)
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+@pytest.mark.parametrize("model", [
+    nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10), nn.Softmax(-1)),
+    _Mnist("view"), _Mnist("flatten"), _Mnist("reshape"), _Mnist("rows")],
+    ids=["nn.Flatten", "view(size(0), -1)", "torch.flatten", "reshape(shape[0], -1)", "view(-1, 784)"])
+def test_models_that_flatten_their_input_take_images(model):
+    """from_torch reads a leading flatten as flatten_input=1: the fused model, FusedModule and a NumPy call take the
+    images as the module does; flattened rows still work."""
+    torch.manual_seed(3)
+    model = model.eval()
+    x = torch.randn(6, 1, 28, 28)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp._flatten_input == 1 and "flatten_input=1" in repr(mlp)
+    with torch.no_grad():
+        want = model(x)
+        for y in (mlp(x), torch.from_numpy(mlp(x.numpy())), ft.FusedModule(model)(x), mlp(x.reshape(6, 784))):
+            assert y.shape == (6, 10) and max_rel(y.double(), want.double()) <= 1e-5
+
+
+def test_flatten_input_spelled_directly_saved_and_checked(tmp_path):
+    rng = np.random.default_rng(4)
+    ws = [rng.standard_normal((16, 12)).astype(np.float32), rng.standard_normal((3, 16)).astype(np.float32)]
+    mlp = fusedmlp.FusedMLP(ws, activation="tanh", flatten_input=2, device="cpu")
+    x = rng.standard_normal((5, 2, 3, 4)).astype(np.float32)  # dims 2.. merge: (5, 2, 12)
+    y = mlp(x)
+    assert y.shape == (5, 2, 3) and np.array_equal(y, mlp(x.reshape(5, 2, 12)))
+    back = fusedmlp.FusedMLP.from_npz(mlp.save(tmp_path / "m.npz"), device="cpu")
+    assert back._flatten_input == 2 and np.array_equal(back(x), y)
+    for bad in (0, -1, True, 1.5, "1"):
+        with pytest.raises(fusedmlp.ArgumentError, match=r"flatten_input=.*; it must be None or the first dim"):
+            fusedmlp.FusedMLP(ws, flatten_input=bad, device="cpu")
+
+
+def test_flattens_fusedmlp_does_not_take_are_named():
+    class Partial(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(28, 4)
+
+        def forward(self, x):
+            return self.a(torch.flatten(x, 1, 2))
+
+    class ViewRows(_Mnist):
+        def forward(self, x):
+            return self.fc2(self.fc1(x.view(-1, 392)))
+
+    for model, error, match in [
+            (nn.Sequential(nn.Flatten(0), nn.Linear(784, 4)), fusedmlp.ArgumentError, r"0: a flatten of dims 0\.\.-1"),
+            (Partial(), fusedmlp.ArgumentError, r"a view or flatten of the input that is not"),
+            (ViewRows("rows"), fusedmlp.ShapeError, r"viewed as rows of 392 features, but the Linear takes 784")]:
+        with pytest.raises(error, match=match):
+            fusedmlp.from_torch(model.eval(), device="cpu")

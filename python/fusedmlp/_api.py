@@ -147,6 +147,14 @@ def _activation_scales(amax, concat, qmax):
     return [max(float(np.float32(a / qmax)), tiny) for a in scales]
 
 
+def _merge_dims(x, start):
+    """x with its dims from `start` on merged into one (nn.Flatten(start_dim=start)): a view where x's layout allows.
+    Arrays of `start` + 1 dims or fewer are as they are; anything that is no array yet (a list) becomes one first."""
+    if not hasattr(x, "ndim") or not hasattr(x, "reshape"):
+        x = np.asarray(x)
+    return x.reshape(*x.shape[:start], -1) if x.ndim > start + 1 else x
+
+
 # ------------------------------------------------------------------------------------------------ FusedMLP
 
 
@@ -174,6 +182,9 @@ class FusedMLP:
             eps default 1e-5 (layernorm) / float32's machine epsilon (rmsnorm, as torch.nn.RMSNorm's eps=None).
             'softmax' and 'log_softmax' (no weight, bias or eps) normalise the row the same way: exp(z - max) / sum
             exp(z - max), or its log.
+        flatten_input: None (x is (..., in_features)), or the first dim of x that a call merges with the ones after
+            it before the network, as nn.Flatten(start_dim) (>= 1; from_torch reads it from a model's leading
+            nn.Flatten / torch.flatten / x.view(x.size(0), -1)): images (N, C, H, W) run with 1.
         dtype: the Tensor Core compute dtype, 'float16' (default), 'bfloat16' or 'tf32' (sm_80+): what weights and
             the activations between layers are stored as on chip; every path accumulates in float32. Inputs and
             outputs keep the caller's dtype (float32, float16 or bfloat16) and are converted in the kernel.
@@ -186,7 +197,8 @@ class FusedMLP:
     """
 
     def __init__(self, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
-                 concat=None, norm=None, dtype="float16", device="auto", check=False, cache_dir=None):
+                 concat=None, norm=None, flatten_input=None, dtype="float16", device="auto", check=False,
+                 cache_dir=None):
         if isinstance(weights, np.ndarray) or not isinstance(weights, (list, tuple)):
             raise ArgumentError("weights must be a list of (out_features, in_features) arrays, one per layer")
         if len(weights) == 0:
@@ -201,6 +213,11 @@ class FusedMLP:
             raise ArgumentError(f"biases must be None or a list of {n} entries (an array or None per layer)")
         w = [_as_float_array(wi, f"weights[{i}]", 2) for i, wi in enumerate(weights)]
         b = [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)]
+        if flatten_input is not None and (isinstance(flatten_input, bool) or
+                                          not isinstance(flatten_input, (int, np.integer)) or flatten_input < 1):
+            raise ArgumentError(f"flatten_input={flatten_input!r}; it must be None or the first dim of x to merge, an "
+                                "int >= 1 (dim 0 holds the rows)")
+        self._flatten_input = None if flatten_input is None else int(flatten_input)
         self._norm = _norm.parse(n, [wi.shape[0] for wi in w], norm)
         acts = _norm.take_softmax(_layer_activations(n, activation, output_activation), self._norm)
         _check_expressions(acts)
@@ -261,7 +278,7 @@ class FusedMLP:
         biases = [arrays.get(p + ".bias") for p in prefixes]
         if saved is None:
             return cls(weights, biases, "relu" if activation is None else activation, output_activation, **kwargs)
-        given = [k for k in ("residual", "concat", "norm", "dtype") if k in kwargs]
+        given = [k for k in ("residual", "concat", "norm", "flatten_input", "dtype") if k in kwargs]
         given += [k for k, v in (("activation", activation), ("output_activation", output_activation)) if v is not None]
         if given:
             raise ArgumentError(f"{path} was written by FusedMLP.save and carries its architecture; {', '.join(given)} "
@@ -278,7 +295,7 @@ class FusedMLP:
         mlp = cls(weights, biases, meta["activations"], None,
                   residual={int(i): tuple(r) for i, r in meta["residual"].items()} or None,
                   concat={int(i): c for i, c in meta["concat"].items()} or None, norm=norm or None,
-                  dtype=meta["dtype"], **kwargs)
+                  flatten_input=meta.get("flatten_input"), dtype=meta["dtype"], **kwargs)
         if list(mlp.widths) != meta["widths"]:
             raise ShapeError(f"{path}: the arrays give widths {list(mlp.widths)}, its architecture {meta['widths']}")
         if meta.get("act_scales") is not None:  # an 8-bit model saved calibrated: the weight scales follow the weights
@@ -314,7 +331,8 @@ class FusedMLP:
                 "dtype": self._precision, "norm": norms,
                 "residual": {str(i): ["add" if r[0] == 1 else "mul", r[1], "input" if r[2] < 0 else r[2]]
                              for i, r in enumerate(self._residual) if r},
-                "concat": {str(i): "after" if c == 1 else "before" for i, c in enumerate(self._concat) if c}}
+                "concat": {str(i): "after" if c == 1 else "before" for i, c in enumerate(self._concat) if c},
+                "flatten_input": self._flatten_input}
         if self.act_scales is not None:  # float32 values, exact through JSON's float64 text
             meta["act_scales"] = [float(v) for v in self.act_scales]
         np.savez(path, **arrays, **{_SAVED: np.array(json.dumps(meta))})
@@ -434,6 +452,8 @@ class FusedMLP:
         cat = [f"{i}: {'after' if c == 1 else 'before'}" for i, c in enumerate(self._concat) if c]
         cat = f", concat={{{', '.join(cat)}}}" if cat else ""
         cat += _norm.describe(self._norm)
+        if self._flatten_input is not None:
+            cat += f", flatten_input={self._flatten_input}"
         cut = self.segments if self._kind == "cuda" else None
         cut = f", segments=[{'; '.join(cut)}]" if cut else ""
         if self._precision in LOWBIT:
@@ -703,6 +723,8 @@ class FusedMLP:
         Returns:
             out if given; else the outputs, of x's kind (array or tensor) and dtype (or out_dtype), on x's device.
         """
+        if self._flatten_input is not None:
+            x = _merge_dims(x, self._flatten_input)
         fast = self._calls.fast  # a steady-state CUDA tensor call, in C (csrc/module_fast.c); NotImplemented: not one
         if fast is not None:
             y = fast(x, out_dtype, out)

@@ -137,9 +137,11 @@ def _effective(module, name, label):
     return getattr(module, name)
 
 
-def _edges(residual, concat, norm):
-    """FusedMLP's graph arguments of a read model: residual and concat, and norm where it has norms."""
-    return {"residual": residual, "concat": concat, **({"norm": norm} if norm else {})}
+def _edges(residual, concat, norm, flatten=None):
+    """FusedMLP's graph arguments of a read model: residual and concat, norm where it has norms, flatten_input where
+    it flattens its input first."""
+    return {"residual": residual, "concat": concat, **({"norm": norm} if norm else {}),
+            **({"flatten_input": flatten} if flatten is not None else {})}
 
 
 def _norm_module(module):
@@ -198,9 +200,14 @@ class _Layers:
         self.norms = []  # per layer None or [kind, weight, bias, eps] of its LayerNorm / RMSNorm (FusedMLP's norm=)
         self.open = False  # the last layer's output is still W h + b, or its norm of it (only folds since its Linear)
         self.pending = None  # (s, t, label) of BatchNorm1d(s) waiting for the next Linear
+        self.flatten = None  # the start dim of a flatten of the input before the first Linear (FusedMLP's flatten_input)
+        self.flatten_width = None  # the features x.view(-1, K) gives each row: the first Linear must take K
 
     def linear(self, weight, bias, label):
         w, b = _numpy64(weight), _numpy64(bias)
+        if not self.weights and self.flatten_width is not None and w.shape[1] != self.flatten_width:
+            raise ShapeError(f"{label}: the input is viewed as rows of {self.flatten_width} features, but the Linear "
+                             f"takes {w.shape[1]}")
         if self.pending is not None:
             s, t, bn_label = self.pending
             if w.ndim != 2 or w.shape[1] != s.shape[0]:
@@ -249,6 +256,20 @@ class _Layers:
             raise ShapeError(f"{label}: {name} normalizes over {tuple(shape)}, but the Linear before it has {width} "
                              f"outputs; fusedmlp fuses a norm over the layer's features, normalized_shape ({width},)")
         self.norms[-1] = [kind, _numpy64(weight), _numpy64(bias), None if eps is None else float(eps)]
+
+    def flatten_input(self, start, end, label):
+        """A flatten of dims start..end at label: before the first Linear, of the network input (FusedMLP's
+        flatten_input: images run as rows of their pixels); after it, of (rows, features) values, which it leaves as
+        they are."""
+        if self.weights:
+            return
+        if end not in (-1, None) or not isinstance(start, int) or start < 1:
+            raise ArgumentError(f"{label}: a flatten of dims {start}..{end} of the input; fusedmlp flattens an input's "
+                                "dims from start_dim >= 1 through the last (nn.Flatten(start_dim), torch.flatten(x, "
+                                "start_dim), x.view(x.size(0), -1))")
+        if self.flatten is not None:
+            raise ArgumentError(f"{label}: a second flatten of the input; fusedmlp takes one")
+        self.flatten = start
 
     def softmax(self, kind, dim, label):
         """A Softmax (kind 'softmax') or LogSoftmax ('log_softmax') over dim at label: the last layer's norm (FusedMLP
@@ -300,7 +321,7 @@ class _Layers:
         biases = [f32(b) for b in self.biases]
         norm = {l: {"kind": n[0], "weight": f32(n[1]), "bias": f32(n[2]), "eps": n[3]}
                 for l, n in enumerate(self.norms) if n is not None}
-        return weights, biases, self.acts, norm or None
+        return weights, biases, self.acts, norm or None, self.flatten
 
 
 def _compose(outer, inner):
@@ -348,7 +369,10 @@ def read_module(module, activations=None):
         if text is None and isinstance(leaf, nn.Linear):
             layers.linear(_effective(leaf, "weight", label), _effective(leaf, "bias", label), label)
             continue
-        if text is None and isinstance(leaf, (nn.Identity, nn.Flatten)):
+        if text is None and isinstance(leaf, nn.Identity):
+            continue
+        if text is None and isinstance(leaf, nn.Flatten):
+            layers.flatten_input(leaf.start_dim, leaf.end_dim, label)
             continue
         if text is None and isinstance(leaf, _DROPOUTS):
             _check_dropout_off(leaf, label)
@@ -373,8 +397,8 @@ def read_module(module, activations=None):
         layers.activation(text, label)
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    weights, biases, acts, norm = layers.finish(module)
-    return weights, biases, acts, _edges(None, None, norm)
+    weights, biases, acts, norm, flatten = layers.finish(module)
+    return weights, biases, acts, _edges(None, None, norm, flatten)
 
 
 # ------------------------------------------------------------------------------------------------ traced graphs
@@ -485,6 +509,41 @@ def _traced_softmax(node, leaf):
     return None
 
 
+def _dim0_of(node, x, shapes):
+    """Whether node is x.size(0), x.shape[0] or x.size()[0] (shapes: the shape-query nodes seen so far)."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    if node.op == "call_method" and node.target == "size" and node.args[:2] == (x, 0):
+        return True
+    return (node.op == "call_function" and node.target is operator.getitem and node.args[0] in shapes and
+            shapes[node.args[0]] is x and node.args[1] == 0)
+
+
+def _traced_flatten(node, x, shapes):
+    """The start dim of a flatten of x through its last dim (torch.flatten(x, s), x.flatten(s), x.view(x.size(0), -1),
+    x.reshape(x.shape[0], -1)); (1, K) for x.view(-1, K); None for any other node; -1 for a flatten not through the
+    last dim (or a view of another form)."""
+    if node.op == "call_function" and node.target is torch.flatten or (
+            node.op == "call_method" and node.target == "flatten"):
+        if not node.args or node.args[0] is not x:
+            return None
+        start, end = _arg(node, 1, "start_dim", 0), _arg(node, 2, "end_dim", -1)
+        return start if end == -1 and isinstance(start, int) else -1
+    if node.op == "call_method" and node.target in ("view", "reshape") or (
+            node.op == "call_function" and node.target is torch.reshape):
+        if not node.args or node.args[0] is not x:
+            return None
+        shape = node.args[1:] if node.op == "call_method" else node.args[1:2]
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        if len(shape) == 2 and _dim0_of(shape[0], x, shapes) and shape[1] == -1:
+            return 1
+        # x.view(-1, K): the same as a flatten from dim 1 wherever the first Linear takes K (checked there) and x's
+        # dims from 1 on hold K values; where they do not (rows of several samples), fusedmlp's call refuses x's shape
+        return (1, shape[1]) if len(shape) == 2 and shape[0] == -1 and isinstance(shape[1], int) else -1
+    return None
+
+
 def _is_parametrization_call(gm, node):
     """Whether node is fx's call of a ParametrizationList (a parametrized weight F.linear reads): not a layer op."""
     return (node.op == "call_module" and not node.args and isinstance(node.target, str) and
@@ -507,6 +566,7 @@ def _read_traced(module, activations):
     value_of = {}  # graph node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
     folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (not a value the kernel keeps)
     before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as the kernel keeps it
+    shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
     for node in gm.graph.nodes:
         label = f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})"
         if node.op == "placeholder":
@@ -516,6 +576,26 @@ def _read_traced(module, activations):
             value_of[node] = -1
             continue
         if node.op == "get_attr" or _is_parametrization_call(gm, node):
+            continue
+        if not layers.weights and ((node.op == "call_method" and node.target == "size") or (
+                node.op == "call_function" and node.target is getattr and node.args[1] == "shape")):
+            shapes[node] = node.args[0]  # a shape query of the input, for a view of it (_traced_flatten)
+            continue
+        if not layers.weights and node.op == "call_function" and node.target is operator.getitem and (
+                node.args[0] in shapes):
+            shapes[node] = shapes[node.args[0]]
+            continue
+        start = _traced_flatten(node, cur, shapes) if not layers.weights and cur is x_node else None
+        if isinstance(start, tuple):  # x.view(-1, K)
+            start, layers.flatten_width = start
+        if start is not None:
+            if start == -1:
+                raise ArgumentError(f"{label}: a view or flatten of the input that is not x.view(x.size(0), -1) or "
+                                    "torch.flatten(x, start_dim) through the last dim; fusedmlp flattens an input's "
+                                    "dims from start_dim on")
+            layers.flatten_input(start, -1, label)
+            cur = x_node = node  # the kernel's input is the flattened x (a concat or residual of x reads it)
+            value_of[node] = -1
             continue
         if node.op == "output":
             if node.args[0] is not cur or pending_cat is not None:
@@ -630,8 +710,8 @@ def _read_traced(module, activations):
         cur = node
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    weights, biases, acts, norm = layers.finish(module)
-    return weights, biases, acts, _edges([tuple(r) if r else None for r in residual], concat or None, norm)
+    weights, biases, acts, norm, flatten = layers.finish(module)
+    return weights, biases, acts, _edges([tuple(r) if r else None for r in residual], concat or None, norm, flatten)
 
 
 def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
@@ -755,6 +835,9 @@ class FusedModule(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
             raise ArgumentError("FusedModule is inference-only (no backward): call it under torch.no_grad() or "
                                 "torch.inference_mode(), or freeze the parameters with requires_grad_(False)")
+        start = _registry[self._handle]._flatten_input
+        if start is not None and x.ndim > start + 1:  # here, so that the op's fake shape is its real one
+            x = x.flatten(start)
         if torch.compiler.is_compiling():
             return mlp_forward(x, self._handle)  # the op the graph records
         return _registry[self._handle](x)  # eager: straight to the model's call, without the op's dispatch
