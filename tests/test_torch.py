@@ -576,3 +576,18 @@ def test_flattens_fusedmlp_does_not_take_are_named():
             (ViewRows("rows"), fusedmlp.ShapeError, r"viewed as rows of 392 features, but the Linear takes 784")]:
         with pytest.raises(error, match=match):
             fusedmlp.from_torch(model.eval(), device="cpu")
+
+
+def test_an_8bit_flattening_model_calibrates_on_images():
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10)).eval()
+    x = torch.randn(64, 1, 28, 28)
+    mlp = fusedmlp.from_torch(model, device="cpu", dtype="int8", calibrate=x)
+    flat = fusedmlp.from_torch(model, device="cpu", dtype="int8", calibrate=x.reshape(64, 784))
+    assert np.array_equal(mlp.act_scales, flat.act_scales)
+    assert np.array_equal(mlp(x.numpy()), flat(x.reshape(64, 784).numpy()))
+    y = fusedmlp.evaluate_fused_mlp(x.numpy(), [model[1].weight.detach().numpy(), model[3].weight.detach().numpy()],
+                                    [model[1].bias.detach().numpy(), model[3].bias.detach().numpy()], "relu",
+                                    flatten_input=1, device="cpu")
+    with torch.no_grad():
+        assert y.shape == (64, 10) and max_rel(torch.from_numpy(y).double(), model(x).double()) <= 1e-5

@@ -351,7 +351,8 @@ class FusedMLP:
         kept with the model (save / from_npz) and change the kernels, which are rebuilt at the next call.
 
         Args:
-            x_sample: (rows, in_features) or (in_features,) real array (NumPy, torch, lists), finite.
+            x_sample: (rows, in_features) or (in_features,) real array (NumPy, torch, lists), finite (or the shape
+                flatten_input merges into rows).
 
         Returns:
             self. ``calibration_error`` then holds the relative L2 error of the 8-bit network against the float one
@@ -360,6 +361,9 @@ class FusedMLP:
         if self._precision not in LOWBIT:
             raise ArgumentError(f"calibrate sets the activation scales of dtype='int8' or 'float8' models; this one "
                                 f"computes in {self._precision}, which needs none")
+        if self._flatten_input is not None:
+            x_sample = _merge_dims(x_sample.detach().cpu().numpy() if hasattr(x_sample, "detach") else x_sample,
+                                   self._flatten_input)
         x = _calibration_input(x_sample, self.widths[0])
         scales = _activation_scales(self._net.amax(x), self._concat, LOWBIT[self._precision])
         self._set_act_scales(scales)
@@ -909,7 +913,7 @@ def _warn_cpu_once():
 
 
 def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
-                       concat=None, norm=None, dtype="float16", device="auto", check=False):
+                       concat=None, norm=None, flatten_input=None, dtype="float16", device="auto", check=False):
     """Runs an MLP given as PyTorch-layout weights on x in one fused kernel; see FusedMLP for the arguments. An 8-bit
     dtype ('int8', 'float8') is calibrated on x itself, the only batch there is (FusedMLP.calibrate).
 
@@ -917,7 +921,7 @@ def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activa
         The (batch, out_features) outputs, with x's dtype.
     """
     mlp = FusedMLP(weights, biases, activation, output_activation, residual=residual, concat=concat, norm=norm,
-                   dtype=dtype, device=device, check=check)
+                   flatten_input=flatten_input, dtype=dtype, device=device, check=check)
     if mlp._precision in LOWBIT:
         mlp.calibrate(x)
     return mlp(x)
