@@ -11,7 +11,6 @@ result without gradients (call it under torch.no_grad() / torch.inference_mode()
 import itertools
 import operator
 from collections import OrderedDict
-import re
 import threading
 
 import numpy as np
@@ -20,7 +19,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from ._api import FusedMLP
-from .errors import ArgumentError, ShapeError
+from ._layers import Layers, compose as _compose
+from .errors import ArgumentError
 
 __all__ = ["from_torch", "FusedModule", "mlp_forward"]
 
@@ -186,151 +186,6 @@ def _batchnorm_affine(bn, label):
     return s, t
 
 
-class _Layers:
-    """The layers read so far, in float64 until the end (the folds are exact there, then rounded once to float32).
-
-    A BatchNorm1d directly after a Linear folds into it, W' = diag(s) W, b' = s b + t (into its LayerNorm / RMSNorm
-    affine where it has one: gamma' = s gamma, beta' = s beta + t); anywhere else it must come directly before a
-    Linear and folds into that one's input side, W' = W diag(s), b' = b + W t. Both are exact; a BatchNorm1d with an
-    activation, residual or concat between it and the next Linear, or at the end of the network after an activation,
-    has no exact fold and is an error naming it."""
-
-    def __init__(self):
-        self.weights, self.biases, self.acts = [], [], []
-        self.norms = []  # per layer None or [kind, weight, bias, eps] of its LayerNorm / RMSNorm (FusedMLP's norm=)
-        self.open = False  # the last layer's output is still W h + b, or its norm of it (only folds since its Linear)
-        self.pending = None  # (s, t, label) of BatchNorm1d(s) waiting for the next Linear
-        self.flatten = None  # the start dim of a flatten of the input before the first Linear (FusedMLP's flatten_input)
-        self.flatten_width = None  # the features x.view(-1, K) gives each row: the first Linear must take K
-
-    def linear(self, weight, bias, label):
-        w, b = _numpy64(weight), _numpy64(bias)
-        if not self.weights and self.flatten_width is not None and w.shape[1] != self.flatten_width:
-            raise ShapeError(f"{label}: the input is viewed as rows of {self.flatten_width} features, but the Linear "
-                             f"takes {w.shape[1]}")
-        if self.pending is not None:
-            s, t, bn_label = self.pending
-            if w.ndim != 2 or w.shape[1] != s.shape[0]:
-                raise ShapeError(f"{bn_label}: BatchNorm1d has {s.shape[0]} features but the Linear after it "
-                                 f"({label}) takes {w.shape[1] if w.ndim == 2 else w.shape} inputs")
-            b = (b if b is not None else np.zeros(w.shape[0])) + w @ t
-            w = w * s[None, :]
-            self.pending = None
-        self.weights.append(w)
-        self.biases.append(b)
-        self.acts.append("none")
-        self.norms.append(None)
-        self.open = True
-
-    def batchnorm(self, bn, label):
-        s, t = _batchnorm_affine(bn, label)
-        if self.open:
-            w = self.weights[-1]
-            if s.shape[0] != w.shape[0]:
-                raise ShapeError(f"{label}: BatchNorm1d has {s.shape[0]} features but the Linear before it has "
-                                 f"{w.shape[0]} outputs")
-            norm = self.norms[-1]
-            if norm is not None:  # Linear -> LayerNorm -> BatchNorm1d: into the norm's affine
-                norm[1] = s * (norm[1] if norm[1] is not None else 1.0)
-                norm[2] = s * (norm[2] if norm[2] is not None else 0.0) + t
-                return
-            b = self.biases[-1]
-            self.weights[-1] = w * s[:, None]
-            self.biases[-1] = s * (b if b is not None else 0.0) + t
-        elif self.pending is not None:  # two in a row: one affine map
-            s0, t0, first = self.pending
-            if s0.shape != s.shape:
-                raise ShapeError(f"{label}: BatchNorm1d has {s.shape[0]} features but the one before it ({first}) "
-                                 f"has {s0.shape[0]}")
-            self.pending = (s * s0, s * t0 + t, first)
-        else:
-            self.pending = (s, t, label)
-
-    def norm(self, kind, shape, weight, bias, eps, label):
-        """A LayerNorm (kind 'layernorm') or RMSNorm ('rmsnorm') over `shape` (its normalized_shape) at label: the
-        last layer's norm, fused before its activation; it must come directly after that layer's Linear."""
-        name = "LayerNorm" if kind == "layernorm" else "RMSNorm"
-        self.after_linear(name, label, "nor after one without a norm")
-        width = self.weights[-1].shape[0]
-        if tuple(shape) != (width,):
-            raise ShapeError(f"{label}: {name} normalizes over {tuple(shape)}, but the Linear before it has {width} "
-                             f"outputs; fusedmlp fuses a norm over the layer's features, normalized_shape ({width},)")
-        self.norms[-1] = [kind, _numpy64(weight), _numpy64(bias), None if eps is None else float(eps)]
-
-    def flatten_input(self, start, end, label):
-        """A flatten of dims start..end at label: before the first Linear, of the network input (FusedMLP's
-        flatten_input: images run as rows of their pixels); after it, of (rows, features) values, which it leaves as
-        they are."""
-        if self.weights:
-            return
-        if end not in (-1, None) or not isinstance(start, int) or start < 1:
-            raise ArgumentError(f"{label}: a flatten of dims {start}..{end} of the input; fusedmlp flattens an input's "
-                                "dims from start_dim >= 1 through the last (nn.Flatten(start_dim), torch.flatten(x, "
-                                "start_dim), x.view(x.size(0), -1))")
-        if self.flatten is not None:
-            raise ArgumentError(f"{label}: a second flatten of the input; fusedmlp takes one")
-        self.flatten = start
-
-    def softmax(self, kind, dim, label):
-        """A Softmax (kind 'softmax') or LogSoftmax ('log_softmax') over dim at label: the last layer's norm (FusedMLP
-        fuses it before the layer's activation), so it must come directly after that layer's Linear. dim: -1, or 1 (or
-        None, which torch reads as 1) of the (rows, features) batches fusedmlp runs."""
-        name = "Softmax" if kind == "softmax" else "LogSoftmax"
-        if dim not in (None, -1, 1):
-            raise ArgumentError(f"{label}: {name}(dim={dim}) does not run over the features; fusedmlp fuses a {name} "
-                                "over a layer's features, dim=-1 (or 1) of its (rows, features) input")
-        self.after_linear(name, label, "it follows a norm")
-        self.norms[-1] = [kind, None, None, None]
-        self.open = False  # a BatchNorm1d after it folds into the next Linear (a softmax has no affine to take it)
-
-    def after_linear(self, name, label, after_norm):
-        """Raises unless module `name` at label comes directly after a Linear whose layer has no norm yet (the layer's
-        norm is fused before its activation); after_norm: what the message adds where a norm came first."""
-        self.unfoldable(label, f"a {name}")
-        if not self.open or self.norms[-1] is not None:
-            raise ArgumentError(f"{label}: {name} is not directly after a Linear" + (
-                f" ({after_norm})" if self.weights and self.norms[-1] is not None else "") +
-                f"; fusedmlp fuses a {name} over a Linear's outputs, before the layer's activation (Linear -> {name} "
-                "-> activation)")
-
-    def unfoldable(self, label, what):
-        """Raises if a BatchNorm1d waits for a Linear and `what` (at label) comes first."""
-        if self.pending is not None:
-            raise ArgumentError(f"{self.pending[2]}: BatchNorm1d is followed by {what} ({label}) before the next "
-                                "Linear, so it folds into no Linear exactly; fusedmlp folds a BatchNorm1d directly "
-                                "after a Linear or directly before one")
-
-    def activation(self, text, label):
-        self.unfoldable(label, "an activation")
-        self.acts[-1] = text if self.acts[-1] == "none" else _compose(text, self.acts[-1])
-        self.open = False
-
-    def finish(self, module):
-        """(weights, biases, activations, norm) in float32, norm FusedMLP's norm= argument (None without norms)."""
-        if self.pending is not None:
-            raise ArgumentError(f"{self.pending[2]}: BatchNorm1d at the end of the network after an activation folds "
-                                "into no Linear; fusedmlp folds a BatchNorm1d directly after a Linear or directly "
-                                "before one")
-        if not self.weights:
-            raise ShapeError(f"{type(module).__name__} holds no Linear layer")
-
-        def f32(a):
-            return None if a is None else a.astype(np.float32)
-
-        weights = [f32(w) for w in self.weights]
-        biases = [f32(b) for b in self.biases]
-        norm = {l: {"kind": n[0], "weight": f32(n[1]), "bias": f32(n[2]), "eps": n[3]}
-                for l, n in enumerate(self.norms) if n is not None}
-        return weights, biases, self.acts, norm or None, self.flatten
-
-
-def _compose(outer, inner):
-    """outer(inner(x)) as one expression: every whole-word x of outer becomes (inner)."""
-    inner_expr = inner if "(" in inner else f"{inner}(x)"
-    outer_expr = outer if "(" in outer else f"{outer}(x)"
-    return re.sub(r"\bx\b", f"({inner_expr})", outer_expr)
-
-
 def _flatten(module, prefix):
     """(path, module) for every leaf in evaluation order, descending into Sequentials (torchvision's MLP is one)."""
     if isinstance(module, nn.Sequential):
@@ -362,7 +217,7 @@ def read_module(module, activations=None):
     if not isinstance(module, (nn.Sequential, nn.Linear)):
         return _read_traced(module, activations)
     activations = dict(activations or {})
-    layers = _Layers()
+    layers = Layers(_numpy64)
     for path, leaf in _flatten(module, ""):
         label = path or type(module).__name__
         text = activations.pop(path, None)
@@ -378,7 +233,7 @@ def read_module(module, activations=None):
             _check_dropout_off(leaf, label)
             continue
         if text is None and isinstance(leaf, nn.BatchNorm1d):
-            layers.batchnorm(leaf, label)
+            layers.batchnorm(*_batchnorm_affine(leaf, label), label)
             continue
         if text is None and _norm_module(leaf) is not None:
             layers.norm(*_norm_module(leaf), label)
@@ -397,7 +252,7 @@ def read_module(module, activations=None):
         layers.activation(text, label)
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    weights, biases, acts, norm, flatten = layers.finish(module)
+    weights, biases, acts, norm, flatten = layers.finish(type(module).__name__)
     return weights, biases, acts, _edges(None, None, norm, flatten)
 
 
@@ -554,13 +409,13 @@ def _read_traced(module, activations):
     """Walks module's torch.fx graph as a chain: each Linear starts a layer, activations before a residual op are the
     layer's activation, the op with a kept value (the layer's input, an earlier layer's output, the network input) is
     its residual, activations after it the residual's; torch.cat of the hidden state with the network input right
-    before a Linear is that layer's input concat; BatchNorm1d folds into the Linear before or after it (_Layers)."""
+    before a Linear is that layer's input concat; BatchNorm1d folds into the Linear before or after it (Layers)."""
     activations = dict(activations or {})
     try:
         gm = torch.fx.symbolic_trace(module)
     except Exception as e:  # data-dependent control flow and the like
         raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: {e}") from None
-    layers = _Layers()
+    layers = Layers(_numpy64)
     residual, concat = [], {}
     cur = x_node = pending_cat = None
     value_of = {}  # graph node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
@@ -632,7 +487,7 @@ def _read_traced(module, activations):
                 raise ArgumentError(f"{node.target}: a BatchNorm1d that does not take the previous layer's output")
             if layers.pending is None and not layers.open:
                 before_bn = cur
-            layers.batchnorm(leaf, node.target)
+            layers.batchnorm(*_batchnorm_affine(leaf, node.target), node.target)
             cur = node
             continue
         norm = _traced_norm(module, node, leaf if text is None else None, label)
@@ -710,7 +565,7 @@ def _read_traced(module, activations):
         cur = node
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    weights, biases, acts, norm, flatten = layers.finish(module)
+    weights, biases, acts, norm, flatten = layers.finish(type(module).__name__)
     return weights, biases, acts, _edges([tuple(r) if r else None for r in residual], concat or None, norm, flatten)
 
 
