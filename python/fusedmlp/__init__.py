@@ -18,6 +18,13 @@ def from_torch(module, activations=None, device=None, **kwargs):
     return _from_torch(module, activations, device, **kwargs)
 
 
+def from_onnx(model, device="auto", **kwargs):
+    """Builds a FusedMLP from an ONNX MLP (a path, bytes or onnx.ModelProto): see fusedmlp.onnx (needs onnx)."""
+    from .onnx import from_onnx as _from_onnx  # onnx is optional: imported only here
+
+    return _from_onnx(model, device, **kwargs)
+
+
 from . import errors
 from .errors import (
     ArgumentError,
@@ -36,6 +43,7 @@ __all__ = [
     "FusedMLP",
     "evaluate_fused_mlp",
     "from_torch",
+    "from_onnx",
     "tune",
     "CHECK_TOLERANCE",
     "CHECK_TOLERANCES",

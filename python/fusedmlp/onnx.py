@@ -1,0 +1,321 @@
+"""Reads an ONNX MLP into a FusedMLP: ``fusedmlp.from_onnx("model.onnx")`` (the optional extra ``fusedmlp[onnx]``).
+
+The graph is walked in its (topological) order as a chain, as fusedmlp.torch walks a traced module:
+
+- ``Gemm`` (``transA`` 0; any ``transB``, ``alpha``, ``beta``) and ``MatMul`` with a constant weight start a layer; an
+  ``Add`` of a constant vector right after one is its bias.
+- ``BatchNormalization`` (inference) folds into the Linear before or after it; ``LayerNormalization`` and
+  ``RMSNormalization`` over the last axis right after a Linear are its fused norm, and so are ``Softmax`` and
+  ``LogSoftmax`` over the last axis.
+- Elementwise nodes between layers make the layer's activation: each one's expression over the layer's output ``x``
+  is built from its inputs' (``Relu``, ``Sigmoid``, ``Tanh``, ``Gelu``, ``Erf``, ``Exp``, ... and ``Add`` / ``Sub`` /
+  ``Mul`` / ``Div`` / ``Pow`` with scalar constants or with each other), so that the forms exporters write for SiLU
+  (``x * Sigmoid(x)``), GELU (``x * 0.5 * (1 + Erf(x / sqrt 2))``) or Mish read as one fused activation.
+- ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
+  ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on.
+
+Anything else (a residual or concat, a second input, a convolution, ...) is an error naming the node, its op and what
+is read.
+"""
+
+import os
+
+import numpy as np
+
+from ._api import FusedMLP
+from ._layers import Layers
+from .errors import ArgumentError, ShapeError
+
+SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization, LayerNormalization, RMSNormalization, Softmax, "
+             "LogSoftmax (over the last axis), elementwise activations (Relu, LeakyRelu, PRelu with one slope, Elu, "
+             "Celu, Selu, Sigmoid, HardSigmoid, HardSwish, Tanh, Softplus, Softsign, Mish, Gelu, Erf, Exp, Log, Sqrt, "
+             "Abs, Neg, Reciprocal, Sin, Cos, Clip, and Add / Sub / Mul / Div / Pow of them with scalars or each "
+             "other), Flatten / Reshape of the input, Identity, Dropout, Cast to float")
+
+# Elementwise ops of one input: ONNX op -> expression over "{a}" (attributes filled in by _unary).
+_UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "Exp": "exp({a})", "Log": "log({a})",
+          "Sqrt": "sqrt({a})", "Abs": "abs({a})", "Erf": "erf({a})", "Sin": "sin({a})", "Cos": "cos({a})",
+          "Softplus": "softplus({a})", "Softsign": "softsign({a})", "HardSwish": "hardswish({a})",
+          "Mish": "({a}) * tanh(softplus({a}))", "Neg": "(-({a}))", "Reciprocal": "(1 / ({a}))"}
+_BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
+_PASS = ("Identity", "Dropout", "Cast")
+_FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+#: Built-ins an activation read node by node is compared with (_canonical): exporters spell SiLU, GELU and Mish out in
+#: elementary ops, and the built-ins have the kernels' fast forms.
+_CANONICAL = ("relu", "sigmoid", "tanh", "silu", "gelu", "gelu_tanh", "mish", "softplus", "softsign", "hardswish",
+              "hardsigmoid", "elu", "selu")
+_GRID = np.linspace(-12.0, 12.0, 4801)
+
+
+def _canonical(text):
+    """The built-in activation that equals expression `text` within float32 rounding on [-12, 12] (the same values
+    to 1e-6 of their size), else text: x * Sigmoid(x) reads as silu, x * 0.5 * (1 + erf(x / 1.41421...)) as gelu."""
+    from ._gpu import core
+
+    values = core().eval_expr(text, _GRID)
+    for name in _CANONICAL:
+        ref = core().eval_expr(name, _GRID)
+        if np.all(np.abs(values - ref) <= 1e-6 * np.maximum(1.0, np.abs(ref))):
+            return name
+    return text
+
+
+def _num(v):
+    """A number as expression text (negative ones in parentheses)."""
+    text = repr(float(v))
+    return f"({text})" if text.startswith("-") else text
+
+
+def _load(model):
+    import onnx
+
+    if isinstance(model, (str, os.PathLike)):
+        return onnx.load(os.fspath(model))
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(model))
+    if isinstance(model, onnx.ModelProto):
+        return model
+    raise ArgumentError(f"model is a {type(model).__name__}; give an onnx.ModelProto, its serialized bytes or a path")
+
+
+class _Reader:
+    """One walk over a graph's nodes (read_onnx)."""
+
+    def __init__(self, graph):
+        from onnx import numpy_helper
+
+        self.to_array = numpy_helper.to_array
+        self.consts = {t.name: self.to_array(t) for t in graph.initializer}
+        inputs = [i.name for i in graph.input if i.name not in self.consts]
+        if len(inputs) != 1:
+            raise ArgumentError(f"the graph has inputs {inputs}; fusedmlp models take one input tensor")
+        if len(graph.output) != 1:
+            raise ArgumentError(f"the graph has {len(graph.output)} outputs; fusedmlp models give one")
+        self.x = self.cur = inputs[0]
+        self.output = graph.output[0].name
+        self.layers = Layers(lambda a: None if a is None else np.asarray(a, dtype=np.float64), bn="BatchNormalization")
+        self.exprs = {}  # the activation being read: value -> expression over the layer's output x
+        self.biased = False  # the last layer's Linear may still take an Add of a bias (right after it)
+
+    def const(self, name):
+        return self.consts.get(name) if name else None
+
+    def scalar(self, name):
+        c = self.const(name)
+        return None if c is None or c.size != 1 else float(c.reshape(()))
+
+    def chain_input(self, node, label):
+        """The node's first input, which must be the chain's value: the current one, or the activation read so far
+        (which then becomes the layer's activation)."""
+        if not node.input or node.input[0] not in ({self.cur} | set(self.exprs)):
+            raise ArgumentError(f"{label}: its input is not the previous layer's output; supported: {SUPPORTED}")
+        self.close(node.input[0], label)
+
+    def close(self, value, label):
+        """Ends the activation being read at `value` (the layer's activation is its expression)."""
+        if self.exprs:
+            if value not in self.exprs:
+                raise ArgumentError(f"{label}: it reads {value}, not the activation read so far; supported: "
+                                    f"{SUPPORTED}")
+            text = self.exprs[value]
+            if text != "x":
+                self.layers.activation(_canonical(text), label)
+            self.exprs = {}
+            self.cur = value
+            self.biased = False
+
+    def operand(self, name, label):
+        """An elementwise node's input as expression text: a value of the activation, or a scalar constant."""
+        if name in self.exprs:
+            return self.exprs[name]
+        if name == self.cur and self.layers.weights:
+            self.exprs[name] = "x"  # the activation starts at the layer's output
+            return "x"
+        if name == self.cur:
+            raise ArgumentError(f"{label}: an elementwise op on the input before the first Gemm or MatMul; fusedmlp "
+                                "applies activations after a layer")
+        value = self.scalar(name)
+        if value is None:
+            raise ArgumentError(f"{label}: operand {name} is neither the previous layer's output nor a scalar constant "
+                                "(a residual, a concat or a per-feature constant is not read from ONNX); supported: "
+                                f"{SUPPORTED}")
+        return _num(value)
+
+    def unary(self, node, op, attrs, a):
+        if op == "LeakyRelu":
+            return f"leaky_relu({a}, {_num(attrs.get('alpha', 0.01))})"
+        if op == "Elu":
+            return f"elu({a}, {_num(attrs.get('alpha', 1.0))})"
+        if op == "Celu":
+            alpha = attrs.get("alpha", 1.0)
+            return f"(max({a}, 0) + min(0, {_num(alpha)} * (exp(({a}) / {_num(alpha)}) - 1)))"
+        if op == "Selu":
+            alpha, gamma = attrs.get("alpha", 1.67326319217681884765625), attrs.get("gamma", 1.05070102214813232421875)
+            return f"({_num(gamma)} * (max({a}, 0) + min(0, {_num(alpha)} * (exp({a}) - 1))))"
+        if op == "HardSigmoid":
+            alpha, beta = attrs.get("alpha", 0.2), attrs.get("beta", 0.5)
+            return f"max(0, min(1, {_num(alpha)} * ({a}) + {_num(beta)}))"
+        if op == "Gelu":
+            return f"gelu_tanh({a})" if attrs.get("approximate", b"none") in (b"tanh", "tanh") else f"gelu({a})"
+        return _UNARY[op].format(a=a)
+
+    def elementwise(self, node, op, attrs, label):
+        out = node.output[0]
+        if op in _UNARY or op in ("LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu"):
+            self.exprs[out] = self.unary(node, op, attrs, self.operand(node.input[0], label))
+        elif op in _BINARY:
+            a, b = (self.operand(name, label) for name in node.input[:2])
+            self.exprs[out] = f"(({a}) {_BINARY[op]} ({b}))"
+        elif op == "PRelu":
+            slope = self.const(node.input[1])
+            if slope is None or slope.size != 1:
+                raise ArgumentError(f"{label}: PRelu with a slope per channel; fusedmlp reads one slope")
+            self.exprs[out] = f"leaky_relu({self.operand(node.input[0], label)}, {_num(slope.reshape(()))})"
+        elif op == "Clip":
+            lo, hi = self.scalar(node.input[1] if len(node.input) > 1 else ""), self.scalar(
+                node.input[2] if len(node.input) > 2 else "")
+            a = self.operand(node.input[0], label)
+            a = a if lo is None else f"max({a}, {_num(lo)})"
+            self.exprs[out] = a if hi is None else f"min({a}, {_num(hi)})"
+        else:
+            return False
+        return True
+
+    def node(self, node):
+        from onnx import helper
+
+        op = node.op_type
+        label = f"{node.name or node.output[0]} ({op})"
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        layers = self.layers
+        if op == "Constant":
+            self.consts[node.output[0]] = self.to_array(attrs["value"]) if "value" in attrs else np.asarray(
+                next(iter(attrs.values())))
+            return
+        if op in _PASS:
+            if op == "Cast" and attrs.get("to") not in _FLOAT_TYPES:
+                raise ArgumentError(f"{label}: a Cast to ONNX type {attrs.get('to')}; fusedmlp reads float values")
+            if op == "Dropout" and len(node.input) > 2 and self.const(node.input[2]) is not None and bool(
+                    self.const(node.input[2])):
+                raise ArgumentError(f"{label}: Dropout in training mode; fusedmlp runs inference")
+            src = node.input[0]
+            if src in self.exprs:
+                self.exprs[node.output[0]] = self.exprs[src]
+            elif src == self.cur:
+                self.cur = node.output[0]
+                if src == self.x:
+                    self.x = self.cur
+            else:
+                raise ArgumentError(f"{label}: its input is not the previous layer's output; supported: {SUPPORTED}")
+            return
+        if op == "Add" and self.biased and self.cur in node.input[:2]:
+            other = node.input[1] if node.input[0] == self.cur else node.input[0]
+            b = self.const(other)
+            width = layers.weights[-1].shape[0]
+            if b is not None and b.size in (1, width):
+                layers.biases[-1] = (layers.biases[-1] if layers.biases[-1] is not None else 0.0) + np.broadcast_to(
+                    np.asarray(b, np.float64).reshape(-1), (width,))
+                self.cur = node.output[0]
+                return
+        if self.elementwise(node, op, attrs, label):
+            return
+        if op in ("Flatten", "Reshape") and not layers.weights:
+            if not node.input or node.input[0] != self.cur or self.cur != self.x:
+                raise ArgumentError(f"{label}: a reshape that is not of the network input")
+            if op == "Flatten":
+                layers.flatten_input(int(attrs.get("axis", 1)), -1, label)
+            else:
+                shape = self.const(node.input[1])
+                shape = None if shape is None else [int(v) for v in shape.reshape(-1)]
+                if shape == [0, -1]:
+                    layers.flatten_input(1, -1, label)
+                elif shape is not None and len(shape) == 2 and shape[0] == -1 and shape[1] > 0:
+                    layers.flatten_input(1, -1, label)
+                    layers.flatten_width = shape[1]
+                else:
+                    raise ArgumentError(f"{label}: a Reshape of the input to {shape}; fusedmlp reads [0, -1] or [-1, K]")
+            self.cur = self.x = node.output[0]
+            return
+        self.chain_input(node, label)
+        if op in ("Gemm", "MatMul"):
+            w = self.const(node.input[1])
+            if w is None or w.ndim != 2:
+                raise ArgumentError(f"{label}: its weight {node.input[1]} is not a constant matrix")
+            if op == "Gemm":
+                if attrs.get("transA", 0):
+                    raise ArgumentError(f"{label}: Gemm with transA=1; fusedmlp reads rows of features (transA=0)")
+                w = (w if attrs.get("transB", 0) else w.T) * float(attrs.get("alpha", 1.0))
+                c = self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+                b = None if c is None else np.broadcast_to(np.asarray(c, np.float64).reshape(-1) * float(
+                    attrs.get("beta", 1.0)), (w.shape[0],)).copy()
+            else:
+                w, b = w.T, None
+            layers.linear(w, b, label)
+            self.biased = True
+        elif op == "BatchNormalization":
+            if attrs.get("training_mode", 0):
+                raise ArgumentError(f"{label}: BatchNormalization in training mode; fusedmlp folds running statistics")
+            scale, beta, mean, var = (np.asarray(self.const(n), np.float64) if self.const(n) is not None else None
+                                      for n in node.input[1:5])
+            if any(v is None for v in (scale, beta, mean, var)):
+                raise ArgumentError(f"{label}: its scale, bias, mean and variance must be constants")
+            s = scale / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+            layers.batchnorm(s, beta - mean * s, label)
+            self.biased = False
+        elif op in ("LayerNormalization", "RMSNormalization"):
+            if attrs.get("axis", -1) not in (-1, 1):
+                raise ArgumentError(f"{label}: {op} over axis {attrs.get('axis')}; fusedmlp normalizes the last axis")
+            kind = "layernorm" if op == "LayerNormalization" else "rmsnorm"
+            width = layers.weights[-1].shape[0] if layers.weights else 0
+            scale = self.const(node.input[1]) if len(node.input) > 1 else None
+            bias = self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            layers.norm(kind, (width,), None if scale is None else np.broadcast_to(scale.reshape(-1), (width,)),
+                        None if bias is None else np.broadcast_to(bias.reshape(-1), (width,)),
+                        float(attrs.get("epsilon", 1e-5)), label)
+            self.biased = False
+        elif op in ("Softmax", "LogSoftmax"):
+            axis = attrs.get("axis", -1)
+            layers.softmax("softmax" if op == "Softmax" else "log_softmax", -1 if axis in (-1, 1) else axis, label)
+            self.biased = False
+        else:
+            raise ArgumentError(f"{label}: {op} is not read; supported: {SUPPORTED}")
+        self.cur = node.output[0]
+
+    def finish(self):
+        if not self.layers.weights:
+            raise ShapeError("the ONNX graph holds no Gemm or MatMul layer")
+        self.close(self.output, f"the graph output {self.output}")
+        if self.output != self.cur:
+            raise ArgumentError(f"the graph output {self.output} is not the end of the layer chain ({self.cur})")
+        weights, biases, acts, norm, flatten = self.layers.finish("the ONNX graph")
+        edges = {**({"norm": norm} if norm else {}), **({"flatten_input": flatten} if flatten is not None else {})}
+        return weights, biases, acts, edges
+
+
+def read_onnx(model):
+    """Reads an ONNX MLP (an onnx.ModelProto, its bytes or a path) into FusedMLP's arguments.
+
+    Returns:
+        (weights, biases, activations, edges) for FusedMLP(weights, biases, activation=activations, **edges).
+    """
+    graph = _load(model).graph
+    reader = _Reader(graph)
+    for node in graph.node:
+        reader.node(node)
+    return reader.finish()
+
+
+def from_onnx(model, device="auto", **kwargs):
+    """Builds a FusedMLP from an ONNX MLP (module docstring: what is read).
+
+    Args:
+        model: an onnx.ModelProto, its serialized bytes, or the path of a .onnx file.
+        device, kwargs: passed to FusedMLP (dtype, check, cache_dir, device).
+
+    Returns:
+        A FusedMLP with the graph's weights (float32).
+    """
+    weights, biases, acts, edges = read_onnx(model)
+    return FusedMLP(weights, biases, activation=acts, device=device, **edges, **kwargs)

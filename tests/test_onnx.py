@@ -1,0 +1,164 @@
+"""fusedmlp.from_onnx: ONNX MLPs read into FusedMLP (the CPU path against onnxruntime on the same graph), the forms
+exporters write (MatMul + Add, Gemm with its attributes, SiLU / GELU / Mish spelled out, batch norms, layer norms,
+softmax heads, a flattened input), torch.onnx.export's output, and the errors that name what is not read."""
+
+import io
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import fusedmlp  # noqa: E402
+from fusedmlp.onnx import read_onnx  # noqa: E402
+
+
+def graph_model(nodes, inits, in_shape, n_out, inputs=("x",)):
+    """A checked opset-20 model of nodes with float32 initializers, input x of in_shape (rows None), output y."""
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None, *in_shape]) for name in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n_out])],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def check_against_onnxruntime(model, x, tol=1e-5):
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    mlp = fusedmlp.from_onnx(model, device="cpu")
+    got = mlp(x)
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want)) <= tol * max(1.0, float(np.max(np.abs(want)))), mlp
+    return mlp
+
+
+def test_matmul_add_silu_gemm_softmax(rng):
+    """The exporter's forms: MatMul then Add of the bias, SiLU as x * Sigmoid(x) (read as the built-in silu), Gemm
+    with transB=1, a softmax head."""
+    w1, b1, w2, b2 = rng.standard_normal((16, 32)) / 4, rng.standard_normal(32), rng.standard_normal((10, 32)) / 4, \
+        rng.standard_normal(10)
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["z"]),
+             helper.make_node("Sigmoid", ["z"], ["s"]), helper.make_node("Mul", ["z", "s"], ["a"]),
+             helper.make_node("Gemm", ["a", "W2", "b2"], ["o"], transB=1), helper.make_node("Softmax", ["o"], ["y"])]
+    model = graph_model(nodes, {"W1": w1, "b1": b1, "W2": w2, "b2": b2}, [16], 10)
+    mlp = check_against_onnxruntime(model, rng.standard_normal((50, 16)).astype(np.float32))
+    assert list(mlp.activations) == ["silu(x)", "none(x)"] and "norm={1: softmax}" in repr(mlp)
+
+
+def test_gelu_spelled_out_gemm_attributes_batch_and_layer_norms(rng):
+    """GELU as x * 0.5 * (1 + Erf(x / 1.41421...)) reads as gelu; Gemm's alpha, beta and transB=0; a
+    BatchNormalization after a Gemm folds into it; a LayerNormalization is the layer's norm; a log_softmax head."""
+    sqrt2 = np.float32(np.sqrt(2.0))
+    inits = {"W1": rng.standard_normal((12, 24)) / 3, "b1": rng.standard_normal(24), "sq": sqrt2, "one": 1.0,
+             "half": 0.5, "W2": rng.standard_normal((24, 24)) / 5, "b2": rng.standard_normal(24),
+             "g": rng.uniform(0.5, 1.5, 24), "be": rng.standard_normal(24), "mu": rng.standard_normal(24),
+             "var": rng.uniform(0.5, 2, 24), "W3": rng.standard_normal((24, 24)) / 5, "ln_s": rng.uniform(0.5, 1.5, 24),
+             "ln_b": rng.standard_normal(24), "W4": rng.standard_normal((7, 24)) / 5, "b4": rng.standard_normal(7)}
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["z"], alpha=0.75, beta=1.5),
+             helper.make_node("Div", ["z", "sq"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["z", "p"], ["q"]),
+             helper.make_node("Mul", ["q", "half"], ["a"]),
+             helper.make_node("Gemm", ["a", "W2", "b2"], ["z2"]),
+             helper.make_node("BatchNormalization", ["z2", "g", "be", "mu", "var"], ["n2"], epsilon=1e-3),
+             helper.make_node("Tanh", ["n2"], ["a2"]),
+             helper.make_node("MatMul", ["a2", "W3"], ["z3"]),
+             helper.make_node("LayerNormalization", ["z3", "ln_s", "ln_b"], ["n3"], epsilon=1e-5),
+             helper.make_node("Relu", ["n3"], ["a3"]),
+             helper.make_node("Gemm", ["a3", "W4", "b4"], ["o"], transB=1),
+             helper.make_node("LogSoftmax", ["o"], ["y"], axis=1)]
+    model = graph_model(nodes, inits, [12], 7)
+    mlp = check_against_onnxruntime(model, rng.standard_normal((33, 12)).astype(np.float32))
+    assert list(mlp.activations) == ["gelu(x)", "tanh(x)", "relu(x)", "none(x)"]
+    assert "2: layernorm(eps=1e-05, weight, bias), 3: log_softmax" in repr(mlp)
+
+
+@pytest.mark.parametrize("op, attrs, extra", [
+    ("LeakyRelu", {"alpha": 0.2}, {}), ("Elu", {"alpha": 0.7}, {}), ("Selu", {}, {}), ("Celu", {"alpha": 1.5}, {}),
+    ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, {}), ("HardSwish", {}, {}), ("Softplus", {}, {}),
+    ("Softsign", {}, {}), ("Mish", {}, {}), ("Gelu", {"approximate": "tanh"}, {}), ("Exp", {}, {}),
+    ("Sin", {}, {}), ("PRelu", {}, {"slope": np.float32(0.1)}), ("Clip", {}, {"lo": np.float32(-0.5),
+                                                                           "hi": np.float32(2.0)})])
+def test_each_activation_op(rng, op, attrs, extra):
+    inputs = ["z"] + (["slope"] if op == "PRelu" else ["lo", "hi"] if op == "Clip" else [])
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["z"], transB=1), helper.make_node(op, inputs, ["a"], **attrs),
+             helper.make_node("Gemm", ["a", "W2", "b2"], ["y"], transB=1)]
+    inits = {"W1": rng.standard_normal((20, 8)) / 2, "b1": rng.standard_normal(20), "W2": rng.standard_normal((3, 20)),
+             "b2": rng.standard_normal(3), **extra}
+    check_against_onnxruntime(graph_model(nodes, inits, [8], 3), rng.standard_normal((40, 8)).astype(np.float32))
+
+
+@pytest.mark.parametrize("reshape", ["Flatten", "Reshape0", "ReshapeK"])
+def test_a_flattened_input(rng, reshape):
+    if reshape == "Flatten":
+        first = [helper.make_node("Flatten", ["x"], ["f"], axis=1)]
+    else:
+        first = [helper.make_node("Reshape", ["x", "shape"], ["f"])]
+    shape = {"Reshape0": [0, -1], "ReshapeK": [-1, 12]}.get(reshape)
+    inits = {"W1": rng.standard_normal((12, 6)), "b1": rng.standard_normal(6)}
+    model_inits = {**inits}
+    nodes = first + [helper.make_node("Gemm", ["f", "W1", "b1"], ["z"]), helper.make_node("Tanh", ["z"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 6])],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in model_inits.items()] +
+        ([numpy_helper.from_array(np.asarray(shape, np.int64), "shape")] if shape else []))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    mlp = check_against_onnxruntime(model, rng.standard_normal((9, 3, 4)).astype(np.float32))
+    assert mlp._flatten_input == 1
+
+
+def test_torch_onnx_export_reads_back():
+    """torch.onnx.export's graph of a classifier (Flatten, GELU, LayerNorm, SiLU, LogSoftmax) gives torch's outputs."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.LayerNorm(32), nn.SiLU(),
+                          nn.Linear(32, 5), nn.LogSoftmax(-1)).eval()
+    buf = io.BytesIO()
+    try:
+        torch.onnx.export(model, torch.randn(3, 1, 4, 4), buf, dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "n"}})
+    except Exception as e:  # an exporter this torch lacks (it is optional in torch too)
+        pytest.skip(f"torch.onnx.export failed: {e}")
+    mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+    assert list(mlp.activations) == ["gelu(x)", "silu(x)", "none(x)"] and mlp._flatten_input == 1
+    x = torch.randn(7, 1, 4, 4)
+    with torch.no_grad():
+        want = model(x).numpy()
+    assert np.max(np.abs(mlp(x.numpy()) - want)) <= 1e-5
+
+
+def test_what_is_not_read_is_named(rng, tmp_path):
+    w = {"W1": rng.standard_normal((8, 8)), "W2": rng.standard_normal((8, 8)), "c": rng.standard_normal(8)}
+    cases = [
+        ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
+          helper.make_node("Add", ["a", "x"], ["y"])], r"Add\): operand x is neither the previous layer's output nor a "
+                                                      r"scalar constant \(a residual"),
+        ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
+          helper.make_node("Mul", ["a", "c"], ["y"])], r"per-feature constant"),
+        ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("TopK", ["h", "k"], ["y", "i"])],
+         r"TopK\): TopK is not read; supported: Gemm, MatMul"),
+        ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=0)],
+         r"Softmax\(dim=0\) does not run over the features"),
+    ]
+    for nodes, match in cases:
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
+                                  [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in w.items()] +
+                                  [numpy_helper.from_array(np.array([2], np.int64), "k")])
+        with pytest.raises(fusedmlp.ArgumentError, match=match):
+            read_onnx(helper.make_model(graph))
+    with pytest.raises(fusedmlp.ArgumentError, match=r"the graph has inputs \['x', 'x2'\]"):
+        read_onnx(graph_model([helper.make_node("Add", ["x", "x2"], ["y"])], {}, [8], 8, inputs=("x", "x2")))
+    with pytest.raises(fusedmlp.ArgumentError, match="an elementwise op on the input before the first Gemm"):
+        read_onnx(graph_model([helper.make_node("Relu", ["x"], ["y"])], {}, [8], 8))
+    with pytest.raises(fusedmlp.ShapeError, match="holds no Gemm or MatMul"):
+        read_onnx(graph_model([helper.make_node("Identity", ["x"], ["y"])], {}, [8], 8))
+    with pytest.raises(fusedmlp.ArgumentError, match="give an onnx.ModelProto, its serialized bytes or a path"):
+        read_onnx(42)
+    path = tmp_path / "m.onnx"
+    onnx.save(graph_model([helper.make_node("MatMul", ["x", "W1"], ["y"])], {"W1": w["W1"]}, [8], 8), str(path))
+    assert read_onnx(path)[0][0].shape == (8, 8)
