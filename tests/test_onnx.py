@@ -110,6 +110,24 @@ def test_a_flattened_input(rng, reshape):
     assert mlp._flatten_input == 1
 
 
+def test_residuals_and_a_concat(rng):
+    """A residual block reading an earlier layer's output, one reading the input with an activation after the op, and
+    NeRF's concat of the hidden state with the input before a layer."""
+    inits = {"W1": rng.standard_normal((16, 16)) / 4, "b1": rng.standard_normal(16),
+             "W2": rng.standard_normal((16, 16)) / 4, "b2": rng.standard_normal(16),
+             "W3": rng.standard_normal((16, 16)) / 4, "W4": rng.standard_normal((5, 32)) / 4}
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["z1"], transB=1), helper.make_node("Relu", ["z1"], ["a1"]),
+             helper.make_node("Gemm", ["a1", "W2", "b2"], ["z2"], transB=1), helper.make_node("Tanh", ["z2"], ["a2"]),
+             helper.make_node("Add", ["a1", "a2"], ["r2"]),  # layer 1: tanh(W h + b) + (layer 0's output)
+             helper.make_node("MatMul", ["r2", "W3"], ["z3"]), helper.make_node("Sigmoid", ["z3"], ["a3"]),
+             helper.make_node("Mul", ["x", "a3"], ["m3"]), helper.make_node("Relu", ["m3"], ["r3"]),  # relu(x * .)
+             helper.make_node("Concat", ["r3", "x"], ["c"], axis=1),
+             helper.make_node("Gemm", ["c", "W4"], ["y"], transB=1)]
+    model = graph_model(nodes, inits, [16], 5)
+    mlp = check_against_onnxruntime(model, rng.standard_normal((21, 16)).astype(np.float32))
+    assert mlp._residual[1] is not None and mlp._residual[2] is not None and mlp._concat[3] == 1, repr(mlp)
+
+
 def test_torch_onnx_export_reads_back():
     """torch.onnx.export's graph of a classifier (Flatten, GELU, LayerNorm, SiLU, LogSoftmax) gives torch's outputs."""
     torch = pytest.importorskip("torch")
@@ -130,13 +148,34 @@ def test_torch_onnx_export_reads_back():
         want = model(x).numpy()
     assert np.max(np.abs(mlp(x.numpy()) - want)) <= 1e-5
 
+    class Skip(nn.Module):  # a residual block and NeRF's concat
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(24, 3)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            h = h + torch.tanh(self.b(h))
+            return self.c(torch.cat([h, x], -1))
+
+    skip = Skip().eval()
+    buf = io.BytesIO()
+    torch.onnx.export(skip, torch.randn(3, 8), buf, dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}})
+    mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+    assert mlp._residual[1] is not None and mlp._concat[2] == 1
+    x = torch.randn(11, 8)
+    with torch.no_grad():
+        assert np.max(np.abs(mlp(x.numpy()) - skip(x).numpy())) <= 1e-5
+
 
 def test_what_is_not_read_is_named(rng, tmp_path):
     w = {"W1": rng.standard_normal((8, 8)), "W2": rng.standard_normal((8, 8)), "c": rng.standard_normal(8)}
     cases = [
         ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
-          helper.make_node("Add", ["a", "x"], ["y"])], r"Add\): operand x is neither the previous layer's output nor a "
-                                                      r"scalar constant \(a residual"),
+          helper.make_node("MatMul", ["a", "W2"], ["h2"]), helper.make_node("Relu", ["h2"], ["a2"]),
+          helper.make_node("Add", ["a2", "h"], ["y"])], r"Add\): operand h is neither the previous layer's output, a "
+                                                       r"kept value"),
         ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
           helper.make_node("Mul", ["a", "c"], ["y"])], r"per-feature constant"),
         ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("TopK", ["h", "k"], ["y", "i"])],

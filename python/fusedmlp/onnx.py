@@ -11,11 +11,14 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
   is built from its inputs' (``Relu``, ``Sigmoid``, ``Tanh``, ``Gelu``, ``Erf``, ``Exp``, ... and ``Add`` / ``Sub`` /
   ``Mul`` / ``Div`` / ``Pow`` with scalar constants or with each other), so that the forms exporters write for SiLU
   (``x * Sigmoid(x)``), GELU (``x * 0.5 * (1 + Erf(x / sqrt 2))``) or Mish read as one fused activation.
+- An ``Add`` or ``Mul`` of the chain's value with the network input or a layer's output is the layer's residual (the
+  elementwise nodes after it its ``then``); a ``Concat`` of the hidden state with the network input right before a
+  layer is its input concat (NeRF's skip).
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
   ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on.
 
-Anything else (a residual or concat, a second input, a convolution, ...) is an error naming the node, its op and what
-is read.
+Anything else (a per-feature constant, a second input, a convolution, ...) is an error naming the node, its op and
+what is read.
 """
 
 import os
@@ -23,14 +26,15 @@ import os
 import numpy as np
 
 from ._api import FusedMLP
-from ._layers import Layers
+from ._layers import Layers, compose
 from .errors import ArgumentError, ShapeError
 
 SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization, LayerNormalization, RMSNormalization, Softmax, "
              "LogSoftmax (over the last axis), elementwise activations (Relu, LeakyRelu, PRelu with one slope, Elu, "
              "Celu, Selu, Sigmoid, HardSigmoid, HardSwish, Tanh, Softplus, Softsign, Mish, Gelu, Erf, Exp, Log, Sqrt, "
              "Abs, Neg, Reciprocal, Sin, Cos, Clip, and Add / Sub / Mul / Div / Pow of them with scalars or each "
-             "other), Flatten / Reshape of the input, Identity, Dropout, Cast to float")
+             "other), residual Add / Mul with the input or a layer's output, Concat of the hidden state with the input, "
+             "Flatten / Reshape of the input, Identity, Dropout, Cast to float")
 
 # Elementwise ops of one input: ONNX op -> expression over "{a}" (attributes filled in by _unary).
 _UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "Exp": "exp({a})", "Log": "log({a})",
@@ -98,6 +102,10 @@ class _Reader:
         self.layers = Layers(lambda a: None if a is None else np.asarray(a, dtype=np.float64), bn="BatchNormalization")
         self.exprs = {}  # the activation being read: value -> expression over the layer's output x
         self.biased = False  # the last layer's Linear may still take an Add of a bias (right after it)
+        self.value_of = {self.x: -1}  # values a residual may read: -1 the input, l layer l's output (once consumed)
+        self.residual = []  # per layer None or [op, then, source], FusedMLP's residual=
+        self.concat = {}  # layer -> 'after' | 'before', FusedMLP's concat=
+        self.pending_cat = None  # a Concat of h and x waiting for its Gemm / MatMul
 
     def const(self, name):
         return self.consts.get(name) if name else None
@@ -120,7 +128,10 @@ class _Reader:
                 raise ArgumentError(f"{label}: it reads {value}, not the activation read so far; supported: "
                                     f"{SUPPORTED}")
             text = self.exprs[value]
-            if text != "x":
+            if text != "x" and self.layers.weights and self.residual[-1] is not None:  # after the residual op
+                res = self.residual[-1]
+                res[1] = _canonical(text) if res[1] == "none" else compose(_canonical(text), res[1])
+            elif text != "x":
                 self.layers.activation(_canonical(text), label)
             self.exprs = {}
             self.cur = value
@@ -138,9 +149,9 @@ class _Reader:
                                 "applies activations after a layer")
         value = self.scalar(name)
         if value is None:
-            raise ArgumentError(f"{label}: operand {name} is neither the previous layer's output nor a scalar constant "
-                                "(a residual, a concat or a per-feature constant is not read from ONNX); supported: "
-                                f"{SUPPORTED}")
+            raise ArgumentError(f"{label}: operand {name} is neither the previous layer's output, a kept value (the "
+                                "input, a layer's output) nor a scalar constant (a per-feature constant is not read "
+                                f"from ONNX); supported: {SUPPORTED}")
         return _num(value)
 
     def unary(self, node, op, attrs, a):
@@ -161,8 +172,31 @@ class _Reader:
             return f"gelu_tanh({a})" if attrs.get("approximate", b"none") in (b"tanh", "tanh") else f"gelu({a})"
         return _UNARY[op].format(a=a)
 
+    def residual_op(self, node, op, label):
+        """An Add or Mul of the chain's value and a kept value (the network input, or a layer's output that a later
+        layer read): the layer's residual; False where the node is no such op."""
+        if op not in ("Add", "Mul") or len(node.input) != 2 or not self.layers.weights:
+            return False
+        chain = {self.cur} | set(self.exprs)
+        a, b = node.input
+        mine, other = (a, b) if a in chain and b in self.value_of and b not in chain else (
+            (b, a) if b in chain and a in self.value_of and a not in chain else (None, None))
+        if mine is None:
+            return False
+        if self.residual[-1] is not None:
+            raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
+        self.close(mine, label)
+        self.layers.unfoldable(label, "a residual op")
+        self.residual[-1] = ["add" if op == "Add" else "mul", "none", "input" if self.value_of[other] < 0 else
+                             self.value_of[other]]
+        self.layers.open = False
+        self.cur = node.output[0]
+        return True
+
     def elementwise(self, node, op, attrs, label):
         out = node.output[0]
+        if self.residual_op(node, op, label):
+            return True
         if op in _UNARY or op in ("LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu"):
             self.exprs[out] = self.unary(node, op, attrs, self.operand(node.input[0], label))
         elif op in _BINARY:
@@ -238,8 +272,28 @@ class _Reader:
                     raise ArgumentError(f"{label}: a Reshape of the input to {shape}; fusedmlp reads [0, -1] or [-1, K]")
             self.cur = self.x = node.output[0]
             return
+        if op == "Concat" and self.layers.weights and len(node.input) == 2 and self.x in node.input and (
+                attrs.get("axis") in (-1, 1)):
+            h = node.input[0] if node.input[1] == self.x else node.input[1]
+            if h not in ({self.cur} | set(self.exprs)) or h == self.x:
+                raise ArgumentError(f"{label}: a Concat of {list(node.input)}; fusedmlp reads a concat of the hidden "
+                                    "state with the network input")
+            self.close(h, label)
+            self.layers.unfoldable(label, "a Concat")
+            self.value_of.setdefault(h, len(self.layers.weights) - 1)
+            self.pending_cat = "after" if node.input[0] == h else "before"
+            self.cur = node.output[0]
+            return
+        if self.pending_cat is not None and op not in ("Gemm", "MatMul"):
+            raise ArgumentError(f"{label}: the Concat of the hidden state with the input must feed a Gemm or MatMul")
         self.chain_input(node, label)
         if op in ("Gemm", "MatMul"):
+            if self.pending_cat is not None:
+                self.concat[len(layers.weights)] = self.pending_cat
+                self.pending_cat = None
+            elif layers.pending is None:  # (a value a batch norm normalizes on its way in is not one the kernel keeps)
+                self.value_of.setdefault(self.cur, len(layers.weights) - 1)
+            self.residual.append(None)
             w = self.const(node.input[1])
             if w is None or w.ndim != 2:
                 raise ArgumentError(f"{label}: its weight {node.input[1]} is not a constant matrix")
@@ -290,7 +344,8 @@ class _Reader:
         if self.output != self.cur:
             raise ArgumentError(f"the graph output {self.output} is not the end of the layer chain ({self.cur})")
         weights, biases, acts, norm, flatten = self.layers.finish("the ONNX graph")
-        edges = {**({"norm": norm} if norm else {}), **({"flatten_input": flatten} if flatten is not None else {})}
+        edges = {"residual": [tuple(r) if r else None for r in self.residual], "concat": self.concat or None,
+                 **({"norm": norm} if norm else {}), **({"flatten_input": flatten} if flatten is not None else {})}
         return weights, biases, acts, edges
 
 
