@@ -201,3 +201,13 @@ def test_what_is_not_read_is_named(rng, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(graph_model([helper.make_node("MatMul", ["x", "W1"], ["y"])], {"W1": w["W1"]}, [8], 8), str(path))
     assert read_onnx(path)[0][0].shape == (8, 8)
+
+
+def test_an_8bit_model_from_onnx_is_calibrated(rng):
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["z"], transB=1), helper.make_node("Relu", ["z"], ["a"]),
+             helper.make_node("Gemm", ["a", "W2", "b2"], ["y"], transB=1)]
+    inits = {"W1": rng.standard_normal((32, 8)) / 2, "b1": rng.standard_normal(32), "W2": rng.standard_normal((4, 32)),
+             "b2": rng.standard_normal(4)}
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    mlp = fusedmlp.from_onnx(graph_model(nodes, inits, [8], 4), device="cpu", dtype="int8", calibrate=x)
+    assert mlp.act_scales is not None and mlp.calibration_error < fusedmlp.CHECK_TOLERANCES["int8"]

@@ -18,11 +18,11 @@ def from_torch(module, activations=None, device=None, **kwargs):
     return _from_torch(module, activations, device, **kwargs)
 
 
-def from_onnx(model, device="auto", **kwargs):
+def from_onnx(model, device="auto", calibrate=None, **kwargs):
     """Builds a FusedMLP from an ONNX MLP (a path, bytes or onnx.ModelProto): see fusedmlp.onnx (needs onnx)."""
     from .onnx import from_onnx as _from_onnx  # onnx is optional: imported only here
 
-    return _from_onnx(model, device, **kwargs)
+    return _from_onnx(model, device, calibrate, **kwargs)
 
 
 from . import errors

@@ -362,15 +362,18 @@ def read_onnx(model):
     return reader.finish()
 
 
-def from_onnx(model, device="auto", **kwargs):
+def from_onnx(model, device="auto", calibrate=None, **kwargs):
     """Builds a FusedMLP from an ONNX MLP (module docstring: what is read).
 
     Args:
         model: an onnx.ModelProto, its serialized bytes, or the path of a .onnx file.
-        device, kwargs: passed to FusedMLP (dtype, check, cache_dir, device).
+        device: passed to FusedMLP.
+        calibrate: for dtype='int8' or 'float8': a batch of typical inputs, passed to FusedMLP.calibrate.
+        kwargs: passed to FusedMLP (dtype, check, cache_dir).
 
     Returns:
         A FusedMLP with the graph's weights (float32).
     """
     weights, biases, acts, edges = read_onnx(model)
-    return FusedMLP(weights, biases, activation=acts, device=device, **edges, **kwargs)
+    mlp = FusedMLP(weights, biases, activation=acts, device=device, **edges, **kwargs)
+    return mlp if calibrate is None else mlp.calibrate(calibrate)
