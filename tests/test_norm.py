@@ -539,6 +539,13 @@ def check_default(mlp, g, x32, io, failures, label):
         failures.append((label, "default", io, mlp._precision, len(x32), err))
 
 
+def assert_every_form(forms, seen, failures):
+    """Every form (and the mma.sync kernel's two passes) ran some network, and none failed."""
+    want = set(forms) | {"mma.sync two passes"}
+    assert want <= seen, want - seen
+    assert not failures, failures[:8]
+
+
 NAMED_GRAPHS = [
     # widths, norms {layer: kind}, residual {layer: (op, then, source)}, concat, activations
     ([7, 64, 64, 5], {0: "layernorm", 1: "rmsnorm"}, {}, {}, ["silu", "gelu", "none"]),
@@ -571,9 +578,7 @@ def test_gpu_norm_networks_in_every_kernel_form(prec):
             x32 = rng.standard_normal((batch, widths[0])).astype(np.float32)
             check_forms(mlp, g, x32, io, forms, seen, failures, (i, widths))
             check_default(mlp, g, x32, io, failures, (i, widths))
-    want = set(forms) | {"mma.sync two passes"}
-    assert want <= seen, want - seen
-    assert not failures, failures[:8]
+    assert_every_form(forms, seen, failures)
 
 
 @pytest.mark.gpu

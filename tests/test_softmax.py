@@ -13,8 +13,8 @@ import fusedmlp
 from fusedmlp import _api, _core, _segments
 from conftest import rel_l2
 from test_gpu import run_io_kernel as run_kernel
-from test_norm import (check_default, check_forms, fused, gpu_forms, norm_forward, norm_layer_chunks, random_graph,
-                       weights_for)
+from test_norm import (assert_every_form, check_default, check_forms, fused, gpu_forms, norm_forward,
+                       norm_layer_chunks, random_graph, weights_for)
 
 SOFT = ("softmax", "log_softmax")
 
@@ -283,9 +283,7 @@ def test_gpu_softmax_heads_in_every_kernel_form(prec):
         x32 = rng.standard_normal((batch, widths[0])).astype(np.float32)
         check_forms(mlp, g, x32, io, forms, seen, failures, (i, widths))
         check_default(mlp, g, x32, io, failures, (i, widths))
-    want = set(forms) | {"mma.sync two passes"}
-    assert want <= seen, want - seen
-    assert not failures, failures[:8]
+    assert_every_form(forms, seen, failures)
 
 
 @pytest.mark.gpu

@@ -491,17 +491,16 @@ def _read_traced(module, activations):
             cur = node
             continue
         norm = _traced_norm(module, node, leaf if text is None else None, label)
-        if norm is not None:
+        soft = None if norm is not None else _traced_softmax(node, leaf if text is None else None)
+        if norm is not None or soft is not None:  # the layer's fused norm (a softmax is one too)
             if not inputs or inputs[0] is not cur:
-                raise ArgumentError(f"{label}: a norm that does not take the previous layer's output")
-            layers.norm(*norm, node.target if leaf is not None else label)
-            cur = node
-            continue
-        soft = _traced_softmax(node, leaf if text is None else None)
-        if soft is not None:
-            if not inputs or inputs[0] is not cur:
-                raise ArgumentError(f"{label}: a softmax that does not take the previous layer's output")
-            layers.softmax(*soft, node.target if leaf is not None else label)
+                raise ArgumentError(f"{label}: a {'norm' if soft is None else 'softmax'} that does not take the "
+                                    "previous layer's output")
+            where = node.target if leaf is not None else label
+            if soft is None:
+                layers.norm(*norm, where)
+            else:
+                layers.softmax(*soft, where)
             cur = node
             continue
         if node.op == "call_function" and node.target is torch.cat:
