@@ -110,6 +110,23 @@ def test_a_flattened_input(rng, reshape):
     assert mlp._flatten_input == 1
 
 
+def test_per_feature_affine_maps_fold_into_the_linears(rng):
+    """An in-graph input normalization (x - mean) / std, a per-feature scale right after a layer's MatMul (before its
+    activation), a shift and a scale of a layer's output before the next Gemm, and a scalar times the input: each is
+    folded into a Linear (float64, exact), against onnxruntime."""
+    inits = {"mean": rng.standard_normal(10), "std": rng.uniform(0.5, 2, 10), "two": 2.0,
+             "W1": rng.standard_normal((10, 24)) / 3, "sc": rng.uniform(0.5, 1.5, 24),
+             "W2": rng.standard_normal((6, 24)) / 4, "b2": rng.standard_normal(6), "sh": rng.standard_normal((1, 24)),
+             "g": rng.uniform(0.5, 1.5, 24)}
+    nodes = [helper.make_node("Sub", ["x", "mean"], ["c"]), helper.make_node("Div", ["c", "std"], ["n"]),
+             helper.make_node("Mul", ["two", "n"], ["n2"]),
+             helper.make_node("MatMul", ["n2", "W1"], ["z"]), helper.make_node("Mul", ["z", "sc"], ["zs"]),
+             helper.make_node("Relu", ["zs"], ["a"]), helper.make_node("Sub", ["sh", "a"], ["d"]),
+             helper.make_node("Mul", ["d", "g"], ["e"]), helper.make_node("Gemm", ["e", "W2", "b2"], ["y"], transB=1)]
+    mlp = check_against_onnxruntime(graph_model(nodes, inits, [10], 6), rng.standard_normal((30, 10)).astype(np.float32))
+    assert list(mlp.activations) == ["relu(x)", "none(x)"]
+
+
 def test_residuals_and_a_concat(rng):
     """A residual block reading an earlier layer's output, one reading the input with an activation after the op, and
     NeRF's concat of the hidden state with the input before a layer."""
@@ -177,7 +194,8 @@ def test_what_is_not_read_is_named(rng, tmp_path):
           helper.make_node("Add", ["a2", "h"], ["y"])], r"Add\): operand h is neither the previous layer's output, a "
                                                        r"kept value"),
         ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
-          helper.make_node("Mul", ["a", "c"], ["y"])], r"per-feature constant"),
+          helper.make_node("Mul", ["a", "c"], ["y"])], r"y \(Mul\): per-feature affine map .* at the end of the "
+                                                      r"network after an activation folds into no Linear"),
         ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("TopK", ["h", "k"], ["y", "i"])],
          r"TopK\): TopK is not read; supported: Gemm, MatMul"),
         ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=0)],

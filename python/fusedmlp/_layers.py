@@ -36,6 +36,8 @@ class Layers:
                              f"takes {w.shape[1]}")
         if self.pending is not None:
             s, t, bn_label = self.pending
+            if w.ndim == 2 and s.shape[0] == 1:  # one scale and shift for every feature (an ONNX graph's Mul by 2)
+                s, t = np.full(w.shape[1], s[0]), np.full(w.shape[1], t[0])
             if w.ndim != 2 or w.shape[1] != s.shape[0]:
                 raise ShapeError(f"{bn_label}: {self.bn} has {s.shape[0]} features but the Linear after it "
                                  f"({label}) takes {w.shape[1] if w.ndim == 2 else w.shape} inputs")
@@ -49,8 +51,8 @@ class Layers:
         self.open = True
 
     def batchnorm(self, s, t, label):
-        """A batch norm in eval mode at label, bn(x) = s * x + t (float64 vectors): folded into the Linear before or
-        after it."""
+        """A batch norm in eval mode at label, bn(x) = s * x + t (float64 vectors; of one element where the map is the
+        same for every feature): folded into the Linear before or after it."""
         if self.open:
             w = self.weights[-1]
             if s.shape[0] != w.shape[0]:
@@ -66,7 +68,7 @@ class Layers:
             self.biases[-1] = s * (b if b is not None else 0.0) + t
         elif self.pending is not None:  # two in a row: one affine map
             s0, t0, first = self.pending
-            if s0.shape != s.shape:
+            if s0.shape != s.shape and 1 not in (s0.shape[0], s.shape[0]):
                 raise ShapeError(f"{label}: {self.bn} has {s.shape[0]} features but the one before it ({first}) "
                                  f"has {s0.shape[0]}")
             self.pending = (s * s0, s * t0 + t, first)

@@ -4,7 +4,9 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
 
 - ``Gemm`` (``transA`` 0; any ``transB``, ``alpha``, ``beta``) and ``MatMul`` with a constant weight start a layer; an
   ``Add`` of a constant vector right after one is its bias.
-- ``BatchNormalization`` (inference) folds into the Linear before or after it; ``LayerNormalization`` and
+- ``BatchNormalization`` (inference), and an ``Add`` / ``Sub`` / ``Mul`` / ``Div`` of a constant vector (one value
+  per feature; any constant on the input, as an in-graph ``(x - mean) / std``), fold into the Linear before or after
+  it; ``LayerNormalization`` and
   ``RMSNormalization`` over the last axis right after a Linear are its fused norm, and so are ``Softmax`` and
   ``LogSoftmax`` over the last axis.
 - Elementwise nodes between layers make the layer's activation: each one's expression over the layer's output ``x``
@@ -17,8 +19,8 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
   ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on.
 
-Anything else (a per-feature constant, a second input, a convolution, ...) is an error naming the node, its op and
-what is read.
+Anything else (a per-feature map no Linear takes, a second input, a convolution, ...) is an error naming the node, its
+op and what is read.
 """
 
 import os
@@ -29,7 +31,8 @@ from ._api import FusedMLP
 from ._layers import Layers, compose
 from .errors import ArgumentError, ShapeError
 
-SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization, LayerNormalization, RMSNormalization, Softmax, "
+SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub / Mul / Div of a constant vector "
+             "(folded into a Linear), LayerNormalization, RMSNormalization, Softmax, "
              "LogSoftmax (over the last axis), elementwise activations (Relu, LeakyRelu, PRelu with one slope, Elu, "
              "Celu, Selu, Sigmoid, HardSigmoid, HardSwish, Tanh, Softplus, Softsign, Mish, Gelu, Erf, Exp, Log, Sqrt, "
              "Abs, Neg, Reciprocal, Sin, Cos, Clip, and Add / Sub / Mul / Div / Pow of them with scalars or each "
@@ -99,7 +102,9 @@ class _Reader:
             raise ArgumentError(f"the graph has {len(graph.output)} outputs; fusedmlp models give one")
         self.x = self.cur = inputs[0]
         self.output = graph.output[0].name
-        self.layers = Layers(lambda a: None if a is None else np.asarray(a, dtype=np.float64), bn="BatchNormalization")
+        self.layers = Layers(lambda a: None if a is None else np.asarray(a, dtype=np.float64),
+                             bn="per-feature affine map (a BatchNormalization, or an Add / Sub / Mul / Div of a "
+                                "constant)")
         self.exprs = {}  # the activation being read: value -> expression over the layer's output x
         self.biased = False  # the last layer's Linear may still take an Add of a bias (right after it)
         self.value_of = {self.x: -1}  # values a residual may read: -1 the input, l layer l's output (once consumed)
@@ -171,6 +176,32 @@ class _Reader:
         if op == "Gelu":
             return f"gelu_tanh({a})" if attrs.get("approximate", b"none") in (b"tanh", "tanh") else f"gelu({a})"
         return _UNARY[op].format(a=a)
+
+    def affine(self, node, op, label):
+        """An Add / Sub / Mul / Div of the chain's value and a constant vector (one value per feature; or any constant
+        on the input before the first layer: an in-graph input normalization such as (x - mean) / std): a per-feature
+        affine map, folded exactly into the Linear before or after it as a batch norm is (Layers.batchnorm); False
+        where the node is no such op (a scalar on a layer's output is part of its activation)."""
+        if op not in ("Add", "Sub", "Mul", "Div") or len(node.input) != 2:
+            return False
+        chain = {self.cur} | set(self.exprs)
+        a, b = node.input
+        if (a in chain) == (b in chain):
+            return False
+        value, c, c_first = (a, self.const(b), False) if a in chain else (b, self.const(a), True)
+        if c is None or (c.size == 1 and self.layers.weights) or (c_first and op == "Div"):
+            return False
+        if not (c.ndim <= 1 or (c.ndim == 2 and c.shape[0] == 1)):
+            raise ArgumentError(f"{label}: a constant of shape {c.shape}; fusedmlp folds one value per feature")
+        c = np.asarray(c, np.float64).reshape(-1)
+        one, zero = np.ones_like(c), np.zeros_like(c)
+        s, t = {"Mul": (c, zero), "Div": (1.0 / c, zero), "Add": (one, c),
+                "Sub": (-one, c) if c_first else (one, -c)}[op]
+        self.close(value, label)
+        self.layers.batchnorm(s, t, label)
+        self.cur = node.output[0]
+        self.biased = False
+        return True
 
     def residual_op(self, node, op, label):
         """An Add or Mul of the chain's value and a kept value (the network input, or a layer's output that a later
@@ -253,7 +284,7 @@ class _Reader:
                     np.asarray(b, np.float64).reshape(-1), (width,))
                 self.cur = node.output[0]
                 return
-        if self.elementwise(node, op, attrs, label):
+        if self.affine(node, op, label) or self.elementwise(node, op, attrs, label):
             return
         if op in ("Flatten", "Reshape") and not layers.weights:
             if not node.input or node.input[0] != self.cur or self.cur != self.x:
