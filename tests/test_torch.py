@@ -591,3 +591,58 @@ def test_an_8bit_flattening_model_calibrates_on_images():
                                     flatten_input=1, device="cpu")
     with torch.no_grad():
         assert y.shape == (64, 10) and max_rel(torch.from_numpy(y).double(), model(x).double()) <= 1e-5
+
+
+class _Actor(nn.Module):
+    """An RL actor as written: observations normalized by buffers in forward, a scaled tanh output (TD3's
+    max_action * tanh), a per-feature scale between layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("obs_mean", torch.randn(11))
+        self.register_buffer("obs_std", torch.rand(11) + 0.5)
+        self.gain = nn.Parameter(torch.rand(32) + 0.5, requires_grad=False)
+        self.l1, self.l2, self.l3 = nn.Linear(11, 32), nn.Linear(32, 32), nn.Linear(32, 3)
+        self.max_action = 2.5
+
+    def forward(self, obs):
+        x = (obs - self.obs_mean) / self.obs_std
+        h = torch.relu(self.l1(x)) * self.gain
+        h = torch.tanh(self.l2(h)) - 0.5
+        return self.max_action * torch.tanh(self.l3(h))
+
+
+def test_constants_in_forward_fold_or_join_the_activation():
+    """(obs - mean) / std folds into the first Linear, a per-feature gain into the next one, and numbers after a layer
+    join its activation (tanh(x) - 0.5, 2.5 * tanh(x))."""
+    torch.manual_seed(8)
+    actor = _Actor().eval()
+    mlp = fusedmlp.from_torch(actor, device="cpu")
+    assert list(mlp.activations) == ["relu(x)", "(tanh(x) - 0.5)", "(2.5 * tanh(x))"], mlp.activations
+    x = torch.randn(40, 11, dtype=torch.float64)
+    with torch.no_grad():
+        assert max_rel(torch.from_numpy(mlp(x.float().numpy())).double(), actor.double()(x)) <= 1e-5
+
+
+def test_a_constant_map_no_linear_takes_is_named():
+    class Tail(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 3)
+            self.register_buffer("scale", torch.rand(3))
+
+        def forward(self, x):
+            return torch.relu(self.a(x)) * self.scale
+
+    class Over(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return 1.0 / self.a(x)
+
+    with pytest.raises(fusedmlp.ArgumentError, match=r"at the end of the network after an activation folds into no"):
+        fusedmlp.from_torch(Tail().eval(), device="cpu")
+    mlp = fusedmlp.from_torch(Over().eval(), device="cpu")  # a number over the output: an activation expression
+    assert list(mlp.activations) == ["(1 / x)"]

@@ -278,7 +278,9 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
                     "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
                     "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) and softmax / log_softmax "
-                    "over the features (modules, functions or methods) directly after a Linear, "
+                    "over the features (modules, functions or methods) directly after a Linear, + - * / with a number "
+                    "or a parameter / buffer (per-feature maps folded into a Linear, numbers into the activation), a "
+                    "flatten of the input, "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
@@ -397,6 +399,59 @@ def _traced_flatten(node, x, shapes):
         # dims from 1 on hold K values; where they do not (rows of several samples), fusedmlp's call refuses x's shape
         return (1, shape[1]) if len(shape) == 2 and shape[0] == -1 and isinstance(shape[1], int) else -1
     return None
+
+
+_ARITH = {operator.add: "add", operator.iadd: "add", torch.add: "add", operator.sub: "sub", operator.isub: "sub",
+          torch.sub: "sub", operator.mul: "mul", operator.imul: "mul", torch.mul: "mul", operator.truediv: "div",
+          operator.itruediv: "div", torch.div: "div"}
+_ARITH_METHODS = {"add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "mul": "mul", "mul_": "mul", "div": "div",
+                  "div_": "div"}
+
+
+def _traced_constant_op(root, node, cur, label):
+    """(op, c, c_first) of an add / sub / mul / div of the chain's value cur and a constant (a number, or a parameter
+    or buffer as float64 NumPy), c_first where the constant is the left operand; None for any other node."""
+    if node.op == "call_function":
+        op = _ARITH.get(node.target)
+    elif node.op == "call_method":
+        op = _ARITH_METHODS.get(node.target)
+    else:
+        op = None
+    if op is None or len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("rounding_mode"):
+        return None
+    a, b = node.args
+    if (a is cur) == (b is cur):
+        return None
+    other, c_first = (b, False) if a is cur else (a, True)
+    if isinstance(other, (int, float)) and not isinstance(other, bool):
+        return op, float(other), c_first
+    if isinstance(other, torch.fx.Node) and other.op == "get_attr":
+        value = _traced_attr(root, other, label)
+        if isinstance(value, torch.Tensor):
+            arr = value.detach().to(torch.float64).cpu().numpy()
+            return op, (float(arr.reshape(())) if arr.size == 1 else arr), c_first
+    return None
+
+
+def _affine(op, c, c_first, label):
+    """(s, t) with op(x, c) (or op(c, x)) = s * x + t per feature, float64 vectors (one element for a number)."""
+    if c_first and op == "div":
+        raise ArgumentError(f"{label}: a constant divided by the hidden state is no affine map; fusedmlp folds "
+                            "x - c, c - x, x + c, x * c and x / c")
+    c = np.asarray(c, np.float64)
+    if not (c.ndim <= 1 or (c.ndim == 2 and c.shape[0] == 1)):
+        raise ArgumentError(f"{label}: a constant of shape {c.shape}; fusedmlp folds one value per feature")
+    c = c.reshape(-1)
+    one, zero = np.ones_like(c), np.zeros_like(c)
+    return {"mul": (c, zero), "div": (1.0 / c, zero), "add": (one, c), "sub": (-one, c) if c_first else (one, -c)}[op]
+
+
+def _scalar_text(op, c, c_first):
+    """The expression over x of op(x, c) (or op(c, x)) for a number c."""
+    n = repr(float(c))
+    n = f"({n})" if n.startswith("-") else n
+    return {"add": f"(x) + {n}", "mul": f"{n} * (x)", "sub": f"{n} - (x)" if c_first else f"(x) - {n}",
+            "div": f"{n} / (x)" if c_first else f"(x) / {n}"}[op]  # (parentheses: compose reads it as an expression)
 
 
 def _is_parametrization_call(gm, node):
@@ -522,6 +577,21 @@ def _read_traced(module, activations):
         if node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
             if _arg(node, 2, "training", _DROPOUT_FUNCTIONS[node.target]) and _arg(node, 1, "p", 0.5) > 0:
                 raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
+            cur = node
+            continue
+        const = _traced_constant_op(module, node, cur, label) if text is None else None
+        if const is not None:  # an arithmetic op of the chain's value and a constant
+            op, c, c_first = const
+            if np.ndim(c) == 0 and layers.weights:  # a number, after a layer: part of its activation (or residual's)
+                expr = _scalar_text(op, c, c_first)
+                if residual[-1] is None:
+                    layers.activation(expr, label)
+                else:
+                    residual[-1][1] = expr if residual[-1][1] == "none" else _compose(expr, residual[-1][1])
+            else:  # one value per feature (or any on the input): folded into a Linear, as a batch norm
+                if layers.pending is None and not layers.open:
+                    before_bn = cur
+                layers.batchnorm(*_affine(op, c, c_first, label), label)
             cur = node
             continue
         if node.op in ("call_function", "call_method") and (node.target in _ADD or node.target in _MUL
