@@ -646,3 +646,26 @@ def test_a_constant_map_no_linear_takes_is_named():
         fusedmlp.from_torch(Tail().eval(), device="cpu")
     mlp = fusedmlp.from_torch(Over().eval(), device="cpu")  # a number over the output: an activation expression
     assert list(mlp.activations) == ["(1 / x)"]
+
+
+def test_clamps_powers_and_elementwise_math_in_forward():
+    """torch.clamp / Tensor.clamp with number bounds, x ** c, and the math functions a forward may call between
+    layers (square, sqrt, neg, log1p, exp, ...) are read into the layer's activation."""
+    class Math(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+        def forward(self, x):
+            h = torch.clamp(self.a(x), -1.0, 2.0)
+            h = self.b(h).clamp(min=0.0) ** 2
+            h = -torch.sqrt(torch.square(h) + 1.0)
+            return torch.log1p(self.c(h).exp())
+
+    torch.manual_seed(9)
+    model = Math().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.activations)[0] == "min(max(x, (-1)), 2)"
+    x = torch.randn(64, 4, dtype=torch.float64)
+    with torch.no_grad():
+        assert max_rel(torch.from_numpy(mlp(x.float().numpy())).double(), model.double()(x)) <= 1e-5

@@ -263,14 +263,18 @@ _FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "t
               F.sigmoid: "sigmoid", F.silu: "silu", F.mish: "mish", F.selu: "selu", F.softsign: "softsign",
               F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.relu6: "hardtanh(x, 0, 6)", torch.sin: "sin",
               torch.cos: "cos", torch.exp: "exp", torch.erf: "erf", torch.abs: "abs", F.logsigmoid: "-softplus(-x)",
-              F.tanhshrink: "x - tanh(x)"}
+              F.tanhshrink: "x - tanh(x)", torch.square: "square", torch.sqrt: "sqrt", torch.log: "log",
+              torch.neg: "-(x)", operator.neg: "-(x)", torch.log1p: "log1p", torch.expm1: "expm1", torch.sinh: "sinh",
+              torch.cosh: "cosh", torch.atan: "atan"}
 #: The dropout functions, each with its default for `training`: F.dropout and F.dropoutNd default to True (a call that
 #: does not pass training=False drops units in eval mode too, at random, which no fused network reproduces), the alpha
 #: dropouts to False.
 _DROPOUT_FUNCTIONS = {F.dropout: True, F.dropout1d: True, F.dropout2d: True, F.dropout3d: True, F.alpha_dropout: False,
                       F.feature_alpha_dropout: False}
 _METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "sin": "sin", "cos": "cos", "exp": "exp",
-            "abs": "abs"}
+            "abs": "abs", "square": "square", "sqrt": "sqrt", "log": "log", "neg": "-(x)", "log1p": "log1p",
+            "expm1": "expm1"}
+_CLAMPS = {torch.clamp, torch.clip, "clamp", "clip", "clamp_", "clip_"}
 _ADD = {operator.add, operator.iadd, torch.add}
 _MUL = {operator.mul, operator.imul, torch.mul}
 TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized too), activation modules and functions "
@@ -290,9 +294,18 @@ def _arg(node, index, name, default):
 
 def _functional_text(node):
     """The expression for an activation call_function / call_method node, or None."""
+    target = node.target
+    if target in _CLAMPS:  # torch.clamp(x, min, max) / x.clamp(...) with number bounds (one may be None)
+        lo, hi = _arg(node, 1, "min", None), _arg(node, 2, "max", None)
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in (lo, hi)):
+            return None
+        text = "x" if lo is None else f"max(x, {float(lo)!r})"
+        return text if hi is None else f"min({text}, {float(hi)!r})"
+    if (target is operator.pow or target is torch.pow or target == "pow") and len(node.args) == 2 and isinstance(
+            node.args[1], (int, float)) and not isinstance(node.args[1], bool):
+        return f"(x)^{float(node.args[1])!r}"  # x ** c
     if node.op == "call_method":
         return _METHODS.get(node.target)
-    target = node.target
     if target in _FUNCTIONS:
         return _FUNCTIONS[target]
     if target is F.gelu:
