@@ -229,3 +229,36 @@ def test_an_8bit_model_from_onnx_is_calibrated(rng):
     x = rng.standard_normal((256, 8)).astype(np.float32)
     mlp = fusedmlp.from_onnx(graph_model(nodes, inits, [8], 4), device="cpu", dtype="int8", calibrate=x)
     assert mlp.act_scales is not None and mlp.calibration_error < fusedmlp.CHECK_TOLERANCES["int8"]
+
+
+def test_torch_dynamo_export_reads_back():
+    """torch.onnx.export's default exporter (torch.export, onnxscript) on an RL actor written with an in-graph
+    observation normalization, a residual block and a scaled tanh output: the same network from_torch reads."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    nn = torch.nn
+
+    class Actor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("obs_mean", torch.randn(11))
+            self.register_buffer("obs_std", torch.rand(11) + 0.5)
+            self.l1, self.l2, self.l3 = nn.Linear(11, 32), nn.Linear(32, 32), nn.Linear(32, 3)
+
+        def forward(self, obs):
+            x = (obs - self.obs_mean) / self.obs_std
+            h = torch.relu(self.l1(x))
+            h = h + torch.tanh(self.l2(h))
+            return 2.5 * torch.tanh(self.l3(h))
+
+    torch.manual_seed(1)
+    actor = Actor().eval()
+    program = torch.onnx.export(actor, (torch.randn(3, 11),), dynamo=True, verbose=False,
+                                dynamic_shapes=({0: torch.export.Dim("n")},))
+    mlp = fusedmlp.from_onnx(program.model_proto, device="cpu")
+    assert mlp._residual[1] is not None and list(mlp.activations)[2] == "(tanh(x) * 2.5)"
+    x = torch.randn(25, 11)
+    with torch.no_grad():
+        want = actor(x).numpy()
+    assert np.max(np.abs(mlp(x.numpy()) - want)) <= 1e-5
+    assert np.max(np.abs(fusedmlp.from_torch(actor, device="cpu")(x.numpy()) - want)) <= 1e-5
