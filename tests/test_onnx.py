@@ -200,6 +200,8 @@ def test_what_is_not_read_is_named(rng, tmp_path):
          r"TopK\): TopK is not read; supported: Gemm, MatMul"),
         ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=0)],
          r"Softmax\(dim=0\) does not run over the features"),
+        ([helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Concat", ["h", "h"], ["y"], axis=1)],
+         r"a Concat of \['h', 'h'\] \(axis 1\); fusedmlp reads a concat of the hidden state with the network input"),
     ]
     for nodes, match in cases:
         graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],

@@ -315,6 +315,10 @@ class _Reader:
             self.pending_cat = "after" if node.input[0] == h else "before"
             self.cur = node.output[0]
             return
+        if op == "Concat":
+            raise ArgumentError(f"{label}: a Concat of {list(node.input)} (axis {attrs.get('axis')}); fusedmlp reads a "
+                                "concat of the hidden state with the network input itself over the last axis (not with "
+                                "a value computed from the input)")
         if self.pending_cat is not None and op not in ("Gemm", "MatMul"):
             raise ArgumentError(f"{label}: the Concat of the hidden state with the input must feed a Gemm or MatMul")
         self.chain_input(node, label)
