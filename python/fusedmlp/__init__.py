@@ -25,6 +25,14 @@ def from_onnx(model, device="auto", calibrate=None, **kwargs):
     return _from_onnx(model, device, calibrate, **kwargs)
 
 
+def from_sklearn(estimator, device="auto", **kwargs):
+    """Builds a FusedMLP from a fitted scikit-learn MLPClassifier / MLPRegressor (or a Pipeline of scalers ending in
+    one): see fusedmlp.sklearn."""
+    from .sklearn import from_sklearn as _from_sklearn
+
+    return _from_sklearn(estimator, device, **kwargs)
+
+
 from . import errors
 from .errors import (
     ArgumentError,
@@ -44,6 +52,7 @@ __all__ = [
     "evaluate_fused_mlp",
     "from_torch",
     "from_onnx",
+    "from_sklearn",
     "tune",
     "CHECK_TOLERANCE",
     "CHECK_TOLERANCES",
