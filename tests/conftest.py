@@ -84,6 +84,14 @@ def reference(x, weights, biases, activations):
     return h, peak
 
 
+def set_env(monkeypatch, name, value):
+    """Sets environment variable `name` to value for the test, or removes it where value is None."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+
+
 def rel_l2(y, ref):
     y = np.asarray(y, dtype=np.float64)
     denom = np.linalg.norm(ref)

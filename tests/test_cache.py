@@ -17,6 +17,7 @@ import pytest
 
 from fusedmlp import _cache, _env
 from fusedmlp._cache import FORMAT_VERSION, MAGIC, CacheEntry, KernelCache
+from conftest import set_env
 
 KEY_ARGS = dict(
     source="extern \"C\" __global__ void fused_mlp() {}\n// options: tile_rows=128\n",
@@ -580,10 +581,7 @@ def test_cache_dir_precedence(tmp_path, monkeypatch):
     [(None, 2 * 1024**3), ("", 2 * 1024**3), ("0", 0), ("4096", 4096), ("512M", 512 * 1024**2), ("3GiB", 3 * 1024**3)],
 )
 def test_cache_max_bytes(monkeypatch, value, expected):
-    if value is None:
-        monkeypatch.delenv("FUSEDMLP_CACHE_MAX_BYTES", raising=False)
-    else:
-        monkeypatch.setenv("FUSEDMLP_CACHE_MAX_BYTES", value)
+    set_env(monkeypatch, "FUSEDMLP_CACHE_MAX_BYTES", value)
     assert _env.cache_max_bytes() == expected
 
 
@@ -598,10 +596,7 @@ def test_cache_max_bytes_rejects_bad_values_naming_them(monkeypatch, value):
     "value, expected", [(None, True), ("1", True), ("on", True), ("0", False), ("FALSE", False), ("off", False)]
 )
 def test_autotune_enabled(monkeypatch, value, expected):
-    if value is None:
-        monkeypatch.delenv("FUSEDMLP_AUTOTUNE", raising=False)
-    else:
-        monkeypatch.setenv("FUSEDMLP_AUTOTUNE", value)
+    set_env(monkeypatch, "FUSEDMLP_AUTOTUNE", value)
     assert _env.autotune_enabled() is expected
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fusedmlp import _core, _dlpack
+from conftest import set_env
 
 
 def test_fast_path_rejects_bad_arguments():
@@ -101,8 +102,5 @@ def test_a_dlpack_producer_on_the_cpu_gets_the_cpu_paths_answer():
 def test_chain_graphs_switch(monkeypatch, value, on):
     """FUSEDMLP_CHAIN_GRAPHS=0 turns off the graph replay of a segmented network's small calls (module_fast.c)."""
     from fusedmlp import _env
-    if value is None:
-        monkeypatch.delenv("FUSEDMLP_CHAIN_GRAPHS", raising=False)
-    else:
-        monkeypatch.setenv("FUSEDMLP_CHAIN_GRAPHS", value)
+    set_env(monkeypatch, "FUSEDMLP_CHAIN_GRAPHS", value)
     assert _env.chain_graphs() is on

@@ -3,15 +3,13 @@
 import pytest
 
 from fusedmlp import _env
+from conftest import set_env
 
 
 @pytest.mark.parametrize("value, form", [(None, -1), ("", -1), ("auto", -1), ("0", -1), ("1", 1), ("ON", 1),
                                          ("-1", 0), ("off", 0)])
 def test_the_environment_picks_pieces_one_copy_or_by_size(monkeypatch, value, form):
-    if value is None:
-        monkeypatch.delenv("FUSEDMLP_HOST_PIPE", raising=False)
-    else:
-        monkeypatch.setenv("FUSEDMLP_HOST_PIPE", value)
+    set_env(monkeypatch, "FUSEDMLP_HOST_PIPE", value)
     assert _env.host_pipeline() == form
 
 

@@ -9,7 +9,7 @@ import pytest
 import fusedmlp
 from fusedmlp import _segments
 from fusedmlp._api import _source_of
-from conftest import graph_weights, reference, rel_l2
+from conftest import graph_weights, reference, rel_l2, set_env
 
 
 def fits_up_to(span, wide=()):
@@ -363,10 +363,7 @@ def test_a_chain_launches_each_kernel_after_the_first_as_a_dependent(rng, monkey
     """Chain.launch and Chain.program (the C fast path's steps) mark every kernel but the first as a dependent launch
     (Kernel.launch's after: it starts while the one before finishes, sm_90+); FUSEDMLP_PDL=0, read when the chain is
     made, launches them all plainly. rec1024 on sm_90 in float32: the pad pass, three GEMMs, the fused tail."""
-    if pdl is None:
-        monkeypatch.delenv("FUSEDMLP_PDL", raising=False)
-    else:
-        monkeypatch.setenv("FUSEDMLP_PDL", pdl)
+    set_env(monkeypatch, "FUSEDMLP_PDL", pdl)
     widths = [256, 1024, 1024, 512, 256, 1]
     ws, bs = graph_weights(rng, widths, {}, 1.0)
     mlp = fusedmlp.FusedMLP(ws, bs, device="cpu")
