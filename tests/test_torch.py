@@ -669,3 +669,45 @@ def test_clamps_powers_and_elementwise_math_in_forward():
     x = torch.randn(64, 4, dtype=torch.float64)
     with torch.no_grad():
         assert max_rel(torch.from_numpy(mlp(x.float().numpy())).double(), model.double()(x)) <= 1e-5
+
+
+class _Critic(nn.Module):
+    """SAC's / TD3's Q(obs, act): the inputs joined by one torch.cat before the first Linear."""
+
+    def __init__(self, order="oa"):
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(9, 32), nn.Linear(32, 32), nn.Linear(32, 1)
+        self.order = order
+
+    def forward(self, obs, act):
+        x = torch.cat([obs, act] if self.order == "oa" else [act, obs], dim=-1)
+        return self.l3(torch.relu(self.l2(torch.relu(self.l1(x)))))
+
+
+@pytest.mark.parametrize("order", ["oa", "ao"])
+def test_a_critic_of_two_inputs_runs_on_their_concatenation(order):
+    torch.manual_seed(10)
+    critic = _Critic(order).eval()
+    obs, act = torch.randn(20, 6), torch.randn(20, 3)
+    with torch.no_grad():
+        want = critic(obs, act)
+        joined = torch.cat([obs, act] if order == "oa" else [act, obs], -1)
+        mlp = fusedmlp.from_torch(critic, device="cpu")
+        assert max_rel(mlp(joined).double(), want.double()) <= 1e-5
+        fused = ft.FusedModule(critic)
+        assert max_rel(fused(obs, act).double(), want.double()) <= 1e-5
+        with pytest.raises(fusedmlp.ArgumentError, match="FusedModule takes 2 inputs, as the module does; got 1"):
+            fused(obs)
+
+
+def test_two_inputs_not_joined_first_are_named():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x, y):
+            return self.a(x) + y
+
+    with pytest.raises(fusedmlp.ArgumentError, match=r"residual operand y is neither|takes 2 inputs; fusedmlp reads"):
+        fusedmlp.from_torch(Two().eval(), device="cpu")

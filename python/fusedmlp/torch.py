@@ -212,7 +212,9 @@ def read_module(module, activations=None):
 
     Returns:
         (weights, biases, activations, edges) ready for FusedMLP(weights, biases, activation=activations, **edges);
-        edges holds the residual and concat arguments, and norm where the model has LayerNorm / RMSNorm.
+        edges holds the residual and concat arguments, norm where the model has LayerNorm / RMSNorm, flatten_input
+        where it flattens its input, and "inputs" (not FusedMLP's: pop it first) where forward joins several inputs
+        by one torch.cat: their order in it.
     """
     if not isinstance(module, (nn.Sequential, nn.Linear)):
         return _read_traced(module, activations)
@@ -490,11 +492,20 @@ def _read_traced(module, activations):
     folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (not a value the kernel keeps)
     before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as the kernel keeps it
     shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
+    placeholders, input_order = [], None  # forward's inputs; with several, the order torch.cat joins them in
     for node in gm.graph.nodes:
         label = f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})"
         if node.op == "placeholder":
-            if cur is not None:
-                raise ArgumentError(f"{label}: a second input; fusedmlp models take one input tensor")
+            placeholders.append(node)
+            if cur is None:
+                cur = x_node = node
+                value_of[node] = -1
+            continue
+        if (len(placeholders) > 1 and not layers.weights and cur is placeholders[0] and node.op == "call_function"
+                and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
+                and sorted(node.args[0], key=placeholders.index) == placeholders
+                and _arg(node, 1, "dim", 0) in (-1, 1)):  # a critic's torch.cat([obs, act], -1): the kernel's x
+            input_order = [placeholders.index(p) for p in node.args[0]]
             cur = x_node = node
             value_of[node] = -1
             continue
@@ -647,8 +658,13 @@ def _read_traced(module, activations):
         cur = node
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
+    if len(placeholders) > 1 and input_order is None:
+        raise ArgumentError(f"{type(module).__name__}.forward takes {len(placeholders)} inputs; fusedmlp reads several "
+                            "only as one torch.cat of all of them along the last dim before the first Linear (a "
+                            "critic's torch.cat([obs, act], -1))")
     weights, biases, acts, norm, flatten = layers.finish(type(module).__name__)
-    return weights, biases, acts, _edges([tuple(r) if r else None for r in residual], concat or None, norm, flatten)
+    edges = _edges([tuple(r) if r else None for r in residual], concat or None, norm, flatten)
+    return weights, biases, acts, {**edges, "inputs": input_order} if input_order else edges
 
 
 def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
@@ -664,9 +680,12 @@ def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
         kwargs: passed to FusedMLP (dtype, check, cache_dir).
 
     Returns:
-        A FusedMLP with the module's weights (copied: later changes to the module do not affect it).
+        A FusedMLP with the module's weights (copied: later changes to the module do not affect it). A module whose
+        forward joins several inputs by torch.cat (a critic's Q(obs, act)) gives a model of their concatenation: call
+        it on torch.cat([obs, act], -1), or wrap the module in FusedModule, which takes (obs, act).
     """
     weights, biases, acts, edges = read_module(module, activations)
+    edges.pop("inputs", None)  # several inputs: the model takes their torch.cat (FusedModule joins them itself)
     if device is None:
         params = list(module.parameters())
         device = str(params[0].device) if params and params[0].is_cuda else "auto"
@@ -753,6 +772,7 @@ class FusedModule(nn.Module):
     def _rebuild(self):
         self._release()
         weights, biases, texts, edges = read_module(self._wrapped(), self._activations)
+        self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
         params = list(self.parameters())
         device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
         self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs))
@@ -768,7 +788,16 @@ class FusedModule(nn.Module):
         self._rebuild()
         return out
 
-    def forward(self, x):
+    def forward(self, *inputs):
+        if self._input_order is not None:  # a critic's (obs, act): joined as the module's forward joins them
+            if len(inputs) != len(self._input_order):
+                raise ArgumentError(f"FusedModule takes {len(self._input_order)} inputs, as the module does; got "
+                                    f"{len(inputs)}")
+            x = torch.cat([inputs[i] for i in self._input_order], -1)
+        elif len(inputs) != 1:
+            raise ArgumentError(f"FusedModule takes one input, as the module does; got {len(inputs)}")
+        else:
+            x = inputs[0]
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
             raise ArgumentError("FusedModule is inference-only (no backward): call it under torch.no_grad() or "
                                 "torch.inference_mode(), or freeze the parameters with requires_grad_(False)")
