@@ -711,3 +711,15 @@ def test_two_inputs_not_joined_first_are_named():
 
     with pytest.raises(fusedmlp.ArgumentError, match=r"residual operand y is neither|takes 2 inputs; fusedmlp reads"):
         fusedmlp.from_torch(Two().eval(), device="cpu")
+
+
+def test_flattening_and_two_input_fused_modules_compile_fullgraph():
+    """FusedModule's own reshape (flatten_input) and torch.cat (several inputs) trace with its op under
+    torch.compile(fullgraph=True): the op's fake shape is the real one."""
+    torch.manual_seed(11)
+    images = ft.FusedModule(nn.Sequential(nn.Flatten(), nn.Linear(48, 16), nn.ReLU(), nn.Linear(16, 4)).eval())
+    critic = ft.FusedModule(_Critic().eval())
+    x, obs, act = torch.randn(5, 3, 4, 4), torch.randn(5, 6), torch.randn(5, 3)
+    with torch.no_grad():
+        assert torch.allclose(torch.compile(images, fullgraph=True)(x), images(x), rtol=1e-5, atol=1e-6)
+        assert torch.allclose(torch.compile(critic, fullgraph=True)(obs, act), critic(obs, act), rtol=1e-5, atol=1e-6)
