@@ -723,3 +723,28 @@ def test_flattening_and_two_input_fused_modules_compile_fullgraph():
     with torch.no_grad():
         assert torch.allclose(torch.compile(images, fullgraph=True)(x), images(x), rtol=1e-5, atol=1e-6)
         assert torch.allclose(torch.compile(critic, fullgraph=True)(obs, act), critic(obs, act), rtol=1e-5, atol=1e-6)
+
+
+def test_an_l2_normalized_embedding_head_is_a_fused_rmsnorm():
+    """F.normalize(z, dim=-1) after a projection head's last Linear (SimCLR's, CLIP's) runs as the layer's rmsnorm
+    with gamma 1 / sqrt(N); a zero row stays zero."""
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 32)
+
+        def forward(self, x):
+            return F.normalize(self.b(F.gelu(self.a(x))), dim=-1)
+
+    torch.manual_seed(12)
+    head = Head().eval()
+    mlp = fusedmlp.from_torch(head, device="cpu")
+    assert "1: rmsnorm" in repr(mlp)
+    x = torch.randn(50, 16, dtype=torch.float64)
+    with torch.no_grad():
+        want = head.double()(x)
+    y = torch.from_numpy(mlp(x.float().numpy())).double()
+    assert max_rel(y, want) <= 1e-5 and torch.allclose(y.norm(dim=-1), torch.ones(50, dtype=torch.float64))
+    with torch.no_grad():
+        head.b.weight.zero_(), head.b.bias.zero_()
+    assert np.array_equal(fusedmlp.from_torch(head.float(), device="cpu")(x.float().numpy()), np.zeros((50, 32)))

@@ -86,6 +86,14 @@ class Layers:
                              f"outputs; fusedmlp fuses a norm over the layer's features, normalized_shape ({width},)")
         self.norms[-1] = [kind, self.to_array(weight), self.to_array(bias), None if eps is None else float(eps)]
 
+    def l2_normalize(self, eps, label):
+        """F.normalize(z, p=2, dim=-1, eps) at label, right after a Linear: z / max(||z||, eps) is rmsnorm with gamma
+        1 / sqrt(N) and eps^2 / N (z / sqrt(sum z^2 + eps^2): the same wherever ||z|| is not within a few eps of 0,
+        and 0 for a zero row), so it runs as the layer's fused rmsnorm."""
+        self.after_linear("F.normalize", label, "it follows a norm")
+        width = self.weights[-1].shape[0]
+        self.norms[-1] = ["rmsnorm", np.full(width, 1.0 / np.sqrt(width)), None, float(eps) ** 2 / width]
+
     def flatten_input(self, start, end, label):
         """A flatten of dims start..end at label: before the first Linear, of the network input (FusedMLP's
         flatten_input: images run as rows of their pixels); after it, of (rows, features) values, which it leaves as

@@ -569,6 +569,14 @@ def _read_traced(module, activations):
             layers.batchnorm(*_batchnorm_affine(leaf, node.target), node.target)
             cur = node
             continue
+        if node.op == "call_function" and node.target is F.normalize:  # an embedding head's L2 normalization
+            if not inputs or inputs[0] is not cur or _arg(node, 1, "p", 2.0) != 2 or _arg(node, 2, "dim", 1) not in (
+                    -1, 1):
+                raise ArgumentError(f"{label}: F.normalize of another value, p or dim; fusedmlp fuses "
+                                    "F.normalize(z, p=2, dim=-1) of a Linear's output z")
+            layers.l2_normalize(_arg(node, 3, "eps", 1e-12), label)
+            cur = node
+            continue
         norm = _traced_norm(module, node, leaf if text is None else None, label)
         soft = None if norm is not None else _traced_softmax(node, leaf if text is None else None)
         if norm is not None or soft is not None:  # the layer's fused norm (a softmax is one too)
