@@ -190,3 +190,12 @@ def test_import_fusedmlp_needs_numpy_alone():
             "print(sorted(m for m in ('ray', 'pandas', 'pyarrow', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_flattening_model_splits_its_flattened_rows(rng):
+    """flatten_input merges x's dims before the rows are split over the devices (CPU devices here)."""
+    ws = [rng.standard_normal((8, 12)).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)]
+    split = MultiDeviceMLP(ws, activation="tanh", flatten_input=1, devices=["cpu"] * 2, min_rows_per_device=100)
+    plain = fusedmlp.FusedMLP(ws, activation="tanh", device="cpu")
+    x = rng.standard_normal((500, 3, 4)).astype(np.float32)
+    assert np.array_equal(split(x), plain(x.reshape(500, 12)))
