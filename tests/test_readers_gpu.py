@@ -1,0 +1,105 @@
+"""The model readers' conversions on the GPU: what from_torch, from_onnx and from_sklearn read (a flattened input,
+constants folded into Linears or joined to activations, a critic's two inputs, an L2-normalized head, ONNX and
+scikit-learn graphs) runs on CUDA with check=True (the CPU path computes the same network and the call raises past
+the dtype's bound) and against the framework's own outputs."""
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+import fusedmlp
+from conftest import rel_l2
+
+torch = pytest.importorskip("torch")
+nn, F = torch.nn, torch.nn.functional
+from fusedmlp.torch import FusedModule  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+class _Actor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("obs_mean", torch.randn(11))
+        self.register_buffer("obs_std", torch.rand(11) + 0.5)
+        self.l1, self.l2, self.l3 = nn.Linear(11, 64), nn.Linear(64, 64), nn.Linear(64, 3)
+
+    def forward(self, obs):
+        x = (obs - self.obs_mean) / self.obs_std
+        h = torch.relu(self.l1(x))
+        h = h + torch.tanh(self.l2(h))
+        return 2.5 * torch.tanh(self.l3(h))
+
+
+class _Critic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(9, 64), nn.Linear(64, 64), nn.Linear(64, 1)
+
+    def forward(self, obs, act):
+        return self.l3(F.relu(self.l2(F.relu(self.l1(torch.cat([obs, act], -1))))))
+
+
+class _Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 128), nn.Linear(128, 64)
+
+    def forward(self, x):
+        return F.normalize(self.b(F.gelu(self.a(x))), dim=-1)
+
+
+def _check(y, want, tol=fusedmlp.CHECK_TOLERANCES["float16"]):
+    y, want = y.double().cpu().numpy(), want.double().cpu().numpy()
+    assert not np.isnan(y).any() and rel_l2(y, want) <= tol, rel_l2(y, want)
+
+
+def test_torch_models_as_written_on_cuda():
+    torch.manual_seed(20)
+    mnist = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10), nn.LogSoftmax(-1))
+    images = torch.randn(300, 1, 28, 28, device="cuda")
+    for model, args in [(mnist, (images,)), (_Actor(), (torch.randn(500, 11, device="cuda"),)),
+                        (_Head(), (torch.randn(400, 32, device="cuda"),))]:
+        model = model.cuda().eval()
+        with torch.no_grad():
+            want = model(*args)
+            mlp = fusedmlp.from_torch(model, check=True)
+            _check(mlp(*args), want)
+            fused = FusedModule(model)
+            _check(fused(*args), want)
+    critic = _Critic().cuda().eval()
+    obs, act = torch.randn(700, 6, device="cuda"), torch.randn(700, 3, device="cuda")
+    with torch.no_grad():
+        _check(FusedModule(critic, check=True)(obs, act), critic(obs, act))
+
+
+def test_onnx_and_sklearn_models_on_cuda():
+    onnx = pytest.importorskip("onnx")
+    torch.manual_seed(21)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.LayerNorm(64), nn.SiLU(),
+                          nn.Linear(64, 5), nn.Softmax(-1)).eval()
+    buf = io.BytesIO()
+    torch.onnx.export(model, torch.randn(3, 16), buf, dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}})
+    mlp = fusedmlp.from_onnx(onnx.load_from_string(buf.getvalue()), device="cuda", check=True)
+    x = torch.randn(1000, 16)
+    with torch.no_grad():
+        _check(torch.from_numpy(mlp(x.numpy())), model(x))
+
+    pytest.importorskip("sklearn")
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(22)
+    xs, ys = rng.standard_normal((2000, 10)) * 5 + 3, rng.integers(0, 4, 2000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf = make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=(64, 64), max_iter=20,
+                                                            random_state=0)).fit(xs, ys)
+    mlp = fusedmlp.from_sklearn(clf, device="cuda", check=True)
+    got = mlp(xs.astype(np.float32))
+    assert rel_l2(got.astype(np.float64), clf.predict_proba(xs)) <= fusedmlp.CHECK_TOLERANCES["float16"]
