@@ -145,6 +145,20 @@ def test_residuals_and_a_concat(rng):
     assert mlp._residual[1] is not None and mlp._residual[2] is not None and mlp._concat[3] == 1, repr(mlp)
 
 
+def test_a_residual_from_the_input_through_identity_and_flatten(rng):
+    """The input renamed by an Identity and flattened, then read by a residual: still the network input."""
+    inits = {"W1": rng.standard_normal((12, 12)) / 3, "W2": rng.standard_normal((12, 4)) / 3}
+    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=1), helper.make_node("Identity", ["f"], ["i"]),
+             helper.make_node("MatMul", ["i", "W1"], ["z"]), helper.make_node("Tanh", ["z"], ["a"]),
+             helper.make_node("Add", ["a", "i"], ["r"]), helper.make_node("MatMul", ["r", "W2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    mlp = check_against_onnxruntime(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]),
+                                    rng.standard_normal((7, 3, 4)).astype(np.float32))
+    assert mlp._residual[0] is not None and mlp._residual[0][2] == -1
+
+
 def test_torch_onnx_export_reads_back():
     """torch.onnx.export's graph of a classifier (Flatten, GELU, LayerNorm, SiLU, LogSoftmax) gives torch's outputs."""
     torch = pytest.importorskip("torch")

@@ -272,6 +272,8 @@ class _Reader:
                 self.cur = node.output[0]
                 if src == self.x:
                     self.x = self.cur
+                if src in self.value_of:  # the same value under a new name, for a residual that reads it
+                    self.value_of[self.cur] = self.value_of[src]
             else:
                 raise ArgumentError(f"{label}: its input is not the previous layer's output; supported: {SUPPORTED}")
             return
@@ -302,6 +304,7 @@ class _Reader:
                 else:
                     raise ArgumentError(f"{label}: a Reshape of the input to {shape}; fusedmlp reads [0, -1] or [-1, K]")
             self.cur = self.x = node.output[0]
+            self.value_of[self.x] = -1  # the network input as the kernel takes it (a residual from x reads it)
             return
         if op == "Concat" and self.layers.weights and len(node.input) == 2 and self.x in node.input and (
                 attrs.get("axis") in (-1, 1)):
