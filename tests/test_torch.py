@@ -748,3 +748,21 @@ def test_an_l2_normalized_embedding_head_is_a_fused_rmsnorm():
     with torch.no_grad():
         head.b.weight.zero_(), head.b.bias.zero_()
     assert np.array_equal(fusedmlp.from_torch(head.float(), device="cpu")(x.float().numpy()), np.zeros((50, 32)))
+
+
+def test_a_number_between_a_linear_and_its_norm_folds_into_the_linear():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.n, self.b = nn.Linear(6, 16), nn.LayerNorm(16), nn.Linear(16, 3)
+
+        def forward(self, x):
+            return F.softmax(self.b(torch.relu(self.n(self.a(x) * 3.0))) / 2.0, dim=-1)
+
+    torch.manual_seed(13)
+    model = Scaled().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert "0: layernorm" in repr(mlp) and "1: softmax" in repr(mlp)
+    x = torch.randn(30, 6, dtype=torch.float64)
+    with torch.no_grad():
+        assert max_rel(torch.from_numpy(mlp(x.float().numpy())).double(), model.double()(x)) <= 1e-5

@@ -95,6 +95,10 @@ class _Reader:
 
         self.to_array = numpy_helper.to_array
         self.consts = {t.name: self.to_array(t) for t in graph.initializer}
+        self.uses = {}  # value -> how many node inputs read it
+        for n in graph.node:
+            for name in n.input:
+                self.uses[name] = self.uses.get(name, 0) + 1
         inputs = [i.name for i in graph.input if i.name not in self.consts]
         if len(inputs) != 1:
             raise ArgumentError(f"the graph has inputs {inputs}; fusedmlp models take one input tensor")
@@ -189,8 +193,12 @@ class _Reader:
         if (a in chain) == (b in chain):
             return False
         value, c, c_first = (a, self.const(b), False) if a in chain else (b, self.const(a), True)
-        if c is None or (c.size == 1 and self.layers.weights) or (c_first and op == "Div"):
-            return False
+        if c is None or (c_first and op == "Div") or (c.size == 1 and self.layers.weights and not (
+                self.layers.open and value == self.cur and self.uses.get(value) == 1)):
+            return False  # a number on a layer's activation, or on a value used again (x * 0.5 * erf(x / 1.41)): part
+            # of the activation's expression
+        if c.size == 1 and self.layers.weights:  # a number right after a layer: folded, so a norm may follow
+            c = np.full(self.layers.weights[-1].shape[0], float(c.reshape(())))
         if not (c.ndim <= 1 or (c.ndim == 2 and c.shape[0] == 1)):
             raise ArgumentError(f"{label}: a constant of shape {c.shape}; fusedmlp folds one value per feature")
         c = np.asarray(c, np.float64).reshape(-1)

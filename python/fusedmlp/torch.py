@@ -614,6 +614,9 @@ def _read_traced(module, activations):
         const = _traced_constant_op(module, node, cur, label) if text is None else None
         if const is not None:  # an arithmetic op of the chain's value and a constant
             op, c, c_first = const
+            if (np.ndim(c) == 0 and layers.weights and layers.open and len(cur.users) == 1
+                    and not (c_first and op == "div")):  # right after a Linear, its only use: folded into it (so
+                c = np.full(layers.weights[-1].shape[0], c)  # that a norm or softmax may still follow)
             if np.ndim(c) == 0 and layers.weights:  # a number, after a layer: part of its activation (or residual's)
                 expr = _scalar_text(op, c, c_first)
                 if residual[-1] is None:
