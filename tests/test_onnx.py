@@ -281,9 +281,10 @@ def test_torch_dynamo_export_reads_back():
 
 
 def test_a_number_between_a_layer_and_its_norm_folds(rng):
-    inits = {"W1": rng.standard_normal((8, 16)) / 3, "three": 3.0, "W2": rng.standard_normal((16, 4)) / 3}
+    inits = {"W1": rng.standard_normal((8, 16)) / 3, "three": 3.0, "W2": rng.standard_normal((16, 4)) / 3,
+             "s": rng.uniform(0.5, 1.5, 16)}
     nodes = [helper.make_node("MatMul", ["x", "W1"], ["z"]), helper.make_node("Mul", ["z", "three"], ["z3"]),
-             helper.make_node("LayerNormalization", ["z3"], ["n"]), helper.make_node("Relu", ["n"], ["a"]),
+             helper.make_node("LayerNormalization", ["z3", "s"], ["n"]), helper.make_node("Relu", ["n"], ["a"]),
              helper.make_node("MatMul", ["a", "W2"], ["y"])]
     mlp = check_against_onnxruntime(graph_model(nodes, inits, [8], 4), rng.standard_normal((9, 8)).astype(np.float32))
     assert "0: layernorm" in repr(mlp)
