@@ -766,3 +766,30 @@ def test_a_number_between_a_linear_and_its_norm_folds_into_the_linear():
     x = torch.randn(30, 6, dtype=torch.float64)
     with torch.no_grad():
         assert max_rel(torch.from_numpy(mlp(x.float().numpy())).double(), model.double()(x)) <= 1e-5
+
+
+class _NormCritic(nn.Module):
+    """A critic that normalizes its observation (buffers) and scales its action (a number) before joining them."""
+
+    def __init__(self, obs_map="vector"):
+        super().__init__()
+        self.register_buffer("m", torch.randn(6))
+        self.register_buffer("s", torch.rand(6) + 0.5)
+        self.l1, self.l2 = nn.Linear(9, 32), nn.Linear(32, 1)
+        self.obs_map = obs_map
+
+    def forward(self, obs, act):
+        o = (obs - self.m) / self.s if self.obs_map == "vector" else obs * 0.5
+        return self.l2(torch.relu(self.l1(torch.cat([o, act / 2.0], dim=-1))))
+
+
+def test_a_critic_normalizing_its_inputs_before_joining_them():
+    torch.manual_seed(14)
+    critic = _NormCritic().eval()
+    obs, act = torch.randn(25, 6, dtype=torch.float64), torch.randn(25, 3, dtype=torch.float64)
+    with torch.no_grad():
+        want = critic.double()(obs, act)
+        fused = ft.FusedModule(critic.float())
+        assert max_rel(fused(obs.float(), act.float()).double(), want) <= 1e-5
+    with pytest.raises(fusedmlp.ShapeError, match=r"the joined inputs' widths cannot be told from their maps"):
+        fusedmlp.from_torch(_NormCritic("number").eval(), device="cpu")

@@ -28,12 +28,16 @@ class Layers:
         self.pending = None  # (s, t, label) of batch norm(s) waiting for the next Linear
         self.flatten = None  # the start dim of a flatten of the input before the first Linear (FusedMLP's flatten_input)
         self.flatten_width = None  # the features x.view(-1, K) gives each row: the first Linear must take K
+        self.pending_parts = None  # [(s, t, label) or None per joined input], set_input_parts
 
     def linear(self, weight, bias, label):
         w, b = self.to_array(weight), self.to_array(bias)
         if not self.weights and self.flatten_width is not None and w.shape[1] != self.flatten_width:
             raise ShapeError(f"{label}: the input is viewed as rows of {self.flatten_width} features, but the Linear "
                              f"takes {w.shape[1]}")
+        if self.pending_parts is not None:  # several inputs' maps, joined in torch.cat's order (set_input_parts)
+            self.pending = self.joined_parts(w, label)
+            self.pending_parts = None
         if self.pending is not None:
             s, t, bn_label = self.pending
             if w.ndim == 2 and s.shape[0] == 1:  # one scale and shift for every feature (an ONNX graph's Mul by 2)
@@ -85,6 +89,31 @@ class Layers:
             raise ShapeError(f"{label}: {name} normalizes over {tuple(shape)}, but the Linear before it has {width} "
                              f"outputs; fusedmlp fuses a norm over the layer's features, normalized_shape ({width},)")
         self.norms[-1] = [kind, self.to_array(weight), self.to_array(bias), None if eps is None else float(eps)]
+
+    def set_input_parts(self, parts):
+        """Several inputs joined by one torch.cat before the first Linear, each with its own affine map (s, t, label),
+        or None where it has none: the first Linear folds the joined map (joined_parts)."""
+        if any(p is not None for p in parts):
+            self.pending_parts = parts
+
+    def joined_parts(self, w, label):
+        """(s, t, label) over the first Linear's K inputs from the joined inputs' maps: a vector map tells its input's
+        width; one input of unknown width (no map, or one number for all its features) takes the rest of K."""
+        k = w.shape[1]
+        widths = [None if p is None or p[0].shape[0] == 1 else p[0].shape[0] for p in self.pending_parts]
+        unknown = [i for i, v in enumerate(widths) if v is None]
+        known = sum(v for v in widths if v is not None)
+        if len(unknown) > 1 or known > k or (not unknown and known != k):
+            where = next(p[2] for p in self.pending_parts if p is not None)
+            raise ShapeError(f"{where}: the joined inputs' widths cannot be told from their maps ({widths}; the Linear "
+                             f"{label} takes {k}); give each input but one a map of one value per feature")
+        if unknown:
+            widths[unknown[0]] = k - known
+        s, t = [], []
+        for p, width in zip(self.pending_parts, widths):
+            s.append(np.ones(width) if p is None else np.broadcast_to(p[0], (width,)))
+            t.append(np.zeros(width) if p is None else np.broadcast_to(p[1], (width,)))
+        return np.concatenate(s), np.concatenate(t), next(p[2] for p in self.pending_parts if p is not None)
 
     def l2_normalize(self, eps, label):
         """F.normalize(z, p=2, dim=-1, eps) at label, right after a Linear: z / max(||z||, eps) is rmsnorm with gamma

@@ -423,9 +423,10 @@ _ARITH_METHODS = {"add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "mul
                   "div_": "div"}
 
 
-def _traced_constant_op(root, node, cur, label):
+def _traced_constant_op(root, node, cur, label, heads=None):
     """(op, c, c_first) of an add / sub / mul / div of the chain's value cur and a constant (a number, or a parameter
-    or buffer as float64 NumPy), c_first where the constant is the left operand; None for any other node."""
+    or buffer as float64 NumPy), c_first where the constant is the left operand; None for any other node. heads:
+    instead of cur, any of these nodes, which the result then names as a fourth item."""
     if node.op == "call_function":
         op = _ARITH.get(node.target)
     elif node.op == "call_method":
@@ -435,17 +436,20 @@ def _traced_constant_op(root, node, cur, label):
     if op is None or len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("rounding_mode"):
         return None
     a, b = node.args
-    if (a is cur) == (b is cur):
+    if heads is not None:
+        cur = a if a in heads else b if b in heads else None
+    if cur is None or (a is cur) == (b is cur):
         return None
     other, c_first = (b, False) if a is cur else (a, True)
+    found = None
     if isinstance(other, (int, float)) and not isinstance(other, bool):
-        return op, float(other), c_first
-    if isinstance(other, torch.fx.Node) and other.op == "get_attr":
+        found = op, float(other), c_first
+    elif isinstance(other, torch.fx.Node) and other.op == "get_attr":
         value = _traced_attr(root, other, label)
         if isinstance(value, torch.Tensor):
             arr = value.detach().to(torch.float64).cpu().numpy()
-            return op, (float(arr.reshape(())) if arr.size == 1 else arr), c_first
-    return None
+            found = op, (float(arr.reshape(())) if arr.size == 1 else arr), c_first
+    return found if found is None or heads is None else (*found, cur)
 
 
 def _affine(op, c, c_first, label):
@@ -493,22 +497,38 @@ def _read_traced(module, activations):
     before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as the kernel keeps it
     shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
     placeholders, input_order = [], None  # forward's inputs; with several, the order torch.cat joins them in
+    heads, maps = {}, []  # several inputs before their join: each one's latest node -> its index; its affine map
     for node in gm.graph.nodes:
         label = f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})"
         if node.op == "placeholder":
+            heads[node] = len(placeholders)
+            maps.append(None)
             placeholders.append(node)
             if cur is None:
                 cur = x_node = node
                 value_of[node] = -1
             continue
-        if (len(placeholders) > 1 and not layers.weights and cur is placeholders[0] and node.op == "call_function"
-                and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
-                and sorted(node.args[0], key=placeholders.index) == placeholders
-                and _arg(node, 1, "dim", 0) in (-1, 1)):  # a critic's torch.cat([obs, act], -1): the kernel's x
-            input_order = [placeholders.index(p) for p in node.args[0]]
-            cur = x_node = node
-            value_of[node] = -1
-            continue
+        if len(placeholders) > 1 and input_order is None and not layers.weights:  # several inputs, not joined yet
+            const = _traced_constant_op(module, node, None, label, heads)
+            if const is not None:  # an input's own affine map ((obs - mean) / std) before the join
+                op, c, c_first, head = const
+                s_new, t_new = _affine(op, c, c_first, label)
+                i = heads[head]
+                if maps[i] is not None:
+                    s_old, t_old, _ = maps[i]
+                    s_new, t_new = s_new * s_old, s_new * t_old + t_new
+                maps[i] = (s_new, t_new, maps[i][2] if maps[i] is not None else label)
+                del heads[head]
+                heads[node] = i
+                continue
+            if (node.op == "call_function" and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
+                    and sorted(heads.get(p, -1) for p in node.args[0]) == list(range(len(placeholders)))
+                    and _arg(node, 1, "dim", 0) in (-1, 1)):  # a critic's torch.cat([obs, act], -1): the kernel's x
+                input_order = [heads[p] for p in node.args[0]]
+                layers.set_input_parts([maps[i] for i in input_order])
+                cur = x_node = node
+                value_of[node] = -1
+                continue
         if node.op == "get_attr" or _is_parametrization_call(gm, node):
             continue
         if not layers.weights and ((node.op == "call_method" and node.target == "size") or (
