@@ -1,0 +1,452 @@
+"""fusedmlp.torch's reading of a module torch.fx traces: its graph walked as a chain of layers (read_traced)."""
+
+import operator
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from ._layers import Layers, compose as _compose
+from ._torch_modules import (_DROPOUTS, _activation_text, _batchnorm_affine, _celu_text, _check_dropout_off,
+                             _edges, _effective, _norm_module, _numpy64, _shrink_text, _softmax_module,
+                             _threshold_text)
+from .errors import ArgumentError
+
+
+F = nn.functional
+_FUNCTIONS = {torch.relu: "relu", F.relu: "relu", torch.tanh: "tanh", F.tanh: "tanh", torch.sigmoid: "sigmoid",
+              F.sigmoid: "sigmoid", F.silu: "silu", F.mish: "mish", F.selu: "selu", F.softsign: "softsign",
+              F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.relu6: "hardtanh(x, 0, 6)", torch.sin: "sin",
+              torch.cos: "cos", torch.exp: "exp", torch.erf: "erf", torch.abs: "abs", F.logsigmoid: "-softplus(-x)",
+              F.tanhshrink: "x - tanh(x)", torch.square: "square", torch.sqrt: "sqrt", torch.log: "log",
+              torch.neg: "-(x)", operator.neg: "-(x)", torch.log1p: "log1p", torch.expm1: "expm1", torch.sinh: "sinh",
+              torch.cosh: "cosh", torch.atan: "atan"}
+#: The dropout functions, each with its default for `training`: F.dropout and F.dropoutNd default to True (a call that
+#: does not pass training=False drops units in eval mode too, at random, which no fused network reproduces), the alpha
+#: dropouts to False.
+_DROPOUT_FUNCTIONS = {F.dropout: True, F.dropout1d: True, F.dropout2d: True, F.dropout3d: True, F.alpha_dropout: False,
+                      F.feature_alpha_dropout: False}
+_METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "sin": "sin", "cos": "cos", "exp": "exp",
+            "abs": "abs", "square": "square", "sqrt": "sqrt", "log": "log", "neg": "-(x)", "log1p": "log1p",
+            "expm1": "expm1"}
+_CLAMPS = {torch.clamp, torch.clip, "clamp", "clip", "clamp_", "clip_"}
+_ADD = {operator.add, operator.iadd, torch.add}
+_MUL = {operator.mul, operator.imul, torch.mul}
+TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized too), activation modules and functions "
+                    "(relu, gelu, silu, tanh, sigmoid, softplus, leaky_relu, elu, ...), residuals h + f(h) and "
+                    "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
+                    "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
+                    "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) and softmax / log_softmax "
+                    "over the features (modules, functions or methods) directly after a Linear, + - * / with a number "
+                    "or a parameter / buffer (per-feature maps folded into a Linear, numbers into the activation), a "
+                    "flatten of the input, "
+                    "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
+
+
+def _arg(node, index, name, default):
+    return node.kwargs.get(name, node.args[index] if len(node.args) > index else default)
+
+
+def _functional_text(node):
+    """The expression for an activation call_function / call_method node, or None."""
+    target = node.target
+    if target in _CLAMPS:  # torch.clamp(x, min, max) / x.clamp(...) with number bounds (one may be None)
+        lo, hi = _arg(node, 1, "min", None), _arg(node, 2, "max", None)
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in (lo, hi)):
+            return None
+        text = "x" if lo is None else f"max(x, {float(lo)!r})"
+        return text if hi is None else f"min({text}, {float(hi)!r})"
+    if (target is operator.pow or target is torch.pow or target == "pow") and len(node.args) == 2 and isinstance(
+            node.args[1], (int, float)) and not isinstance(node.args[1], bool):
+        return f"(x)^{float(node.args[1])!r}"  # x ** c
+    if node.op == "call_method":
+        return _METHODS.get(node.target)
+    if target in _FUNCTIONS:
+        return _FUNCTIONS[target]
+    if target is F.gelu:
+        return "gelu_tanh" if _arg(node, 1, "approximate", "none") == "tanh" else "gelu"
+    if target is F.leaky_relu:
+        return f"leaky_relu(x, {float(_arg(node, 1, 'negative_slope', 0.01))!r})"
+    if target is F.elu:
+        return f"elu(x, {float(_arg(node, 1, 'alpha', 1.0))!r})"
+    if target is F.softplus:
+        return f"softplus(x, {float(_arg(node, 1, 'beta', 1.0))!r}, {float(_arg(node, 2, 'threshold', 20.0))!r})"
+    if target is F.hardtanh:
+        return f"hardtanh(x, {float(_arg(node, 1, 'min_val', -1.0))!r}, {float(_arg(node, 2, 'max_val', 1.0))!r})"
+    if target is F.celu:
+        return _celu_text(_arg(node, 1, "alpha", 1.0))
+    if target in (F.softshrink, F.hardshrink):
+        return _shrink_text("soft" if target is F.softshrink else "hard", _arg(node, 1, "lambd", 0.5))
+    if target is F.threshold:
+        return _threshold_text(_arg(node, 1, "threshold", None), _arg(node, 2, "value", None))
+    return None
+
+
+def _traced_attr(root, node, label):
+    """The tensor an F.linear argument node stands for: a parameter or attribute (get_attr; an old-style weight_norm
+    hook's weight is computed from its parameters), or a parametrized weight (fx calls the module's
+    ParametrizationList, `<module>.parametrizations.<name>`, with no arguments), or a constant. Looked up in the
+    traced module itself (root): the GraphModule holds only the leaves it calls, under bare parent modules."""
+    if not isinstance(node, torch.fx.Node):
+        return node
+    target = node.target if isinstance(node.target, str) else ""
+    owner_path, _, name = target.rpartition(".")
+    if node.op == "call_module" and not node.args and ".parametrizations." in f".{target}":
+        owner_path, _, name = target.rpartition(".parametrizations.")
+        return _effective(root.get_submodule(owner_path), name, label)
+    if node.op == "get_attr":
+        return _effective(root.get_submodule(owner_path), name, label)
+    raise ArgumentError(f"{label}: F.linear's weight and bias must be parameters of the module (a computed weight is "
+                        "not read)")
+
+
+def _traced_norm(root, node, leaf, label):
+    """(kind, normalized_shape, weight, bias, eps) of a LayerNorm / RMSNorm graph node (a module, or F.layer_norm /
+    F.rms_norm with the module's parameters), else None."""
+    if leaf is not None:
+        return _norm_module(leaf)
+    rms_norm = getattr(F, "rms_norm", None)  # torch 2.4 and later
+    if node.op != "call_function" or node.target not in (F.layer_norm, rms_norm) or node.target is None:
+        return None
+    shape = _arg(node, 1, "normalized_shape", None)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape) if isinstance(shape, (list, tuple)) else shape
+    if node.target is F.layer_norm:
+        return ("layernorm", shape, _traced_attr(root, _arg(node, 2, "weight", None), label),
+                _traced_attr(root, _arg(node, 3, "bias", None), label), float(_arg(node, 4, "eps", 1e-5)))
+    eps = _arg(node, 3, "eps", None)
+    return "rmsnorm", shape, _traced_attr(root, _arg(node, 2, "weight", None), label), None, eps
+
+
+_SOFTMAX_FUNCTIONS = {F.softmax: "softmax", torch.softmax: "softmax", F.log_softmax: "log_softmax",
+                      torch.log_softmax: "log_softmax"}
+
+
+def _traced_softmax(node, leaf):
+    """(kind, dim) of a softmax / log_softmax graph node (an nn.Softmax / nn.LogSoftmax, F.softmax, torch.softmax or
+    the tensor method, and their log forms), else None. A dtype argument only picks the precision torch computes in;
+    the kernels compute in float32."""
+    if leaf is not None:
+        return _softmax_module(leaf)
+    if node.op == "call_function" and node.target in _SOFTMAX_FUNCTIONS:
+        return _SOFTMAX_FUNCTIONS[node.target], _arg(node, 1, "dim", None)
+    if node.op == "call_method" and node.target in ("softmax", "log_softmax"):
+        return node.target, _arg(node, 1, "dim", None)
+    return None
+
+
+def _dim0_of(node, x, shapes):
+    """Whether node is x.size(0), x.shape[0] or x.size()[0] (shapes: the shape-query nodes seen so far)."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    if node.op == "call_method" and node.target == "size" and node.args[:2] == (x, 0):
+        return True
+    return (node.op == "call_function" and node.target is operator.getitem and node.args[0] in shapes and
+            shapes[node.args[0]] is x and node.args[1] == 0)
+
+
+def _traced_flatten(node, x, shapes):
+    """The start dim of a flatten of x through its last dim (torch.flatten(x, s), x.flatten(s), x.view(x.size(0), -1),
+    x.reshape(x.shape[0], -1)); (1, K) for x.view(-1, K); None for any other node; -1 for a flatten not through the
+    last dim (or a view of another form)."""
+    if node.op == "call_function" and node.target is torch.flatten or (
+            node.op == "call_method" and node.target == "flatten"):
+        if not node.args or node.args[0] is not x:
+            return None
+        start, end = _arg(node, 1, "start_dim", 0), _arg(node, 2, "end_dim", -1)
+        return start if end == -1 and isinstance(start, int) else -1
+    if node.op == "call_method" and node.target in ("view", "reshape") or (
+            node.op == "call_function" and node.target is torch.reshape):
+        if not node.args or node.args[0] is not x:
+            return None
+        shape = node.args[1:] if node.op == "call_method" else node.args[1:2]
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        if len(shape) == 2 and _dim0_of(shape[0], x, shapes) and shape[1] == -1:
+            return 1
+        # x.view(-1, K): the same as a flatten from dim 1 wherever the first Linear takes K (checked there) and x's
+        # dims from 1 on hold K values; where they do not (rows of several samples), fusedmlp's call refuses x's shape
+        return (1, shape[1]) if len(shape) == 2 and shape[0] == -1 and isinstance(shape[1], int) else -1
+    return None
+
+
+_ARITH = {operator.add: "add", operator.iadd: "add", torch.add: "add", operator.sub: "sub", operator.isub: "sub",
+          torch.sub: "sub", operator.mul: "mul", operator.imul: "mul", torch.mul: "mul", operator.truediv: "div",
+          operator.itruediv: "div", torch.div: "div"}
+_ARITH_METHODS = {"add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "mul": "mul", "mul_": "mul", "div": "div",
+                  "div_": "div"}
+
+
+def _traced_constant_op(root, node, cur, label, heads=None):
+    """(op, c, c_first) of an add / sub / mul / div of the chain's value cur and a constant (a number, or a parameter
+    or buffer as float64 NumPy), c_first where the constant is the left operand; None for any other node. heads:
+    instead of cur, any of these nodes, which the result then names as a fourth item."""
+    if node.op == "call_function":
+        op = _ARITH.get(node.target)
+    elif node.op == "call_method":
+        op = _ARITH_METHODS.get(node.target)
+    else:
+        op = None
+    if op is None or len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1 or node.kwargs.get("rounding_mode"):
+        return None
+    a, b = node.args
+    if heads is not None:
+        cur = a if a in heads else b if b in heads else None
+    if cur is None or (a is cur) == (b is cur):
+        return None
+    other, c_first = (b, False) if a is cur else (a, True)
+    found = None
+    if isinstance(other, (int, float)) and not isinstance(other, bool):
+        found = op, float(other), c_first
+    elif isinstance(other, torch.fx.Node) and other.op == "get_attr":
+        value = _traced_attr(root, other, label)
+        if isinstance(value, torch.Tensor):
+            arr = value.detach().to(torch.float64).cpu().numpy()
+            found = op, (float(arr.reshape(())) if arr.size == 1 else arr), c_first
+    return found if found is None or heads is None else (*found, cur)
+
+
+def _affine(op, c, c_first, label):
+    """(s, t) with op(x, c) (or op(c, x)) = s * x + t per feature, float64 vectors (one element for a number)."""
+    if c_first and op == "div":
+        raise ArgumentError(f"{label}: a constant divided by the hidden state is no affine map; fusedmlp folds "
+                            "x - c, c - x, x + c, x * c and x / c")
+    c = np.asarray(c, np.float64)
+    if not (c.ndim <= 1 or (c.ndim == 2 and c.shape[0] == 1)):
+        raise ArgumentError(f"{label}: a constant of shape {c.shape}; fusedmlp folds one value per feature")
+    c = c.reshape(-1)
+    one, zero = np.ones_like(c), np.zeros_like(c)
+    return {"mul": (c, zero), "div": (1.0 / c, zero), "add": (one, c), "sub": (-one, c) if c_first else (one, -c)}[op]
+
+
+def _scalar_text(op, c, c_first):
+    """The expression over x of op(x, c) (or op(c, x)) for a number c."""
+    n = repr(float(c))
+    n = f"({n})" if n.startswith("-") else n
+    return {"add": f"(x) + {n}", "mul": f"{n} * (x)", "sub": f"{n} - (x)" if c_first else f"(x) - {n}",
+            "div": f"{n} / (x)" if c_first else f"(x) / {n}"}[op]  # (parentheses: compose reads it as an expression)
+
+
+def _is_parametrization_call(gm, node):
+    """Whether node is fx's call of a ParametrizationList (a parametrized weight F.linear reads): not a layer op."""
+    return (node.op == "call_module" and not node.args and isinstance(node.target, str) and
+            isinstance(gm.get_submodule(node.target), parametrize.ParametrizationList))
+
+
+def read_traced(module, activations):
+    """Walks module's torch.fx graph as a chain: each Linear starts a layer, activations before a residual op are the
+    layer's activation, the op with a kept value (the layer's input, an earlier layer's output, the network input) is
+    its residual, activations after it the residual's; torch.cat of the hidden state with the network input right
+    before a Linear is that layer's input concat; BatchNorm1d folds into the Linear before or after it (Layers)."""
+    activations = dict(activations or {})
+    try:
+        gm = torch.fx.symbolic_trace(module)
+    except Exception as e:  # data-dependent control flow and the like
+        raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: {e}") from None
+    layers = Layers(_numpy64)
+    residual, concat = [], {}
+    cur = x_node = pending_cat = None
+    value_of = {}  # graph node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
+    folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (not a value the kernel keeps)
+    before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as the kernel keeps it
+    shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
+    placeholders, input_order = [], None  # forward's inputs; with several, the order torch.cat joins them in
+    heads, maps = {}, []  # several inputs before their join: each one's latest node -> its index; its affine map
+    for node in gm.graph.nodes:
+        label = f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})"
+        if node.op == "placeholder":
+            heads[node] = len(placeholders)
+            maps.append(None)
+            placeholders.append(node)
+            if cur is None:
+                cur = x_node = node
+                value_of[node] = -1
+            continue
+        if len(placeholders) > 1 and input_order is None and not layers.weights:  # several inputs, not joined yet
+            const = _traced_constant_op(module, node, None, label, heads)
+            if const is not None:  # an input's own affine map ((obs - mean) / std) before the join
+                op, c, c_first, head = const
+                s_new, t_new = _affine(op, c, c_first, label)
+                i = heads[head]
+                if maps[i] is not None:
+                    s_old, t_old, _ = maps[i]
+                    s_new, t_new = s_new * s_old, s_new * t_old + t_new
+                maps[i] = (s_new, t_new, maps[i][2] if maps[i] is not None else label)
+                del heads[head]
+                heads[node] = i
+                continue
+            if (node.op == "call_function" and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
+                    and sorted(heads.get(p, -1) for p in node.args[0]) == list(range(len(placeholders)))
+                    and _arg(node, 1, "dim", 0) in (-1, 1)):  # a critic's torch.cat([obs, act], -1): the kernel's x
+                input_order = [heads[p] for p in node.args[0]]
+                layers.set_input_parts([maps[i] for i in input_order])
+                cur = x_node = node
+                value_of[node] = -1
+                continue
+        if node.op == "get_attr" or _is_parametrization_call(gm, node):
+            continue
+        if not layers.weights and ((node.op == "call_method" and node.target == "size") or (
+                node.op == "call_function" and node.target is getattr and node.args[1] == "shape")):
+            shapes[node] = node.args[0]  # a shape query of the input, for a view of it (_traced_flatten)
+            continue
+        if not layers.weights and node.op == "call_function" and node.target is operator.getitem and (
+                node.args[0] in shapes):
+            shapes[node] = shapes[node.args[0]]
+            continue
+        start = _traced_flatten(node, cur, shapes) if not layers.weights and cur is x_node else None
+        if isinstance(start, tuple):  # x.view(-1, K)
+            start, layers.flatten_width = start
+        if start is not None:
+            if start == -1:
+                raise ArgumentError(f"{label}: a view or flatten of the input that is not x.view(x.size(0), -1) or "
+                                    "torch.flatten(x, start_dim) through the last dim; fusedmlp flattens an input's "
+                                    "dims from start_dim on")
+            layers.flatten_input(start, -1, label)
+            cur = x_node = node  # the kernel's input is the flattened x (a concat or residual of x reads it)
+            value_of[node] = -1
+            continue
+        if node.op == "output":
+            if node.args[0] is not cur or pending_cat is not None:
+                raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: {TRACED_SUPPORTED}")
+            break
+        inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        leaf = gm.get_submodule(node.target) if node.op == "call_module" else None
+        text = activations.pop(node.target, None) if node.op == "call_module" else None
+        is_linear = (leaf is not None and isinstance(leaf, nn.Linear) and text is None) or (
+            node.op == "call_function" and node.target is F.linear)
+        if pending_cat is not None and not is_linear:
+            raise ArgumentError(f"{label}: torch.cat of the hidden state with the input must feed a Linear directly")
+        if is_linear:
+            if not inputs or inputs[0] is not cur:
+                raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
+            if pending_cat is not None:
+                concat[len(layers.weights)] = pending_cat
+                pending_cat = None
+            elif layers.pending is not None:  # cur is a BatchNorm1d this Linear absorbs: the value is before it
+                folded[cur] = layers.pending[2]
+                value_of.setdefault(before_bn, len(layers.weights) - 1)
+            else:
+                value_of.setdefault(cur, len(layers.weights) - 1)
+            if leaf is not None:
+                w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
+            else:
+                w, b = _traced_attr(module, node.args[1], label), _traced_attr(module, _arg(node, 2, "bias", None), label)
+            layers.linear(w, b, label)
+            residual.append(None)
+            cur = node
+            continue
+        if leaf is not None and text is None and isinstance(leaf, nn.BatchNorm1d):
+            if not inputs or inputs[0] is not cur:
+                raise ArgumentError(f"{node.target}: a BatchNorm1d that does not take the previous layer's output")
+            if layers.pending is None and not layers.open:
+                before_bn = cur
+            layers.batchnorm(*_batchnorm_affine(leaf, node.target), node.target)
+            cur = node
+            continue
+        if node.op == "call_function" and node.target is F.normalize:  # an embedding head's L2 normalization
+            if not inputs or inputs[0] is not cur or _arg(node, 1, "p", 2.0) != 2 or _arg(node, 2, "dim", 1) not in (
+                    -1, 1):
+                raise ArgumentError(f"{label}: F.normalize of another value, p or dim; fusedmlp fuses "
+                                    "F.normalize(z, p=2, dim=-1) of a Linear's output z")
+            layers.l2_normalize(_arg(node, 3, "eps", 1e-12), label)
+            cur = node
+            continue
+        norm = _traced_norm(module, node, leaf if text is None else None, label)
+        soft = None if norm is not None else _traced_softmax(node, leaf if text is None else None)
+        if norm is not None or soft is not None:  # the layer's fused norm (a softmax is one too)
+            if not inputs or inputs[0] is not cur:
+                raise ArgumentError(f"{label}: a {'norm' if soft is None else 'softmax'} that does not take the "
+                                    "previous layer's output")
+            where = node.target if leaf is not None else label
+            if soft is None:
+                layers.norm(*norm, where)
+            else:
+                layers.softmax(*soft, where)
+            cur = node
+            continue
+        if node.op == "call_function" and node.target is torch.cat:
+            parts, dim = node.args[0], _arg(node, 1, "dim", 0)
+            if (not isinstance(parts, (list, tuple)) or len(parts) != 2 or set(parts) != {cur, x_node}
+                    or cur is x_node or dim not in (-1, 1)):
+                raise ArgumentError(f"{label}: only torch.cat([h, x], -1) or torch.cat([x, h], -1) of the hidden state "
+                                    "h with the network input x is supported")
+            layers.unfoldable(label, "torch.cat")
+            value_of.setdefault(cur, len(layers.weights) - 1)
+            pending_cat = "after" if parts[0] is cur else "before"
+            cur = node
+            continue
+        if leaf is not None and text is None and isinstance(leaf, (nn.Identity, *_DROPOUTS)):
+            if isinstance(leaf, _DROPOUTS):
+                _check_dropout_off(leaf, node.target)
+            cur = node
+            continue
+        if node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
+            if _arg(node, 2, "training", _DROPOUT_FUNCTIONS[node.target]) and _arg(node, 1, "p", 0.5) > 0:
+                raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
+            cur = node
+            continue
+        const = _traced_constant_op(module, node, cur, label) if text is None else None
+        if const is not None:  # an arithmetic op of the chain's value and a constant
+            op, c, c_first = const
+            if (np.ndim(c) == 0 and layers.weights and layers.open and len(cur.users) == 1
+                    and not (c_first and op == "div")):  # right after a Linear, its only use: folded into it (so
+                c = np.full(layers.weights[-1].shape[0], c)  # that a norm or softmax may still follow)
+            if np.ndim(c) == 0 and layers.weights:  # a number, after a layer: part of its activation (or residual's)
+                expr = _scalar_text(op, c, c_first)
+                if residual[-1] is None:
+                    layers.activation(expr, label)
+                else:
+                    residual[-1][1] = expr if residual[-1][1] == "none" else _compose(expr, residual[-1][1])
+            else:  # one value per feature (or any on the input): folded into a Linear, as a batch norm
+                if layers.pending is None and not layers.open:
+                    before_bn = cur
+                layers.batchnorm(*_affine(op, c, c_first, label), label)
+            cur = node
+            continue
+        if node.op in ("call_function", "call_method") and (node.target in _ADD or node.target in _MUL
+                                                            or node.target in ("add", "mul", "add_", "mul_")):
+            if not layers.weights or len(inputs) != 2 or cur not in inputs:
+                raise ArgumentError(f"{label}: only a residual of the current layer with a kept value is supported")
+            other = inputs[0] if inputs[1] is cur else inputs[1]
+            if other in folded:
+                raise ArgumentError(f"{label}: the residual operand {other.name} is the output of {folded[other]} "
+                                    "(BatchNorm1d), which was folded into the next Linear's weights; the kernel keeps "
+                                    "no such value")
+            if other not in value_of:
+                raise ArgumentError(f"{label}: the residual operand {other.name} is neither the network input nor a "
+                                    "layer's output (the tensor a Linear or torch.cat consumed)")
+            if residual[-1] is not None:
+                raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
+            layers.unfoldable(label, "a residual op")
+            is_add = node.target in _ADD or node.target in ("add", "add_")
+            src = value_of[other]
+            residual[-1] = ["add" if is_add else "mul", "none", "input" if src < 0 else src]
+            layers.open = False
+            cur = node
+            continue
+        if text is None:
+            text = _activation_text(leaf) if leaf is not None else (
+                _functional_text(node) if node.op in ("call_function", "call_method") else None)
+        if text is None or not inputs or inputs[0] is not cur:
+            what = type(leaf).__name__ if leaf is not None else label
+            raise ArgumentError(f"{node.target if leaf is not None else label}: {what} is not supported; supported: "
+                                f"{TRACED_SUPPORTED}" + (f"; or map it with activations={{'{node.target}': '...'}}"
+                                                          if leaf is not None else ""))
+        if not layers.weights:
+            raise ArgumentError(f"{label}: an activation before the first Linear; fusedmlp applies activations after a "
+                                "layer")
+        if residual[-1] is None:
+            layers.activation(text, label)
+        else:
+            layers.unfoldable(label, "an activation")
+            residual[-1][1] = text if residual[-1][1] == "none" else _compose(text, residual[-1][1])
+        cur = node
+    if activations:
+        raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
+    if len(placeholders) > 1 and input_order is None:
+        raise ArgumentError(f"{type(module).__name__}.forward takes {len(placeholders)} inputs; fusedmlp reads several "
+                            "only as one torch.cat of all of them along the last dim before the first Linear (a "
+                            "critic's torch.cat([obs, act], -1))")
+    weights, biases, acts, norm, flatten = layers.finish(type(module).__name__)
+    edges = _edges([tuple(r) if r else None for r in residual], concat or None, norm, flatten)
+    return weights, biases, acts, {**edges, "inputs": input_order} if input_order else edges
