@@ -224,7 +224,8 @@ def test_what_is_not_read_is_named(rng, tmp_path):
                                   [numpy_helper.from_array(np.array([2], np.int64), "k")])
         with pytest.raises(fusedmlp.ArgumentError, match=match):
             read_onnx(helper.make_model(graph))
-    with pytest.raises(fusedmlp.ArgumentError, match=r"the graph has inputs \['x', 'x2'\]"):
+    with pytest.raises(fusedmlp.ArgumentError, match=r"the graph has inputs \['x', 'x2'\]; fusedmlp reads several only "
+                                                     r"as one Concat"):
         read_onnx(graph_model([helper.make_node("Add", ["x", "x2"], ["y"])], {}, [8], 8, inputs=("x", "x2")))
     with pytest.raises(fusedmlp.ArgumentError, match="an elementwise op on the input before the first Gemm"):
         read_onnx(graph_model([helper.make_node("Relu", ["x"], ["y"])], {}, [8], 8))
@@ -288,3 +289,24 @@ def test_a_number_between_a_layer_and_its_norm_folds(rng):
              helper.make_node("MatMul", ["a", "W2"], ["y"])]
     mlp = check_against_onnxruntime(graph_model(nodes, inits, [8], 4), rng.standard_normal((9, 8)).astype(np.float32))
     assert "0: layernorm" in repr(mlp)
+
+
+def test_a_critic_of_two_inputs_joined_by_a_concat(rng):
+    """obs normalized by its own constants and act scaled by a number, joined by a Concat: the model of the joined
+    input, the maps folded into the first layer (onnxruntime takes the two inputs; fusedmlp their concatenation)."""
+    inits = {"m": rng.standard_normal(6), "sd": rng.uniform(0.5, 2, 6), "half": 0.5,
+             "W1": rng.standard_normal((32, 9)) / 3, "b1": rng.standard_normal(32), "W2": rng.standard_normal((1, 32))}
+    nodes = [helper.make_node("Sub", ["obs", "m"], ["c"]), helper.make_node("Div", ["c", "sd"], ["o"]),
+             helper.make_node("Mul", ["act", "half"], ["a"]), helper.make_node("Concat", ["o", "a"], ["j"], axis=-1),
+             helper.make_node("Gemm", ["j", "W1", "b1"], ["z"], transB=1), helper.make_node("Relu", ["z"], ["h"]),
+             helper.make_node("Gemm", ["h", "W2"], ["y"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "critic", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [None, 6]),
+                          helper.make_tensor_value_info("act", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    obs, act = rng.standard_normal((15, 6)).astype(np.float32), rng.standard_normal((15, 3)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"obs": obs, "act": act})[0]
+    mlp = fusedmlp.from_onnx(model, device="cpu")
+    assert np.max(np.abs(mlp(np.concatenate([obs, act], 1)) - want)) <= 1e-5

@@ -16,11 +16,13 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
 - An ``Add`` or ``Mul`` of the chain's value with the network input or a layer's output is the layer's residual (the
   elementwise nodes after it its ``then``); a ``Concat`` of the hidden state with the network input right before a
   layer is its input concat (NeRF's skip).
+- Several graph inputs (a critic's obs and act) joined by one ``Concat`` before the first layer, each through its own
+  constant affine map if any: the model takes their concatenation in that order.
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
   ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on.
 
-Anything else (a per-feature map no Linear takes, a second input, a convolution, ...) is an error naming the node, its
-op and what is read.
+Anything else (a per-feature map no Linear takes, a second input used otherwise, a convolution, ...) is an error naming
+the node, its op and what is read.
 """
 
 import os
@@ -100,11 +102,17 @@ class _Reader:
             for name in n.input:
                 self.uses[name] = self.uses.get(name, 0) + 1
         inputs = [i.name for i in graph.input if i.name not in self.consts]
-        if len(inputs) != 1:
-            raise ArgumentError(f"the graph has inputs {inputs}; fusedmlp models take one input tensor")
+        if not inputs:
+            raise ArgumentError("the graph has no input; fusedmlp models take one input tensor")
         if len(graph.output) != 1:
             raise ArgumentError(f"the graph has {len(graph.output)} outputs; fusedmlp models give one")
         self.x = self.cur = inputs[0]
+        # several inputs (a critic's obs and act): read until one Concat joins them, each through its own constant
+        # affine map (heads: each input's latest value -> its index; maps: its map), as fusedmlp.torch reads them
+        self.inputs = inputs
+        self.heads = {name: i for i, name in enumerate(inputs)} if len(inputs) > 1 else None
+        self.maps = [None] * len(inputs)
+        self.input_order = None
         self.output = graph.output[0].name
         self.layers = Layers(lambda a: None if a is None else np.asarray(a, dtype=np.float64),
                              bn="per-feature affine map (a BatchNormalization, or an Add / Sub / Mul / Div of a "
@@ -256,6 +264,48 @@ class _Reader:
             return False
         return True
 
+    def before_join(self, node, op, label):
+        """A node of a graph with several inputs before one Concat joins them: an input's own constant affine map, a
+        rename, or that Concat (then the network input is the joined value and the maps fold into the first Linear);
+        anything else is named."""
+        heads = self.heads
+        if op in ("Add", "Sub", "Mul", "Div") and len(node.input) == 2 and (node.input[0] in heads) != (
+                node.input[1] in heads):
+            head, other = (node.input[0], node.input[1]) if node.input[0] in heads else (node.input[1], node.input[0])
+            c = self.const(other)
+            c_first = head == node.input[1]
+            if c is not None and not (c_first and op == "Div") and (c.ndim <= 1 or c.shape[0] == 1):
+                c = np.asarray(c, np.float64).reshape(-1)
+                one, zero = np.ones_like(c), np.zeros_like(c)
+                s, t = {"Mul": (c, zero), "Div": (1.0 / c, zero), "Add": (one, c),
+                        "Sub": (-one, c) if c_first else (one, -c)}[op]
+                i = heads.pop(head)
+                if self.maps[i] is not None:
+                    s, t = s * self.maps[i][0], s * self.maps[i][1] + t
+                self.maps[i] = (s, t, self.maps[i][2] if self.maps[i] is not None else label)
+                heads[node.output[0]] = i
+                return
+        if op in _PASS and node.input and node.input[0] in heads:
+            heads[node.output[0]] = heads.pop(node.input[0])
+            return
+        if (op == "Concat" and sorted(heads.get(name, -1) for name in node.input) == list(range(len(self.inputs)))
+                and self.const_attr(node, "axis") in (-1, 1)):
+            self.input_order = [heads[name] for name in node.input]
+            self.layers.set_input_parts([self.maps[i] for i in self.input_order])
+            self.x = self.cur = node.output[0]
+            self.value_of = {self.x: -1}
+            self.heads = None
+            return
+        raise ArgumentError(f"{label}: the graph has inputs {self.inputs}; fusedmlp reads several only as one Concat "
+                            "of all of them over the last axis before the first layer (each through its own constant "
+                            "affine map, if any)")
+
+    @staticmethod
+    def const_attr(node, name):
+        from onnx import helper
+
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+
     def node(self, node):
         from onnx import helper
 
@@ -266,6 +316,9 @@ class _Reader:
         if op == "Constant":
             self.consts[node.output[0]] = self.to_array(attrs["value"]) if "value" in attrs else np.asarray(
                 next(iter(attrs.values())))
+            return
+        if self.heads is not None:
+            self.before_join(node, op, label)
             return
         if op in _PASS:
             if op == "Cast" and attrs.get("to") not in _FLOAT_TYPES:
