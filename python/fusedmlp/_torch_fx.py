@@ -233,220 +233,295 @@ def _is_parametrization_call(gm, node):
             isinstance(gm.get_submodule(node.target), parametrize.ParametrizationList))
 
 
-def read_traced(module, activations):
-    """Walks module's torch.fx graph as a chain: each Linear starts a layer, activations before a residual op are the
-    layer's activation, the op with a kept value (the layer's input, an earlier layer's output, the network input) is
-    its residual, activations after it the residual's; torch.cat of the hidden state with the network input right
-    before a Linear is that layer's input concat; BatchNorm1d folds into the Linear before or after it (Layers)."""
-    activations = dict(activations or {})
-    try:
-        gm = torch.fx.symbolic_trace(module)
-    except Exception as e:  # data-dependent control flow and the like
-        raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: {e}") from None
-    layers = Layers(_numpy64)
-    residual, concat = [], {}
-    cur = x_node = pending_cat = None
-    value_of = {}  # graph node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
-    folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (not a value the kernel keeps)
-    before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as the kernel keeps it
-    shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
-    placeholders, input_order = [], None  # forward's inputs; with several, the order torch.cat joins them in
-    heads, maps = {}, []  # several inputs before their join: each one's latest node -> its index; its affine map
-    for node in gm.graph.nodes:
-        label = f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', node.target)})"
-        if node.op == "placeholder":
-            heads[node] = len(placeholders)
-            maps.append(None)
-            placeholders.append(node)
-            if cur is None:
-                cur = x_node = node
-                value_of[node] = -1
-            continue
-        if len(placeholders) > 1 and input_order is None and not layers.weights:  # several inputs, not joined yet
-            const = _traced_constant_op(module, node, None, label, heads)
-            if const is not None:  # an input's own affine map ((obs - mean) / std) before the join
-                op, c, c_first, head = const
-                s_new, t_new = _affine(op, c, c_first, label)
-                i = heads[head]
-                if maps[i] is not None:
-                    s_old, t_old, _ = maps[i]
-                    s_new, t_new = s_new * s_old, s_new * t_old + t_new
-                maps[i] = (s_new, t_new, maps[i][2] if maps[i] is not None else label)
-                del heads[head]
-                heads[node] = i
+class _Tracer:
+    """One walk over a traced module's graph (read_traced). Each node goes to the first handler that takes it; the
+    chain's state (the current value, the values a residual may read, the layers) lives here."""
+
+    def __init__(self, module, activations):
+        self.module = module
+        self.activations = dict(activations or {})
+        try:
+            self.gm = torch.fx.symbolic_trace(module)
+        except Exception as e:  # data-dependent control flow and the like
+            raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: "
+                                f"{e}") from None
+        self.layers = Layers(_numpy64)
+        self.residual, self.concat = [], {}
+        self.cur = self.x_node = self.pending_cat = None
+        self.value_of = {}  # node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
+        self.folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (no value the kernel keeps)
+        self.before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as kept
+        self.shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
+        self.placeholders, self.input_order = [], None  # forward's inputs; with several, their order in the join
+        self.heads, self.maps = {}, []  # several inputs before their join: latest node -> index; each one's map
+
+    def run(self):
+        for node in self.gm.graph.nodes:
+            target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
+            label = f"{node.name} ({target})"
+            if node.op == "output":
+                if node.args[0] is not self.cur or self.pending_cat is not None:
+                    raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: "
+                                        f"{TRACED_SUPPORTED}")
+                break
+            if self.placeholder(node) or self.before_join(node, label):
                 continue
-            if (node.op == "call_function" and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
-                    and sorted(heads.get(p, -1) for p in node.args[0]) == list(range(len(placeholders)))
-                    and _arg(node, 1, "dim", 0) in (-1, 1)):  # a critic's torch.cat([obs, act], -1): the kernel's x
-                input_order = [heads[p] for p in node.args[0]]
-                layers.set_input_parts([maps[i] for i in input_order])
-                cur = x_node = node
-                value_of[node] = -1
+            if node.op == "get_attr" or _is_parametrization_call(self.gm, node) or self.input_shape(node, label):
                 continue
-        if node.op == "get_attr" or _is_parametrization_call(gm, node):
-            continue
-        if not layers.weights and ((node.op == "call_method" and node.target == "size") or (
-                node.op == "call_function" and node.target is getattr and node.args[1] == "shape")):
-            shapes[node] = node.args[0]  # a shape query of the input, for a view of it (_traced_flatten)
-            continue
-        if not layers.weights and node.op == "call_function" and node.target is operator.getitem and (
-                node.args[0] in shapes):
-            shapes[node] = shapes[node.args[0]]
-            continue
-        start = _traced_flatten(node, cur, shapes) if not layers.weights and cur is x_node else None
+            self.inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+            self.leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+            self.text = self.activations.pop(node.target, None) if node.op == "call_module" else None
+            for handler in (self.linear, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
+                            self.constant_op, self.residual_op, self.activation):
+                if handler(node, label):
+                    break
+            self.cur = node
+        return self.finish()
+
+    def placeholder(self, node):
+        if node.op != "placeholder":
+            return False
+        self.heads[node] = len(self.placeholders)
+        self.maps.append(None)
+        self.placeholders.append(node)
+        if self.cur is None:
+            self.cur = self.x_node = node
+            self.value_of[node] = -1
+        return True
+
+    def before_join(self, node, label):
+        """Several inputs before one torch.cat joins them: an input's own affine map ((obs - mean) / std), or that
+        torch.cat (a critic's [obs, act]: the kernel's x, the maps folded into the first Linear)."""
+        if len(self.placeholders) < 2 or self.input_order is not None or self.layers.weights:
+            return False
+        heads, maps = self.heads, self.maps
+        const = _traced_constant_op(self.module, node, None, label, heads)
+        if const is not None:
+            op, c, c_first, head = const
+            s_new, t_new = _affine(op, c, c_first, label)
+            i = heads.pop(head)
+            if maps[i] is not None:
+                s_old, t_old, _ = maps[i]
+                s_new, t_new = s_new * s_old, s_new * t_old + t_new
+            maps[i] = (s_new, t_new, maps[i][2] if maps[i] is not None else label)
+            heads[node] = i
+            return True
+        if (node.op == "call_function" and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
+                and sorted(heads.get(p, -1) for p in node.args[0]) == list(range(len(self.placeholders)))
+                and _arg(node, 1, "dim", 0) in (-1, 1)):
+            self.input_order = [heads[p] for p in node.args[0]]
+            self.layers.set_input_parts([maps[i] for i in self.input_order])
+            self.cur = self.x_node = node
+            self.value_of[node] = -1
+            return True
+        return False
+
+    def input_shape(self, node, label):
+        """Before the first Linear: a shape query of the input, or a flatten / view of it (flatten_input)."""
+        layers = self.layers
+        if layers.weights:
+            return False
+        if (node.op == "call_method" and node.target == "size") or (
+                node.op == "call_function" and node.target is getattr and node.args[1] == "shape"):
+            self.shapes[node] = node.args[0]  # for a view of the input (_traced_flatten)
+            return True
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in self.shapes:
+            self.shapes[node] = self.shapes[node.args[0]]
+            return True
+        start = _traced_flatten(node, self.cur, self.shapes) if self.cur is self.x_node else None
         if isinstance(start, tuple):  # x.view(-1, K)
             start, layers.flatten_width = start
-        if start is not None:
-            if start == -1:
-                raise ArgumentError(f"{label}: a view or flatten of the input that is not x.view(x.size(0), -1) or "
-                                    "torch.flatten(x, start_dim) through the last dim; fusedmlp flattens an input's "
-                                    "dims from start_dim on")
-            layers.flatten_input(start, -1, label)
-            cur = x_node = node  # the kernel's input is the flattened x (a concat or residual of x reads it)
-            value_of[node] = -1
-            continue
-        if node.op == "output":
-            if node.args[0] is not cur or pending_cat is not None:
-                raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: {TRACED_SUPPORTED}")
-            break
-        inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
-        leaf = gm.get_submodule(node.target) if node.op == "call_module" else None
-        text = activations.pop(node.target, None) if node.op == "call_module" else None
-        is_linear = (leaf is not None and isinstance(leaf, nn.Linear) and text is None) or (
+        if start is None:
+            return False
+        if start == -1:
+            raise ArgumentError(f"{label}: a view or flatten of the input that is not x.view(x.size(0), -1) or "
+                                "torch.flatten(x, start_dim) through the last dim; fusedmlp flattens an input's dims "
+                                "from start_dim on")
+        layers.flatten_input(start, -1, label)
+        self.cur = self.x_node = node  # the kernel's input is the flattened x (a concat or residual of x reads it)
+        self.value_of[node] = -1
+        return True
+
+    def takes_cur(self):
+        return bool(self.inputs) and self.inputs[0] is self.cur
+
+    def linear(self, node, label):
+        leaf, layers = self.leaf, self.layers
+        is_linear = (leaf is not None and isinstance(leaf, nn.Linear) and self.text is None) or (
             node.op == "call_function" and node.target is F.linear)
-        if pending_cat is not None and not is_linear:
+        if self.pending_cat is not None and not is_linear:
             raise ArgumentError(f"{label}: torch.cat of the hidden state with the input must feed a Linear directly")
-        if is_linear:
-            if not inputs or inputs[0] is not cur:
-                raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
-            if pending_cat is not None:
-                concat[len(layers.weights)] = pending_cat
-                pending_cat = None
-            elif layers.pending is not None:  # cur is a BatchNorm1d this Linear absorbs: the value is before it
-                folded[cur] = layers.pending[2]
-                value_of.setdefault(before_bn, len(layers.weights) - 1)
-            else:
-                value_of.setdefault(cur, len(layers.weights) - 1)
-            if leaf is not None:
-                w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
-            else:
-                w, b = _traced_attr(module, node.args[1], label), _traced_attr(module, _arg(node, 2, "bias", None), label)
-            layers.linear(w, b, label)
-            residual.append(None)
-            cur = node
-            continue
-        if leaf is not None and text is None and isinstance(leaf, nn.BatchNorm1d):
-            if not inputs or inputs[0] is not cur:
-                raise ArgumentError(f"{node.target}: a BatchNorm1d that does not take the previous layer's output")
-            if layers.pending is None and not layers.open:
-                before_bn = cur
-            layers.batchnorm(*_batchnorm_affine(leaf, node.target), node.target)
-            cur = node
-            continue
-        if node.op == "call_function" and node.target is F.normalize:  # an embedding head's L2 normalization
-            if not inputs or inputs[0] is not cur or _arg(node, 1, "p", 2.0) != 2 or _arg(node, 2, "dim", 1) not in (
-                    -1, 1):
-                raise ArgumentError(f"{label}: F.normalize of another value, p or dim; fusedmlp fuses "
-                                    "F.normalize(z, p=2, dim=-1) of a Linear's output z")
-            layers.l2_normalize(_arg(node, 3, "eps", 1e-12), label)
-            cur = node
-            continue
-        norm = _traced_norm(module, node, leaf if text is None else None, label)
-        soft = None if norm is not None else _traced_softmax(node, leaf if text is None else None)
-        if norm is not None or soft is not None:  # the layer's fused norm (a softmax is one too)
-            if not inputs or inputs[0] is not cur:
-                raise ArgumentError(f"{label}: a {'norm' if soft is None else 'softmax'} that does not take the "
-                                    "previous layer's output")
-            where = node.target if leaf is not None else label
-            if soft is None:
-                layers.norm(*norm, where)
-            else:
-                layers.softmax(*soft, where)
-            cur = node
-            continue
-        if node.op == "call_function" and node.target is torch.cat:
-            parts, dim = node.args[0], _arg(node, 1, "dim", 0)
-            if (not isinstance(parts, (list, tuple)) or len(parts) != 2 or set(parts) != {cur, x_node}
-                    or cur is x_node or dim not in (-1, 1)):
-                raise ArgumentError(f"{label}: only torch.cat([h, x], -1) or torch.cat([x, h], -1) of the hidden state "
-                                    "h with the network input x is supported")
-            layers.unfoldable(label, "torch.cat")
-            value_of.setdefault(cur, len(layers.weights) - 1)
-            pending_cat = "after" if parts[0] is cur else "before"
-            cur = node
-            continue
-        if leaf is not None and text is None and isinstance(leaf, (nn.Identity, *_DROPOUTS)):
-            if isinstance(leaf, _DROPOUTS):
-                _check_dropout_off(leaf, node.target)
-            cur = node
-            continue
+        if not is_linear:
+            return False
+        if not self.takes_cur():
+            raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
+        if self.pending_cat is not None:
+            self.concat[len(layers.weights)] = self.pending_cat
+            self.pending_cat = None
+        elif layers.pending is not None:  # cur is a BatchNorm1d this Linear absorbs: the value is before it
+            self.folded[self.cur] = layers.pending[2]
+            self.value_of.setdefault(self.before_bn, len(layers.weights) - 1)
+        else:
+            self.value_of.setdefault(self.cur, len(layers.weights) - 1)
+        if leaf is not None:
+            w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
+        else:
+            w = _traced_attr(self.module, node.args[1], label)
+            b = _traced_attr(self.module, _arg(node, 2, "bias", None), label)
+        layers.linear(w, b, label)
+        self.residual.append(None)
+        return True
+
+    def batchnorm(self, node, label):
+        if self.leaf is None or self.text is not None or not isinstance(self.leaf, nn.BatchNorm1d):
+            return False
+        if not self.takes_cur():
+            raise ArgumentError(f"{node.target}: a BatchNorm1d that does not take the previous layer's output")
+        if self.layers.pending is None and not self.layers.open:
+            self.before_bn = self.cur
+        self.layers.batchnorm(*_batchnorm_affine(self.leaf, node.target), node.target)
+        return True
+
+    def l2_normalize(self, node, label):
+        """F.normalize(z, p=2, dim=-1) of a Linear's output (an embedding head): the layer's fused rmsnorm."""
+        if node.op != "call_function" or node.target is not F.normalize:
+            return False
+        if not self.takes_cur() or _arg(node, 1, "p", 2.0) != 2 or _arg(node, 2, "dim", 1) not in (-1, 1):
+            raise ArgumentError(f"{label}: F.normalize of another value, p or dim; fusedmlp fuses "
+                                "F.normalize(z, p=2, dim=-1) of a Linear's output z")
+        self.layers.l2_normalize(_arg(node, 3, "eps", 1e-12), label)
+        return True
+
+    def norm(self, node, label):
+        """A LayerNorm / RMSNorm, or a softmax, right after a Linear: the layer's fused norm."""
+        leaf = self.leaf if self.text is None else None
+        norm = _traced_norm(self.module, node, leaf, label)
+        soft = None if norm is not None else _traced_softmax(node, leaf)
+        if norm is None and soft is None:
+            return False
+        if not self.takes_cur():
+            raise ArgumentError(f"{label}: a {'norm' if soft is None else 'softmax'} that does not take the previous "
+                                "layer's output")
+        where = node.target if self.leaf is not None else label
+        if soft is None:
+            self.layers.norm(*norm, where)
+        else:
+            self.layers.softmax(*soft, where)
+        return True
+
+    def cat(self, node, label):
+        """torch.cat of the hidden state with the network input right before a Linear: that layer's input concat."""
+        if node.op != "call_function" or node.target is not torch.cat:
+            return False
+        parts, dim = node.args[0], _arg(node, 1, "dim", 0)
+        if (not isinstance(parts, (list, tuple)) or len(parts) != 2 or set(parts) != {self.cur, self.x_node}
+                or self.cur is self.x_node or dim not in (-1, 1)):
+            raise ArgumentError(f"{label}: only torch.cat([h, x], -1) or torch.cat([x, h], -1) of the hidden state h "
+                                "with the network input x is supported")
+        self.layers.unfoldable(label, "torch.cat")
+        self.value_of.setdefault(self.cur, len(self.layers.weights) - 1)
+        self.pending_cat = "after" if parts[0] is self.cur else "before"
+        return True
+
+    def passthrough(self, node, label):
+        """Identity and Dropout in eval mode (modules and functions)."""
+        if self.leaf is not None and self.text is None and isinstance(self.leaf, (nn.Identity, *_DROPOUTS)):
+            if isinstance(self.leaf, _DROPOUTS):
+                _check_dropout_off(self.leaf, node.target)
+            return True
         if node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
             if _arg(node, 2, "training", _DROPOUT_FUNCTIONS[node.target]) and _arg(node, 1, "p", 0.5) > 0:
                 raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
-            cur = node
-            continue
-        const = _traced_constant_op(module, node, cur, label) if text is None else None
-        if const is not None:  # an arithmetic op of the chain's value and a constant
-            op, c, c_first = const
-            if (np.ndim(c) == 0 and layers.weights and layers.open and len(cur.users) == 1
-                    and not (c_first and op == "div")):  # right after a Linear, its only use: folded into it (so
-                c = np.full(layers.weights[-1].shape[0], c)  # that a norm or softmax may still follow)
-            if np.ndim(c) == 0 and layers.weights:  # a number, after a layer: part of its activation (or residual's)
-                expr = _scalar_text(op, c, c_first)
-                if residual[-1] is None:
-                    layers.activation(expr, label)
-                else:
-                    residual[-1][1] = expr if residual[-1][1] == "none" else _compose(expr, residual[-1][1])
-            else:  # one value per feature (or any on the input): folded into a Linear, as a batch norm
-                if layers.pending is None and not layers.open:
-                    before_bn = cur
-                layers.batchnorm(*_affine(op, c, c_first, label), label)
-            cur = node
-            continue
-        if node.op in ("call_function", "call_method") and (node.target in _ADD or node.target in _MUL
-                                                            or node.target in ("add", "mul", "add_", "mul_")):
-            if not layers.weights or len(inputs) != 2 or cur not in inputs:
-                raise ArgumentError(f"{label}: only a residual of the current layer with a kept value is supported")
-            other = inputs[0] if inputs[1] is cur else inputs[1]
-            if other in folded:
-                raise ArgumentError(f"{label}: the residual operand {other.name} is the output of {folded[other]} "
-                                    "(BatchNorm1d), which was folded into the next Linear's weights; the kernel keeps "
-                                    "no such value")
-            if other not in value_of:
-                raise ArgumentError(f"{label}: the residual operand {other.name} is neither the network input nor a "
-                                    "layer's output (the tensor a Linear or torch.cat consumed)")
-            if residual[-1] is not None:
-                raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
-            layers.unfoldable(label, "a residual op")
-            is_add = node.target in _ADD or node.target in ("add", "add_")
-            src = value_of[other]
-            residual[-1] = ["add" if is_add else "mul", "none", "input" if src < 0 else src]
-            layers.open = False
-            cur = node
-            continue
+            return True
+        return False
+
+    def constant_op(self, node, label):
+        """An arithmetic op of the chain's value and a constant: folded into a Linear (one value per feature, any on
+        the input, or a number right after a Linear that is its only use) or joined to the activation (a number)."""
+        const = _traced_constant_op(self.module, node, self.cur, label) if self.text is None else None
+        if const is None:
+            return False
+        layers, residual = self.layers, self.residual
+        op, c, c_first = const
+        if (np.ndim(c) == 0 and layers.weights and layers.open and len(self.cur.users) == 1
+                and not (c_first and op == "div")):  # (so that a norm or softmax may still follow)
+            c = np.full(layers.weights[-1].shape[0], c)
+        if np.ndim(c) == 0 and layers.weights:  # part of the activation (or the residual's)
+            expr = _scalar_text(op, c, c_first)
+            if residual[-1] is None:
+                layers.activation(expr, label)
+            else:
+                residual[-1][1] = expr if residual[-1][1] == "none" else _compose(expr, residual[-1][1])
+        else:  # folded into a Linear, as a batch norm
+            if layers.pending is None and not layers.open:
+                self.before_bn = self.cur
+            layers.batchnorm(*_affine(op, c, c_first, label), label)
+        return True
+
+    def residual_op(self, node, label):
+        """h + f(h) / h * f(h) with a kept value (the layer's input, an earlier layer's output, the network input)."""
+        if node.op not in ("call_function", "call_method") or not (
+                node.target in _ADD or node.target in _MUL or node.target in ("add", "mul", "add_", "mul_")):
+            return False
+        inputs, layers = self.inputs, self.layers
+        if not layers.weights or len(inputs) != 2 or self.cur not in inputs:
+            raise ArgumentError(f"{label}: only a residual of the current layer with a kept value is supported")
+        other = inputs[0] if inputs[1] is self.cur else inputs[1]
+        if other in self.folded:
+            raise ArgumentError(f"{label}: the residual operand {other.name} is the output of {self.folded[other]} "
+                                "(BatchNorm1d), which was folded into the next Linear's weights; the kernel keeps no "
+                                "such value")
+        if other not in self.value_of:
+            raise ArgumentError(f"{label}: the residual operand {other.name} is neither the network input nor a "
+                                "layer's output (the tensor a Linear or torch.cat consumed)")
+        if self.residual[-1] is not None:
+            raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
+        layers.unfoldable(label, "a residual op")
+        is_add = node.target in _ADD or node.target in ("add", "add_")
+        src = self.value_of[other]
+        self.residual[-1] = ["add" if is_add else "mul", "none", "input" if src < 0 else src]
+        layers.open = False
+        return True
+
+    def activation(self, node, label):
+        """An activation module or function (or a module mapped by activations=): the layer's (or its residual's)."""
+        text, leaf = self.text, self.leaf
         if text is None:
             text = _activation_text(leaf) if leaf is not None else (
                 _functional_text(node) if node.op in ("call_function", "call_method") else None)
-        if text is None or not inputs or inputs[0] is not cur:
+        if text is None or not self.takes_cur():
             what = type(leaf).__name__ if leaf is not None else label
             raise ArgumentError(f"{node.target if leaf is not None else label}: {what} is not supported; supported: "
                                 f"{TRACED_SUPPORTED}" + (f"; or map it with activations={{'{node.target}': '...'}}"
                                                           if leaf is not None else ""))
-        if not layers.weights:
+        if not self.layers.weights:
             raise ArgumentError(f"{label}: an activation before the first Linear; fusedmlp applies activations after a "
                                 "layer")
-        if residual[-1] is None:
-            layers.activation(text, label)
+        if self.residual[-1] is None:
+            self.layers.activation(text, label)
         else:
-            layers.unfoldable(label, "an activation")
-            residual[-1][1] = text if residual[-1][1] == "none" else _compose(text, residual[-1][1])
-        cur = node
-    if activations:
-        raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
-    if len(placeholders) > 1 and input_order is None:
-        raise ArgumentError(f"{type(module).__name__}.forward takes {len(placeholders)} inputs; fusedmlp reads several "
-                            "only as one torch.cat of all of them along the last dim before the first Linear (a "
-                            "critic's torch.cat([obs, act], -1))")
-    weights, biases, acts, norm, flatten = layers.finish(type(module).__name__)
-    edges = _edges([tuple(r) if r else None for r in residual], concat or None, norm, flatten)
-    return weights, biases, acts, {**edges, "inputs": input_order} if input_order else edges
+            self.layers.unfoldable(label, "an activation")
+            res = self.residual[-1]
+            res[1] = text if res[1] == "none" else _compose(text, res[1])
+        return True
+
+    def finish(self):
+        name = type(self.module).__name__
+        if self.activations:
+            raise ArgumentError(f"activations names {sorted(self.activations)}, which are not modules of the model")
+        if len(self.placeholders) > 1 and self.input_order is None:
+            raise ArgumentError(f"{name}.forward takes {len(self.placeholders)} inputs; fusedmlp reads several only as "
+                                "one torch.cat of all of them along the last dim before the first Linear (a critic's "
+                                "torch.cat([obs, act], -1))")
+        weights, biases, acts, norm, flatten = self.layers.finish(name)
+        edges = _edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten)
+        return weights, biases, acts, {**edges, "inputs": self.input_order} if self.input_order else edges
+
+
+def read_traced(module, activations):
+    """Walks module's torch.fx graph as a chain (_Tracer): each Linear starts a layer, activations before a residual
+    op are the layer's activation, the op with a kept value (the layer's input, an earlier layer's output, the network
+    input) is its residual, activations after it the residual's; torch.cat of the hidden state with the network input
+    right before a Linear is that layer's input concat; BatchNorm1d and constant affine maps fold into the Linear
+    before or after them (Layers)."""
+    return _Tracer(module, activations).run()
