@@ -189,7 +189,7 @@ class _Reader:
             return f"gelu_tanh({a})" if attrs.get("approximate", b"none") in (b"tanh", "tanh") else f"gelu({a})"
         return _UNARY[op].format(a=a)
 
-    def affine(self, node, op, label):
+    def affine(self, node, op, attrs, label):
         """An Add / Sub / Mul / Div of the chain's value and a constant vector (one value per feature; or any constant
         on the input before the first layer: an in-graph input normalization such as (x - mean) / std): a per-feature
         affine map, folded exactly into the Linear before or after it as a batch norm is (Layers.batchnorm); False
@@ -307,12 +307,12 @@ class _Reader:
         return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
     def node(self, node):
+        """One node: to the first handler that takes it (a layer op, through chain_input, last)."""
         from onnx import helper
 
         op = node.op_type
         label = f"{node.name or node.output[0]} ({op})"
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        layers = self.layers
         if op == "Constant":
             self.consts[node.output[0]] = self.to_array(attrs["value"]) if "value" in attrs else np.asarray(
                 next(iter(attrs.values())))
@@ -320,72 +320,98 @@ class _Reader:
         if self.heads is not None:
             self.before_join(node, op, label)
             return
-        if op in _PASS:
-            if op == "Cast" and attrs.get("to") not in _FLOAT_TYPES:
-                raise ArgumentError(f"{label}: a Cast to ONNX type {attrs.get('to')}; fusedmlp reads float values")
-            if op == "Dropout" and len(node.input) > 2 and self.const(node.input[2]) is not None and bool(
-                    self.const(node.input[2])):
-                raise ArgumentError(f"{label}: Dropout in training mode; fusedmlp runs inference")
-            src = node.input[0]
-            if src in self.exprs:
-                self.exprs[node.output[0]] = self.exprs[src]
-            elif src == self.cur:
-                self.cur = node.output[0]
-                if src == self.x:
-                    self.x = self.cur
-                if src in self.value_of:  # the same value under a new name, for a residual that reads it
-                    self.value_of[self.cur] = self.value_of[src]
-            else:
-                raise ArgumentError(f"{label}: its input is not the previous layer's output; supported: {SUPPORTED}")
-            return
-        if op == "Add" and self.biased and self.cur in node.input[:2]:
-            other = node.input[1] if node.input[0] == self.cur else node.input[0]
-            b = self.const(other)
-            width = layers.weights[-1].shape[0]
-            if b is not None and b.size in (1, width):
-                layers.biases[-1] = (layers.biases[-1] if layers.biases[-1] is not None else 0.0) + np.broadcast_to(
-                    np.asarray(b, np.float64).reshape(-1), (width,))
-                self.cur = node.output[0]
+        for handler in (self.passthrough, self.bias_add, self.affine, self.elementwise, self.input_reshape,
+                        self.input_concat):
+            if handler(node, op, attrs, label):
                 return
-        if self.affine(node, op, label) or self.elementwise(node, op, attrs, label):
-            return
-        if op in ("Flatten", "Reshape") and not layers.weights:
-            if not node.input or node.input[0] != self.cur or self.cur != self.x:
-                raise ArgumentError(f"{label}: a reshape that is not of the network input")
-            if op == "Flatten":
-                layers.flatten_input(int(attrs.get("axis", 1)), -1, label)
-            else:
-                shape = self.const(node.input[1])
-                shape = None if shape is None else [int(v) for v in shape.reshape(-1)]
-                if shape == [0, -1]:
-                    layers.flatten_input(1, -1, label)
-                elif shape is not None and len(shape) == 2 and shape[0] == -1 and shape[1] > 0:
-                    layers.flatten_input(1, -1, label)
-                    layers.flatten_width = shape[1]
-                else:
-                    raise ArgumentError(f"{label}: a Reshape of the input to {shape}; fusedmlp reads [0, -1] or [-1, K]")
-            self.cur = self.x = node.output[0]
-            self.value_of[self.x] = -1  # the network input as the kernel takes it (a residual from x reads it)
-            return
-        if op == "Concat" and self.layers.weights and len(node.input) == 2 and self.x in node.input and (
-                attrs.get("axis") in (-1, 1)):
-            h = node.input[0] if node.input[1] == self.x else node.input[1]
-            if h not in ({self.cur} | set(self.exprs)) or h == self.x:
-                raise ArgumentError(f"{label}: a Concat of {list(node.input)}; fusedmlp reads a concat of the hidden "
-                                    "state with the network input")
-            self.close(h, label)
-            self.layers.unfoldable(label, "a Concat")
-            self.value_of.setdefault(h, len(self.layers.weights) - 1)
-            self.pending_cat = "after" if node.input[0] == h else "before"
-            self.cur = node.output[0]
-            return
-        if op == "Concat":
-            raise ArgumentError(f"{label}: a Concat of {list(node.input)} (axis {attrs.get('axis')}); fusedmlp reads a "
-                                "concat of the hidden state with the network input itself over the last axis (not with "
-                                "a value computed from the input)")
         if self.pending_cat is not None and op not in ("Gemm", "MatMul"):
             raise ArgumentError(f"{label}: the Concat of the hidden state with the input must feed a Gemm or MatMul")
         self.chain_input(node, label)
+        self.layer_op(node, op, attrs, label)
+        self.cur = node.output[0]
+
+    def passthrough(self, node, op, attrs, label):
+        """Identity, Dropout (inference) and a float Cast: their input under a new name."""
+        if op not in _PASS:
+            return False
+        if op == "Cast" and attrs.get("to") not in _FLOAT_TYPES:
+            raise ArgumentError(f"{label}: a Cast to ONNX type {attrs.get('to')}; fusedmlp reads float values")
+        if op == "Dropout" and len(node.input) > 2 and self.const(node.input[2]) is not None and bool(
+                self.const(node.input[2])):
+            raise ArgumentError(f"{label}: Dropout in training mode; fusedmlp runs inference")
+        src = node.input[0]
+        if src in self.exprs:
+            self.exprs[node.output[0]] = self.exprs[src]
+        elif src == self.cur:
+            self.cur = node.output[0]
+            if src == self.x:
+                self.x = self.cur
+            if src in self.value_of:  # the same value under a new name, for a residual that reads it
+                self.value_of[self.cur] = self.value_of[src]
+        else:
+            raise ArgumentError(f"{label}: its input is not the previous layer's output; supported: {SUPPORTED}")
+        return True
+
+    def bias_add(self, node, op, attrs, label):
+        """An Add of a constant vector right after a MatMul / Gemm: its bias."""
+        if op != "Add" or not self.biased or self.cur not in node.input[:2]:
+            return False
+        layers = self.layers
+        other = node.input[1] if node.input[0] == self.cur else node.input[0]
+        b = self.const(other)
+        width = layers.weights[-1].shape[0]
+        if b is None or b.size not in (1, width):
+            return False
+        layers.biases[-1] = (layers.biases[-1] if layers.biases[-1] is not None else 0.0) + np.broadcast_to(
+            np.asarray(b, np.float64).reshape(-1), (width,))
+        self.cur = node.output[0]
+        return True
+
+    def input_reshape(self, node, op, attrs, label):
+        """A Flatten, or a Reshape to [0, -1] / [-1, K], of the network input before the first layer: flatten_input."""
+        layers = self.layers
+        if op not in ("Flatten", "Reshape") or layers.weights:
+            return False
+        if not node.input or node.input[0] != self.cur or self.cur != self.x:
+            raise ArgumentError(f"{label}: a reshape that is not of the network input")
+        if op == "Flatten":
+            layers.flatten_input(int(attrs.get("axis", 1)), -1, label)
+        else:
+            shape = self.const(node.input[1])
+            shape = None if shape is None else [int(v) for v in shape.reshape(-1)]
+            if shape == [0, -1]:
+                layers.flatten_input(1, -1, label)
+            elif shape is not None and len(shape) == 2 and shape[0] == -1 and shape[1] > 0:
+                layers.flatten_input(1, -1, label)
+                layers.flatten_width = shape[1]
+            else:
+                raise ArgumentError(f"{label}: a Reshape of the input to {shape}; fusedmlp reads [0, -1] or [-1, K]")
+        self.cur = self.x = node.output[0]
+        self.value_of[self.x] = -1  # the network input as the kernel takes it (a residual from x reads it)
+        return True
+
+    def input_concat(self, node, op, attrs, label):
+        """A Concat of the hidden state with the network input itself (NeRF's skip): the next layer's input concat."""
+        if op != "Concat":
+            return False
+        if not (self.layers.weights and len(node.input) == 2 and self.x in node.input and attrs.get("axis") in (-1, 1)):
+            raise ArgumentError(f"{label}: a Concat of {list(node.input)} (axis {attrs.get('axis')}); fusedmlp reads a "
+                                "concat of the hidden state with the network input itself over the last axis (not "
+                                "with a value computed from the input)")
+        h = node.input[0] if node.input[1] == self.x else node.input[1]
+        if h not in ({self.cur} | set(self.exprs)) or h == self.x:
+            raise ArgumentError(f"{label}: a Concat of {list(node.input)}; fusedmlp reads a concat of the hidden state "
+                                "with the network input")
+        self.close(h, label)
+        self.layers.unfoldable(label, "a Concat")
+        self.value_of.setdefault(h, len(self.layers.weights) - 1)
+        self.pending_cat = "after" if node.input[0] == h else "before"
+        self.cur = node.output[0]
+        return True
+
+    def layer_op(self, node, op, attrs, label):
+        """A node on the chain's value: a Gemm / MatMul layer, a batch norm, a norm or softmax; else an error."""
+        layers = self.layers
         if op in ("Gemm", "MatMul"):
             if self.pending_cat is not None:
                 self.concat[len(layers.weights)] = self.pending_cat
@@ -407,7 +433,9 @@ class _Reader:
                 w, b = w.T, None
             layers.linear(w, b, label)
             self.biased = True
-        elif op == "BatchNormalization":
+            return
+        self.biased = False
+        if op == "BatchNormalization":
             if attrs.get("training_mode", 0):
                 raise ArgumentError(f"{label}: BatchNormalization in training mode; fusedmlp folds running statistics")
             scale, beta, mean, var = (np.asarray(self.const(n), np.float64) if self.const(n) is not None else None
@@ -416,7 +444,6 @@ class _Reader:
                 raise ArgumentError(f"{label}: its scale, bias, mean and variance must be constants")
             s = scale / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
             layers.batchnorm(s, beta - mean * s, label)
-            self.biased = False
         elif op in ("LayerNormalization", "RMSNormalization"):
             if attrs.get("axis", -1) not in (-1, 1):
                 raise ArgumentError(f"{label}: {op} over axis {attrs.get('axis')}; fusedmlp normalizes the last axis")
@@ -427,14 +454,11 @@ class _Reader:
             layers.norm(kind, (width,), None if scale is None else np.broadcast_to(scale.reshape(-1), (width,)),
                         None if bias is None else np.broadcast_to(bias.reshape(-1), (width,)),
                         float(attrs.get("epsilon", 1e-5)), label)
-            self.biased = False
         elif op in ("Softmax", "LogSoftmax"):
             axis = attrs.get("axis", -1)
             layers.softmax("softmax" if op == "Softmax" else "log_softmax", -1 if axis in (-1, 1) else axis, label)
-            self.biased = False
         else:
             raise ArgumentError(f"{label}: {op} is not read; supported: {SUPPORTED}")
-        self.cur = node.output[0]
 
     def finish(self):
         if not self.layers.weights:
