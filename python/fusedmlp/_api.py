@@ -15,8 +15,9 @@ import numpy as np
 
 from . import _dlpack, _env, _norm, _out, _segments, _tune
 from ._args import (LOWBIT, LOWBIT_PRECISIONS, PRECISIONS, _as_array, _as_float_array, _calibration_input,  # noqa: F401
-                    _check_expressions, _layer_activations, _layer_concat, _layer_residuals, _parse_arch,
-                    _parse_cache_dir, _parse_check, _parse_device, _parse_precision)
+                    _check_expressions, _layer_activations, _layer_concat, _layer_residuals, _merge_dims,
+                    _parse_arch, _parse_cache_dir, _parse_check, _parse_device, _parse_flatten_input,
+                    _parse_precision)
 from ._cache import KernelCache
 from ._gpu import available as _gpu_available, core as _core, gpu as _gpu, gpus as _gpus, nvrtc_info as _nvrtc_info
 from ._gpu import nvrtc_no_cache
@@ -147,14 +148,6 @@ def _activation_scales(amax, concat, qmax):
     return [max(float(np.float32(a / qmax)), tiny) for a in scales]
 
 
-def _merge_dims(x, start):
-    """x with its dims from `start` on merged into one (nn.Flatten(start_dim=start)): a view where x's layout allows.
-    Arrays of `start` + 1 dims or fewer are as they are; anything that is no array yet (a list) becomes one first."""
-    if not hasattr(x, "ndim") or not hasattr(x, "reshape"):
-        x = np.asarray(x)
-    return x.reshape(*x.shape[:start], -1) if x.ndim > start + 1 else x
-
-
 # ------------------------------------------------------------------------------------------------ FusedMLP
 
 
@@ -213,11 +206,7 @@ class FusedMLP:
             raise ArgumentError(f"biases must be None or a list of {n} entries (an array or None per layer)")
         w = [_as_float_array(wi, f"weights[{i}]", 2) for i, wi in enumerate(weights)]
         b = [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)]
-        if flatten_input is not None and (isinstance(flatten_input, bool) or
-                                          not isinstance(flatten_input, (int, np.integer)) or flatten_input < 1):
-            raise ArgumentError(f"flatten_input={flatten_input!r}; it must be None or the first dim of x to merge, an "
-                                "int >= 1 (dim 0 holds the rows)")
-        self._flatten_input = None if flatten_input is None else int(flatten_input)
+        self._flatten_input = _parse_flatten_input(flatten_input)
         self._norm = _norm.parse(n, [wi.shape[0] for wi in w], norm)
         acts = _norm.take_softmax(_layer_activations(n, activation, output_activation), self._norm)
         _check_expressions(acts)
@@ -362,8 +351,7 @@ class FusedMLP:
             raise ArgumentError(f"calibrate sets the activation scales of dtype='int8' or 'float8' models; this one "
                                 f"computes in {self._precision}, which needs none")
         if self._flatten_input is not None:
-            x_sample = _merge_dims(x_sample.detach().cpu().numpy() if hasattr(x_sample, "detach") else x_sample,
-                                   self._flatten_input)
+            x_sample = _merge_dims(x_sample, self._flatten_input, "x_sample")
         x = _calibration_input(x_sample, self.widths[0])
         scales = _activation_scales(self._net.amax(x), self._concat, LOWBIT[self._precision])
         self._set_act_scales(scales)
@@ -728,7 +716,7 @@ class FusedMLP:
             out if given; else the outputs, of x's kind (array or tensor) and dtype (or out_dtype), on x's device.
         """
         if self._flatten_input is not None:
-            x = _merge_dims(x, self._flatten_input)
+            x = _merge_dims(x, self._flatten_input, "x")
         fast = self._calls.fast  # a steady-state CUDA tensor call, in C (csrc/module_fast.c); NotImplemented: not one
         if fast is not None:
             y = fast(x, out_dtype, out)

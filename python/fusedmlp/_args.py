@@ -255,6 +255,25 @@ def _parse_cache_dir(cache_dir):
     return path
 
 
+def _parse_flatten_input(flatten_input):
+    """FusedMLP's flatten_input: None, or the first dim of x a call merges with the ones after it (an int >= 1)."""
+    if flatten_input is None:
+        return None
+    if isinstance(flatten_input, bool) or not isinstance(flatten_input, (int, np.integer)) or flatten_input < 1:
+        raise ArgumentError(f"flatten_input={flatten_input!r}; it must be None or the first dim of x to merge, an int "
+                            ">= 1 (dim 0 holds the rows)")
+    return int(flatten_input)
+
+
+def _merge_dims(x, start, field):
+    """x with its dims from `start` on merged into one (nn.Flatten(start_dim=start)): a view where x's layout allows.
+    Arrays (NumPy, torch, CuPy) of `start` + 1 dims or fewer are as they are; anything else is read as an array first
+    (_as_array, naming the field)."""
+    if not hasattr(x, "ndim") or not hasattr(x, "reshape"):
+        x = _as_array(x, field)
+    return x.reshape(*x.shape[:start], -1) if x.ndim > start + 1 else x
+
+
 def _calibration_input(x_sample, n_in):
     """x_sample as a C-contiguous float32 (rows >= 1, n_in) array of finite values, or the error naming what is off."""
     arr = _as_array(x_sample, "x_sample")

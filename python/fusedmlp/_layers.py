@@ -8,6 +8,29 @@ import numpy as np
 from .errors import ArgumentError, ShapeError
 
 
+def affine_map(op, c, c_first, label):
+    """(s, t) with op(x, c) (op(c, x) where c_first) = s * x + t per feature, float64 vectors (one element for a
+    number); op 'add', 'sub', 'mul' or 'div' (c / x is none)."""
+    if c_first and op == "div":
+        raise ArgumentError(f"{label}: a constant divided by the hidden state is no affine map; fusedmlp folds "
+                            "x - c, c - x, x + c, x * c and x / c")
+    c = np.asarray(c, np.float64)
+    if not (c.ndim <= 1 or (c.ndim == 2 and c.shape[0] == 1)):
+        raise ArgumentError(f"{label}: a constant of shape {c.shape}; fusedmlp folds one value per feature")
+    c = c.reshape(-1)
+    one, zero = np.ones_like(c), np.zeros_like(c)
+    return {"mul": (c, zero), "div": (1.0 / c, zero), "add": (one, c), "sub": (-one, c) if c_first else (one, -c)}[op]
+
+
+def then_map(earlier, s, t, label):
+    """The map (s, t) at label after `earlier` ((s0, t0, its label), or None) as one (s, t, label): s s0, s t0 + t,
+    labelled where it began."""
+    if earlier is None:
+        return s, t, label
+    s0, t0, first = earlier
+    return s * s0, s * t0 + t, first
+
+
 class Layers:
     """The layers read so far, in float64 until the end (the folds are exact there, then rounded once to float32).
 
@@ -70,14 +93,13 @@ class Layers:
             b = self.biases[-1]
             self.weights[-1] = w * s[:, None]
             self.biases[-1] = s * (b if b is not None else 0.0) + t
-        elif self.pending is not None:  # two in a row: one affine map
-            s0, t0, first = self.pending
+            return
+        if self.pending is not None:  # two in a row: one affine map
+            s0, _, first = self.pending
             if s0.shape != s.shape and 1 not in (s0.shape[0], s.shape[0]):
                 raise ShapeError(f"{label}: {self.bn} has {s.shape[0]} features but the one before it ({first}) "
                                  f"has {s0.shape[0]}")
-            self.pending = (s * s0, s * t0 + t, first)
-        else:
-            self.pending = (s, t, label)
+        self.pending = then_map(self.pending, s, t, label)
 
     def norm(self, kind, shape, weight, bias, eps, label):
         """A LayerNorm (kind 'layernorm') or RMSNorm ('rmsnorm') over `shape` (its normalized_shape) at label: the

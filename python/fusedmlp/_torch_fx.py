@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._layers import Layers, compose as _compose
+from ._layers import Layers, affine_map, compose as _compose, then_map
 from ._torch_modules import (_DROPOUTS, _activation_text, _batchnorm_affine, _celu_text, _check_dropout_off,
                              _edges, _effective, _norm_module, _numpy64, _shrink_text, _softmax_module,
                              _threshold_text)
@@ -206,19 +206,6 @@ def _traced_constant_op(root, node, cur, label, heads=None):
     return found if found is None or heads is None else (*found, cur)
 
 
-def _affine(op, c, c_first, label):
-    """(s, t) with op(x, c) (or op(c, x)) = s * x + t per feature, float64 vectors (one element for a number)."""
-    if c_first and op == "div":
-        raise ArgumentError(f"{label}: a constant divided by the hidden state is no affine map; fusedmlp folds "
-                            "x - c, c - x, x + c, x * c and x / c")
-    c = np.asarray(c, np.float64)
-    if not (c.ndim <= 1 or (c.ndim == 2 and c.shape[0] == 1)):
-        raise ArgumentError(f"{label}: a constant of shape {c.shape}; fusedmlp folds one value per feature")
-    c = c.reshape(-1)
-    one, zero = np.ones_like(c), np.zeros_like(c)
-    return {"mul": (c, zero), "div": (1.0 / c, zero), "add": (one, c), "sub": (-one, c) if c_first else (one, -c)}[op]
-
-
 def _scalar_text(op, c, c_first):
     """The expression over x of op(x, c) (or op(c, x)) for a number c."""
     n = repr(float(c))
@@ -298,12 +285,8 @@ class _Tracer:
         const = _traced_constant_op(self.module, node, None, label, heads)
         if const is not None:
             op, c, c_first, head = const
-            s_new, t_new = _affine(op, c, c_first, label)
             i = heads.pop(head)
-            if maps[i] is not None:
-                s_old, t_old, _ = maps[i]
-                s_new, t_new = s_new * s_old, s_new * t_old + t_new
-            maps[i] = (s_new, t_new, maps[i][2] if maps[i] is not None else label)
+            maps[i] = then_map(maps[i], *affine_map(op, c, c_first, label), label)
             heads[node] = i
             return True
         if (node.op == "call_function" and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
@@ -455,7 +438,7 @@ class _Tracer:
         else:  # folded into a Linear, as a batch norm
             if layers.pending is None and not layers.open:
                 self.before_bn = self.cur
-            layers.batchnorm(*_affine(op, c, c_first, label), label)
+            layers.batchnorm(*affine_map(op, c, c_first, label), label)
         return True
 
     def residual_op(self, node, label):

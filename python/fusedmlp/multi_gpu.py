@@ -146,7 +146,7 @@ class MultiDeviceMLP:
     def __call__(self, x, out=None):
         """Runs the network on x, its rows split over the devices; returns what FusedMLP would (out, if given)."""
         if self.mlps[0]._flatten_input is not None:  # the rows the network takes, before they are split
-            x = _api._merge_dims(x, self.mlps[0]._flatten_input)
+            x = _args._merge_dims(x, self.mlps[0]._flatten_input, "x")
         if len(self.mlps) > 1:
             if type(x).__module__.split(".")[0] == "torch":
                 return self._call_torch(x, out)

@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from ._api import FusedMLP
-from ._layers import Layers, compose
+from ._layers import Layers, affine_map, compose, then_map
 from .errors import ArgumentError, ShapeError
 
 SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub / Mul / Div of a constant vector "
@@ -207,12 +207,7 @@ class _Reader:
             # of the activation's expression
         if c.size == 1 and self.layers.weights:  # a number right after a layer: folded, so a norm may follow
             c = np.full(self.layers.weights[-1].shape[0], float(c.reshape(())))
-        if not (c.ndim <= 1 or (c.ndim == 2 and c.shape[0] == 1)):
-            raise ArgumentError(f"{label}: a constant of shape {c.shape}; fusedmlp folds one value per feature")
-        c = np.asarray(c, np.float64).reshape(-1)
-        one, zero = np.ones_like(c), np.zeros_like(c)
-        s, t = {"Mul": (c, zero), "Div": (1.0 / c, zero), "Add": (one, c),
-                "Sub": (-one, c) if c_first else (one, -c)}[op]
+        s, t = affine_map(op.lower(), c, c_first, label)
         self.close(value, label)
         self.layers.batchnorm(s, t, label)
         self.cur = node.output[0]
@@ -274,15 +269,9 @@ class _Reader:
             head, other = (node.input[0], node.input[1]) if node.input[0] in heads else (node.input[1], node.input[0])
             c = self.const(other)
             c_first = head == node.input[1]
-            if c is not None and not (c_first and op == "Div") and (c.ndim <= 1 or c.shape[0] == 1):
-                c = np.asarray(c, np.float64).reshape(-1)
-                one, zero = np.ones_like(c), np.zeros_like(c)
-                s, t = {"Mul": (c, zero), "Div": (1.0 / c, zero), "Add": (one, c),
-                        "Sub": (-one, c) if c_first else (one, -c)}[op]
+            if c is not None and not (c_first and op == "Div"):
                 i = heads.pop(head)
-                if self.maps[i] is not None:
-                    s, t = s * self.maps[i][0], s * self.maps[i][1] + t
-                self.maps[i] = (s, t, self.maps[i][2] if self.maps[i] is not None else label)
+                self.maps[i] = then_map(self.maps[i], *affine_map(op.lower(), c, c_first, label), label)
                 heads[node.output[0]] = i
                 return
         if op in _PASS and node.input and node.input[0] in heads:
