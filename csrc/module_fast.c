@@ -573,21 +573,26 @@ static int Fast_stream(const FastLib *lib, fm_stream *stream) {
 }
 
 
+/* Whether step s reads x or writes y: its kernel node's arguments change with the call's addresses. */
+static int fast_step_moves(const FastStep *s) {
+    const long long codes[] = {s->x, s->y, s->x1, s->res};
+    for (int j = 0; j < 4; ++j)
+        if (codes[j] == FAST_X || codes[j] == FAST_Y)
+            return 1;
+    return 0;
+}
+
 fm_status chain_steps_launch(const FastStep *steps, int n, fm_devptr x, fm_devptr y, fm_devptr base, long long rows,
-                             fm_stream stream, fm_error *err) {
+                             fm_stream stream, void **nodes, fm_error *err) {
     fm_status st = FM_OK;
     for (int i = 0; i < n && st == FM_OK; ++i) {
         const FastStep *s = &steps[i];
         st = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, base), fast_operand(s->y, x, y, base), rows, stream,
                                 fast_operand(s->x1, x, y, base), fast_operand(s->res, x, y, base), s->after, err);
+        if (st == FM_OK && nodes != NULL && fast_step_moves(s))
+            st = fm_graph_last_node(stream, &nodes[i], err);
     }
     return st;
-}
-
-/* Whether step s reads x or writes y: its kernel node's arguments change with the call's addresses. */
-static int fast_step_moves(const FastStep *s) {
-    return s->x == FAST_X || s->y == FAST_Y || s->x1 == FAST_X || s->res == FAST_X || s->y == FAST_X ||
-           s->x == FAST_Y || s->x1 == FAST_Y || s->res == FAST_Y;
 }
 
 /* Captures the chain's launches for `rows` rows into g (a free or least recent slot): the same launches on a stream of
@@ -601,15 +606,7 @@ static fm_status Fast_chain_capture(FastChain *c, FastGraph *g, fm_devptr x, fm_
     void *graph = NULL;
     fm_status st = fm_graph_begin(&c->capture, err);
     if (st == FM_OK) {
-        fm_status launched = FM_OK;
-        for (int i = 0; i < c->n && launched == FM_OK; ++i) {
-            const FastStep *s = &c->steps[i];
-            launched = Kernel_launch_ptrs(s->kernel, fast_operand(s->x, x, y, c->base), fast_operand(s->y, x, y, c->base),
-                                          rows, c->capture, fast_operand(s->x1, x, y, c->base),
-                                          fast_operand(s->res, x, y, c->base), s->after, err);
-            if (launched == FM_OK && fast_step_moves(s))
-                launched = fm_graph_last_node(c->capture, &node[i], err);
-        }
+        fm_status launched = chain_steps_launch(c->steps, c->n, x, y, c->base, rows, c->capture, node, err);
         st = fm_graph_end(c->capture, launched == FM_OK, &exec, &graph, launched == FM_OK ? err : NULL);
         st = launched != FM_OK ? launched : st;
     }
@@ -646,24 +643,24 @@ static fm_status Fast_chain_graph(FastChain *c, fm_devptr x, fm_devptr y, long l
     if (g == NULL) {
         st = Fast_chain_capture(c, slot, x, y, rows, &local);
         g = slot;
-    } else if (g->x != x || g->y != y) {
-        for (int i = 0; i < c->n && st == FM_OK; ++i) {
-            const FastStep *s = &c->steps[i];
-            if (g->node[i] != NULL)
-                st = Kernel_set_node(s->kernel, g->exec, g->node[i], fast_operand(s->x, x, y, c->base),
-                                     fast_operand(s->y, x, y, c->base), rows, fast_operand(s->x1, x, y, c->base),
-                                     fast_operand(s->res, x, y, c->base), &local);
-        }
-        g->x = x, g->y = y;
-        c->graph_hits++;
     } else {
         c->graph_hits++;
+        if (g->x != x || g->y != y) {
+            for (int i = 0; i < c->n && st == FM_OK; ++i) {
+                const FastStep *s = &c->steps[i];
+                if (g->node[i] != NULL)
+                    st = Kernel_set_node(s->kernel, g->exec, g->node[i], fast_operand(s->x, x, y, c->base),
+                                         fast_operand(s->y, x, y, c->base), rows, fast_operand(s->x1, x, y, c->base),
+                                         fast_operand(s->res, x, y, c->base), &local);
+            }
+            g->x = x, g->y = y;
+        }
     }
     if (st != FM_OK) { /* graphs off for good: the launches, and why, for stats */
         c->graphs = 0;
         snprintf(c->graph_error, sizeof c->graph_error, "%s", local.message);
         fm_error_clear(&local);
-        return chain_steps_launch(c->steps, c->n, x, y, c->base, rows, stream, err);
+        return chain_steps_launch(c->steps, c->n, x, y, c->base, rows, stream, NULL, err);
     }
     fm_error_clear(&local);
     g->used = ++c->tick;
@@ -687,7 +684,7 @@ static fm_status Fast_run_chain(FastChain *c, fm_devptr x, fm_devptr y, long lon
     if (c->graphs && rows <= FAST_GRAPH_MAX_ROWS && fm_stream_capturing(stream) == 0)
         st = Fast_chain_graph(c, x, y, rows, stream, err);
     else
-        st = chain_steps_launch(c->steps, c->n, x, y, c->base, rows, stream, err);
+        st = chain_steps_launch(c->steps, c->n, x, y, c->base, rows, stream, NULL, err);
     PyObject *released = PyObject_CallMethodNoArgs(c->lock, s_release);
     if (released == NULL) {
         PyErr_Clear();

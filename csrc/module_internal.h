@@ -106,9 +106,11 @@ static inline fm_devptr fast_operand(long long code, fm_devptr x, fm_devptr y, f
  * Python error naming `who`, the step and the code where it is not one. */
 int chain_step_parse(PyObject *item, Py_ssize_t i, const char *who, FastStep *st);
 /* module_fast.c: the n steps launched in order on stream for a call of x, y with the workspace at base (no lock:
- * the caller keeps two sequences of one workspace apart); the first failure stops the rest. Needs no GIL. */
+ * the caller keeps two sequences of one workspace apart); the first failure stops the rest. Needs no GIL. nodes (or
+ * NULL): a stream being captured, where each step that reads x or writes y gets its kernel node (fm_graph_last_node)
+ * in nodes[i]. */
 fm_status chain_steps_launch(const FastStep *steps, int n, fm_devptr x, fm_devptr y, fm_devptr base, long long rows,
-                             fm_stream stream, fm_error *err);
+                             fm_stream stream, void **nodes, fm_error *err);
 
 /* module_launch.c, for module_fast.c and module_pipe.c: */
 int Kernel_is_gemm(PyObject *kernel);

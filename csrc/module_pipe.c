@@ -17,7 +17,7 @@ typedef struct {
 static fm_status pipe_chain_launch(void *ctx, int slot, fm_devptr x, fm_devptr y, int64_t rows, fm_stream stream,
                                    fm_error *err) {
     const PipeChain *c = ctx;
-    return chain_steps_launch(c->steps, c->n, x, y, c->base + (fm_devptr)slot * c->stride, rows, stream, err);
+    return chain_steps_launch(c->steps, c->n, x, y, c->base + (fm_devptr)slot * c->stride, rows, stream, NULL, err);
 }
 
 /* pipe_layout(x_row_bytes, y_row_bytes) -> (piece rows, staging slots): what a pipelined run of such rows uses. */
