@@ -162,6 +162,16 @@ def test_custom_op_and_module_take_the_fast_path(model):
     assert rel(y, model, x) <= 2e-3
 
 
+def _segmented(seed, widths):
+    """A bias-free relu network of 768-wide layers, cut into segments on every GPU (GEMMs; sm_90's streamed kernel
+    holds 512), and its weights (uniform-variance normals of seed)."""
+    rng = np.random.default_rng(seed)
+    w = [rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(widths[:-1], widths[1:])]
+    mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
+    assert mlp.segments is not None
+    return w, mlp
+
+
 def _wide_reference(mlp, w, x):
     """The float64 forward of a bias-free network (conftest.reference) on a CUDA tensor's values."""
     return reference(x.double().cpu().numpy(), w, [None] * len(w), mlp.activations)[0]
@@ -171,11 +181,7 @@ def test_segmented_networks_take_the_fast_path_on_their_stream():
     """A network cut into segments (768-wide layers: GEMMs; sm_90's streamed kernel holds 512) runs its chain from C
     after a first call: the same bits as the chain launched from Python, on the stream its workspace belongs to;
     another stream, or a batch larger than the workspace, takes the checked path and stays right."""
-    rng = np.random.default_rng(5)
-    widths = [32, 768, 768, 16]
-    w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(3)]
-    mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
-    assert mlp.segments is not None
+    w, mlp = _segmented(5, [32, 768, 768, 16])
     x = torch.randn(1024, 32, device="cuda", dtype=torch.float16)
     with torch.no_grad():
         y1 = mlp(x)  # checked path: builds the chain, adds it
@@ -206,11 +212,7 @@ def test_small_segmented_calls_replay_a_graph(monkeypatch):
     """A small segmented call on the fast path captures its launches once per batch size and replays that graph, its
     x- and y-moving kernels given each call's addresses: new values in the same tensors and new tensors come out right,
     with the plain launches' bits (FUSEDMLP_CHAIN_GRAPHS=0); a batch over 65536 rows launches as before."""
-    rng = np.random.default_rng(7)
-    widths = [32, 768, 768, 16]
-    w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(3)]
-    mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
-    assert mlp.segments is not None
+    w, mlp = _segmented(7, [32, 768, 768, 16])
     x = torch.randn(1000, 32, device="cuda", dtype=torch.float16)
     out = torch.empty(1000, 16, device="cuda", dtype=torch.float16)
     with torch.no_grad():
@@ -248,11 +250,7 @@ def test_small_segmented_calls_replay_a_graph(monkeypatch):
 def test_cuda_graph_capture_of_a_segmented_fast_call():
     """A segmented call (its kernels after the first launched as dependents on sm_90) captured from the fast path on a
     side stream replays with new inputs."""
-    rng = np.random.default_rng(6)
-    widths = [32, 768, 16]
-    w = [rng.standard_normal((widths[i + 1], widths[i])).astype(np.float32) / np.sqrt(widths[i]) for i in range(2)]
-    mlp = fusedmlp.FusedMLP(w, activation="relu", device="cuda")
-    assert mlp.segments is not None
+    w, mlp = _segmented(6, [32, 768, 16])
     x = torch.randn(512, 32, device="cuda", dtype=torch.float16)
     out = torch.empty(512, 16, device="cuda", dtype=torch.float16)
     s = torch.cuda.Stream()

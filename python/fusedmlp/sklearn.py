@@ -3,9 +3,9 @@
 Takes ``MLPClassifier`` and ``MLPRegressor``, alone or as the last step of a ``Pipeline`` whose earlier steps are
 input scalers (``StandardScaler``, ``MinMaxScaler``, ``MaxAbsScaler``; ``"passthrough"``), which fold exactly into the
 first layer (float64, then float32 once). The hidden activation (identity, logistic, tanh, relu) and the output one
-(identity, logistic, softmax; exp for a Poisson regressor) are the network's; the outputs are what the network computes, so for
-``MLPClassifier`` they are ``predict_proba``'s (for a binary problem, its second column: the network has one output)
-and for ``MLPRegressor`` ``predict``'s.
+(identity, logistic, softmax; exp for a Poisson regressor) are the network's; the outputs are what the network
+computes, so for ``MLPClassifier`` they are ``predict_proba``'s (for a binary problem, its second column: the network
+has one output) and for ``MLPRegressor`` ``predict``'s.
 """
 
 import numpy as np
