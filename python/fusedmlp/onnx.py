@@ -25,6 +25,7 @@ Anything else (a per-feature map no Linear takes, a second input used otherwise,
 the node, its op and what is read.
 """
 
+import functools
 import os
 
 import numpy as np
@@ -61,14 +62,20 @@ _GRID = np.linspace(-12.0, 12.0, 4801)
 def _canonical(text):
     """The built-in activation that equals expression `text` within float32 rounding on [-12, 12] (the same values
     to 1e-6 of their size), else text: x * Sigmoid(x) reads as silu, x * 0.5 * (1 + erf(x / 1.41421...)) as gelu."""
-    from ._gpu import core
-
-    values = core().eval_expr(text, _GRID)
+    values = _curve(text)
     for name in _CANONICAL:
-        ref = core().eval_expr(name, _GRID)
+        ref = _curve(name)
         if np.all(np.abs(values - ref) <= 1e-6 * np.maximum(1.0, np.abs(ref))):
             return name
     return text
+
+
+@functools.lru_cache(maxsize=64)
+def _curve(text):
+    """Expression `text` on _GRID (the built-ins' curves are taken once, not once per layer read)."""
+    from ._gpu import core
+
+    return core().eval_expr(text, _GRID)
 
 
 def _num(v):
