@@ -433,7 +433,8 @@ typedef struct fm_gemm_opts {
     int wgmma;   /* 1: the warpgroup form (sm_90a, 16-bit operands), 0: mma.sync, -1: wgmma where it can */
     int cluster; /* the wgmma form on clusters of 2 CTAs sharing the weight tile (fm_plan.gemm_cluster) or 1 CTA a
                     tile; 0: auto */
-    int ws;      /* 1: the wgmma form warp-specialised (fm_plan.gemm_ws), 2: in turn (ping-pong), -1: not, 0: auto */
+    int ws;      /* 1: the wgmma form warp-specialised (fm_plan.gemm_ws), 2: in turn (ping-pong), 3: as 1 on a
+                  * persistent grid, -1: not, 0: auto */
     int norm_pass; /* 1: not the GEMM but the norm layer's second kernel (fm_plan.gemm_norm); a0 is then z's dtype */
     int pad_pass;  /* 1: not the GEMM but the pad pass of x (fm_plan.gemm_pad): a0 is x's dtype, a_row[0] the copy's */
     int a_row[2];  /* elements a row of input part 0 and 1 in memory (fm_plan.gemm_a_row); 0: the part's width */

@@ -269,9 +269,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     plan->gemm_cluster = opts->cluster ? opts->cluster : plan->wgmma ? FM_GEMM_CLUSTER_AUTO : 1;
     /* Warp specialisation: the loads leave the consumers' instruction stream and their waits (every thread of the
      * other forms copies its share of A and B each stage, then meets the others at a barrier). */
-    if (opts->ws < -1 || opts->ws > 2)
-        return fm_fail(err, FM_ERR_VALUE, "GEMM ws=%d: 1 (a producer warpgroup), 2 (its consumers in turn), -1 (none) "
-                       "or 0 (auto)", opts->ws);
+    if (opts->ws < -1 || opts->ws > 3)
+        return fm_fail(err, FM_ERR_VALUE, "GEMM ws=%d: 1 (a producer warpgroup), 2 (its consumers in turn), 3 (as 1 on "
+                       "a persistent grid), -1 (none) or 0 (auto)", opts->ws);
     if (opts->ws >= 1 && (!plan->wgmma || plan->gemm_cluster > 1))
         return fm_fail(err, FM_ERR_LIMIT, "a warp-specialised GEMM (ws=%d) is the wgmma form on one CTA a tile "
                        "(sm_90a, not tf32, cluster 1; sm_%d, %s, cluster %d)", opts->ws, target->arch,
@@ -320,7 +320,7 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     const int small = bm && bn && (bm < 128 || bn < 256); /* a tile smaller than the default 128 x 256, given */
     if (opts->ws == 0 && small)
         plan->gemm_ws = fm_gemm_small_form(plan, l, res, bm, bn);
-    const int pp = plan->gemm_ws == 2;
+    const int pp = plan->gemm_ws == 2, pc = plan->gemm_ws == 3;
     plan->gemm_bm = bm ? bm : 128;
     plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : plan->n_real[l] <= 128 || !plan->wgmma || pp ? 128 : 256);
     if (opts->ws == 0 && !pp && !small)
@@ -351,9 +351,11 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
      * wide512 and rec1024: docs/performance.md. */
     int stages = opts->stages ? opts->stages : (plan->wgmma && plan->gemm_bn <= 128 && !pp ? 3 : 4);
     /* ws=2: after the stages, each consumer warp's staged output (its 32 rows of BN outputs, a row padded by 16
-     * bytes: gemm_layer.cu's STG_WARP_B); not for float32 y (135 KB for 128 columns), which is stored as it was */
-    const size_t staged =
-        pp && fm_dtype_size(out) <= 2 ? (size_t)8 * 32 * ((size_t)plan->gemm_bn * fm_dtype_size(out) + 16) : 0;
+     * bytes: gemm_layer.cu's STG_WARP_B); not for float32 y (135 KB for 128 columns), which is stored as it was.
+     * ws=3: each consumer warp's 16 rows of 128 bytes of y at a time (a slab), padded by 16 bytes, so that four stages
+     * of a 128 x 256 tile fit beside them */
+    const size_t staged = pp && fm_dtype_size(out) <= 2 ? (size_t)8 * 32 * ((size_t)plan->gemm_bn * fm_dtype_size(out) + 16)
+                          : pc ? (size_t)plan->gemm_bm * (128 + 16) : 0;
     const size_t align = (plan->wgmma ? 1024 : 0) + staged + (pp ? 16 : 0); /* (pp: two turn mbarriers) */
     while (!opts->stages && stages > least && (size_t)stages * stage + align > target->smem_per_block)
         --stages;

@@ -123,9 +123,10 @@ static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
         const int64_t pair = p->gemm_cluster > 1 ? p->gemm_cluster : 1;
         const int64_t row_tiles = (rows + p->gemm_bm - 1) / p->gemm_bm;
         const int64_t tiles = (row_tiles + pair - 1) / pair * pair * (p->n_pad[p->gemm_layer] / p->gemm_bn);
-        if (p->gemm_ws == 2) { /* persistent: a CTA an SM, each taking every grid-th tile */
-            const int64_t sms = self->gpu->gpu.sm_count > 0 ? self->gpu->gpu.sm_count : 1;
-            return (unsigned)(tiles < sms ? tiles : sms);
+        if (p->gemm_ws >= 2) { /* persistent: the CTAs that fit at once, each taking every grid-th tile */
+            const int64_t slots = (int64_t)(self->gpu->gpu.sm_count > 0 ? self->gpu->gpu.sm_count : 1) *
+                                  (p->blocks_per_sm > 0 ? p->blocks_per_sm : 1);
+            return (unsigned)(tiles < slots ? tiles : slots);
         }
         return (unsigned)tiles;
     }

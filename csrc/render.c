@@ -332,6 +332,8 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
         fm_str_append(c, "; warp-specialised (the last warpgroup loads)");
     if (p->gemm_ws == 2)
         fm_str_append(c, ", its two consumer warpgroups in turn on tiles of their own, a persistent grid");
+    if (p->gemm_ws == 3)
+        fm_str_append(c, ", a persistent grid");
     if (p->gemm_a_row[0])
         fm_str_printf(c, " (x's padded copy, rows of %d)", p->gemm_a_row[0]);
     if (p->a1_dtype >= 0)

@@ -52,7 +52,8 @@
 #define FM_WGMMA {{GEMM_WGMMA}}   // 1: warpgroup MMAs (sm_90a), 0: mma.sync
 #define FM_STAGES {{STAGES}}
 #define FM_GEMM_CLUSTER {{GEMM_CLUSTER}}  // 2: CTA pairs sharing each stage's weight tile (below), 1: a CTA a tile
-#define FM_GEMM_WS {{GEMM_WS}}  // 1: warp-specialised, the last warpgroup loading the stages (below)
+#define FM_GEMM_WS {{GEMM_WS}}  // 1: warp-specialised, the last warpgroup loading the stages (below); 2: its consumers
+                                // in turn; 3: as 1 on a persistent grid (each CTA every grid-th tile)
 #define FM_A1_TYPE {{A1_TYPE}}    // the concat's second part in global memory (-1: no concat), fm_dtype codes
 #define FM_RES_TYPE {{RES_TYPE}}  // the residual operand in global memory (-1: no residual)
 constexpr int ROWS_W = 16;        // (fm_common.cuh's input helper, which this kernel does not use, names it)
@@ -70,6 +71,11 @@ typedef Layer<0> Ly;
 // FM_GEMM_WS 2, the consumers in turn (ping-pong): each consumer warpgroup a BM x BN tile of its own, every other tile
 // of its CTA's, in two m64 MMAs a k step; a warp's rows 16 w.. and 64 + 16 w.. of it (w: its place in the warpgroup).
 constexpr bool PP = FM_GEMM_WS == 2;
+// FM_GEMM_WS 3, persistent (CUTLASS's cooperative persistent kernel): FM_GEMM_WS 1's tile and consumers, a CTA an SM
+// taking tile blockIdx.x + j gridDim.x, the producer filling the stages tile after tile (fm_persist_produce), so that
+// the next tile's first stages load while the consumers run this one's epilogue and store, and no CTA start or
+// pipeline fill sits between two tiles.
+constexpr bool PC = FM_GEMM_WS == 3;
 constexpr int CWARPS = FM_WARPS - (FM_GEMM_WS ? 4 : 0);  // the warps that multiply (all but a producer warpgroup)
 constexpr int WARPS_N = PP ? 1 : CWARPS / WARPS_M;
 constexpr int TM = PP ? 32 : BM / WARPS_M, TN = BN / WARPS_N;  // a warp's piece of the tile (wgmma: 16 rows x BN)
@@ -86,12 +92,16 @@ static_assert(!FM_WGMMA || PP || (WARPS_M == CWARPS && BM == 64 * (CWARPS / 4) &
 static_assert(!PP || (WARPS_M == 4 && CWARPS == 8 && BM == 128 && BN <= 128 && FM_PREC != 2),
               "in turn: two consumer warpgroups, each a 128-row tile of at most 128 columns");
 static_assert(!FM_GEMM_WS || (FM_WGMMA && FM_GEMM_CLUSTER == 1), "warp specialisation: the one-CTA wgmma form");
-// The epilogue's staged output (fm_epilogue_any): a warp's TM x TN piece of y in out_t, a row padded by 16 bytes. In
-// the stages' bytes once the tile's MMAs are done, or (PP, whose producer is filling the stages for the other
-// warpgroup meanwhile) in a buffer of each consumer warp's own after the stages and their mbarriers.
+// The epilogue's staged output (fm_epilogue_any): a warp's TM rows of y in out_t, STG_COLS columns at a time (a slab),
+// a row padded by 16 bytes. In the stages' bytes once the tile's MMAs are done (a slab is the warp's TN columns), or
+// (PP and PC, whose producer is filling the stages meanwhile) in a buffer of each consumer warp's own after the stages
+// and their mbarriers: PP's its TN columns; PC's 128 bytes of a row (64 float16 columns: 2.3 KB a warp, so that four
+// 48 KB stages still fit beside the eight warps' buffers).
 constexpr int OUT_B = (int)sizeof(out_t);
-constexpr int STG_ROW_B = TN * OUT_B + 16, STG_WARP_B = TM * STG_ROW_B;
-constexpr int STG_B = PP && OUT_B <= 2 ? CWARPS * STG_WARP_B : 0;  // (PP, float32 y: stored from the fragments)
+constexpr int STG_COLS = PC ? 128 / OUT_B : TN;
+constexpr int STG_ROW_B = STG_COLS * OUT_B + 16, STG_WARP_B = TM * STG_ROW_B;
+constexpr int STG_B = PC || (PP && OUT_B <= 2) ? CWARPS * STG_WARP_B : 0;  // (PP, float32 y: from the fragments)
+static_assert(!PC || TN % STG_COLS == 0, "a persistent tile's columns in whole slabs");
 static_assert(!FM_WGMMA || KT_B == 128, "the 128-byte swizzle: a stage's row of K is one swizzle row");
 // Byte offset of (row r, byte b of K) in a stage's operand: padded rows, or the 128-byte swizzle (chunk b / 16 of row
 // r at chunk (b / 16) ^ (r % 8); the 8 rows of an atom, whose chunk c then lie in 8 different bank groups).
@@ -404,11 +414,12 @@ __device__ __forceinline__ void fm_stage_a(fm_u32 a_dst, fm_u32 full, int kt, co
 // fm_stage_wgmma on stage kt once its full barrier says it landed (the mbarrier forms); after it the slot of stage
 // kt - 1 may be released.
 template <int W>
-__device__ __forceinline__ void fm_stage_mma(float (&d)[W], fm_u32 smem, fm_u32 bars, int kt, fm_u32 a_wg) {
-    fm_mbar_wait(fm_full_bar(bars, kt % FM_STAGES), (fm_u32)(kt / FM_STAGES) & 1u);
+__device__ __forceinline__ void fm_stage_mma(float (&d)[W], fm_u32 smem, fm_u32 bars, long long kt, fm_u32 a_wg) {
+    const int s = (int)(kt % FM_STAGES);
+    fm_mbar_wait(fm_full_bar(bars, s), (fm_u32)(kt / FM_STAGES) & 1u);
     // the A rows other threads stored (cp.async, st.shared: the generic proxy), to wgmma's async proxy
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    fm_stage_wgmma(d, smem + (kt % FM_STAGES) * STAGE_B, a_wg);
+    fm_stage_wgmma(d, smem + s * STAGE_B, a_wg);
 }
 #endif
 
@@ -440,37 +451,44 @@ __device__ __forceinline__ void fm_ws_produce(fm_u32 smem, fm_u32 bars, const vo
     asm volatile("cp.async.wait_all;" ::: "memory");  // leave no copy of this thread in flight at exit
 }
 
-// fm_mainloop's warp-specialised consumer side: every stage waited for on its full barrier, its slot released once
-// the next stage's MMAs are issued and its own are done. Returns with every MMA done.
-__device__ __forceinline__ void fm_mainloop_ws(float (&acc)[MT][NT][4], fm_u32 smem, fm_u32 bars, int warp, int lane) {
+// fm_mainloop's warp-specialised consumer side, the tile's stages from the CTA's stage seq0 on (0 but in the persistent
+// form): every stage waited for on its full barrier, its slot released once the next stage's MMAs are issued and its
+// own are done, the last one's after the final wait (the persistent producer's next tile refills it). Returns with
+// every MMA done.
+__device__ __forceinline__ void fm_mainloop_ws(float (&acc)[MT][NT][4], fm_u32 smem, fm_u32 bars, long long seq0,
+                                               int warp, int lane) {
     float (&d)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]);
     const fm_u32 a_wg = (fm_u32)(warp >> 2) * 64 * 128;
 #pragma unroll 1
     for (int kt = 0; kt < KTILES; ++kt) {
-        fm_stage_mma(d, smem, bars, kt, a_wg);
+        fm_stage_mma(d, smem, bars, seq0 + kt, a_wg);
         if (kt > 0 && lane == 0)
-            fm_mbar_arrive(fm_empty_bar(bars, (kt - 1) % FM_STAGES));
+            fm_mbar_arrive(fm_empty_bar(bars, (int)((seq0 + kt - 1) % FM_STAGES)));
     }
     fm_wg_wait();
     fm_fence_regs(d);
+    if (lane == 0)
+        fm_mbar_arrive(fm_empty_bar(bars, (int)((seq0 + KTILES - 1) % FM_STAGES)));
 }
 
-#if FM_GEMM_WS == 2
-// The consumers in turn (PP). The CTA's tiles are tile blockIdx.x + j gridDim.x (j = 0, 1, ...), column tiles
-// fastest; consumer warpgroup j % 2 computes tile j. The producer fills the stages tile after tile, stage kt of tile j
-// being the CTA's stage j KTILES + kt (slot seq % FM_STAGES, use seq / FM_STAGES); empty[s] counts the one consuming
+#if FM_GEMM_WS >= 2
+// The persistent forms (PP, PC). The CTA's tiles are tile blockIdx.x + j gridDim.x (j = 0, 1, ...), column tiles
+// fastest. The producer fills the stages tile after tile, stage kt of tile j being the CTA's stage j KTILES + kt (slot
+// seq % FM_STAGES, use seq / FM_STAGES). PC: both consumer warpgroups compute every tile, as FM_GEMM_WS 1's; empty[s]
+// counts their CWARPS warps, each of which waits for every use of every slot.
+// The consumers in turn (PP): consumer warpgroup j % 2 computes tile j; empty[s] counts the one consuming
 // warpgroup's 4 warps. A warpgroup starts a tile's stages only once the other has waited for every stage of the tile
 // before (turn[wg], which the other's 128 threads arrive on after their last full wait): an mbarrier's parity tells
 // its phases apart only for a waiter at most one phase ahead, and the warpgroup waiting for use u of a slot has not
 // itself waited for use u - 1 (the other's). So the two warpgroups' mainloops take turns, each one's epilogue and
 // store running under the other's MMAs (CUTLASS's ping-pong kernel orders its math warpgroups the same way).
-__device__ __forceinline__ long long fm_pp_tiles(long long rows) { return (rows + BM - 1) / BM * (Ly::N / BN); }
+__device__ __forceinline__ long long fm_persist_tiles(long long rows) { return (rows + BM - 1) / BM * (Ly::N / BN); }
 
-__device__ __forceinline__ void fm_pp_produce(fm_u32 smem, fm_u32 bars, const void *a0, const void *a1,
+__device__ __forceinline__ void fm_persist_produce(fm_u32 smem, fm_u32 bars, const void *a0, const void *a1,
                                               const act_t *__restrict__ w, long long rows, int ptid) {
     long long seq = 0;
 #pragma unroll 1
-    for (long long tl = blockIdx.x; tl < fm_pp_tiles(rows); tl += gridDim.x) {
+    for (long long tl = blockIdx.x; tl < fm_persist_tiles(rows); tl += gridDim.x) {
         const int ntile = (int)(tl % (Ly::N / BN));
         const long long row0 = tl / (Ly::N / BN) * BM;
 #pragma unroll 1
@@ -490,6 +508,8 @@ __device__ __forceinline__ void fm_pp_produce(fm_u32 smem, fm_u32 bars, const vo
     asm volatile("cp.async.wait_all;" ::: "memory");  // leave no copy of this thread in flight at exit
 }
 
+#endif
+#if FM_GEMM_WS == 2
 // A consumer warpgroup's MMAs of one tile, its stages from the CTA's stage seq0 on: the tile's rows 0-63 and 64-127
 // (acc[0] and acc[1], each an m64 MMA's fragment) on each stage, the stage before released once this one's MMAs are
 // issued and that one's are done, the last released after the final wait. Returns with every MMA done.
@@ -601,14 +621,14 @@ __device__ __forceinline__ void fm_mainloop_cluster(float (&acc)[MT][NT][4], fm_
 #endif
 
 // The epilogue's output through shared memory (STAGED, where y's rows and the warp's columns are whole 16-byte
-// chunks): each warp's TM x TN piece of y, converted, into a buffer of its own in the stages' bytes (the tile's MMAs
-// all done), then to y in 16-byte stores, a row's chunks by consecutive lanes, so every store fills whole 32-byte
+// chunks): each warp's TM x TN piece of y, converted, a slab of STG_COLS columns at a time into a buffer of its own
+// (STG_B above), then to y in 16-byte stores, a row's chunks by consecutive lanes, so every store fills whole 32-byte
 // sectors. The fragments' own stores put 4 bytes of a pair (2 for codes) at 8 rows at once: half (a quarter) of each
 // sector they touch, and 16 (32) times the store instructions. A staged row is padded by 16 bytes, so the 8 rows of
 // one fragment store fall 4 banks apart. Not in the cluster form, whose partner may still multicast into its stages
 // while it stores.
-constexpr bool STAGED = FM_GEMM_CLUSTER == 1 && (Ly::NR * OUT_B) % 16 == 0 && (TN * OUT_B) % 16 == 0 &&
-                        (PP ? STG_B > 0 : CWARPS * STG_WARP_B <= FM_STAGES * STAGE_B);
+constexpr bool STAGED = FM_GEMM_CLUSTER == 1 && (Ly::NR * OUT_B) % 16 == 0 && (STG_COLS * OUT_B) % 16 == 0 &&
+                        (PP || PC ? STG_B > 0 : CWARPS * STG_WARP_B <= FM_STAGES * STAGE_B);
 
 // Two converted outputs (out_t's bits in `bits`, OUT_B * 2 bytes) of row `row`, column `col`: into y (not STG), or
 // at byte `at` of the warp's staged piece (STG).
@@ -649,80 +669,84 @@ __device__ __forceinline__ void fm_put2(out_t *__restrict__ y, long long row, in
 }
 
 // The layer's epilogue on the tile's accumulators and the one store of y (STG: through the warp's staged piece at
-// shared byte `stg`, STAGED above).
+// shared byte `stg`, STAGED above, a slab of STG_COLS columns at a time).
 template <bool STG>
 __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
                                                   const void *__restrict__ res, const float *__restrict__ bias,
                                                   long long row0, long long rows, int n0, int wm, int wn, int g,
                                                   int t, fm_u32 stg, int lane) {
     // c0, c1 at (row g, columns 2t, 2t + 1) of each m16n8 tile, c2, c3 at row g + 8 (wgmma's fragment too).
+    constexpr int SLABS = STG ? TN / STG_COLS : 1, SNT = NT / SLABS;  // n8 tiles a slab
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+    for (int slab = 0; slab < SLABS; ++slab) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const long long row = row0 + fm_tile_row(wm, mt * 16 + g + 8 * h);
-            if (row >= rows)
-                continue;
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const int col = n0 + wn * TN + nt * 8 + 2 * t;
-                if (col >= Ly::NR)
+            for (int h = 0; h < 2; ++h) {
+                const long long row = row0 + fm_tile_row(wm, mt * 16 + g + 8 * h);
+                if (row >= rows)
                     continue;
-                float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1], r0 = 0.0f, r1 = 0.0f;
+#pragma unroll
+                for (int nt = slab * SNT; nt < (slab + 1) * SNT; ++nt) {
+                    const int col = n0 + wn * TN + nt * 8 + 2 * t;
+                    if (col >= Ly::NR)
+                        continue;
+                    float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1], r0 = 0.0f, r1 = 0.0f;
 #if FM_PREC >= 3  // W h + b: the sums times act_scale * w_scale[n], plus the bias (fm_dequant in fused_mlp.cu;
-                  // the blob's factors and bias are zero from NR to N)
-                v0 = fmaf(fm_acc_value(v0), bias[Ly::DQ_OFF + col], Ly::BIAS ? bias[col] : 0.0f);
-                v1 = fmaf(fm_acc_value(v1), bias[Ly::DQ_OFF + col + 1], Ly::BIAS ? bias[col + 1] : 0.0f);
+                      // the blob's factors and bias are zero from NR to N)
+                    v0 = fmaf(fm_acc_value(v0), bias[Ly::DQ_OFF + col], Ly::BIAS ? bias[col] : 0.0f);
+                    v1 = fmaf(fm_acc_value(v1), bias[Ly::DQ_OFF + col + 1], Ly::BIAS ? bias[col + 1] : 0.0f);
 #else
-                (void)bias;
+                    (void)bias;
 #endif
 #if FM_RES_TYPE >= 0
-                r0 = fm_ld_f<FM_RES_TYPE>(res, row * Ly::NR + col);
-                if (col + 1 < Ly::NR)
-                    r1 = fm_ld_f<FM_RES_TYPE>(res, row * Ly::NR + col + 1);
+                    r0 = fm_ld_f<FM_RES_TYPE>(res, row * Ly::NR + col);
+                    if (col + 1 < Ly::NR)
+                        r1 = fm_ld_f<FM_RES_TYPE>(res, row * Ly::NR + col + 1);
 #if FM_PREC >= 3
-                if constexpr (FM_RES_TYPE != 3) {  // x: the codes an 8-bit network keeps of it (csrc/ref.c)
-                    constexpr float RQ = 1.0f / Ly::RSCALE;
-                    fm_code2_to_f(fm_quant2(r0 * RQ, r1 * RQ), r0, r1);
-                }
-                r0 *= Ly::RSCALE;
-                r1 *= Ly::RSCALE;
+                    if constexpr (FM_RES_TYPE != 3) {  // x: the codes an 8-bit network keeps of it (csrc/ref.c)
+                        constexpr float RQ = 1.0f / Ly::RSCALE;
+                        fm_code2_to_f(fm_quant2(r0 * RQ, r1 * RQ), r0, r1);
+                    }
+                    r0 *= Ly::RSCALE;
+                    r1 *= Ly::RSCALE;
 #endif
 #endif
-                (void)res;
+                    (void)res;
 #if FM_OUT_TYPE == 3  // the next layer's codes
-                fm_epilogue<0>(v0, v1, r0, r1, col);
-                const unsigned long long bits = fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT);
+                    fm_epilogue<0>(v0, v1, r0, r1, col);
+                    const unsigned long long bits = fm_quant2(v0 * Ly::QOUT, v1 * Ly::QOUT);
 #elif FM_OUT_TYPE == 0
-                fm_epilogue<0>(v0, v1, r0, r1, col);
-                const unsigned long long bits =
-                    (unsigned long long)__float_as_uint(v0) | (unsigned long long)__float_as_uint(v1) << 32;
+                    fm_epilogue<0>(v0, v1, r0, r1, col);
+                    const unsigned long long bits =
+                        (unsigned long long)__float_as_uint(v0) | (unsigned long long)__float_as_uint(v1) << 32;
 #else
-                const unsigned long long bits = fm_epilogue16<0, FM_OUT_TYPE>(v0, v1, r0, r1, col);
+                    const unsigned long long bits = fm_epilogue16<0, FM_OUT_TYPE>(v0, v1, r0, r1, col);
 #endif
-                fm_put2<STG>(y, row, col, bits,
-                             stg + (fm_u32)((mt * 16 + g + 8 * h) * STG_ROW_B + (nt * 8 + 2 * t) * OUT_B));
+                    const int scol = (nt - slab * SNT) * 8 + 2 * t;  // the column within the slab
+                    fm_put2<STG>(y, row, col, bits, stg + (fm_u32)((mt * 16 + g + 8 * h) * STG_ROW_B + scol * OUT_B));
+                }
             }
         }
-    }
-    if constexpr (STG) {  // the warp's staged piece to y, a row's 16-byte chunks by consecutive lanes
-        constexpr int CPR = TN * OUT_B / 16;
-        __syncwarp();
+        if constexpr (STG) {  // the warp's staged slab to y, a row's 16-byte chunks by consecutive lanes
+            constexpr int CPR = STG_COLS * OUT_B / 16;
+            __syncwarp();
 #pragma unroll 4
-        for (int i = lane; i < TM * CPR; i += 32) {
-            const int r = i / CPR, c = i % CPR;
-            const long long row = row0 + fm_tile_row(wm, r);
-            const int col = n0 + wn * TN + c * (16 / OUT_B);
-            if (row < rows && col < Ly::NR) {
-                fm_v4 v;
-                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                             : "r"(stg + (fm_u32)(r * STG_ROW_B + c * 16))
-                             : "memory");
-                *(fm_v4 *)(y + row * Ly::NR + col) = v;
+            for (int i = lane; i < TM * CPR; i += 32) {
+                const int r = i / CPR, c = i % CPR;
+                const long long row = row0 + fm_tile_row(wm, r);
+                const int col = n0 + wn * TN + slab * STG_COLS + c * (16 / OUT_B);
+                if (row < rows && col < Ly::NR) {
+                    fm_v4 v;
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                                 : "r"(stg + (fm_u32)(r * STG_ROW_B + c * 16))
+                                 : "memory");
+                    *(fm_v4 *)(y + row * Ly::NR + col) = v;
+                }
             }
+            __syncwarp();  // (the warp's buffer is written again for its next slab or tile)
         }
-        __syncwarp();  // (PP: the warp's buffer is written again for its next tile)
     }
 }
 
@@ -735,7 +759,7 @@ __device__ __forceinline__ void fm_epilogue_any(const float (&acc)[MT][NT][4], o
                                                 fm_u32 smem, int warp, int lane) {
     if constexpr (STAGED) {
         if (((unsigned long long)y & 15ull) == 0ull) {
-            if constexpr (PP) {  // (its own buffer after the stages: nothing to wait for)
+            if constexpr (PP || PC) {  // (its own buffer after the stages: nothing to wait for)
                 fm_epilogue_store<true>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t,
                                         smem + (fm_u32)(FM_STAGES * STAGE_B + BAR_B + warp * STG_WARP_B), lane);
                 return;
@@ -826,14 +850,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     (void)row0;
     (void)n0;
     if (warp >= CWARPS) {
-        fm_pp_produce(smem, bars, x, x1, w, rows, (int)threadIdx.x - CWARPS * 32);
+        fm_persist_produce(smem, bars, x, x1, w, rows, (int)threadIdx.x - CWARPS * 32);
         fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
         const int wg = warp >> 2, wq = warp & 3;
         const fm_u32 turn = bars + 16 * FM_STAGES;  // turn[wg] at turn + 8 wg
         long long j = 0, mine = 0;                  // the CTA's tile j, and this warpgroup's tiles so far
 #pragma unroll 1
-        for (long long tl = blockIdx.x; tl < fm_pp_tiles(rows); tl += gridDim.x, ++j) {
+        for (long long tl = blockIdx.x; tl < fm_persist_tiles(rows); tl += gridDim.x, ++j) {
             if ((int)(j & 1) != wg)
                 continue;
             // turn[0]'s phase k - 1 lets warpgroup 0 start its tile k (its first needs none), turn[1]'s phase k
@@ -851,6 +875,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     }
     (void)wm;
     (void)wn;
+    return;
+#elif FM_GEMM_WS == 3
+    (void)ntile;
+    (void)row0;
+    (void)n0;
+    if (warp >= CWARPS) {
+        fm_persist_produce(smem, bars, x, x1, w, rows, (int)threadIdx.x - CWARPS * 32);
+        fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
+    } else {
+        long long seq0 = 0;  // the CTA's stage at the tile's first
+#pragma unroll 1
+        for (long long tl = blockIdx.x; tl < fm_persist_tiles(rows); tl += gridDim.x, seq0 += KTILES) {
+            const int n0_t = (int)(tl % NTILES) * BN;
+            const long long row0_t = tl / NTILES * BM;
+            float acc[MT][NT][4];
+            fm_acc_init(acc, n0_t + wn * TN, t, bias);
+            fm_mainloop_ws(acc, smem, bars, seq0, warp, lane);
+            fm_epilogue_any(acc, y, res, bias, row0_t, rows, n0_t, wm, wn, g, t, smem, warp, lane);
+        }
+    }
     return;
 #endif
     // (No setmaxnreg: the consumers fit the launch bound's even share, 168 registers, without spills.)
@@ -872,7 +916,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     fm_epilogue_store<false>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, 0u, lane);
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #elif FM_GEMM_WS
-    fm_mainloop_ws(acc, smem, bars, warp, lane);
+    fm_mainloop_ws(acc, smem, bars, 0, warp, lane);
     fm_epilogue_any(acc, y, res, bias, row0, rows, n0, wm, wn, g, t, smem, warp, lane);
     }  // (the consumers' branch)
 #else

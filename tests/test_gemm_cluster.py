@@ -112,8 +112,27 @@ def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs
         mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1, cluster=2)
     with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA"):
         mlp._gemm_plan(1, 80, 166912, 108, 167936, "float16", None, None, "float16", ws=1)
-    with pytest.raises(ValueError, match="ws=3"):
-        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=3)
+    with pytest.raises(ValueError, match="ws=4"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=4)
+
+
+def test_the_persistent_form_is_a_plan_option_with_slabs_of_staged_output(rng):
+    """ws=3: ws=1's 128 x 256 tile and its 12 warps, 4 stages of 48 KB and their mbarriers, and after them each
+    consumer warp's staged slab (16 rows of 128 bytes, a row padded by 16 bytes) for any y dtype; one CTA an SM, the
+    grid at most a CTA an SM (the tiles a CTA takes: gemm_layer.cu). 64-row tiles take it too; not on mma.sync."""
+    mlp, _ = model(rng, "rec1024")
+    for out in ("float16", "float32"):
+        info = mlp._gemm_plan(1, *H100, "float16", None, None, out, ws=3).info
+        assert (info["ws"], info["warps"], info["bm"], info["bn"], info["stages"], info["blocks_per_sm"]) == (
+            3, 12, 128, 256, 4, 1)
+        assert info["smem_bytes"] == 4 * (384 * 128 + 16) + 1024 + 128 * (128 + 16)
+    plan = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=3)
+    source = _api._source_of(plan)
+    assert "#define FM_GEMM_WS 3" in source and "a persistent grid" in source
+    small = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=64, bn=128, ws=3).info
+    assert (small["ws"], small["warps"], small["smem_bytes"]) == (3, 8, 3 * (192 * 128 + 16) + 1024 + 64 * 144)
+    with pytest.raises(fusedmlp.LimitError, match=r"ws=3\) is the wgmma form on one CTA"):
+        mlp._gemm_plan(1, 80, 166912, 108, 167936, "float16", None, None, "float16", ws=3)
 
 
 def test_the_consumers_in_turn_are_a_plan_option_with_tiles_of_their_own(rng):
@@ -175,11 +194,12 @@ def test_the_environment_asking_for_the_form_in_turn_leaves_residual_layers_thei
 
 def test_the_environment_forces_warp_specialisation_or_not(rng, monkeypatch):
     mlp, _ = model(rng, "sdf512")
-    for value, form in (("1", 1), ("on", 1), ("2", 2), ("pingpong", 2), ("-1", 0), ("off", 0)):
+    for value, form in (("1", 1), ("on", 1), ("2", 2), ("pingpong", 2), ("3", 3), ("persistent", 3), ("-1", 0),
+                        ("off", 0)):
         monkeypatch.setenv("FUSEDMLP_GEMM_WS", value)
         assert [p.info["ws"] for _, p in gemm_plans(mlp, "float16")] == [form]
-    monkeypatch.setenv("FUSEDMLP_GEMM_WS", "3")
-    with pytest.raises(ValueError, match="FUSEDMLP_GEMM_WS='3'"):
+    monkeypatch.setenv("FUSEDMLP_GEMM_WS", "4")
+    with pytest.raises(ValueError, match="FUSEDMLP_GEMM_WS='4'"):
         gemm_plans(mlp, "float16")
 
 
@@ -240,7 +260,7 @@ def ptxas_report(source, arch=90):
 
 FORMS = {"cluster": ({"cluster": 2}, "clusters of 2 sharing the weight tile"),
          "ws": ({"ws": 1}, "warp-specialised (the last warpgroup loads)"),
-         "pingpong": ({"ws": 2}, "in turn on tiles of their own")}
+         "pingpong": ({"ws": 2}, "in turn on tiles of their own"), "persistent": ({"ws": 3}, "a persistent grid")}
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -272,7 +292,7 @@ def test_benchmark_gemms_compile_for_sm_90a_in_the_form_without_spills(rng, monk
         assert "C7519" not in log and "C7510" not in log, (case, log)
 
 
-@pytest.mark.parametrize("form", ["cluster", "ws"])  # (the form in turn takes 128 x 128 tiles only)
+@pytest.mark.parametrize("form", ["cluster", "ws", "persistent"])  # (the form in turn takes 128 x 128 tiles only)
 @pytest.mark.parametrize("tile", _segments.SMALL_TILES)
 def test_small_tiles_compile_in_the_form_without_spills(rng, tile, form):
     """The smaller tiles a small batch takes, in each form, with a concat part and a residual: one warpgroup (64 rows)

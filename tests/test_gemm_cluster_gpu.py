@@ -1,6 +1,6 @@
 """The wgmma GEMM's other forms on the GPU (gemm_layer.cu): clusters of two CTAs sharing the weight tile
-(FUSEDMLP_GEMM_CLUSTER=2), the warp-specialised one-CTA form (FUSEDMLP_GEMM_WS=1) and its consumers in turn
-(FUSEDMLP_GEMM_WS=2, ping-pong; written without a GPU at hand, first to run here), each over random wide networks
+(FUSEDMLP_GEMM_CLUSTER=2), the warp-specialised one-CTA form (FUSEDMLP_GEMM_WS=1), its consumers in turn
+(FUSEDMLP_GEMM_WS=2, ping-pong) and it on a persistent grid (FUSEDMLP_GEMM_WS=3), each over random wide networks
 and the benchmark networks against float64 with every GEMM layer in that form, bit for bit the plain one-CTA form's
 results, and the torch path with out= and a CUDA graph. Marked `gpu`; skipped without a device (both forms need
 sm_90a: skipped on other GPUs)."""
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 
 FORMS = {"cluster": ("FUSEDMLP_GEMM_CLUSTER", "2"), "ws": ("FUSEDMLP_GEMM_WS", "1"),
-         "pingpong": ("FUSEDMLP_GEMM_WS", "2")}
+         "pingpong": ("FUSEDMLP_GEMM_WS", "2"), "persistent": ("FUSEDMLP_GEMM_WS", "3")}
 PLAIN = {"FUSEDMLP_GEMM_CLUSTER": "1", "FUSEDMLP_GEMM_WS": "-1"}
 
 
@@ -41,8 +41,8 @@ def gemm_forms(mlp, io):
     segments = mlp._segments_for(*target, io, io) or []
     plans = [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
              for seg in segments if seg.kind == "gemm"]
-    return ["cluster" if p["cluster"] == 2 else "pingpong" if p["ws"] == 2 else "ws" if p["ws"] else "plain"
-            for p in plans]
+    names = {1: "ws", 2: "pingpong", 3: "persistent"}
+    return ["cluster" if p["cluster"] == 2 else names.get(p["ws"], "plain") for p in plans]
 
 
 def in_form(forms, form):

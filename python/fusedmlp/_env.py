@@ -199,15 +199,17 @@ def gemm_ws():
 
     Returns:
         ``1`` (a producer warpgroup loads the stages), ``2`` (as 1, its two consumer warpgroups in turn on tiles of
-        their own: the ping-pong form) or ``-1`` (every thread loads and multiplies) as
-        ``FUSEDMLP_GEMM_WS`` says (``1``/``on``, ``2``/``pingpong``, ``-1``/``off``); ``0`` (the plan's choice) if it
-        is unset, empty, ``0`` or ``auto``.
+        their own: the ping-pong form), ``3`` (as 1 on a persistent grid: the producer loads the next tile's stages
+        under the consumers' epilogue) or ``-1`` (every thread loads and multiplies) as ``FUSEDMLP_GEMM_WS`` says
+        (``1``/``on``, ``2``/``pingpong``, ``3``/``persistent``, ``-1``/``off``); ``0`` (the plan's choice) if it is
+        unset, empty, ``0`` or ``auto``.
 
     Raises:
         ValueError: any other value, naming the variable and the value.
     """
-    return _gemm_form("FUSEDMLP_GEMM_WS", {"1": 1, "on": 1, "2": 2, "pingpong": 2, "-1": -1, "off": -1},
-                      "1 (warp-specialised), 2 (its consumers in turn), -1 (not) or auto")
+    return _gemm_form("FUSEDMLP_GEMM_WS", {"1": 1, "on": 1, "2": 2, "pingpong": 2, "3": 3, "persistent": 3, "-1": -1,
+                                           "off": -1},
+                      "1 (warp-specialised), 2 (its consumers in turn), 3 (persistent), -1 (not) or auto")
 
 
 def gemm_pad():

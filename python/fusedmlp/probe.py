@@ -172,7 +172,7 @@ def gemm_shape(info):
     if info["cluster"] > 1:
         text += f", clusters of {info['cluster']} sharing B"
     if info["ws"]:
-        text += ", a producer warpgroup" + (", consumers in turn" if info["ws"] == 2 else "")
+        text += ", a producer warpgroup" + {2: ", consumers in turn", 3: ", persistent"}.get(info["ws"], "")
     return text
 
 
@@ -740,8 +740,9 @@ def chain_steps(args):
 
 
 #: The GEMM forms `probe gemm` times beside the plan's auto form at each tile: the plain one, clusters of 2 sharing
-#: B, the producer warpgroup, the consumers in turn (each where the plan takes it).
-GEMM_FORMS = ({}, {"ws": -1}, {"cluster": 2}, {"ws": 1}, {"ws": 2})
+#: B, the producer warpgroup, the consumers in turn, the producer's form on a persistent grid (each where the plan
+#: takes it).
+GEMM_FORMS = ({}, {"ws": -1}, {"cluster": 2}, {"ws": 1}, {"ws": 2}, {"ws": 3})
 
 
 def gemm_forms(args):
@@ -749,9 +750,11 @@ def gemm_forms(args):
     default) and form (the plan's auto form, the plain one, clusters of 2 sharing B, a producer warpgroup, consumers
     in turn), per batch size, in alternating rounds (Kernel.time: the best of 5 launches a round, the median over
     rounds). What _segments.gemm_tile picks is marked with *, the fastest with <. Only the GEMMs are built, not the
-    chain around them. --dtype: the compute dtype (an 8-bit one calibrated: model).
+    chain around them. --dtype: the compute dtype (an 8-bit one calibrated: model). --form (repeat): only these forms
+    beside the auto one (e.g. ws=3, cluster=2); --default-tile: only the plan's default tile (a large batch's).
 
         python -m fusedmlp.bench probe gemm [workloads] [--rows 1024] [--rows 16384] [--dtype float8]
+            [--form ws=1 --form ws=3] [--default-tile]
     """
     require_gpu("gemm")
     io = args.io
@@ -769,10 +772,10 @@ def gemm_forms(args):
             dtypes = _segments.gemm_dtypes(mlp, layer, io, io)
             default = mlp._gemm_plan(layer, *target, *dtypes).info
             default = (default["bm"], default["bn"])
-            tiles = [default] + [t for t in _segments.SMALL_TILES if t != default]
+            tiles = [default] + ([] if args.default_tile else [t for t in _segments.SMALL_TILES if t != default])
             kernels, labels, seen, specialised = [], [], set(), []
             for bm, bn in tiles:
-                for form in GEMM_FORMS:
+                for form in [{}] + args.form if args.form else GEMM_FORMS:
                     try:
                         info = mlp._gemm_plan(layer, *target, *dtypes, bm=bm, bn=bn, **form).info
                     except (LimitError, ArgumentError):  # a form this tile does not take
@@ -878,6 +881,9 @@ def _parser():
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     p.add_argument("--io", choices=("float16", "float32"), default="float16", help="x's and y's dtype")
     p.add_argument("--dtype", choices=DTYPES, default="float16", help="the compute dtype (default float16)")
+    p.add_argument("--form", type=parse_gemm, action="append", default=[],
+                   help="a form to time beside the auto one (e.g. ws=3); repeat (default: every form)")
+    p.add_argument("--default-tile", action="store_true", help="only the plan's default tile")
     return ap
 
 
