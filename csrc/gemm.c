@@ -13,9 +13,9 @@
 /* fm_gemm_opts.cluster's auto choice for the wgmma form: 1 (one CTA a tile) until clusters of two are measured on an
  * H100 against it (docs/performance.md, "Networks bigger than the chip"); 2 makes them the default. */
 enum { FM_GEMM_CLUSTER_AUTO = 1 };
-/* fm_gemm_opts.ws's auto choice (1: where fm_gemm_ws_fits). On the H100 at 2^21 rows rec1024's GEMMs took 22.60 ->
- * 20.28 ms warp-specialised; sdf512's concat layer, whose x part is converted element by element on the way in (259
- * columns: rows of 518 bytes), 26.35 -> 33.77 ms for the network, its 128 producer threads doing the converting
+/* fm_gemm_opts.ws's auto choice where fm_gemm_ws_fits (fm_gemm_ws_auto). On the H100 at 2^21 rows rec1024's GEMMs took
+ * 22.60 -> 20.28 ms warp-specialised; sdf512's concat layer, whose x part is converted element by element on the way in
+ * (259 columns: rows of 518 bytes), 26.35 -> 33.77 ms for the network, its 128 producer threads doing the converting
  * loads that 256 did (docs/performance.md). */
 enum { FM_GEMM_WS_AUTO = 1 };
 
@@ -41,6 +41,16 @@ static int fm_gemm_parts_raw(const fm_plan *plan, int l) {
  * producer's registers would cut to one for 128 x 128) and every input part copied as it is. */
 static int fm_gemm_ws_fits(const fm_plan *plan, int l) {
     return plan->gemm_bm == 128 && plan->gemm_bn == 256 && fm_gemm_parts_raw(plan, l);
+}
+
+/* The warp-specialised form where fm_gemm_ws_fits: on a persistent grid (ws=3) for 16-bit layers, else one CTA a tile
+ * (ws=1). Each 128 x 256 GEMM of rec1024 and sdf512 in both forms, H100, 2^21 rows, float16 x and y
+ * (bench/results/h100-gemm-persistent/): 1024 x 1024 7.89 -> 7.55 ms, 1024 -> 512 4.05 -> 3.84, 512 x 512 3.44 ->
+ * 3.33 (and 4-6% at 16384 rows); float8's 1024 x 1024 4.82 -> 5.50, so 8-bit layers keep one CTA a tile. */
+static int fm_gemm_ws_auto(const fm_plan *plan, int l) {
+    if (!plan->wgmma || plan->gemm_cluster != 1 || !FM_GEMM_WS_AUTO || !fm_gemm_ws_fits(plan, l))
+        return 0;
+    return fm_prec_is_8bit(plan->prec) ? 1 : 3;
 }
 
 /* Whether every input part of layer l has rows of whole 16-byte pieces in its global dtype (sdf512's 259-column x
@@ -320,11 +330,12 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     const int small = bm && bn && (bm < 128 || bn < 256); /* a tile smaller than the default 128 x 256, given */
     if (opts->ws == 0 && small)
         plan->gemm_ws = fm_gemm_small_form(plan, l, res, bm, bn);
-    const int pp = plan->gemm_ws == 2, pc = plan->gemm_ws == 3;
+    const int pp = plan->gemm_ws == 2;
     plan->gemm_bm = bm ? bm : 128;
     plan->gemm_bn = bn ? bn : (plan->n_real[l] <= 64 ? 64 : plan->n_real[l] <= 128 || !plan->wgmma || pp ? 128 : 256);
     if (opts->ws == 0 && !pp && !small)
-        plan->gemm_ws = plan->wgmma && plan->gemm_cluster == 1 && FM_GEMM_WS_AUTO && fm_gemm_ws_fits(plan, l);
+        plan->gemm_ws = fm_gemm_ws_auto(plan, l);
+    const int pc = plan->gemm_ws == 3; /* (known only now: the auto form needs the tile) */
     plan->warps = pp ? 12 : plan->wgmma ? plan->gemm_bm / 16 + (plan->gemm_ws ? 4 : 0) : 8;
     if (pp)
         plan->gemm_warps_m = 4; /* a warp's rows 16 w.. and 64 + 16 w.. of its warpgroup's tile, all columns */

@@ -82,7 +82,7 @@ def test_a_small_batchs_smaller_tiles_take_the_warp_specialised_forms_where_they
 
     assert [ws(bm=bm, bn=bn) for bm, bn in _segments.SMALL_TILES] == [2, 1, 1]
     assert [ws(layer=0, a0="float32", bm=bm, bn=bn) for bm, bn in _segments.SMALL_TILES] == [0, 0, 0]  # converted
-    assert ws(bm=128, bn=256) == 1 and ws(bm=64, bn=128, ws=-1) == 0 and ws(bm=128, bn=128, ws=1) == 1
+    assert ws(bm=128, bn=256) == 3 and ws(bm=64, bn=128, ws=-1) == 0 and ws(bm=128, bn=128, ws=1) == 1
     res, _ = model(rng, "res768")  # layer 1 adds layer 0's output: not in turn
     assert ws(1, net=res, res="float16", bm=128, bn=128) == 0 and ws(1, net=res, res="float16", bm=64, bn=64) == 1
     int8, _ = model(rng, "rec1024", dtype="int8")
@@ -100,12 +100,12 @@ def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs
     ws = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1).info
     assert (plain["ws"], ws["ws"], plain["warps"], ws["warps"]) == (0, 1, 8, 12)
     assert ws["smem_bytes"] == plain["smem_bytes"] + 16 * 4 and ws["blocks_per_sm"] == 1
-    assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16").info["ws"] == 1  # the default
+    assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16").info["ws"] == 3  # the default: ws=1's, persistent
     assert mlp._gemm_plan(0, *H100, "float32", None, None, "float16").info["ws"] == 0  # x converted on the way
     small = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=128, bn=128, ws=1).info
     assert (small["warps"], small["blocks_per_sm"]) == (12, 1)  # 112 registers a thread: one CTA of 384
     sdf, _ = model(rng, "sdf512")
-    assert [p.info["ws"] for _, p in gemm_plans(sdf, "float16")] == [1]  # x read from its padded copy, as it is
+    assert [p.info["ws"] for _, p in gemm_plans(sdf, "float16")] == [3]  # x read from its padded copy, as it is
     monkeypatch.setenv("FUSEDMLP_GEMM_PAD", "-1")
     assert [p.info["ws"] for _, p in gemm_plans(sdf, "float16")] == [0]  # x converted on the way
     with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA"):
@@ -166,13 +166,13 @@ def test_the_consumers_in_turn_are_a_plan_option_with_tiles_of_their_own(rng):
     ("rec1024", "int8", "float16", [2, 2, 2, 2, 0]), ("rec1024", "float8", "float16", [0, 1, 1, 2, 0]),
     ("sdf512", "int8", "float16", [0, 2, 2, 2, 0, 2, 2, 2, 0]),
     ("sdf512", "float8", "float32", [0, 2, 2, 2, 0, 2, 2, 2, 0]),
-    ("rec1024", "float16", "float16", [2, 1, 1]), ("rec1024", "float16", "float32", [2, 1, 1]),
-    ("sdf512", "float16", "float16", [1])])
+    ("rec1024", "float16", "float16", [2, 3, 3]), ("rec1024", "float16", "float32", [2, 3, 3]),
+    ("sdf512", "float16", "float16", [3])])
 def test_the_form_in_turn_is_the_auto_choice_where_it_won(rng, name, dtype, io, forms):
     """fm_gemm_pp_auto, as timed per GEMM on the H100: 8-bit layers of more than 128 outputs (float8: at most 512
     inputs, a converted x part of at most 128 columns), 16-bit ones of at most 512 bytes of raw input a row; never an
     input whose rows are not whole 16-byte pieces, a residual layer or a layer of <= 128 outputs; the others keep the
-    producer form (1) or the plain one (0). 16-bit GEMMs read float32 x, and sdf512's 259 float16 features, from
+    producer form (1; 16-bit ones on a persistent grid, 3) or the plain one (0). 16-bit GEMMs read float32 x, and sdf512's 259 float16 features, from
     x's padded copy: rec1024's first layer then reads 512 bytes a row as they are, sdf512's concat layer 528 + 1024."""
     mlp, ws = model(rng, name, dtype) if name in NETWORKS else (None, None)
     if name == "wide512":  # (a GEMM chain in 8 bits; in 16 one streamed kernel, so not among NETWORKS)
@@ -189,7 +189,7 @@ def test_the_environment_asking_for_the_form_in_turn_leaves_residual_layers_thei
     forms = {l: p.info["ws"] for l, p in gemm_plans(mlp, "float16")}
     plain = {l: _segments.gemm_dtypes(mlp, l, "float16", "float16")[2] is None for l in forms}
     assert forms and {forms[l] for l in forms if plain[l]} == {2} and {forms[l] for l in forms if not plain[l]} <= {
-        0, 1}
+        0, 1, 3}
 
 
 def test_the_environment_forces_warp_specialisation_or_not(rng, monkeypatch):
