@@ -751,7 +751,8 @@ def gemm_forms(args):
     in turn), per batch size, in alternating rounds (Kernel.time: the best of 5 launches a round, the median over
     rounds). What _segments.gemm_tile picks is marked with *, the fastest with <. Only the GEMMs are built, not the
     chain around them. --dtype: the compute dtype (an 8-bit one calibrated: model). --form (repeat): only these forms
-    beside the auto one (e.g. ws=3, cluster=2); --default-tile: only the plan's default tile (a large batch's).
+    beside the auto one (e.g. ws=3, cluster=2; a tile in it, bn=256, replaces the tile's); --default-tile: only the
+    plan's default tile (a large batch's).
 
         python -m fusedmlp.bench probe gemm [workloads] [--rows 1024] [--rows 16384] [--dtype float8]
             [--form ws=1 --form ws=3] [--default-tile]
@@ -777,16 +778,16 @@ def gemm_forms(args):
             for bm, bn in tiles:
                 for form in [{}] + args.form if args.form else GEMM_FORMS:
                     try:
-                        info = mlp._gemm_plan(layer, *target, *dtypes, bm=bm, bn=bn, **form).info
+                        info = mlp._gemm_plan(layer, *target, *dtypes, **{"bm": bm, "bn": bn, **form}).info
                     except (LimitError, ArgumentError):  # a form this tile does not take
                         continue
                     shape = (info["bm"], info["bn"], info["cluster"], info["ws"])
                     if shape in seen:  # the form is the auto one here, or the plan kept another
                         continue
                     seen.add(shape)
-                    kernels.append(mlp._build_gemm(layer, *dtypes, bm=bm, bn=bn, **form))
+                    kernels.append(mlp._build_gemm(layer, *dtypes, **{"bm": bm, "bn": bn, **form}))
                     what = (" c2" if info["cluster"] == 2 else "") + (f" ws{info['ws']}" if info["ws"] else "")
-                    labels.append((bm, bn, f"{bm}x{bn}{what}", not form))
+                    labels.append((bm, bn, f"{info['bm']}x{info['bn']}{what}", not form))
                     if not form and info["ws"]:
                         specialised.append((bm, bn))
             print(f"{name} layer {layer} ({mlp.widths[layer]} -> {mlp.widths[layer + 1]}), {args.dtype} compute, {io} "
