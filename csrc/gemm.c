@@ -282,9 +282,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     if (opts->ws < -1 || opts->ws > 3)
         return fm_fail(err, FM_ERR_VALUE, "GEMM ws=%d: 1 (a producer warpgroup), 2 (its consumers in turn), 3 (as 1 on "
                        "a persistent grid), -1 (none) or 0 (auto)", opts->ws);
-    if (opts->ws >= 1 && (!plan->wgmma || plan->gemm_cluster > 1))
-        return fm_fail(err, FM_ERR_LIMIT, "a warp-specialised GEMM (ws=%d) is the wgmma form on one CTA a tile "
-                       "(sm_90a, not tf32, cluster 1; sm_%d, %s, cluster %d)", opts->ws, target->arch,
+    if (opts->ws >= 1 && (!plan->wgmma || (plan->gemm_cluster > 1 && opts->ws != 3)))
+        return fm_fail(err, FM_ERR_LIMIT, "a warp-specialised GEMM (ws=%d) is the wgmma form on one CTA a tile, or "
+                       "for ws=3 clusters of 2 (sm_90a, not tf32; sm_%d, %s, cluster %d)", opts->ws, target->arch,
                        fm_prec_name(prec), plan->gemm_cluster);
     if (opts->ws == 2 && res >= 0)
         return fm_fail(err, FM_ERR_LIMIT, "a GEMM in turn (ws=2) takes no residual operand yet: its epilogue's reads "

@@ -122,13 +122,15 @@ static unsigned Kernel_grid(const KernelObject *self, int64_t rows) {
     if (p->gemm) { /* one CTA per tile of y, column tiles fastest; clusters: row tiles in pairs (gemm_layer.cu) */
         const int64_t pair = p->gemm_cluster > 1 ? p->gemm_cluster : 1;
         const int64_t row_tiles = (rows + p->gemm_bm - 1) / p->gemm_bm;
-        const int64_t tiles = (row_tiles + pair - 1) / pair * pair * (p->n_pad[p->gemm_layer] / p->gemm_bn);
-        if (p->gemm_ws >= 2) { /* persistent: the CTAs that fit at once, each taking every grid-th tile */
-            const int64_t slots = (int64_t)(self->gpu->gpu.sm_count > 0 ? self->gpu->gpu.sm_count : 1) *
-                                  (p->blocks_per_sm > 0 ? p->blocks_per_sm : 1);
-            return (unsigned)(tiles < slots ? tiles : slots);
+        const int64_t items = (row_tiles + pair - 1) / pair * (p->n_pad[p->gemm_layer] / p->gemm_bn); /* a cluster's */
+        if (p->gemm_ws >= 2) { /* persistent: the clusters that fit at once, each taking every grid-th item */
+            int64_t slots = (int64_t)(self->gpu->gpu.sm_count > 0 ? self->gpu->gpu.sm_count : 1) *
+                            (p->blocks_per_sm > 0 ? p->blocks_per_sm : 1) / pair;
+            if (pair > 1 && self->k.max_clusters > 0)
+                slots = self->k.max_clusters;
+            return (unsigned)((items < slots ? items : slots > 0 ? slots : 1) * pair);
         }
-        return (unsigned)tiles;
+        return (unsigned)(items * pair);
     }
     /* A cluster plan's CTAs come in clusters of p->cluster, all of one cluster on the same row tile; as many clusters
      * as can run at once (the GPCs' SM counts decide, not the SM count alone). */

@@ -74,7 +74,8 @@ constexpr bool PP = FM_GEMM_WS == 2;
 // FM_GEMM_WS 3, persistent (CUTLASS's cooperative persistent kernel): FM_GEMM_WS 1's tile and consumers, a CTA an SM
 // taking tile blockIdx.x + j gridDim.x, the producer filling the stages tile after tile (fm_persist_produce), so that
 // the next tile's first stages load while the consumers run this one's epilogue and store, and no CTA start or
-// pipeline fill sits between two tiles.
+// pipeline fill sits between two tiles. With FM_GEMM_CLUSTER 2 the cluster form's pairs: the two CTAs of a cluster take
+// adjacent row tiles of one column tile, their producers each multicasting half of every stage's B tile into both.
 constexpr bool PC = FM_GEMM_WS == 3;
 constexpr int CWARPS = FM_WARPS - (FM_GEMM_WS ? 4 : 0);  // the warps that multiply (all but a producer warpgroup)
 constexpr int WARPS_N = PP ? 1 : CWARPS / WARPS_M;
@@ -91,7 +92,8 @@ static_assert(!FM_WGMMA || PP || (WARPS_M == CWARPS && BM == 64 * (CWARPS / 4) &
               "wgmma: each warpgroup 64 rows of all BN columns, 16- or 8-bit operands");
 static_assert(!PP || (WARPS_M == 4 && CWARPS == 8 && BM == 128 && BN <= 128 && FM_PREC != 2),
               "in turn: two consumer warpgroups, each a 128-row tile of at most 128 columns");
-static_assert(!FM_GEMM_WS || (FM_WGMMA && FM_GEMM_CLUSTER == 1), "warp specialisation: the one-CTA wgmma form");
+static_assert(!FM_GEMM_WS || (FM_WGMMA && (FM_GEMM_CLUSTER == 1 || PC)),
+              "warp specialisation: the wgmma form, on one CTA a tile but for PC");
 // The epilogue's staged output (fm_epilogue_any): a warp's TM rows of y in out_t, STG_COLS columns at a time (a slab),
 // a row padded by 16 bytes. In the stages' bytes once the tile's MMAs are done (a slab is the warp's TN columns), or
 // (PP and PC, whose producer is filling the stages meanwhile) in a buffer of each consumer warp's own after the stages
@@ -451,6 +453,19 @@ __device__ __forceinline__ void fm_ws_produce(fm_u32 smem, fm_u32 bars, const vo
     asm volatile("cp.async.wait_all;" ::: "memory");  // leave no copy of this thread in flight at exit
 }
 
+// A consumer warp is done reading slot s: its lane 0 arrives on the slot's empty barrier, in every CTA of the cluster
+// (whose producers multicast into this CTA's slot too).
+__device__ __forceinline__ void fm_ws_release(fm_u32 bars, int s, int lane) {
+#if FM_GEMM_CLUSTER > 1
+#pragma unroll
+    for (fm_u32 peer = 0; peer < FM_GEMM_CLUSTER; ++peer)
+        fm_mbar_arrive_cluster(lane == 0, fm_mapa(fm_empty_bar(bars, s), peer));
+#else
+    if (lane == 0)
+        fm_mbar_arrive(fm_empty_bar(bars, s));
+#endif
+}
+
 // fm_mainloop's warp-specialised consumer side, the tile's stages from the CTA's stage seq0 on (0 but in the persistent
 // form): every stage waited for on its full barrier, its slot released once the next stage's MMAs are issued and its
 // own are done, the last one's after the final wait (the persistent producer's next tile refills it). Returns with
@@ -462,13 +477,12 @@ __device__ __forceinline__ void fm_mainloop_ws(float (&acc)[MT][NT][4], fm_u32 s
 #pragma unroll 1
     for (int kt = 0; kt < KTILES; ++kt) {
         fm_stage_mma(d, smem, bars, seq0 + kt, a_wg);
-        if (kt > 0 && lane == 0)
-            fm_mbar_arrive(fm_empty_bar(bars, (int)((seq0 + kt - 1) % FM_STAGES)));
+        if (kt > 0)
+            fm_ws_release(bars, (int)((seq0 + kt - 1) % FM_STAGES), lane);
     }
     fm_wg_wait();
     fm_fence_regs(d);
-    if (lane == 0)
-        fm_mbar_arrive(fm_empty_bar(bars, (int)((seq0 + KTILES - 1) % FM_STAGES)));
+    fm_ws_release(bars, (int)((seq0 + KTILES - 1) % FM_STAGES), lane);
 }
 
 #if FM_GEMM_WS >= 2
@@ -482,25 +496,49 @@ __device__ __forceinline__ void fm_mainloop_ws(float (&acc)[MT][NT][4], fm_u32 s
 // its phases apart only for a waiter at most one phase ahead, and the warpgroup waiting for use u of a slot has not
 // itself waited for use u - 1 (the other's). So the two warpgroups' mainloops take turns, each one's epilogue and
 // store running under the other's MMAs (CUTLASS's ping-pong kernel orders its math warpgroups the same way).
-__device__ __forceinline__ long long fm_persist_tiles(long long rows) { return (rows + BM - 1) / BM * (Ly::N / BN); }
+// The work of a persistent grid: items i = c, c + C, c + 2 C, ... for cluster c of C (a CTA its own cluster where
+// FM_GEMM_CLUSTER is 1), item i being column tile i % NTILES of the FM_GEMM_CLUSTER row tiles from (i / NTILES)
+// FM_GEMM_CLUSTER on, one a CTA by its rank (a CTA past the batch still loads its share of B and stores nothing).
+__device__ __forceinline__ long long fm_persist_items(long long rows) {
+    const long long row_tiles = (rows + BM - 1) / BM;
+    return (row_tiles + FM_GEMM_CLUSTER - 1) / FM_GEMM_CLUSTER * (Ly::N / BN);
+}
+__device__ __forceinline__ long long fm_persist_first() { return blockIdx.x / FM_GEMM_CLUSTER; }
+__device__ __forceinline__ long long fm_persist_step() { return gridDim.x / FM_GEMM_CLUSTER; }
+// Item i's column tile and this CTA's row tile of it (rank: the CTA's in its cluster).
+__device__ __forceinline__ void fm_persist_tile(long long i, fm_u32 rank, int &ntile, long long &row0) {
+    ntile = (int)(i % (Ly::N / BN));
+    row0 = (i / (Ly::N / BN) * FM_GEMM_CLUSTER + rank) * BM;
+}
 
+// The producer of a persistent form: every item's stages in turn, each slot refilled once its previous use is
+// released (by the consumers of every CTA of the cluster: each reads the B half the other multicast). B: the blob's
+// block (column tile, K stage), as fm_ws_produce, or with clusters half `rank` of it into the slot of both CTAs (the
+// cluster form's protocol: fm_cl_produce).
 __device__ __forceinline__ void fm_persist_produce(fm_u32 smem, fm_u32 bars, const void *a0, const void *a1,
-                                              const act_t *__restrict__ w, long long rows, int ptid) {
+                                                   const act_t *__restrict__ w, long long rows, fm_u32 rank,
+                                                   int ptid) {
     long long seq = 0;
 #pragma unroll 1
-    for (long long tl = blockIdx.x; tl < fm_persist_tiles(rows); tl += gridDim.x) {
-        const int ntile = (int)(tl % (Ly::N / BN));
-        const long long row0 = tl / (Ly::N / BN) * BM;
+    for (long long i = fm_persist_first(); i < fm_persist_items(rows); i += fm_persist_step()) {
+        int ntile;
+        long long row0;
+        fm_persist_tile(i, rank, ntile, row0);
 #pragma unroll 1
         for (int kt = 0; kt < KTILES; ++kt, ++seq) {
             const int s = (int)(seq % FM_STAGES);
             const fm_u32 full = fm_full_bar(bars, s), a_dst = smem + s * STAGE_B;
             if (seq >= FM_STAGES)
                 fm_mbar_wait(fm_empty_bar(bars, s), (fm_u32)(seq / FM_STAGES - 1) & 1u);
-            if (ptid == 0) {  // B: the blob's block (column tile, K stage), as fm_ws_produce
+            if (ptid == 0) {
+                const char *block = (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B;
                 fm_mbar_expect(1u, full, (fm_u32)B_STAGE_B);
-                fm_bulk_g2s(a_dst + A_STAGE_B, (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B,
-                            (fm_u32)B_STAGE_B, full);
+#if FM_GEMM_CLUSTER > 1
+                constexpr fm_u32 HALF_B = B_STAGE_B / 2;
+                fm_bulk_multicast(a_dst + A_STAGE_B + rank * HALF_B, block + rank * HALF_B, HALF_B, full, 0x3);
+#else
+                fm_bulk_g2s(a_dst + A_STAGE_B, block, (fm_u32)B_STAGE_B, full);
+#endif
             }
             fm_stage_a<128>(a_dst, full, kt, a0, a1, row0, rows, ptid);
         }
@@ -626,8 +664,8 @@ __device__ __forceinline__ void fm_mainloop_cluster(float (&acc)[MT][NT][4], fm_
 // sectors. The fragments' own stores put 4 bytes of a pair (2 for codes) at 8 rows at once: half (a quarter) of each
 // sector they touch, and 16 (32) times the store instructions. A staged row is padded by 16 bytes, so the 8 rows of
 // one fragment store fall 4 banks apart. Not in the cluster form, whose partner may still multicast into its stages
-// while it stores.
-constexpr bool STAGED = FM_GEMM_CLUSTER == 1 && (Ly::NR * OUT_B) % 16 == 0 && (STG_COLS * OUT_B) % 16 == 0 &&
+// while it stores (but for PC's, whose buffers are its own).
+constexpr bool STAGED = (FM_GEMM_CLUSTER == 1 || PC) && (Ly::NR * OUT_B) % 16 == 0 && (STG_COLS * OUT_B) % 16 == 0 &&
                         (PP || PC ? STG_B > 0 : CWARPS * STG_WARP_B <= FM_STAGES * STAGE_B);
 
 // Two converted outputs (out_t's bits in `bits`, OUT_B * 2 bytes) of row `row`, column `col`: into y (not STG), or
@@ -806,7 +844,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     const fm_u32 smem = FM_WGMMA ? (fm_smem_addr(fm_smem_raw) + 1023u) & ~1023u : fm_smem_addr(fm_smem_raw);
     constexpr int NTILES = Ly::N / BN;
     fm_grid_wait();  // (fm_common.cuh) the kernel before this one on the stream is done: x may be read, y written
-#if FM_GEMM_CLUSTER > 1
+#if FM_GEMM_CLUSTER > 1 && !FM_GEMM_WS
     // A cluster takes adjacent row tiles of one column tile (so its CTAs share B), column tiles fastest; a CTA whose
     // rows are all past the batch (the grid's row tiles are even) loads its half of B and stores nothing.
     const fm_u32 rank = fm_cluster_rank();
@@ -836,7 +874,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     if (threadIdx.x == 0) {
         for (int s = 0; s < FM_STAGES; ++s) {
             fm_mbar_init(fm_full_bar(bars, s), 128 + 1);
-            fm_mbar_init(fm_empty_bar(bars, s), PP ? 4 : CWARPS);  // (PP: the consuming warpgroup's warps)
+            // PP: the consuming warpgroup's warps; clusters: every CTA's consumer warps (fm_ws_release)
+            fm_mbar_init(fm_empty_bar(bars, s), PP ? 4 : CWARPS * FM_GEMM_CLUSTER);
         }
         if (PP) {  // turn[0], turn[1]: a warpgroup's 128 threads each
             fm_mbar_init(bars + 16 * FM_STAGES, 128);
@@ -844,20 +883,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+#if FM_GEMM_CLUSTER > 1
+    const fm_u32 rank = fm_cluster_rank();
+    fm_cluster_sync();  // every CTA's barriers are initialised before the other's copies and arrivals reach them
+#else
+    const fm_u32 rank = 0;
     __syncthreads();
+#endif
 #if FM_GEMM_WS == 2
     (void)ntile;
     (void)row0;
     (void)n0;
     if (warp >= CWARPS) {
-        fm_persist_produce(smem, bars, x, x1, w, rows, (int)threadIdx.x - CWARPS * 32);
+        fm_persist_produce(smem, bars, x, x1, w, rows, rank, (int)threadIdx.x - CWARPS * 32);
         fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
         const int wg = warp >> 2, wq = warp & 3;
         const fm_u32 turn = bars + 16 * FM_STAGES;  // turn[wg] at turn + 8 wg
         long long j = 0, mine = 0;                  // the CTA's tile j, and this warpgroup's tiles so far
 #pragma unroll 1
-        for (long long tl = blockIdx.x; tl < fm_persist_tiles(rows); tl += gridDim.x, ++j) {
+        for (long long tl = fm_persist_first(); tl < fm_persist_items(rows); tl += fm_persist_step(), ++j) {
             if ((int)(j & 1) != wg)
                 continue;
             // turn[0]'s phase k - 1 lets warpgroup 0 start its tile k (its first needs none), turn[1]'s phase k
@@ -875,26 +920,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     }
     (void)wm;
     (void)wn;
+    (void)rank;
     return;
 #elif FM_GEMM_WS == 3
     (void)ntile;
     (void)row0;
     (void)n0;
     if (warp >= CWARPS) {
-        fm_persist_produce(smem, bars, x, x1, w, rows, (int)threadIdx.x - CWARPS * 32);
+        fm_persist_produce(smem, bars, x, x1, w, rows, rank, (int)threadIdx.x - CWARPS * 32);
         fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
         long long seq0 = 0;  // the CTA's stage at the tile's first
 #pragma unroll 1
-        for (long long tl = blockIdx.x; tl < fm_persist_tiles(rows); tl += gridDim.x, seq0 += KTILES) {
-            const int n0_t = (int)(tl % NTILES) * BN;
-            const long long row0_t = tl / NTILES * BM;
+        for (long long i = fm_persist_first(); i < fm_persist_items(rows); i += fm_persist_step(), seq0 += KTILES) {
+            int ntile_t;
+            long long row0_t;
+            fm_persist_tile(i, rank, ntile_t, row0_t);
+            const int n0_t = ntile_t * BN;
             float acc[MT][NT][4];
             fm_acc_init(acc, n0_t + wn * TN, t, bias);
             fm_mainloop_ws(acc, smem, bars, seq0, warp, lane);
             fm_epilogue_any(acc, y, res, bias, row0_t, rows, n0_t, wm, wn, g, t, smem, warp, lane);
         }
     }
+#if FM_GEMM_CLUSTER > 1
+    fm_cluster_sync();  // no CTA leaves while its partner may still multicast into it or arrive on its barriers
+#endif
     return;
 #endif
     // (No setmaxnreg: the consumers fit the launch bound's even share, 168 registers, without spills.)
@@ -908,7 +959,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
 #endif
     float acc[MT][NT][4];
     fm_acc_init(acc, n0 + wn * TN, t, bias);
-#if FM_GEMM_CLUSTER > 1
+#if FM_GEMM_CLUSTER > 1 && !FM_GEMM_WS
     fm_mainloop_cluster(acc, smem, bars, x, x1, w, row0, rows, ntile, rank, warp, lane);
     fm_grid_release();  // (fm_common.cuh) the next kernel's CTAs may be scheduled
     // No CTA may leave while the other can still arrive on its barriers: the last arrivals came before this.

@@ -133,6 +133,11 @@ def test_the_persistent_form_is_a_plan_option_with_slabs_of_staged_output(rng):
     assert (small["ws"], small["warps"], small["smem_bytes"]) == (3, 8, 3 * (192 * 128 + 16) + 1024 + 64 * 144)
     with pytest.raises(fusedmlp.LimitError, match=r"ws=3\) is the wgmma form on one CTA"):
         mlp._gemm_plan(1, 80, 166912, 108, 167936, "float16", None, None, "float16", ws=3)
+    paired = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=3, cluster=2)  # pairs sharing B
+    assert (paired.info["ws"], paired.info["cluster"], paired.info["smem_bytes"]) == (3, 2, info["smem_bytes"])
+    assert "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" in _api._source_of(paired)
+    with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA a tile, or for ws=3"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1, cluster=2)
 
 
 def test_the_consumers_in_turn_are_a_plan_option_with_tiles_of_their_own(rng):
@@ -260,7 +265,8 @@ def ptxas_report(source, arch=90):
 
 FORMS = {"cluster": ({"cluster": 2}, "clusters of 2 sharing the weight tile"),
          "ws": ({"ws": 1}, "warp-specialised (the last warpgroup loads)"),
-         "pingpong": ({"ws": 2}, "in turn on tiles of their own"), "persistent": ({"ws": 3}, "a persistent grid")}
+         "pingpong": ({"ws": 2}, "in turn on tiles of their own"), "persistent": ({"ws": 3}, "a persistent grid"),
+         "persistent2": ({"ws": 3, "cluster": 2}, "a persistent grid")}
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -278,21 +284,21 @@ def test_benchmark_gemms_compile_for_sm_90a_in_the_form_without_spills(rng, monk
         for io in ("float32", "float16", "bfloat16"):
             for layer, plan in gemm_plans(mlp, io, **options):
                 assert plan.info["wgmma"] == 1 and (plan.info["cluster"], plan.info["ws"]) == (
-                    (2, 0) if form == "cluster" else (1, options["ws"]))
+                    options.get("cluster", 1), options.get("ws", 0))
                 sources.setdefault(_api._source_of(plan), (dtype, io, layer))
     assert len(sources) >= 3
     for source, case in sources.items():
         assert comment in source
-        if form == "cluster":
+        if "cluster" in options:
             assert "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" in source and "#define FM_GEMM_CLUSTER 2" in source
-        else:
+        if "ws" in options:
             assert f"#define FM_GEMM_WS {options['ws']}" in source
         log = ptxas_report(source)
         assert re.findall(r"(\d+) bytes spill stores", log) == ["0"], (case, log)
         assert "C7519" not in log and "C7510" not in log, (case, log)
 
 
-@pytest.mark.parametrize("form", ["cluster", "ws", "persistent"])  # (the form in turn takes 128 x 128 tiles only)
+@pytest.mark.parametrize("form", ["cluster", "ws", "persistent", "persistent2"])  # (in turn: 128 x 128 tiles only)
 @pytest.mark.parametrize("tile", _segments.SMALL_TILES)
 def test_small_tiles_compile_in_the_form_without_spills(rng, tile, form):
     """The smaller tiles a small batch takes, in each form, with a concat part and a residual: one warpgroup (64 rows)

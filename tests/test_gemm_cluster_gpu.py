@@ -1,6 +1,7 @@
 """The wgmma GEMM's other forms on the GPU (gemm_layer.cu): clusters of two CTAs sharing the weight tile
 (FUSEDMLP_GEMM_CLUSTER=2), the warp-specialised one-CTA form (FUSEDMLP_GEMM_WS=1), its consumers in turn
-(FUSEDMLP_GEMM_WS=2, ping-pong) and it on a persistent grid (FUSEDMLP_GEMM_WS=3), each over random wide networks
+(FUSEDMLP_GEMM_WS=2, ping-pong) and it on a persistent grid (FUSEDMLP_GEMM_WS=3; with FUSEDMLP_GEMM_CLUSTER=2 on
+clusters of two sharing B), each over random wide networks
 and the benchmark networks against float64 with every GEMM layer in that form, bit for bit the plain one-CTA form's
 results, and the torch path with out= and a CUDA graph. Marked `gpu`; skipped without a device (both forms need
 sm_90a: skipped on other GPUs)."""
@@ -18,8 +19,9 @@ from test_segments_gpu import test_torch_tensors_out_and_cuda_graphs_through_a_s
 pytestmark = pytest.mark.gpu
 
 
-FORMS = {"cluster": ("FUSEDMLP_GEMM_CLUSTER", "2"), "ws": ("FUSEDMLP_GEMM_WS", "1"),
-         "pingpong": ("FUSEDMLP_GEMM_WS", "2"), "persistent": ("FUSEDMLP_GEMM_WS", "3")}
+FORMS = {"cluster": {"FUSEDMLP_GEMM_CLUSTER": "2"}, "ws": {"FUSEDMLP_GEMM_WS": "1"},
+         "pingpong": {"FUSEDMLP_GEMM_WS": "2"}, "persistent": {"FUSEDMLP_GEMM_WS": "3"},
+         "persistent2": {"FUSEDMLP_GEMM_WS": "3", "FUSEDMLP_GEMM_CLUSTER": "2"}}
 PLAIN = {"FUSEDMLP_GEMM_CLUSTER": "1", "FUSEDMLP_GEMM_WS": "-1"}
 
 
@@ -30,7 +32,8 @@ def form(request, monkeypatch):
 
     if _api._gpu(0).info["arch"] != 90:
         pytest.skip("the GEMM's cluster and warp-specialised forms run on sm_90a")
-    monkeypatch.setenv(*FORMS[request.param])
+    for key, value in FORMS[request.param].items():
+        monkeypatch.setenv(key, value)
     return request.param
 
 
@@ -41,8 +44,8 @@ def gemm_forms(mlp, io):
     segments = mlp._segments_for(*target, io, io) or []
     plans = [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
              for seg in segments if seg.kind == "gemm"]
-    names = {1: "ws", 2: "pingpong", 3: "persistent"}
-    return ["cluster" if p["cluster"] == 2 else names.get(p["ws"], "plain") for p in plans]
+    names = {(1, 1): "ws", (1, 2): "pingpong", (1, 3): "persistent", (2, 0): "cluster", (2, 3): "persistent2"}
+    return [names.get((p["cluster"], p["ws"]), "plain") for p in plans]
 
 
 def in_form(forms, form):
@@ -103,7 +106,7 @@ def test_the_form_gives_the_plain_forms_bits(rng, monkeypatch, form, prec):
     for (widths, act, out_act, concat), residual in cases:
         ws, bs = graph_weights(rng, widths, concat, 1.0)
         outs = []
-        for env in (PLAIN, dict([FORMS[form]])):
+        for env in (PLAIN, FORMS[form]):
             for key, value in env.items():
                 monkeypatch.setenv(key, value)
             mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, residual=residual,
