@@ -533,8 +533,9 @@ class FusedMLP:
         cluster, ws = _env.gemm_cluster(), _env.gemm_ws()
         if cluster and "cluster" not in options and plan.info["wgmma"] and plan.info["cluster"] != cluster:
             forced["cluster"] = cluster
-        # (the form in turn, ws 2, takes the default tile only: a small batch's smaller tile keeps the plan's form)
-        if ws and "ws" not in options and plan.info["wgmma"] and plan.info["ws"] != max(ws, 0) and not (
+        # (the form in turn, ws 2, takes the default tile only: a small batch's smaller tile keeps the plan's form;
+        # a forced cluster changes the auto form, so ws is forced with it)
+        if ws and "ws" not in options and plan.info["wgmma"] and (plan.info["ws"] != max(ws, 0) or forced) and not (
                 ws == 2 and tile):
             forced["ws"] = ws
         if forced:
