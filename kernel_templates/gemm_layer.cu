@@ -890,7 +890,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     const fm_u32 rank = 0;
     __syncthreads();
 #endif
-#if FM_GEMM_WS == 2
+#if FM_GEMM_WS >= 2
     (void)ntile;
     (void)row0;
     (void)n0;
@@ -898,6 +898,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         fm_persist_produce(smem, bars, x, x1, w, rows, rank, (int)threadIdx.x - CWARPS * 32);
         fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
+#if FM_GEMM_WS == 2
         const int wg = warp >> 2, wq = warp & 3;
         const fm_u32 turn = bars + 16 * FM_STAGES;  // turn[wg] at turn + 8 wg
         long long j = 0, mine = 0;                  // the CTA's tile j, and this warpgroup's tiles so far
@@ -917,19 +918,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
             fm_mainloop_pp(acc, smem, bars, j * KTILES, turn + 8 * (wg ^ 1), lane);
             fm_epilogue_any(acc, y, res, bias, row0_t, rows, n0_t, wq, 0, g, t, smem, warp, lane);
         }
-    }
-    (void)wm;
-    (void)wn;
-    (void)rank;
-    return;
-#elif FM_GEMM_WS == 3
-    (void)ntile;
-    (void)row0;
-    (void)n0;
-    if (warp >= CWARPS) {
-        fm_persist_produce(smem, bars, x, x1, w, rows, rank, (int)threadIdx.x - CWARPS * 32);
-        fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
-    } else {
+#else
         long long seq0 = 0;  // the CTA's stage at the tile's first
 #pragma unroll 1
         for (long long i = fm_persist_first(); i < fm_persist_items(rows); i += fm_persist_step(), seq0 += KTILES) {
@@ -942,10 +931,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
             fm_mainloop_ws(acc, smem, bars, seq0, warp, lane);
             fm_epilogue_any(acc, y, res, bias, row0_t, rows, n0_t, wm, wn, g, t, smem, warp, lane);
         }
+#endif
     }
 #if FM_GEMM_CLUSTER > 1
     fm_cluster_sync();  // no CTA leaves while its partner may still multicast into it or arrive on its barriers
 #endif
+    (void)wm;
+    (void)wn;
+    (void)rank;
     return;
 #endif
     // (No setmaxnreg: the consumers fit the launch bound's even share, 168 registers, without spills.)
