@@ -204,6 +204,14 @@ __device__ __forceinline__ void fm_st_out2(fm_u32 addr, float v0, float v1) {
     fm_st_shared(addr, fm_pack2<FM_OUT_TYPE>(v0, v1));
 #endif
 }
+// 16 bytes of registers to global memory at p (16-byte aligned) in one store. Assigning an fm_v4 built from registers
+// compiled to four 4-byte STG.E (NVRTC 13, sm_90), each writing 8 of every 32-byte sector it touches (ncu on rec1024's
+// GEMM, bench/results/h100-gemm-persistent/); a copy from memory (fm_store_output's) compiles to one STG.E.128.
+// (No "memory" clobber: what it stores nothing in the kernel reads, and the clobber's fence on the compiler's
+// scheduling cost the residual GEMMs 16 bytes of spills.)
+__device__ __forceinline__ void fm_stg16(void *p, fm_v4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
 // 16-byte global -> shared copy; asynchronous where the hardware has cp.async (sm_80+).
 __device__ __forceinline__ void fm_copy16(void *smem, const void *gmem) {
 #if __CUDA_ARCH__ >= 800

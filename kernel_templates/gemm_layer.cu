@@ -769,7 +769,10 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
         if constexpr (STG) {  // the warp's staged slab to y, a row's 16-byte chunks by consecutive lanes
             constexpr int CPR = STG_COLS * OUT_B / 16;
             __syncwarp();
-#pragma unroll 4
+            // (PC with a residual: two 16-byte stores in flight, not four, whose aligned register quads spilled
+            // 12 bytes at the 168 registers three warpgroups leave a thread)
+            constexpr int UNROLL = PC && FM_RES_TYPE >= 0 ? 2 : 4;
+#pragma unroll UNROLL
             for (int i = lane; i < TM * CPR; i += 32) {
                 const int r = i / CPR, c = i % CPR;
                 const long long row = row0 + fm_tile_row(wm, r);
@@ -780,7 +783,7 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
                                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                                  : "r"(stg + (fm_u32)(r * STG_ROW_B + c * 16))
                                  : "memory");
-                    *(fm_v4 *)(y + row * Ly::NR + col) = v;
+                    fm_stg16(y + row * Ly::NR + col, v);
                 }
             }
             __syncwarp();  // (the warp's buffer is written again for its next slab or tile)

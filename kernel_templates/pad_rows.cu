@@ -68,6 +68,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
             const float v1 = col + 1 < XC ? fm_in_to_f(staged[r * XC + col + 1]) : 0.0f;
             v[j] = fm_pack2<FM_OUT_TYPE>(v0, v1);
         }
-        *(fm_v4 *)(y + (r0 + r) * XR + k) = fm_v4{v[0], v[1], v[2], v[3]};
+        fm_stg16(y + (r0 + r) * XR + k, fm_v4{v[0], v[1], v[2], v[3]});
     }
 }
