@@ -24,8 +24,9 @@ SUBCOMMANDS = {
     "steps": ("(GPU, PyTorch)", ["--dtype", "int8", "--gemm", "bn=128", "--base", "build/ab_base", "--check",
                                  "rec1024"]),
     "gemm": ("(GPU)", ["--dtype", "float8", "wide512"]),
+    "same": ("(no GPU)", ["--base", "build/base", "tcnn64"]),
 }
-GPU_ONLY = [name for name in SUBCOMMANDS if name != "list"]
+GPU_ONLY = [name for name in SUBCOMMANDS if name not in ("list", "same")]
 
 
 def run_main(capsys, argv):
@@ -330,6 +331,27 @@ def test_check_and_alternate_on_two_builds_of_one_plan(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("tcnn64      check, 4099 rows: A: A bits, rel err ")
     times = probe.alternate(kernels, 4096, rounds=3, launches=2)
     assert [len(t) for t in times] == [3, 3] and all(0 < ms < 100 for t in times for ms in t)
+
+
+def test_same_tells_whether_a_template_change_leaves_the_kernels_as_they_were(capsys, tmp_path):
+    """probe same (no GPU): the package's templates against a copy of themselves compile to the same bytes, exit 0;
+    a copy whose relu pair form no longer clamps makes tcnn64's kernel (relu) differ, exit 1; the chain's kernels of a
+    segmented network are each named."""
+    import importlib.resources
+
+    _api._nvrtc_info()
+    for path in (importlib.resources.files("fusedmlp") / "kernel_templates").iterdir():  # (as _api._template reads)
+        if path.name.endswith((".cu", ".cuh")):
+            (tmp_path / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    status, out, _ = run_main(capsys, ["same", "--base", str(tmp_path), "tcnn64", "rec1024"])
+    assert status == 0 and "tcnn64      float16 sm_90: fused same" in out, out
+    assert "rec1024     float16 sm_90: GEMM same, GEMM same, GEMM same, fused same" in out, out
+    common = tmp_path / "fm_common.cuh"
+    text = common.read_text()
+    assert "cvt.rn.relu.f16x2.f32" in text
+    common.write_text(text.replace("cvt.rn.relu.f16x2.f32", "cvt.rn.f16x2.f32"))
+    status, out, _ = run_main(capsys, ["same", "--base", str(tmp_path), "tcnn64"])
+    assert status == 1 and "fused DIFFERS" in out, out
 
 
 def test_list_shows_how_a_gpu_cuts_a_network_and_each_segments_kernel():

@@ -523,9 +523,10 @@ def norm_dtypes(mlp, layer, in_dtype, out_dtype):
             _value_dtype(mlp, layer, in_dtype, out_dtype))
 
 
-def plans(mlp, arch, in_dtype, out_dtype):
-    """Ahead of time: the plan of every segment's kernel for a named arch (fused stretches: their default plan)."""
-    target = (arch, 0, 0, 0)
+def plans(mlp, arch, in_dtype, out_dtype, target=None):
+    """Ahead of time: the plan of every segment's kernel for a named arch (fused stretches: their default plan), or
+    for a GPU's limits (target: arch, smem_per_block, sm_count, smem_per_sm)."""
+    target = target or (arch, 0, 0, 0)
     out = []
     segments = mlp._segments_for(*target, in_dtype, out_dtype)
     pad_at = pad_before(mlp, segments, in_dtype)

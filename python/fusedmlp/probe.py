@@ -11,6 +11,7 @@
     steps  (GPU, PyTorch) a segmented network's kernels timed one by one, against the whole chain's device time;
            --dtype (8-bit chains too), --gemm (a forced GEMM tile or form), --base (templates A/B, as ab), --check
     gemm   (GPU) each GEMM layer of a segmented network in every tile and form, per batch size; --dtype
+    same   (no GPU) whether a template change leaves every kernel a workload compiles to as it was, byte for byte
 
 Workloads are the benchmark's (fusedmlp.bench.WORKLOADS) and a few shapes outside it (EXTRA), with fixed random
 weights (seed 0), so that runs compare. Kernel times are Kernel.time: the best of 5 launches on random rows; where
@@ -739,6 +740,53 @@ def chain_steps(args):
     return 0
 
 
+def kernel_plans(mlp, gpu, io):
+    """Every kernel plan a call of mlp with io in and out builds on a named GPU (GPUS) by default (untuned): its one
+    fused kernel's, or a chain's (fused stretches, GEMMs, norm and pad passes: _segments.plans)."""
+    target = (gpu["arch"], gpu["smem_per_block"], gpu["sm_count"], gpu["smem_per_sm"])
+    if mlp._segments_for(*target, io, io) is None:
+        return [mlp._net.plan(gpu["arch"], gpu["smem_per_block"], gpu["sm_count"], io, io,
+                              smem_per_sm=gpu["smem_per_sm"], precision=mlp._precision)]
+    return _segments.plans(mlp, gpu["arch"], io, io, target)
+
+
+def same_cubins(args):
+    """(no GPU) Whether a kernel-template change leaves what runs as it was: each workload's kernels for a named GPU
+    (kernel_plans) rendered from the baseline folder's templates and from the working tree's, compiled by NVRTC (its
+    own cache off) and compared byte for byte. A change meant to move code without changing it (a refactor, a
+    comment) shows "same" for every kernel, and needs no device time to prove it; one that differs says which kernels
+    a GPU must run again. Exit status 1 where any kernel differs.
+
+        mkdir -p build/base && for f in kernel_templates/*; do git show HEAD:$f > build/base/${f##*/}; done
+        python -m fusedmlp.bench probe same --base build/base [--gpu h100] [--dtype float16] [--io float16]
+            [workload ...]
+    """
+    gpu = GPUS[args.gpu]
+    _api._nvrtc_info()  # (NVRTC missing: the error that says how to get it)
+    options = _api.nvrtc_no_cache()
+    differs = 0
+    for name in args.workloads:
+        mlp = model(workload(name), device="cpu", dtype=args.dtype)
+        if args.dtype in _api.LOWBIT:
+            calibrate(mlp)
+        verdicts = []
+        for plan in kernel_plans(mlp, gpu, args.io):
+            cubins = []
+            for folder in (args.base, None):
+                with templates_from(folder):
+                    source = _api._source_of(plan)
+                cubins.append(_api._core().nvrtc_compile(source, _api.KERNEL_NAME, gpu["arch"], gpu["arch"] == 90,
+                                                         options)[0])
+            same = cubins[0] == cubins[1]
+            differs += not same
+            info = plan.info
+            what = ("norm pass" if info.get("norm_pass") else "pad pass" if info.get("pad_pass") else
+                    "GEMM" if info.get("gemm") else "fused")
+            verdicts.append(f"{what} {'same' if same else 'DIFFERS'}")
+        print(f"{name:11s} {args.dtype} sm_{gpu['arch']}: " + ", ".join(verdicts), flush=True)
+    return 1 if differs else 0
+
+
 #: The GEMM forms `probe gemm` times beside the plan's auto form at each tile: the plain one, clusters of 2 sharing
 #: B, the producer warpgroup, the consumers in turn, the producer's form on a persistent grid (each where the plan
 #: takes it).
@@ -885,6 +933,13 @@ def _parser():
     p.add_argument("--form", type=parse_gemm, action="append", default=[],
                    help="a form to time beside the auto one (e.g. ws=3); repeat (default: every form)")
     p.add_argument("--default-tile", action="store_true", help="only the plan's default tile")
+
+    p = command("same", same_cubins, "(no GPU) a template change's kernels against the baseline's, byte for byte")
+    p.add_argument("workloads", nargs="*", help=known)
+    p.add_argument("--base", required=True, help="a folder of baseline template files")
+    p.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="the GPU to plan for (default h100)")
+    p.add_argument("--io", choices=IO_DTYPES, default="float16", help="x's and y's dtype (default float16)")
+    p.add_argument("--dtype", choices=DTYPES, default="float16", help="the compute dtype (default float16)")
     return ap
 
 
