@@ -346,24 +346,34 @@ __device__ __forceinline__ float fm_quad_sum(float v) {
     return v;
 }
 
+// f(x, k) for each of this lane's values x of row hh (V: float, or const float where f only reads), at
+// v[4 j + 2 hh + e], k = 8 j + e: its column is c0 + 2 t + k (f computes it where it needs it, after the value's
+// own arithmetic, as the loops this walk replaced did: the same cubins, `probe same`). The norms' walk; the softmax
+// helpers keep loops of their own, which through it ptxas scheduled differently (cls10's kernel: the same 2312
+// instructions, 21 of them moved).
+template <int NT, typename V, typename F>
+__device__ __forceinline__ void fm_row_each(V *v, int hh, F f) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            f(v[4 * j + 2 * hh + e], 8 * j + e);
+    }
+}
+
 // This lane's part of row hh's sum over its real columns (d: subtracted first, squared when SQ), not yet over the
 // quad. Padded columns hold zeros (zero weights and bias), but (0 - d)^2 does not vanish: they are masked.
 template <int L, int NT, bool SQ>
 __device__ __forceinline__ float fm_norm_part(const float *v, int c0, int t, int hh, float d) {
-    typedef Layer<L> Ly;
     float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const float x = v[4 * j + 2 * hh + e] - d;
-            const float term = SQ ? x * x : x;
-            if constexpr (Ly::NR < Ly::N)
-                s += c0 + 8 * j + 2 * t + e < Ly::NR ? term : 0.0f;
-            else
-                s += term;
-        }
-    }
+    fm_row_each<NT>(v, hh, [&](float z, int k) {
+        const float x = z - d;
+        const float term = SQ ? x * x : x;
+        if constexpr (Layer<L>::NR < Layer<L>::N)
+            s += c0 + 2 * t + k < Layer<L>::NR ? term : 0.0f;
+        else
+            s += term;
+    });
     return s;
 }
 
@@ -373,16 +383,11 @@ template <int L, int NT>
 __device__ __forceinline__ void fm_norm_apply(float *v, int c0, int t, int hh, float mean, float rstd,
                                               const float *bias) {
     typedef Layer<L> Ly;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int col = c0 + 8 * j + 2 * t + e;
-            float &x = v[4 * j + 2 * hh + e];
-            x = (fm_norm_mean<L>() ? x - mean : x) * rstd * bias[Ly::B_OFF + Ly::N + col] +
-                bias[Ly::B_OFF + 2 * Ly::N + col];
-        }
-    }
+    fm_row_each<NT>(v, hh, [&](float &x, int k) {
+        const int col = c0 + 2 * t + k;
+        x = (fm_norm_mean<L>() ? x - mean : x) * rstd * bias[Ly::B_OFF + Ly::N + col] +
+            bias[Ly::B_OFF + 2 * Ly::N + col];
+    });
 }
 
 // NORM 3 (softmax) and 4 (log_softmax): a row's statistics are its max m and s = sum exp(z - m) over its real
@@ -410,15 +415,15 @@ template <int L, int NT> __device__ __forceinline__ float fm_soft_max_part(const
 }
 
 // This lane's part of row hh's sum of exp(z - m) over its real columns, not yet over the quad; EXP: v becomes
-// exp(v - m) (a softmax's numerators, so that the apply is one multiply).
-template <int L, int NT, bool EXP>
-__device__ __forceinline__ float fm_soft_sum_part(float *v, int c0, int t, int hh, float m) {
+// exp(v - m) (a softmax's numerators, so that the apply is one multiply; V float then, else const float too).
+template <int L, int NT, bool EXP, typename V>
+__device__ __forceinline__ float fm_soft_sum_part(V *v, int c0, int t, int hh, float m) {
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            float &x = v[4 * j + 2 * hh + e];
+            V &x = v[4 * j + 2 * hh + e];
             const float ex = __expf(x - m);
             if (Layer<L>::NR == Layer<L>::N || c0 + 8 * j + 2 * t + e < Layer<L>::NR)
                 s += ex;
@@ -434,8 +439,8 @@ __device__ __forceinline__ float fm_soft_sum_part(float *v, int c0, int t, int h
 // become zero.
 template <int L, int NT, bool EXPED>
 __device__ __forceinline__ void fm_soft_apply(float *v, int c0, int t, int hh, float m, float s, float m_own) {
-    typedef Layer<L> Ly;
     const float scale = EXPED ? __expf(m_own - m) / s : 1.0f / s, shift = m + __logf(s);
+    typedef Layer<L> Ly;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll

@@ -142,7 +142,7 @@ __device__ __forceinline__ void fm_row_stats_add(const float (&acc)[FM_M_TILES][
             const float *v = &acc[mt][0][0];
             if constexpr (fm_norm_soft<L>()) {  // mean: the max so far, m2: the sum of exp(z - max)
                 const float mb = fm_quad_max(fm_soft_max_part<L, NT>(v, n0, t, hh));
-                const float sb = fm_quad_sum(fm_soft_sum_part<L, NT, false>(const_cast<float *>(v), n0, t, hh, mb));
+                const float sb = fm_quad_sum(fm_soft_sum_part<L, NT, false>(v, n0, t, hh, mb));
                 const float m = n0 == 0 ? mb : fmaxf(st.mean[mt][hh], mb);
                 st.m2[mt][hh] = n0 == 0 ? sb : st.m2[mt][hh] * __expf(st.mean[mt][hh] - m) + sb * __expf(mb - m);
                 st.mean[mt][hh] = m;
