@@ -150,6 +150,18 @@ __device__ __forceinline__ void fm_cp16(fm_u32 dst, const void *src) {
 #endif
 }
 
+// Floats i and i + 1 of the blob (i even; the blob's arrays start at multiples of 4 floats and run to N, a multiple of
+// the tile: csrc/gemm.c) for an 8-bit epilogue's dequantisation: one 8-byte load instead of two 4-byte ones (its
+// factors and bias took 512 LDG a thread a tile; 256 now, and 4096 -> 3664 instructions in all for rec1024's int8
+// 1024 x 1024 GEMM), but in the form in turn, whose 168 registers the pairs spilled (12-16 bytes). (The 16-bit
+// tiles' bias loads, once a tile, stay single: as pairs they spilled the persistent form's residual tiles.)
+__device__ __forceinline__ fm_v2 fm_ld_pair(const float *__restrict__ blob, int i) {
+    if constexpr (PP)
+        return fm_v2{__float_as_uint(blob[i]), __float_as_uint(blob[i + 1])};
+    else
+        return *(const fm_v2 *)(blob + i);
+}
+
 // One global element of dtype T (fm_dtype codes) as a float (8-bit codes: the code's value, not yet times its scale).
 template <int T> __device__ __forceinline__ float fm_ld_f(const void *p, long long i) {
     if constexpr (T == 0) {
@@ -732,8 +744,10 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
                     float v0 = acc[mt][nt][2 * h], v1 = acc[mt][nt][2 * h + 1], r0 = 0.0f, r1 = 0.0f;
 #if FM_PREC >= 3  // W h + b: the sums times act_scale * w_scale[n], plus the bias (fm_dequant in fused_mlp.cu;
                       // the blob's factors and bias are zero from NR to N)
-                    v0 = fmaf(fm_acc_value(v0), bias[Ly::DQ_OFF + col], Ly::BIAS ? bias[col] : 0.0f);
-                    v1 = fmaf(fm_acc_value(v1), bias[Ly::DQ_OFF + col + 1], Ly::BIAS ? bias[col + 1] : 0.0f);
+                    const fm_v2 dq = fm_ld_pair(bias, Ly::DQ_OFF + col);
+                    const fm_v2 b = Ly::BIAS ? fm_ld_pair(bias, col) : fm_v2{0u, 0u};
+                    v0 = fmaf(fm_acc_value(v0), __uint_as_float(dq.x), __uint_as_float(b.x));
+                    v1 = fmaf(fm_acc_value(v1), __uint_as_float(dq.y), __uint_as_float(b.y));
 #else
                     (void)bias;
 #endif
