@@ -928,8 +928,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
             if (wg == 1 || mine > 0)
                 fm_mbar_wait(turn + 8 * wg, (fm_u32)((wg == 0 ? mine - 1 : mine) & 1));
             ++mine;
-            const int n0_t = (int)(tl % NTILES) * BN;
-            const long long row0_t = tl / NTILES * BM;
+            int ntile_t;
+            long long row0_t;
+            fm_persist_tile(tl, rank, ntile_t, row0_t);
+            const int n0_t = ntile_t * BN;
             float acc[MT][NT][4];
             fm_acc_init(acc, n0_t, t, bias);
             fm_mainloop_pp(acc, smem, bars, j * KTILES, turn + 8 * (wg ^ 1), lane);
