@@ -365,8 +365,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
      * bytes: gemm_layer.cu's STG_WARP_B); not for float32 y (135 KB for 128 columns), which is stored as it was.
      * ws=3: each consumer warp's 16 rows of 128 bytes of y at a time (a slab), padded by 16 bytes, so that four stages
      * of a 128 x 256 tile fit beside them */
-    const size_t staged = pp && fm_dtype_size(out) <= 2 ? (size_t)8 * 32 * ((size_t)plan->gemm_bn * fm_dtype_size(out) + 16)
-                          : pc ? (size_t)plan->gemm_bm * (128 + 16) : 0;
+    const size_t staged = pp && fm_dtype_size(out) <= 2
+                              ? (size_t)8 * 32 * ((size_t)plan->gemm_bn * fm_dtype_size(out) + 16)
+                              : pc ? (size_t)plan->gemm_bm * (128 + 16) : 0;
     const size_t align = (plan->wgmma ? 1024 : 0) + staged + (pp ? 16 : 0); /* (pp: two turn mbarriers) */
     while (!opts->stages && stages > least && (size_t)stages * stage + align > target->smem_per_block)
         --stages;
