@@ -270,6 +270,8 @@ typedef struct fm_plan_opts {
     int split;        /* the streamed warpgroup kernel's wide layers split over clusters of this many CTAs
                          (fm_plan.split; 0: none, 2, 4 or 8); the tuner tries 2 and 4 for small batches */
     int norm_half;    /* fm_plan.norm_half where it applies: 0 auto (on), -1 off (for A/B timing) */
+    int in_shared;    /* the streamed warpgroup kernel's input buffers in its wide buffers' bytes (fm_plan.in_shared):
+                         0 auto (where two warpgroups fit no other way), -1 off, 1 on (a limit where it cannot be) */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -326,6 +328,12 @@ typedef struct fm_plan {
      * SMs busy, each reading 1/n of the wide layers' weights. The output stage keeps sharing the wide buffer's bytes:
      * a tile's last hand-over arrival waits until its y is stored. */
     int split;
+    /* 1 (the streamed form with a wide layer, where two warpgroups' buffers fit no other way): each warp's input
+     * buffer takes the bytes of its wide buffer and output stage, so a warp holds one 16-row buffer of the widest
+     * value instead of two (sdf512's stretches, whose 512-wide inputs and outputs left room for one warpgroup only).
+     * The next tile's x then lands there once this tile's y is stored, not under its layers (a raw landing buffer,
+     * where x's rows are converted, is its own and still fills under them). */
+    int in_shared;
     size_t smem_bytes;               /* dynamic shared memory per CTA */
     fm_dtype in_dtype, out_dtype;    /* global-memory types of x and y */
     int arch;                        /* target compute capability */

@@ -28,16 +28,16 @@ static PlanObject *Plan_new(NetworkObject *self, int arch, Py_ssize_t smem, int 
 PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
                              "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", "kpipe",
-                             "k_chunk", "wide_loop", "split", "norm_half", NULL};
+                             "k_chunk", "wide_loop", "split", "norm_half", "in_shared", NULL};
     int arch, sm_count = 0;
     Py_ssize_t smem = 0, smem_sm = 0;
     const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
-    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0};
+    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiiiiiii", kwlist, &arch, &smem, &sm_count, &in_s,
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiiiiiiii", kwlist, &arch, &smem, &sm_count, &in_s,
                                      &out_s, &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm,
                                      &prec_s, &opts.wgmma, &opts.cluster, &opts.kpipe, &opts.k_chunk, &opts.wide_loop,
-                                     &opts.split, &opts.norm_half))
+                                     &opts.split, &opts.norm_half, &opts.in_shared))
         return NULL;
     fm_dtype in_d, out_d;
     fm_prec prec;
@@ -137,11 +137,14 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
         }
         PyObject *loop = ok ? PyLong_FromLong(p->wide_loop) : NULL; /* the wide layers' groups as a loop */
         PyObject *split = ok ? PyLong_FromLong(p->split) : NULL;    /* and split over a cluster's CTAs */
-        ok = ok && loop != NULL && split != NULL && PyDict_SetItemString(info, "wide_layers", wide) == 0 &&
-             PyDict_SetItemString(info, "k_chunk", kc) == 0 && PyDict_SetItemString(info, "wide_loop", loop) == 0 &&
-             PyDict_SetItemString(info, "split", split) == 0;
+        PyObject *shared = ok ? PyLong_FromLong(p->in_shared) : NULL; /* x landing in the wide buffers */
+        ok = ok && loop != NULL && split != NULL && shared != NULL &&
+             PyDict_SetItemString(info, "wide_layers", wide) == 0 && PyDict_SetItemString(info, "k_chunk", kc) == 0 &&
+             PyDict_SetItemString(info, "wide_loop", loop) == 0 && PyDict_SetItemString(info, "split", split) == 0 &&
+             PyDict_SetItemString(info, "in_shared", shared) == 0;
         Py_XDECREF(loop);
         Py_XDECREF(split);
+        Py_XDECREF(shared);
         Py_XDECREF(wide);
         Py_XDECREF(kc);
         if (!ok) {

@@ -550,9 +550,15 @@ static void fm_plan_norm_halves(const fm_spec *spec, fm_plan *plan) {
  * any other plan is a limit naming it. */
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
-    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0};
+    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0};
     if (opts == NULL)
         opts = &none;
+    if (opts->in_shared < -1 || opts->in_shared > 1) {
+        memset(plan, 0, sizeof *plan);
+        return fm_fail(err, FM_ERR_VALUE, "in_shared=%d: the streamed kernel's input buffers in its wide buffers' "
+                       "bytes, 0 (auto: where two warpgroups fit no other way), 1 (on, else an error) or -1 (off)",
+                       opts->in_shared);
+    }
     if (opts->wide_loop < -1 || opts->wide_loop > 1) {
         memset(plan, 0, sizeof *plan);
         return fm_fail(err, FM_ERR_VALUE, "wide_loop=%d: the streamed kernel's wide layers' column groups, 0 (auto: "
@@ -569,6 +575,10 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         if (opts->norm_half >= 0)
             fm_plan_norm_halves(spec, plan);
     }
+    if (st == FM_OK && opts->in_shared > 0 && !plan->in_shared)
+        return fm_fail(err, FM_ERR_LIMIT, "in_shared=1 was asked for, but only the streamed warpgroup kernel (wgmma=1, "
+                       "resident=0) of a network with a layer wider than 256 shares its buffers, and this plan is not "
+                       "that kernel");
     if (st == FM_OK && opts->split > 1 && opts->wide_loop < 0)
         return fm_fail(err, FM_ERR_LIMIT, "split=%d was asked for with wide_loop=-1: a split layer's column groups "
                        "run as a loop (fused_mlp_sm90.cu, fm_wide_layer)", opts->split);

@@ -236,8 +236,8 @@ size_t fm_plan_wgmma_layout(fm_plan *p, const fm_target *t, int warps, const int
     int in_only = value_pad[0];
     p->act_stride = fm_act_stride(p, &in_only, 1, 0);
     size_t stage = fm_plan_wgmma_stage_bytes(p), wide = fm_plan_wide_bytes(p); /* one buffer serves both */
-    size_t warp_bytes = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes + (stage > wide ? stage : wide) +
-                        fm_plan_wgmma_raw_bytes(p);
+    size_t in = 16 * (size_t)p->act_stride * (size_t)p->elem_bytes, share = stage > wide ? stage : wide;
+    size_t warp_bytes = (p->in_shared ? (in > share ? in : share) : in + share) + fm_plan_wgmma_raw_bytes(p);
     size_t w_bytes = (size_t)p->elem_bytes * (p->cluster ? p->w_rank_elems
                                               : p->stream_slots ? (size_t)p->stream_slots * p->w_slot_elems
                                               : p->w_elems);
@@ -479,18 +479,27 @@ fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opt
     memset(p->pipe, 0, sizeof p->pipe);
     /* Two warpgroups, else one (an SM then has one warpgroup: its epilogues leave the tensor pipe idle, so it is the
      * fallback for buffers too large for two, such as a wide float32 x's landing buffers); a wide network's K pieces
-     * of STREAM_PIECE_B, else half that, before fewer warps (unmeasured: one warpgroup leaves the tensor pipe idle
-     * through every epilogue, smaller pieces add a slot wait per 8 k steps). */
-    static const int shapes[][2] = {{8, 2}, {8, 1}, {4, 2}, {4, 1}}; /* warps, piece in STREAM_PIECE_B / 2 */
+     * of STREAM_PIECE_B, else half that, then its input buffers in its wide buffers' bytes (fm_plan.in_shared), before
+     * fewer warps (one warpgroup: wide512 1.57x the time of two on the H100, 9.80 against 6.23 ms at 2^21 rows;
+     * smaller pieces add a slot wait per 8 k steps, unmeasured; a shared input buffer leaves each tile's x load
+     * unhidden). A split plan's CTAs write each other's wide buffers: its input buffers keep their own bytes. */
+    static const int shapes[][3] = {{8, 2, 0}, {8, 1, 0}, {8, 2, 1}, {8, 1, 1}, {4, 2, 0}, {4, 1, 0}}; /* warps,
+                                                            * piece in STREAM_PIECE_B / 2, in_shared */
+    if (opts->in_shared > 0 && (p->split || !fm_plan_has_wide_value(p)))
+        return fm_fail(err, FM_ERR_LIMIT, "in_shared=1 was asked for, but %s", p->split
+                       ? "a split plan's CTAs write each other's wide buffers, so its input buffers keep their own bytes"
+                       : "this network has no layer wider than 256, so its warps have no wide buffer to share");
     fm_plan first = *p;
     fm_status st = FM_ERR_LIMIT;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 6; ++i) {
         int warps = shapes[i][0];
         size_t piece = (size_t)shapes[i][1] * (STREAM_PIECE_B / 2);
         if ((opts->warps && opts->warps != warps) ||
-            (shapes[i][1] == 1 && (opts->k_chunk > 0 || !fm_plan_has_wide_value(p)))) /* no pieces: no smaller ones */
-            continue;
+            (shapes[i][1] == 1 && (opts->k_chunk > 0 || !fm_plan_has_wide_value(p))) || /* no pieces: no smaller */
+            (shapes[i][2] && (p->split || !fm_plan_has_wide_value(p) || opts->in_shared != 0)))
+            continue; /* (in_shared=1: every shape shares) */
         fm_plan cand = first;
+        cand.in_shared = shapes[i][2] || opts->in_shared > 0;
         fm_error quiet = {0};
         st = fm_plan_stream_at(&cand, t, opts, warps, piece, value_pad, &quiet);
         if (st == FM_OK) {
@@ -507,8 +516,10 @@ fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opt
             fm_error_clear(&quiet);
         }
     }
-    if (opts->warps && opts->warps != 4 && opts->warps != 8) /* another forced warp count: its own reason */
+    if (opts->warps && opts->warps != 4 && opts->warps != 8) { /* another forced warp count: its own reason */
+        p->in_shared = opts->in_shared > 0;
         return fm_plan_stream_at(p, t, opts, opts->warps, STREAM_PIECE_B, value_pad, err);
+    }
     return st;
 }
 

@@ -398,6 +398,7 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
         fm_str_printf(fm_subst_add(t, "STREAM_SLOTS"), "%d", p->stream_slots);
         fm_str_printf(fm_subst_add(t, "WIDE_LOOP"), "%d", p->wide_loop);
         fm_str_printf(fm_subst_add(t, "SPLIT"), "%d", p->split > 1 ? p->split : 1);
+        fm_str_printf(fm_subst_add(t, "IN_SHARED"), "%d", p->in_shared);
         fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"), p->cluster > 1 ? "__cluster_dims__(FM_CLUSTER, 1, 1)"
                                                        : p->split > 1 ? "__cluster_dims__(FM_SPLIT, 1, 1)" : "");
     }
@@ -422,6 +423,8 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
             fm_str_append(c, ", their column groups looped");
         if (p->split > 1)
             fm_str_printf(c, ", split over clusters of %d", p->split);
+        if (p->in_shared)
+            fm_str_append(c, ", x landing in the wide buffers");
     }
     if (p->cluster)
         fm_str_printf(c, " (1/%d per CTA of a cluster of %d), activations in shared memory", p->cluster, p->cluster);

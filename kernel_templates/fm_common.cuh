@@ -542,6 +542,16 @@ template <int NW> __device__ __forceinline__ void fm_st_words(act_t *dst, const 
     }
 }
 
+// Zeros the input buffer's padding columns [IN_REAL, IN_PAD) of the warp's ROWS_W rows: they meet zero weights, but
+// must not hold NaN or Inf.
+__device__ __forceinline__ void fm_zero_pad_columns(act_t *buf, int lane) {
+    if constexpr (IN_PAD > IN_REAL) {
+        constexpr int PADC = IN_PAD - IN_REAL > 0 ? IN_PAD - IN_REAL : 1;  // (NVRTC warns on a zero divisor)
+        for (int i = lane; i < ROWS_W * PADC; i += 32)
+            buf[(i / PADC) * ACT_STRIDE + IN_REAL + i % PADC] = (act_t)0;
+    }
+}
+
 // Loads this warp's strip of x (rows [r0, r0 + nrows)) into `buf` as act_t, zero-filling padded rows and (unless
 // PAD_ZERO is false: a buffer whose padding columns nothing else writes) columns. x may be a shared-memory copy.
 template <bool PAD_ZERO = true>
@@ -607,11 +617,8 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
             buf[row * ACT_STRIDE + col] = v;
         }
     }
-    if constexpr (PAD_ZERO && IN_PAD > IN_REAL) {  // padded columns meet zero weights, but must not hold NaN/Inf
-        constexpr int PADC = IN_PAD - IN_REAL > 0 ? IN_PAD - IN_REAL : 1;  // (NVRTC warns on a zero divisor)
-        for (int i = lane; i < ROWS_W * PADC; i += 32)
-            buf[(i / PADC) * ACT_STRIDE + IN_REAL + i % PADC] = (act_t)0;
-    }
+    if constexpr (PAD_ZERO)
+        fm_zero_pad_columns(buf, lane);
 }
 
 // Writes columns [c0, c0 + W) of y in this warp's nrows staged rows from r0 on (rows of STRIDE out_t; stage column 0

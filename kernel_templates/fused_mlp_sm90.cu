@@ -36,6 +36,7 @@
 #define FM_STREAM {{STREAM_SLOTS}}  // 0: resident weights; n > 0: streamed through n slots (fm_stream.cuh)
 #define FM_WIDE_LOOP {{WIDE_LOOP}}  // 1: FM_STREAM's wide layers run their column groups as a loop (fm_wide_layer)
 #define FM_SPLIT {{SPLIT}}  // n > 1: FM_STREAM's wide layers split over clusters of n CTAs (fm_split_layer)
+#define FM_IN_SHARED {{IN_SHARED}}  // 1: each warp's input buffer in its wide buffer's bytes (fm_plan.in_shared)
 #define FM_SLOT_ELEMS {{W_SLOT_ELEMS}}
 constexpr int ROWS_W = 16;  // rows per warp
 static_assert({{M_TILES}} == 1 && {{BUFFERS}} == 1 && ({{RESIDENT}} == 1) == (FM_SLOT_ELEMS == 0),
@@ -723,13 +724,17 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u
 // Per warp: the input buffer (ROWS_W rows of ROW_B: x as act_t, padding columns zero), the output stage (ROWS_W rows
 // of STAGE_W out_t; none for float32 y, fm_out), which is also the wide buffer (WIDE_B), and, unless x's rows land in
 // the input buffer verbatim (IN_DIRECT), a raw buffer holding the warp's 16 rows of x as they are in global memory
-// (contiguous: a strip of x is one run of bytes).
+// (contiguous: a strip of x is one run of bytes). FM_IN_SHARED: the input buffer is the stage's and wide buffer's
+// bytes, so its padding columns are zeroed again for each tile, and x lands in it only once the tile's y is stored.
 constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
 constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_W * (int)sizeof(out_t);
 constexpr int SHARE_B = STAGE_B > WIDE_B ? STAGE_B : WIDE_B;  // the stage, and the wide buffer (fm_out)
-constexpr int WARP_B = BUF_B + SHARE_B + RAW_B;
+constexpr int OUT_AT = FM_IN_SHARED ? 0 : BUF_B;              // the stage's offset in a warp's bytes
+constexpr int RAW_AT = OUT_AT + (FM_IN_SHARED && BUF_B > SHARE_B ? BUF_B : SHARE_B);
+constexpr int WARP_B = RAW_AT + RAW_B;
+constexpr bool X_AFTER_Y = FM_IN_SHARED && IN_DIRECT;  // the next tile's x lands in the input buffer after y's store
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B +
                       (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16 + NSTAT_B) : 0) + STREAM_BAR_B == SMEM_BYTES,
               "the layout below is the plan's (plan.c: fm_plan_wgmma_layout, _stage_bytes, _raw_bytes)");
@@ -819,10 +824,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = warp >> 2, wq = warp & 3;  // warpgroup, and this warp's quarter (rows 16 * wq..) of its 64 rows
     act_t *in_buf = (act_t *)(s_warps + warp * WARP_B);
-    act_t *out_buf = (act_t *)(s_warps + warp * WARP_B + BUF_B);
-    const in_t *raw = (const in_t *)(s_warps + warp * WARP_B + BUF_B + SHARE_B);
+    act_t *out_buf = (act_t *)(s_warps + warp * WARP_B + OUT_AT);
+    const in_t *raw = (const in_t *)(s_warps + warp * WARP_B + RAW_AT);
     const fm_u32 in_addr = fm_smem_addr(in_buf), out_addr = fm_smem_addr(out_buf);
-    const fm_u32 raw_addr = in_addr + BUF_B + SHARE_B;
+    const fm_u32 raw_addr = in_addr + RAW_AT;
 
     // The shared-memory-A form: which CTA of its cluster this is, and the warpgroup's buffer and barriers.
     fm_cl_state cl;
@@ -879,7 +884,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                   FM_STREAM > 0 ? 0
                   : FM_CLUSTER > 0 && !SPLIT_LAST && rank != 0 ? (int)Layer<LAST>::W_OFF : W_SMEM_ELEMS);
     fm_copy_commit();
-    // The input buffer's padding columns stay zero: only x's columns are ever written into it.
+    // The input buffer's padding columns stay zero: only x's columns are ever written into it (FM_IN_SHARED: until
+    // the first tile's layers write the wide buffer; zeroed again for each tile after).
     for (int i = lane; i < BUF_B / 16; i += 32)
         *(fm_v4 *)((unsigned char *)in_buf + 16 * i) = fm_v4{0u, 0u, 0u, 0u};
     __syncwarp();
@@ -914,7 +920,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         fm_copy_wait<0>();  // this lane's part of the tile's x has landed
         __syncwarp();       // and every lane's
         if constexpr (!IN_DIRECT) {
-            fm_load_input<false>(in_buf, raw, 0, ROWS_W, lane);  // rows past x arrived as zeros
+            fm_load_input<FM_IN_SHARED>(in_buf, raw, 0, ROWS_W, lane);  // rows past x arrived as zeros
             __syncwarp();
         }
         fm_u32 a[IN_PAD / KE][4];  // ldmatrix's 16 x 32 bytes are a k16 (halves) or k32 (codes) A fragment
@@ -922,7 +928,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         for (int s = 0; s < IN_PAD / KE; ++s)
             fm_ldmatrix_x4(a[s], a_lane + s * 32);
         __syncwarp();  // every lane has its fragments before the next tile's x lands over them
-        if (tile + FM_TILE_STEP < tiles)
+        if (!X_AFTER_Y && tile + FM_TILE_STEP < tiles)
             fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
         // (FM_SPLIT: CTA 0 of the cluster stores y, the others compute the same last layer)
         const int live = FM_SPLIT > 1 && rank != 0 ? 0 : nrows;
@@ -946,6 +952,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         }
         if constexpr (FM_SPLIT > 1)
             fm_split_arrive();  // the tile's last split layer's hand-over (fm_wide_reload): y is stored
+        if constexpr (X_AFTER_Y) {
+            __syncwarp();  // every lane's reads of the wide buffer and the stage are done
+            if (tile + FM_TILE_STEP < tiles) {
+                fm_zero_pad_columns(in_buf, lane);
+                fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
+            }
+        }
     }
     if constexpr (FM_CLUSTER > 1) {
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // this thread's last copies are done

@@ -985,6 +985,33 @@ def test_wide_loop_gives_the_unrolled_kernels_bits_on_random_wide_chains():
     assert not failures, failures[:5]
 
 
+def test_input_buffers_in_the_wide_buffers_give_the_kernels_bits_on_random_wide_chains():
+    """in_shared (auto where two warpgroups fit no other way: sdf512's stretches): each warp's input buffer in its
+    wide buffer's bytes, its padding columns zeroed again for each tile, x landing there once the tile's y is stored
+    (or, x converted on the way in, its raw landing buffer still filling under the tile). On wide_stream_cases(), one
+    and two warpgroups, vs float64 and bit for bit the same shape with buffers of their own: the same MMAs on the
+    same inputs. Cases with x landing verbatim and converted, and with padding columns, each among them."""
+    failures, checked, compared, kinds = [], 0, 0, set()
+    for c, mlp in wide_stream_models():
+        shared, own = {"in_shared": 1}, {"in_shared": -1}
+        built = first_built_pair(mlp, c.io, [({"n_chunk": c.n_chunk, "k_chunk": c.k_chunk, "warps": 4 + 4 * (c.i % 2)},
+                                              shared), ({"n_chunk": 64, "warps": 4}, shared)], own)
+        if built is None:
+            continue
+        _, (plain, plan_o, _, _), (in_wide, plan, source, _) = built
+        assert plan.info["in_shared"] == 1 and plan_o.info["in_shared"] == 0, (plan.info, plan_o.info)
+        assert "#define FM_IN_SHARED 1 " in source
+        verbatim = c.io == c.prec and c.widths[0] % 8 == 0
+        kinds |= {"x verbatim" if verbatim else "x converted", "padding columns" if c.widths[0] % 16 else "none"}
+        case = (c.i, c.widths, c.acts, c.residual, c.concat, c.prec, c.io, c.batch, plan.info["warps"])
+        checked += same_bits_and_checked(plain, in_wide, mlp, c, case + ("in_shared",), failures)
+        compared += 1
+    print(f"\nstreamed wgmma kernel, input buffers in the wide buffers: {checked} runs checked, {compared} compared "
+          f"with buffers of their own ({sorted(kinds)}), {len(failures)} failures")
+    assert checked >= 12 and compared >= 16 and len(kinds) == 4, (checked, compared, kinds)
+    assert not failures, failures[:5]
+
+
 def test_split_wide_layers_give_the_unsplit_kernels_bits_on_random_wide_chains():
     """split=2, 4 or 8 (the tuner tries 2 and 4 below 32 rows per SM): clusters of that many CTAs run one row tile, each
     computing 1/n of every wide layer's column groups and storing them into all the cluster's wide buffers

@@ -1,15 +1,18 @@
 """Segmented networks on the CPU: where the planner cuts a network too big for one fused kernel, which values pass
 through memory, how the workspace is shared, and that every segment's kernel renders and compiles ahead of time."""
 
+import functools
 import os
 
 import numpy as np
 import pytest
 
 import fusedmlp
-from fusedmlp import _segments
+from fusedmlp import _segments, probe
 from fusedmlp._api import _source_of
 from conftest import graph_weights, reference, rel_l2, set_env
+
+_H100 = tuple(probe.GPUS["h100"][k] for k in ("arch", "smem_per_block", "sm_count", "smem_per_sm"))
 
 
 def fits_up_to(span, wide=()):
@@ -335,6 +338,51 @@ def test_gemms_reading_x_as_it_is_take_its_width_as_its_row(rng, monkeypatch, wi
     assert len(reading) == 2 and all(i["in_dtype"] == io and i["a0_row"] == 0 for i in reading)
 
 
+@pytest.mark.parametrize("io", ["float16", "float32"])
+def test_sdf512s_stretches_run_two_warpgroups_reading_x_through_its_copy(io):
+    """sdf512's first stretch reads x's padded copy (the pad pass runs first, once for it and the concat GEMM), so it
+    needs no raw landing buffer; both stretches keep each warp's input buffer in its wide buffer's bytes
+    (in_shared), which leaves room for two warpgroups where their 512-wide buffers took one each. The stretch's first
+    layer reads the copy's 264 columns, 5 of them zero weights."""
+    mlp = probe.model(probe.workload("sdf512"), device="cpu")
+    plans = [p.info for p in _segments.plans(mlp, 90, io, io, _H100)]
+    kinds = ["pad" if p.get("pad_pass") else "gemm" if p.get("gemm") else "fused" for p in plans]
+    assert kinds == ["pad", "fused", "gemm", "fused"], kinds
+    head, tail = plans[1], plans[3]
+    assert head["in_dtype"] == "float16" and plans[0]["in_dtype"] == io and plans[0]["a0_row"] == 264
+    for info in (head, tail):
+        assert info["warps"] == 8 and info["in_shared"] == 1 and info["smem_bytes"] <= _H100[1], info
+    assert "x read from its copy in rows of 264 float16" in mlp.segments[0], mlp.segments
+    sub = _segments.stretch_model(mlp, _segments.plan(mlp, *_H100, io, io)[0], io, io, 264)[0]
+    assert sub.widths[0] == 264 and not np.any(sub._w[0][:, 259:]) and np.array_equal(sub._w[0][:, :259], mlp._w[0])
+    # in_shared: off takes one warpgroup again; on, where no wide buffer or a split plan, is a limit naming why
+    net = probe.model(probe.workload("sdf512tail"), device="cpu")._net
+    plan = functools.partial(net.plan, 90, _H100[1], _H100[2], "float16", "float16", smem_per_sm=_H100[3])
+    assert plan(in_shared=-1).info["warps"] == 4 and plan().info["in_shared"] == 1
+    assert plan(in_shared=1, warps=4).info["in_shared"] == 1
+    with pytest.raises(fusedmlp.LimitError, match="no layer wider than 256"):
+        probe.model(probe.workload("tcnn64"), device="cpu")._net.plan(90, _H100[1], _H100[2], "float16", "float16",
+                                                                     wgmma=1, resident=0, in_shared=1)
+    with pytest.raises(fusedmlp.ArgumentError, match="in_shared=2"):
+        plan(in_shared=2)
+
+
+def test_a_first_stretch_adding_x_as_a_residual_reads_x_itself(rng):
+    """Only a first stretch that reads x as its input alone reads the copy: one that also adds x (a residual) reads x
+    as it is, and the pad pass stays before the first GEMM reading x."""
+    widths, concat = [300, 300, 1024, 16], {2: "before"}
+    ws, bs = graph_weights(rng, widths, concat, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", concat=concat, residual={0: ("add", "none", "input")},
+                            device="cpu")
+    segments = _segments.plan(mlp, *_H100, "float16", "float16")
+    assert [s.kind for s in segments] == ["fused", "gemm", "gemm"], segments
+    assert _segments.first_copy_row(mlp, segments, "float16") == 0 and _segments.pad_row(mlp, "float16") == 304
+    kinds = ["pad" if p.info.get("pad_pass") else "gemm" if p.info.get("gemm") else "fused"
+             for p in _segments.plans(mlp, 90, "float16", "float16", _H100)]
+    assert kinds == ["fused", "gemm", "pad", "gemm"], kinds
+    assert "x read from its copy" not in mlp.segments[0]
+
+
 def test_a_residual_from_x_reads_x_itself_where_the_parts_read_its_copy(rng):
     """A GEMM whose input part and residual operand are both x: the part is the padded copy (the compute dtype's
     storage), the residual x as it is (its dtype, rows of its width)."""
@@ -424,8 +472,6 @@ def test_small_batches_of_networks_with_wide_fused_stretches_run_every_layer_as_
     """gemms_at: sdf512's cut has fused stretches of four 512-wide layers, so below 64 rows per SM its calls take
     the all-GEMM chain (policy "gemm", every layer its own segment); rec1024's stretch is its narrow tail, and a
     network that is one fused kernel has no cut to change. Norm layers keep their cut."""
-    from fusedmlp import probe
-
     sdf = probe.model(probe.workload("sdf512"), device="cpu")
     segments = sdf._segments_for(90, 232448, 132, 233472, "float16", "float16")
     assert [seg.kind for seg in segments] == ["fused", "gemm", "fused"]

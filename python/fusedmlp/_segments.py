@@ -28,6 +28,8 @@ import dataclasses
 import functools
 import threading
 
+import numpy as np
+
 from . import _env, _norm, _tune
 from .errors import LimitError
 
@@ -335,13 +337,24 @@ def fused_options(mlp, first, last):
     return residual, concat
 
 
-def _sub_network(mlp, first, last):
-    """Layers [first, last] as a _core.Network of their own (the whole network's object for all of it)."""
-    if first == 0 and last == len(mlp._w) - 1:
+def _sub_network(mlp, first, last, x_row=0):
+    """Layers [first, last] as a _core.Network of their own (the whole network's object for all of it); x_row > 0:
+    the first layer reading x's padded copy of rows that wide (_stretch_weights)."""
+    if first == 0 and last == len(mlp._w) - 1 and not x_row:
         return mlp._net
     residual = [None if r is None else (r[0], r[1], r[2] - first) for r in mlp._residual[first:last + 1]]
-    return type(mlp._net)(mlp._w[first:last + 1], mlp._b[first:last + 1], mlp._acts[first:last + 1], residual,
-                          mlp._concat[first:last + 1], mlp._norm[first:last + 1])
+    return type(mlp._net)(_stretch_weights(mlp, first, last, x_row), mlp._b[first:last + 1],
+                          mlp._acts[first:last + 1], residual, mlp._concat[first:last + 1], mlp._norm[first:last + 1])
+
+
+def _stretch_weights(mlp, first, last, x_row=0):
+    """The weights of layers [first, last]; x_row > 0: the first one's columns padded with zeros to x_row, for a
+    stretch that reads x's padded copy (first_copy_row). Its kernel pads K with zeros beyond x anyway, so its MMAs
+    and results are those of the stretch reading x."""
+    ws = list(mlp._w[first:last + 1])
+    if x_row:
+        ws[0] = np.pad(ws[0], ((0, 0), (0, x_row - ws[0].shape[1])))
+    return ws
 
 
 def _value_dtype(mlp, v, in_dtype, out_dtype):
@@ -349,11 +362,13 @@ def _value_dtype(mlp, v, in_dtype, out_dtype):
     return in_dtype if v == -1 else out_dtype if v == len(mlp._w) - 1 else STORAGE[mlp._precision]
 
 
-def _stretch_plan(mlp, first, last, target, in_dtype, out_dtype):
+def _stretch_plan(mlp, first, last, target, in_dtype, out_dtype, x_row=0):
+    """The default plan of layers [first, last] as one fused kernel; x_row > 0: reading x's padded copy."""
     arch, smem_per_block, sm_count, smem_per_sm = target
-    return _sub_network(mlp, first, last).plan(
-        arch, smem_per_block, sm_count, _value_dtype(mlp, first - 1, in_dtype, out_dtype),
-        _value_dtype(mlp, last, in_dtype, out_dtype), smem_per_sm=smem_per_sm, precision=mlp._precision)
+    k_in = STORAGE[mlp._precision] if x_row else _value_dtype(mlp, first - 1, in_dtype, out_dtype)
+    return _sub_network(mlp, first, last, x_row).plan(
+        arch, smem_per_block, sm_count, k_in, _value_dtype(mlp, last, in_dtype, out_dtype), smem_per_sm=smem_per_sm,
+        precision=mlp._precision)
 
 
 def _kernel_words(info):
@@ -445,7 +460,10 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
             row = pad_row(mlp, in_dtype)
             if row and reads_x(mlp, seg.first):
                 seg.reason += (f"; x read from its copy in rows of {row} {STORAGE[mlp._precision]} (made once, before "
-                               "the first GEMM that reads x)")
+                               "the first kernel that reads x)")
+    row = first_copy_row(mlp, segments, in_dtype)
+    if row:
+        segments[0].reason += f"; x read from its copy in rows of {row} {STORAGE[mlp._precision]}"
     return segments
 
 
@@ -485,6 +503,21 @@ def pad_before(mlp, segments, in_dtype):
     if not pad_row(mlp, in_dtype):
         return None
     return next((seg.first for seg in segments if seg.kind == "gemm" and reads_x(mlp, seg.first)), None)
+
+
+def first_copy_row(mlp, segments, in_dtype):
+    """The row of x's padded copy (pad_row) where the chain's first segment, a fused stretch, reads the copy instead
+    of x, else 0: where the chain makes the copy anyway (a GEMM reads x: pad_before) and the stretch reads x as its
+    input only (no concat of x, no residual from it). The pad pass then runs first, and the stretch's kernel takes
+    rows of whole 16-byte pieces in the compute dtype, which land in its warps' input buffers as they are: no raw
+    landing buffer, which left sdf512's first stretch (259-wide x, 512-wide layers) room for one warpgroup only."""
+    first = segments[0] if segments else None
+    if pad_before(mlp, segments, in_dtype) is None or first.kind != "fused":
+        return 0
+    if any(mlp._concat[j] or (mlp._residual[j] is not None and mlp._residual[j][2] == -1)
+           for j in range(first.last + 1)):
+        return 0
+    return pad_row(mlp, in_dtype)
 
 
 def part_rows(mlp, layer, a0, a1):
@@ -529,28 +562,30 @@ def plans(mlp, arch, in_dtype, out_dtype, target=None):
     target = target or (arch, 0, 0, 0)
     out = []
     segments = mlp._segments_for(*target, in_dtype, out_dtype)
-    pad_at = pad_before(mlp, segments, in_dtype)
-    for seg in segments:
+    pad_at, x_row = pad_before(mlp, segments, in_dtype), first_copy_row(mlp, segments, in_dtype)
+    for i, seg in enumerate(segments):
+        if (i == 0 and x_row) or (seg.kind == "gemm" and seg.first == pad_at and not x_row):
+            out.append(mlp._pad_plan(pad_at, *target, in_dtype))
         if seg.kind == "fused":
-            out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype))
+            out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype, x_row if i == 0 else 0))
         else:
-            if seg.first == pad_at:
-                out.append(mlp._pad_plan(seg.first, *target, in_dtype))
             out.append(mlp._gemm_plan(seg.first, *target, *gemm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
             if mlp._norm[seg.first] is not None:
                 out.append(mlp._norm_plan(seg.first, *target, *norm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
     return out
 
 
-def stretch_model(mlp, seg, in_dtype, out_dtype):
+def stretch_model(mlp, seg, in_dtype, out_dtype, x_row=0):
     """A fused segment's layers as a FusedMLP of their own (tuned and cached as any network: its tuning records are
-    the same for every model built of the same layers), with the dtypes of its input and output in memory."""
+    the same for every model built of the same layers), with the dtypes of its input and output in memory; x_row >
+    0: reading x's padded copy (first_copy_row)."""
     f, last = seg.first, seg.last
     residual, concat = fused_options(mlp, f, last)
-    sub = type(mlp)(mlp._w[f:last + 1], mlp._b[f:last + 1], mlp._acts[f:last + 1], residual=residual,
-                    concat=concat or None, norm=_norm.option(mlp._norm, f, last), dtype=mlp._precision,
-                    device=mlp.device, cache_dir=mlp._cache.directory)
-    return sub, _value_dtype(mlp, f - 1, in_dtype, out_dtype), _value_dtype(mlp, last, in_dtype, out_dtype)
+    sub = type(mlp)(_stretch_weights(mlp, f, last, x_row), mlp._b[f:last + 1], mlp._acts[f:last + 1],
+                    residual=residual, concat=concat or None, norm=_norm.option(mlp._norm, f, last),
+                    dtype=mlp._precision, device=mlp.device, cache_dir=mlp._cache.directory)
+    k_in = STORAGE[mlp._precision] if x_row else _value_dtype(mlp, f - 1, in_dtype, out_dtype)
+    return sub, k_in, _value_dtype(mlp, last, in_dtype, out_dtype)
 
 
 #: Smaller GEMM tiles, largest first (rows, columns), for calls whose default tile leaves SMs idle.
@@ -659,15 +694,17 @@ def chain(mlp, in_dtype, out_dtype, policy=None):
             built, built_norms = dict(zip(gemms, built)), dict(zip(norms, built_norms))
         steps, fused = [], []
         padded, pad_at = pad_row(mlp, in_dtype), pad_before(mlp, segments, in_dtype)
-        for seg in segments:
+        x_row = first_copy_row(mlp, segments, in_dtype)
+        for i, seg in enumerate(segments):
             f, last = seg.first, seg.last
-            if seg.kind == "gemm" and f == pad_at:  # x to its padded copy, once, before the first GEMM reading it
-                steps.append((lambda rows, k=mlp._build_pad(f, in_dtype): k, -1, X_PAD, None, None))
+            # x to its padded copy, once, before the first kernel reading it
+            if (i == 0 and x_row) or (seg.kind == "gemm" and f == pad_at and not x_row):
+                steps.append((lambda rows, k=mlp._build_pad(pad_at, in_dtype): k, -1, X_PAD, None, None))
             if seg.kind == "fused":
-                sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype)
+                sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype, x_row if i == 0 else 0)
                 fused.append((seg, sub, k_in, k_out))
                 kernel = lambda rows, sub=sub, k_in=k_in, k_out=k_out: sub._kernel(k_in, k_out, rows)  # noqa: E731
-                steps.append((kernel, f - 1, last, None, None))
+                steps.append((kernel, X_PAD if i == 0 and x_row else f - 1, last, None, None))
             else:
                 p0, p1, res = _gemm_operands(mlp, f)  # (a residual from x reads x itself, in its dtype)
                 p0, p1 = (X_PAD if padded and v == -1 else v for v in (p0, p1))

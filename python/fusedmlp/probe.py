@@ -28,6 +28,7 @@ import functools
 import gc
 import logging
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -55,6 +56,9 @@ EXTRA = {
     # that forced plans (wide_loop=-1) can be built for them: sdf512 itself has no whole-network plan to force
     "sdf512head": bench.Workload((259, 512, 512, 512, 512), "relu", True, output_activation="relu"),
     "sdf512tail": bench.Workload((512, 512, 512, 512, 1), "relu", True, output_activation="tanh"),
+    # the first stretch as it runs in the chain, reading x's padded copy (264 columns); rec1024's fused tail
+    "sdf512headpad": bench.Workload((264, 512, 512, 512, 512), "relu", True, output_activation="relu"),
+    "rec1024tail": bench.Workload((512, 256, 1), "relu", True),
 }
 
 #: GPUs to plan for ahead of time (`probe list`, bench/sass_report.py): what _core.Gpu.info reports for them.
@@ -74,7 +78,7 @@ DTYPES = _api.PRECISIONS + _api.LOWBIT_PRECISIONS
 CHECK_ROWS = 65536 + 37
 #: The plan's options (Network.plan's keywords past the GPU's limits and the dtypes), as the tuner forces them.
 PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe", "k_chunk", "wide_loop",
-                "split", "norm_half")
+                "split", "norm_half", "in_shared")
 
 
 # ------------------------------------------------------------------------------------------------ shared helpers
@@ -163,6 +167,8 @@ def shape(info, kernel=None):
         weights += ", wide layers' groups looped"
     if info.get("split"):
         weights += f", split over {info['split']} CTAs"
+    if info.get("in_shared"):
+        weights += ", x in the wide buffers"
     return (text + f", {weights}, kpipe {info['kpipe']}, {info['blocks_per_sm']} CTA/SM, {info['smem_bytes']} B")
 
 
@@ -186,10 +192,10 @@ def segment_table(wl, gpu, io="float16", dtype="float16", rows=()):
     cut = mlp._segments_for(*target, io, io)
     if cut is None:
         return None
-    lines = []
+    lines, x_row = [], _segments.first_copy_row(mlp, cut, io)
     for seg in cut:
         if seg.kind == "fused":
-            info = _segments._stretch_plan(mlp, seg.first, seg.last, target, io, io).info
+            info = _segments._stretch_plan(mlp, seg.first, seg.last, target, io, io, x_row if seg is cut[0] else 0).info
             lines.append(f"{seg.describe()}: {shape(info)}")
             continue
         tiles = _segments.gemm_tile_plans(mlp, seg.first, target, _segments.gemm_dtypes(mlp, seg.first, io, io))
@@ -755,7 +761,9 @@ def same_cubins(args):
     (kernel_plans) rendered from the baseline folder's templates and from the working tree's, compiled by NVRTC (its
     own cache off) and compared byte for byte. A change meant to move code without changing it (a refactor, a
     comment) shows "same" for every kernel, and needs no device time to prove it; one that differs says which kernels
-    a GPU must run again. Exit status 1 where any kernel differs.
+    a GPU must run again. "same code": every code section (.text.*) byte for byte, the rest not (a new namespace-scope
+    constexpr is a symbol and a constant of its own in the cubin, which no instruction reads). Exit status 1 where any
+    kernel's code differs.
 
         mkdir -p build/base && for f in kernel_templates/*; do git show HEAD:$f > build/base/${f##*/}; done
         python -m fusedmlp.bench probe same --base build/base [--gpu h100] [--dtype float16] [--io float16]
@@ -778,13 +786,24 @@ def same_cubins(args):
                 cubins.append(_api._core().nvrtc_compile(source, _api.KERNEL_NAME, gpu["arch"], gpu["arch"] == 90,
                                                          options)[0])
             same = cubins[0] == cubins[1]
-            differs += not same
+            same_code = same or code_sections(cubins[0]) == code_sections(cubins[1])
+            differs += not same_code
             info = plan.info
             what = ("norm pass" if info.get("norm_pass") else "pad pass" if info.get("pad_pass") else
                     "GEMM" if info.get("gemm") else "fused")
-            verdicts.append(f"{what} {'same' if same else 'DIFFERS'}")
+            verdicts.append(f"{what} {'same' if same else 'same code' if same_code else 'DIFFERS'}")
         print(f"{name:11s} {args.dtype} sm_{gpu['arch']}: " + ", ".join(verdicts), flush=True)
     return 1 if differs else 0
+
+
+def code_sections(cubin):
+    """A cubin's code sections (an ELF64's sections named .text.*): {name: bytes}."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3a)
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]  # (name offset, type, flags, address, file offset, size)
+    name = lambda h: cubin[names_at + h[0]:cubin.index(b"\0", names_at + h[0])].decode()  # noqa: E731
+    return {name(h): cubin[h[4]:h[4] + h[5]] for h in headers if name(h).startswith(".text.")}
 
 
 #: The GEMM forms `probe gemm` times beside the plan's auto form at each tile: the plain one, clusters of 2 sharing
