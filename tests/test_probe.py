@@ -189,11 +189,12 @@ def test_a_forced_plan_the_network_does_not_take_is_listed_with_the_reason():
 def test_wide_loop_is_a_plan_option_and_sdf512s_stretches_are_workloads():
     """wide_loop (the streamed kernel's wide layers' column groups as a loop, the default) parses as a plan option;
     wide_loop=-1 plans the default's shape with its groups unrolled; sdf512 has no whole-network plan to force it on, so its two fused
-    stretches (layers 0-3 and 5-8 on the H100) are workloads of their own that plan as its segments do."""
+    stretches (layers 0-3 and 5-8 on the H100; the first reading x's padded copy, 264 columns) are workloads of their
+    own that plan as its segments do."""
     assert "wide_loop" in probe.PLAN_OPTIONS
     assert probe.parse_plan("wgmma=1,resident=0,wide_loop=-1") == {"wgmma": 1, "resident": 0, "wide_loop": -1}
     sdf = probe.segment_table(probe.workload("sdf512"), probe.GPUS["h100"])
-    for name, segment in (("wide512", None), ("sdf512head", sdf[0]), ("sdf512tail", sdf[2])):
+    for name, segment in (("wide512", None), ("sdf512headpad", sdf[0]), ("sdf512tail", sdf[2])):
         default, unrolled = probe.plan_table(probe.workload(name), probe.GPUS["h100"],
                                              plans=[{"wgmma": 1, "resident": 0, "wide_loop": -1}])
         assert default["info"]["wide_loop"] == 1 and unrolled["info"]["wide_loop"] == 0, (name, unrolled)

@@ -367,6 +367,30 @@ def test_sdf512s_stretches_run_two_warpgroups_reading_x_through_its_copy(io):
         plan(in_shared=2)
 
 
+@pytest.mark.parametrize("widths, io, expect", [
+    ((259, 512, 512, 512, 1), "float16", "copy"),  # one warpgroup reading x: two reading its copy
+    ((259, 512, 512, 512, 1), "float32", "copy"),
+    ((512, 384, 384, 384, 1), "float32", "copy"),  # x's float32 rows land in no one kernel
+    ((512, 384, 384, 384, 1), "float16", "one"),   # x's rows land as they are: no copy
+    ((259, 256, 256, 1), "float32", "one"),        # too little arithmetic a row to pay for the pass
+])
+def test_a_network_whose_copy_of_x_gives_two_warpgroups_runs_the_pad_pass_first(rng, widths, io, expect):
+    """A network whose one streamed kernel would land x through a raw buffer (a width of no whole 16-byte pieces, or
+    float32 x) and so run one warpgroup, or none at all, runs x's pad pass and that kernel reading the copy on two
+    warpgroups, where its arithmetic a row pays for the pass's bytes (COPY_FLOPS_PER_BYTE)."""
+    ws, bs = graph_weights(rng, list(widths), {}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", device="cpu")
+    segments = mlp._segments_for(*_H100, io, io)
+    if expect == "one":
+        assert segments is None
+        return
+    assert len(segments) == 1 and segments[0].x_copy and "x read from its copy" in segments[0].reason, segments
+    plans = [p.info for p in _segments.plans(mlp, 90, io, io, _H100)]
+    assert [bool(p.get("pad_pass")) for p in plans] == [True, False]
+    assert plans[1]["warps"] == 8 and plans[1]["in_dtype"] == "float16" and plans[0]["in_dtype"] == io
+    assert not _segments.gemms_at(mlp, segments, 1024, 132)  # its own small-batch plans, not every layer a GEMM
+
+
 def test_a_first_stretch_adding_x_as_a_residual_reads_x_itself(rng):
     """Only a first stretch that reads x as its input alone reads the copy: one that also adds x (a residual) reads x
     as it is, and the pad pass stays before the first GEMM reading x."""

@@ -9,7 +9,7 @@ import pytest
 
 import fusedmlp
 from conftest import graph_weights, rel_l2
-from test_gpu import PREC_TOL, graph_reference, run_io
+from test_gpu import PREC_TOL, graph_reference, run_io, run_io_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -115,6 +115,32 @@ NETWORKS = {
     "rec1024": ([256, 1024, 1024, 512, 256, 1], "relu", "none", {}),
     "wide512": ([64] + [512] * 4 + [64], "gelu", "none", {}),
 }
+
+
+@pytest.mark.parametrize("widths, io", [((259, 512, 512, 512, 1), "float16"), ((259, 512, 512, 512, 1), "bfloat16"),
+                                       ((259, 512, 512, 512, 1), "float32"), ((512, 384, 384, 384, 1), "float32")])
+def test_a_network_reading_x_through_its_copy_gives_the_one_kernels_bits(rng, widths, io):
+    """A network whose one streamed kernel would land x through a raw buffer (259 features, or float32) runs as x's pad
+    pass and that kernel reading the copy on two warpgroups (_segments._copy_plan): against float64 at odd batches, and
+    bit for bit the one kernel reading x itself where that exists (the same values reach the same MMAs)."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the streamed warpgroup kernel runs on sm_90a")
+    from fusedmlp import _segments
+
+    ws, bs = graph_weights(rng, list(widths), {}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", output_activation="tanh", device="cuda")
+    chain = mlp._kernel(io)
+    assert isinstance(chain, _segments.Chain) and len(chain.segments) == 1 and chain.segments[0].x_copy, mlp.segments
+    try:
+        one = mlp._build(io, io, wgmma=1, resident=0)[0]
+    except fusedmlp.LimitError:  # (float32 x of 512 features: no one kernel lands it)
+        one = None
+    for batch in (1, 129, 4097, 70001):
+        err, tol, nan, _ = check(mlp, ws, bs, "float16", io, batch, batch)
+        assert not nan and err <= tol * (4 if batch == 1 else 1), (batch, err)
+        if one is not None:
+            x32 = rng.standard_normal((batch, widths[0])).astype(np.float32)
+            assert np.array_equal(run_io(mlp, x32, io)[1], run_io_kernel(one, x32, io)[1]), batch
 
 
 @pytest.mark.parametrize("name", NETWORKS)

@@ -65,6 +65,7 @@ class Segment:
     kind: str
     reason: str
     reads: tuple = ()
+    x_copy: bool = False  # a first fused stretch that reads x's padded copy, not x (first_copy_row)
 
     @property
     def writes(self):
@@ -400,6 +401,8 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
         widest = max(w for w in mlp.widths[first:last + 2])
         return f"{widest} features; a fused kernel holds {most} a layer" if widest > most else None
 
+    x_row, copied = pad_row(mlp, in_dtype), set()  # (the lasts of the stretches from layer 0 that read x's copy)
+
     def fits(first, last):
         why = too_wide(first, last)
         if why:
@@ -407,7 +410,13 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
         try:
             info = _stretch_plan(mlp, first, last, target, in_dtype, out_dtype).info
         except LimitError as e:
-            return False, e.message
+            info, why = None, e.message
+        copy = _copy_plan(mlp, last, target, in_dtype, out_dtype, x_row) if first == 0 else None
+        if copy is not None and (info is None or (copy["warps"] > info["warps"] and _copy_pays(mlp, last, in_dtype))):
+            copied.add(last)
+            info = copy
+        if info is None:
+            return False, why
         if not info["resident"] and not info["stream_slots"]:  # the mma.sync kernel's per-tile weight stream
             return False, "its weights do not fit on chip (one CTA or a cluster)"
         return True, _kernel_words(info)
@@ -418,7 +427,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
             return cut(n, mlp._residual, mlp._concat, lambda first, last: (False, "every layer a GEMM (a small batch)"))
         policy = "auto"
     whole, _ = fits(0, n - 1)
-    if whole:
+    if whole and n - 1 not in copied:
         return None
     if policy == "auto":
         # 8-bit: its one streamed kernel where it has one, until the all-GEMM chain is measured against it
@@ -461,10 +470,49 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
             if row and reads_x(mlp, seg.first):
                 seg.reason += (f"; x read from its copy in rows of {row} {STORAGE[mlp._precision]} (made once, before "
                                "the first kernel that reads x)")
-    row = first_copy_row(mlp, segments, in_dtype)
-    if row:
-        segments[0].reason += f"; x read from its copy in rows of {row} {STORAGE[mlp._precision]}"
+    # a first stretch reads x's copy where that gave it two warpgroups (or any kernel at all), or where the chain makes
+    # the copy anyway (a GEMM reads x) and the stretch reads x as its input alone
+    head = segments[0]
+    if head.kind == "fused" and x_row and (head.last in copied or (pad_before(mlp, segments, in_dtype) is not None
+                                                                     and _reads_x_alone(mlp, head.last))):
+        head.x_copy = True
+        head.reason += f"; x read from its copy in rows of {x_row} {STORAGE[mlp._precision]}"
     return segments
+
+
+def _reads_x_alone(mlp, last):
+    """Whether layers [0, last] read x as the first one's input only (no concat of x, no residual from it)."""
+    return not any(mlp._concat[j] or (mlp._residual[j] is not None and mlp._residual[j][2] == -1)
+                   for j in range(last + 1))
+
+
+#: FLOPs a row of a stretch must take per byte a row of x's pad pass moves for the copy to pay for two warpgroups
+#: instead of one: one warpgroup took 1.38-1.51x two's time for sdf512's stretches (H100, 2^21 rows), so the pass pays
+#: where a third of the stretch's time (at 746 TFLOP/s) passes its bytes' (at 2.9 TB/s): 86 FLOPs a byte; doubled
+#: for the stretches below FLOP-bound (bench/results/h100-in-shared/).
+COPY_FLOPS_PER_BYTE = 172
+
+
+def _copy_pays(mlp, last, in_dtype):
+    """Whether layers [0, last] do enough arithmetic a row to pay for x's pad pass (COPY_FLOPS_PER_BYTE)."""
+    widths = mlp.widths
+    flops = sum(2 * widths[l] * widths[l + 1] for l in range(last + 1))
+    moved = widths[0] * _ITEMSIZE[in_dtype] + pad_row(mlp, in_dtype) * _ITEMSIZE[STORAGE[mlp._precision]]
+    return flops >= COPY_FLOPS_PER_BYTE * moved
+
+
+def _copy_plan(mlp, last, target, in_dtype, out_dtype, x_row):
+    """The info of layers [0, last]'s streamed warpgroup plan reading x's padded copy (rows of x_row, pad_row), or
+    None where there is no copy, the stretch reads x otherwise too, or no such plan: where x would land through a raw
+    buffer (a width of no whole 16-byte pieces, or float32), the copy may give the stretch two warpgroups, or any
+    kernel (float32 512-wide x: 32 KB of landing buffer a warp)."""
+    if not x_row or not _reads_x_alone(mlp, last):
+        return None
+    try:
+        info = _stretch_plan(mlp, 0, last, target, in_dtype, out_dtype, x_row).info
+    except LimitError:
+        return None
+    return info if info["wgmma"] and info["stream_slots"] else None
 
 
 def _gemm_operands(mlp, layer):
@@ -507,17 +555,12 @@ def pad_before(mlp, segments, in_dtype):
 
 def first_copy_row(mlp, segments, in_dtype):
     """The row of x's padded copy (pad_row) where the chain's first segment, a fused stretch, reads the copy instead
-    of x, else 0: where the chain makes the copy anyway (a GEMM reads x: pad_before) and the stretch reads x as its
-    input only (no concat of x, no residual from it). The pad pass then runs first, and the stretch's kernel takes
-    rows of whole 16-byte pieces in the compute dtype, which land in its warps' input buffers as they are: no raw
-    landing buffer, which left sdf512's first stretch (259-wide x, 512-wide layers) room for one warpgroup only."""
-    first = segments[0] if segments else None
-    if pad_before(mlp, segments, in_dtype) is None or first.kind != "fused":
-        return 0
-    if any(mlp._concat[j] or (mlp._residual[j] is not None and mlp._residual[j][2] == -1)
-           for j in range(first.last + 1)):
-        return 0
-    return pad_row(mlp, in_dtype)
+    of x (Segment.x_copy, set by plan: where the copy gives it two warpgroups, or where the chain makes the copy anyway
+    for a GEMM reading x and the stretch reads x as its input alone), else 0. The pad pass then runs first, and the
+    stretch's kernel takes rows of whole 16-byte pieces in the compute dtype, which land in its warps' input buffers as
+    they are: no raw landing buffer, which left sdf512's first stretch (259-wide x, 512-wide layers) room for one
+    warpgroup only."""
+    return pad_row(mlp, in_dtype) if segments and segments[0].x_copy else 0
 
 
 def part_rows(mlp, layer, a0, a1):
@@ -565,7 +608,7 @@ def plans(mlp, arch, in_dtype, out_dtype, target=None):
     pad_at, x_row = pad_before(mlp, segments, in_dtype), first_copy_row(mlp, segments, in_dtype)
     for i, seg in enumerate(segments):
         if (i == 0 and x_row) or (seg.kind == "gemm" and seg.first == pad_at and not x_row):
-            out.append(mlp._pad_plan(pad_at, *target, in_dtype))
+            out.append(mlp._pad_plan(pad_at or 0, *target, in_dtype))
         if seg.kind == "fused":
             out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype, x_row if i == 0 else 0))
         else:
@@ -665,9 +708,10 @@ def gemms_at(mlp, segments, rows, sm_count):
     """Whether a call of `rows` rows of a network cut into `segments` runs every layer as a GEMM instead."""
     if not sm_count or _tune.size_class(rows, sm_count) > GEMMS_SIZE_CLASS:
         return False
-    widths = mlp.widths
-    return any(seg.kind == "fused" and sum(widths[l + 1] > 256 for l in range(seg.first, seg.last + 1)) >= 2
-               for seg in segments)
+    widths = mlp.widths  # (a network that is one fused stretch reading x's copy keeps its own small-batch plans)
+    return any(seg.kind == "gemm" for seg in segments) and any(
+        seg.kind == "fused" and sum(widths[l + 1] > 256 for l in range(seg.first, seg.last + 1)) >= 2
+        for seg in segments)
 
 
 def chain(mlp, in_dtype, out_dtype, policy=None):
@@ -699,7 +743,7 @@ def chain(mlp, in_dtype, out_dtype, policy=None):
             f, last = seg.first, seg.last
             # x to its padded copy, once, before the first kernel reading it
             if (i == 0 and x_row) or (seg.kind == "gemm" and f == pad_at and not x_row):
-                steps.append((lambda rows, k=mlp._build_pad(pad_at, in_dtype): k, -1, X_PAD, None, None))
+                steps.append((lambda rows, k=mlp._build_pad(pad_at or 0, in_dtype): k, -1, X_PAD, None, None))
             if seg.kind == "fused":
                 sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype, x_row if i == 0 else 0)
                 fused.append((seg, sub, k_in, k_out))
