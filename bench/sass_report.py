@@ -5,7 +5,8 @@ instruction counts (HMMA = Tensor Core mma, LDSM = ldmatrix, LDL/STL = local mem
     python bench/sass_report.py [--gpu h100]
 
 Plans for a named GPU's limits (fusedmlp.probe.GPUS: the H100's by default), as `python -m fusedmlp.bench probe list`
-does; weights are probe.weights's.
+does, float16 x and y; a network cut into segments reports each kernel of its chain (probe.kernel_plans); weights are
+probe.weights's.
 """
 
 import argparse
@@ -18,7 +19,6 @@ import sys
 import tempfile
 
 from fusedmlp import _api, _core, probe
-from fusedmlp.errors import LimitError
 from fusedmlp.bench import WORKLOADS
 
 
@@ -47,38 +47,36 @@ def main():
     _api._nvrtc_info()
     for name in args.workloads:
         mlp = probe.model(WORKLOADS[name], device="cpu")
-        try:
-            plan = mlp._net.plan(arch, gpu["smem_per_block"], gpu["sm_count"], "float16", "float16",
-                                 smem_per_sm=gpu["smem_per_sm"])
-        except LimitError:  # no one fused kernel: a chain of segments (probe steps times them on a GPU)
-            segments = mlp._segments_for(arch, gpu["smem_per_block"], gpu["sm_count"], gpu["smem_per_sm"], "float16",
-                                         "float16")
-            print(f"{name:9s} sm_{arch}: a chain of {len(segments or [])} segments, not reported")
-            continue
-        source = _api._source_of(plan)
-        wgmma = bool(plan.info["wgmma"])  # the warpgroup kernel targets sm_90a
-        cubin, log = _core.nvrtc_compile(source, _api.TEMPLATE, arch, wgmma,
-                                         ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(cubin)
-            f.flush()
-            sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, env=env).stdout
-        ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
-        count = lambda prefix: sum(1 for o in ops if o.startswith(prefix))  # noqa: E731
-        usage = re.search(r"Used (\d+) registers", log)
-        spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        info = plan.info
-        kind = "wgmma" if wgmma else "mma.sync"
-        print(f"{name:9s} sm_{arch} {kind} {info['warps']}w x {info['m_tiles'] * 16} rows, "
-              f"resident={info['resident']}: {usage.group(1) if usage else '?'} registers, stack {spill.group(1)} B, "
-              f"spills {spill.group(2)}/{spill.group(3)} B | SASS {len(ops)}: HMMA {count('HMMA')}, "
-              f"HGMMA {count('HGMMA')}, LDSM {count('LDSM')}, LDL {count('LDL')}, STL {count('STL')}, "
-              f"MUFU {count('MUFU')}")
-        if args.ops:
-            tally = {}
-            for o in ops:
-                tally[o.split(".")[0]] = tally.get(o.split(".")[0], 0) + 1
-            print("    " + ", ".join(f"{o} {n}" for o, n in sorted(tally.items(), key=lambda t: -t[1])[:12]))
+        for plan in probe.kernel_plans(mlp, gpu, "float16"):  # (a chain's: every kernel, its passes too)
+            report(name, plan, arch, cuobjdump, env, args.ops)
+
+
+def report(name, plan, arch, cuobjdump, env, ops_too):
+    """One kernel's line (and with ops_too its most frequent opcodes)."""
+    info = plan.info
+    source = _api._source_of(plan)
+    wgmma = bool(info["wgmma"])  # the warpgroup kernels target sm_90a
+    cubin, log = _core.nvrtc_compile(source, _api.KERNEL_NAME, arch, wgmma,
+                                     ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, env=env).stdout
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    count = lambda prefix: sum(1 for o in ops if o.startswith(prefix))  # noqa: E731
+    usage = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    what = ("norm pass" if info.get("norm_pass") else "pad pass" if info.get("pad_pass") else
+            f"GEMM layer {info['gemm_layer']} {probe.gemm_shape(info)}" if info.get("gemm") else probe.shape(info))
+    print(f"{name:9s} sm_{arch} {what}: {usage.group(1) if usage else '?'} registers, stack {spill.group(1)} B, "
+          f"spills {spill.group(2)}/{spill.group(3)} B | SASS {len(ops)}: HMMA {count('HMMA')}, "
+          f"HGMMA {count('HGMMA')}, LDSM {count('LDSM')}, LDL {count('LDL')}, STL {count('STL')}, "
+          f"MUFU {count('MUFU')}", flush=True)
+    if ops_too:
+        tally = {}
+        for o in ops:
+            tally[o.split(".")[0]] = tally.get(o.split(".")[0], 0) + 1
+        print("    " + ", ".join(f"{o} {n}" for o, n in sorted(tally.items(), key=lambda t: -t[1])[:12]))
 
 
 if __name__ == "__main__":
