@@ -483,12 +483,13 @@ fm_status fm_plan_stream(fm_plan *p, const fm_target *t, const fm_plan_opts *opt
      * fewer warps (one warpgroup: wide512 1.57x the time of two on the H100, 9.80 against 6.23 ms at 2^21 rows;
      * smaller pieces add a slot wait per 8 k steps, unmeasured; a shared input buffer leaves each tile's x load
      * unhidden). A split plan's CTAs write each other's wide buffers: its input buffers keep their own bytes. */
-    static const int shapes[][3] = {{8, 2, 0}, {8, 1, 0}, {8, 2, 1}, {8, 1, 1}, {4, 2, 0}, {4, 1, 0}}; /* warps,
-                                                            * piece in STREAM_PIECE_B / 2, in_shared */
+    /* warps, piece in STREAM_PIECE_B / 2, in_shared */
+    static const int shapes[][3] = {{8, 2, 0}, {8, 1, 0}, {8, 2, 1}, {8, 1, 1}, {4, 2, 0}, {4, 1, 0}};
     if (opts->in_shared > 0 && (p->split || !fm_plan_has_wide_value(p)))
-        return fm_fail(err, FM_ERR_LIMIT, "in_shared=1 was asked for, but %s", p->split
-                       ? "a split plan's CTAs write each other's wide buffers, so its input buffers keep their own bytes"
-                       : "this network has no layer wider than 256, so its warps have no wide buffer to share");
+        return fm_fail(err, FM_ERR_LIMIT, "in_shared=1 was asked for, but %s",
+                       p->split ? "a split plan's CTAs write each other's wide buffers, so its input buffers keep "
+                                  "their own bytes"
+                                : "this network has no layer wider than 256, so its warps have no wide buffer to share");
     fm_plan first = *p;
     fm_status st = FM_ERR_LIMIT;
     for (int i = 0; i < 6; ++i) {

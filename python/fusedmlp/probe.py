@@ -317,9 +317,10 @@ def plan_table(wl, gpu, io="float16", dtype="float16", plans=(), rows=()):
         rows: batch sizes for which to list the untuned choice (FUSEDMLP_AUTOTUNE=0) and the tuner's candidates.
 
     Returns:
-        a list of dicts: {"what": "default" | plan text, "info": plan info or None, "error": LimitError message or
-        None} per plan; then per batch size {"rows", "untuned": options or None (the default plan),
-        "untuned_info", "candidates": [(label, options, info)] that the tuner compiles and times,
+        a list of dicts: {"what": "default" | plan text, "info": plan info or None, "error": the LimitError's (or a
+        forced value's ArgumentError's) message or None} per plan; then per batch size {"rows", "untuned": options
+        or None (the default plan), "untuned_info", "candidates": [(label, options, info)] that the tuner compiles
+        and times,
         "dominated": [label], "unfit": [label], "duplicates": [label]}, the candidates the tuner skips (dominated:
         cannot beat one warpgroup less at this batch; unfit: the network does not take them; duplicates: planned
         the same as an earlier candidate, so compiled once).
@@ -331,7 +332,9 @@ def plan_table(wl, gpu, io="float16", dtype="float16", plans=(), rows=()):
             try:
                 info = _tune._plan_info(mlp, io, io, **options)
                 table.append({"what": plan_text(options), "info": info, "error": None})
-            except LimitError as e:
+            except (LimitError, ArgumentError) as e:  # (a forced value out of range: its rule, as a limit's reason)
+                if not options:
+                    raise
                 table.append({"what": plan_text(options), "info": None, "error": e.message})
         for r in rows:
             untuned = _tune.untuned(mlp, io, io, r, gpu["sm_count"])

@@ -887,7 +887,8 @@ static void test_wgmma_plans(void) {
             check_plan(&p, &spec, &t90, 0, g_nets[n].name);
             if ((p.cluster || p.stream_slots) && !over) { /* then the register-A kernel's weights and stages do not fit
                                                              one CTA */
-                fm_plan_opts regs_a = {0, 0, 0, 1, 1, -1, 0, 0, 0, 0, 0, 0}; /* resident weights: no streamed form either */
+                /* resident weights: no streamed form either */
+                fm_plan_opts regs_a = {0, 0, 0, 1, 1, -1, 0, 0, 0, 0, 0, 0};
                 CHECK(fm_plan_make(&spec, &t90, &regs_a, (fm_prec)prec, FM_F32, FM_F16, &p, &err) == FM_ERR_LIMIT &&
                           strstr(err.message, "do not fit"),
                       "%s: cluster chosen, but the register-A kernel fits: %s", g_nets[n].name, err.message);
