@@ -138,6 +138,24 @@ def test_segmented_kernels_compile_ahead_of_time(rng, tmp_path, arch, prec):
             assert f"-> {mlp.widths[layer + 1]}; sm_" in src and "// Plan: one layer, " in src
 
 
+def test_kernels_with_x_in_the_wide_buffers_compile_ahead_of_time(rng):
+    """in_shared's kernels render and NVRTC compiles for sm_90a without spills (no GPU needed): sdf512's chain (the pad
+    pass, its first stretch reading the copy, the concat GEMM, its last stretch reading the GEMM's output as it is)
+    and a one-kernel network whose 259 float16 features still land through a raw buffer."""
+    sdf = probe.model(probe.workload("sdf512"), device="cpu")
+    ws, bs = graph_weights(rng, [259, 300, 300, 1], {}, 1.0)
+    raw = fusedmlp.FusedMLP(ws, bs, activation="gelu", device="cpu")
+    for mlp, io, shared in ((sdf, "float16", 2), (raw, "float16", 1)):
+        plans = [p for p in probe.kernel_plans(mlp, probe.GPUS["h100"], io) if p.info.get("in_shared")]
+        assert len(plans) == shared, [p.info for p in plans]
+        for plan in plans:
+            source = _source_of(plan)
+            assert "#define FM_IN_SHARED 1 " in source and plan.info["warps"] == 8
+            _, log = fusedmlp._api._core().nvrtc_compile(source, fusedmlp._api.KERNEL_NAME, 90, True,
+                                                          ("--ptxas-options=-v",) + fusedmlp._api.nvrtc_no_cache())
+            assert " 0 bytes spill stores" in log, log
+
+
 def test_equal_layers_share_one_gemm_kernel(rng, tmp_path):
     """An SDF decoder's hidden 512 x 512 layers render to one source: one compile, one cache entry for them all (on
     sm_80, where every layer of it is a GEMM)."""
