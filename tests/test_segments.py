@@ -371,7 +371,7 @@ def test_sdf512s_stretches_run_two_warpgroups_reading_x_through_its_copy(io):
     for info in (head, tail):
         assert info["warps"] == 8 and info["in_shared"] == 1 and info["smem_bytes"] <= _H100[1], info
     assert "x read from its copy in rows of 264 float16" in mlp.segments[0], mlp.segments
-    sub = _segments.stretch_model(mlp, _segments.plan(mlp, *_H100, io, io)[0], io, io, 264)[0]
+    sub = _segments.stretch_model(mlp, _segments.plan(mlp, *_H100, io, io)[0], io, io)[0]
     assert sub.widths[0] == 264 and not np.any(sub._w[0][:, 259:]) and np.array_equal(sub._w[0][:, :259], mlp._w[0])
     # in_shared: off takes one warpgroup again; on, where no wide buffer or a split plan, is a limit naming why
     net = probe.model(probe.workload("sdf512tail"), device="cpu")._net
@@ -418,7 +418,7 @@ def test_a_first_stretch_adding_x_as_a_residual_reads_x_itself(rng):
                             device="cpu")
     segments = _segments.plan(mlp, *_H100, "float16", "float16")
     assert [s.kind for s in segments] == ["fused", "gemm", "gemm"], segments
-    assert _segments.first_copy_row(mlp, segments, "float16") == 0 and _segments.pad_row(mlp, "float16") == 304
+    assert _segments.copy_row(mlp, segments[0], "float16") == 0 and _segments.pad_row(mlp, "float16") == 304
     kinds = ["pad" if p.info.get("pad_pass") else "gemm" if p.info.get("gemm") else "fused"
              for p in _segments.plans(mlp, 90, "float16", "float16", _H100)]
     assert kinds == ["fused", "gemm", "pad", "gemm"], kinds

@@ -511,9 +511,9 @@ class FusedMLP:
         return self._load(self._norm_plan(layer, *self._target(), z, res, out))
 
     def _pad_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, x_dtype):
-        """The pad pass (pad_rows.cu) of GEMM layer `layer`, the chain's first that reads x: x (x_dtype) to its
-        padded copy in the compute dtype (_segments.pad_row), before the first kernel that reads it (that GEMM, or a
-        first fused stretch: _segments.first_copy_row)."""
+        """The pad pass (pad_rows.cu) of layer `layer` (the chain's first GEMM that reads x, else 0): x (x_dtype) to
+        its padded copy in the compute dtype (_segments.pad_row), before the first kernel that reads it (that GEMM, or
+        a first fused stretch: _segments.pad_pass_at)."""
         return self._net.gemm_plan(layer, arch, smem_per_block, sm_count, x_dtype, None, None, x_dtype,
                                    smem_per_sm=smem_per_sm, precision=self._precision, pad_pass=True,
                                    a0_row=_segments.pad_row(self, x_dtype))

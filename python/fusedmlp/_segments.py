@@ -65,7 +65,7 @@ class Segment:
     kind: str
     reason: str
     reads: tuple = ()
-    x_copy: bool = False  # a first fused stretch that reads x's padded copy, not x (first_copy_row)
+    x_copy: bool = False  # a first fused stretch that reads x's padded copy, not x (copy_row)
 
     @property
     def writes(self):
@@ -350,7 +350,7 @@ def _sub_network(mlp, first, last, x_row=0):
 
 def _stretch_weights(mlp, first, last, x_row=0):
     """The weights of layers [first, last]; x_row > 0: the first one's columns padded with zeros to x_row, for a
-    stretch that reads x's padded copy (first_copy_row). Its kernel pads K with zeros beyond x anyway, so its MMAs
+    stretch that reads x's padded copy (copy_row). Its kernel pads K with zeros beyond x anyway, so its MMAs
     and results are those of the stretch reading x."""
     ws = list(mlp._w[first:last + 1])
     if x_row:
@@ -363,13 +363,19 @@ def _value_dtype(mlp, v, in_dtype, out_dtype):
     return in_dtype if v == -1 else out_dtype if v == len(mlp._w) - 1 else STORAGE[mlp._precision]
 
 
+def _stretch_dtypes(mlp, first, last, in_dtype, out_dtype, x_row=0):
+    """The global dtypes of layers [first, last]'s input and output as one fused kernel; x_row > 0: its input x's
+    padded copy, in the compute dtype's storage."""
+    k_in = STORAGE[mlp._precision] if x_row else _value_dtype(mlp, first - 1, in_dtype, out_dtype)
+    return k_in, _value_dtype(mlp, last, in_dtype, out_dtype)
+
+
 def _stretch_plan(mlp, first, last, target, in_dtype, out_dtype, x_row=0):
     """The default plan of layers [first, last] as one fused kernel; x_row > 0: reading x's padded copy."""
     arch, smem_per_block, sm_count, smem_per_sm = target
-    k_in = STORAGE[mlp._precision] if x_row else _value_dtype(mlp, first - 1, in_dtype, out_dtype)
     return _sub_network(mlp, first, last, x_row).plan(
-        arch, smem_per_block, sm_count, k_in, _value_dtype(mlp, last, in_dtype, out_dtype), smem_per_sm=smem_per_sm,
-        precision=mlp._precision)
+        arch, smem_per_block, sm_count, *_stretch_dtypes(mlp, first, last, in_dtype, out_dtype, x_row),
+        smem_per_sm=smem_per_sm, precision=mlp._precision)
 
 
 def _kernel_words(info):
@@ -412,7 +418,8 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
         except LimitError as e:
             info, why = None, e.message
         copy = _copy_plan(mlp, last, target, in_dtype, out_dtype, x_row) if first == 0 else None
-        if copy is not None and (info is None or (copy["warps"] > info["warps"] and _copy_pays(mlp, last, in_dtype))):
+        if copy is not None and (info is None or (copy["warps"] > info["warps"] and _copy_pays(mlp, last, in_dtype,
+                                                                                                x_row))):
             copied.add(last)
             info = copy
         if info is None:
@@ -466,10 +473,9 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
                 raise
             if norm:
                 seg.reason += f"; its {_norm.NAMES[mlp._norm[seg.first][0]]} in a second kernel over whole rows"
-            row = pad_row(mlp, in_dtype)
-            if row and reads_x(mlp, seg.first):
-                seg.reason += (f"; x read from its copy in rows of {row} {STORAGE[mlp._precision]} (made once, before "
-                               "the first kernel that reads x)")
+            if x_row and reads_x(mlp, seg.first):
+                seg.reason += (f"; x read from its copy in rows of {x_row} {STORAGE[mlp._precision]} (made once, "
+                               "before the first kernel that reads x)")
     # a first stretch reads x's copy where that gave it two warpgroups (or any kernel at all), or where the chain makes
     # the copy anyway (a GEMM reads x) and the stretch reads x as its input alone
     head = segments[0]
@@ -493,11 +499,12 @@ def _reads_x_alone(mlp, last):
 COPY_FLOPS_PER_BYTE = 172
 
 
-def _copy_pays(mlp, last, in_dtype):
-    """Whether layers [0, last] do enough arithmetic a row to pay for x's pad pass (COPY_FLOPS_PER_BYTE)."""
+def _copy_pays(mlp, last, in_dtype, x_row):
+    """Whether layers [0, last] do enough arithmetic a row to pay for x's pad pass to rows of x_row
+    (COPY_FLOPS_PER_BYTE)."""
     widths = mlp.widths
     flops = sum(2 * widths[l] * widths[l + 1] for l in range(last + 1))
-    moved = widths[0] * _ITEMSIZE[in_dtype] + pad_row(mlp, in_dtype) * _ITEMSIZE[STORAGE[mlp._precision]]
+    moved = widths[0] * _ITEMSIZE[in_dtype] + x_row * _ITEMSIZE[STORAGE[mlp._precision]]
     return flops >= COPY_FLOPS_PER_BYTE * moved
 
 
@@ -553,14 +560,26 @@ def pad_before(mlp, segments, in_dtype):
     return next((seg.first for seg in segments if seg.kind == "gemm" and reads_x(mlp, seg.first)), None)
 
 
-def first_copy_row(mlp, segments, in_dtype):
-    """The row of x's padded copy (pad_row) where the chain's first segment, a fused stretch, reads the copy instead
+def copy_row(mlp, seg, in_dtype):
+    """The row of x's padded copy (pad_row) where segment seg, a chain's first fused stretch, reads the copy instead
     of x (Segment.x_copy, set by plan: where the copy gives it two warpgroups, or where the chain makes the copy anyway
     for a GEMM reading x and the stretch reads x as its input alone), else 0. The pad pass then runs first, and the
     stretch's kernel takes rows of whole 16-byte pieces in the compute dtype, which land in its warps' input buffers as
     they are: no raw landing buffer, which left sdf512's first stretch (259-wide x, 512-wide layers) room for one
     warpgroup only."""
-    return pad_row(mlp, in_dtype) if segments and segments[0].x_copy else 0
+    return pad_row(mlp, in_dtype) if seg.x_copy else 0
+
+
+def pad_pass_at(mlp, segments, in_dtype):
+    """Where a chain runs x's pad pass: (the index of the segment it runs just before, the GEMM layer whose pad plan
+    it is), or (None, None) where the chain makes no copy. The first segment where it reads the copy (the plan of the
+    first GEMM reading x, or layer 0's where none does), else the first GEMM reading x (pad_before)."""
+    layer = pad_before(mlp, segments, in_dtype)
+    if segments and segments[0].x_copy:
+        return 0, layer or 0
+    if layer is None:
+        return None, None
+    return next(i for i, seg in enumerate(segments) if seg.first == layer), layer
 
 
 def part_rows(mlp, layer, a0, a1):
@@ -605,12 +624,13 @@ def plans(mlp, arch, in_dtype, out_dtype, target=None):
     target = target or (arch, 0, 0, 0)
     out = []
     segments = mlp._segments_for(*target, in_dtype, out_dtype)
-    pad_at, x_row = pad_before(mlp, segments, in_dtype), first_copy_row(mlp, segments, in_dtype)
+    pad_at, pad_layer = pad_pass_at(mlp, segments, in_dtype)
     for i, seg in enumerate(segments):
-        if (i == 0 and x_row) or (seg.kind == "gemm" and seg.first == pad_at and not x_row):
-            out.append(mlp._pad_plan(pad_at or 0, *target, in_dtype))
+        if i == pad_at:
+            out.append(mlp._pad_plan(pad_layer, *target, in_dtype))
         if seg.kind == "fused":
-            out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype, x_row if i == 0 else 0))
+            out.append(_stretch_plan(mlp, seg.first, seg.last, target, in_dtype, out_dtype,
+                                     copy_row(mlp, seg, in_dtype)))
         else:
             out.append(mlp._gemm_plan(seg.first, *target, *gemm_dtypes(mlp, seg.first, in_dtype, out_dtype)))
             if mlp._norm[seg.first] is not None:
@@ -618,17 +638,16 @@ def plans(mlp, arch, in_dtype, out_dtype, target=None):
     return out
 
 
-def stretch_model(mlp, seg, in_dtype, out_dtype, x_row=0):
+def stretch_model(mlp, seg, in_dtype, out_dtype):
     """A fused segment's layers as a FusedMLP of their own (tuned and cached as any network: its tuning records are
-    the same for every model built of the same layers), with the dtypes of its input and output in memory; x_row >
-    0: reading x's padded copy (first_copy_row)."""
-    f, last = seg.first, seg.last
+    the same for every model built of the same layers), with the dtypes of its input and output in memory (its input
+    x's padded copy where it reads that: copy_row)."""
+    f, last, x_row = seg.first, seg.last, copy_row(mlp, seg, in_dtype)
     residual, concat = fused_options(mlp, f, last)
     sub = type(mlp)(_stretch_weights(mlp, f, last, x_row), mlp._b[f:last + 1], mlp._acts[f:last + 1],
                     residual=residual, concat=concat or None, norm=_norm.option(mlp._norm, f, last),
                     dtype=mlp._precision, device=mlp.device, cache_dir=mlp._cache.directory)
-    k_in = STORAGE[mlp._precision] if x_row else _value_dtype(mlp, f - 1, in_dtype, out_dtype)
-    return sub, k_in, _value_dtype(mlp, last, in_dtype, out_dtype)
+    return (sub, *_stretch_dtypes(mlp, f, last, in_dtype, out_dtype, x_row))
 
 
 #: Smaller GEMM tiles, largest first (rows, columns), for calls whose default tile leaves SMs idle.
@@ -737,18 +756,17 @@ def chain(mlp, in_dtype, out_dtype, policy=None):
             built_norms = pool.map(lambda l: mlp._build_norm(l, *norm_dtypes(mlp, l, in_dtype, out_dtype)), norms)
             built, built_norms = dict(zip(gemms, built)), dict(zip(norms, built_norms))
         steps, fused = [], []
-        padded, pad_at = pad_row(mlp, in_dtype), pad_before(mlp, segments, in_dtype)
-        x_row = first_copy_row(mlp, segments, in_dtype)
+        padded = pad_row(mlp, in_dtype)
+        pad_at, pad_layer = pad_pass_at(mlp, segments, in_dtype)
         for i, seg in enumerate(segments):
             f, last = seg.first, seg.last
-            # x to its padded copy, once, before the first kernel reading it
-            if (i == 0 and x_row) or (seg.kind == "gemm" and f == pad_at and not x_row):
-                steps.append((lambda rows, k=mlp._build_pad(pad_at or 0, in_dtype): k, -1, X_PAD, None, None))
+            if i == pad_at:  # x to its padded copy, once, before the first kernel reading it
+                steps.append((lambda rows, k=mlp._build_pad(pad_layer, in_dtype): k, -1, X_PAD, None, None))
             if seg.kind == "fused":
-                sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype, x_row if i == 0 else 0)
+                sub, k_in, k_out = stretch_model(mlp, seg, in_dtype, out_dtype)
                 fused.append((seg, sub, k_in, k_out))
                 kernel = lambda rows, sub=sub, k_in=k_in, k_out=k_out: sub._kernel(k_in, k_out, rows)  # noqa: E731
-                steps.append((kernel, X_PAD if i == 0 and x_row else f - 1, last, None, None))
+                steps.append((kernel, X_PAD if seg.x_copy else f - 1, last, None, None))
             else:
                 p0, p1, res = _gemm_operands(mlp, f)  # (a residual from x reads x itself, in its dtype)
                 p0, p1 = (X_PAD if padded and v == -1 else v for v in (p0, p1))

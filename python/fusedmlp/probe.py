@@ -192,10 +192,11 @@ def segment_table(wl, gpu, io="float16", dtype="float16", rows=()):
     cut = mlp._segments_for(*target, io, io)
     if cut is None:
         return None
-    lines, x_row = [], _segments.first_copy_row(mlp, cut, io)
+    lines = []
     for seg in cut:
         if seg.kind == "fused":
-            info = _segments._stretch_plan(mlp, seg.first, seg.last, target, io, io, x_row if seg is cut[0] else 0).info
+            info = _segments._stretch_plan(mlp, seg.first, seg.last, target, io, io,
+                                           _segments.copy_row(mlp, seg, io)).info
             lines.append(f"{seg.describe()}: {shape(info)}")
             continue
         tiles = _segments.gemm_tile_plans(mlp, seg.first, target, _segments.gemm_dtypes(mlp, seg.first, io, io))
