@@ -134,6 +134,11 @@ typedef struct fm_cuda_api {
     CUresult (*cuStreamGetCaptureInfo2)(CUstream stream, int *status, unsigned long long *id, void **graph,
                                         void *const **deps, size_t *n);
     CUresult (*cuGraphExecKernelNodeSetParams)(void *exec, void *node, const void *params);
+    /* Optional (CUDA 12.0+; sm_90's TMA): a tensor map of a tiled array (fm_tensor_map_2d); cuda.h's enums as ints. */
+    CUresult (*cuTensorMapEncodeTiled)(fm_tensor_map *map, int dtype, unsigned rank, void *base,
+                                       const unsigned long long *dims, const unsigned long long *strides,
+                                       const unsigned *box, const unsigned *elem_strides, int interleave, int swizzle,
+                                       int l2_promotion, int oob_fill);
 } fm_cuda_api;
 
 /* Written once under g_lock, published through g_ready (release), read-only afterwards. */
@@ -255,6 +260,7 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     *(void **)&api->cuStreamGetCaptureInfo3 = dlsym(handle, "cuStreamGetCaptureInfo_v3");
     *(void **)&api->cuStreamGetCaptureInfo2 = dlsym(handle, "cuStreamGetCaptureInfo_v2");
     *(void **)&api->cuGraphExecKernelNodeSetParams = dlsym(handle, "cuGraphExecKernelNodeSetParams_v2");
+    *(void **)&api->cuTensorMapEncodeTiled = dlsym(handle, "cuTensorMapEncodeTiled");
     return NULL;
 }
 
@@ -502,6 +508,31 @@ fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, 
         CU_CHECK(cuLaunchKernel, ((CUfunction)k->function, grid, 1, 1, (unsigned)k->threads, 1, 1,
                                   (unsigned)k->smem_bytes, (CUstream)stream, params, NULL));
     }
+cleanup:
+    return st;
+}
+
+/* cuda.h's CUtensorMapDataType UINT8 and UINT16 (TMA moves bytes: the element's size is what counts), INTERLEAVE_NONE,
+ * SWIZZLE_128B, L2_PROMOTION_L2_256B (CUTLASS's choice for its sm90 GEMMs' operands), FLOAT_OOB_FILL_NONE (zeros). */
+enum { FM_TMAP_UINT8 = 0, FM_TMAP_UINT16 = 1, FM_TMAP_INTERLEAVE_NONE = 0, FM_TMAP_SWIZZLE_128B = 3,
+       FM_TMAP_L2_256B = 3, FM_TMAP_OOB_ZERO = 0 };
+
+fm_status fm_tensor_map_2d(fm_tensor_map *map, int elem_bytes, fm_devptr base, unsigned long long cols,
+                           unsigned long long rows, unsigned long long row_bytes, unsigned box_cols, unsigned box_rows,
+                           fm_error *err) {
+    fm_status st = FM_OK;
+    if (!cu_is_ready() || g_api.cuTensorMapEncodeTiled == NULL)
+        return fm_fail(err, FM_ERR_CUDA, "this NVIDIA driver has no cuTensorMapEncodeTiled (CUDA 12.0+), which a GEMM "
+                       "reading its input by TMA needs: update the driver");
+    if ((elem_bytes != 1 && elem_bytes != 2) || base % 16 || row_bytes % 16 || box_cols * (unsigned)elem_bytes > 128)
+        return fm_fail(err, FM_ERR_VALUE, "fm_tensor_map_2d: %d-byte elements, base %% 16 = %llu, rows of %llu bytes, "
+                       "a box %u elements wide: 1 or 2, 0, a multiple of 16, at most 128 bytes", elem_bytes,
+                       (unsigned long long)(base % 16), row_bytes, box_cols);
+    const unsigned long long dims[2] = {cols, rows}, strides[1] = {row_bytes};
+    const unsigned box[2] = {box_cols, box_rows}, elem_strides[2] = {1, 1};
+    CU_CHECK(cuTensorMapEncodeTiled, (map, elem_bytes == 1 ? FM_TMAP_UINT8 : FM_TMAP_UINT16, 2, (void *)(uintptr_t)base,
+                                      dims, strides, box, elem_strides, FM_TMAP_INTERLEAVE_NONE, FM_TMAP_SWIZZLE_128B,
+                                      FM_TMAP_L2_256B, FM_TMAP_OOB_ZERO));
 cleanup:
     return st;
 }

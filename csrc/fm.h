@@ -373,6 +373,12 @@ typedef struct fm_plan {
      * MMAs run while the other stores; each consumer warp stages its output in a buffer of its own after the stages.
      * The auto choice where gemm.c's fm_gemm_pp_auto says (8-bit layers mostly). */
     int gemm_ws;
+    /* 1: a warp-specialised GEMM's producer loads each stage's A rows with one TMA copy (cp.async.bulk.tensor of a
+     * tensor map per input part, 128-byte swizzle, zeros past the batch and the part's width) instead of its 128
+     * threads' cp.async: every input part copied as it is (the compute dtype's storage, rows of whole 16-byte
+     * pieces). The launch encodes the maps (cuTensorMapEncodeTiled) and passes them after the kernel's other
+     * arguments. */
+    int gemm_tma;
     /* 1: a norm layer's second kernel (row_norm.cu), after the GEMM of the layer cut before its norm wrote z = W h + b
      * (python/fusedmlp/_segments.py): a warp a row, its statistics, then the rest of the layer's epilogue, y once.
      * in_dtype is z's global dtype; no weights (w_elems a dummy 16 bytes), the float blob n_pad floats (unused),
@@ -446,6 +452,7 @@ typedef struct fm_gemm_opts {
     int norm_pass; /* 1: not the GEMM but the norm layer's second kernel (fm_plan.gemm_norm); a0 is then z's dtype */
     int pad_pass;  /* 1: not the GEMM but the pad pass of x (fm_plan.gemm_pad): a0 is x's dtype, a_row[0] the copy's */
     int a_row[2];  /* elements a row of input part 0 and 1 in memory (fm_plan.gemm_a_row); 0: the part's width */
+    int tma;       /* 1: A by tensor maps (fm_plan.gemm_tma), -1: by cp.async, 0: auto (tensor maps where they can) */
 } fm_gemm_opts;
 
 /* Features of input part p (0, 1) of GEMM plan `plan`'s layer l: part 1 is a concat's second part (0 without one). */
@@ -575,6 +582,16 @@ fm_status fm_kernel_cluster_occupancy(fm_kernel *k, int cluster, fm_error *err);
  * runs, so k must call griddepcontrol.wait before touching anything that kernel reads or writes (the templates'
  * fm_grid_wait, compiled for sm_90+; the caller checks the CUBIN's arch). */
 fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, int after,
+                           fm_error *err);
+/* A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), passed to a kernel by value. */
+typedef struct fm_tensor_map {
+    _Alignas(64) unsigned long long v[16];
+} fm_tensor_map;
+/* Encodes *map for TMA copies of box_rows x box_cols boxes of the row-major rows x cols array of elem_bytes-byte
+ * elements at base (rows row_bytes apart: 16-byte multiples, base 16-byte aligned), in the 128-byte swizzle
+ * (box_cols * elem_bytes <= 128), zeros for what lies outside the array (cuTensorMapEncodeTiled, CUDA 12.0+). */
+fm_status fm_tensor_map_2d(fm_tensor_map *map, int elem_bytes, fm_devptr base, unsigned long long cols,
+                           unsigned long long rows, unsigned long long row_bytes, unsigned box_cols, unsigned box_rows,
                            fm_error *err);
 /* Times `launches` back-to-back launches between two events on stream (synchronises); *ms is per launch. */
 fm_status fm_kernel_time(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, int launches, float *ms,

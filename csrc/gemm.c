@@ -206,7 +206,7 @@ static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *t
 
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
-    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0, 0, 0, {0, 0}};
+    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0, 0, 0, {0, 0}, 0};
     if (opts == NULL)
         opts = &auto_opts;
     const int bm = opts->bm, bn = opts->bn;
@@ -336,6 +336,16 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     if (opts->ws == 0 && !pp && !small)
         plan->gemm_ws = fm_gemm_ws_auto(plan, l);
     const int pc = plan->gemm_ws == 3; /* (known only now: the auto form needs the tile) */
+    /* A by tensor maps: a producer warpgroup's thread 0 issues each stage's A rows as one TMA copy, where every part
+     * copies as it is (the TMA unit swizzles and zero-fills as the cp.async path does). Auto: wherever it can. Timed on
+     * the H100 against the 128 producer threads' cp.async (docs/performance.md, "A by tensor maps"). */
+    if (opts->tma < -1 || opts->tma > 1)
+        return fm_fail(err, FM_ERR_VALUE, "GEMM tma=%d: 1 (A by tensor maps), -1 (by cp.async) or 0 (auto)", opts->tma);
+    const int tma_fits = plan->gemm_ws && fm_gemm_parts_raw(plan, l);
+    if (opts->tma == 1 && !tma_fits)
+        return fm_fail(err, FM_ERR_LIMIT, "GEMM tma=1 needs a warp-specialised form (ws=%d here) whose input parts are "
+                       "the compute dtype's storage with rows of whole 16-byte pieces (layer %d)", plan->gemm_ws, l);
+    plan->gemm_tma = opts->tma >= 0 && tma_fits;
     plan->warps = pp ? 12 : plan->wgmma ? plan->gemm_bm / 16 + (plan->gemm_ws ? 4 : 0) : 8;
     if (pp)
         plan->gemm_warps_m = 4; /* a warp's rows 16 w.. and 64 + 16 w.. of its warpgroup's tile, all columns */

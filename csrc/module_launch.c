@@ -2,6 +2,7 @@
  * synchronous), launch (device pointers on the caller's stream) and time (the tuner's measurement). */
 #include "module_internal.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,49 @@ static void Kernel_free_device(KernelObject *self) {
     if (self->loaded)
         fm_kernel_unload(&self->k);
     self->loaded = 0;
+}
+
+/* One launch's kernel arguments (params, for cuLaunchKernel): the seven every template takes (x, y, weights, biases,
+ * rows, a GEMM's concat part x1 and residual operand res), then, for a GEMM reading A by tensor maps
+ * (fm_plan.gemm_tma), the maps of its two input parts for this x, x1 and rows (part 1's a copy of part 0's where
+ * the layer has no concat). A kernel ignores arguments past its own. */
+typedef struct {
+    fm_devptr x, y, x1, res;
+    long long rows;
+    fm_tensor_map maps[2];
+    void *params[9];
+} KernelArgs;
+
+static fm_status Kernel_args(KernelObject *self, KernelArgs *a, fm_devptr x, fm_devptr y, long long rows, fm_devptr x1,
+                             fm_devptr res, fm_error *err) {
+    a->x = x;
+    a->y = y;
+    a->x1 = x1;
+    a->res = res;
+    a->rows = rows;
+    void *params[] = {&a->x, &a->y, &self->w, &self->b, &a->rows, &a->x1, &a->res, &a->maps[0], &a->maps[1]};
+    memcpy(a->params, params, sizeof params);
+    const fm_plan *p = &self->plan->plan;
+    if (!p->gemm_tma)
+        return FM_OK;
+    /* a box is a stage's A rows: 128 bytes of K (the swizzle's row) by the tile's rows; the parts are the compute
+     * dtype's storage (gemm.c's fm_gemm_parts_raw) */
+    const int eb = p->elem_bytes;
+    if (rows > INT_MAX) /* (a TMA copy's coordinates are 32-bit) */
+        return fm_fail(err, FM_ERR_LIMIT, "a GEMM reading its input by tensor maps takes at most %d rows a launch "
+                       "(got %lld): split the batch", INT_MAX, rows);
+    for (int part = 0; part < 2; ++part) {
+        if (part == 1 && p->a1_dtype < 0) {
+            a->maps[1] = a->maps[0];
+            break;
+        }
+        const unsigned long long cols = (unsigned long long)fm_gemm_part_row(p, p->gemm_layer, part);
+        fm_status st = fm_tensor_map_2d(&a->maps[part], eb, part ? x1 : x, cols, (unsigned long long)rows,
+                                        cols * (unsigned long long)eb, (unsigned)(128 / eb), (unsigned)p->gemm_bm, err);
+        if (st != FM_OK)
+            return st;
+    }
+    return FM_OK;
 }
 
 /* CTAs per cluster of a fused kernel: the cluster form's (fm_plan.cluster) or the streamed form's split
@@ -216,11 +260,11 @@ static fm_status Kernel_run_locked(KernelObject *self, const void *x, void *y, i
     fm_status st = Kernel_stage(self, x, rows, &y_bytes, err);
     if (st == FM_OK && poison) /* 0xFF.. is NaN in float16 and float32: an unwritten element cannot pass */
         st = fm_memset_d8(self->y_buf, 0xFF, y_bytes, NULL, err);
-    if (st == FM_OK) {
-        long long n = (long long)rows;
-        void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n, &self->x_buf, &self->x_buf};
-        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), NULL, params, 0, err);
-    }
+    KernelArgs a;
+    if (st == FM_OK) /* (a GEMM's two more operands, its concat part and residual, read the input buffer) */
+        st = Kernel_args(self, &a, self->x_buf, self->y_buf, (long long)rows, self->x_buf, self->x_buf, err);
+    if (st == FM_OK)
+        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), NULL, a.params, 0, err);
     if (st == FM_OK)
         st = fm_memcpy_dtoh(y, self->y_buf, y_bytes, NULL, err);
     if (st == FM_OK)
@@ -333,13 +377,13 @@ static PyObject *Kernel_launch(KernelObject *self, PyObject *args) {
     }
     fm_error err = {0};
     fm_status st;
-    fm_devptr x = xp, y = yp, x1 = x1p, res = resp;
+    KernelArgs a;
     Py_BEGIN_ALLOW_THREADS st = fm_gpu_activate(&self->gpu->gpu, &err);
-    if (st == FM_OK) {
-        void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
-        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), (fm_stream)(uintptr_t)stream, params,
+    if (st == FM_OK)
+        st = Kernel_args(self, &a, xp, yp, rows, x1p, resp, &err);
+    if (st == FM_OK)
+        st = fm_kernel_launch(&self->k, Kernel_grid(self, rows), (fm_stream)(uintptr_t)stream, a.params,
                               Kernel_after(self, after), &err);
-    }
     Py_END_ALLOW_THREADS if (st != FM_OK) return fm_raise_clear(&err);
     Py_RETURN_NONE;
 }
@@ -354,8 +398,10 @@ fm_status Kernel_launch_ptrs(PyObject *kernel, fm_devptr x, fm_devptr y, long lo
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st != FM_OK)
         return st;
-    void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
-    return fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, params, Kernel_after(self, after), err);
+    KernelArgs a;
+    st = Kernel_args(self, &a, x, y, rows, x1, res, err);
+    return st != FM_OK ? st : fm_kernel_launch(&self->k, Kernel_grid(self, rows), stream, a.params,
+                                               Kernel_after(self, after), err);
 }
 
 fm_status Kernel_set_node(PyObject *kernel, fm_graph_exec exec, void *node, fm_devptr x, fm_devptr y, long long rows,
@@ -364,8 +410,9 @@ fm_status Kernel_set_node(PyObject *kernel, fm_graph_exec exec, void *node, fm_d
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st != FM_OK)
         return st;
-    void *params[] = {&x, &y, &self->w, &self->b, &rows, &x1, &res};
-    return fm_graph_set_kernel(exec, node, &self->k, Kernel_grid(self, rows), params, err);
+    KernelArgs a;
+    st = Kernel_args(self, &a, x, y, rows, x1, res, err);
+    return st != FM_OK ? st : fm_graph_set_kernel(exec, node, &self->k, Kernel_grid(self, rows), a.params, err);
 }
 
 /* Fills the staging input with N(0,1)-like values (a sum of uniforms; timing must not run on zeros): the first 2^20
@@ -402,9 +449,11 @@ static fm_status Kernel_time_locked(KernelObject *self, int64_t rows, int reps, 
     fm_status st = Kernel_stage(self, host, rows, &y_bytes, err);
     if (st == FM_OK) /* the copy reads host asynchronously: finish it before host can be freed on any path */
         st = fm_stream_sync(NULL, err);
-    long long n = (long long)rows;
     /* (a GEMM's two more operands, its concat part and residual, read the input buffer) */
-    void *params[] = {&self->x_buf, &self->y_buf, &self->w, &self->b, &n, &self->x_buf, &self->x_buf};
+    KernelArgs a;
+    if (st == FM_OK)
+        st = Kernel_args(self, &a, self->x_buf, self->y_buf, (long long)rows, self->x_buf, self->x_buf, err);
+    void **params = a.params;
     /* Enough launches per measurement to cover ~1 ms, so event resolution and launch gaps do not decide. */
     float once = 0.0f, ms = 0.0f;
     if (st == FM_OK)

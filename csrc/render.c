@@ -310,6 +310,7 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(fm_subst_add(t, "GEMM_WGMMA"), "%d", p->wgmma);
     fm_str_printf(fm_subst_add(t, "GEMM_CLUSTER"), "%d", p->gemm_cluster);
     fm_str_printf(fm_subst_add(t, "GEMM_WS"), "%d", p->gemm_ws);
+    fm_str_printf(fm_subst_add(t, "GEMM_TMA"), "%d", p->gemm_tma);
     fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"),
                   p->gemm_cluster > 1 ? "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" : "");
     if (p->wgmma)
@@ -334,6 +335,8 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
         fm_str_append(c, ", its two consumer warpgroups in turn on tiles of their own, a persistent grid");
     if (p->gemm_ws == 3)
         fm_str_append(c, ", a persistent grid");
+    if (p->gemm_tma)
+        fm_str_append(c, "; A by tensor maps");
     if (p->gemm_a_row[0])
         fm_str_printf(c, " (x's padded copy, rows of %d)", p->gemm_a_row[0]);
     if (p->a1_dtype >= 0)

@@ -54,6 +54,7 @@
 #define FM_GEMM_CLUSTER {{GEMM_CLUSTER}}  // 2: CTA pairs sharing each stage's weight tile (below), 1: a CTA a tile
 #define FM_GEMM_WS {{GEMM_WS}}  // 1: warp-specialised, the last warpgroup loading the stages (below); 2: its consumers
                                 // in turn; 3: as 1 on a persistent grid (each CTA every grid-th tile)
+#define FM_GEMM_TMA {{GEMM_TMA}}  // 1: the producer loads A by tensor maps (one TMA copy a stage), 0: by cp.async
 #define FM_A1_TYPE {{A1_TYPE}}    // the concat's second part in global memory (-1: no concat), fm_dtype codes
 #define FM_RES_TYPE {{RES_TYPE}}  // the residual operand in global memory (-1: no residual)
 constexpr int ROWS_W = 16;        // (fm_common.cuh's input helper, which this kernel does not use, names it)
@@ -94,6 +95,7 @@ static_assert(!PP || (WARPS_M == 4 && CWARPS == 8 && BM == 128 && BN <= 128 && F
               "in turn: two consumer warpgroups, each a 128-row tile of at most 128 columns");
 static_assert(!FM_GEMM_WS || (FM_WGMMA && (FM_GEMM_CLUSTER == 1 || PC)),
               "warp specialisation: the wgmma form, on one CTA a tile but for PC");
+static_assert(!FM_GEMM_TMA || FM_GEMM_WS, "A by tensor maps: a producer warpgroup's thread 0 issues the copies");
 // The epilogue's staged output (fm_epilogue_any): a warp's TM rows of y in out_t, STG_COLS columns at a time (a slab),
 // a row padded by 16 bytes. In the stages' bytes once the tile's MMAs are done (a slab is the warp's TN columns), or
 // (PP and PC, whose producer is filling the stages meanwhile) in a buffer of each consumer warp's own after the stages
@@ -405,6 +407,27 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem
 __device__ __forceinline__ fm_u32 fm_full_bar(fm_u32 bars, int s) { return bars + 8 * s; }
 __device__ __forceinline__ fm_u32 fm_empty_bar(fm_u32 bars, int s) { return bars + 8 * (FM_STAGES + s); }
 
+#if FM_GEMM_TMA
+// A by tensor maps (FM_GEMM_TMA): the kernel's last two arguments, the driver's CUtensorMap of input part 0 and 1 (a
+// copy of part 0's without a concat), each a row-major array of its rows x A<p>_REAL elements, boxes of BM rows by
+// KT_B bytes of K in the 128-byte swizzle (csrc/module_launch.c, Kernel_args): one copy lands a stage's A rows exactly
+// where fm_sm_off puts them (the stage's base is 1024-byte aligned), zeros past the batch and the part's width.
+struct __align__(64) fm_tmap {
+    unsigned long long v[16];
+};
+// Stage kt's A rows (BM rows from row0) into the slot at a_dst: one TMA copy from thread 0, completing A_STAGE_B
+// bytes of the slot's full barrier's transaction count.
+__device__ __forceinline__ void fm_tma_stage_a(fm_u32 a_dst, fm_u32 full, int kt, const fm_tmap *ta0,
+                                               const fm_tmap *ta1, long long row0) {
+    const bool second = FM_A1_TYPE >= 0 && kt >= K0TILES;
+    const int kcol = (second ? kt - K0TILES : kt) * KT;
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];" ::"r"(a_dst), "l"((unsigned long long)(second ? ta1 : ta0)), "r"(kcol), "r"((int)row0),
+                 "r"(full)
+                 : "memory");
+}
+#endif
+
 // Stage kt's A rows into the slot at a_dst by threads tid of NTHR, then each thread's arrival on the slot's full
 // barrier: once its copies have landed (cp.async), or at once after its converting stores (which the arrival releases).
 template <int NTHR>
@@ -431,8 +454,10 @@ template <int W>
 __device__ __forceinline__ void fm_stage_mma(float (&d)[W], fm_u32 smem, fm_u32 bars, long long kt, fm_u32 a_wg) {
     const int s = (int)(kt % FM_STAGES);
     fm_mbar_wait(fm_full_bar(bars, s), (fm_u32)(kt / FM_STAGES) & 1u);
-    // the A rows other threads stored (cp.async, st.shared: the generic proxy), to wgmma's async proxy
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    // the A rows other threads stored (cp.async, st.shared: the generic proxy), to wgmma's async proxy (a TMA copy's
+    // are the async proxy's already)
+    if constexpr (!FM_GEMM_TMA)
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     fm_stage_wgmma(d, smem + s * STAGE_B, a_wg);
 }
 #endif
@@ -448,7 +473,7 @@ __device__ __forceinline__ void fm_stage_mma(float (&d)[W], fm_u32 smem, fm_u32 
 // stages ahead of the MMAs, which never wait for a copy issued by their own threads.
 __device__ __forceinline__ void fm_ws_produce(fm_u32 smem, fm_u32 bars, const void *a0, const void *a1,
                                               const act_t *__restrict__ w, long long row0, long long rows, int ntile,
-                                              int ptid) {
+                                              int ptid, const void *ta0, const void *ta1) {
 #pragma unroll 1
     for (int kt = 0; kt < KTILES; ++kt) {
         const int s = kt % FM_STAGES;
@@ -456,12 +481,19 @@ __device__ __forceinline__ void fm_ws_produce(fm_u32 smem, fm_u32 bars, const vo
         if (kt >= FM_STAGES)
             fm_mbar_wait(fm_empty_bar(bars, s), (fm_u32)(kt / FM_STAGES - 1) & 1u);
         if (ptid == 0) {  // B: the blob's block (column tile, K stage) is the stage's B_STAGE_B bytes (plan.c)
-            fm_mbar_expect(1u, full, (fm_u32)B_STAGE_B);
+            fm_mbar_expect(1u, full, (fm_u32)(B_STAGE_B + (FM_GEMM_TMA ? A_STAGE_B : 0)));
             fm_bulk_g2s(a_dst + A_STAGE_B, (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B,
                         (fm_u32)B_STAGE_B, full);
+#if FM_GEMM_TMA
+            fm_tma_stage_a(a_dst, full, kt, (const fm_tmap *)ta0, (const fm_tmap *)ta1, row0);
+#endif
         }
+#if !FM_GEMM_TMA
         fm_stage_a<128>(a_dst, full, kt, a0, a1, row0, rows, ptid);
+#endif
     }
+    (void)ta0;
+    (void)ta1;
     asm volatile("cp.async.wait_all;" ::: "memory");  // leave no copy of this thread in flight at exit
 }
 
@@ -529,7 +561,9 @@ __device__ __forceinline__ void fm_persist_tile(long long i, fm_u32 rank, int &n
 // cluster form's protocol: fm_cl_produce).
 __device__ __forceinline__ void fm_persist_produce(fm_u32 smem, fm_u32 bars, const void *a0, const void *a1,
                                                    const act_t *__restrict__ w, long long rows, fm_u32 rank,
-                                                   int ptid) {
+                                                   int ptid, const void *ta0, const void *ta1) {
+    // (TMA: thread 0 issues every copy, the other threads only follow the slots; returning them at once made ptxas
+    // spill 4 bytes in the consumers of a 768 x 768 gelu layer)
     long long seq = 0;
 #pragma unroll 1
     for (long long i = fm_persist_first(); i < fm_persist_items(rows); i += fm_persist_step()) {
@@ -544,17 +578,24 @@ __device__ __forceinline__ void fm_persist_produce(fm_u32 smem, fm_u32 bars, con
                 fm_mbar_wait(fm_empty_bar(bars, s), (fm_u32)(seq / FM_STAGES - 1) & 1u);
             if (ptid == 0) {
                 const char *block = (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B;
-                fm_mbar_expect(1u, full, (fm_u32)B_STAGE_B);
+                fm_mbar_expect(1u, full, (fm_u32)(B_STAGE_B + (FM_GEMM_TMA ? A_STAGE_B : 0)));
 #if FM_GEMM_CLUSTER > 1
                 constexpr fm_u32 HALF_B = B_STAGE_B / 2;
                 fm_bulk_multicast(a_dst + A_STAGE_B + rank * HALF_B, block + rank * HALF_B, HALF_B, full, 0x3);
 #else
                 fm_bulk_g2s(a_dst + A_STAGE_B, block, (fm_u32)B_STAGE_B, full);
 #endif
+#if FM_GEMM_TMA
+                fm_tma_stage_a(a_dst, full, kt, (const fm_tmap *)ta0, (const fm_tmap *)ta1, row0);
+#endif
             }
+#if !FM_GEMM_TMA
             fm_stage_a<128>(a_dst, full, kt, a0, a1, row0, rows, ptid);
+#endif
         }
     }
+    (void)ta0;
+    (void)ta1;
     asm volatile("cp.async.wait_all;" ::: "memory");  // leave no copy of this thread in flight at exit
 }
 
@@ -572,7 +613,8 @@ __device__ __forceinline__ void fm_mainloop_pp(float (&acc)[MT][NT][4], fm_u32 s
         const long long seq = seq0 + kt;
         const int s = (int)(seq % FM_STAGES);
         fm_mbar_wait(fm_full_bar(bars, s), (fm_u32)(seq / FM_STAGES) & 1u);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (as fm_stage_mma)
+        if constexpr (!FM_GEMM_TMA)
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (as fm_stage_mma)
         const fm_u32 stage = smem + s * STAGE_B;
         const unsigned long long a0 = fm_desc_sw128(stage), a1 = fm_desc_sw128(stage + 64 * 128),
                                  b = fm_desc_sw128(stage + A_STAGE_B);
@@ -854,8 +896,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                 const float *__restrict__ bias,   // N floats (zero without a bias)
                 long long rows,                   // batch size, >= 1
                 const void *__restrict__ x1,      // input part 1 (a concat's): rows x A1_REAL of FM_A1_TYPE, or null
-                const void *__restrict__ res)     // the residual operand: rows x NR of FM_RES_TYPE, or null
-{
+                const void *__restrict__ res      // the residual operand: rows x NR of FM_RES_TYPE, or null
+#if FM_GEMM_TMA
+                ,
+                const __grid_constant__ fm_tmap ta0,  // input part 0's tensor map (fm_tma_stage_a)
+                const __grid_constant__ fm_tmap ta1   // part 1's (part 0's without a concat)
+#endif
+) {
+#if FM_GEMM_TMA  // (the maps' addresses, for the producer)
+#define FM_TMAPS &ta0, &ta1
+#else
+#define FM_TMAPS nullptr, nullptr
+#endif
     extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
     // wgmma's swizzle atoms are 1024-byte aligned: the plan gives that much more shared memory to align the stages
     const fm_u32 smem = FM_WGMMA ? (fm_smem_addr(fm_smem_raw) + 1023u) & ~1023u : fm_smem_addr(fm_smem_raw);
@@ -890,7 +942,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     const fm_u32 bars = smem + FM_STAGES * STAGE_B;
     if (threadIdx.x == 0) {
         for (int s = 0; s < FM_STAGES; ++s) {
-            fm_mbar_init(fm_full_bar(bars, s), 128 + 1);
+            fm_mbar_init(fm_full_bar(bars, s), FM_GEMM_TMA ? 1 : 128 + 1);  // (TMA: thread 0's arrival alone)
             // PP: the consuming warpgroup's warps; clusters: every CTA's consumer warps (fm_ws_release)
             fm_mbar_init(fm_empty_bar(bars, s), PP ? 4 : CWARPS * FM_GEMM_CLUSTER);
         }
@@ -912,7 +964,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     (void)row0;
     (void)n0;
     if (warp >= CWARPS) {
-        fm_persist_produce(smem, bars, x, x1, w, rows, rank, (int)threadIdx.x - CWARPS * 32);
+        fm_persist_produce(smem, bars, x, x1, w, rows, rank, (int)threadIdx.x - CWARPS * 32, FM_TMAPS);
         fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
 #if FM_GEMM_WS == 2
@@ -962,7 +1014,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
 #endif
     // (No setmaxnreg: the consumers fit the launch bound's even share, 168 registers, without spills.)
     if (warp >= CWARPS) {
-        fm_ws_produce(smem, bars, x, x1, w, row0, rows, ntile, (int)threadIdx.x - CWARPS * 32);
+        fm_ws_produce(smem, bars, x, x1, w, row0, rows, ntile, (int)threadIdx.x - CWARPS * 32, FM_TMAPS);
         fm_grid_release();  // the tile's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
 #elif FM_GEMM_CLUSTER == 1

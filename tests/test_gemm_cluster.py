@@ -116,6 +116,35 @@ def test_warp_specialisation_is_a_wgmma_plan_option_and_the_default_where_inputs
         mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=4)
 
 
+
+def test_a_by_tensor_maps_is_the_default_of_the_warp_specialised_forms_whose_parts_copy_as_they_are(rng, monkeypatch):
+    """tma=1 (fm_plan.gemm_tma): the producer's thread 0 loads each stage's A rows with one TMA copy of a tensor map
+    the launch encodes, the full barrier counting its arrival alone; the default wherever a producer warpgroup runs
+    and every input part is the compute dtype with 16-byte rows (x's padded copy too), in every warp-specialised
+    form and both 8-bit dtypes; tma=-1 keeps the 128 threads' cp.async. Elsewhere tma=1 is a LimitError."""
+    mlp, _ = model(rng, "rec1024")
+    for ws in (1, 2, 3):
+        info = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=ws, bn=128 if ws == 2 else 0).info
+        assert (info["ws"], info["tma"]) == (ws, 1)
+    plan = mlp._gemm_plan(1, *H100, "float16", None, None, "float16")
+    source = _api._source_of(plan)
+    assert "#define FM_GEMM_TMA 1" in source and "; A by tensor maps" in source
+    off = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", tma=-1)
+    assert off.info["tma"] == 0 and "#define FM_GEMM_TMA 0" in _api._source_of(off)
+    assert mlp._gemm_plan(0, *H100, "float32", None, None, "float16").info["tma"] == 0  # x converted on the way
+    assert mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=-1).info["tma"] == 0  # no producer
+    sdf, _ = model(rng, "sdf512")
+    assert [p.info["tma"] for _, p in gemm_plans(sdf, "float16")] == [1]  # x's padded copy beside h
+    for dtype in fusedmlp.LOWBIT_PRECISIONS:
+        low, _ = model(rng, "rec1024", dtype)
+        low.calibrate(rng.standard_normal((256, 256)).astype(np.float32))
+        assert [p.info["tma"] for l, p in gemm_plans(low, "float16") if l > 0] == [1, 1, 1, 0]  # codes between layers
+        # (every layer a GEMM; x is quantised on the way into layer 0, and the one-output layer's tile has no producer)
+    with pytest.raises(fusedmlp.LimitError, match="tma=1 needs a warp-specialised form"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=-1, tma=1)
+    with pytest.raises(ValueError, match="tma=2"):
+        mlp._gemm_plan(1, *H100, "float16", None, None, "float16", tma=2)
+
 def test_the_persistent_form_is_a_plan_option_with_slabs_of_staged_output(rng):
     """ws=3: ws=1's 128 x 256 tile and its 12 warps, 4 stages of 48 KB and their mbarriers, and after them each
     consumer warp's staged slab (16 rows of 128 bytes, a row padded by 16 bytes) for any y dtype; one CTA an SM, the

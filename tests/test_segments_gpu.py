@@ -308,3 +308,42 @@ def test_small_batches_of_wide_stretches_run_every_layer_as_a_gemm(rng):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def gemm_infos(mlp, io):
+    """plan.info of each GEMM layer of mlp's cut on its GPU (io in and out), as the chain builds it (with
+    mlp._gemm_options)."""
+    from fusedmlp import _segments
+
+    info = mlp._gpu_info()
+    target = (info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"])
+    return [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
+            for seg in mlp._segments_for(*target, io, io) or [] if seg.kind == "gemm"]
+
+
+@pytest.mark.parametrize("prec", ["float16", "bfloat16", "float8", "int8"])
+def test_a_by_tensor_maps_gives_the_cp_async_bits(rng, prec):
+    """A warp-specialised GEMM's producer loads each stage's A rows with one TMA copy (fm_plan.gemm_tma, the default
+    where every input part copies as it is) instead of its 128 threads' cp.async: the same bytes in the same swizzled
+    places, zeros past the batch and the part's width, so the same bits (tma=-1 forces the copies). rec1024; sdf512,
+    whose concat GEMM reads x's padded copy beside h; a residual network; a batch ending mid-tile and a small one,
+    whose 64-row tiles take a producer too."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the warp-specialised GEMM runs on sm_90a")
+    x32 = rng.standard_normal((4097, 259)).astype(np.float32)
+    cases = [(NETWORKS["rec1024"], None), (NETWORKS["sdf512"], None),
+             (([256, 768, 768, 768, 10], "silu", "none", {}), {2: ("add", "relu", 0)})]
+    for (widths, act, out_act, concat), residual in cases:
+        ws, bs = graph_weights(rng, widths, concat, 1.0)
+        outs, tmas = [], []
+        for options in ({}, {"tma": -1}):
+            mlp = fusedmlp.FusedMLP(ws, bs, activation=act, output_activation=out_act, residual=residual,
+                                    concat=concat or None, dtype=prec, device="cuda")
+            mlp._gemm_options = options
+            if prec in fusedmlp.LOWBIT_PRECISIONS:
+                mlp.calibrate(x32[:1024, :widths[0]])
+            tmas.append([info["tma"] for info in gemm_infos(mlp, "float16")])
+            outs.append([run_io(mlp, x32[:batch, :widths[0]], "float16")[1] for batch in (4097, 100)])
+        assert any(tmas[0]) and not any(tmas[1]), (widths, tmas)
+        for a, b in zip(*outs):
+            assert np.array_equal(a, b), (widths, prec)  # (float16 outputs, as float64)

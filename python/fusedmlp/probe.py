@@ -146,7 +146,7 @@ def parse_plan(text, known=PLAN_OPTIONS, what="plan", example="warps=4,m_tiles=1
 
 
 #: `probe steps --gemm`: forced on every GEMM of a chain (FusedMLP._gemm_options, Network.gemm_plan's keywords).
-GEMM_OPTIONS = ("bm", "bn", "stages", "wgmma", "cluster", "ws")
+GEMM_OPTIONS = ("bm", "bn", "stages", "wgmma", "cluster", "ws", "tma")
 parse_gemm = functools.partial(parse_plan, known=GEMM_OPTIONS, what="GEMM", example="bn=128")
 
 
