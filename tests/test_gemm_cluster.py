@@ -140,6 +140,12 @@ def test_a_by_tensor_maps_is_the_default_of_the_warp_specialised_forms_whose_par
         low.calibrate(rng.standard_normal((256, 256)).astype(np.float32))
         assert [p.info["tma"] for l, p in gemm_plans(low, "float16") if l > 0] == [1, 1, 1, 0]  # codes between layers
         # (every layer a GEMM; x is quantised on the way into layer 0, and the one-output layer's tile has no producer)
+    monkeypatch.setenv("FUSEDMLP_GEMM_TMA", "-1")  # (the process's switch back to cp.async)
+    assert [p.info["tma"] for _, p in gemm_plans(sdf, "float16")] == [0]
+    monkeypatch.setenv("FUSEDMLP_GEMM_TMA", "on")
+    with pytest.raises(ValueError, match="FUSEDMLP_GEMM_TMA='on' is not a way to load A"):
+        gemm_plans(sdf, "float16")
+    monkeypatch.delenv("FUSEDMLP_GEMM_TMA")
     with pytest.raises(fusedmlp.LimitError, match="tma=1 needs a warp-specialised form"):
         mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=-1, tma=1)
     with pytest.raises(ValueError, match="tma=2"):

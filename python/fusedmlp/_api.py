@@ -525,8 +525,11 @@ class FusedMLP:
     def _gemm_plan(self, layer, arch, smem_per_block, sm_count, smem_per_sm, a0, a1, res, out, **tile):
         """Layer `layer`'s GEMM plan (a norm layer's: of the layer cut before its norm, _gemm_net);
         FUSEDMLP_GEMM_CLUSTER (_env.gemm_cluster) and FUSEDMLP_GEMM_WS (_env.gemm_ws) pick the wgmma form's clusters
-        and warp specialisation where neither tile nor _gemm_options does."""
+        and warp specialisation where neither tile nor _gemm_options does; FUSEDMLP_GEMM_TMA=-1 (_env.gemm_tma) loads
+        A by cp.async."""
         options = {**_segments.part_rows(self, layer, a0, a1), **tile, **self._gemm_options}
+        if _env.gemm_tma() < 0 and "tma" not in options:
+            options["tma"] = -1
         net = self._gemm_net(layer)
         plan = net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
                              precision=self._precision, **options)

@@ -10,6 +10,8 @@ test can change ``os.environ`` and see the effect without reloading anything.
 ``FUSEDMLP_CACHE_MAX_BYTES`` size the kernel cache may grow to, e.g. ``2147483648`` or ``512M`` (default 2 GiB)
 ``FUSEDMLP_GEMM_CLUSTER``   the sm_90a GEMM layers' form: ``1`` one CTA a tile, ``2`` CTA pairs sharing the weight tile
                             (default: the plan's choice); for A/B timing of the two forms
+``FUSEDMLP_GEMM_TMA``       ``-1``/``off``: the sm_90a GEMMs' producer loads A with its threads' cp.async, not one TMA
+                            copy of a tensor map a stage (default: TMA wherever the input copies as it is)
 ``FUSEDMLP_PDL``            ``0``/``off`` launches a segmented network's kernels plainly, each after the one before has
                             finished (default on: programmatic dependent launch on sm_90+); for A/B timing
 ``FUSEDMLP_CHAIN_GRAPHS``   ``0``/``off`` launches a segmented network's small calls (up to 65536 rows, torch / CuPy
@@ -25,7 +27,7 @@ import re
 import sys
 
 __all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "dependent_launch", "chain_graphs", "cache_max_bytes",
-           "gemm_cluster", "gemm_ws", "gemm_pad", "host_pipeline", "cpu_threads"]
+           "gemm_cluster", "gemm_ws", "gemm_tma", "gemm_pad", "host_pipeline", "cpu_threads"]
 
 # Folders (relative to a site-packages entry) where NVIDIA's pip wheels put libnvrtc, newest CUDA first:
 # nvidia-cuda-nvrtc 13.x installs nvidia/cu13/lib/libnvrtc.so.13; the 12.x wheels use nvidia/cuda_nvrtc/lib
@@ -210,6 +212,20 @@ def gemm_ws():
     return _gemm_form("FUSEDMLP_GEMM_WS", {"1": 1, "on": 1, "2": 2, "pingpong": 2, "3": 3, "persistent": 3, "-1": -1,
                                            "off": -1},
                       "1 (warp-specialised), 2 (its consumers in turn), 3 (persistent), -1 (not) or auto")
+
+
+def gemm_tma():
+    """Tells whether the warp-specialised GEMMs' producer may load A by TMA tensor maps (fm_gemm_opts.tma).
+
+    Returns:
+        ``-1`` (never: its 128 threads' cp.async, as before tensor maps) as ``FUSEDMLP_GEMM_TMA`` says (``-1``/``off``);
+        ``0`` (the plan's choice: tensor maps wherever the input parts copy as they are) if it is unset, empty, ``0``
+        or ``auto``.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    return _gemm_form("FUSEDMLP_GEMM_TMA", {"-1": -1, "off": -1}, "-1 (cp.async) or auto", "a way to load A")
 
 
 def gemm_pad():
