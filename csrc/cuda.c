@@ -514,7 +514,7 @@ cleanup:
 
 /* cuda.h's CUtensorMapDataType UINT8 and UINT16 (TMA moves bytes: the element's size is what counts), INTERLEAVE_NONE,
  * SWIZZLE_128B, L2_PROMOTION_L2_256B (CUTLASS's choice for its sm90 GEMMs' operands), FLOAT_OOB_FILL_NONE (zeros). */
-enum { FM_TMAP_UINT8 = 0, FM_TMAP_UINT16 = 1, FM_TMAP_INTERLEAVE_NONE = 0, FM_TMAP_SWIZZLE_128B = 3,
+enum { FM_TMAP_UINT8 = 0, FM_TMAP_UINT16 = 1, FM_TMAP_UINT32 = 2, FM_TMAP_INTERLEAVE_NONE = 0, FM_TMAP_SWIZZLE_128B = 3,
        FM_TMAP_L2_256B = 3, FM_TMAP_OOB_ZERO = 0 };
 
 fm_status fm_tensor_map_2d(fm_tensor_map *map, int elem_bytes, fm_devptr base, unsigned long long cols,
@@ -524,13 +524,15 @@ fm_status fm_tensor_map_2d(fm_tensor_map *map, int elem_bytes, fm_devptr base, u
     if (!cu_is_ready() || g_api.cuTensorMapEncodeTiled == NULL)
         return fm_fail(err, FM_ERR_CUDA, "this NVIDIA driver has no cuTensorMapEncodeTiled (CUDA 12.0+), which a GEMM "
                        "reading its input by TMA needs: update the driver");
-    if ((elem_bytes != 1 && elem_bytes != 2) || base % 16 || row_bytes % 16 || box_cols * (unsigned)elem_bytes > 128)
+    if ((elem_bytes != 1 && elem_bytes != 2 && elem_bytes != 4) || base % 16 || row_bytes % 16 ||
+        box_cols * (unsigned)elem_bytes > 128)
         return fm_fail(err, FM_ERR_VALUE, "fm_tensor_map_2d: %d-byte elements, base %% 16 = %llu, rows of %llu bytes, "
-                       "a box %u elements wide: 1 or 2, 0, a multiple of 16, at most 128 bytes", elem_bytes,
+                       "a box %u elements wide: 1, 2 or 4, 0, a multiple of 16, at most 128 bytes", elem_bytes,
                        (unsigned long long)(base % 16), row_bytes, box_cols);
     const unsigned long long dims[2] = {cols, rows}, strides[1] = {row_bytes};
     const unsigned box[2] = {box_cols, box_rows}, elem_strides[2] = {1, 1};
-    CU_CHECK(cuTensorMapEncodeTiled, (map, elem_bytes == 1 ? FM_TMAP_UINT8 : FM_TMAP_UINT16, 2, (void *)(uintptr_t)base,
+    const int dtype = elem_bytes == 1 ? FM_TMAP_UINT8 : elem_bytes == 2 ? FM_TMAP_UINT16 : FM_TMAP_UINT32;
+    CU_CHECK(cuTensorMapEncodeTiled, (map, dtype, 2, (void *)(uintptr_t)base,
                                       dims, strides, box, elem_strides, FM_TMAP_INTERLEAVE_NONE, FM_TMAP_SWIZZLE_128B,
                                       FM_TMAP_L2_256B, FM_TMAP_OOB_ZERO));
 cleanup:

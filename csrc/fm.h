@@ -379,6 +379,10 @@ typedef struct fm_plan {
      * pieces). The launch encodes the maps (cuTensorMapEncodeTiled) and passes them after the kernel's other
      * arguments. */
     int gemm_tma;
+    /* 1: the persistent form's (gemm_ws 3) consumer warps store each staged slab of y (16 rows by 128 bytes) with one
+     * TMA store of a tensor map of y instead of their 16-byte st.global, two slab buffers a warp in turn; the map is the
+     * launch's third (after the two of gemm_tma, passed either way). */
+    int gemm_tma_store;
     /* 1: a norm layer's second kernel (row_norm.cu), after the GEMM of the layer cut before its norm wrote z = W h + b
      * (python/fusedmlp/_segments.py): a warp a row, its statistics, then the rest of the layer's epilogue, y once.
      * in_dtype is z's global dtype; no weights (w_elems a dummy 16 bytes), the float blob n_pad floats (unused),
@@ -453,6 +457,7 @@ typedef struct fm_gemm_opts {
     int pad_pass;  /* 1: not the GEMM but the pad pass of x (fm_plan.gemm_pad): a0 is x's dtype, a_row[0] the copy's */
     int a_row[2];  /* elements a row of input part 0 and 1 in memory (fm_plan.gemm_a_row); 0: the part's width */
     int tma;       /* 1: A by tensor maps (fm_plan.gemm_tma), -1: by cp.async, 0: auto (tensor maps where they can) */
+    int tma_store; /* 1: y by TMA stores (fm_plan.gemm_tma_store), -1: not, 0: auto (gemm.c's FM_GEMM_TMA_STORE_AUTO) */
 } fm_gemm_opts;
 
 /* Features of input part p (0, 1) of GEMM plan `plan`'s layer l: part 1 is a concat's second part (0 without one). */
@@ -588,7 +593,7 @@ typedef struct fm_tensor_map {
     _Alignas(64) unsigned long long v[16];
 } fm_tensor_map;
 /* Encodes *map for TMA copies of box_rows x box_cols boxes of the row-major rows x cols array of elem_bytes-byte
- * elements at base (rows row_bytes apart: 16-byte multiples, base 16-byte aligned), in the 128-byte swizzle
+ * (1, 2, 4) elements at base (rows row_bytes apart: 16-byte multiples, base 16-byte aligned), in the 128-byte swizzle
  * (box_cols * elem_bytes <= 128), zeros for what lies outside the array (cuTensorMapEncodeTiled, CUDA 12.0+). */
 fm_status fm_tensor_map_2d(fm_tensor_map *map, int elem_bytes, fm_devptr base, unsigned long long cols,
                            unsigned long long rows, unsigned long long row_bytes, unsigned box_cols, unsigned box_rows,

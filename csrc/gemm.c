@@ -18,6 +18,10 @@ enum { FM_GEMM_CLUSTER_AUTO = 1 };
  * (259 columns: rows of 518 bytes), 26.35 -> 33.77 ms for the network, its 128 producer threads doing the converting
  * loads that 256 did (docs/performance.md). */
 enum { FM_GEMM_WS_AUTO = 1 };
+/* fm_gemm_opts.tma_store's auto choice: 0 (the consumers' 16-byte stores) until the TMA stores are timed on an H100
+ * against them (built, not yet run on a GPU: docs/performance.md, "A by tensor maps"); 1 makes them the default of
+ * the persistent form where y allows. */
+enum { FM_GEMM_TMA_STORE_AUTO = 0 };
 
 /* The global dtype holding the compute precision's elements as they are: an 8-bit network's codes, float16 or
  * bfloat16 for those, float32 for tf32 (gemm_layer.cu's fm_a_raw). */
@@ -206,7 +210,7 @@ static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *t
 
 fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0, int a1,
                        int res, fm_dtype out, const fm_gemm_opts *opts, fm_plan *plan, fm_error *err) {
-    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0, 0, 0, {0, 0}, 0};
+    const fm_gemm_opts auto_opts = {0, 0, 0, -1, 0, 0, 0, 0, {0, 0}, 0, 0};
     if (opts == NULL)
         opts = &auto_opts;
     const int bm = opts->bm, bn = opts->bn;
@@ -346,6 +350,18 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return fm_fail(err, FM_ERR_LIMIT, "GEMM tma=1 needs a warp-specialised form (ws=%d here) whose input parts are "
                        "the compute dtype's storage with rows of whole 16-byte pieces (layer %d)", plan->gemm_ws, l);
     plan->gemm_tma = opts->tma >= 0 && tma_fits;
+    /* y by TMA stores: the persistent form's slabs (16 rows by 128 bytes, an even count a tile) where y's rows are whole
+     * 16-byte pieces (the staged store's own condition) */
+    if (opts->tma_store < -1 || opts->tma_store > 1)
+        return fm_fail(err, FM_ERR_VALUE, "GEMM tma_store=%d: 1 (y by TMA stores), -1 (by the warps' stores) or 0 (auto)",
+                       opts->tma_store);
+    const int out_b = (int)fm_dtype_size(out), slabs = plan->gemm_bn * out_b / 128;
+    const int store_fits = pc && plan->n_real[l] * out_b % 16 == 0 && slabs >= 2 && slabs % 2 == 0;
+    if (opts->tma_store == 1 && !store_fits)
+        return fm_fail(err, FM_ERR_LIMIT, "GEMM tma_store=1 needs the persistent form (ws=3; ws=%d here) with rows of y "
+                       "of whole 16-byte pieces and an even number of 128-byte slabs a tile row (layer %d: %d outputs "
+                       "of %d bytes, %d columns a tile)", plan->gemm_ws, l, plan->n_real[l], out_b, plan->gemm_bn);
+    plan->gemm_tma_store = store_fits && (opts->tma_store == 1 || (opts->tma_store == 0 && FM_GEMM_TMA_STORE_AUTO));
     plan->warps = pp ? 12 : plan->wgmma ? plan->gemm_bm / 16 + (plan->gemm_ws ? 4 : 0) : 8;
     if (pp)
         plan->gemm_warps_m = 4; /* a warp's rows 16 w.. and 64 + 16 w.. of its warpgroup's tile, all columns */
@@ -374,19 +390,23 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     /* ws=2: after the stages, each consumer warp's staged output (its 32 rows of BN outputs, a row padded by 16
      * bytes: gemm_layer.cu's STG_WARP_B); not for float32 y (135 KB for 128 columns), which is stored as it was.
      * ws=3: each consumer warp's 16 rows of 128 bytes of y at a time (a slab), padded by 16 bytes, so that four stages
-     * of a 128 x 256 tile fit beside them */
+     * of a 128 x 256 tile fit beside them (tma_store: two unpadded slabs a warp, from the next 1024-byte boundary after
+     * the stages and their mbarriers) */
+    const int ts = plan->gemm_tma_store;
     const size_t staged = pp && fm_dtype_size(out) <= 2
                               ? (size_t)8 * 32 * ((size_t)plan->gemm_bn * fm_dtype_size(out) + 16)
-                              : pc ? (size_t)plan->gemm_bm * (128 + 16) : 0;
+                              : pc ? (size_t)plan->gemm_bm * (ts ? 2 * 128 : 128 + 16) : 0;
     const size_t align = (plan->wgmma ? 1024 : 0) + staged + (pp ? 16 : 0); /* (pp: two turn mbarriers) */
-    while (!opts->stages && stages > least && (size_t)stages * stage + align > target->smem_per_block)
+#define FM_GEMM_SMEM(n) ((size_t)(n) * stage + align + (ts ? (1024 - (size_t)(n) * stage % 1024) % 1024 : 0))
+    while (!opts->stages && stages > least && FM_GEMM_SMEM(stages) > target->smem_per_block)
         --stages;
-    if ((size_t)stages * stage + align > target->smem_per_block)
+    if (FM_GEMM_SMEM(stages) > target->smem_per_block)
         return fm_fail(err, FM_ERR_LIMIT, "the GEMM tile %dx%d in %d stages needs %zu bytes of shared memory; sm_%d "
-                       "gives a block %zu", plan->gemm_bm, plan->gemm_bn, stages, (size_t)stages * stage + align,
+                       "gives a block %zu", plan->gemm_bm, plan->gemm_bn, stages, FM_GEMM_SMEM(stages),
                        target->arch, target->smem_per_block);
     plan->gemm_stages = stages;
-    plan->smem_bytes = (size_t)stages * stage + align; /* wgmma: room to align the swizzle atoms */
+    plan->smem_bytes = FM_GEMM_SMEM(stages); /* wgmma: room to align the swizzle atoms */
+#undef FM_GEMM_SMEM
     size_t per_sm = target->smem_per_sm ? target->smem_per_sm : target->smem_per_block;
     int blocks = (int)(per_sm / (plan->smem_bytes + 1024)); /* the driver reserves 1 KB a block */
     plan->blocks_per_sm = blocks < 1 ? 1 : (blocks > 2 ? 2 : blocks);

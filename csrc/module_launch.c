@@ -36,12 +36,13 @@ static void Kernel_free_device(KernelObject *self) {
 /* One launch's kernel arguments (params, for cuLaunchKernel): the seven every template takes (x, y, weights, biases,
  * rows, a GEMM's concat part x1 and residual operand res), then, for a GEMM reading A by tensor maps
  * (fm_plan.gemm_tma), the maps of its two input parts for this x, x1 and rows (part 1's a copy of part 0's where
- * the layer has no concat). A kernel ignores arguments past its own. */
+ * the layer has no concat), and for one storing y by TMA (fm_plan.gemm_tma_store) y's map. A kernel ignores
+ * arguments past its own. */
 typedef struct {
     fm_devptr x, y, x1, res;
     long long rows;
-    fm_tensor_map maps[2];
-    void *params[9];
+    fm_tensor_map maps[3];
+    void *params[10];
 } KernelArgs;
 
 static fm_status Kernel_args(KernelObject *self, KernelArgs *a, fm_devptr x, fm_devptr y, long long rows, fm_devptr x1,
@@ -51,17 +52,27 @@ static fm_status Kernel_args(KernelObject *self, KernelArgs *a, fm_devptr x, fm_
     a->x1 = x1;
     a->res = res;
     a->rows = rows;
-    void *params[] = {&a->x, &a->y, &self->w, &self->b, &a->rows, &a->x1, &a->res, &a->maps[0], &a->maps[1]};
+    void *params[] = {&a->x, &a->y, &self->w, &self->b, &a->rows, &a->x1, &a->res, &a->maps[0], &a->maps[1],
+                      &a->maps[2]};
     memcpy(a->params, params, sizeof params);
     const fm_plan *p = &self->plan->plan;
-    if (!p->gemm_tma)
+    if (!p->gemm_tma && !p->gemm_tma_store)
         return FM_OK;
     /* a box is a stage's A rows: 128 bytes of K (the swizzle's row) by the tile's rows; the parts are the compute
      * dtype's storage (gemm.c's fm_gemm_parts_raw) */
     const int eb = p->elem_bytes;
     if (rows > INT_MAX) /* (a TMA copy's coordinates are 32-bit) */
-        return fm_fail(err, FM_ERR_LIMIT, "a GEMM reading its input by tensor maps takes at most %d rows a launch "
-                       "(got %lld): split the batch", INT_MAX, rows);
+        return fm_fail(err, FM_ERR_LIMIT, "a GEMM reading its input or storing y by tensor maps takes at most %d rows a "
+                       "launch (got %lld): split the batch", INT_MAX, rows);
+    memset(a->maps, 0, sizeof a->maps);
+    if (p->gemm_tma_store) { /* y: boxes of a warp's staged slab, 16 rows by 128 bytes (gemm_layer.cu, fm_ts_store) */
+        const int ob = (int)fm_dtype_size(p->out_dtype);
+        const unsigned long long cols = (unsigned long long)p->n_real[p->gemm_layer];
+        fm_status st = fm_tensor_map_2d(&a->maps[2], ob, y, cols, (unsigned long long)rows, cols * (unsigned long long)ob,
+                                        (unsigned)(128 / ob), 16u, err);
+        if (st != FM_OK || !p->gemm_tma)
+            return st;
+    }
     for (int part = 0; part < 2; ++part) {
         if (part == 1 && p->a1_dtype < 0) {
             a->maps[1] = a->maps[0];

@@ -55,17 +55,17 @@ PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
 PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"layer", "arch", "smem_per_block", "sm_count", "a0", "a1", "res", "out", "smem_per_sm",
                              "precision", "bm", "bn", "stages", "wgmma", "cluster", "ws", "norm_pass", "pad_pass",
-                             "a0_row", "a1_row", "tma", NULL};
+                             "a0_row", "a1_row", "tma", "tma_store", NULL};
     int layer, arch, sm_count, a1, res;
-    fm_gemm_opts opts = {0, 0, 0, -1, 0, 0, 0, 0, {0, 0}, 0};
+    fm_gemm_opts opts = {0, 0, 0, -1, 0, 0, 0, 0, {0, 0}, 0, 0};
     Py_ssize_t smem, smem_sm = 0;
     const char *a0_s, *out_s, *prec_s = "float16";
     PyObject *a1_o, *res_o;
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "iinisOOs|$nsiiiiiippiii", kwlist, &layer, &arch, &smem, &sm_count,
+        !PyArg_ParseTupleAndKeywords(args, kwds, "iinisOOs|$nsiiiiiippiiii", kwlist, &layer, &arch, &smem, &sm_count,
                                      &a0_s, &a1_o, &res_o, &out_s, &smem_sm, &prec_s, &opts.bm, &opts.bn, &opts.stages,
                                      &opts.wgmma, &opts.cluster, &opts.ws, &opts.norm_pass, &opts.pad_pass,
-                                     &opts.a_row[0], &opts.a_row[1], &opts.tma))
+                                     &opts.a_row[0], &opts.a_row[1], &opts.tma, &opts.tma_store))
         return NULL;
     fm_dtype a0, out;
     fm_prec prec;
@@ -153,11 +153,11 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
         }
     }
     if (info != NULL && p->gemm) {
-        PyObject *g = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "gemm", 1, "gemm_layer",
+        PyObject *g = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "gemm", 1, "gemm_layer",
                                     p->gemm_layer, "bm", p->gemm_bm, "bn", p->gemm_bn, "stages", p->gemm_stages,
                                     "cluster", p->gemm_cluster, "ws", p->gemm_ws, "norm_pass", p->gemm_norm, "pad_pass",
                                     p->gemm_pad, "a0_row", p->gemm_a_row[0], "a1_row", p->gemm_a_row[1], "tma",
-                                    p->gemm_tma);
+                                    p->gemm_tma, "tma_store", p->gemm_tma_store);
         if (g == NULL || PyDict_Update(info, g) < 0) {
             Py_XDECREF(g);
             Py_DECREF(info);

@@ -311,6 +311,7 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(fm_subst_add(t, "GEMM_CLUSTER"), "%d", p->gemm_cluster);
     fm_str_printf(fm_subst_add(t, "GEMM_WS"), "%d", p->gemm_ws);
     fm_str_printf(fm_subst_add(t, "GEMM_TMA"), "%d", p->gemm_tma);
+    fm_str_printf(fm_subst_add(t, "GEMM_TMA_STORE"), "%d", p->gemm_tma_store);
     fm_str_append(fm_subst_add(t, "CLUSTER_DIMS"),
                   p->gemm_cluster > 1 ? "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" : "");
     if (p->wgmma)
@@ -337,6 +338,8 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
         fm_str_append(c, ", a persistent grid");
     if (p->gemm_tma)
         fm_str_append(c, "; A by tensor maps");
+    if (p->gemm_tma_store)
+        fm_str_append(c, "; y by TMA stores");
     if (p->gemm_a_row[0])
         fm_str_printf(c, " (x's padded copy, rows of %d)", p->gemm_a_row[0]);
     if (p->a1_dtype >= 0)

@@ -55,6 +55,7 @@
 #define FM_GEMM_WS {{GEMM_WS}}  // 1: warp-specialised, the last warpgroup loading the stages (below); 2: its consumers
                                 // in turn; 3: as 1 on a persistent grid (each CTA every grid-th tile)
 #define FM_GEMM_TMA {{GEMM_TMA}}  // 1: the producer loads A by tensor maps (one TMA copy a stage), 0: by cp.async
+#define FM_GEMM_TMA_STORE {{GEMM_TMA_STORE}}  // 1: FM_GEMM_WS 3's staged slabs go to y by TMA stores (fm_stg_at)
 #define FM_A1_TYPE {{A1_TYPE}}    // the concat's second part in global memory (-1: no concat), fm_dtype codes
 #define FM_RES_TYPE {{RES_TYPE}}  // the residual operand in global memory (-1: no residual)
 constexpr int ROWS_W = 16;        // (fm_common.cuh's input helper, which this kernel does not use, names it)
@@ -99,13 +100,22 @@ static_assert(!FM_GEMM_TMA || FM_GEMM_WS, "A by tensor maps: a producer warpgrou
 // The epilogue's staged output (fm_epilogue_any): a warp's TM rows of y in out_t, STG_COLS columns at a time (a slab),
 // a row padded by 16 bytes. In the stages' bytes once the tile's MMAs are done (a slab is the warp's TN columns), or
 // (PP and PC, whose producer is filling the stages meanwhile) in a buffer of each consumer warp's own after the stages
-// and their mbarriers: PP's its TN columns; PC's 128 bytes of a row (64 float16 columns: 2.3 KB a warp, so that four
-// 48 KB stages still fit beside the eight warps' buffers).
+// and their mbarriers (from byte STG_AT): PP's its TN columns; PC's 128 bytes of a row (64 float16 columns: 2.3 KB a
+// warp, so that four 48 KB stages still fit beside the eight warps' buffers).
+// TS (FM_GEMM_TMA_STORE, PC only): each warp's slab goes to y as one TMA store of a tensor map of y (the kernel's
+// last argument: boxes of TM rows by 128 bytes, 128-byte swizzle; the TMA unit clips rows past the batch), issued by
+// lane 0 while the warp goes on to its next slab, so the slab's rows are unpadded and 128-byte swizzled (chunk c of
+// row r at chunk c ^ (r % 8): a fragment store's 8 rows fall in 8 different bank groups, and the TMA reads it back in
+// order), two buffers a warp in turn, 1024-byte aligned (the swizzle's atoms).
 constexpr int OUT_B = (int)sizeof(out_t);
+constexpr bool TS = FM_GEMM_TMA_STORE;
 constexpr int STG_COLS = PC ? 128 / OUT_B : TN;
-constexpr int STG_ROW_B = STG_COLS * OUT_B + 16, STG_WARP_B = TM * STG_ROW_B;
+constexpr int STG_ROW_B = TS ? 128 : STG_COLS * OUT_B + 16, STG_SLAB_B = TM * STG_ROW_B;
+constexpr int STG_WARP_B = STG_SLAB_B * (TS ? 2 : 1);
 constexpr int STG_B = PC || (PP && OUT_B <= 2) ? CWARPS * STG_WARP_B : 0;  // (PP, float32 y: from the fragments)
 static_assert(!PC || TN % STG_COLS == 0, "a persistent tile's columns in whole slabs");
+static_assert(!TS || (PC && TM == 16 && STG_COLS * OUT_B == 128 && (TN / STG_COLS) % 2 == 0),
+              "TMA stores: the persistent form's slabs of 16 rows by 128 bytes, an even count a tile");
 static_assert(!FM_WGMMA || KT_B == 128, "the 128-byte swizzle: a stage's row of K is one swizzle row");
 // Byte offset of (row r, byte b of K) in a stage's operand: padded rows, or the 128-byte swizzle (chunk b / 16 of row
 // r at chunk (b / 16) ^ (r % 8); the 8 rows of an atom, whose chunk c then lie in 8 different bank groups).
@@ -135,7 +145,8 @@ __device__ __forceinline__ int fm_tile_row(int wm, int r) {
     return PP ? (r >> 4) * 64 + wm * 16 + (r & 15) : wm * TM + r;
 }
 static_assert(Ly::K % KT == 0 && Ly::K0 % KT == 0 && Ly::N % BN == 0, "the plan pads K parts to stages, N to tiles");
-static_assert(FM_STAGES * STAGE_B + (FM_WGMMA ? 1024 : 0) + BAR_B + STG_B == SMEM_BYTES,
+constexpr int STG_AT = (FM_STAGES * STAGE_B + BAR_B + (TS ? 1023 : 0)) / (TS ? 1024 : 1) * (TS ? 1024 : 1);
+static_assert((FM_WGMMA ? 1024 : 0) + STG_AT + STG_B == SMEM_BYTES,
               "the shared memory is the plan's (gemm.c)");
 static_assert(FM_GEMM_CLUSTER == 1 || (FM_GEMM_CLUSTER == 2 && FM_WGMMA && BN % 16 == 0),
               "clusters of 2 in the wgmma form, each CTA copying whole swizzle atoms (8 rows) of the B tile");
@@ -407,14 +418,17 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[MT][NT][4], fm_u32 smem
 __device__ __forceinline__ fm_u32 fm_full_bar(fm_u32 bars, int s) { return bars + 8 * s; }
 __device__ __forceinline__ fm_u32 fm_empty_bar(fm_u32 bars, int s) { return bars + 8 * (FM_STAGES + s); }
 
-#if FM_GEMM_TMA
-// A by tensor maps (FM_GEMM_TMA): the kernel's last two arguments, the driver's CUtensorMap of input part 0 and 1 (a
-// copy of part 0's without a concat), each a row-major array of its rows x A<p>_REAL elements, boxes of BM rows by
-// KT_B bytes of K in the 128-byte swizzle (csrc/module_launch.c, Kernel_args): one copy lands a stage's A rows exactly
-// where fm_sm_off puts them (the stage's base is 1024-byte aligned), zeros past the batch and the part's width.
+#if FM_GEMM_TMA || FM_GEMM_TMA_STORE
+// The driver's CUtensorMap, a kernel argument (csrc/module_launch.c, Kernel_args, encodes them for each launch).
 struct __align__(64) fm_tmap {
     unsigned long long v[16];
 };
+#endif
+#if FM_GEMM_TMA
+// A by tensor maps (FM_GEMM_TMA): the kernel's arguments after res, the tensor maps of input part 0 and 1 (a copy of
+// part 0's without a concat), each a row-major array of its rows x A<p>_REAL elements, boxes of BM rows by KT_B
+// bytes of K in the 128-byte swizzle: one copy lands a stage's A rows exactly where fm_sm_off puts them (the stage's
+// base is 1024-byte aligned), zeros past the batch and the part's width.
 // Stage kt's A rows (BM rows from row0) into the slot at a_dst: one TMA copy from thread 0, completing A_STAGE_B
 // bytes of the slot's full barrier's transaction count.
 __device__ __forceinline__ void fm_tma_stage_a(fm_u32 a_dst, fm_u32 full, int kt, const fm_tmap *ta0,
@@ -760,17 +774,57 @@ __device__ __forceinline__ void fm_put2(out_t *__restrict__ y, long long row, in
     }
 }
 
+// Byte b of staged row r of the slab at `slab` (TS: the 128-byte swizzle, else padded rows).
+__device__ __forceinline__ fm_u32 fm_stg_at(fm_u32 slab, int r, int b) {
+    if constexpr (TS)
+        return slab + (fm_u32)(r * 128 + ((((b >> 4) ^ (r & 7))) << 4) + (b & 15));
+    else
+        return slab + (fm_u32)(r * STG_ROW_B + b);
+}
+
+#if FM_GEMM_TMA_STORE
+// The warp's staged slab at `slab` to y's rows [row, row + TM), columns [col, col + STG_COLS), by lane 0: one TMA
+// store (its own bulk group) of the tensor map ty, after the warp's stores into the slab are made visible to the async
+// proxy. fm_ts_reuse before the buffer is written again.
+__device__ __forceinline__ void fm_ts_store(const void *ty, fm_u32 slab, int col, long long row, int lane) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncwarp();
+    if (lane == 0) {
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+                         (unsigned long long)ty),
+                     "r"(col), "r"((int)row), "r"(slab)
+                     : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+}
+// Before the warp writes a slab buffer again: lane 0 waits until at most `pending` of its stores have not yet read
+// their slab (two buffers in turn: 1, the other buffer's).
+template <int PENDING> __device__ __forceinline__ void fm_ts_reuse(int lane) {
+    if (lane == 0)
+        asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(PENDING) : "memory");
+    __syncwarp();
+}
+#endif
+
 // The layer's epilogue on the tile's accumulators and the one store of y (STG: through the warp's staged piece at
-// shared byte `stg`, STAGED above, a slab of STG_COLS columns at a time).
+// shared byte `stg`, STAGED above, a slab of STG_COLS columns at a time; TS: to y by the tensor map ty).
 template <bool STG>
 __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
                                                   const void *__restrict__ res, const float *__restrict__ bias,
                                                   long long row0, long long rows, int n0, int wm, int wn, int g,
-                                                  int t, fm_u32 stg, int lane) {
+                                                  int t, fm_u32 stg, int lane, const void *ty = nullptr) {
     // c0, c1 at (row g, columns 2t, 2t + 1) of each m16n8 tile, c2, c3 at row g + 8 (wgmma's fragment too).
     constexpr int SLABS = STG ? TN / STG_COLS : 1, SNT = NT / SLABS;  // n8 tiles a slab
+    (void)ty;
 #pragma unroll
     for (int slab = 0; slab < SLABS; ++slab) {
+#if FM_GEMM_TMA_STORE
+        const fm_u32 at = stg + (fm_u32)((slab & 1) * STG_SLAB_B);  // (SLABS is even: the buffers alternate)
+        if constexpr (STG)
+            fm_ts_reuse<1>(lane);
+#else
+        const fm_u32 at = stg;
+#endif
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -818,10 +872,14 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
                     const unsigned long long bits = fm_epilogue16<0, FM_OUT_TYPE>(v0, v1, r0, r1, col);
 #endif
                     const int scol = (nt - slab * SNT) * 8 + 2 * t;  // the column within the slab
-                    fm_put2<STG>(y, row, col, bits, stg + (fm_u32)((mt * 16 + g + 8 * h) * STG_ROW_B + scol * OUT_B));
+                    fm_put2<STG>(y, row, col, bits, fm_stg_at(at, mt * 16 + g + 8 * h, scol * OUT_B));
                 }
             }
         }
+#if FM_GEMM_TMA_STORE
+        if constexpr (STG)
+            fm_ts_store(ty, at, n0 + wn * TN + slab * STG_COLS, row0 + fm_tile_row(wm, 0), lane);
+#else
         if constexpr (STG) {  // the warp's staged slab to y, a row's 16-byte chunks by consecutive lanes
             constexpr int CPR = STG_COLS * OUT_B / 16;
             __syncwarp();
@@ -837,13 +895,14 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
                     fm_v4 v;
                     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                                 : "r"(stg + (fm_u32)(r * STG_ROW_B + c * 16))
+                                 : "r"(fm_stg_at(at, r, c * 16))
                                  : "memory");
                     fm_stg16(y + row * Ly::NR + col, v);
                 }
             }
             __syncwarp();  // (the warp's buffer is written again for its next slab or tile)
         }
+#endif
     }
 }
 
@@ -853,12 +912,12 @@ __device__ __forceinline__ void fm_epilogue_store(const float (&acc)[MT][NT][4],
 __device__ __forceinline__ void fm_epilogue_any(const float (&acc)[MT][NT][4], out_t *__restrict__ y,
                                                 const void *__restrict__ res, const float *__restrict__ bias,
                                                 long long row0, long long rows, int n0, int wm, int wn, int g, int t,
-                                                fm_u32 smem, int warp, int lane) {
+                                                fm_u32 smem, int warp, int lane, const void *ty = nullptr) {
     if constexpr (STAGED) {
         if (((unsigned long long)y & 15ull) == 0ull) {
             if constexpr (PP || PC) {  // (its own buffer after the stages: nothing to wait for)
                 fm_epilogue_store<true>(acc, y, res, bias, row0, rows, n0, wm, wn, g, t,
-                                        smem + (fm_u32)(FM_STAGES * STAGE_B + BAR_B + warp * STG_WARP_B), lane);
+                                        smem + (fm_u32)(STG_AT + warp * STG_WARP_B), lane, ty);
                 return;
             }
             if constexpr (FM_GEMM_WS)
@@ -897,10 +956,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                 long long rows,                   // batch size, >= 1
                 const void *__restrict__ x1,      // input part 1 (a concat's): rows x A1_REAL of FM_A1_TYPE, or null
                 const void *__restrict__ res      // the residual operand: rows x NR of FM_RES_TYPE, or null
-#if FM_GEMM_TMA
+#if FM_GEMM_TMA || FM_GEMM_TMA_STORE
                 ,
                 const __grid_constant__ fm_tmap ta0,  // input part 0's tensor map (fm_tma_stage_a)
                 const __grid_constant__ fm_tmap ta1   // part 1's (part 0's without a concat)
+#endif
+#if FM_GEMM_TMA_STORE
+                ,
+                const __grid_constant__ fm_tmap ty  // y's (fm_ts_store)
 #endif
 ) {
 #if FM_GEMM_TMA  // (the maps' addresses, for the producer)
@@ -908,6 +971,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
 #else
 #define FM_TMAPS nullptr, nullptr
 #endif
+#if FM_GEMM_TMA_STORE
+    const void *tmap_y = &ty;
+#else
+    const void *tmap_y = nullptr;
+#endif
+    (void)tmap_y;
     extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
     // wgmma's swizzle atoms are 1024-byte aligned: the plan gives that much more shared memory to align the stages
     const fm_u32 smem = FM_WGMMA ? (fm_smem_addr(fm_smem_raw) + 1023u) & ~1023u : fm_smem_addr(fm_smem_raw);
@@ -1000,8 +1069,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
             float acc[MT][NT][4];
             fm_acc_init(acc, n0_t + wn * TN, t, bias);
             fm_mainloop_ws(acc, smem, bars, seq0, warp, lane);
-            fm_epilogue_any(acc, y, res, bias, row0_t, rows, n0_t, wm, wn, g, t, smem, warp, lane);
+            fm_epilogue_any(acc, y, res, bias, row0_t, rows, n0_t, wm, wn, g, t, smem, warp, lane, tmap_y);
         }
+#if FM_GEMM_TMA_STORE
+        if (lane == 0)  // the warp's last stores done before its CTA leaves
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
 #endif
     }
 #if FM_GEMM_CLUSTER > 1

@@ -1,7 +1,7 @@
 """The wgmma GEMM's other forms on the GPU (gemm_layer.cu): clusters of two CTAs sharing the weight tile
 (FUSEDMLP_GEMM_CLUSTER=2), the warp-specialised one-CTA form (FUSEDMLP_GEMM_WS=1), its consumers in turn
 (FUSEDMLP_GEMM_WS=2, ping-pong) and it on a persistent grid (FUSEDMLP_GEMM_WS=3; with FUSEDMLP_GEMM_CLUSTER=2 on
-clusters of two sharing B), each over random wide networks
+clusters of two sharing B; with FUSEDMLP_GEMM_TMA_STORE=1 storing y by TMA), each over random wide networks
 and the benchmark networks against float64 with every GEMM layer in that form, bit for bit the plain one-CTA form's
 results, and the torch path with out= and a CUDA graph. Marked `gpu`; skipped without a device (both forms need
 sm_90a: skipped on other GPUs)."""
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.gpu
 
 FORMS = {"cluster": {"FUSEDMLP_GEMM_CLUSTER": "2"}, "ws": {"FUSEDMLP_GEMM_WS": "1"},
          "pingpong": {"FUSEDMLP_GEMM_WS": "2"}, "persistent": {"FUSEDMLP_GEMM_WS": "3"},
-         "persistent2": {"FUSEDMLP_GEMM_WS": "3", "FUSEDMLP_GEMM_CLUSTER": "2"}}
+         "persistent2": {"FUSEDMLP_GEMM_WS": "3", "FUSEDMLP_GEMM_CLUSTER": "2"},
+         "persistent_ts": {"FUSEDMLP_GEMM_WS": "3", "FUSEDMLP_GEMM_TMA_STORE": "1"}}
 PLAIN = {"FUSEDMLP_GEMM_CLUSTER": "1", "FUSEDMLP_GEMM_WS": "-1"}
 
 
@@ -45,13 +46,15 @@ def gemm_forms(mlp, io):
     plans = [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
              for seg in segments if seg.kind == "gemm"]
     names = {(1, 1): "ws", (1, 2): "pingpong", (1, 3): "persistent", (2, 0): "cluster", (2, 3): "persistent2"}
-    return [names.get((p["cluster"], p["ws"]), "plain") for p in plans]
+    return [names.get((p["cluster"], p["ws"]), "plain") + ("_ts" if p["tma_store"] else "") for p in plans]
 
 
 def in_form(forms, form):
     """Whether GEMM forms are what the environment asked for: every layer in the form, but for "pingpong" (ws=2, no
     residual operand yet) a layer with a residual keeps the plan's own form (the persistent one for a 16-bit
     128 x 256 tile), and at least one layer is in it."""
+    if form == "persistent_ts":  # (a layer whose tile row is one slab, or whose y rows are not 16-byte pieces, stores
+        return form in forms and set(forms) <= {form, "persistent"}  # as the persistent form does)
     if form != "pingpong":
         return all(f == form for f in forms)
     return form in forms and set(forms) <= {form} | OWN_FORMS
@@ -72,7 +75,8 @@ def test_random_wide_graphs_in_the_form(form):
             mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=prec,
                                     device="cuda")
             forms = gemm_forms(mlp, io)
-            assert not forms or in_form(forms, form) or (form == "pingpong" and set(forms) <= OWN_FORMS), forms
+            assert not forms or in_form(forms, form) or (form == "pingpong" and set(forms) <= OWN_FORMS) or (
+                form == "persistent_ts" and set(forms) <= {"persistent"}), forms  # (no layer whose y allows it)
             clustered += form in forms
             batch = int(rng.choice([1, 127, 1000, 4099, 70001]))
             checked += tally(mlp, ws, bs, prec, io, batch, i,

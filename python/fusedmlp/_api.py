@@ -526,7 +526,7 @@ class FusedMLP:
         """Layer `layer`'s GEMM plan (a norm layer's: of the layer cut before its norm, _gemm_net);
         FUSEDMLP_GEMM_CLUSTER (_env.gemm_cluster) and FUSEDMLP_GEMM_WS (_env.gemm_ws) pick the wgmma form's clusters
         and warp specialisation where neither tile nor _gemm_options does; FUSEDMLP_GEMM_TMA=-1 (_env.gemm_tma) loads
-        A by cp.async."""
+        A by cp.async, FUSEDMLP_GEMM_TMA_STORE (_env.gemm_tma_store) has the persistent form store y by TMA or not."""
         options = {**_segments.part_rows(self, layer, a0, a1), **tile, **self._gemm_options}
         if _env.gemm_tma() < 0 and "tma" not in options:
             options["tma"] = -1
@@ -553,6 +553,13 @@ class FusedMLP:
                 if forced:
                     plan = net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out,
                                          smem_per_sm=smem_per_sm, precision=self._precision, **forced, **options)
+        store = _env.gemm_tma_store()
+        if store and "tma_store" not in options and plan.info["ws"] == 3 and plan.info["tma_store"] != max(store, 0):
+            try:  # (where y's rows or the tile's slabs do not allow TMA stores, the plan's own store)
+                plan = net.gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=smem_per_sm,
+                                     precision=self._precision, tma_store=store, **forced, **options)
+            except LimitError:
+                pass
         return plan
 
     def _gpu_info(self):

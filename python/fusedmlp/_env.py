@@ -12,6 +12,8 @@ test can change ``os.environ`` and see the effect without reloading anything.
                             (default: the plan's choice); for A/B timing of the two forms
 ``FUSEDMLP_GEMM_TMA``       ``-1``/``off``: the sm_90a GEMMs' producer loads A with its threads' cp.async, not one TMA
                             copy of a tensor map a stage (default: TMA wherever the input copies as it is)
+``FUSEDMLP_GEMM_TMA_STORE``  ``1``/``-1``: the persistent sm_90a GEMMs store y by TMA stores of their staged slabs, or
+                            not (default: the plan's choice, not yet); for A/B timing
 ``FUSEDMLP_PDL``            ``0``/``off`` launches a segmented network's kernels plainly, each after the one before has
                             finished (default on: programmatic dependent launch on sm_90+); for A/B timing
 ``FUSEDMLP_CHAIN_GRAPHS``   ``0``/``off`` launches a segmented network's small calls (up to 65536 rows, torch / CuPy
@@ -27,7 +29,7 @@ import re
 import sys
 
 __all__ = ["cache_dir", "nvrtc_search_path", "autotune_enabled", "dependent_launch", "chain_graphs", "cache_max_bytes",
-           "gemm_cluster", "gemm_ws", "gemm_tma", "gemm_pad", "host_pipeline", "cpu_threads"]
+           "gemm_cluster", "gemm_ws", "gemm_tma", "gemm_tma_store", "gemm_pad", "host_pipeline", "cpu_threads"]
 
 # Folders (relative to a site-packages entry) where NVIDIA's pip wheels put libnvrtc, newest CUDA first:
 # nvidia-cuda-nvrtc 13.x installs nvidia/cu13/lib/libnvrtc.so.13; the 12.x wheels use nvidia/cuda_nvrtc/lib
@@ -226,6 +228,20 @@ def gemm_tma():
         ValueError: any other value, naming the variable and the value.
     """
     return _gemm_form("FUSEDMLP_GEMM_TMA", {"-1": -1, "off": -1}, "-1 (cp.async) or auto", "a way to load A")
+
+
+def gemm_tma_store():
+    """Tells whether the persistent GEMMs store y by TMA stores of their staged slabs (fm_gemm_opts.tma_store).
+
+    Returns:
+        ``1`` (wherever y's rows and the tile allow) or ``-1`` (never) as ``FUSEDMLP_GEMM_TMA_STORE`` says
+        (``1``/``on``, ``-1``/``off``); ``0`` (the plan's choice) if it is unset, empty, ``0`` or ``auto``.
+
+    Raises:
+        ValueError: any other value, naming the variable and the value.
+    """
+    return _gemm_form("FUSEDMLP_GEMM_TMA_STORE", {"1": 1, "on": 1, "-1": -1, "off": -1}, "1 (TMA stores), -1 (not) or auto",
+                      "a way to store y")
 
 
 def gemm_pad():
