@@ -305,7 +305,7 @@ def test_gemm_builds_each_gemm_layers_kernels_and_not_the_chain(monkeypatch, cap
     assert sorted({k.key[0] for k in built}) == [0, 1, 2] and sum(map(len, cells)) == len(built)
     assert len({k.key for k in built}) == len(built)  # each tile and form built once
     picks = [" ".join(cell.split()[:-1]) for layer in cells for cell in layer if "*" in cell]
-    assert picks == ["64x128 ws1*", "64x128 ws1*", "64x64 ws1*<"]  # probe list's picks at 1024 rows
+    assert picks == ["64x128 ws1 tma*", "64x128 ws1 tma*", "64x64 ws1 tma*<"]  # probe list's picks at 1024 rows
     fastest = [cell.split()[0] for layer in cells for cell in layer if "<" in cell]
     assert fastest == ["64x64"] * 3
 
@@ -360,7 +360,7 @@ def test_list_shows_how_a_gpu_cuts_a_network_and_each_segments_kernel():
     sdf = probe.segment_table(probe.workload("sdf512"), probe.GPUS["h100"])  # 512 wide, x concatenated before layer 4
     assert [line.split(":")[0] for line in sdf] == ["layers 0-3", "layer 4", "layers 5-8"]
     assert "wgmma GEMM" in sdf[1] and "input concat" in sdf[1]
-    assert "x read from its copy in rows of 264 float16" in sdf[1] and sdf[1].endswith("a producer warpgroup, persistent")
+    assert "x read from its copy in rows of 264 float16" in sdf[1] and sdf[1].endswith("a producer warpgroup, persistent, A by tensor maps")
     assert all("fused (wgmma, weights streamed from L2 through" in sdf[i] for i in (0, 2))
     sdf = probe.segment_table(probe.workload("sdf512"), probe.GPUS["a100"])  # every layer a GEMM there
     assert [line.split(":")[0] for line in sdf] == [f"layer {l}" for l in range(9)]

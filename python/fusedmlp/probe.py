@@ -146,7 +146,7 @@ def parse_plan(text, known=PLAN_OPTIONS, what="plan", example="warps=4,m_tiles=1
 
 
 #: `probe steps --gemm`: forced on every GEMM of a chain (FusedMLP._gemm_options, Network.gemm_plan's keywords).
-GEMM_OPTIONS = ("bm", "bn", "stages", "wgmma", "cluster", "ws", "tma")
+GEMM_OPTIONS = ("bm", "bn", "stages", "wgmma", "cluster", "ws", "tma", "tma_store")
 parse_gemm = functools.partial(parse_plan, known=GEMM_OPTIONS, what="GEMM", example="bn=128")
 
 
@@ -180,6 +180,10 @@ def gemm_shape(info):
         text += f", clusters of {info['cluster']} sharing B"
     if info["ws"]:
         text += ", a producer warpgroup" + {2: ", consumers in turn", 3: ", persistent"}.get(info["ws"], "")
+    if info.get("tma"):
+        text += ", A by tensor maps"
+    if info.get("tma_store"):
+        text += ", y by TMA stores"
     return text
 
 
@@ -819,7 +823,7 @@ GEMM_FORMS = ({}, {"ws": -1}, {"cluster": 2}, {"ws": 1}, {"ws": 2}, {"ws": 3})
 def gemm_forms(args):
     """(GPU) Each GEMM layer of a segmented network timed in every tile (_segments.SMALL_TILES and the plan's
     default) and form (the plan's auto form, the plain one, clusters of 2 sharing B, a producer warpgroup, consumers
-    in turn), per batch size, in alternating rounds (Kernel.time: the best of 5 launches a round, the median over
+    in turn; tma=-1 / tma_store=1 in --form: A by cp.async, y by TMA stores), per batch size, in alternating rounds (Kernel.time: the best of 5 launches a round, the median over
     rounds). What _segments.gemm_tile picks is marked with *, the fastest with <. Only the GEMMs are built, not the
     chain around them. --dtype: the compute dtype (an 8-bit one calibrated: model). --form (repeat): only these forms
     beside the auto one (e.g. ws=3, cluster=2; a tile in it, bn=256, replaces the tile's); --default-tile: only the
@@ -852,12 +856,13 @@ def gemm_forms(args):
                         info = mlp._gemm_plan(layer, *target, *dtypes, **{"bm": bm, "bn": bn, **form}).info
                     except (LimitError, ArgumentError):  # a form this tile does not take
                         continue
-                    shape = (info["bm"], info["bn"], info["cluster"], info["ws"])
+                    shape = (info["bm"], info["bn"], info["cluster"], info["ws"], info["tma"], info["tma_store"])
                     if shape in seen:  # the form is the auto one here, or the plan kept another
                         continue
                     seen.add(shape)
                     kernels.append(mlp._build_gemm(layer, *dtypes, **{"bm": bm, "bn": bn, **form}))
-                    what = (" c2" if info["cluster"] == 2 else "") + (f" ws{info['ws']}" if info["ws"] else "")
+                    what = (" c2" if info["cluster"] == 2 else "") + (f" ws{info['ws']}" if info["ws"] else "") + (
+                        " tma" if info["tma"] else "") + (" ts" if info["tma_store"] else "")
                     labels.append((bm, bn, f"{info['bm']}x{info['bn']}{what}", not form))
                     if not form and info["ws"]:
                         specialised.append((bm, bn))
