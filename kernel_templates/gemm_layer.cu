@@ -32,6 +32,9 @@
 //   refilled once both CTAs' warps finished reading it (cluster-wide empty mbarriers). The protocol is at
 //   fm_full_bar; all threads still both load and compute (no producer warp), FM_STAGES - 1 stages ahead. Not yet
 //   timed on a GPU: gemm.c's FM_GEMM_CLUSTER_AUTO keeps the one-CTA form the default until it is.
+// - The warp-specialised forms (FM_GEMM_WS): a producer warpgroup fills the stages, its thread 0 copying B's block with
+//   one cp.async.bulk and, where every input part copies as it is, A's rows with one TMA copy of a tensor map
+//   (FM_GEMM_TMA; else its 128 threads' cp.async); the persistent form may store y by TMA too (FM_GEMM_TMA_STORE).
 // - The input is one part, or two for an input concat (NeRF's skip): part p is a row-major array of A<p>_REAL
 //   elements a row, in its own dtype; its K range is padded to whole stages in the weights, so a stage reads one
 //   part. A part already in the compute dtype with 16-byte rows is copied as it is; any other (float32 x of a float16
@@ -428,9 +431,9 @@ struct __align__(64) fm_tmap {
 // A by tensor maps (FM_GEMM_TMA): the kernel's arguments after res, the tensor maps of input part 0 and 1 (a copy of
 // part 0's without a concat), each a row-major array of its rows x A<p>_REAL elements, boxes of BM rows by KT_B
 // bytes of K in the 128-byte swizzle: one copy lands a stage's A rows exactly where fm_sm_off puts them (the stage's
-// base is 1024-byte aligned), zeros past the batch and the part's width.
-// Stage kt's A rows (BM rows from row0) into the slot at a_dst: one TMA copy from thread 0, completing A_STAGE_B
-// bytes of the slot's full barrier's transaction count.
+// base is 1024-byte aligned), zeros past the batch and the part's width. So stage kt's A rows (BM rows from row0) go
+// into the slot at a_dst as one TMA copy from thread 0, completing A_STAGE_B bytes of the slot's full barrier's
+// transaction count.
 __device__ __forceinline__ void fm_tma_stage_a(fm_u32 a_dst, fm_u32 full, int kt, const fm_tmap *ta0,
                                                const fm_tmap *ta1, long long row0) {
     const bool second = FM_A1_TYPE >= 0 && kt >= K0TILES;
