@@ -518,9 +518,9 @@ enum { FM_TMAP_UINT8 = 0, FM_TMAP_UINT16 = 1, FM_TMAP_UINT32 = 2, FM_TMAP_INTERL
        FM_TMAP_L2_256B = 3, FM_TMAP_OOB_ZERO = 0 };
 
 fm_status fm_tensor_map_2d(fm_tensor_map *map, int elem_bytes, fm_devptr base, unsigned long long cols,
-                           unsigned long long rows, unsigned long long row_bytes, unsigned box_cols, unsigned box_rows,
-                           fm_error *err) {
+                           unsigned long long rows, unsigned box_cols, unsigned box_rows, fm_error *err) {
     fm_status st = FM_OK;
+    const unsigned long long row_bytes = cols * (unsigned long long)elem_bytes;
     if (!cu_is_ready() || g_api.cuTensorMapEncodeTiled == NULL)
         return fm_fail(err, FM_ERR_CUDA, "this NVIDIA driver has no cuTensorMapEncodeTiled (CUDA 12.0+), which a GEMM "
                        "reading its input by TMA needs: update the driver");

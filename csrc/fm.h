@@ -592,12 +592,11 @@ fm_status fm_kernel_launch(const fm_kernel *k, unsigned grid, fm_stream stream, 
 typedef struct fm_tensor_map {
     _Alignas(64) unsigned long long v[16];
 } fm_tensor_map;
-/* Encodes *map for TMA copies of box_rows x box_cols boxes of the row-major rows x cols array of elem_bytes-byte
- * (1, 2, 4) elements at base (rows row_bytes apart: 16-byte multiples, base 16-byte aligned), in the 128-byte swizzle
+/* Encodes *map for TMA copies of box_rows x box_cols boxes of the contiguous row-major rows x cols array of
+ * elem_bytes-byte (1, 2, 4) elements at base (16-byte aligned, rows of whole 16-byte pieces), in the 128-byte swizzle
  * (box_cols * elem_bytes <= 128), zeros for what lies outside the array (cuTensorMapEncodeTiled, CUDA 12.0+). */
 fm_status fm_tensor_map_2d(fm_tensor_map *map, int elem_bytes, fm_devptr base, unsigned long long cols,
-                           unsigned long long rows, unsigned long long row_bytes, unsigned box_cols, unsigned box_rows,
-                           fm_error *err);
+                           unsigned long long rows, unsigned box_cols, unsigned box_rows, fm_error *err);
 /* Times `launches` back-to-back launches between two events on stream (synchronises); *ms is per launch. */
 fm_status fm_kernel_time(const fm_kernel *k, unsigned grid, fm_stream stream, void **params, int launches, float *ms,
                          fm_error *err);

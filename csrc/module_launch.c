@@ -58,33 +58,26 @@ static fm_status Kernel_args(KernelObject *self, KernelArgs *a, fm_devptr x, fm_
     const fm_plan *p = &self->plan->plan;
     if (!p->gemm_tma && !p->gemm_tma_store)
         return FM_OK;
-    /* a box is a stage's A rows: 128 bytes of K (the swizzle's row) by the tile's rows; the parts are the compute
-     * dtype's storage (gemm.c's fm_gemm_parts_raw) */
-    const int eb = p->elem_bytes;
     if (rows > INT_MAX) /* (a TMA copy's coordinates are 32-bit) */
         return fm_fail(err, FM_ERR_LIMIT, "a GEMM reading its input or storing y by tensor maps takes at most %d rows a "
                        "launch (got %lld): split the batch", INT_MAX, rows);
     memset(a->maps, 0, sizeof a->maps);
-    if (p->gemm_tma_store) { /* y: boxes of a warp's staged slab, 16 rows by 128 bytes (gemm_layer.cu, fm_ts_store) */
-        const int ob = (int)fm_dtype_size(p->out_dtype);
-        const unsigned long long cols = (unsigned long long)p->n_real[p->gemm_layer];
-        fm_status st = fm_tensor_map_2d(&a->maps[2], ob, y, cols, (unsigned long long)rows, cols * (unsigned long long)ob,
-                                        (unsigned)(128 / ob), 16u, err);
-        if (st != FM_OK || !p->gemm_tma)
-            return st;
-    }
-    for (int part = 0; part < 2; ++part) {
-        if (part == 1 && p->a1_dtype < 0) {
+    const int l = p->gemm_layer, eb = p->elem_bytes, ob = (int)fm_dtype_size(p->out_dtype);
+    fm_status st = FM_OK;
+    /* A: a box is a stage's rows of a part, 128 bytes of K (the swizzle's row) by the tile's rows; the parts are the
+     * compute dtype's storage (gemm.c's fm_gemm_parts_raw) */
+    for (int part = 0; p->gemm_tma && part < 2 && st == FM_OK; ++part) {
+        if (part == 1 && p->a1_dtype < 0)
             a->maps[1] = a->maps[0];
-            break;
-        }
-        const unsigned long long cols = (unsigned long long)fm_gemm_part_row(p, p->gemm_layer, part);
-        fm_status st = fm_tensor_map_2d(&a->maps[part], eb, part ? x1 : x, cols, (unsigned long long)rows,
-                                        cols * (unsigned long long)eb, (unsigned)(128 / eb), (unsigned)p->gemm_bm, err);
-        if (st != FM_OK)
-            return st;
+        else
+            st = fm_tensor_map_2d(&a->maps[part], eb, part ? x1 : x, (unsigned long long)fm_gemm_part_row(p, l, part),
+                                  (unsigned long long)rows, (unsigned)(128 / eb), (unsigned)p->gemm_bm, err);
     }
-    return FM_OK;
+    /* y: a box is a warp's staged slab, 16 rows by 128 bytes (gemm_layer.cu, fm_ts_store) */
+    if (p->gemm_tma_store && st == FM_OK)
+        st = fm_tensor_map_2d(&a->maps[2], ob, y, (unsigned long long)p->n_real[l], (unsigned long long)rows,
+                              (unsigned)(128 / ob), 16u, err);
+    return st;
 }
 
 /* CTAs per cluster of a fused kernel: the cluster form's (fm_plan.cluster) or the streamed form's split

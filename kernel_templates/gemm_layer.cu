@@ -969,16 +969,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
                 const __grid_constant__ fm_tmap ty  // y's (fm_ts_store)
 #endif
 ) {
-#if FM_GEMM_TMA  // (the maps' addresses, for the producer)
-#define FM_TMAPS &ta0, &ta1
+    // the tensor maps' addresses: A's parts for the producer (FM_GEMM_TMA), y's for the consumers (FM_GEMM_TMA_STORE)
+#if FM_GEMM_TMA
+    const void *tmap0 = &ta0, *tmap1 = &ta1;
 #else
-#define FM_TMAPS nullptr, nullptr
+    const void *tmap0 = nullptr, *tmap1 = nullptr;
 #endif
 #if FM_GEMM_TMA_STORE
     const void *tmap_y = &ty;
 #else
     const void *tmap_y = nullptr;
 #endif
+    (void)tmap0;
+    (void)tmap1;
     (void)tmap_y;
     extern __shared__ __attribute__((aligned(16))) unsigned char fm_smem_raw[];
     // wgmma's swizzle atoms are 1024-byte aligned: the plan gives that much more shared memory to align the stages
@@ -1036,7 +1039,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
     (void)row0;
     (void)n0;
     if (warp >= CWARPS) {
-        fm_persist_produce(smem, bars, x, x1, w, rows, rank, (int)threadIdx.x - CWARPS * 32, FM_TMAPS);
+        fm_persist_produce(smem, bars, x, x1, w, rows, rank, (int)threadIdx.x - CWARPS * 32, tmap0, tmap1);
         fm_grid_release();  // the CTA's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
 #if FM_GEMM_WS == 2
@@ -1090,7 +1093,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
 #endif
     // (No setmaxnreg: the consumers fit the launch bound's even share, 168 registers, without spills.)
     if (warp >= CWARPS) {
-        fm_ws_produce(smem, bars, x, x1, w, row0, rows, ntile, (int)threadIdx.x - CWARPS * 32, FM_TMAPS);
+        fm_ws_produce(smem, bars, x, x1, w, row0, rows, ntile, (int)threadIdx.x - CWARPS * 32, tmap0, tmap1);
         fm_grid_release();  // the tile's last stages are loading: the next kernel's CTAs may be scheduled
     } else {
 #elif FM_GEMM_CLUSTER == 1

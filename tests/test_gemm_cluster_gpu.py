@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 import fusedmlp
-from fusedmlp import _segments
 from conftest import graph_weights
 from test_gpu import run_io
-from test_segments_gpu import NETWORKS, check, random_wide_case, tally
+from test_segments_gpu import NETWORKS, check, gemm_infos, random_wide_case, tally
 from test_segments_gpu import test_torch_tensors_out_and_cuda_graphs_through_a_segmented_network as torch_case
 
 pytestmark = pytest.mark.gpu
@@ -39,14 +38,10 @@ def form(request, monkeypatch):
 
 
 def gemm_forms(mlp, io):
-    """The form of each GEMM layer of mlp on its GPU (io in and out): "cluster", "ws" or "plain"."""
-    info = mlp._gpu_info()
-    target = (info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"])
-    segments = mlp._segments_for(*target, io, io) or []
-    plans = [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
-             for seg in segments if seg.kind == "gemm"]
+    """The form of each GEMM layer of mlp on its GPU (io in and out): "cluster", "ws", "pingpong", "persistent",
+    "persistent2" (each with "_ts" where it stores y by TMA) or "plain"."""
     names = {(1, 1): "ws", (1, 2): "pingpong", (1, 3): "persistent", (2, 0): "cluster", (2, 3): "persistent2"}
-    return [names.get((p["cluster"], p["ws"]), "plain") + ("_ts" if p["tma_store"] else "") for p in plans]
+    return [names.get((p["cluster"], p["ws"]), "plain") + ("_ts" if p["tma_store"] else "") for p in gemm_infos(mlp, io)]
 
 
 def in_form(forms, form):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fusedmlp
+from fusedmlp import _segments
 from conftest import graph_weights, rel_l2
 from test_gpu import PREC_TOL, graph_reference, run_io, run_io_kernel
 
@@ -87,8 +88,6 @@ def test_random_wide_graphs_in_every_precision(part):
 def test_random_wide_graphs_reading_x_through_its_padded_copy():
     """16 random wide networks whose chain pads x (x of 259 or 63 features, float32 or 16-bit x; GEMMs reading it as
     a concat part or as their input, residuals from x read as it is), float16 and bfloat16, within float64's bound."""
-    from fusedmlp import _segments
-
     rng = np.random.default_rng(20261126)
     failures, padded = [], 0
     for i in range(300):
@@ -125,8 +124,6 @@ def test_a_network_reading_x_through_its_copy_gives_the_one_kernels_bits(rng, wi
     bit for bit the one kernel reading x itself where that exists (the same values reach the same MMAs)."""
     if fusedmlp._api._gpu(0).info["arch"] != 90:
         pytest.skip("the streamed warpgroup kernel runs on sm_90a")
-    from fusedmlp import _segments
-
     ws, bs = graph_weights(rng, list(widths), {}, 1.0)
     mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", output_activation="tanh", device="cuda")
     chain = mlp._kernel(io)
@@ -313,8 +310,6 @@ def test_small_batches_of_wide_stretches_run_every_layer_as_a_gemm(rng):
 def gemm_infos(mlp, io):
     """plan.info of each GEMM layer of mlp's cut on its GPU (io in and out), as the chain builds it (with
     mlp._gemm_options)."""
-    from fusedmlp import _segments
-
     info = mlp._gpu_info()
     target = (info["arch"], info["smem_per_block"], info["sm_count"], info["smem_per_sm"])
     return [mlp._gemm_plan(seg.first, *target, *_segments.gemm_dtypes(mlp, seg.first, io, io)).info
