@@ -18,10 +18,10 @@ enum { FM_GEMM_CLUSTER_AUTO = 1 };
  * (259 columns: rows of 518 bytes), 26.35 -> 33.77 ms for the network, its 128 producer threads doing the converting
  * loads that 256 did (docs/performance.md). */
 enum { FM_GEMM_WS_AUTO = 1 };
-/* fm_gemm_opts.tma_store's auto choice: 0 (the consumers' 16-byte stores) until the TMA stores are timed on an H100
- * against them (built, not yet run on a GPU: docs/performance.md, "A by tensor maps"); 1 makes them the default of
- * the persistent form where y allows. */
-enum { FM_GEMM_TMA_STORE_AUTO = 0 };
+/* fm_gemm_opts.tma_store's auto choice: 1, TMA stores of the staged slabs wherever the persistent form's y allows. On
+ * the H100 at 2^21 rows they took rec1024's 1024 x 1024 GEMM 6.70 -> 6.55 ms, its 1024 -> 512 one 3.43 -> 3.37 and
+ * sdf512's 512 x 512 2.87 -> 2.79 against the consumers' 16-byte stores (docs/performance.md, "y by TMA stores"). */
+enum { FM_GEMM_TMA_STORE_AUTO = 1 };
 
 /* The global dtype holding the compute precision's elements as they are: an 8-bit network's codes, float16 or
  * bfloat16 for those, float32 for tf32 (gemm_layer.cu's fm_a_raw). */

@@ -155,21 +155,22 @@ def test_a_by_tensor_maps_is_the_default_of_the_warp_specialised_forms_whose_par
 def test_tma_stores_of_y_are_a_plan_option_of_the_persistent_form(rng, monkeypatch):
     """tma_store=1 (fm_plan.gemm_tma_store; FUSEDMLP_GEMM_TMA_STORE=1 for a process): the persistent form's consumer
     warps store each staged slab (16 rows by 128 bytes) with one TMA store of a tensor map of y, two unpadded slabs a
-    warp from the first 1024-byte boundary after the stages; off by default (not yet timed on a GPU). Refused where
-    the form is not the persistent one or a tile row is an odd number of slabs; the forced environment leaves such a
-    layer its own store. Every such GEMM of the benchmark networks and a residual one, 16- and 8-bit, compiles for
+    warp from the first 1024-byte boundary after the stages; the default wherever y allows (tma_store=-1 and
+    FUSEDMLP_GEMM_TMA_STORE=-1: the warps' 16-byte stores). Refused where the form is not the persistent one or a tile
+    row is an odd number of slabs; the forced environment leaves such a layer its own store. Every such GEMM of the benchmark networks and a residual one, 16- and 8-bit, compiles for
     sm_90a without spills."""
     _api._nvrtc_info()
     mlp, _ = model(rng, "rec1024")
-    off = mlp._gemm_plan(1, *H100, "float16", None, None, "float16").info
-    on = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", tma_store=1)
+    off = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", tma_store=-1).info
+    on = mlp._gemm_plan(1, *H100, "float16", None, None, "float16")
     assert (off["ws"], off["tma_store"], on.info["tma_store"]) == (3, 0, 1)
     # four 48 KB stages and their mbarriers, up to the next 1 KB, then 8 warps x 2 slabs x 2 KB, and the alignment
     assert (off["smem_bytes"], on.info["smem_bytes"]) == (4 * (48 * 1024 + 16) + 1024 + 8 * 16 * 144,
                                                           197632 + 8 * 2 * 2048 + 1024)
     source = _api._source_of(on)
     assert "#define FM_GEMM_TMA_STORE 1" in source and "; y by TMA stores" in source
-    assert "#define FM_GEMM_TMA_STORE 0" in _api._source_of(mlp._gemm_plan(1, *H100, "float16", None, None, "float16"))
+    assert "#define FM_GEMM_TMA_STORE 0" in _api._source_of(mlp._gemm_plan(1, *H100, "float16", None, None, "float16",
+                                                                             tma_store=-1))
     with pytest.raises(fusedmlp.LimitError, match="tma_store=1 needs the persistent form"):
         mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=1, tma_store=1)
     with pytest.raises(fusedmlp.LimitError, match="an even number of 128-byte slabs"):
@@ -181,6 +182,8 @@ def test_tma_stores_of_y_are_a_plan_option_of_the_persistent_form(rng, monkeypat
     assert [p.info["tma_store"] for _, p in gemm_plans(mlp, "float16")] == [1, 1, 1]
     wide, _ = model(rng, "wide768")
     assert [p.info["tma_store"] for _, p in gemm_plans(wide, "float16")] == [1, 1, 1, 1, 0]  # (64 outputs: one slab)
+    monkeypatch.setenv("FUSEDMLP_GEMM_TMA_STORE", "-1")
+    assert [p.info["tma_store"] for _, p in gemm_plans(mlp, "float16")] == [0, 0, 0]
     monkeypatch.setenv("FUSEDMLP_GEMM_TMA_STORE", "2")
     with pytest.raises(ValueError, match="FUSEDMLP_GEMM_TMA_STORE='2' is not a way to store y"):
         gemm_plans(mlp, "float16")
@@ -204,22 +207,24 @@ def test_tma_stores_of_y_are_a_plan_option_of_the_persistent_form(rng, monkeypat
 
 def test_the_persistent_form_is_a_plan_option_with_slabs_of_staged_output(rng):
     """ws=3: ws=1's 128 x 256 tile and its 12 warps, 4 stages of 48 KB and their mbarriers, and after them each
-    consumer warp's staged slab (16 rows of 128 bytes, a row padded by 16 bytes) for any y dtype; one CTA an SM, the
-    grid at most a CTA an SM (the tiles a CTA takes: gemm_layer.cu). 64-row tiles take it too; not on mma.sync."""
+    consumer warp's staged slab (16 rows of 128 bytes, a row padded by 16 bytes) for any y dtype where the warps store
+    y (tma_store=-1; the TMA stores' slabs: the test above); one CTA an SM, the grid at most a CTA an SM (the tiles a
+    CTA takes: gemm_layer.cu). 64-row tiles take it too; not on mma.sync."""
     mlp, _ = model(rng, "rec1024")
     for out in ("float16", "float32"):
-        info = mlp._gemm_plan(1, *H100, "float16", None, None, out, ws=3).info
+        info = mlp._gemm_plan(1, *H100, "float16", None, None, out, ws=3, tma_store=-1).info
         assert (info["ws"], info["warps"], info["bm"], info["bn"], info["stages"], info["blocks_per_sm"]) == (
             3, 12, 128, 256, 4, 1)
         assert info["smem_bytes"] == 4 * (384 * 128 + 16) + 1024 + 128 * (128 + 16)
     plan = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=3)
     source = _api._source_of(plan)
     assert "#define FM_GEMM_WS 3" in source and "a persistent grid" in source
-    small = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=64, bn=128, ws=3).info
+    small = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", bm=64, bn=128, ws=3, tma_store=-1).info
     assert (small["ws"], small["warps"], small["smem_bytes"]) == (3, 8, 3 * (192 * 128 + 16) + 1024 + 64 * 144)
     with pytest.raises(fusedmlp.LimitError, match=r"ws=3\) is the wgmma form on one CTA"):
         mlp._gemm_plan(1, 80, 166912, 108, 167936, "float16", None, None, "float16", ws=3)
-    paired = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=3, cluster=2)  # pairs sharing B
+    paired = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", ws=3, cluster=2, tma_store=-1)  # pairs
+    # sharing B
     assert (paired.info["ws"], paired.info["cluster"], paired.info["smem_bytes"]) == (3, 2, info["smem_bytes"])
     assert "__cluster_dims__(FM_GEMM_CLUSTER, 1, 1)" in _api._source_of(paired)
     with pytest.raises(fusedmlp.LimitError, match=r"ws=1\) is the wgmma form on one CTA a tile, or for ws=3"):

@@ -360,7 +360,8 @@ def test_list_shows_how_a_gpu_cuts_a_network_and_each_segments_kernel():
     sdf = probe.segment_table(probe.workload("sdf512"), probe.GPUS["h100"])  # 512 wide, x concatenated before layer 4
     assert [line.split(":")[0] for line in sdf] == ["layers 0-3", "layer 4", "layers 5-8"]
     assert "wgmma GEMM" in sdf[1] and "input concat" in sdf[1]
-    assert "x read from its copy in rows of 264 float16" in sdf[1] and sdf[1].endswith("a producer warpgroup, persistent, A by tensor maps")
+    assert "x read from its copy in rows of 264 float16" in sdf[1]
+    assert sdf[1].endswith("a producer warpgroup, persistent, A by tensor maps, y by TMA stores")
     assert all("fused (wgmma, weights streamed from L2 through" in sdf[i] for i in (0, 2))
     sdf = probe.segment_table(probe.workload("sdf512"), probe.GPUS["a100"])  # every layer a GEMM there
     assert [line.split(":")[0] for line in sdf] == [f"layer {l}" for l in range(9)]
