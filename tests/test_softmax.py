@@ -155,15 +155,22 @@ def test_from_torch_reads_softmax_heads():
         assert rel_l2(f(x.numpy()), want) < 1e-5, m
 
 
-def test_from_torch_names_a_softmax_it_cannot_fuse():
+def test_from_torch_runs_a_softmax_after_no_linear_on_an_identity_layer():
+    """A softmax after an activation or after a norm runs on an identity layer of its own (its fused softmax); one over
+    another dim, or of the network input, is an error naming it."""
     torch = pytest.importorskip("torch")
     nn = torch.nn
-    cases = [(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Softmax(-1)), r"2: Softmax is not directly after a "
-                                                                           r"Linear"),
-             (nn.Sequential(nn.Linear(8, 16), nn.Softmax(0)), r"1: Softmax\(dim=0\) does not run over the features"),
-             (nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.LogSoftmax(-1)), r"LogSoftmax is not directly "
-                                                                                    r"after a Linear \(it follows a "
-                                                                                    r"norm\)")]
+    torch.manual_seed(2)
+    x = torch.randn(40, 8)
+    for m in (nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Softmax(-1)),
+              nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.LogSoftmax(-1))):
+        f = fusedmlp.from_torch(m.eval(), device="cpu")
+        assert list(f.widths) == [8, 16, 16] and f._norm[0] != f._norm[1] and f._norm[1] is not None
+        with torch.no_grad():
+            want = m.double()(x.double()).numpy()
+        assert rel_l2(f(x.numpy()), want) < 1e-5, m
+    cases = [(nn.Sequential(nn.Linear(8, 16), nn.Softmax(0)), r"1: Softmax\(dim=0\) does not run over the features"),
+             (nn.Sequential(nn.LogSoftmax(-1), nn.Linear(8, 16)), r"0: LogSoftmax of the network input")]
     for m, match in cases:
         with pytest.raises(fusedmlp.ArgumentError, match=match):
             fusedmlp.from_torch(m.eval(), device="cpu")

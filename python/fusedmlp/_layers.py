@@ -34,7 +34,10 @@ def then_map(earlier, s, t, label):
 class Layers:
     """The layers read so far, in float64 until the end (the folds are exact there, then rounded once to float32).
 
-    A batch norm (torch's BatchNorm1d, ONNX's BatchNormalization) directly after a Linear folds into it,
+    A LayerNorm / RMSNorm (or a softmax) directly after a Linear is that layer's norm, fused before its activation;
+    anywhere else (the network input, after an activation, a residual or another norm) it runs on a layer of its own,
+    an identity Linear (norm_layer). A batch norm (torch's BatchNorm1d, ONNX's BatchNormalization) directly after a
+    Linear folds into it,
     W' = diag(s) W, b' = s b + t (into its LayerNorm / RMSNorm affine where it has one: gamma' = s gamma,
     beta' = s beta + t); anywhere else it must come directly before a Linear and folds into that one's input side,
     W' = W diag(s), b' = b + W t. Both are exact; a batch norm with an
@@ -54,7 +57,10 @@ class Layers:
         self.pending_parts = None  # [(s, t, label) or None per joined input], set_input_parts
 
     def linear(self, weight, bias, label):
-        w, b = self.to_array(weight), self.to_array(bias)
+        self.linear64(self.to_array(weight), self.to_array(bias), label)
+
+    def linear64(self, w, b, label):
+        """A Linear of float64 arrays w (out, in) and b (or None)."""
         if not self.weights and self.flatten_width is not None and w.shape[1] != self.flatten_width:
             raise ShapeError(f"{label}: the input is viewed as rows of {self.flatten_width} features, but the Linear "
                              f"takes {w.shape[1]}")
@@ -101,16 +107,40 @@ class Layers:
                                  f"has {s0.shape[0]}")
         self.pending = then_map(self.pending, s, t, label)
 
-    def norm(self, kind, shape, weight, bias, eps, label):
+    def norm(self, kind, shape, weight, bias, eps, label, own=False):
         """A LayerNorm (kind 'layernorm') or RMSNorm ('rmsnorm') over `shape` (its normalized_shape) at label: the
-        last layer's norm, fused before its activation; it must come directly after that layer's Linear."""
+        last layer's norm, fused before its activation, where it comes directly after that layer's Linear (fusable);
+        anywhere else (or where `own`: the Linear's output is also read elsewhere, a residual's operand) on a layer of
+        its own, an identity Linear (norm_layer)."""
         name = "LayerNorm" if kind == "layernorm" else "RMSNorm"
-        self.after_linear(name, label, "nor after one without a norm")
+        if own or not self.fusable():
+            self.norm_layer(name, shape, label)
         width = self.weights[-1].shape[0]
         if tuple(shape) != (width,):
             raise ShapeError(f"{label}: {name} normalizes over {tuple(shape)}, but the Linear before it has {width} "
                              f"outputs; fusedmlp fuses a norm over the layer's features, normalized_shape ({width},)")
         self.norms[-1] = [kind, self.to_array(weight), self.to_array(bias), None if eps is None else float(eps)]
+
+    def fusable(self):
+        """Whether a norm or softmax here is the last layer's, fused before its activation: directly after its Linear
+        (folds between them allowed), which has none yet."""
+        return self.open and self.norms[-1] is None
+
+    def norm_layer(self, name, shape, label):
+        """A layer of its own for a norm (or softmax) that follows no Linear directly (the network input, an
+        activation, a residual, another norm): an identity Linear with no bias, whose fused norm is then the one at
+        label. In float16 or bfloat16 its MMAs multiply by exact ones and add exact zeros, so its W h is h and the norm
+        sees the value as the kernel holds it; a batch norm waiting for a Linear folds into it (diag(s), bias t). It
+        costs a width x width matmul per row (on a 64-wide value 4096 MACs a row)."""
+        if len(shape) != 1 or not isinstance(shape[0], (int, np.integer)) or shape[0] < 1:
+            raise ShapeError(f"{label}: {name} normalizes over {tuple(shape)}; fusedmlp normalizes over the features, "
+                             "a normalized_shape of one dimension")
+        width = int(shape[0])
+        if self.weights and self.weights[-1].shape[0] != width:
+            raise ShapeError(f"{label}: {name} normalizes over {tuple(shape)}, but the value before it has "
+                             f"{self.weights[-1].shape[0]} features; fusedmlp normalizes over the features, "
+                             f"normalized_shape ({self.weights[-1].shape[0]},)")
+        self.linear64(np.eye(width), None, label)
 
     def set_input_parts(self, parts):
         """Several inputs joined by one torch.cat before the first Linear, each with its own affine map (s, t, label),
@@ -167,7 +197,11 @@ class Layers:
         if dim not in (None, -1, 1):
             raise ArgumentError(f"{label}: {name}(dim={dim}) does not run over the features; fusedmlp fuses a {name} "
                                 "over a layer's features, dim=-1 (or 1) of its (rows, features) input")
-        self.after_linear(name, label, "it follows a norm")
+        if not self.weights:
+            raise ArgumentError(f"{label}: {name} of the network input; fusedmlp takes a {name} of a layer's outputs "
+                                "(one directly after a Linear is fused into it)")
+        if not self.fusable():
+            self.norm_layer(name, (self.weights[-1].shape[0],), label)
         self.norms[-1] = [kind, None, None, None]
         self.open = False  # a batch norm after it folds into the next Linear (a softmax has no affine to take it)
 

@@ -38,7 +38,8 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
                     "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
                     "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) and softmax / log_softmax "
-                    "over the features (modules, functions or methods) directly after a Linear, + - * / with a number "
+                    "over the features (modules, functions or methods; fused into a Linear they follow directly, "
+                    "elsewhere on an identity layer of their own: pre-norm blocks), + - * / with a number "
                     "or a parameter / buffer (per-feature maps folded into a Linear, numbers into the activation), a "
                     "flatten of the input, "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
@@ -237,6 +238,7 @@ class _Tracer:
         self.cur = self.x_node = self.pending_cat = None
         self.value_of = {}  # node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
         self.folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (no value the kernel keeps)
+        self.same = {}  # node -> node: an Identity's or eval-mode Dropout's output -> its input (one value, two names)
         self.before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as kept
         self.shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
         self.placeholders, self.input_order = [], None  # forward's inputs; with several, their order in the join
@@ -343,9 +345,9 @@ class _Tracer:
             self.pending_cat = None
         elif layers.pending is not None:  # cur is a BatchNorm1d this Linear absorbs: the value is before it
             self.folded[self.cur] = layers.pending[2]
-            self.value_of.setdefault(self.before_bn, len(layers.weights) - 1)
+            self.keep(self.before_bn, len(layers.weights) - 1)
         else:
-            self.value_of.setdefault(self.cur, len(layers.weights) - 1)
+            self.keep(self.cur, len(layers.weights) - 1)
         if leaf is not None:
             w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
         else:
@@ -376,7 +378,10 @@ class _Tracer:
         return True
 
     def norm(self, node, label):
-        """A LayerNorm / RMSNorm, or a softmax, right after a Linear: the layer's fused norm."""
+        """A LayerNorm / RMSNorm, or a softmax: right after a Linear whose output nothing else reads, the layer's fused
+        norm; anywhere else (the network input, a residual's sum, after an activation: a pre-norm block's
+        LayerNorm(h) beside h + f(...)) on an identity layer of its own (Layers.norm_layer), the value it reads kept
+        as the previous layer's output, so that a residual may still read it."""
         leaf = self.leaf if self.text is None else None
         norm = _traced_norm(self.module, node, leaf, label)
         soft = None if norm is not None else _traced_softmax(node, leaf)
@@ -386,10 +391,30 @@ class _Tracer:
             raise ArgumentError(f"{label}: a {'norm' if soft is None else 'softmax'} that does not take the previous "
                                 "layer's output")
         where = node.target if self.leaf is not None else label
+        layers = self.layers
+        chain, node = [], self.cur  # the value's names through Identity / Dropout, and what reads any of them
+        while node is not None:
+            chain.append(node)
+            node = self.same.get(node)
+        readers = {user for name in chain for user in name.users} - set(chain)
+        own = len(readers) > 1 or not layers.fusable()
+        if own:  # the value it reads becomes a layer's output, as a Linear taking it would make it (linear)
+            if soft is not None and not layers.weights:
+                raise ArgumentError(f"{label}: a softmax of the network input; fusedmlp takes a softmax of a layer's "
+                                    "outputs")
+            if layers.pending is not None:
+                self.folded[self.cur] = layers.pending[2]
+                self.keep(self.before_bn, len(layers.weights) - 1)
+            else:
+                self.keep(self.cur, len(layers.weights) - 1)
+            name = ({"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[norm[0]] if soft is None else
+                    "Softmax" if soft[0] == "softmax" else "LogSoftmax")
+            layers.norm_layer(name, norm[1] if soft is None else (layers.weights[-1].shape[0],), where)
+            self.residual.append(None)
         if soft is None:
-            self.layers.norm(*norm, where)
+            layers.norm(*norm, where)
         else:
-            self.layers.softmax(*soft, where)
+            layers.softmax(*soft, where)
         return True
 
     def cat(self, node, label):
@@ -402,21 +427,33 @@ class _Tracer:
             raise ArgumentError(f"{label}: only torch.cat([h, x], -1) or torch.cat([x, h], -1) of the hidden state h "
                                 "with the network input x is supported")
         self.layers.unfoldable(label, "torch.cat")
-        self.value_of.setdefault(self.cur, len(self.layers.weights) - 1)
+        self.keep(self.cur, len(self.layers.weights) - 1)
         self.pending_cat = "after" if parts[0] is self.cur else "before"
         return True
 
+    def keep(self, node, index):
+        """Node's value is kept as value `index` (-1 the network input, l layer l's output), and so are the names it
+        has through Identity and Dropout (a block's `self.norm = nn.Identity()` between a value and its Linear, while
+        the residual reads the value itself)."""
+        while node is not None:
+            self.value_of.setdefault(node, index)
+            node = self.same.get(node)
+
     def passthrough(self, node, label):
-        """Identity and Dropout in eval mode (modules and functions)."""
+        """Identity and Dropout in eval mode (modules and functions): another name of the current value."""
         if self.leaf is not None and self.text is None and isinstance(self.leaf, (nn.Identity, *_DROPOUTS)):
             if isinstance(self.leaf, _DROPOUTS):
                 _check_dropout_off(self.leaf, node.target)
-            return True
-        if node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
+        elif node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
             if _arg(node, 2, "training", _DROPOUT_FUNCTIONS[node.target]) and _arg(node, 1, "p", 0.5) > 0:
                 raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
-            return True
-        return False
+        else:
+            return False
+        if self.takes_cur():
+            self.same[node] = self.cur
+            if self.cur in self.value_of:
+                self.value_of[node] = self.value_of[self.cur]
+        return True
 
     def constant_op(self, node, label):
         """An arithmetic op of the chain's value and a constant: folded into a Linear (one value per feature, any on

@@ -80,8 +80,8 @@ def _check_dropout_off(module, label):
         raise ArgumentError(f"{label}: {type(module).__name__}(p={module.p}) is active because the model is in "
                             "training mode; call model.eval() first (fusedmlp runs inference)")
 
-SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (directly after a Linear), "
-             "Softmax and LogSoftmax over the features (directly after a Linear), "
+SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (fused into the Linear they "
+             "follow directly; elsewhere on an identity layer of their own), Softmax and LogSoftmax over the features, "
              "ReLU, LeakyReLU, ELU, CELU, GELU, SiLU, Sigmoid, LogSigmoid, Tanh, Tanhshrink, Softplus, Mish, SELU, "
              "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, Threshold, PReLU (one slope), "
              "Identity, Dropout (any form) and BatchNorm1d (in eval mode), nested Sequential")

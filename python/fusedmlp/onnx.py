@@ -444,8 +444,9 @@ class _Reader:
             if attrs.get("axis", -1) not in (-1, 1):
                 raise ArgumentError(f"{label}: {op} over axis {attrs.get('axis')}; fusedmlp normalizes the last axis")
             kind = "layernorm" if op == "LayerNormalization" else "rmsnorm"
-            width = layers.weights[-1].shape[0] if layers.weights else 0
             scale = self.const(node.input[1]) if len(node.input) > 1 else None
+            # (of the network input: as wide as its scale; elsewhere the value's width)
+            width = layers.weights[-1].shape[0] if layers.weights else 0 if scale is None else scale.size
             bias = self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
             layers.norm(kind, (width,), None if scale is None else np.broadcast_to(scale.reshape(-1), (width,)),
                         None if bias is None else np.broadcast_to(bias.reshape(-1), (width,)),
