@@ -13,6 +13,45 @@
  * _api builds the plan again without the pipeline where ptxas spilled (_api.spilled). */
 enum { PIPE_REGS = 24 };
 
+/* The value the register-A kernels keep in registers entering layer l for a later layer's residual (fm_network's ka):
+ * the value v <= l - 1 (-1: x) that a layer j >= l with v <= j - 2 adds or multiplies (not its own input, which is
+ * in registers anyway); -2 none, -3 two at once (SimBa's blocks h + f(h) over two or three layers keep one value at a
+ * time; a DenseNet-like graph would keep several). */
+static int fm_plan_kept_at(const fm_plan *p, int l) {
+    int kept = -2;
+    for (int j = l; j < p->num_layers; ++j) {
+        const int v = p->res_src[j];
+        if (p->res_op[j] == FM_RES_NONE || v > l - 1 || v > j - 2)
+            continue;
+        if (kept != -2 && kept != v)
+            return -3;
+        kept = v;
+    }
+    return kept;
+}
+
+/* Why the register-A kernels cannot take this network's residuals (NULL: they can): one from further back than the
+ * layer's own input is kept in registers from its value on (16-bit only: an 8-bit value's codes are packed for the
+ * layer after it), one such value at a time. */
+static const char *fm_plan_residuals_unfit(const fm_plan *p) {
+    for (int l = 0; l < p->num_layers; ++l) {
+        if (p->res_op[l] == FM_RES_NONE || p->res_src[l] == l - 1)
+            continue;
+        if (fm_prec_is_8bit(p->prec))
+            return "the register-A warpgroup kernels take an 8-bit network's residuals from a layer's own input only";
+        if (fm_plan_kept_at(p, l) == -3)
+            return "the register-A warpgroup kernels keep one earlier value for later layers' residuals at a time, "
+                   "and this network's residuals read two at once";
+    }
+    return NULL;
+}
+
+/* Registers of the value kept across layer l (fm_plan_kept_at; x for value -1). */
+static int fm_plan_kept_regs(const fm_plan *p, int l, int per_reg) {
+    const int v = fm_plan_kept_at(p, l);
+    return v == -1 ? p->k_pad[0] / per_reg : v >= 0 ? p->n_pad[v] / per_reg : 0;
+}
+
 /* Registers layer l of the sm_90a kernel needs per thread: 64 x n fp32 accumulators over 128 threads, the input
  * fragments (64 x k halves, or float8 codes in half as many registers: so float8 takes 256-wide hidden layers) and,
  * but for the last layer (which stages its output), the output fragments; plus 40 for addresses, bias and the
@@ -31,6 +70,7 @@ static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
      * MMAs are done, before its output fragments are written, so they take the same registers. */
     if (p->stream_slots && p->norm[l] != FM_NORM_NONE && p->res_op[l] == FM_RES_NONE)
         regs = acc + (p->k_pad[l] / per_reg > out ? p->k_pad[l] / per_reg : out) + 40;
+    regs += fm_plan_kept_regs(p, l, per_reg); /* a value kept for a later layer's residual */
     for (int j = l + 1; j < p->num_layers; ++j) /* x's fragments, kept for a later layer's concat */
         if (p->cat[j] != FM_CAT_NONE) {
             regs += p->k_pad[0] / per_reg;
@@ -94,10 +134,8 @@ const char *fm_plan_wgmma_unfit(const fm_plan *p, int widest) {
             return "a hidden layer this wide would not fit the wgmma kernel's registers";
         if (p->cat[l] != FM_CAT_NONE)
             return "the wgmma kernel has no input concat";
-        if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
-            return "the wgmma kernel takes residuals from a layer's own input only";
     }
-    return NULL;
+    return fm_plan_residuals_unfit(p);
 }
 
 size_t fm_plan_wgmma_stage_bytes(const fm_plan *p) {
@@ -336,8 +374,8 @@ int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_opts *opt
     return 0;
 }
 
-/* Why the streamed form of the register-A warpgroup kernel cannot run this network (NULL: it can): residuals from
- * the layer's own input only (none on a concat layer). An input concat (NeRF's skip) takes x's A fragments, which the
+/* Why the streamed form of the register-A warpgroup kernel cannot run this network (NULL: it can): residuals as the
+ * register-A kernel takes them (fm_plan_residuals_unfit; none on a concat layer). An input concat (NeRF's skip) takes x's A fragments, which the
  * kernel keeps in registers from layer 0 on. A norm layer is one group (its statistics need the whole row), its
  * weights read from several slots. */
 static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
@@ -352,10 +390,8 @@ static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
                    "in the streamed warpgroup kernel";
         if (p->cat[l] != FM_CAT_NONE && p->res_op[l] != FM_RES_NONE)
             return "the streamed warpgroup kernel takes no residual on a layer with an input concat";
-        if (p->res_op[l] != FM_RES_NONE && p->res_src[l] != l - 1)
-            return "the streamed warpgroup kernel takes residuals from a layer's own input only";
     }
-    return NULL;
+    return fm_plan_residuals_unfit(p);
 }
 
 /* Default group width and the most slots. On the H100 (2^21 rows, fp16) groups of 128 columns ran r256 (64-256-256-
@@ -440,6 +476,16 @@ static fm_status fm_plan_stream_at(fm_plan *p, const fm_target *t, const fm_plan
         return fm_fail(err, FM_ERR_LIMIT, "layer %d needs about %d registers per thread in the streamed warpgroup "
                        "kernel, over the 255 a thread has: its input fragments (%d features)%s and a column group's "
                        "accumulators", worst, fm_wgmma_layer_regs(p, worst), p->k_real[worst], kept);
+    }
+    /* A value kept for a later residual: past the estimate's 255, ptxas spilled 48-368 bytes in random 256-wide
+     * chains (NVRTC 13); the mma.sync kernel, which keeps values in shared memory, takes such a network instead. */
+    for (int l = 0; l < p->num_layers; ++l) {
+        const int kept = fm_plan_kept_at(p, l);
+        if (kept != -2 && fm_wgmma_layer_regs(p, l) > 255)
+            return fm_fail(err, FM_ERR_LIMIT, "layer %d needs about %d registers per thread in the streamed warpgroup "
+                           "kernel, over the 255 a thread has, with %s (%d features) kept in registers for a later "
+                           "layer's residual", l, fm_wgmma_layer_regs(p, l), kept < 0 ? "x" : "a layer's output",
+                           kept < 0 ? p->k_real[0] : p->n_real[kept]);
     }
     if (65536 / (warps * 32) < regs) {
         fm_fail(err, FM_ERR_LIMIT, "warps=%d leaves %d registers per thread; the streamed warpgroup kernel of this "

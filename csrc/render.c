@@ -195,11 +195,13 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       "template <> struct Layer<%d> {  // %d -> %d, %s%sactivation %s\n"
                       "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
                       "    static constexpr int REPEAT = %d;  // layers from this one on with its code (render.c)\n"
+                      "    static constexpr int RES_FROM = %d;  // the residual's value: layers back (1: the own input)\n"
                       "%s%s"
                       "};\n",
                       l, p->k_real[l], p->n_real[l], spec->norm[l] ? fm_norm_name(spec->norm[l]) : "",
                       spec->norm[l] ? ", " : "", expr_text.data ? expr_text.data : "?", p->w_offset[l],
-                      p->b_offset[l], repeat[l], quant.data ? quant.data : "", body[l].data ? body[l].data : "");
+                      p->b_offset[l], repeat[l], p->res_op[l] != FM_RES_NONE ? l - p->res_src[l] : 0,
+                      quant.data ? quant.data : "", body[l].data ? body[l].data : "");
         fm_str_free(&quant);
         fm_str_free(&expr_text);
     }

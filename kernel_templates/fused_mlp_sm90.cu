@@ -223,6 +223,38 @@ template <int L> __device__ constexpr bool fm_has_residual() {
         return Layer<L>::RES != 0 || fm_has_residual<L - 1>();
 }
 
+// The value layer L's residual reads: L - Layer<L>::RES_FROM (L - 1 its own input; -1 the network input x); -2 none.
+template <int L> __device__ constexpr int fm_res_src() { return Layer<L>::RES != 0 ? L - Layer<L>::RES_FROM : -2; }
+// The value kept in registers entering layer L for a later layer's residual (fm_network's ka): the value v <= L - 1
+// that a layer J >= L with v <= J - 2 reads; -2 none (plan_sm90.c's fm_plan_kept_at: one at a time).
+template <int L, int J = L> __device__ constexpr int fm_kept_at() {
+    if constexpr (J > LAST) {
+        return -2;
+    } else {
+        constexpr int v = fm_res_src<J>();
+        return v != -2 && v <= L - 1 && v <= J - 2 ? v : fm_kept_at<L, J + 1>();
+    }
+}
+// Whether any layer's residual reads a value from further back than its own input (the layers then run unrolled:
+// fm_loop_len).
+template <int L = 0> __device__ constexpr bool fm_keeps_values() {
+    if constexpr (L > LAST)
+        return false;
+    else
+        return (Layer<L>::RES != 0 && Layer<L>::RES_FROM > 1) || fm_keeps_values<L + 1>();
+}
+// Layer L's residual operand's fragments: its own input a, or the value kept since (ka).
+template <int L, int KA, int KK>
+__device__ __forceinline__ decltype(auto) fm_res_operand(const fm_u32 (&a)[KA][4], const fm_u32 (&ka)[KK][4]) {
+    if constexpr (Layer<L>::RES != 0 && Layer<L>::RES_FROM > 1) {
+        static_assert(fm_kept_at<L>() == fm_res_src<L>() && KK * KE == Layer<L>::N, "the kept value, as wide as the "
+                                                                                     "layer's output");
+        return ka;
+    } else {
+        return a;
+    }
+}
+
 #if FM_PREC >= 3
 // float8, a residual from the layer's own input (its k32 A fragments a): the values at (row g + 8 hh, cols 8 j + 2 t,
 // + 1), codes times the input's scale RSCALE. Where the input was packed by fm_epi_codes (KPERM), that pair is the
@@ -246,11 +278,11 @@ __device__ __forceinline__ void fm_res_codes(const fm_u32 (&a)[KF][4], int j, in
 
 // The epilogue of layer L's 8-column tile J for this lane (v: its accumulators, (row g, cols 8 J + 2 t, + 1) at v[0],
 // v[1] and row g + 8's at v[2], v[3]): the bias where it is not in the accumulators (ADD_BIAS), activation, the
-// residual (a: the layer's input fragments), into hq, the next layer's A fragment J / 2 (its half J % 2, or HALF
-// where J is known at run time only: fm_wide_layer), or for the last layer into the output stage.
-template <int L, bool ADD_BIAS, int HALF = -1>
-__device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 (&a)[Layer<L>::K / KE][4],
-                                            fm_u32 (&hq)[4], const float *bias, const fm_out &stage, int t) {
+// residual (a: its operand's fragments, fm_res_operand), into hq, the next layer's A fragment J / 2 (its half J % 2,
+// or HALF where J is known at run time only: fm_wide_layer), or for the last layer into the output stage.
+template <int L, bool ADD_BIAS, int HALF = -1, int RK>
+__device__ __forceinline__ void fm_epi_tile(const float *v, int J, const fm_u32 (&a)[RK][4], fm_u32 (&hq)[4],
+                                            const float *bias, const fm_out &stage, int t) {
     typedef Layer<L> Ly;
     const int col = 8 * J + 2 * t;  // this lane's columns col, col + 1 in rows g and g + 8
     float b0 = 0.0f, b1 = 0.0f;
@@ -351,11 +383,12 @@ __device__ __forceinline__ void fm_epi_codes(float (&d)[Layer<L>::N / 2], const 
 // (NC < N). In the source each group is waited for and its epilogue run before the next starts, but ptxas issues the
 // next group's MMAs before the previous group's epilogue (the register fences are empty asm it does not see), so the
 // groups' accumulators are live together and a split saves no registers (docs/performance.md). a: the layer's input
-// fragments; w: the layer's first weight byte (shared window); stage: where the last layer's results go (fm_out).
-template <int L, int C0>
-__device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4],
-                                              fm_u32 w, const float *bias, const fm_out &stage, int lane,
-                                              fm_stream &st) {
+// fragments; r: its residual operand's (fm_res_operand); w: the layer's first weight byte (shared window); stage:
+// where the last layer's results go (fm_out).
+template <int L, int C0, int RK>
+__device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], const fm_u32 (&r)[RK][4],
+                                              fm_u32 (&h)[Layer<L>::N / KE][4], fm_u32 w, const float *bias,
+                                              const fm_out &stage, int lane, fm_stream &st) {
     typedef Layer<L> Ly;
     constexpr int W = Ly::N - C0 < Ly::NC ? Ly::N - C0 : Ly::NC;
     static_assert(W % 16 == 0 && C0 % 16 == 0, "whole 16-column groups");
@@ -411,18 +444,18 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
 #pragma unroll
         for (int p = 0; p < W / 16; ++p) {
             fm_u32 hq[4];
-            fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 8 * p, C0 / 8 + 2 * p, a, hq, bias, stage, t);
-            fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 8 * p + 4, C0 / 8 + 2 * p + 1, a, hq, bias, stage, t);
+            fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 8 * p, C0 / 8 + 2 * p, r, hq, bias, stage, t);
+            fm_epi_tile<L, Ly::BIAS && !BIAS_IN_D>(d + 8 * p + 4, C0 / 8 + 2 * p + 1, r, hq, bias, stage, t);
             fm_stmatrix_x4(stage.wide + (fm_u32)(C0 / 16 + p) * WIDE_STEP, hq);
         }
     } else {
 #pragma unroll
         for (int j = 0; j < W / 8; ++j)  // 8-column tile C0 / 8 + j of the output
             fm_epi_tile<L, FM_PREC < 3 && Ly::BIAS && !BIAS_IN_D>(
-                d + 4 * j, C0 / 8 + j, a, h[L == LAST ? 0 : (C0 / 8 + j) / 2], bias, stage, t);  // (last: the stage)
+                d + 4 * j, C0 / 8 + j, r, h[L == LAST ? 0 : (C0 / 8 + j) / 2], bias, stage, t);  // (last: the stage)
     }
     if constexpr (C0 + W < Ly::N)
-        fm_layer_cols<L, C0 + W>(a, h, w, bias, stage, lane, st);
+        fm_layer_cols<L, C0 + W>(a, r, h, w, bias, stage, lane, st);
 }
 
 // FM_WIDE_LOOP (plan.c, fm_plan.wide_loop): whether layer L's whole column groups run as one loop over one group's
@@ -501,20 +534,22 @@ __device__ __forceinline__ void fm_wide_layer(fm_u32 (&a)[Layer<L>::K / KE][4], 
     if constexpr (SPLIT)
         fm_split_arrive();  // this CTA's columns are in every wide buffer (the wait: fm_wide_reload)
     if constexpr (!SPLIT && G * NC < Ly::N)
-        fm_layer_cols<L, G * NC>(a, h, w, bias, stage, lane, st);
+        fm_layer_cols<L, G * NC>(a, a, h, w, bias, stage, lane, st);  // (no residual: a stands for its operand)
 }
 
-// Layer L for this warpgroup's 64 rows (see fm_layer_cols; FM_WIDE_LOOP: fm_wide_layer).
-template <int L>
-__device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u32 (&h)[Layer<L>::N / KE][4], fm_u32 w,
-                                         const float *bias, const fm_out &stage, int lane, fm_stream &st) {
-    static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || Layer<L>::K == Layer<L>::N),
-                  "a concat arrives as one array (fm_network); residuals from the own input");
+// Layer L for this warpgroup's 64 rows (see fm_layer_cols; FM_WIDE_LOOP: fm_wide_layer); r: its residual operand's
+// fragments (fm_res_operand).
+template <int L, int RK>
+__device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], const fm_u32 (&r)[RK][4],
+                                         fm_u32 (&h)[Layer<L>::N / KE][4], fm_u32 w, const float *bias,
+                                         const fm_out &stage, int lane, fm_stream &st) {
+    static_assert(Layer<L>::A1_BUF < 0 && (Layer<L>::RES == 0 || RK * KE == Layer<L>::N),
+                  "a concat arrives as one array (fm_network); a residual's operand as wide as the output");
     static_assert(!fm_split_layer<L>() || fm_wide_looped<L>(), "a split layer is looped (plan.c)");
     if constexpr (fm_wide_looped<L>())
         fm_wide_layer<L>(a, h, w, bias, stage, lane, st);
     else
-        fm_layer_cols<L, 0>(a, h, w, bias, stage, lane, st);
+        fm_layer_cols<L, 0>(a, r, h, w, bias, stage, lane, st);
 }
 
 // How many layers from L on run as one loop (fm_network): the layers with layer L's code
@@ -526,7 +561,8 @@ __device__ __forceinline__ void fm_layer(fm_u32 (&a)[Layer<L>::K / KE][4], fm_u3
 template <int L> __device__ constexpr int fm_loop_len() {
     // float8: each layer has its own scales (QOUT) in its code; streamed weights: each group's refill names its
     // successor's place at compile time (fm_stream_release)
-    if constexpr (L >= LAST || FM_PREC >= 3 || FM_STREAM > 0) {
+    // a value kept for a later residual (fm_network's ka): each layer's operand is its own
+    if constexpr (L >= LAST || FM_PREC >= 3 || FM_STREAM > 0 || fm_keeps_values()) {
         return 1;
     } else {
         constexpr int r = L + Layer<L>::REPEAT - 1 < LAST ? Layer<L>::REPEAT : LAST - L;
@@ -572,15 +608,19 @@ template <int L> __device__ __forceinline__ void fm_wide_reload(fm_u32 (&h)[Laye
     }
 }
 
-// Layers L.. for this warpgroup's 64 rows, from layer L's input fragments a (xa: x's, for a later input concat). A
-// stretch of layers with the same code
+// Layers L.. for this warpgroup's 64 rows, from layer L's input fragments a (xa: x's, for a later input concat; ka:
+// the value kept for a later layer's residual, fm_kept_at, where there is one). A stretch of layers with the same code
 // (res128's four residual blocks, tcnn128's three hidden layers) is one loop over their weights and biases, not
 // that code once per layer: NVRTC's time grows with the instructions it is given (res128: 1.2 s in NVVM and 0.7 s
 // in ptxas for six straight-line layers).
-template <int L>
+template <int L, int KK>
+__device__ __forceinline__ void fm_network_next(fm_u32 (&h)[Layer<L>::N / KE][4], const fm_u32 (&xa)[IN_PAD / KE][4],
+                                                const fm_u32 (&ka)[KK][4], fm_u32 w_base, const float *bias,
+                                                const fm_out &stage, int lane, fm_stream &st);
+template <int L, int KK>
 __device__ __forceinline__ void fm_network(fm_u32 (&a)[fm_hk<L>() / KE][4], const fm_u32 (&xa)[IN_PAD / KE][4],
-                                           fm_u32 w_base, const float *bias, const fm_out &stage, int lane,
-                                           fm_stream &st) {
+                                           const fm_u32 (&ka)[KK][4], fm_u32 w_base, const float *bias,
+                                           const fm_out &stage, int lane, fm_stream &st) {
     constexpr int R = fm_loop_len<L>();
     fm_u32 h[Layer<L>::N / KE][4];
     if constexpr (Layer<L>::CAT != 0) {  // x joins the input: its fragments before (CAT 2) or after (1) a's
@@ -594,10 +634,10 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[fm_hk<L>() / KE][4], cons
 #pragma unroll
             for (int q = 0; q < 4; ++q)
                 ac[s][q] = Ly::CAT == 2 ? (s < XS ? xa[s][q] : a[s - XS][q]) : (s < HS ? a[s][q] : xa[s - HS][q]);
-        fm_layer<L>(ac, h, w_base + EB * Ly::W_OFF, bias, stage, lane, st);
+        fm_layer<L>(ac, ac, h, w_base + EB * Ly::W_OFF, bias, stage, lane, st);
         if constexpr (L < LAST) {
             fm_wide_reload<L>(h, stage);
-            fm_network<L + 1>(h, xa, w_base, bias, stage, lane, st);
+            fm_network_next<L>(h, xa, ka, w_base, bias, stage, lane, st);
         }
     } else if constexpr (R > 1) {
         typedef Layer<L> Ly;
@@ -606,23 +646,34 @@ __device__ __forceinline__ void fm_network(fm_u32 (&a)[fm_hk<L>() / KE][4], cons
         constexpr int W_STEP = Layer<L + 1>::W_OFF - Ly::W_OFF, B_STEP = Layer<L + 1>::B_OFF - Ly::B_OFF;
 #pragma unroll 1
         for (int i = 0; i < R; ++i) {
-            fm_layer<L>(a, h, w_base + EB * (Ly::W_OFF + i * W_STEP), bias + i * B_STEP, stage, lane, st);
+            fm_layer<L>(a, a, h, w_base + EB * (Ly::W_OFF + i * W_STEP), bias + i * B_STEP, stage, lane, st);
 #pragma unroll
             for (int s = 0; s < Ly::N / 16; ++s)
 #pragma unroll
                 for (int q = 0; q < 4; ++q)
                     a[s][q] = h[s][q];
         }
-        fm_network<L + R>(a, xa, w_base, bias, stage, lane, st);  // the last layer, at least, follows the loop
+        fm_network<L + R>(a, xa, ka, w_base, bias, stage, lane, st);  // the last layer, at least, follows the loop
     } else {
-        fm_layer<L>(a, h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane, st);
+        fm_layer<L>(a, fm_res_operand<L>(a, ka), h, w_base + EB * Layer<L>::W_OFF, bias, stage, lane, st);
         if constexpr (L < LAST) {
             static_assert(Layer<L + 1>::CAT != 0 || Layer<L + 1>::K == Layer<L>::N,
                           "a layer's input is the previous layer's output");
             fm_wide_reload<L>(h, stage);
-            fm_network<L + 1>(h, xa, w_base, bias, stage, lane, st);
+            fm_network_next<L>(h, xa, ka, w_base, bias, stage, lane, st);
         }
     }
+}
+// The layers after L from its output h: h is also the value kept from here on where a later residual reads it (its
+// registers are then not written again: no layer writes its input's), else the kept value goes on as it was.
+template <int L, int KK>
+__device__ __forceinline__ void fm_network_next(fm_u32 (&h)[Layer<L>::N / KE][4], const fm_u32 (&xa)[IN_PAD / KE][4],
+                                                const fm_u32 (&ka)[KK][4], fm_u32 w_base, const float *bias,
+                                                const fm_out &stage, int lane, fm_stream &st) {
+    if constexpr (fm_kept_at<L + 1>() == L)
+        fm_network<L + 1>(h, xa, h, w_base, bias, stage, lane, st);
+    else
+        fm_network<L + 1>(h, xa, ka, w_base, bias, stage, lane, st);
 }
 
 // ------------------------------------------------------------------------------------------------ K-pipelined layers
@@ -715,7 +766,7 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u
         fm_mma_all<0>(d, a, w_base + EB * Layer<0>::W_OFF, bias, lane & 3);
         fm_pnetwork<0>(d, a, w_base, bias, stage, lane & 3);
     } else {
-        fm_network<0>(a, a, w_base, bias, stage, lane, st);
+        fm_network<0>(a, a, a, w_base, bias, stage, lane, st);  // (x is the value kept if a residual reads it later)
     }
 }
 

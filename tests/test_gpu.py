@@ -583,6 +583,59 @@ def test_wgmma_kernel_on_random_chains_in_every_warpgroup_count():
     assert not failures, failures[:5]
 
 
+def test_wgmma_kernel_on_random_chains_with_residuals_from_further_back():
+    """Residuals that read a value from two or more layers back, or the network input (SimBa's blocks h + W2 f(W1 h),
+    ResNet-like MLPs), in the sm_90a warpgroup kernel: the value kept in registers from its layer on (fm_network's
+    ka). Random chains of one width (a last layer of another; a third with x joining a layer, NeRF's concat, whose
+    fragments the streamed form keeps beside), forced onto the register-A form with resident weights and onto the
+    streamed one, float16 and bfloat16, all I/O dtypes, odd batches, vs float64; the mma.sync kernel of the same model
+    against the same reference. A graph that would keep two values at once is the planner's
+    LimitError (skipped here, counted)."""
+    info = fusedmlp._api._gpu(0).info
+    if info["arch"] != 90:
+        pytest.skip(f"wgmma needs sm_90; this GPU is sm_{info['arch']}")
+    rng = np.random.default_rng(20261127)
+    failures, checked, wgmma_runs, refused = [], 0, 0, 0
+    for i in range(40):
+        depth = int(rng.integers(3, 8))
+        width = int(rng.choice([16, 32, 64, 96, 128, 256]))
+        widths = [width if rng.random() < 0.4 else int(rng.integers(1, 64))] + [width] * (depth - 1)
+        widths.append(width if rng.random() < 0.5 else int(rng.integers(1, 40)))
+        residual, start = {}, 0  # blocks of 2 or 3 layers, each adding its input (x for a first block)
+        while start + 1 < depth:
+            end = min(start + int(rng.integers(1, 3)), depth - 1)
+            if widths[start] == width and widths[end + 1] == width and rng.random() < 0.8:
+                residual[end] = (str(rng.choice(["add", "add", "mul"])), str(rng.choice(["none", "relu"])),
+                                 "input" if start == 0 else start - 1)
+            elif widths[end] == widths[end + 1] and rng.random() < 0.5:
+                residual[end] = "add"  # the own input
+            start = end + 1
+        concat = {}  # x joining a layer without a residual: x's fragments kept beside (the streamed form only)
+        free = [l for l in range(1, depth) if l not in residual]
+        if free and i % 3 == 0:
+            concat[int(rng.choice(free))] = str(rng.choice(["after", "before"]))
+        acts = [str(rng.choice(["relu", "gelu", "silu", "tanh", "none"])) for _ in range(depth - 1)] + ["none"]
+        prec = ("float16", "bfloat16")[i % 2]
+        io = ("float32", "float16", "bfloat16")[i % 3]
+        ws, bs = graph_weights(rng, widths, concat, 1.0)
+        batch = int(rng.choice([1, 63, 65, 1000, 4099, 70001]))
+        mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, concat=concat, dtype=prec, device="cuda")
+        x32 = np.random.default_rng(i).standard_normal((batch, widths[0])).astype(np.float32)
+        for options in ({"wgmma": 1, "warps": 8}, {"wgmma": 1, "resident": 0, "warps": 8}, {"wgmma": 0}):
+            try:
+                kernel, plan, _, _ = mlp._build(io, io, **options)
+            except fusedmlp.LimitError:
+                refused += 1
+                continue
+            wgmma_runs += plan.info["wgmma"]
+            checked += tally(kernel_error(kernel, mlp, ws, bs, x32, prec, io), failures,
+                             (i, options, widths, acts, residual, concat, prec, io, batch))
+    print(f"\nresiduals from further back: {checked} runs checked ({wgmma_runs} wgmma), {refused} plans refused, "
+          f"{len(failures)} failures")
+    assert checked >= 80 and wgmma_runs >= 50
+    assert not failures, failures[:5]
+
+
 # Networks with stretches of layers that have the same code (render.c's REPEAT), which the warpgroup kernel runs as
 # one loop over their weights and biases: (widths, activation, output activation, bias, residual, prec, io, options).
 LOOP_CASES = [

@@ -189,7 +189,8 @@ def test_graph_kernels_compile_in_every_precision(arch, dtype, tmp_path):
                     assert b"\x7fELF" in f.read()
             assert f"#define FM_PREC {fusedmlp.PRECISIONS.index(dtype)}" in mlp.source
             assert f"#define FM_IN_TYPE {0 if io == 'float32' else 2}" in mlp.source
-        if concat and not isinstance(paths, tuple):
+        if concat and not isinstance(paths, tuple) and "fm_wgmma" not in mlp.source:  # (mma.sync's two-part inputs;
+            # on sm_90 the streamed warpgroup kernel takes the 32-wide graph: x's fragments and value 0's kept)
             assert "A1_BUF = -1" in mlp.source and any(f"A1_BUF = {b}," in mlp.source for b in range(4))
 
 
@@ -354,6 +355,37 @@ def assert_clean_sm90a(source):
     assert spills and set(spills) == {"0"}, log
     assert "C7519" not in log and "serialized" not in log, log
     assert "warning #" not in log, log
+
+
+@pytest.mark.parametrize("widths, residual, options", [
+    ([9] + [64] * 7 + [3], {3: ("add", "none", 0), 6: ("add", "none", 3)}, {}),  # SimBa's blocks
+    ([64] * 6 + [5], {2: ("add", "relu", "input"), 3: "add", 4: ("mul", "none", 2)}, {}),  # x kept, own input between
+    ([17] + [128] * 5 + [4], {2: ("add", "none", 0), 4: ("add", "none", 2)}, {"resident": 0}),  # streamed
+])
+def test_wgmma_keeps_a_value_for_a_residual_from_further_back(widths, residual, options):
+    """A residual reading a value two or more layers back, or x, runs on the warpgroup kernel (it fell back to
+    mma.sync on sm_90): the value's fragments stay in registers from its layer on (fm_network's ka), counted in the
+    register estimate, one such value at a time; the layers run unrolled. Compiles for sm_90a clean."""
+    plan, source = render_for_h100(widths, "gelu", residual, wgmma=1, **options)
+    assert plan.info["wgmma"] == 1 and plan.info["cluster"] == 0
+    assert "RES_FROM = 3;" in source or "RES_FROM = 2;" in source
+    assert_clean_sm90a(source)
+
+
+def test_wgmma_refuses_two_kept_values_and_8_bit_ones_naming_why():
+    """Two values kept at once (layer 3 reads value 0 while layer 4 will read value 1), or an 8-bit network's kept
+    value (its codes are packed for the next layer): the warpgroup kernel's LimitError says why, and the default plan
+    is the mma.sync kernel."""
+    with pytest.raises(fusedmlp.LimitError, match="keep one earlier value for later layers' residuals at a time"):
+        render_for_h100([16] * 6, "relu", {3: ("add", "none", 0), 4: ("add", "none", 1)}, wgmma=1)
+    plan, _ = render_for_h100([16] * 6, "relu", {3: ("add", "none", 0), 4: ("add", "none", 1)})
+    assert plan.info["wgmma"] == 0
+    rng = np.random.default_rng(3)
+    ws = [rng.standard_normal((32, 32)).astype(np.float32) for _ in range(4)]
+    mlp = fusedmlp.FusedMLP(ws, None, "relu", residual={3: ("add", "none", 0)}, dtype="float8", device="cpu")
+    mlp.calibrate(rng.standard_normal((64, 32)).astype(np.float32))
+    with pytest.raises(fusedmlp.LimitError, match="take an 8-bit network's residuals from a layer's own input only"):
+        mlp._render(90, 232448, 132, "float16", "float16", 233472, wgmma=1)
 
 
 @pytest.mark.parametrize("io", ["float16", "float32"])

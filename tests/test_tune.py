@@ -195,6 +195,38 @@ def test_untuned_calls_take_the_tile_measured_best_for_their_batch_size(monkeypa
     assert got == tiles
 
 
+def test_residuals_from_further_back_also_try_mma_sync_at_small_batches(monkeypatch):
+    """SimBa-like blocks (a residual of the value two layers back) plan on the warpgroup kernel on sm_90; below 64 rows
+    per SM the tuner also times mma.sync's small tile, where they ran before (the warpgroup tiles' few CTAs each stream
+    every layer's weights), and an untuned call takes it; above, the warpgroup tiles alone. Own-input residuals
+    (res128) keep the warpgroup candidates only."""
+    import numpy as np
+
+    import fusedmlp
+    from fusedmlp import _api
+
+    class Gpu:
+        info = {"arch": 90, "smem_per_block": 232448, "smem_per_sm": 233472, "sm_count": 132}
+
+    monkeypatch.setattr(_api, "_gpu", lambda ordinal: Gpu)
+    rng = np.random.default_rng(4)
+    widths = [17, 64, 256, 64, 256, 64, 5]
+    ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
+    mlp = fusedmlp.FusedMLP(ws, None, "relu", residual={2: ("add", "none", 0), 4: ("add", "none", 2)}, device="cpu")
+    assert _tune.keeps_values(mlp) and _tune._takes_wgmma(mlp, "float16", "float16")
+    candidates = _tune._candidates(mlp, "float16", "float16")
+    assert candidates == _tune.CANDIDATES_WGMMA + _tune.CANDIDATES_KEPT_FALLBACK
+    assert [o for o in candidates if not _tune._dominated(o, 4096, 132)] == [{"wgmma": 1, "warps": 4},
+                                                                             {"warps": 4, "m_tiles": 1}]
+    assert {"warps": 4, "m_tiles": 1} not in [o for o in candidates if not _tune._dominated(o, 16384, 132)]
+    assert [_tune.untuned(mlp, "float16", "float16", rows, 132) for rows in (1024, 4096, 10000)] == [
+        {"warps": 4, "m_tiles": 1}, {"warps": 4, "m_tiles": 1}, None]
+    assert _tune._plan_info(mlp, "float16", "float16", warps=4, m_tiles=1)["wgmma"] == 0
+    own = fusedmlp.FusedMLP([rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3)], None, "relu",
+                            residual={1: "add"}, device="cpu")
+    assert not _tune.keeps_values(own) and _tune._candidates(own, "float16", "float16") == _tune.CANDIDATES_WGMMA
+
+
 @pytest.mark.parametrize("bucket, kept", [(1024, ["wg4"]), (4096, ["wg4"]), (16384, ["wg8", "wg4"]),
                                           (65536, ["wg16", "wg12", "wg8", "wg4"])])
 def test_warpgroup_counts_a_smaller_one_dominates_are_not_compiled(monkeypatch, bucket, kept):
