@@ -41,7 +41,8 @@ def test_workload_set_is_the_issue_set():
     assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128",  # issue 4
                                      "nerf", "deep256", "wide512", "sdf512", "rec1024",  # issue 29
                                      "rl256", "r256", "rl1024", "r1024",  # issue 30 (r*: rl* without norms)
-                                     "cls10", "cls1000"]  # classifiers: softmax heads
+                                     "cls10", "cls1000",  # classifiers: softmax heads
+                                     "simba64"]  # SimBa's pre-norm residual blocks (issue 30's RL MLPs as written)
     cls = bench.WORKLOADS["cls1000"]
     assert cls.output_activation == "softmax" and bench.fused_options(cls) == {
         "activation": "relu", "output_activation": "softmax"}
@@ -367,10 +368,11 @@ def test_cold_first_calls_compile_with_nvrtcs_own_cache_off(tmp_path, monkeypatc
     assert cold.cubin == warm.cubin  # an option outside the cache key must not change the code
 
 
-@pytest.mark.parametrize("name", ["tcnn64", "res128", "nerf", "sdf512", "rl256"])
+@pytest.mark.parametrize("name", ["tcnn64", "res128", "nerf", "sdf512", "rl256", "simba64"])
 def test_fused_options_describe_the_torch_model(name):
-    """The benchmark's torch model and the FusedMLP built from its Linears' weights with fused_options compute the
-    same function (CPU path vs torch in float64): residuals, concats, output activations and LayerNorms included."""
+    """The benchmark's torch model and the FusedMLP built from its Linears' weights (fused_layers: SimBa's identity
+    layers inserted) with fused_options compute the same function (CPU path vs torch in float64): residuals, concats,
+    output activations and LayerNorms included; for SimBa the same network fusedmlp.from_torch reads."""
     torch = pytest.importorskip("torch")
     wl = bench.WORKLOADS[name]
     torch.manual_seed(0)
@@ -378,11 +380,15 @@ def test_fused_options_describe_the_torch_model(name):
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     weights = [m.weight.detach().float().numpy() for m in linears]
     biases = [m.bias.detach().float().numpy() if wl.bias else None for m in linears]
-    mlp = fusedmlp.FusedMLP(weights, biases, device="cpu", **bench.fused_options(wl))
+    mlp = fusedmlp.FusedMLP(*bench.fused_layers(wl, weights, biases), device="cpu", **bench.fused_options(wl))
     x = np.random.default_rng(0).standard_normal((33, wl.widths[0])).astype(np.float32)
     with torch.no_grad():
         ref = model(torch.from_numpy(x.astype(np.float64))).numpy()
     assert np.linalg.norm(mlp(x) - ref) / np.linalg.norm(ref) < 1e-5
+    if wl.blocks:
+        read = fusedmlp.from_torch(model.float(), device="cpu")  # (its norms with their ones and zeros)
+        assert (read.widths, read._residual) == (mlp.widths, mlp._residual)
+        assert np.linalg.norm(read(x) - mlp(x)) / np.linalg.norm(ref) < 1e-6
 
 
 def test_host_section_lists_each_measure_and_the_floor():

@@ -216,12 +216,13 @@ def test_residuals_from_further_back_also_try_mma_sync_at_small_batches(monkeypa
     assert _tune.keeps_values(mlp) and _tune._takes_wgmma(mlp, "float16", "float16")
     candidates = _tune._candidates(mlp, "float16", "float16")
     assert candidates == _tune.CANDIDATES_WGMMA + _tune.CANDIDATES_KEPT_FALLBACK
-    assert [o for o in candidates if not _tune._dominated(o, 4096, 132)] == [{"wgmma": 1, "warps": 4},
-                                                                             {"warps": 4, "m_tiles": 1}]
-    assert {"warps": 4, "m_tiles": 1} not in [o for o in candidates if not _tune._dominated(o, 16384, 132)]
+    fallback = {"wgmma": 0, "warps": 4, "m_tiles": 1}
+    assert [o for o in candidates if not _tune._dominated(o, 4096, 132)] == [{"wgmma": 1, "warps": 4}, fallback]
+    assert fallback not in [o for o in candidates if not _tune._dominated(o, 16384, 132)]
+    assert not _tune._dominated({"warps": 4, "m_tiles": 1}, 2**21, 132)  # (mma.sync's own candidate, elsewhere)
     assert [_tune.untuned(mlp, "float16", "float16", rows, 132) for rows in (1024, 4096, 10000)] == [
-        {"warps": 4, "m_tiles": 1}, {"warps": 4, "m_tiles": 1}, None]
-    assert _tune._plan_info(mlp, "float16", "float16", warps=4, m_tiles=1)["wgmma"] == 0
+        fallback, fallback, None]
+    assert _tune._plan_info(mlp, "float16", "float16", **fallback)["wgmma"] == 0 and _tune.label(fallback) == "w4m1"
     own = fusedmlp.FusedMLP([rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3)], None, "relu",
                             residual={1: "add"}, device="cpu")
     assert not _tune.keeps_values(own) and _tune._candidates(own, "float16", "float16") == _tune.CANDIDATES_WGMMA

@@ -61,7 +61,7 @@ CANDIDATES_SPLIT = tuple({"wgmma": 1, "resident": 0, "warps": 4, "split": s} for
 #: A 64-wide SimBa of two blocks (17-64-[64-256-64]x2-64-5, its norms on identity layers) on the H100 at 1024 rows ran
 #: 21.6 us on mma.sync and 56.8 on the tuner's best warpgroup tile, whose 16 CTAs each stream every layer's weights;
 #: at 2^21 rows 2.67 ms against 0.82 (bench/results/h100-pre-norm/).
-CANDIDATES_KEPT_FALLBACK = ({"warps": 4, "m_tiles": 1},)
+CANDIDATES_KEPT_FALLBACK = ({"wgmma": 0, "warps": 4, "m_tiles": 1},)  # (wgmma 0: not CANDIDATES' own w4m1)
 KEPT_FALLBACK_ROWS_PER_SM = 64
 SPLIT_ROWS_PER_SM = 32
 #: The most rows a candidate is timed on. Kernel.time stages the rows it times (random inputs drawn on the host,

@@ -49,6 +49,8 @@ import tempfile
 import threading
 import time
 
+import numpy as np
+
 from . import bench_arrays, bench_host, bench_lowbit
 from .bench_report import PEERS, format_table, plot, rows_label, summarize, write_outputs  # noqa: F401
 
@@ -67,6 +69,9 @@ class Workload:
         concat: ((layer, 'before' | 'after'), ...): layers whose input is torch.cat([x, h]) / torch.cat([h, x]).
         output_activation: the last layer's activation.
         norm: 'layernorm' after every hidden Linear (before its activation), or 'none'.
+        blocks: SimBa's residual MLP (Lee et al., 2024) where > 0: widths are (in, h, 4h, h, ..., 4h, h, out), a Linear
+            in, `blocks` pre-norm blocks h + W2 act(W1 LayerNorm(h)), a LayerNorm before the head (the torch model as
+            written; fusedmlp runs each LayerNorm on an identity layer: fused_layers).
     """
 
     widths: tuple
@@ -76,6 +81,7 @@ class Workload:
     concat: tuple = ()
     output_activation: str = "none"
     norm: str = "none"
+    blocks: int = 0
 
     def layer_inputs(self):
         """Each layer's input features: the width before it, plus x's with a concat."""
@@ -109,6 +115,9 @@ WORKLOADS = {
     # row pass after the two 1024-wide layers
     "cls10": Workload((64, 256, 256, 256, 10), "relu", True, output_activation="softmax"),
     "cls1000": Workload((256, 1024, 1024, 1000), "relu", True, output_activation="softmax"),
+    # SimBa's residual MLP of pre-norm blocks, as an RL agent writes it: residuals from two layers back, each LayerNorm
+    # of the residual stream on an identity layer of its own
+    "simba64": Workload((17, 64, 256, 64, 256, 64, 5), "relu", True, blocks=2),
 }
 
 DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)
@@ -297,6 +306,8 @@ def torch_model(torch, wl):
         def forward(self, x):
             return x + self.act(self.linear(x))
 
+    if wl.blocks:
+        return _simba_model(torch, wl, acts)
     if wl.concat or wl.output_activation != "none" or wl.norm != "none":
         return _concat_model(torch, wl, acts)
     layers = []
@@ -309,6 +320,35 @@ def torch_model(torch, wl):
         if i < last:
             layers.append(acts[wl.activation]())
     return nn.Sequential(*layers)
+
+
+def _simba_model(torch, wl, acts):
+    """SimBa's residual MLP: a Linear in, blocks h + W2 act(W1 LayerNorm(h)), LayerNorm, the head."""
+    nn = torch.nn
+    width = wl.widths[1]
+
+    class Block(nn.Module):  # h + down(act(up(LayerNorm(h))))
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(width)
+            self.up = nn.Linear(width, wl.widths[2], bias=wl.bias)
+            self.act = acts[wl.activation]()
+            self.down = nn.Linear(wl.widths[2], width, bias=wl.bias)
+
+        def forward(self, h):
+            return h + self.down(self.act(self.up(self.norm(h))))
+
+    class SimBa(nn.Module):  # (its Linears in forward's order in modules(): fused_layers reads them so)
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(wl.widths[0], width, bias=wl.bias)
+            self.blocks = nn.Sequential(*(Block() for _ in range(wl.blocks)))
+            self.out_norm, self.out = nn.LayerNorm(width), nn.Linear(width, wl.widths[-1], bias=wl.bias)
+
+        def forward(self, x):
+            return self.out(self.out_norm(self.blocks(self.inp(x))))
+
+    return SimBa()
 
 
 def _concat_model(torch, wl, acts):
@@ -341,8 +381,31 @@ def _concat_model(torch, wl, acts):
     return ConcatMLP()
 
 
+def fused_layers(wl, weights, biases):
+    """The fused network's weights and biases from the workload's Linears' (torch_model's, in order): as they are, but
+    for a SimBa workload an identity layer without bias before each block and before the head, carrying that
+    LayerNorm (what fusedmlp.from_torch makes of the module)."""
+    if not wl.blocks:
+        return weights, biases
+    ws, bs, width = [weights[0]], [None if biases is None else biases[0]], wl.widths[1]
+    for i in range(1, 2 * wl.blocks + 2, 2):
+        ws.append(np.eye(width, dtype=np.float32))
+        bs.append(None)
+        ws += weights[i:i + 2]
+        bs += [None] * 2 if biases is None else biases[i:i + 2]
+    return ws, bs
+
+
 def fused_options(wl):
-    """FusedMLP keyword arguments matching torch_model(wl)."""
+    """FusedMLP keyword arguments matching torch_model(wl) (with fused_layers' weights)."""
+    if wl.blocks:  # layers: in, then per block the identity (its norm), up (act), down (+ the block's input), then
+        # the identity before the head and the head
+        layers = 3 * wl.blocks + 3
+        acts = ["none"] * layers
+        for b in range(wl.blocks):
+            acts[3 * b + 2] = wl.activation
+        return {"activation": acts, "norm": {3 * b + 1: "layernorm" for b in range(wl.blocks + 1)},
+                "residual": {3 * b + 3: ("add", "none", 3 * b) for b in range(wl.blocks)}}
     options = {"activation": wl.activation}
     if wl.residual:
         options["residual"] = {i: "add" for i in range(1, len(wl.widths) - 2)}
@@ -797,8 +860,8 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
     report["workloads"][wname] = winfo
     model, ref_model = _models(torch, wl)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    weights = [m.weight.detach().float().cpu().numpy() for m in linears]
-    biases = [m.bias.detach().float().cpu().numpy() if wl.bias else None for m in linears]
+    weights, biases = fused_layers(wl, [m.weight.detach().float().cpu().numpy() for m in linears],
+                                   [m.bias.detach().float().cpu().numpy() if wl.bias else None for m in linears])
     failed = False
     try:
         mlp, times = first_calls(torch, fusedmlp, wl, weights, biases, os.path.join(cache_root, wname))

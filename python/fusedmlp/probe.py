@@ -115,7 +115,7 @@ def model(wl, device="cuda", **options):
     of its scales, and calibrating rec1024 takes ~8 s of CPU."""
     import fusedmlp
 
-    ws, bs = weights(wl)
+    ws, bs = bench.fused_layers(wl, *weights(wl))
     mlp = fusedmlp.FusedMLP(ws, bs, device=device, **dict(bench.fused_options(wl), **options))
     return mlp if device == "cpu" else calibrate(mlp)
 
