@@ -200,6 +200,59 @@ def test_torch_onnx_export_reads_back():
         assert np.max(np.abs(mlp(x.numpy()) - skip(x).numpy())) <= 1e-5
 
 
+def test_torch_onnx_export_of_norms_after_no_gemm_reads_back():
+    """torch.onnx.export's graphs of SimBa (each LayerNorm of the residual stream, which the block's Add reads too), a
+    post-norm block with a softmax after an activation, and a LayerNorm of the input: each such norm on an identity
+    layer of its own (as fusedmlp.torch reads them), torch's outputs on inputs far from zero."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(3)
+
+    class SimBa(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.out = nn.Linear(9, 16), nn.Linear(16, 3)
+            self.norms = nn.ModuleList(nn.LayerNorm(16) for _ in range(3))
+            self.ups = nn.ModuleList(nn.Linear(16, 64) for _ in range(2))
+            self.downs = nn.ModuleList(nn.Linear(64, 16) for _ in range(2))
+
+        def forward(self, x):
+            h = self.inp(x)
+            for norm, up, down in zip(self.norms, self.ups, self.downs):
+                h = h + down(torch.relu(up(norm(h))))
+            return self.out(self.norms[2](h))
+
+    class Post(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.i, self.h, self.n, self.o = nn.Linear(9, 32), nn.Linear(32, 32), nn.LayerNorm(32), nn.Linear(32, 5)
+
+        def forward(self, x):
+            h = torch.relu(self.i(x))
+            return torch.softmax(torch.tanh(self.o(self.n(h + torch.tanh(self.h(h))))), -1)
+
+    models = [(SimBa(), [9, 16, 16, 64, 16, 16, 64, 16, 16, 3]), (Post(), [9, 32, 32, 32, 5, 5]),
+              (nn.Sequential(nn.LayerNorm(9), nn.Linear(9, 16), nn.ReLU(), nn.Linear(16, 3)), [9, 9, 16, 3])]
+    for model, widths in models:
+        model.eval()
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                with torch.no_grad():
+                    m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-0.5, 0.5)
+        buf = io.BytesIO()
+        try:
+            torch.onnx.export(model, torch.randn(3, 9), buf, dynamo=False, input_names=["x"], output_names=["y"],
+                              dynamic_axes={"x": {0: "n"}})
+        except Exception as e:  # an exporter this torch lacks (it is optional in torch too)
+            pytest.skip(f"torch.onnx.export failed: {e}")
+        mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+        assert list(mlp.widths) == widths
+        x = torch.randn(40, 9) * 2 + 1
+        with torch.no_grad():
+            ref = model.double()(x.double()).numpy()
+        assert np.linalg.norm(mlp(x.numpy()) - ref) / np.linalg.norm(ref) <= 1e-6
+
+
 def test_what_is_not_read_is_named(rng, tmp_path):
     w = {"W1": rng.standard_normal((8, 8)), "W2": rng.standard_normal((8, 8)), "c": rng.standard_normal(8)}
     cases = [
