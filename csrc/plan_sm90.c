@@ -375,9 +375,9 @@ int fm_plan_cluster_auto(fm_plan *p, const fm_target *t, const fm_plan_opts *opt
 }
 
 /* Why the streamed form of the register-A warpgroup kernel cannot run this network (NULL: it can): residuals as the
- * register-A kernel takes them (fm_plan_residuals_unfit; none on a concat layer). An input concat (NeRF's skip) takes x's A fragments, which the
- * kernel keeps in registers from layer 0 on. A norm layer is one group (its statistics need the whole row), its
- * weights read from several slots. */
+ * register-A kernel takes them (fm_plan_residuals_unfit; none on a concat layer). An input concat (NeRF's skip) takes
+ * x's A fragments, which the kernel keeps in registers from layer 0 on. A norm layer is one group (its statistics need
+ * the whole row), its weights read from several slots. */
 static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
     const char *why = fm_plan_warpgroup_unfit(p, widest, FM_MAX_FUSED_WIDTH);
     if (why != NULL)

@@ -195,7 +195,7 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                       "template <> struct Layer<%d> {  // %d -> %d, %s%sactivation %s\n"
                       "    static constexpr int W_OFF = %zu, B_OFF = %zu;\n"
                       "    static constexpr int REPEAT = %d;  // layers from this one on with its code (render.c)\n"
-                      "    static constexpr int RES_FROM = %d;  // the residual's value: layers back (1: the own input)\n"
+                      "    static constexpr int RES_FROM = %d;  // the residual's value: layers back (1: own input)\n"
                       "%s%s"
                       "};\n",
                       l, p->k_real[l], p->n_real[l], spec->norm[l] ? fm_norm_name(spec->norm[l]) : "",

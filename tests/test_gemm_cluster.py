@@ -157,8 +157,8 @@ def test_tma_stores_of_y_are_a_plan_option_of_the_persistent_form(rng, monkeypat
     warps store each staged slab (16 rows by 128 bytes) with one TMA store of a tensor map of y, two unpadded slabs a
     warp from the first 1024-byte boundary after the stages; the default wherever y allows (tma_store=-1 and
     FUSEDMLP_GEMM_TMA_STORE=-1: the warps' 16-byte stores). Refused where the form is not the persistent one or a tile
-    row is an odd number of slabs; the forced environment leaves such a layer its own store. Every such GEMM of the benchmark networks and a residual one, 16- and 8-bit, compiles for
-    sm_90a without spills."""
+    row is an odd number of slabs; the forced environment leaves such a layer its own store. Every such GEMM of the
+    benchmark networks and a residual one, 16- and 8-bit, compiles for sm_90a without spills."""
     _api._nvrtc_info()
     mlp, _ = model(rng, "rec1024")
     off = mlp._gemm_plan(1, *H100, "float16", None, None, "float16", tma_store=-1).info
