@@ -1005,14 +1005,24 @@ static void test_wgmma_plans(void) {
     CHECK(chosen >= NUM_NETS / 2, "the sm_90 plan chose wgmma for only %d network/precision pairs", chosen);
     CHECK(pipelined >= 4, "K-pipelined layers in only %d auto plans", pipelined);
 
-    /* a concat network and a residual from an earlier layer stay on mma.sync */
-    static const int widths[] = {16, 32, 32, 32};
+    /* a residual from an earlier layer's output: the register-A kernel keeps that value in registers (one at a time);
+     * a second one read while the first is kept, or an 8-bit network's, stays on mma.sync, the forced form naming why */
+    static const int widths[] = {16, 32, 32, 32, 32};
     fm_spec spec;
-    if (make_spec(&spec, widths, 3, 0)) {
+    if (make_spec(&spec, widths, 4, 0)) {
         fm_plan p;
         CHECK(fm_spec_set_residual(&spec, 2, FM_RES_ADD, NULL, 0, &err) == FM_OK, "residual: %s", err.message);
-        CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK && p.wgmma == 0,
+        CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK && p.wgmma == 1,
               "residual from layer 0 into layer 2: wgmma %d (%s)", p.wgmma, err.message);
+        fm_error_clear(&err);
+        CHECK(fm_spec_set_residual(&spec, 3, FM_RES_ADD, NULL, 1, &err) == FM_OK, "residual: %s", err.message);
+        CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK && p.wgmma == 0,
+              "residuals from layers 0 and 1 into 2 and 3: wgmma %d (%s)", p.wgmma, err.message);
+        fm_error_clear(&err);
+        fm_plan_opts force = {0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0};
+        CHECK(fm_plan_make(&spec, &t90, &force, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_ERR_LIMIT &&
+                  strstr(err.message, "keep one earlier value for later layers' residuals at a time") != NULL,
+              "two kept values, forced wgmma: %s", err.message);
         fm_error_clear(&err);
         fm_spec_free(&spec);
     }
