@@ -195,11 +195,10 @@ def test_untuned_calls_take_the_tile_measured_best_for_their_batch_size(monkeypa
     assert got == tiles
 
 
-def test_residuals_from_further_back_also_try_mma_sync_at_small_batches(monkeypatch):
-    """SimBa-like blocks (a residual of the value two layers back) plan on the warpgroup kernel on sm_90; below 64 rows
-    per SM the tuner also times mma.sync's small tile, where they ran before (the warpgroup tiles' few CTAs each stream
-    every layer's weights), and an untuned call takes it; above, the warpgroup tiles alone. Own-input residuals
-    (res128) keep the warpgroup candidates only."""
+def test_residuals_from_further_back_are_tuned_over_the_warpgroup_tiles(monkeypatch):
+    """SimBa-like blocks (a residual of the value two layers back) plan on the warpgroup kernel on sm_90 and are tuned
+    over its tiles, one warpgroup per CTA below 64 rows per SM untuned, as any network it takes (the benchmark's simba64
+    on the H100 at 2^10 rows: wg4 9.39 us, mma.sync's w4m1 13.1)."""
     import numpy as np
 
     import fusedmlp
@@ -213,19 +212,10 @@ def test_residuals_from_further_back_also_try_mma_sync_at_small_batches(monkeypa
     widths = [17, 64, 256, 64, 256, 64, 5]
     ws = [rng.standard_normal((o, i)).astype(np.float32) for i, o in zip(widths[:-1], widths[1:])]
     mlp = fusedmlp.FusedMLP(ws, None, "relu", residual={2: ("add", "none", 0), 4: ("add", "none", 2)}, device="cpu")
-    assert _tune.keeps_values(mlp) and _tune._takes_wgmma(mlp, "float16", "float16")
-    candidates = _tune._candidates(mlp, "float16", "float16")
-    assert candidates == _tune.CANDIDATES_WGMMA + _tune.CANDIDATES_KEPT_FALLBACK
-    fallback = {"wgmma": 0, "warps": 4, "m_tiles": 1}
-    assert [o for o in candidates if not _tune._dominated(o, 4096, 132)] == [{"wgmma": 1, "warps": 4}, fallback]
-    assert fallback not in [o for o in candidates if not _tune._dominated(o, 16384, 132)]
-    assert not _tune._dominated({"warps": 4, "m_tiles": 1}, 2**21, 132)  # (mma.sync's own candidate, elsewhere)
+    assert _tune._takes_wgmma(mlp, "float16", "float16")
+    assert _tune._candidates(mlp, "float16", "float16") == _tune.CANDIDATES_WGMMA
     assert [_tune.untuned(mlp, "float16", "float16", rows, 132) for rows in (1024, 4096, 10000)] == [
-        fallback, fallback, None]
-    assert _tune._plan_info(mlp, "float16", "float16", **fallback)["wgmma"] == 0 and _tune.label(fallback) == "w4m1"
-    own = fusedmlp.FusedMLP([rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3)], None, "relu",
-                            residual={1: "add"}, device="cpu")
-    assert not _tune.keeps_values(own) and _tune._candidates(own, "float16", "float16") == _tune.CANDIDATES_WGMMA
+        {"wgmma": 1, "warps": 4}, {"wgmma": 1, "warps": 4}, None]
 
 
 @pytest.mark.parametrize("bucket, kept", [(1024, ["wg4"]), (4096, ["wg4"]), (16384, ["wg8", "wg4"]),

@@ -25,7 +25,8 @@ log = logging.getLogger("fusedmlp")
 #: 4: the streamed register-A form (plan.c, fm_plan_stream) took the 256-wide networks that were on one-warpgroup
 #: clusters, and with them a plain CANDIDATES_WGMMA list and warps=4 meaning that form (records chosen among cluster
 #: candidates are measured again). 5: CANDIDATES_SPLIT for networks with wide layers at small batches. 6: residuals
-#: from further back than the layer's own input on the warpgroup kernels, and CANDIDATES_KEPT_FALLBACK.
+#: from further back than the layer's own input on the warpgroup kernels (such networks were tuned over mma.sync's
+#: tiles; on the H100 the benchmark's simba64 at 2^10 rows: wg4 9.39 us, mma.sync's w4m1 13.1).
 FORMAT = 6
 #: Tile shapes tried, as plan options. The plan picks chunk widths and residency for each.
 CANDIDATES = ({"warps": 8, "m_tiles": 2}, {"warps": 8, "m_tiles": 1}, {"warps": 4, "m_tiles": 2},
@@ -56,13 +57,6 @@ CANDIDATES_MMA_FALLBACK = ({"warps": 8, "m_tiles": 1},)
 #: 31.9 / 25.6 us (over 8, 64-column groups: 40.6), 2048 rows 44.3 / 32.2 / 46.6, 4096 rows 42.8 / 31.9 / 66.6, 8192
 #: rows 43.0 / 59.3 / 108.5; at 16384 rows and more 2.1-6.2x the default's time.
 CANDIDATES_SPLIT = tuple({"wgmma": 1, "resident": 0, "warps": 4, "split": s} for s in (2, 4))
-#: Added, below 64 rows per SM, where a residual reads a value from further back than its own input (SimBa's blocks,
-#: which the warpgroup kernels keep in registers since; before, such networks ran on mma.sync): mma.sync's small tile.
-#: A 64-wide SimBa of two blocks (17-64-[64-256-64]x2-64-5, its norms on identity layers) on the H100 at 1024 rows ran
-#: 21.6 us on mma.sync and 56.8 on the tuner's best warpgroup tile, whose 16 CTAs each stream every layer's weights;
-#: at 2^21 rows 2.67 ms against 0.82 (bench/results/h100-pre-norm/).
-CANDIDATES_KEPT_FALLBACK = ({"wgmma": 0, "warps": 4, "m_tiles": 1},)  # (wgmma 0: not CANDIDATES' own w4m1)
-KEPT_FALLBACK_ROWS_PER_SM = 64
 SPLIT_ROWS_PER_SM = 32
 #: The most rows a candidate is timed on. Kernel.time stages the rows it times (random inputs drawn on the host,
 #: copied to the kernel's staging buffers, freed once it is timed), and every candidate is built first: a
@@ -181,8 +175,7 @@ def _candidates(mlp, dtype, out_dtype):
     if not default["wgmma"]:
         return CANDIDATES
     if not default["cluster"]:
-        return (CANDIDATES_WGMMA + (CANDIDATES_SPLIT if default.get("wide_layers") else ()) +
-                (CANDIDATES_KEPT_FALLBACK if keeps_values(mlp) else ()))
+        return CANDIDATES_WGMMA + (CANDIDATES_SPLIT if default.get("wide_layers") else ())
     return CANDIDATES_CLUSTER + (CANDIDATES_MMA_FALLBACK if _mma_fallback(default) else ())
 
 
@@ -195,16 +188,7 @@ def _dominated(options, rows, sm_count):
     warps = options.get("warps", 0)
     if options.get("split"):  # (not a tile shape: wide layers over a cluster, for small batches only)
         return rows >= SPLIT_ROWS_PER_SM * max(sm_count, 1)
-    if options in CANDIDATES_KEPT_FALLBACK:  # (small batches only)
-        return rows >= KEPT_FALLBACK_ROWS_PER_SM * max(sm_count, 1)
     return bool(options.get("wgmma")) and warps > 4 and sm_count > 0 and rows <= 16 * (warps - 4) * sm_count
-
-
-def keeps_values(mlp):
-    """Whether a layer's residual reads a value from further back than its own input (the network input from layer 1
-    on, or an earlier layer's output): the warpgroup kernels keep it in registers, and mma.sync's small tile is a
-    small batch's candidate too (CANDIDATES_KEPT_FALLBACK)."""
-    return any(r is not None and r[2] < l - 1 for l, r in enumerate(mlp._residual))
 
 
 def _mma_fallback(default):
@@ -238,8 +222,6 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
       2-256-256-256 ran there at 0.61-0.81x mma.sync's time from 2^18 rows on (plan_probe_s15.txt).
     - The streamed form with layers wider than 256: one warpgroup per CTA with its wide layers split over clusters of
       4 CTAs below 16 rows per SM, of 2 below 32 (CANDIDATES_SPLIT).
-    - A residual from further back than the layer's own input (keeps_values): mma.sync's small tile below 64 rows per
-      SM, where the warpgroup tiles' few CTAs each streamed every layer's weights (CANDIDATES_KEPT_FALLBACK).
     A choice the network does not take falls back to the default plan (the caller's LimitError)."""
     default = _plan_info(mlp, dtype, out_dtype)
     size = size_class(rows, sm_count)
@@ -248,8 +230,6 @@ def untuned(mlp, dtype, out_dtype, rows, sm_count):
     if not default["cluster"]:
         if default.get("wide_layers") and not _dominated(CANDIDATES_SPLIT[0], rows, sm_count):
             return dict(CANDIDATES_SPLIT[-1 if size == 0 else 0])  # clusters of 4 below 16 rows per SM, else of 2
-        if size < 2 and keeps_values(mlp):
-            return dict(CANDIDATES_KEPT_FALLBACK[0])
         return {"wgmma": 1, "warps": 4} if size < 2 else None
     if size == 0:
         return {"wgmma": 1, "cluster": 4, "warps": 4}
