@@ -107,13 +107,13 @@ class Layers:
                                  f"has {s0.shape[0]}")
         self.pending = then_map(self.pending, s, t, label)
 
-    def norm(self, kind, shape, weight, bias, eps, label, own=False):
+    def norm(self, kind, shape, weight, bias, eps, label):
         """A LayerNorm (kind 'layernorm') or RMSNorm ('rmsnorm') over `shape` (its normalized_shape) at label: the
         last layer's norm, fused before its activation, where it comes directly after that layer's Linear (fusable);
-        anywhere else (or where `own`: the Linear's output is also read elsewhere, a residual's operand) on a layer of
-        its own, an identity Linear (norm_layer)."""
+        anywhere else on a layer of its own, an identity Linear (norm_layer; a graph reader calls that first where the
+        Linear's output is also read elsewhere, a residual's operand)."""
         name = "LayerNorm" if kind == "layernorm" else "RMSNorm"
-        if own or not self.fusable():
+        if not self.fusable():
             self.norm_layer(name, shape, label)
         width = self.weights[-1].shape[0]
         if tuple(shape) != (width,):
