@@ -235,18 +235,19 @@ template <int L, int J = L> __device__ constexpr int fm_kept_at() {
         return v != -2 && v <= L - 1 && v <= J - 2 ? v : fm_kept_at<L, J + 1>();
     }
 }
-// Whether any layer's residual reads a value from further back than its own input (the layers then run unrolled:
-// fm_loop_len).
+// Whether layer L's residual reads a value from further back than its own input (kept in registers: ka).
+template <int L> __device__ constexpr bool fm_res_kept() { return Layer<L>::RES != 0 && Layer<L>::RES_FROM > 1; }
+// Whether any layer's residual does (the layers then run unrolled: fm_loop_len).
 template <int L = 0> __device__ constexpr bool fm_keeps_values() {
     if constexpr (L > LAST)
         return false;
     else
-        return (Layer<L>::RES != 0 && Layer<L>::RES_FROM > 1) || fm_keeps_values<L + 1>();
+        return fm_res_kept<L>() || fm_keeps_values<L + 1>();
 }
 // Layer L's residual operand's fragments: its own input a, or the value kept since (ka).
 template <int L, int KA, int KK>
 __device__ __forceinline__ decltype(auto) fm_res_operand(const fm_u32 (&a)[KA][4], const fm_u32 (&ka)[KK][4]) {
-    if constexpr (Layer<L>::RES != 0 && Layer<L>::RES_FROM > 1) {
+    if constexpr (fm_res_kept<L>()) {
         static_assert(fm_kept_at<L>() == fm_res_src<L>() && KK * KE == Layer<L>::N, "the kept value, as wide as the "
                                                                                      "layer's output");
         return ka;

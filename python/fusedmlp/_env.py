@@ -13,7 +13,7 @@ test can change ``os.environ`` and see the effect without reloading anything.
 ``FUSEDMLP_GEMM_TMA``       ``-1``/``off``: the sm_90a GEMMs' producer loads A with its threads' cp.async, not one TMA
                             copy of a tensor map a stage (default: TMA wherever the input copies as it is)
 ``FUSEDMLP_GEMM_TMA_STORE``  ``1``/``-1``: the persistent sm_90a GEMMs store y by TMA stores of their staged slabs, or
-                            not (default: the plan's choice, not yet); for A/B timing
+                            not (default: the plan's choice, TMA stores wherever y allows); for A/B timing
 ``FUSEDMLP_PDL``            ``0``/``off`` launches a segmented network's kernels plainly, each after the one before has
                             finished (default on: programmatic dependent launch on sm_90+); for A/B timing
 ``FUSEDMLP_CHAIN_GRAPHS``   ``0``/``off`` launches a segmented network's small calls (up to 65536 rows, torch / CuPy

@@ -107,13 +107,13 @@ class Layers:
                                  f"has {s0.shape[0]}")
         self.pending = then_map(self.pending, s, t, label)
 
-    def norm(self, kind, shape, weight, bias, eps, label):
+    def norm(self, kind, shape, weight, bias, eps, label, own=False):
         """A LayerNorm (kind 'layernorm') or RMSNorm ('rmsnorm') over `shape` (its normalized_shape) at label: the
         last layer's norm, fused before its activation, where it comes directly after that layer's Linear (fusable);
-        anywhere else on a layer of its own, an identity Linear (norm_layer; a graph reader calls that first where the
-        Linear's output is also read elsewhere, a residual's operand)."""
+        anywhere else, or where `own` (a graph reader's: the Linear's output is also read elsewhere, a residual's
+        operand), on a layer of its own, an identity Linear (norm_layer)."""
         name = "LayerNorm" if kind == "layernorm" else "RMSNorm"
-        if not self.fusable():
+        if own or not self.fusable():
             self.norm_layer(name, shape, label)
         width = self.weights[-1].shape[0]
         if tuple(shape) != (width,):
@@ -189,10 +189,11 @@ class Layers:
             raise ArgumentError(f"{label}: a second flatten of the input; fusedmlp takes one")
         self.flatten = start
 
-    def softmax(self, kind, dim, label):
+    def softmax(self, kind, dim, label, own=False):
         """A Softmax (kind 'softmax') or LogSoftmax ('log_softmax') over dim at label: the last layer's norm (FusedMLP
-        fuses it before the layer's activation), so it must come directly after that layer's Linear. dim: -1, or 1 (or
-        None, which torch reads as 1) of the (rows, features) batches fusedmlp runs."""
+        fuses it before the layer's activation) where it comes directly after that layer's Linear; elsewhere, or where
+        `own`, on an identity layer of its own (as norm). dim: -1, or 1 (or None, which torch reads as 1) of the
+        (rows, features) batches fusedmlp runs."""
         name = "Softmax" if kind == "softmax" else "LogSoftmax"
         if dim not in (None, -1, 1):
             raise ArgumentError(f"{label}: {name}(dim={dim}) does not run over the features; fusedmlp fuses a {name} "
@@ -200,7 +201,7 @@ class Layers:
         if not self.weights:
             raise ArgumentError(f"{label}: {name} of the network input; fusedmlp takes a {name} of a layer's outputs "
                                 "(one directly after a Linear is fused into it)")
-        if not self.fusable():
+        if own or not self.fusable():
             self.norm_layer(name, (self.weights[-1].shape[0],), label)
         self.norms[-1] = [kind, None, None, None]
         self.open = False  # a batch norm after it folds into the next Linear (a softmax has no affine to take it)

@@ -343,11 +343,8 @@ class _Tracer:
         if self.pending_cat is not None:
             self.concat[len(layers.weights)] = self.pending_cat
             self.pending_cat = None
-        elif layers.pending is not None:  # cur is a BatchNorm1d this Linear absorbs: the value is before it
-            self.folded[self.cur] = layers.pending[2]
-            self.keep(self.before_bn, len(layers.weights) - 1)
         else:
-            self.keep(self.cur, len(layers.weights) - 1)
+            self.keep_input()
         if leaf is not None:
             w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
         else:
@@ -391,30 +388,19 @@ class _Tracer:
             raise ArgumentError(f"{label}: a {'norm' if soft is None else 'softmax'} that does not take the previous "
                                 "layer's output")
         where = node.target if self.leaf is not None else label
-        layers = self.layers
-        chain, node = [], self.cur  # the value's names through Identity / Dropout, and what reads any of them
-        while node is not None:
-            chain.append(node)
-            node = self.same.get(node)
+        chain, value = [], self.cur  # the value's names through Identity / Dropout, and what reads any of them
+        while value is not None:
+            chain.append(value)
+            value = self.same.get(value)
         readers = {user for name in chain for user in name.users} - set(chain)
-        own = len(readers) > 1 or not layers.fusable()
-        if own:  # the value it reads becomes a layer's output, as a Linear taking it would make it (linear)
-            if soft is not None and not layers.weights:
-                raise ArgumentError(f"{label}: a softmax of the network input; fusedmlp takes a softmax of a layer's "
-                                    "outputs")
-            if layers.pending is not None:
-                self.folded[self.cur] = layers.pending[2]
-                self.keep(self.before_bn, len(layers.weights) - 1)
-            else:
-                self.keep(self.cur, len(layers.weights) - 1)
-            name = ({"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[norm[0]] if soft is None else
-                    "Softmax" if soft[0] == "softmax" else "LogSoftmax")
-            layers.norm_layer(name, norm[1] if soft is None else (layers.weights[-1].shape[0],), where)
+        own = len(readers) > 1 or not self.layers.fusable()
+        if own:  # the value it reads becomes the identity layer's input, as a Linear taking it would make it
+            self.keep_input()
             self.residual.append(None)
         if soft is None:
-            layers.norm(*norm, where)
+            self.layers.norm(*norm, where, own=own)
         else:
-            layers.softmax(*soft, where)
+            self.layers.softmax(*soft, where, own=own)
         return True
 
     def cat(self, node, label):
@@ -430,6 +416,17 @@ class _Tracer:
         self.keep(self.cur, len(self.layers.weights) - 1)
         self.pending_cat = "after" if parts[0] is self.cur else "before"
         return True
+
+    def keep_input(self):
+        """The chain's value becomes the next layer's input, so a residual may read it: kept as the previous layer's
+        output (-1: the network input), or where a batch norm that the layer absorbs comes between, the value before
+        it (the batch norm's own output is no value the kernel keeps)."""
+        layers = self.layers
+        if layers.pending is not None:
+            self.folded[self.cur] = layers.pending[2]
+            self.keep(self.before_bn, len(layers.weights) - 1)
+        else:
+            self.keep(self.cur, len(layers.weights) - 1)
 
     def keep(self, node, index):
         """Node's value is kept as value `index` (-1 the network input, l layer l's output), and so are the names it

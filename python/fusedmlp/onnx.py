@@ -448,29 +448,28 @@ class _Reader:
             # (of the network input: as wide as its scale; elsewhere the value's width)
             width = layers.weights[-1].shape[0] if layers.weights else 0 if scale is None else scale.size
             bias = self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            self.own_layer(op, width, label)
             layers.norm(kind, (width,), None if scale is None else np.broadcast_to(scale.reshape(-1), (width,)),
                         None if bias is None else np.broadcast_to(bias.reshape(-1), (width,)),
-                        float(attrs.get("epsilon", 1e-5)), label)
+                        float(attrs.get("epsilon", 1e-5)), label, own=self.own_layer())
         elif op in ("Softmax", "LogSoftmax"):
             axis = attrs.get("axis", -1)
-            if layers.weights:
-                self.own_layer(op, layers.weights[-1].shape[0], label)
-            layers.softmax("softmax" if op == "Softmax" else "log_softmax", -1 if axis in (-1, 1) else axis, label)
+            layers.softmax("softmax" if op == "Softmax" else "log_softmax", -1 if axis in (-1, 1) else axis, label,
+                           own=self.own_layer())
         else:
             raise ArgumentError(f"{label}: {op} is not read; supported: {SUPPORTED}")
 
-    def own_layer(self, op, width, label):
-        """A norm or softmax the last layer cannot fuse (no Gemm / MatMul right before it, or that layer's output also
-        read elsewhere, a pre-norm block's residual): an identity layer of its own (Layers.norm_layer), the value it
-        reads kept as the previous layer's output, so that a residual may still read it."""
+    def own_layer(self):
+        """Whether a norm or softmax here runs on an identity layer of its own (Layers.norm): no Gemm / MatMul right
+        before it, or that layer's output also read elsewhere (a pre-norm block's residual). Then the value it reads
+        is kept as the previous layer's output, so that a residual may still read it, as a Gemm taking it would keep
+        it (layer_op)."""
         layers = self.layers
         if layers.fusable() and self.uses.get(self.cur, 1) <= 1:
-            return
+            return False
         if layers.pending is None:  # (a value a batch norm normalizes on its way in is not one the kernel keeps)
             self.value_of.setdefault(self.cur, len(layers.weights) - 1)
         self.residual.append(None)
-        layers.norm_layer(op, (width,), label)
+        return True
 
     def finish(self):
         if not self.layers.weights:
