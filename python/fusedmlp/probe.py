@@ -825,9 +825,10 @@ def gemm_forms(args):
     default) and form (the plan's auto form, the plain one, clusters of 2 sharing B, a producer warpgroup, consumers
     in turn; tma=-1 / tma_store=-1 in --form: A by cp.async, y by the warps' stores), per batch size, in alternating
     rounds (Kernel.time: the best of 5 launches a round, the median over rounds). What _segments.gemm_tile picks is
-    marked with *, the fastest with <. Only the GEMMs are built, not the chain around them. --dtype: the compute dtype (an 8-bit one calibrated: model). --form (repeat): only these forms
-    beside the auto one (e.g. ws=3, cluster=2; a tile in it, bn=256, replaces the tile's); --default-tile: only the
-    plan's default tile (a large batch's).
+    marked with *, the fastest with <. Only the GEMMs are built, not the chain around them. --dtype: the compute
+    dtype (an 8-bit one calibrated: model). --form (repeat): only these forms beside the auto one (e.g. ws=3,
+    cluster=2; a tile in it, bn=256, replaces the tile's); --default-tile: only the plan's default tile (a large
+    batch's).
 
         python -m fusedmlp.bench probe gemm [workloads] [--rows 1024] [--rows 16384] [--dtype float8]
             [--form ws=1 --form ws=3] [--default-tile]
