@@ -159,6 +159,31 @@ def test_a_residual_from_the_input_through_identity_and_flatten(rng):
     assert mlp._residual[0] is not None and mlp._residual[0][2] == -1
 
 
+def test_readers_of_a_value_under_its_identity_names_count(rng):
+    """A value renamed by Identity / Dropout / Cast nodes is read by its aliases' readers too: a Gemm's output reaching
+    its LayerNormalization through an Identity while an Add reads the Gemm's output (a pre-norm block, as other
+    exporters write it) puts the norm on a layer of its own, and the residual reads the Gemm's output by its first
+    name. (Before, the Identity's name had one reader: the norm was fused into the Gemm and the Add refused.)"""
+    w1, b1 = rng.standard_normal((6, 16)), rng.standard_normal(16)
+    w2, b2 = rng.standard_normal((16, 32)) / 4, rng.standard_normal(32)
+    w3, b3 = rng.standard_normal((32, 16)) / 6, rng.standard_normal(16)
+    w4 = rng.standard_normal((16, 3)) / 4
+    inits = dict(W1=w1, b1=b1, W2=w2, b2=b2, W3=w3, b3=b3, W4=w4, g=rng.uniform(0.5, 1.5, 16),
+                 be=rng.uniform(-0.5, 0.5, 16))
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["h"]),
+             helper.make_node("Identity", ["h"], ["hi"]),
+             helper.make_node("Cast", ["hi"], ["hc"], to=TensorProto.FLOAT),
+             helper.make_node("LayerNormalization", ["hc", "g", "be"], ["n"], epsilon=1e-5),
+             helper.make_node("MatMul", ["n", "W2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["z2"]),
+             helper.make_node("Relu", ["z2"], ["a2"]),
+             helper.make_node("MatMul", ["a2", "W3"], ["m3"]), helper.make_node("Add", ["m3", "b3"], ["z3"]),
+             helper.make_node("Add", ["z3", "h"], ["r"]),  # h + f(LN(h)): the Gemm's output, read a second time
+             helper.make_node("Dropout", ["r"], ["rd"]), helper.make_node("MatMul", ["rd", "W4"], ["y"])]
+    mlp = check_against_onnxruntime(graph_model(nodes, inits, [6], 3), (rng.standard_normal((50, 6)) * 2 + 1)
+                                    .astype(np.float32))
+    assert list(mlp.widths) == [6, 16, 16, 32, 16, 3]
+
+
 def test_torch_onnx_export_reads_back():
     """torch.onnx.export's graph of a classifier (Flatten, GELU, LayerNorm, SiLU, LogSoftmax) gives torch's outputs."""
     torch = pytest.importorskip("torch")

@@ -104,10 +104,16 @@ class _Reader:
 
         self.to_array = numpy_helper.to_array
         self.consts = {t.name: self.to_array(t) for t in graph.initializer}
-        self.uses = {}  # value -> how many node inputs read it
+        # value -> how many nodes read it, counted at its first name: an Identity / Dropout / Cast gives its input a
+        # new name (passthrough), whose readers are the value's too (Gemm -> Identity -> LayerNormalization with an
+        # Add reading the Gemm's output: the norm's value is read twice)
+        self.alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type in _PASS and n.input and n.output}
+        self.uses = {}
         for n in graph.node:
-            for name in n.input:
-                self.uses[name] = self.uses.get(name, 0) + 1
+            for i, name in enumerate(n.input):
+                if not (i == 0 and n.op_type in _PASS):
+                    root = self.root(name)
+                    self.uses[root] = self.uses.get(root, 0) + 1
         inputs = [i.name for i in graph.input if i.name not in self.consts]
         if not inputs:
             raise ArgumentError("the graph has no input; fusedmlp models take one input tensor")
@@ -209,7 +215,7 @@ class _Reader:
             return False
         value, c, c_first = (a, self.const(b), False) if a in chain else (b, self.const(a), True)
         if c is None or (c_first and op == "Div") or (c.size == 1 and self.layers.weights and not (
-                self.layers.open and value == self.cur and self.uses.get(value) == 1)):
+                self.layers.open and value == self.cur and self.used(value) == 1)):
             return False  # a number on a layer's activation, or on a value used again (x * 0.5 * erf(x / 1.41)): part
             # of the activation's expression
         if c.size == 1 and self.layers.weights:  # a number right after a layer: folded, so a norm may follow
@@ -228,16 +234,16 @@ class _Reader:
             return False
         chain = {self.cur} | set(self.exprs)
         a, b = node.input
-        mine, other = (a, b) if a in chain and b in self.value_of and b not in chain else (
-            (b, a) if b in chain and a in self.value_of and a not in chain else (None, None))
+        mine, other = (a, b) if a in chain and self.kept(b) is not None and b not in chain else (
+            (b, a) if b in chain and self.kept(a) is not None and a not in chain else (None, None))
         if mine is None:
             return False
         if self.residual[-1] is not None:
             raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
         self.close(mine, label)
         self.layers.unfoldable(label, "a residual op")
-        self.residual[-1] = ["add" if op == "Add" else "mul", "none", "input" if self.value_of[other] < 0 else
-                             self.value_of[other]]
+        self.residual[-1] = ["add" if op == "Add" else "mul", "none", "input" if self.kept(other) < 0 else
+                             self.kept(other)]
         self.layers.open = False
         self.cur = node.output[0]
         return True
@@ -400,7 +406,7 @@ class _Reader:
                                 "with the network input")
         self.close(h, label)
         self.layers.unfoldable(label, "a Concat")
-        self.value_of.setdefault(h, len(self.layers.weights) - 1)
+        self.keep(h, len(self.layers.weights) - 1)
         self.pending_cat = "after" if node.input[0] == h else "before"
         self.cur = node.output[0]
         return True
@@ -413,7 +419,7 @@ class _Reader:
                 self.concat[len(layers.weights)] = self.pending_cat
                 self.pending_cat = None
             elif layers.pending is None:  # (a value a batch norm normalizes on its way in is not one the kernel keeps)
-                self.value_of.setdefault(self.cur, len(layers.weights) - 1)
+                self.keep(self.cur, len(layers.weights) - 1)
             self.residual.append(None)
             w = self.const(node.input[1])
             if w is None or w.ndim != 2:
@@ -458,16 +464,39 @@ class _Reader:
         else:
             raise ArgumentError(f"{label}: {op} is not read; supported: {SUPPORTED}")
 
+    def root(self, name):
+        """A value's first name, before the Identity / Dropout / Cast nodes that renamed it."""
+        seen = set()
+        while name in self.alias and name not in seen:
+            seen.add(name)
+            name = self.alias[name]
+        return name
+
+    def used(self, name, default=0):
+        """How many nodes read the value `name` names, under any of its names (passthroughs not counted)."""
+        return self.uses.get(self.root(name), default)
+
+    def keep(self, name, layer):
+        """Registers the value `name` names (under that name and its first) as layer `layer`'s output (-1: the
+        input), which a later residual or concat may read, unless it already is."""
+        for n in (name, self.root(name)):
+            self.value_of.setdefault(n, layer)
+
+    def kept(self, name):
+        """The layer whose output the value `name` names is, by any of its names (-1: the input); None where it is
+        no kept value."""
+        return self.value_of.get(name, self.value_of.get(self.root(name)))
+
     def own_layer(self):
         """Whether a norm or softmax here runs on an identity layer of its own (Layers.norm): no Gemm / MatMul right
         before it, or that layer's output also read elsewhere (a pre-norm block's residual). Then the value it reads
         is kept as the previous layer's output, so that a residual may still read it, as a Gemm taking it would keep
         it (layer_op)."""
         layers = self.layers
-        if layers.fusable() and self.uses.get(self.cur, 1) <= 1:
+        if layers.fusable() and self.used(self.cur, 1) <= 1:
             return False
         if layers.pending is None:  # (a value a batch norm normalizes on its way in is not one the kernel keeps)
-            self.value_of.setdefault(self.cur, len(layers.weights) - 1)
+            self.keep(self.cur, len(layers.weights) - 1)
         self.residual.append(None)
         return True
 
