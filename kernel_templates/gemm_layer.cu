@@ -581,6 +581,13 @@ __device__ __forceinline__ void fm_persist_produce(fm_u32 smem, fm_u32 bars, con
                                                    int ptid, const void *ta0, const void *ta1) {
     // (TMA: thread 0 issues every copy, the other threads only follow the slots; returning them at once made ptxas
     // spill 4 bytes in the consumers of a 768 x 768 gelu layer)
+    // B kept in the slots: where the CTA's column tile never changes (a grid of whole rows of column tiles: item i's
+    // column tile is then blockIdx.x % NTILES) and each slot always holds the same K stage (KTILES divides the
+    // stages), a slot's B block is copied on its first use only and the stages carry A alone after that. H100, 2^21
+    // rows (docs/performance.md): float8 wide512's 512 x 512 layers in turn 1.72 -> 1.61 ms, its chain 7.44 -> 6.94;
+    // rec1024's 256 -> 1024 layer (a grid rounded down to whole rows of its 8 column tiles) 2.59 either way, so no
+    // grid is rounded for it.
+    const bool keep_b = FM_GEMM_CLUSTER == 1 && FM_STAGES % KTILES == 0 && gridDim.x % (Ly::N / BN) == 0;
     long long seq = 0;
 #pragma unroll 1
     for (long long i = fm_persist_first(); i < fm_persist_items(rows); i += fm_persist_step()) {
@@ -595,12 +602,14 @@ __device__ __forceinline__ void fm_persist_produce(fm_u32 smem, fm_u32 bars, con
                 fm_mbar_wait(fm_empty_bar(bars, s), (fm_u32)(seq / FM_STAGES - 1) & 1u);
             if (ptid == 0) {
                 const char *block = (const char *)w + ((long long)ntile * KTILES + kt) * B_STAGE_B;
-                fm_mbar_expect(1u, full, (fm_u32)(B_STAGE_B + (FM_GEMM_TMA ? A_STAGE_B : 0)));
+                const bool copy_b = !keep_b || seq < FM_STAGES;
+                fm_mbar_expect(1u, full, (fm_u32)((copy_b ? B_STAGE_B : 0) + (FM_GEMM_TMA ? A_STAGE_B : 0)));
 #if FM_GEMM_CLUSTER > 1
                 constexpr fm_u32 HALF_B = B_STAGE_B / 2;
                 fm_bulk_multicast(a_dst + A_STAGE_B + rank * HALF_B, block + rank * HALF_B, HALF_B, full, 0x3);
 #else
-                fm_bulk_g2s(a_dst + A_STAGE_B, block, (fm_u32)B_STAGE_B, full);
+                if (copy_b)
+                    fm_bulk_g2s(a_dst + A_STAGE_B, block, (fm_u32)B_STAGE_B, full);
 #endif
 #if FM_GEMM_TMA
                 fm_tma_stage_a(a_dst, full, kt, (const fm_tmap *)ta0, (const fm_tmap *)ta1, row0);
