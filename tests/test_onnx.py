@@ -184,6 +184,26 @@ def test_readers_of_a_value_under_its_identity_names_count(rng):
     assert list(mlp.widths) == [6, 16, 16, 32, 16, 3]
 
 
+def test_nodes_read_a_renamed_value_by_any_of_its_names(rng):
+    """Identity / Dropout / Cast nodes anywhere on the chain: silu spelled out with the Sigmoid reading the layer's
+    output through an Identity and the Mul by its first name; a residual block's output read by a Tanh through a
+    Dropout and by the Add after it by its first name (a post-residual expression); the graph output an Identity."""
+    w1, b1 = rng.standard_normal((6, 16)), rng.standard_normal(16)
+    w2, b2 = rng.standard_normal((16, 16)) / 4, rng.standard_normal(16)
+    w3 = rng.standard_normal((16, 3)) / 4
+    inits = dict(W1=w1, b1=b1, W2=w2, b2=b2, W3=w3, half=np.float32(0.5))
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["z"]),
+             helper.make_node("Identity", ["z"], ["zi"]), helper.make_node("Sigmoid", ["zi"], ["s"]),
+             helper.make_node("Mul", ["z", "s"], ["a"]),
+             helper.make_node("MatMul", ["a", "W2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["z2"]),
+             helper.make_node("Add", ["z2", "a"], ["r"]), helper.make_node("Dropout", ["r"], ["rd"]),
+             helper.make_node("Tanh", ["rd"], ["t"]), helper.make_node("Mul", ["t", "half"], ["u"]),
+             helper.make_node("Add", ["u", "r"], ["v"]),
+             helper.make_node("MatMul", ["v", "W3"], ["o"]), helper.make_node("Identity", ["o"], ["y"])]
+    mlp = check_against_onnxruntime(graph_model(nodes, inits, [6], 3), rng.standard_normal((40, 6)).astype(np.float32))
+    assert list(mlp.widths) == [6, 16, 16, 3]
+
+
 def test_torch_onnx_export_reads_back():
     """torch.onnx.export's graph of a classifier (Flatten, GELU, LayerNorm, SiLU, LogSoftmax) gives torch's outputs."""
     torch = pytest.importorskip("torch")

@@ -104,9 +104,9 @@ class _Reader:
 
         self.to_array = numpy_helper.to_array
         self.consts = {t.name: self.to_array(t) for t in graph.initializer}
-        # value -> how many nodes read it, counted at its first name: an Identity / Dropout / Cast gives its input a
-        # new name (passthrough), whose readers are the value's too (Gemm -> Identity -> LayerNormalization with an
-        # Add reading the Gemm's output: the norm's value is read twice)
+        # An Identity / Dropout / Cast gives its input a new name (passthrough): the reader works on each value's first
+        # name (node renames the inputs), and counts a value's readers under all its names (Gemm -> Identity ->
+        # LayerNormalization with an Add reading the Gemm's output: the norm's value is read twice)
         self.alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type in _PASS and n.input and n.output}
         self.uses = {}
         for n in graph.node:
@@ -126,7 +126,7 @@ class _Reader:
         self.heads = {name: i for i, name in enumerate(inputs)} if len(inputs) > 1 else None
         self.maps = [None] * len(inputs)
         self.input_order = None
-        self.output = graph.output[0].name
+        self.output = self.root(graph.output[0].name)
         self.layers = Layers(lambda a: None if a is None else np.asarray(a, dtype=np.float64),
                              bn="per-feature affine map (a BatchNormalization, or an Add / Sub / Mul / Div of a "
                                 "constant)")
@@ -215,7 +215,7 @@ class _Reader:
             return False
         value, c, c_first = (a, self.const(b), False) if a in chain else (b, self.const(a), True)
         if c is None or (c_first and op == "Div") or (c.size == 1 and self.layers.weights and not (
-                self.layers.open and value == self.cur and self.used(value) == 1)):
+                self.layers.open and value == self.cur and self.uses.get(value) == 1)):
             return False  # a number on a layer's activation, or on a value used again (x * 0.5 * erf(x / 1.41)): part
             # of the activation's expression
         if c.size == 1 and self.layers.weights:  # a number right after a layer: folded, so a norm may follow
@@ -234,16 +234,16 @@ class _Reader:
             return False
         chain = {self.cur} | set(self.exprs)
         a, b = node.input
-        mine, other = (a, b) if a in chain and self.kept(b) is not None and b not in chain else (
-            (b, a) if b in chain and self.kept(a) is not None and a not in chain else (None, None))
+        mine, other = (a, b) if a in chain and b in self.value_of and b not in chain else (
+            (b, a) if b in chain and a in self.value_of and a not in chain else (None, None))
         if mine is None:
             return False
         if self.residual[-1] is not None:
             raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
         self.close(mine, label)
         self.layers.unfoldable(label, "a residual op")
-        self.residual[-1] = ["add" if op == "Add" else "mul", "none", "input" if self.kept(other) < 0 else
-                             self.kept(other)]
+        self.residual[-1] = ["add" if op == "Add" else "mul", "none", "input" if self.value_of[other] < 0 else
+                             self.value_of[other]]
         self.layers.open = False
         self.cur = node.output[0]
         return True
@@ -288,8 +288,7 @@ class _Reader:
                 heads[node.output[0]] = i
                 return
         if op in _PASS and node.input and node.input[0] in heads:
-            heads[node.output[0]] = heads.pop(node.input[0])
-            return
+            return  # (its readers name the head by its first name: node)
         if (op == "Concat" and sorted(heads.get(name, -1) for name in node.input) == list(range(len(self.inputs)))
                 and self.const_attr(node, "axis") in (-1, 1)):
             self.input_order = [heads[name] for name in node.input]
@@ -319,6 +318,12 @@ class _Reader:
             self.consts[node.output[0]] = self.to_array(attrs["value"]) if "value" in attrs else np.asarray(
                 next(iter(attrs.values())))
             return
+        if any(name in self.alias for name in node.input):  # each input by its first name (passthrough)
+            renamed = type(node)()
+            renamed.CopyFrom(node)
+            del renamed.input[:]
+            renamed.input.extend(self.root(name) for name in node.input)
+            node = renamed
         if self.heads is not None:
             self.before_join(node, op, label)
             return
@@ -333,7 +338,8 @@ class _Reader:
         self.cur = node.output[0]
 
     def passthrough(self, node, op, attrs, label):
-        """Identity, Dropout (inference) and a float Cast: their input under a new name."""
+        """Identity, Dropout (inference) and a float Cast: their input under a new name, which the nodes reading it
+        see as the first name (node: the reader works on each value's first name)."""
         if op not in _PASS:
             return False
         if op == "Cast" and attrs.get("to") not in _FLOAT_TYPES:
@@ -341,17 +347,6 @@ class _Reader:
         if op == "Dropout" and len(node.input) > 2 and self.const(node.input[2]) is not None and bool(
                 self.const(node.input[2])):
             raise ArgumentError(f"{label}: Dropout in training mode; fusedmlp runs inference")
-        src = node.input[0]
-        if src in self.exprs:
-            self.exprs[node.output[0]] = self.exprs[src]
-        elif src == self.cur:
-            self.cur = node.output[0]
-            if src == self.x:
-                self.x = self.cur
-            if src in self.value_of:  # the same value under a new name, for a residual that reads it
-                self.value_of[self.cur] = self.value_of[src]
-        else:
-            raise ArgumentError(f"{label}: its input is not the previous layer's output; supported: {SUPPORTED}")
         return True
 
     def bias_add(self, node, op, attrs, label):
@@ -406,7 +401,7 @@ class _Reader:
                                 "with the network input")
         self.close(h, label)
         self.layers.unfoldable(label, "a Concat")
-        self.keep(h, len(self.layers.weights) - 1)
+        self.value_of.setdefault(h, len(self.layers.weights) - 1)
         self.pending_cat = "after" if node.input[0] == h else "before"
         self.cur = node.output[0]
         return True
@@ -419,7 +414,7 @@ class _Reader:
                 self.concat[len(layers.weights)] = self.pending_cat
                 self.pending_cat = None
             elif layers.pending is None:  # (a value a batch norm normalizes on its way in is not one the kernel keeps)
-                self.keep(self.cur, len(layers.weights) - 1)
+                self.value_of.setdefault(self.cur, len(layers.weights) - 1)
             self.residual.append(None)
             w = self.const(node.input[1])
             if w is None or w.ndim != 2:
@@ -472,31 +467,16 @@ class _Reader:
             name = self.alias[name]
         return name
 
-    def used(self, name, default=0):
-        """How many nodes read the value `name` names, under any of its names (passthroughs not counted)."""
-        return self.uses.get(self.root(name), default)
-
-    def keep(self, name, layer):
-        """Registers the value `name` names (under that name and its first) as layer `layer`'s output (-1: the
-        input), which a later residual or concat may read, unless it already is."""
-        for n in (name, self.root(name)):
-            self.value_of.setdefault(n, layer)
-
-    def kept(self, name):
-        """The layer whose output the value `name` names is, by any of its names (-1: the input); None where it is
-        no kept value."""
-        return self.value_of.get(name, self.value_of.get(self.root(name)))
-
     def own_layer(self):
         """Whether a norm or softmax here runs on an identity layer of its own (Layers.norm): no Gemm / MatMul right
         before it, or that layer's output also read elsewhere (a pre-norm block's residual). Then the value it reads
         is kept as the previous layer's output, so that a residual may still read it, as a Gemm taking it would keep
         it (layer_op)."""
         layers = self.layers
-        if layers.fusable() and self.used(self.cur, 1) <= 1:
+        if layers.fusable() and self.uses.get(self.cur, 1) <= 1:
             return False
         if layers.pending is None:  # (a value a batch norm normalizes on its way in is not one the kernel keeps)
-            self.keep(self.cur, len(layers.weights) - 1)
+            self.value_of.setdefault(self.cur, len(layers.weights) - 1)
         self.residual.append(None)
         return True
 
