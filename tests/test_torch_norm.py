@@ -415,6 +415,34 @@ def test_an_identity_in_place_of_a_norm_is_another_name_of_the_value():
     assert rel(mlp(x.numpy()), ref64(model, x)) <= 1e-6
 
 
+def test_a_dropout_called_again_on_a_value_is_another_name_of_it():
+    """A block's Dropout called on the residual stream twice, `drop(h) + f(norm(drop(h)))` (a pre-norm block written
+    with dropout on both paths): each call is another name of h, so the norm gets a layer of its own and the sum reads
+    h, whichever call's name it reads; a Dropout of a value aside from the chain (its result read later) leaves the
+    chain where it was. The CPU path matches torch in float64."""
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.up, self.down = nn.Linear(6, 16), nn.Linear(16, 32), nn.Linear(32, 16)
+            self.o, self.n, self.drop = nn.Linear(16, 3), randomized(nn.LayerNorm(16), 5), nn.Dropout(0.2)
+
+        def forward(self, x):
+            h = torch.tanh(self.a(x))
+            h = self.drop(h) + self.down(nn.functional.silu(self.up(self.n(self.drop(h)))))
+            u = self.up(h)
+            skip = self.drop(h)  # aside: a Dropout of h after the chain moved on to u
+            return self.o(torch.relu(self.down(torch.relu(u))) + skip)
+
+    model = Twice().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [6, 16, 16, 32, 16, 32, 16, 3]
+    assert [i for i, n in enumerate(mlp._norm) if n] == [1]
+    assert [r[2] if r else None for r in mlp._residual] == [None, None, None, 0, None, 3, None]
+    x = torch.randn(50, 6) * 2 + 1
+    assert rel(mlp(x.numpy()), ref64(model, x)) <= 1e-6
+
+
 class _PostNorm(nn.Module):
     """A post-norm residual block, RMSNorm(h + tanh(W h)), then a softmax after an activation."""
 

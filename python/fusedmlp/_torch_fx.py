@@ -221,6 +221,9 @@ def _is_parametrization_call(gm, node):
             isinstance(gm.get_submodule(node.target), parametrize.ParametrizationList))
 
 
+_ASIDE = "aside"  # a handler's answer for a node it took that the chain does not go on from (_Tracer.run)
+
+
 class _Tracer:
     """One walk over a traced module's graph (read_traced). Each node goes to the first handler that takes it; the
     chain's state (the current value, the values a residual may read, the layers) lives here."""
@@ -262,9 +265,11 @@ class _Tracer:
             self.text = self.activations.pop(node.target, None) if node.op == "call_module" else None
             for handler in (self.linear, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
                             self.constant_op, self.residual_op, self.activation):
-                if handler(node, label):
+                taken = handler(node, label)
+                if taken:
                     break
-            self.cur = node
+            if taken is not _ASIDE:
+                self.cur = node
         return self.finish()
 
     def placeholder(self, node):
@@ -388,11 +393,8 @@ class _Tracer:
             raise ArgumentError(f"{label}: a {'norm' if soft is None else 'softmax'} that does not take the previous "
                                 "layer's output")
         where = node.target if self.leaf is not None else label
-        chain, value = [], self.cur  # the value's names through Identity / Dropout, and what reads any of them
-        while value is not None:
-            chain.append(value)
-            value = self.same.get(value)
-        readers = {user for name in chain for user in name.users} - set(chain)
+        names = self.names(self.cur)  # the value's names through Identity / Dropout, and what reads any of them
+        readers = {user for name in names for user in name.users} - names
         own = len(readers) > 1 or not self.layers.fusable()
         if own:  # the value it reads becomes the identity layer's input, as a Linear taking it would make it
             self.keep_input()
@@ -428,6 +430,17 @@ class _Tracer:
         else:
             self.keep(self.cur, len(layers.weights) - 1)
 
+    def root(self, node):
+        """A value's first name, before the Identity and Dropout calls that named it again."""
+        while node in self.same:
+            node = self.same[node]
+        return node
+
+    def names(self, node):
+        """Every name of node's value: its first and all Identity / Dropout outputs of it (a set of nodes)."""
+        first = self.root(node)
+        return {first} | {n for n in self.same if self.root(n) is first}
+
     def keep(self, node, index):
         """Node's value is kept as value `index` (-1 the network input, l layer l's output), and so are the names it
         has through Identity and Dropout (a block's `self.norm = nn.Identity()` between a value and its Linear, while
@@ -446,11 +459,15 @@ class _Tracer:
                 raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
         else:
             return False
-        if self.takes_cur():
-            self.same[node] = self.cur
-            if self.cur in self.value_of:
-                self.value_of[node] = self.value_of[self.cur]
-        return True
+        src = self.inputs[0] if self.inputs else None
+        if src is None:
+            return True
+        self.same[node] = src
+        if src in self.value_of:
+            self.value_of[node] = self.value_of[src]
+        # another name of the chain's value (the chain goes on from it), or of a value aside from it (a block's
+        # Dropout called again on its input: `drop(h) + f(norm(drop(h)))`), which the chain does not follow
+        return True if self.root(src) is self.root(self.cur) else _ASIDE
 
     def constant_op(self, node, label):
         """An arithmetic op of the chain's value and a constant: folded into a Linear (one value per feature, any on
@@ -488,6 +505,8 @@ class _Tracer:
             raise ArgumentError(f"{label}: the residual operand {other.name} is the output of {self.folded[other]} "
                                 "(BatchNorm1d), which was folded into the next Linear's weights; the kernel keeps no "
                                 "such value")
+        if other not in self.value_of and self.root(other) in self.value_of:  # another name of a kept value
+            self.value_of[other] = self.value_of[self.root(other)]
         if other not in self.value_of:
             raise ArgumentError(f"{label}: the residual operand {other.name} is neither the network input nor a "
                                 "layer's output (the tensor a Linear or torch.cat consumed)")
