@@ -1,0 +1,127 @@
+"""from_torch and from_onnx on random module architectures (CPU path) against torch in float64: residual blocks written
+the ways models write them (pre-norm with dropout on one or both paths, post-norm, a norm after the activation, plain
+residuals, none), LayerNorm / RMSNorm / an Identity in a norm's place, an input norm, a BatchNorm1d after a Linear, a
+final norm and a concat of the input before the head. Each model is read by the fx tracer and, where torch's exporter
+writes it (the TorchScript exporter has no RMSNorm at opset 20), from its ONNX graph. A wrong reading (a residual read
+from the wrong value, a norm fused where it needs a layer of its own) is far outside the bound: the error of torch's
+own float32 forward, a few times over."""
+
+import io
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = nn.functional
+
+import fusedmlp  # noqa: E402
+from fusedmlp import torch as ft  # noqa: E402,F401  (fusedmlp.from_torch)
+
+ACTS = (nn.ReLU, nn.Tanh, nn.SiLU, nn.GELU, nn.Sigmoid, nn.Identity, nn.Mish, nn.ELU, lambda: nn.LeakyReLU(0.1))
+KINDS = ("pre", "pre_both", "post", "norm_act", "res", "plain")
+
+
+def _norm(rnd, width):
+    return rnd.choice([nn.LayerNorm(width), nn.RMSNorm(width), nn.Identity()])
+
+
+class _Block(nn.Module):
+    def __init__(self, width, kind, rnd):
+        super().__init__()
+        inner = rnd.choice([width, 2 * width, 24])
+        self.kind, self.norm = kind, _norm(rnd, width)
+        self.up, self.down = nn.Linear(width, inner), nn.Linear(inner, width, bias=rnd.random() < 0.7)
+        self.act, self.out_act = rnd.choice(ACTS)(), rnd.choice(ACTS)()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, h):
+        kind = self.kind
+        if kind == "pre":  # h + f(norm(h))
+            return h + self.down(self.act(self.up(self.drop(self.norm(h)))))
+        if kind == "pre_both":  # dropout on both paths: two calls of one Dropout on h
+            return self.drop(h) + self.down(F.silu(self.up(self.norm(self.drop(h)))))
+        if kind == "post":  # norm(h + f(h))
+            return self.norm(h + self.down(self.act(self.up(h))))
+        if kind == "norm_act":  # act(norm(W h)) after a hidden layer
+            return self.act(self.norm(self.down(self.act(self.up(h)))))
+        if kind == "res":  # act(f(h)) + h
+            return self.out_act(self.down(self.act(self.up(h)))) + h
+        return self.down(self.act(self.up(h)))
+
+
+class _Net(nn.Module):
+    def __init__(self, rnd):
+        super().__init__()
+        self.d_in, width, d_out = rnd.choice([3, 7, 16]), rnd.choice([8, 16, 32]), rnd.choice([1, 4, 5])
+        self.in_norm = rnd.choice([nn.Identity(), nn.LayerNorm(self.d_in)])
+        self.inp = nn.Linear(self.d_in, width)
+        self.bn = nn.BatchNorm1d(width) if rnd.random() < 0.3 else nn.Identity()
+        self.act = rnd.choice(ACTS)()
+        self.blocks = nn.ModuleList(_Block(width, rnd.choice(KINDS), rnd) for _ in range(rnd.randint(1, 3)))
+        self.out_norm = rnd.choice([nn.Identity(), nn.LayerNorm(width)])
+        self.cat = rnd.random() < 0.3
+        self.out = nn.Linear(width + (self.d_in if self.cat else 0), d_out)
+
+    def forward(self, x):
+        h = self.act(self.bn(self.inp(self.in_norm(x))))
+        for block in self.blocks:
+            h = block(h)
+        h = self.out_norm(h)
+        return self.out(torch.cat([h, x], -1) if self.cat else h)
+
+
+def _model(seed):
+    rnd = random.Random(seed)
+    torch.manual_seed(seed)
+    model = _Net(rnd)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.weight is not None:
+                m.weight.uniform_(0.5, 1.5)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.uniform_(-0.5, 0.5)
+            if isinstance(m, nn.BatchNorm1d):
+                m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2)
+                m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+def _onnx_bytes(model):
+    buf = io.BytesIO()
+    try:
+        with warnings.catch_warnings():  # (the TorchScript exporter's deprecation: it still writes these graphs)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(model, torch.randn(3, model.d_in), buf, dynamo=False, input_names=["x"],
+                              output_names=["y"], dynamic_axes={"x": {0: "n"}})
+    except Exception:  # (an op the exporter does not write: RMSNorm at opset 20)
+        return None
+    return buf.getvalue()
+
+
+def _rel(y, ref):
+    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+
+
+def test_random_module_architectures_read_by_from_torch_and_from_onnx_match_torch_float64():
+    onnx_ok = pytest.importorskip("onnx") is not None
+    read, exported = 0, 0
+    for seed in range(150):
+        model = _model(seed)
+        x = torch.randn(33, model.d_in) * 1.5 + 0.3
+        with torch.no_grad():
+            ref = model.double()(x.double()).numpy()
+            model.float()
+            bound = 1e-6 + 4 * _rel(model(x).numpy(), ref)  # torch's own float32 error, four times over
+        mlps = [("from_torch", fusedmlp.from_torch(model, device="cpu"))]
+        data = _onnx_bytes(model) if onnx_ok else None
+        if data is not None:
+            mlps.append(("from_onnx", fusedmlp.from_onnx(data, device="cpu")))
+            exported += 1
+        for how, mlp in mlps:
+            err = _rel(mlp(x.numpy()), ref)
+            assert err <= bound, (seed, how, err, bound, mlp)
+        read += 1
+    assert read == 150 and (not onnx_ok or exported >= 50), (read, exported)
