@@ -68,6 +68,42 @@ def test_traced_activation_functions_match_torch():
     assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
 
 
+def test_traced_activations_spelled_out_over_two_values_match_torch():
+    """Activations written as products and sums of the layer's output with functions of it, as models write them
+    (x * torch.sigmoid(x), mish as x * tanh(softplus(x)), erf's gelu, a gate of a LayerNorm's output, x * x): one
+    activation expression over the layer's output, through torch.fx. A residual with a kept value still reads as
+    one (relu(W h) + h after such an activation)."""
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c, self.d, self.e = (nn.Linear(6, 32), nn.Linear(32, 32), nn.Linear(32, 32),
+                                                      nn.Linear(32, 32), nn.Linear(32, 3))
+            self.n = nn.LayerNorm(32)
+
+        def forward(self, x):
+            z = self.a(x)
+            h = z * torch.sigmoid(z)
+            z = self.b(h)
+            h = z * torch.tanh(F.softplus(z)) + h
+            z = self.c(h)
+            h = 0.5 * z * (1 + torch.erf(z / 1.4142135623730951))
+            z = self.n(self.d(h))
+            h = torch.sigmoid(z) * z + z * z * 0.25
+            return self.e(h)
+
+    torch.manual_seed(8)
+    model = Net().eval()
+    with torch.no_grad():
+        model.n.weight.uniform_(0.5, 1.5), model.n.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(200, 6)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [6, 32, 32, 32, 32, 3] and mlp._norm[3] is not None
+    assert [r[2] if r else None for r in mlp._residual] == [None, 0, None, None, None]
+    assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
+
+
 def test_threshold_is_exact_at_its_step_and_at_infinities():
     """Threshold(t, v): x where x > t, else v; at x = t exactly v, x just above t itself, -inf v, inf inf; its
     functional form through torch.fx."""

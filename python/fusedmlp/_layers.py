@@ -223,9 +223,11 @@ class Layers:
                                 f"Linear, so it folds into no Linear exactly; fusedmlp folds a {self.bn} directly "
                                 "after a Linear or directly before one")
 
-    def activation(self, text, label):
+    def activation(self, text, label, whole=False):
+        """The layer's activation becomes text over its current one (compose), or text itself where `whole` (an
+        expression in x of the layer's output that already holds the activation so far: x * sigmoid(x))."""
         self.unfoldable(label, "an activation")
-        self.acts[-1] = text if self.acts[-1] == "none" else compose(text, self.acts[-1])
+        self.acts[-1] = text if whole or self.acts[-1] == "none" else compose(text, self.acts[-1])
         self.open = False
 
     def finish(self, name):

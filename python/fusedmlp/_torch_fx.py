@@ -1,6 +1,7 @@
 """fusedmlp.torch's reading of a module torch.fx traces: its graph walked as a chain of layers (read_traced)."""
 
 import operator
+import re
 
 import numpy as np
 import torch
@@ -34,7 +35,8 @@ _CLAMPS = {torch.clamp, torch.clip, "clamp", "clip", "clamp_", "clip_"}
 _ADD = {operator.add, operator.iadd, torch.add}
 _MUL = {operator.mul, operator.imul, torch.mul}
 TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized too), activation modules and functions "
-                    "(relu, gelu, silu, tanh, sigmoid, softplus, leaky_relu, elu, ...), residuals h + f(h) and "
+                    "(relu, gelu, silu, tanh, sigmoid, softplus, leaky_relu, elu, ...) and + / * of two values of "
+                    "one layer's activation (z * torch.sigmoid(z)), residuals h + f(h) and "
                     "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
                     "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
                     "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) and softmax / log_softmax "
@@ -224,6 +226,16 @@ def _is_parametrization_call(gm, node):
 _ASIDE = "aside"  # a handler's answer for a node it took that the chain does not go on from (_Tracer.run)
 
 
+def _expression(act):
+    """A layer's activation text (Layers.acts: "none", a function's name, or an expression in x) as an expression."""
+    return "x" if act == "none" else act if "(" in act else f"{act}(x)"
+
+
+def _over(outer, inner):
+    """outer (an activation's text) of inner (an expression in x): every whole-word x of outer becomes (inner)."""
+    return re.sub(r"\bx\b", lambda _: f"({inner})", _expression(outer))
+
+
 class _Tracer:
     """One walk over a traced module's graph (read_traced). Each node goes to the first handler that takes it; the
     chain's state (the current value, the values a residual may read, the layers) lives here."""
@@ -242,6 +254,9 @@ class _Tracer:
         self.value_of = {}  # node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
         self.folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (no value the kernel keeps)
         self.same = {}  # node -> node: an Identity's or eval-mode Dropout's output -> its input (one value, two names)
+        # node -> the current layer's activation up to it, as expression text over the layer's output x ("x" for the
+        # output itself): the values a product or sum of two of them may take (x * sigmoid(x) spelled out)
+        self.act_path = {}
         self.before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as kept
         self.shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
         self.placeholders, self.input_order = [], None  # forward's inputs; with several, their order in the join
@@ -332,6 +347,15 @@ class _Tracer:
         self.value_of[node] = -1
         return True
 
+    def side_value(self):
+        """The node's one tensor input where it is a value of the current layer's activation other than the chain's
+        (the layer's output, or a function of it, read again beside the chain), before any residual op; else None."""
+        inputs = self.inputs
+        if len(inputs) == 1 and inputs[0] is not self.cur and inputs[0] in self.act_path and self.residual and \
+                self.residual[-1] is None:
+            return inputs[0]
+        return None
+
     def takes_cur(self):
         return bool(self.inputs) and self.inputs[0] is self.cur
 
@@ -357,6 +381,7 @@ class _Tracer:
             b = _traced_attr(self.module, _arg(node, 2, "bias", None), label)
         layers.linear(w, b, label)
         self.residual.append(None)
+        self.act_path = {node: "x"}
         return True
 
     def batchnorm(self, node, label):
@@ -367,6 +392,7 @@ class _Tracer:
         if self.layers.pending is None and not self.layers.open:
             self.before_bn = self.cur
         self.layers.batchnorm(*_batchnorm_affine(self.leaf, node.target), node.target)
+        self.act_path = {node: "x"}  # (after a Linear: folded into it, the activation starts here)
         return True
 
     def l2_normalize(self, node, label):
@@ -377,6 +403,7 @@ class _Tracer:
             raise ArgumentError(f"{label}: F.normalize of another value, p or dim; fusedmlp fuses "
                                 "F.normalize(z, p=2, dim=-1) of a Linear's output z")
         self.layers.l2_normalize(_arg(node, 3, "eps", 1e-12), label)
+        self.act_path = {node: "x"}
         return True
 
     def norm(self, node, label):
@@ -403,6 +430,7 @@ class _Tracer:
             self.layers.norm(*norm, where, own=own)
         else:
             self.layers.softmax(*soft, where, own=own)
+        self.act_path = {node: "x"}
         return True
 
     def cat(self, node, label):
@@ -465,16 +493,27 @@ class _Tracer:
         self.same[node] = src
         if src in self.value_of:
             self.value_of[node] = self.value_of[src]
+        if src in self.act_path:
+            self.act_path[node] = self.act_path[src]
         # another name of the chain's value (the chain goes on from it), or of a value aside from it (a block's
         # Dropout called again on its input: `drop(h) + f(norm(drop(h)))`), which the chain does not follow
         return True if self.root(src) is self.root(self.cur) else _ASIDE
 
     def constant_op(self, node, label):
         """An arithmetic op of the chain's value and a constant: folded into a Linear (one value per feature, any on
-        the input, or a number right after a Linear that is its only use) or joined to the activation (a number)."""
-        const = _traced_constant_op(self.module, node, self.cur, label) if self.text is None else None
+        the input, or a number right after a Linear that is its only use) or joined to the activation (a number).
+        Of another value of the activation (z / sqrt(2) beside 0.5 * z): that value's expression (a side branch)."""
+        side = self.side_value()
+        const = _traced_constant_op(self.module, node, side or self.cur, label) if self.text is None else None
         if const is None:
             return False
+        if side is not None:
+            op, c, c_first = const
+            if np.ndim(c) != 0:
+                raise ArgumentError(f"{label}: a per-feature constant on a value the activation reads besides its "
+                                    "chain; fusedmlp reads numbers there")
+            self.act_path[node] = _over(_scalar_text(op, c, c_first), self.act_path[side])
+            return _ASIDE
         layers, residual = self.layers, self.residual
         op, c, c_first = const
         if (np.ndim(c) == 0 and layers.weights and layers.open and len(self.cur.users) == 1
@@ -484,12 +523,15 @@ class _Tracer:
             expr = _scalar_text(op, c, c_first)
             if residual[-1] is None:
                 layers.activation(expr, label)
+                self.act_path[node] = _expression(layers.acts[-1])
             else:
                 residual[-1][1] = expr if residual[-1][1] == "none" else _compose(expr, residual[-1][1])
         else:  # folded into a Linear, as a batch norm
+            after_linear = layers.open  # (into its output side: the activation starts here)
             if layers.pending is None and not layers.open:
                 self.before_bn = self.cur
             layers.batchnorm(*affine_map(op, c, c_first, label), label)
+            self.act_path = {node: "x"} if after_linear else {}
         return True
 
     def residual_op(self, node, label):
@@ -497,7 +539,16 @@ class _Tracer:
         if node.op not in ("call_function", "call_method") or not (
                 node.target in _ADD or node.target in _MUL or node.target in ("add", "mul", "add_", "mul_")):
             return False
-        inputs, layers = self.inputs, self.layers
+        inputs, layers, path = self.inputs, self.layers, self.act_path
+        is_add = node.target in _ADD or node.target in ("add", "add_")
+        if (len(inputs) == 2 and all(a in path for a in inputs) and self.residual and self.residual[-1] is None):
+            # two values of the activation (x * sigmoid(x) spelled out): the chain's, or a side branch's (z * z)
+            text = f"({path[inputs[0]]}) {'+' if is_add else '*'} ({path[inputs[1]]})"
+            path[node] = text
+            if self.cur not in inputs:
+                return _ASIDE
+            layers.activation(text, label, whole=True)
+            return True
         if not layers.weights or len(inputs) != 2 or self.cur not in inputs:
             raise ArgumentError(f"{label}: only a residual of the current layer with a kept value is supported")
         other = inputs[0] if inputs[1] is self.cur else inputs[1]
@@ -513,7 +564,6 @@ class _Tracer:
         if self.residual[-1] is not None:
             raise ArgumentError(f"{label}: a second residual op in the same layer is not supported")
         layers.unfoldable(label, "a residual op")
-        is_add = node.target in _ADD or node.target in ("add", "add_")
         src = self.value_of[other]
         self.residual[-1] = ["add" if is_add else "mul", "none", "input" if src < 0 else src]
         layers.open = False
@@ -525,6 +575,10 @@ class _Tracer:
         if text is None:
             text = _activation_text(leaf) if leaf is not None else (
                 _functional_text(node) if node.op in ("call_function", "call_method") else None)
+        side = self.side_value()
+        if text is not None and side is not None:  # erf(z / sqrt(2)) beside 0.5 * z: a side branch's expression
+            self.act_path[node] = _over(text, self.act_path[side])
+            return _ASIDE
         if text is None or not self.takes_cur():
             what = type(leaf).__name__ if leaf is not None else label
             raise ArgumentError(f"{node.target if leaf is not None else label}: {what} is not supported; supported: "
@@ -535,6 +589,7 @@ class _Tracer:
                                 "layer")
         if self.residual[-1] is None:
             self.layers.activation(text, label)
+            self.act_path[node] = _expression(self.layers.acts[-1])
         else:
             self.layers.unfoldable(label, "an activation")
             res = self.residual[-1]
