@@ -443,6 +443,57 @@ def test_a_dropout_called_again_on_a_value_is_another_name_of_it():
     assert rel(mlp(x.numpy()), ref64(model, x)) <= 1e-6
 
 
+def test_traced_norms_read_normalized_shape_from_the_value():
+    """F.layer_norm(z, z.shape[-1:]) / F.rms_norm(z, (z.size(-1),)) / [z.shape[-1]], as functional code writes them:
+    the normalized value's last dimension, the layer's width; the shape queries are no readers of z (the norm stays
+    fused into the Linear). A normalized_shape read from another tensor, or for a norm of the network input, is
+    named."""
+    import torch.nn.functional as F
+
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(5, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+            self.g = nn.Parameter(torch.rand(16) + 0.5)
+
+        def forward(self, x):
+            z = self.a(x)
+            h = torch.tanh(F.layer_norm(z, z.shape[-1:]))
+            z = self.b(h)
+            h = F.silu(F.rms_norm(z, (z.size(-1),), self.g)) + h
+            z = self.c(h)
+            return F.layer_norm(z, [z.shape[-1]])
+
+    torch.manual_seed(9)
+    model = Functional().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [5, 16, 16, 3] and all(n is not None for n in mlp._norm)
+    x = torch.randn(40, 5) * 2
+    assert rel(mlp(x.numpy()), ref64(model, x)) <= 1e-6
+
+    class Other(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(5, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            z = self.a(x)
+            return F.layer_norm(self.b(z), z.shape[-1:])
+
+    class Input(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(5, 16)
+
+        def forward(self, x):
+            return self.a(F.layer_norm(x, x.shape[-1:]))
+
+    with pytest.raises(fusedmlp.ArgumentError, match="read from a tensor other than as the normalized value's last"):
+        fusedmlp.from_torch(Other(), device="cpu")
+    with pytest.raises(fusedmlp.ArgumentError, match="a norm of the network input whose normalized_shape is read"):
+        fusedmlp.from_torch(Input(), device="cpu")
+
+
 class _PostNorm(nn.Module):
     """A post-norm residual block, RMSNorm(h + tanh(W h)), then a softmax after an activation."""
 

@@ -259,6 +259,7 @@ class _Tracer:
         self.act_path = {}
         self.before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as kept
         self.shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
+        self.dims = {}  # after the first Linear: h.shape / h.size() -> (h, None), h.size(d) / h.shape[d] -> (h, d)
         self.placeholders, self.input_order = [], None  # forward's inputs; with several, their order in the join
         self.heads, self.maps = {}, []  # several inputs before their join: latest node -> index; each one's map
 
@@ -273,7 +274,8 @@ class _Tracer:
                 break
             if self.placeholder(node) or self.before_join(node, label):
                 continue
-            if node.op == "get_attr" or _is_parametrization_call(self.gm, node) or self.input_shape(node, label):
+            if (node.op == "get_attr" or _is_parametrization_call(self.gm, node) or self.input_shape(node, label)
+                    or self.shape_query(node)):
                 continue
             self.inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
             self.leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
@@ -347,6 +349,47 @@ class _Tracer:
         self.value_of[node] = -1
         return True
 
+    def shape_query(self, node):
+        """A shape query of a value after the first Linear (h.shape, h.size(), h.size(-1), h.shape[-1:]), which a
+        norm's normalized_shape may read (F.layer_norm(h, h.shape[-1:])): noted, the chain left where it is."""
+        if not self.layers.weights:
+            return False
+        if node.op == "call_method" and node.target == "size" and isinstance(node.args[0], torch.fx.Node):
+            dim = _arg(node, 1, "dim", None)
+            self.dims[node] = (node.args[0], dim)
+        elif node.op == "call_function" and node.target is getattr and node.args[1:] == ("shape",):
+            self.dims[node] = (node.args[0], None)
+        elif (node.op == "call_function" and node.target is operator.getitem and node.args[0] in self.dims
+                and self.dims[node.args[0]][1] is None):
+            self.dims[node] = (self.dims[node.args[0]][0], node.args[1])
+        else:
+            return False
+        return _ASIDE
+
+    def norm_shape(self, shape, label):
+        """A norm's normalized_shape as numbers: one given as numbers, or the normalized value's last dimension read
+        from it (h.shape[-1:], (h.size(-1),), [h.shape[-1]]): the width of the layer before the norm."""
+        def last(n):  # whether n reads the last dimension of the chain's value: as a slice [-1:], or as an index -1
+            if not isinstance(n, torch.fx.Node) or n not in self.dims:
+                return None
+            value, dim = self.dims[n]
+            if self.root(value) is not self.root(self.cur):
+                return None
+            return "slice" if dim == slice(-1, None) else "index" if dim == -1 else None
+
+        items = shape if isinstance(shape, (tuple, list)) else (shape,)
+        if not any(isinstance(n, torch.fx.Node) for n in items):
+            return shape
+        if not self.layers.weights:
+            raise ArgumentError(f"{label}: a norm of the network input whose normalized_shape is read from a tensor; "
+                                "fusedmlp reads it there as numbers (the input's feature count)")
+        whole = last(shape) == "slice" if isinstance(shape, torch.fx.Node) else (
+            len(items) == 1 and last(items[0]) == "index")
+        if not whole:
+            raise ArgumentError(f"{label}: a normalized_shape read from a tensor other than as the normalized value's "
+                                "last dimension (h.shape[-1:], (h.size(-1),)); fusedmlp normalizes over the features")
+        return (self.layers.weights[-1].shape[0],)
+
     def side_value(self):
         """The node's one tensor input where it is a value of the current layer's activation other than the chain's
         (the layer's output, or a function of it, read again beside the chain), before any residual op; else None."""
@@ -413,6 +456,8 @@ class _Tracer:
         as the previous layer's output, so that a residual may still read it."""
         leaf = self.leaf if self.text is None else None
         norm = _traced_norm(self.module, node, leaf, label)
+        if norm is not None:
+            norm = (norm[0], self.norm_shape(norm[1], label), *norm[2:])
         soft = None if norm is not None else _traced_softmax(node, leaf)
         if norm is None and soft is None:
             return False
@@ -421,7 +466,7 @@ class _Tracer:
                                 "layer's output")
         where = node.target if self.leaf is not None else label
         names = self.names(self.cur)  # the value's names through Identity / Dropout, and what reads any of them
-        readers = {user for name in names for user in name.users} - names
+        readers = {user for name in names for user in name.users} - names - set(self.dims)  # (not shape queries)
         own = len(readers) > 1 or not self.layers.fusable()
         if own:  # the value it reads becomes the identity layer's input, as a Linear taking it would make it
             self.keep_input()
