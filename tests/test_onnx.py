@@ -245,6 +245,46 @@ def test_torch_onnx_export_reads_back():
         assert np.max(np.abs(mlp(x.numpy()) - skip(x).numpy())) <= 1e-5
 
 
+def test_weight_computations_on_initializers_are_evaluated_while_reading(rng):
+    """Ops on constants only are evaluated while reading: torch.onnx.export writes a weight_norm Linear's weight as
+    g * v / ReduceL2(v) of its initializers (opset 20: axes as an input), and a hand-written graph computes a weight
+    from its transpose, a mean, Sqrt and Unsqueeze; each gives the reference's outputs."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.utils.parametrizations.weight_norm(nn.Linear(16, 16)),
+                          nn.ReLU(), nn.Linear(16, 3)).eval()
+    buf = io.BytesIO()
+    try:
+        torch.onnx.export(model, torch.randn(3, 5), buf, dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "n"}})
+    except Exception as e:  # an exporter this torch lacks (it is optional in torch too)
+        pytest.skip(f"torch.onnx.export failed: {e}")
+    assert "ReduceL2" in {n.op_type for n in onnx.load_from_string(buf.getvalue()).graph.node}
+    mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+    x = torch.randn(20, 5)
+    with torch.no_grad():
+        ref = model.double()(x.double()).numpy()
+    assert np.linalg.norm(mlp(x.numpy()) - ref) / np.linalg.norm(ref) <= 1e-6
+
+    inits = dict(Wt=rng.standard_normal((6, 8)), s=rng.uniform(0.5, 2, 8), axes=np.array([0], np.int64),
+                 W2=rng.standard_normal((8, 2)))
+    nodes = [helper.make_node("Transpose", ["Wt"], ["W"], perm=[1, 0]),  # (8, 6)
+             helper.make_node("ReduceMean", ["W", "axes"], ["m"], keepdims=1),  # (1, 6)
+             helper.make_node("Sub", ["W", "m"], ["c"]), helper.make_node("Sqrt", ["s"], ["r"]),
+             helper.make_node("Unsqueeze", ["r", "one"], ["r2"]), helper.make_node("Mul", ["c", "r2"], ["Wc"]),
+             helper.make_node("Gemm", ["x", "Wc"], ["z"], transB=1), helper.make_node("Relu", ["z"], ["a"]),
+             helper.make_node("MatMul", ["a", "W2"], ["y"])]
+    inits["one"] = np.array([1], np.int64)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32 if v.dtype.kind == "f" else v.dtype), k)
+                               for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    onnx.checker.check_model(model)
+    check_against_onnxruntime(model, rng.standard_normal((30, 6)).astype(np.float32))
+
+
 def test_torch_onnx_export_of_norms_after_no_gemm_reads_back():
     """torch.onnx.export's graphs of SimBa (each LayerNorm of the residual stream, which the block's Add reads too), a
     post-norm block with a softmax after an activation, and a LayerNorm of the input: each such norm on an identity

@@ -19,7 +19,10 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
 - Several graph inputs (a critic's obs and act) joined by one ``Concat`` before the first layer, each through its own
   constant affine map if any: the model takes their concatenation in that order.
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
-  ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on.
+  ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on (their readers read the value they rename).
+- Nodes whose inputs are all constants (an exporter's weight computations: ``weight_norm``'s ``g * v / ReduceL2(v)``)
+  are evaluated while reading, in float64: arithmetic, ``Sqrt``, ``Abs``, ``Reciprocal``, ``MatMul``, ``Transpose``,
+  ``Reshape``, ``Unsqueeze``, ``Squeeze``, ``ReduceL2`` / ``ReduceSum`` / ``ReduceMean``.
 
 Anything else (a per-feature map no Linear takes, a second input used otherwise, a convolution, ...) is an error naming
 the node, its op and what is read.
@@ -49,6 +52,38 @@ _UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "
           "Mish": "({a}) * tanh(softplus({a}))", "Neg": "(-({a}))", "Reciprocal": "(1 / ({a}))"}
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
 _PASS = ("Identity", "Dropout", "Cast")
+
+
+def _reduce(f):
+    """An ONNX Reduce* op over NumPy: axes from the attribute (opset < 18) or the second input, keepdims (default 1);
+    no axes: all of them, unless noop_with_empty_axes."""
+    def run(attrs, a, axes=None):
+        axes = attrs.get("axes") if axes is None else axes
+        if axes is None or len(np.atleast_1d(axes)) == 0:
+            if attrs.get("noop_with_empty_axes", 0):
+                return a
+            axes = range(a.ndim)
+        return f(a, tuple(int(i) for i in np.atleast_1d(axes)), bool(attrs.get("keepdims", 1)))
+    return run
+
+
+# Ops on constants only, evaluated while reading (an exporter's weight computations: weight_norm's
+# g * v / ||v|| as ReduceL2, Div, Mul of initializers), in float64: (attributes, *input arrays) -> output array.
+_FOLD = {
+    "Add": lambda attrs, a, b: a + b, "Sub": lambda attrs, a, b: a - b, "Mul": lambda attrs, a, b: a * b,
+    "Div": lambda attrs, a, b: a / b, "Pow": lambda attrs, a, b: np.power(a, b), "Neg": lambda attrs, a: -a,
+    "Sqrt": lambda attrs, a: np.sqrt(a), "Reciprocal": lambda attrs, a: 1 / a, "Abs": lambda attrs, a: np.abs(a),
+    "MatMul": lambda attrs, a, b: a @ b,
+    "Transpose": lambda attrs, a: np.transpose(a, attrs.get("perm")),
+    "Reshape": lambda attrs, a, shape: a.reshape([a.shape[i] if d == 0 else int(d) for i, d in enumerate(shape)]),
+    "Unsqueeze": lambda attrs, a, axes=None: np.expand_dims(a, tuple(int(i) for i in (
+        attrs.get("axes") if axes is None else axes))),
+    "Squeeze": lambda attrs, a, axes=None: np.squeeze(a, None if axes is None and "axes" not in attrs else tuple(
+        int(i) for i in (attrs.get("axes") if axes is None else axes))),
+    "ReduceL2": _reduce(lambda a, axes, keep: np.sqrt(np.sum(a * a, axis=axes, keepdims=keep))),
+    "ReduceSum": _reduce(lambda a, axes, keep: np.sum(a, axis=axes, keepdims=keep)),
+    "ReduceMean": _reduce(lambda a, axes, keep: np.mean(a, axis=axes, keepdims=keep)),
+}
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
@@ -324,6 +359,14 @@ class _Reader:
             del renamed.input[:]
             renamed.input.extend(self.root(name) for name in node.input)
             node = renamed
+        if op in _FOLD and node.input and all(self.const(name) is not None for name in node.input if name):
+            args = [np.asarray(self.const(name), np.float64 if self.const(name).dtype.kind == "f" else None)
+                    for name in node.input if name]
+            try:
+                self.consts[node.output[0]] = np.asarray(_FOLD[op](attrs, *args))
+            except (ValueError, TypeError, IndexError) as e:
+                raise ArgumentError(f"{label}: {op} of constants could not be evaluated: {e}") from None
+            return
         if self.heads is not None:
             self.before_join(node, op, label)
             return
