@@ -73,10 +73,58 @@ class _Net(nn.Module):
         return self.out(torch.cat([h, x], -1) if self.cat else h)
 
 
-def _model(seed):
-    rnd = random.Random(seed)
-    torch.manual_seed(seed)
-    model = _Net(rnd)
+def _spelled(rnd):
+    """An activation function as model code writes it, some spelled out over two values of the layer's output."""
+    return rnd.choice([torch.relu, torch.tanh, F.silu, F.gelu, lambda t: t * torch.sigmoid(t), F.softplus,
+                       lambda t: F.leaky_relu(t, 0.2), lambda t: torch.clamp(t, -1, 1), lambda t: 0.5 * t,
+                       lambda t: F.gelu(t, approximate="tanh"), lambda t: t * torch.tanh(F.softplus(t)),
+                       lambda t: 0.5 * t * (1 + torch.erf(t / 1.4142135623730951))])
+
+
+class _Critic(nn.Module):
+    """Q(obs, act): a normalized observation joined with the action, a Linear with a LayerNorm (module or functional,
+    normalized_shape read from the value), a weight_norm Linear, a residual or gating product, spelled-out
+    activations."""
+
+    def __init__(self, rnd):
+        super().__init__()
+        self.d_obs, self.d_act, width = rnd.choice([3, 5]), rnd.choice([1, 2]), rnd.choice([16, 32])
+        self.register_buffer("mean", torch.randn(self.d_obs))
+        self.register_buffer("std", torch.rand(self.d_obs) + 0.5)
+        self.l1, self.l3 = nn.Linear(self.d_obs + self.d_act, width), nn.Linear(width, 1)
+        self.ln = rnd.choice([nn.LayerNorm(width), nn.Identity()])
+        self.l2 = nn.Linear(width, width)
+        if rnd.random() < 0.5:
+            self.l2 = nn.utils.parametrizations.weight_norm(self.l2)
+        self.a1, self.a2 = _spelled(rnd), _spelled(rnd)
+        self.gate, self.functional_norm = rnd.random() < 0.3, rnd.random() < 0.3
+
+    def forward(self, obs, act):
+        h = self.a1(self.ln(self.l1(torch.cat([(obs - self.mean) / self.std, act], -1))))
+        if self.functional_norm:
+            h = F.layer_norm(h, h.shape[-1:])
+        g = self.a2(self.l2(h))
+        return self.l3(g * h if self.gate else g + h)
+
+
+class _Head(nn.Module):
+    """A classifier head: Linear, BatchNorm1d, ReLU, Dropout, Linear, an activation, a scale and shift, a softmax."""
+
+    def __init__(self, rnd):
+        super().__init__()
+        self.d_in, width = rnd.choice([4, 9]), rnd.choice([16, 24])
+        self.body = nn.Sequential(nn.Linear(self.d_in, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(0.2),
+                                  nn.Linear(width, width), rnd.choice([nn.Tanh(), nn.GELU()]))
+        self.out = nn.Linear(width, rnd.choice([3, 10]))
+        self.soft, self.scale = rnd.choice([None, "softmax", "log_softmax"]), rnd.random() < 0.5
+
+    def forward(self, x):
+        h = self.body(x)
+        z = self.out(h * 2.0 + 1.0 if self.scale else h)
+        return torch.softmax(z, -1) if self.soft == "softmax" else F.log_softmax(z, dim=-1) if self.soft else z
+
+
+def _randomized(model):
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, (nn.LayerNorm, nn.RMSNorm)) and m.weight is not None:
@@ -89,16 +137,41 @@ def _model(seed):
     return model.eval()
 
 
-def _onnx_bytes(model):
+def _model(seed):
+    rnd = random.Random(seed)
+    torch.manual_seed(seed)
+    return _randomized(_Net(rnd))
+
+
+def _onnx_bytes(model, inputs):
+    names = ["x", "a"][:len(inputs)]
     buf = io.BytesIO()
     try:
         with warnings.catch_warnings():  # (the TorchScript exporter's deprecation: it still writes these graphs)
             warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(model, torch.randn(3, model.d_in), buf, dynamo=False, input_names=["x"],
-                              output_names=["y"], dynamic_axes={"x": {0: "n"}})
+            torch.onnx.export(model, tuple(t[:3] for t in inputs), buf, dynamo=False, input_names=names,
+                              output_names=["y"], dynamic_axes={n: {0: "n"} for n in names})
     except Exception:  # (an op the exporter does not write: RMSNorm at opset 20)
         return None
     return buf.getvalue()
+
+
+def _check(model, inputs, onnx_ok):
+    """Reads model by from_torch and (where it exports) from_onnx, each within four times torch's own float32 error
+    of its float64 outputs; whether the ONNX graph was read too."""
+    with torch.no_grad():
+        ref = model.double()(*[t.double() for t in inputs]).numpy()
+        model.float()
+        bound = 1e-6 + 4 * _rel(model(*inputs).numpy(), ref)  # torch's own float32 error, four times over
+    mlps = [("from_torch", fusedmlp.from_torch(model, device="cpu"))]
+    data = _onnx_bytes(model, inputs) if onnx_ok else None
+    if data is not None:
+        mlps.append(("from_onnx", fusedmlp.from_onnx(data, device="cpu")))
+    x = torch.cat(inputs, -1).numpy()  # (several inputs: the models take their concatenation)
+    for how, mlp in mlps:
+        err = _rel(mlp(x), ref)
+        assert err <= bound, (how, err, bound, mlp)
+    return data is not None
 
 
 def _rel(y, ref):
@@ -107,21 +180,26 @@ def _rel(y, ref):
 
 def test_random_module_architectures_read_by_from_torch_and_from_onnx_match_torch_float64():
     onnx_ok = pytest.importorskip("onnx") is not None
-    read, exported = 0, 0
+    exported = 0
     for seed in range(150):
         model = _model(seed)
-        x = torch.randn(33, model.d_in) * 1.5 + 0.3
-        with torch.no_grad():
-            ref = model.double()(x.double()).numpy()
-            model.float()
-            bound = 1e-6 + 4 * _rel(model(x).numpy(), ref)  # torch's own float32 error, four times over
-        mlps = [("from_torch", fusedmlp.from_torch(model, device="cpu"))]
-        data = _onnx_bytes(model) if onnx_ok else None
-        if data is not None:
-            mlps.append(("from_onnx", fusedmlp.from_onnx(data, device="cpu")))
-            exported += 1
-        for how, mlp in mlps:
-            err = _rel(mlp(x.numpy()), ref)
-            assert err <= bound, (seed, how, err, bound, mlp)
-        read += 1
-    assert read == 150 and (not onnx_ok or exported >= 50), (read, exported)
+        exported += _check(model, [torch.randn(33, model.d_in) * 1.5 + 0.3], onnx_ok)
+    assert not onnx_ok or exported >= 50, exported
+
+
+def test_random_critics_and_heads_read_by_from_torch_and_from_onnx_match_torch_float64():
+    """Two-input critics (obs normalized by buffers, joined with the action) with spelled-out activations, functional
+    layer norms and weight_norm Linears, and classifier heads with BatchNorm1d and softmaxes."""
+    onnx_ok = pytest.importorskip("onnx") is not None
+    exported = 0
+    for seed in range(80):
+        rnd = random.Random(seed)
+        torch.manual_seed(seed)
+        if rnd.random() < 0.6:
+            model = _randomized(_Critic(rnd))
+            inputs = [torch.randn(20, model.d_obs), torch.randn(20, model.d_act)]
+        else:
+            model = _randomized(_Head(rnd))
+            inputs = [torch.randn(20, model.d_in) * 2]
+        exported += _check(model, inputs, onnx_ok)
+    assert not onnx_ok or exported >= 40, exported
