@@ -104,6 +104,47 @@ def test_traced_activations_spelled_out_over_two_values_match_torch():
     assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
 
 
+def test_traced_products_with_parameter_matrices_are_linears():
+    """Hand-written MLPs (PINN code): h @ W + b with parameters W (in, out) and b, torch.matmul(h, W.T), h.matmul(W),
+    torch.mm and a residual, read as Linears with the bias folded in; a product with a 3-D parameter is named."""
+    import torch.nn.functional as F
+
+    class Hand(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W1, self.b1 = nn.Parameter(torch.randn(3, 24)), nn.Parameter(torch.randn(24))
+            self.W2, self.b2 = nn.Parameter(torch.randn(24, 24) / 5), nn.Parameter(torch.randn(24))
+            self.W3 = nn.Parameter(torch.randn(24, 24) / 5)
+            self.W4 = nn.Parameter(torch.randn(24, 2) / 5)
+
+        def forward(self, x):
+            h = torch.tanh(x @ self.W1 + self.b1)
+            h = torch.tanh(torch.matmul(h, self.W2.T) + self.b2) + h
+            h = F.silu(h.matmul(self.W3))
+            return torch.mm(h, self.W4)
+
+    torch.manual_seed(10)
+    model = Hand().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [3, 24, 24, 24, 2] and mlp._residual[1] is not None
+    w, b, _, _ = ft.read_module(model)
+    assert np.array_equal(w[0], model.W1.detach().numpy().T) and np.array_equal(w[1], model.W2.detach().numpy())
+    assert b[2] is None and b[3] is None
+    x = torch.randn(60, 3)
+    assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
+
+    class Cube(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.W = nn.Parameter(torch.randn(2, 3, 4))
+
+        def forward(self, x):
+            return x @ self.W
+
+    with pytest.raises(fusedmlp.ArgumentError, match=r"a product with a \(2, 3, 4\) tensor"):
+        fusedmlp.from_torch(Cube(), device="cpu")
+
+
 def test_threshold_is_exact_at_its_step_and_at_infinities():
     """Threshold(t, v): x where x > t, else v; at x = t exactly v, x just above t itself, -inf v, inf inf; its
     functional form through torch.fx."""

@@ -34,7 +34,8 @@ _METHODS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "sin": "sin", 
 _CLAMPS = {torch.clamp, torch.clip, "clamp", "clip", "clamp_", "clip_"}
 _ADD = {operator.add, operator.iadd, torch.add}
 _MUL = {operator.mul, operator.imul, torch.mul}
-TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized too), activation modules and functions "
+TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized too), h @ W with a parameter W "
+                    "(torch.matmul, torch.mm, W.T), activation modules and functions "
                     "(relu, gelu, silu, tanh, sigmoid, softplus, leaky_relu, elu, ...) and + / * of two values of "
                     "one layer's activation (z * torch.sigmoid(z)), residuals h + f(h) and "
                     "h * f(h) with the layer's own input, an earlier layer's output or the network input, "
@@ -102,6 +103,43 @@ def _traced_attr(root, node, label):
         return _effective(root.get_submodule(owner_path), name, label)
     raise ArgumentError(f"{label}: F.linear's weight and bias must be parameters of the module (a computed weight is "
                         "not read)")
+
+
+_MATMULS = (operator.matmul, torch.matmul, torch.mm)
+
+
+def _weight_view(node):
+    """(base, transposed) where node is a parameter's node (get_attr, a parametrized weight's call) or its transpose
+    (W.T, W.t(), W.transpose(0, 1), W.mT); else None."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    if node.op == "get_attr" or (node.op == "call_module" and not node.args and ".parametrizations." in
+                                 f".{node.target}"):
+        return node, False
+    if node.op == "call_function" and node.target is getattr and node.args[1] in ("T", "mT"):
+        inner = _weight_view(node.args[0])
+    elif node.op == "call_method" and (node.target == "t" or (node.target == "transpose" and set(node.args[1:]) in (
+            {0, 1}, {-1, -2}))):
+        inner = _weight_view(node.args[0])
+    else:
+        return None
+    return None if inner is None else (inner[0], not inner[1])
+
+
+def _traced_matmul_weight(root, node, label):
+    """h @ W (torch.matmul, torch.mm, the method) with W a parameter of the module, (in, out), or its transpose: the
+    Linear weight (out, in) it multiplies by; None where node is no such product."""
+    if not ((node.op == "call_function" and node.target in _MATMULS) or
+            (node.op == "call_method" and node.target == "matmul")) or len(node.args) != 2:
+        return None
+    view = _weight_view(node.args[1])
+    if view is None:
+        return None
+    w = _traced_attr(root, view[0], label)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise ArgumentError(f"{label}: a product with a {tuple(getattr(w, 'shape', ()))} tensor; fusedmlp reads h @ W "
+                            "with a 2-D weight W as a Linear")
+    return w if view[1] else w.t()
 
 
 def _traced_norm(root, node, leaf, label):
@@ -275,7 +313,7 @@ class _Tracer:
             if self.placeholder(node) or self.before_join(node, label):
                 continue
             if (node.op == "get_attr" or _is_parametrization_call(self.gm, node) or self.input_shape(node, label)
-                    or self.shape_query(node)):
+                    or self.shape_query(node) or _weight_view(node) is not None):  # (W.T: read by its h @ W.T)
                 continue
             self.inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
             self.leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
@@ -404,8 +442,9 @@ class _Tracer:
 
     def linear(self, node, label):
         leaf, layers = self.leaf, self.layers
+        matmul = _traced_matmul_weight(self.module, node, label) if self.text is None else None
         is_linear = (leaf is not None and isinstance(leaf, nn.Linear) and self.text is None) or (
-            node.op == "call_function" and node.target is F.linear)
+            node.op == "call_function" and node.target is F.linear) or matmul is not None
         if self.pending_cat is not None and not is_linear:
             raise ArgumentError(f"{label}: torch.cat of the hidden state with the input must feed a Linear directly")
         if not is_linear:
@@ -417,7 +456,9 @@ class _Tracer:
             self.pending_cat = None
         else:
             self.keep_input()
-        if leaf is not None:
+        if matmul is not None:  # h @ W: its bias, if any, is the Add after it (a per-feature map folded into it)
+            w, b = matmul, None
+        elif leaf is not None:
             w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
         else:
             w = _traced_attr(self.module, node.args[1], label)
