@@ -145,6 +145,49 @@ def test_traced_products_with_parameter_matrices_are_linears():
         fusedmlp.from_torch(Cube(), device="cpu")
 
 
+def test_a_value_head_squeezing_its_output_reads_and_fused_module_squeezes_as_it_does():
+    """A value head's forward ending in y.squeeze(-1) / torch.squeeze(y, 1) / y.squeeze(): from_torch gives y with its
+    column, FusedModule returns it squeezed as the module does (eager and under torch.compile); a squeeze of a hidden
+    value or over the rows is named."""
+
+    class Value(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.a, self.b, self.how = nn.Linear(4, 16), nn.Linear(16, 1), how
+
+        def forward(self, x):
+            y = self.b(torch.relu(self.a(x)))
+            return y.squeeze(-1) if self.how == 0 else torch.squeeze(y, 1) if self.how == 1 else y.squeeze()
+
+    torch.manual_seed(11)
+    x = torch.randn(30, 4)
+    for how in range(3):
+        model = Value(how).eval()
+        assert fusedmlp.from_torch(model, device="cpu")(x.numpy()).shape == (30, 1)
+        fused = ft.FusedModule(model)
+        with torch.no_grad():
+            y, want = fused(x), model(x)
+            assert y.shape == want.shape == (30,) and max_rel(y, ref64(model, x)) <= 1e-6
+            if how == 0:
+                assert torch.compile(fused, fullgraph=True)(x).shape == (30,)
+
+    class Hidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 1), nn.Linear(1, 2)
+
+        def forward(self, x):
+            return self.b(self.a(x).squeeze(-1).unsqueeze(-1))
+
+    class Rows(Value):
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))).squeeze(0)
+
+    for model in (Hidden(), Rows(0)):
+        with pytest.raises(fusedmlp.ArgumentError, match="a squeeze of a value other than the network's output"):
+            fusedmlp.from_torch(model, device="cpu")
+
+
 def test_threshold_is_exact_at_its_step_and_at_infinities():
     """Threshold(t, v): x where x > t, else v; at x = t exactly v, x just above t itself, -inf v, inf inf; its
     functional form through torch.fx."""

@@ -44,7 +44,7 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "over the features (modules, functions or methods; fused into a Linear they follow directly, "
                     "elsewhere on an identity layer of their own: pre-norm blocks), + - * / with a number "
                     "or a parameter / buffer (per-feature maps folded into a Linear, numbers into the activation), a "
-                    "flatten of the input, "
+                    "flatten of the input, y.squeeze(-1) of the output (a value head), "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
@@ -295,6 +295,7 @@ class _Tracer:
         # node -> the current layer's activation up to it, as expression text over the layer's output x ("x" for the
         # output itself): the values a product or sum of two of them may take (x * sigmoid(x) spelled out)
         self.act_path = {}
+        self.squeeze = None  # the dim of a squeeze of the network's output (a value head's y.squeeze(-1)), or ()
         self.before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as kept
         self.shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
         self.dims = {}  # after the first Linear: h.shape / h.size() -> (h, None), h.size(d) / h.shape[d] -> (h, d)
@@ -319,7 +320,7 @@ class _Tracer:
             self.leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
             self.text = self.activations.pop(node.target, None) if node.op == "call_module" else None
             for handler in (self.linear, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
-                            self.constant_op, self.residual_op, self.activation):
+                            self.squeeze_output, self.constant_op, self.residual_op, self.activation):
                 taken = handler(node, label)
                 if taken:
                     break
@@ -385,6 +386,21 @@ class _Tracer:
         layers.flatten_input(start, -1, label)
         self.cur = self.x_node = node  # the kernel's input is the flattened x (a concat or residual of x reads it)
         self.value_of[node] = -1
+        return True
+
+    def squeeze_output(self, node, label):
+        """y.squeeze(-1) / torch.squeeze(y, -1) (dim -1 or 1, or none) of the network's output, as a value head writes
+        it: the model gives y as (rows, outputs); FusedModule squeezes it as the module does (read_module's edges name
+        the dim, "squeeze")."""
+        if not ((node.op == "call_method" and node.target == "squeeze") or
+                (node.op == "call_function" and node.target is torch.squeeze)):
+            return False
+        dims = node.args[1:] if len(node.args) > 1 else tuple(node.kwargs.values())
+        if not self.takes_cur() or not self.layers.weights or [u.op for u in node.users] != ["output"] or (
+                dims and (len(dims) != 1 or dims[0] not in (-1, 1))):
+            raise ArgumentError(f"{label}: a squeeze of a value other than the network's output, or over a dim other "
+                                "than the features; fusedmlp reads y.squeeze(-1) of the output (a value head)")
+        self.squeeze = (-1,) if dims else ()
         return True
 
     def shape_query(self, node):
@@ -692,7 +708,11 @@ class _Tracer:
                                 "torch.cat([obs, act], -1))")
         weights, biases, acts, norm, flatten = self.layers.finish(name)
         edges = _edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten)
-        return weights, biases, acts, {**edges, "inputs": self.input_order} if self.input_order else edges
+        if self.input_order:
+            edges["inputs"] = self.input_order
+        if self.squeeze is not None:
+            edges["squeeze"] = self.squeeze
+        return weights, biases, acts, edges
 
 
 def read_traced(module, activations):

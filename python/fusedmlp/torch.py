@@ -38,8 +38,9 @@ def read_module(module, activations=None):
     Returns:
         (weights, biases, activations, edges) ready for FusedMLP(weights, biases, activation=activations, **edges);
         edges holds the residual and concat arguments, norm where the model has LayerNorm / RMSNorm, flatten_input
-        where it flattens its input, and "inputs" (not FusedMLP's: pop it first) where forward joins several inputs
-        by one torch.cat: their order in it.
+        where it flattens its input, "inputs" (not FusedMLP's: pop it first) where forward joins several inputs
+        by one torch.cat: their order in it, and "squeeze" (not FusedMLP's either) where forward squeezes its output
+        (a value head's y.squeeze(-1)): the dims, () for all.
     """
     if isinstance(module, (nn.Sequential, nn.Linear)):
         return read_sequential(module, activations)
@@ -61,10 +62,12 @@ def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
     Returns:
         A FusedMLP with the module's weights (copied: later changes to the module do not affect it). A module whose
         forward joins several inputs by torch.cat (a critic's Q(obs, act)) gives a model of their concatenation: call
-        it on torch.cat([obs, act], -1), or wrap the module in FusedModule, which takes (obs, act).
+        it on torch.cat([obs, act], -1), or wrap the module in FusedModule, which takes (obs, act). A forward ending
+        in y.squeeze(-1) (a value head) gives y as (rows, 1); FusedModule returns it squeezed, as the module does.
     """
     weights, biases, acts, edges = read_module(module, activations)
     edges.pop("inputs", None)  # several inputs: the model takes their torch.cat (FusedModule joins them itself)
+    edges.pop("squeeze", None)  # y.squeeze(-1): the model gives y with its column (FusedModule squeezes it)
     if device is None:
         params = list(module.parameters())
         device = str(params[0].device) if params and params[0].is_cuda else "auto"
@@ -152,6 +155,7 @@ class FusedModule(nn.Module):
         self._release()
         weights, biases, texts, edges = read_module(self._wrapped(), self._activations)
         self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
+        self._squeeze = edges.pop("squeeze", None)  # forward's y.squeeze(dims) of its output
         params = list(self.parameters())
         device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
         self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs))
@@ -184,8 +188,10 @@ class FusedModule(nn.Module):
         if start is not None and x.ndim > start + 1:  # here, so that the op's fake shape is its real one
             x = x.flatten(start)
         if torch.compiler.is_compiling():
-            return mlp_forward(x, self._handle)  # the op the graph records
-        return _registry[self._handle](x)  # eager: straight to the model's call, without the op's dispatch
+            y = mlp_forward(x, self._handle)  # the op the graph records
+        else:
+            y = _registry[self._handle](x)  # eager: straight to the model's call, without the op's dispatch
+        return y if self._squeeze is None else y.squeeze(*self._squeeze)
 
     def extra_repr(self):
         return repr(_registry.get(self._handle))
