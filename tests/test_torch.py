@@ -188,6 +188,39 @@ def test_a_value_head_squeezing_its_output_reads_and_fused_module_squeezes_as_it
             fusedmlp.from_torch(model, device="cpu")
 
 
+def test_tensor_methods_that_keep_the_value_are_other_names_of_it():
+    """obs.float(), x.to(torch.float32), .to("cpu", dtype=torch.float64), .contiguous(), .clone(), .detach() in a
+    forward (RL policies cast their observations first) are the value itself; a cast to float16 is named."""
+
+    class Methods(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(4, 16), nn.Linear(16, 16), nn.Linear(16, 2)
+
+        def forward(self, obs):
+            h = torch.relu(self.a(obs.float().to(torch.float32)))
+            h = torch.tanh(self.b(h.contiguous())) + h.clone()
+            return self.c(h.detach().to("cpu", dtype=torch.float64).float())
+
+    class Half(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.a(x.to(torch.float16).float())
+
+    torch.manual_seed(12)
+    model = Methods().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [4, 16, 16, 2] and mlp._residual[1] is not None
+    x = torch.randn(40, 4)
+    with torch.no_grad():
+        assert float((mlp(x) - model(x)).abs().max()) <= 1e-6
+    with pytest.raises(fusedmlp.ArgumentError, match="a cast to torch.float16; fusedmlp reads casts to float32"):
+        fusedmlp.from_torch(Half(), device="cpu")
+
+
 def test_threshold_is_exact_at_its_step_and_at_infinities():
     """Threshold(t, v): x where x > t, else v; at x = t exactly v, x just above t itself, -inf v, inf inf; its
     functional form through torch.fx."""

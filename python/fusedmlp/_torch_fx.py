@@ -44,7 +44,8 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "over the features (modules, functions or methods; fused into a Linear they follow directly, "
                     "elsewhere on an identity layer of their own: pre-norm blocks), + - * / with a number "
                     "or a parameter / buffer (per-feature maps folded into a Linear, numbers into the activation), a "
-                    "flatten of the input, y.squeeze(-1) of the output (a value head), "
+                    "flatten of the input, y.squeeze(-1) of the output (a value head), x.float() / .to(torch.float32) / "
+                    ".contiguous() / .clone() / .detach() (the value itself), "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
@@ -106,6 +107,7 @@ def _traced_attr(root, node, label):
 
 
 _MATMULS = (operator.matmul, torch.matmul, torch.mm)
+_SAME_METHODS = ("float", "double", "contiguous", "clone", "detach")  # (tensor methods that keep the value)
 
 
 def _weight_view(node):
@@ -580,13 +582,23 @@ class _Tracer:
             node = self.same.get(node)
 
     def passthrough(self, node, label):
-        """Identity and Dropout in eval mode (modules and functions): another name of the current value."""
+        """Identity and Dropout in eval mode (modules and functions), and the tensor methods that keep a value as it
+        is (x.float(), x.to(torch.float32), .contiguous(), .clone(), .detach()): another name of the value."""
         if self.leaf is not None and self.text is None and isinstance(self.leaf, (nn.Identity, *_DROPOUTS)):
             if isinstance(self.leaf, _DROPOUTS):
                 _check_dropout_off(self.leaf, node.target)
         elif node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
             if _arg(node, 2, "training", _DROPOUT_FUNCTIONS[node.target]) and _arg(node, 1, "p", 0.5) > 0:
                 raise ArgumentError(f"{label}: dropout with training=True is active; fusedmlp runs inference")
+        elif node.op == "call_method" and node.target in _SAME_METHODS and len(node.args) == 1 and not node.kwargs:
+            pass
+        elif node.op == "call_method" and node.target in ("to", "type") and len(node.args) >= 1:
+            for a in (*node.args[1:], *(v for k, v in node.kwargs.items() if k not in ("non_blocking", "copy"))):
+                if isinstance(a, torch.dtype) and a not in (torch.float32, torch.float64):
+                    raise ArgumentError(f"{label}: a cast to {a}; fusedmlp reads casts to float32 or float64 (the "
+                                        "model's dtype= decides what the kernel computes in)")
+                if not isinstance(a, (torch.dtype, torch.device, str)):
+                    return False
         else:
             return False
         src = self.inputs[0] if self.inputs else None
