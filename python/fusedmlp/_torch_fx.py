@@ -491,10 +491,11 @@ class _Tracer:
             return False
         if not self.takes_cur():
             raise ArgumentError(f"{node.target}: a BatchNorm1d that does not take the previous layer's output")
+        after_linear = self.layers.open  # (folded into its output side: the activation starts here)
         if self.layers.pending is None and not self.layers.open:
             self.before_bn = self.cur
         self.layers.batchnorm(*_batchnorm_affine(self.leaf, node.target), node.target)
-        self.act_path = {node: "x"}  # (after a Linear: folded into it, the activation starts here)
+        self.act_path = {node: "x"} if after_linear else {}
         return True
 
     def l2_normalize(self, node, label):
@@ -618,7 +619,8 @@ class _Tracer:
         the input, or a number right after a Linear that is its only use) or joined to the activation (a number).
         Of another value of the activation (z / sqrt(2) beside 0.5 * z): that value's expression (a side branch)."""
         side = self.side_value()
-        const = _traced_constant_op(self.module, node, side or self.cur, label) if self.text is None else None
+        value = self.cur if side is None else side
+        const = _traced_constant_op(self.module, node, value, label) if self.text is None else None
         if const is None:
             return False
         if side is not None:
