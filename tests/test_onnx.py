@@ -285,6 +285,33 @@ def test_weight_computations_on_initializers_are_evaluated_while_reading(rng):
     check_against_onnxruntime(model, rng.standard_normal((30, 6)).astype(np.float32))
 
 
+def test_a_closing_squeeze_of_a_one_column_output_reads_as_the_output(rng):
+    """A value head's y.squeeze(-1) as torch.onnx.export writes it (Squeeze of the last axis, the graph's output):
+    the model gives the column, (rows, 1), with onnxruntime's values; a Squeeze of a wider output is named."""
+    w1, w2 = rng.standard_normal((4, 16)), rng.standard_normal((16, 1)) / 4
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
+             helper.make_node("MatMul", ["a", "W2"], ["v"]), helper.make_node("Squeeze", ["v", "axes"], ["y"])]
+    inits = {"W1": w1, "W2": w2}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()]
+                              + [numpy_helper.from_array(np.array([-1], np.int64), "axes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    onnx.checker.check_model(model)
+    x = rng.standard_normal((25, 4)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    got = fusedmlp.from_onnx(model, device="cpu")(x)
+    assert want.shape == (25,) and got.shape == (25, 1)
+    np.testing.assert_allclose(got[:, 0], want, rtol=1e-5, atol=1e-6)
+    inits["W2"] = rng.standard_normal((16, 3))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()]
+                              + [numpy_helper.from_array(np.array([-1], np.int64), "axes")])
+    with pytest.raises(fusedmlp.ArgumentError, match="a Squeeze other than of the last axis of a one-column"):
+        read_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+
+
 def test_torch_onnx_export_of_norms_after_no_gemm_reads_back():
     """torch.onnx.export's graphs of SimBa (each LayerNorm of the residual stream, which the block's Add reads too), a
     post-norm block with a softmax after an activation, and a LayerNorm of the input: each such norm on an identity

@@ -19,7 +19,9 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
 - Several graph inputs (a critic's obs and act) joined by one ``Concat`` before the first layer, each through its own
   constant affine map if any: the model takes their concatenation in that order.
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
-  ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on (their readers read the value they rename).
+  ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on (their readers read the value they rename);
+  a closing ``Squeeze`` of the last axis of a one-column output (a value head) is the output, which the model gives
+  as (rows, 1).
 - Nodes whose inputs are all constants (an exporter's weight computations: ``weight_norm``'s ``g * v / ReduceL2(v)``)
   are evaluated while reading, in float64: arithmetic, ``Sqrt``, ``Abs``, ``Reciprocal``, ``MatMul``, ``Transpose``,
   ``Reshape``, ``Unsqueeze``, ``Squeeze``, ``ReduceL2`` / ``ReduceSum`` / ``ReduceMean``.
@@ -370,7 +372,8 @@ class _Reader:
         if self.heads is not None:
             self.before_join(node, op, label)
             return
-        for handler in (self.passthrough, self.bias_add, self.affine, self.elementwise, self.input_reshape,
+        for handler in (self.passthrough, self.output_squeeze, self.bias_add, self.affine, self.elementwise,
+                        self.input_reshape,
                         self.input_concat):
             if handler(node, op, attrs, label):
                 return
@@ -405,6 +408,21 @@ class _Reader:
         layers.biases[-1] = (layers.biases[-1] if layers.biases[-1] is not None else 0.0) + np.broadcast_to(
             np.asarray(b, np.float64).reshape(-1), (width,))
         self.cur = node.output[0]
+        return True
+
+    def output_squeeze(self, node, op, attrs, label):
+        """A Squeeze of the last axis of a one-column network output, the graph's output (a value head's
+        y.squeeze(-1)): read as the output itself, which the model gives as (rows, 1)."""
+        if op != "Squeeze" or not node.input or node.output[0] != self.output:
+            return False
+        axes = attrs.get("axes", self.const(node.input[1]) if len(node.input) > 1 else None)
+        width = self.layers.weights[-1].shape[0] if self.layers.weights else 0
+        if (node.input[0] not in ({self.cur} | set(self.exprs)) or width != 1 or axes is None
+                or [int(a) for a in np.atleast_1d(axes)] not in ([-1], [1])):
+            raise ArgumentError(f"{label}: a Squeeze other than of the last axis of a one-column network output; "
+                                f"supported: {SUPPORTED}")
+        self.chain_input(node, label)
+        self.cur = self.output = node.output[0]
         return True
 
     def input_reshape(self, node, op, attrs, label):
