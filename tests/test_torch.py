@@ -221,6 +221,47 @@ def test_tensor_methods_that_keep_the_value_are_other_names_of_it():
         fusedmlp.from_torch(Half(), device="cpu")
 
 
+def test_linear_heads_on_one_trunk_merge_into_the_last_layer():
+    """An actor-critic's forward returning pi(h), v(h) (and a third head, one without a bias) on one trunk: the heads'
+    rows join one last layer; from_torch's model gives the heads side by side, FusedModule the tuple the module
+    returns (eager and under torch.compile). A head with an activation of its own, or read by anything but the
+    output, is named."""
+
+    class ActorCritic(nn.Module):
+        def __init__(self, act=False, use=False):
+            super().__init__()
+            self.trunk = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.ReLU())
+            self.pi, self.v, self.aux = nn.Linear(32, 4), nn.Linear(32, 1), nn.Linear(32, 2, bias=False)
+            self.act, self.use = act, use
+
+        def forward(self, x):
+            h = self.trunk(x)
+            pi = self.pi(h)
+            if self.act:
+                pi = torch.tanh(pi)
+            v = self.v(h)
+            return (pi, v * 2, self.aux(h)) if self.use else (pi, v, self.aux(h))
+
+    torch.manual_seed(13)
+    model = ActorCritic().eval()
+    x = torch.randn(50, 6)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [6, 32, 32, 7]
+    fused = ft.FusedModule(model)
+    with torch.no_grad():
+        want = list(ref64(model, x))
+        got = fused(x)
+        assert [tuple(g.shape) for g in got] == [(50, 4), (50, 1), (50, 2)]
+        assert all(max_rel(g, w) <= 1e-6 for g, w in zip(got, want))
+        assert max_rel(mlp(x), torch.cat([w.float() for w in want], -1).double()) <= 1e-6
+        compiled = torch.compile(fused, fullgraph=True)(x)
+        assert all(torch.equal(c, g) for c, g in zip(compiled, got))
+    with pytest.raises(fusedmlp.ArgumentError, match="a second Linear on the value the last one read, after"):
+        fusedmlp.from_torch(ActorCritic(act=True), device="cpu")
+    with pytest.raises(fusedmlp.ArgumentError, match="it reads a head of Linears merged on one value"):
+        fusedmlp.from_torch(ActorCritic(use=True), device="cpu")
+
+
 def test_threshold_is_exact_at_its_step_and_at_infinities():
     """Threshold(t, v): x where x > t, else v; at x = t exactly v, x just above t itself, -inf v, inf inf; its
     functional form through torch.fx."""

@@ -45,7 +45,8 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "elsewhere on an identity layer of their own: pre-norm blocks), + - * / with a number "
                     "or a parameter / buffer (per-feature maps folded into a Linear, numbers into the activation), a "
                     "flatten of the input, y.squeeze(-1) of the output (a value head), x.float() / .to(torch.float32) / "
-                    ".contiguous() / .clone() / .detach() (the value itself), "
+                    ".contiguous() / .clone() / .detach() (the value itself), Linear heads on one value returned "
+                    "together (return pi(h), v(h)), "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
@@ -298,6 +299,8 @@ class _Tracer:
         # output itself): the values a product or sum of two of them may take (x * sigmoid(x) spelled out)
         self.act_path = {}
         self.squeeze = None  # the dim of a squeeze of the network's output (a value head's y.squeeze(-1)), or ()
+        self.read_by_last = None  # the value the last Linear read (no fold or concat between): a head may join it
+        self.out_heads = []  # (node, width): Linears merged on one value as the network's outputs, in order
         self.before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as kept
         self.shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
         self.dims = {}  # after the first Linear: h.shape / h.size() -> (h, None), h.size(d) / h.shape[d] -> (h, d)
@@ -308,7 +311,14 @@ class _Tracer:
         for node in self.gm.graph.nodes:
             target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
             label = f"{node.name} ({target})"
+            if self.out_heads and node.op != "output" and any(h in node.all_input_nodes for h, _ in self.out_heads):
+                raise ArgumentError(f"{label}: it reads a head of Linears merged on one value (an actor-critic's "
+                                    "pi(h), v(h)); fusedmlp reads such heads only as the network's outputs, "
+                                    "return pi(h), v(h)")
             if node.op == "output":
+                if self.out_heads and isinstance(node.args[0], (tuple, list)) and [
+                        a for a in node.args[0]] == [h for h, _ in self.out_heads]:
+                    break
                 if node.args[0] is not self.cur or self.pending_cat is not None:
                     raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: "
                                         f"{TRACED_SUPPORTED}")
@@ -467,13 +477,6 @@ class _Tracer:
             raise ArgumentError(f"{label}: torch.cat of the hidden state with the input must feed a Linear directly")
         if not is_linear:
             return False
-        if not self.takes_cur():
-            raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
-        if self.pending_cat is not None:
-            self.concat[len(layers.weights)] = self.pending_cat
-            self.pending_cat = None
-        else:
-            self.keep_input()
         if matmul is not None:  # h @ W: its bias, if any, is the Add after it (a per-feature map folded into it)
             w, b = matmul, None
         elif leaf is not None:
@@ -481,9 +484,45 @@ class _Tracer:
         else:
             w = _traced_attr(self.module, node.args[1], label)
             b = _traced_attr(self.module, _arg(node, 2, "bias", None), label)
+        if not self.takes_cur():
+            if self.head(node, w, b, label):
+                return _ASIDE
+            raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
+        plain = self.pending_cat is None and layers.pending is None and layers.pending_parts is None
+        if self.pending_cat is not None:
+            self.concat[len(layers.weights)] = self.pending_cat
+            self.pending_cat = None
+        else:
+            self.keep_input()
         layers.linear(w, b, label)
         self.residual.append(None)
         self.act_path = {node: "x"}
+        self.read_by_last = self.cur if plain else None  # (a second head on it joins this Linear: head)
+        return True
+
+    def head(self, node, w, b, label):
+        """Another Linear on the value the last Linear read, while that one has no activation, norm or residual yet
+        (an actor-critic's pi(h), v(h) on one trunk): its rows join the last Linear's, and both are heads of the
+        network, the outputs FusedModule returns as a tuple (read_module's edges: "outputs", their widths)."""
+        layers = self.layers
+        if self.read_by_last is None or self.root(self.inputs[0]) is not self.root(self.read_by_last):
+            return False
+        if (not layers.open or layers.acts[-1] != "none" or layers.norms[-1] is not None
+                or self.residual[-1] is not None):
+            raise ArgumentError(f"{label}: a second Linear on the value the last one read, after that one's "
+                                "activation, norm or residual; fusedmlp merges heads on one value that are the "
+                                "network's outputs as they are (return pi(h), v(h))")
+        w, b = layers.to_array(w), layers.to_array(b)
+        last_w, last_b = layers.weights[-1], layers.biases[-1]
+        if w.ndim != 2 or w.shape[1] != last_w.shape[1]:
+            raise ArgumentError(f"{label}: a head of {w.shape} beside a Linear of {last_w.shape} on the same value")
+        if not self.out_heads:
+            self.out_heads = [(self.cur, last_w.shape[0])]
+        self.out_heads.append((node, w.shape[0]))
+        layers.weights[-1] = np.concatenate([last_w, w])
+        if last_b is not None or b is not None:
+            layers.biases[-1] = np.concatenate([np.zeros(last_w.shape[0]) if last_b is None else last_b,
+                                                np.zeros(w.shape[0]) if b is None else b])
         return True
 
     def batchnorm(self, node, label):
@@ -726,6 +765,8 @@ class _Tracer:
             edges["inputs"] = self.input_order
         if self.squeeze is not None:
             edges["squeeze"] = self.squeeze
+        if self.out_heads:
+            edges["outputs"] = [width for _, width in self.out_heads]
         return weights, biases, acts, edges
 
 

@@ -39,8 +39,9 @@ def read_module(module, activations=None):
         (weights, biases, activations, edges) ready for FusedMLP(weights, biases, activation=activations, **edges);
         edges holds the residual and concat arguments, norm where the model has LayerNorm / RMSNorm, flatten_input
         where it flattens its input, "inputs" (not FusedMLP's: pop it first) where forward joins several inputs
-        by one torch.cat: their order in it, and "squeeze" (not FusedMLP's either) where forward squeezes its output
-        (a value head's y.squeeze(-1)): the dims, () for all.
+        by one torch.cat: their order in it, "squeeze" (not FusedMLP's either) where forward squeezes its output
+        (a value head's y.squeeze(-1)): the dims, () for all, and "outputs" (nor this) where forward returns several
+        Linear heads on one value (an actor-critic's pi(h), v(h)), merged into the last layer: their widths.
     """
     if isinstance(module, (nn.Sequential, nn.Linear)):
         return read_sequential(module, activations)
@@ -63,11 +64,14 @@ def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
         A FusedMLP with the module's weights (copied: later changes to the module do not affect it). A module whose
         forward joins several inputs by torch.cat (a critic's Q(obs, act)) gives a model of their concatenation: call
         it on torch.cat([obs, act], -1), or wrap the module in FusedModule, which takes (obs, act). A forward ending
-        in y.squeeze(-1) (a value head) gives y as (rows, 1); FusedModule returns it squeezed, as the module does.
+        in y.squeeze(-1) (a value head) gives y as (rows, 1); FusedModule returns it squeezed, as the module does. A
+        forward returning several Linear heads of one value (pi(h), v(h)) gives them side by side in one output, in
+        that order; FusedModule returns the tuple.
     """
     weights, biases, acts, edges = read_module(module, activations)
     edges.pop("inputs", None)  # several inputs: the model takes their torch.cat (FusedModule joins them itself)
     edges.pop("squeeze", None)  # y.squeeze(-1): the model gives y with its column (FusedModule squeezes it)
+    edges.pop("outputs", None)  # heads pi(h), v(h): the model gives them side by side (FusedModule splits them)
     if device is None:
         params = list(module.parameters())
         device = str(params[0].device) if params and params[0].is_cuda else "auto"
@@ -156,6 +160,7 @@ class FusedModule(nn.Module):
         weights, biases, texts, edges = read_module(self._wrapped(), self._activations)
         self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
         self._squeeze = edges.pop("squeeze", None)  # forward's y.squeeze(dims) of its output
+        self._outputs = edges.pop("outputs", None)  # forward's heads' widths: the output split into a tuple
         params = list(self.parameters())
         device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
         self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs))
@@ -191,6 +196,8 @@ class FusedModule(nn.Module):
             y = mlp_forward(x, self._handle)  # the op the graph records
         else:
             y = _registry[self._handle](x)  # eager: straight to the model's call, without the op's dispatch
+        if self._outputs is not None:
+            return tuple(torch.split(y, self._outputs, -1))
         return y if self._squeeze is None else y.squeeze(*self._squeeze)
 
     def extra_repr(self):
