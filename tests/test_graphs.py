@@ -120,7 +120,7 @@ def test_dense_skip_residuals_traced_from_torch_match_the_module():
     ("h = torch.cat([h, h], -1)", "only torch.cat\\(\\[h, x\\], -1\\) or torch.cat\\(\\[x, h\\], -1\\)"),
     ("h = torch.cat([h, x], 0)", "only torch.cat"),
     ("h = torch.relu(torch.cat([h, x], -1))", "must feed a Linear directly"),
-    ("h = h + torch.relu(h)", "the residual operand a is neither the network input nor a layer.s output"),
+    ("h = self.a(torch.relu(h)) + h", "the residual operand a is neither the network input nor a layer.s output"),
 ])
 def test_unsupported_graph_edges_name_the_node(body, match):
     torch = pytest.importorskip("torch")
