@@ -35,6 +35,18 @@ def check_against_onnxruntime(model, x, tol=1e-5):
     return mlp
 
 
+def torch_exported(torch, model, example):
+    """model's ONNX graph (bytes) from torch.onnx.export's TorchScript exporter, the rows dynamic; the test skips where
+    this torch has no exporter (it is optional in torch too)."""
+    buf = io.BytesIO()
+    try:
+        torch.onnx.export(model, example, buf, dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "n"}})
+    except Exception as e:
+        pytest.skip(f"torch.onnx.export failed: {e}")
+    return buf.getvalue()
+
+
 def test_matmul_add_silu_gemm_softmax(rng):
     """The exporter's forms: MatMul then Add of the bias, SiLU as x * Sigmoid(x) (read as the built-in silu), Gemm
     with transB=1, a softmax head."""
@@ -211,13 +223,7 @@ def test_torch_onnx_export_reads_back():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.LayerNorm(32), nn.SiLU(),
                           nn.Linear(32, 5), nn.LogSoftmax(-1)).eval()
-    buf = io.BytesIO()
-    try:
-        torch.onnx.export(model, torch.randn(3, 1, 4, 4), buf, dynamo=False, input_names=["x"], output_names=["y"],
-                          dynamic_axes={"x": {0: "n"}})
-    except Exception as e:  # an exporter this torch lacks (it is optional in torch too)
-        pytest.skip(f"torch.onnx.export failed: {e}")
-    mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+    mlp = fusedmlp.from_onnx(torch_exported(torch, model, torch.randn(3, 1, 4, 4)), device="cpu")
     assert list(mlp.activations) == ["gelu(x)", "silu(x)", "none(x)"] and mlp._flatten_input == 1
     x = torch.randn(7, 1, 4, 4)
     with torch.no_grad():
@@ -235,10 +241,7 @@ def test_torch_onnx_export_reads_back():
             return self.c(torch.cat([h, x], -1))
 
     skip = Skip().eval()
-    buf = io.BytesIO()
-    torch.onnx.export(skip, torch.randn(3, 8), buf, dynamo=False, input_names=["x"], output_names=["y"],
-                      dynamic_axes={"x": {0: "n"}})
-    mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+    mlp = fusedmlp.from_onnx(torch_exported(torch, skip, torch.randn(3, 8)), device="cpu")
     assert mlp._residual[1] is not None and mlp._concat[2] == 1
     x = torch.randn(11, 8)
     with torch.no_grad():
@@ -254,14 +257,9 @@ def test_weight_computations_on_initializers_are_evaluated_while_reading(rng):
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.utils.parametrizations.weight_norm(nn.Linear(16, 16)),
                           nn.ReLU(), nn.Linear(16, 3)).eval()
-    buf = io.BytesIO()
-    try:
-        torch.onnx.export(model, torch.randn(3, 5), buf, dynamo=False, input_names=["x"], output_names=["y"],
-                          dynamic_axes={"x": {0: "n"}})
-    except Exception as e:  # an exporter this torch lacks (it is optional in torch too)
-        pytest.skip(f"torch.onnx.export failed: {e}")
-    assert "ReduceL2" in {n.op_type for n in onnx.load_from_string(buf.getvalue()).graph.node}
-    mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+    data = torch_exported(torch, model, torch.randn(3, 5))
+    assert "ReduceL2" in {n.op_type for n in onnx.load_from_string(data).graph.node}
+    mlp = fusedmlp.from_onnx(data, device="cpu")
     x = torch.randn(20, 5)
     with torch.no_grad():
         ref = model.double()(x.double()).numpy()
@@ -351,13 +349,7 @@ def test_torch_onnx_export_of_norms_after_no_gemm_reads_back():
             if isinstance(m, nn.LayerNorm):
                 with torch.no_grad():
                     m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-0.5, 0.5)
-        buf = io.BytesIO()
-        try:
-            torch.onnx.export(model, torch.randn(3, 9), buf, dynamo=False, input_names=["x"], output_names=["y"],
-                              dynamic_axes={"x": {0: "n"}})
-        except Exception as e:  # an exporter this torch lacks (it is optional in torch too)
-            pytest.skip(f"torch.onnx.export failed: {e}")
-        mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+        mlp = fusedmlp.from_onnx(torch_exported(torch, model, torch.randn(3, 9)), device="cpu")
         assert list(mlp.widths) == widths
         x = torch.randn(40, 9) * 2 + 1
         with torch.no_grad():
