@@ -262,6 +262,35 @@ def test_linear_heads_on_one_trunk_merge_into_the_last_layer():
         fusedmlp.from_torch(ActorCritic(use=True), device="cpu")
 
 
+def test_fourier_features_read_as_one_sine_layer():
+    """Fourier features as neural fields write them, torch.cat([sin(z), cos(z)], -1) of z = 2 pi x @ B (B a frozen
+    parameter) or of a Linear's output, in either order: one sine layer of the rows twice, the cos copy's bias
+    shifted by pi / 2 (cos z = sin(z + pi / 2)); within float32's rounding of the shifted phases."""
+    import math
+
+    class Fourier(nn.Module):
+        def __init__(self, cos_first):
+            super().__init__()
+            self.B = nn.Parameter(torch.randn(2, 16) * 3, requires_grad=False)
+            self.a, self.f, self.b = nn.Linear(32, 32), nn.Linear(32, 8), nn.Linear(16, 1)
+            self.cos_first = cos_first
+
+        def forward(self, x):
+            p = 2 * math.pi * x @ self.B
+            h = torch.relu(self.a(torch.cat([torch.sin(p), torch.cos(p)], -1)))
+            z = self.f(h)
+            parts = [torch.cos(z), torch.sin(z)] if self.cos_first else [torch.sin(z), torch.cos(z)]
+            return self.b(torch.cat(parts, -1))
+
+    torch.manual_seed(14)
+    x = torch.rand(64, 2)
+    for cos_first in (False, True):
+        model = Fourier(cos_first).eval()
+        mlp = fusedmlp.from_torch(model, device="cpu")
+        assert list(mlp.widths) == [2, 32, 32, 16, 1] and mlp.activations[0] == "sin(x)"
+        assert max_rel(mlp(x), ref64(model, x)) <= 1e-5
+
+
 def test_threshold_is_exact_at_its_step_and_at_infinities():
     """Threshold(t, v): x where x > t, else v; at x = t exactly v, x just above t itself, -inf v, inf inf; its
     functional form through torch.fx."""

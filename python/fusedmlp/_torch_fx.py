@@ -46,7 +46,8 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "or a parameter / buffer (per-feature maps folded into a Linear, numbers into the activation), a "
                     "flatten of the input, y.squeeze(-1) of the output (a value head), x.float() / .to(torch.float32) / "
                     ".contiguous() / .clone() / .detach() (the value itself), Linear heads on one value returned "
-                    "together (return pi(h), v(h)), "
+                    "together (return pi(h), v(h)), Fourier features torch.cat([sin(z), cos(z)], -1) of a Linear's "
+                    "output, "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
@@ -274,7 +275,7 @@ def _expression(act):
 
 def _over(outer, inner):
     """outer (an activation's text) of inner (an expression in x): every whole-word x of outer becomes (inner)."""
-    return re.sub(r"\bx\b", lambda _: f"({inner})", _expression(outer))
+    return re.sub(r"\bx\b", lambda _: "x" if inner == "x" else f"({inner})", _expression(outer))
 
 
 class _Tracer:
@@ -582,6 +583,8 @@ class _Tracer:
         if node.op != "call_function" or node.target is not torch.cat:
             return False
         parts, dim = node.args[0], _arg(node, 1, "dim", 0)
+        if self.fourier(node, parts, dim, label):
+            return True
         if (not isinstance(parts, (list, tuple)) or len(parts) != 2 or set(parts) != {self.cur, self.x_node}
                 or self.cur is self.x_node or dim not in (-1, 1)):
             raise ArgumentError(f"{label}: only torch.cat([h, x], -1) or torch.cat([x, h], -1) of the hidden state h "
@@ -589,6 +592,24 @@ class _Tracer:
         self.layers.unfoldable(label, "torch.cat")
         self.keep(self.cur, len(self.layers.weights) - 1)
         self.pending_cat = "after" if parts[0] is self.cur else "before"
+        return True
+
+    def fourier(self, node, parts, dim, label):
+        """torch.cat([torch.sin(z), torch.cos(z)], -1) (either order) of a Linear's output z, Fourier features as
+        neural fields write them (sin and cos of x @ B): since cos z = sin(z + pi / 2), one layer of the Linear's rows
+        twice, the second copy's bias shifted by pi / 2 where it is the cos, and sin its activation."""
+        path, layers = self.act_path, self.layers
+        if (not isinstance(parts, (list, tuple)) or len(parts) != 2 or dim not in (-1, 1)
+                or not all(p in path for p in parts) or self.cur not in parts or self.residual[-1] is not None
+                or sorted(path[p] for p in parts) != ["cos(x)", "sin(x)"] or layers.acts[-1] not in ("sin", "cos")
+                or layers.norms[-1] is not None):
+            return False
+        w, b = layers.weights[-1], layers.biases[-1]
+        b = np.zeros(w.shape[0]) if b is None else b
+        layers.weights[-1] = np.concatenate([w, w])
+        layers.biases[-1] = np.concatenate([b + (np.pi / 2 if path[p] == "cos(x)" else 0.0) for p in parts])
+        layers.acts[-1] = "sin"
+        self.act_path = {node: "sin(x)"}
         return True
 
     def keep_input(self):
