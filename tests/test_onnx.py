@@ -310,6 +310,19 @@ def test_a_closing_squeeze_of_a_one_column_output_reads_as_the_output(rng):
         read_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
 
 
+def test_fourier_features_read_as_one_sine_layer(rng):
+    """Concat(Sin(z), Cos(z)) (and Cos first) of a layer's output over the last axis, Fourier features: one sine layer
+    of the rows twice, the cos copy's bias shifted by pi / 2; onnxruntime's outputs within float32's rounding."""
+    inits = dict(B=rng.standard_normal((2, 16)) * 6, W=rng.standard_normal((32, 8)) / 4, b=rng.standard_normal(8))
+    for order in (["s", "c"], ["c", "s"]):
+        nodes = [helper.make_node("MatMul", ["x", "B"], ["z"]), helper.make_node("Sin", ["z"], ["s"]),
+                 helper.make_node("Cos", ["z"], ["c"]), helper.make_node("Concat", order, ["f"], axis=-1),
+                 helper.make_node("Gemm", ["f", "W", "b"], ["y"])]
+        mlp = check_against_onnxruntime(graph_model(nodes, inits, [2], 8), rng.random((40, 2)).astype(np.float32),
+                                        tol=2e-5)
+        assert list(mlp.widths) == [2, 32, 8] and mlp.activations[0] == "sin(x)"
+
+
 def test_torch_onnx_export_of_norms_after_no_gemm_reads_back():
     """torch.onnx.export's graphs of SimBa (each LayerNorm of the residual stream, which the block's Add reads too), a
     post-norm block with a softmax after an activation, and a LayerNorm of the input: each such norm on an identity

@@ -15,7 +15,8 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
   (``x * Sigmoid(x)``), GELU (``x * 0.5 * (1 + Erf(x / sqrt 2))``) or Mish read as one fused activation.
 - An ``Add`` or ``Mul`` of the chain's value with the network input or a layer's output is the layer's residual (the
   elementwise nodes after it its ``then``); a ``Concat`` of the hidden state with the network input right before a
-  layer is its input concat (NeRF's skip).
+  layer is its input concat (NeRF's skip); a ``Concat`` of ``Sin(z)`` and ``Cos(z)`` of a layer's output (Fourier
+  features) is that layer's rows twice with Sin its activation, the cos copy's bias shifted by pi / 2.
 - Several graph inputs (a critic's obs and act) joined by one ``Concat`` before the first layer, each through its own
   constant affine map if any: the model takes their concatenation in that order.
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
@@ -448,10 +449,30 @@ class _Reader:
         self.value_of[self.x] = -1  # the network input as the kernel takes it (a residual from x reads it)
         return True
 
+    def fourier(self, node, attrs):
+        """A Concat of Sin(z) and Cos(z) (either order) of a layer's output z over the last axis, Fourier features:
+        since cos z = sin(z + pi / 2), the layer's rows twice, the cos copy's bias shifted by pi / 2, and Sin its
+        activation (as fusedmlp.torch reads them)."""
+        layers, exprs = self.layers, self.exprs
+        parts = list(node.input)
+        if (len(parts) != 2 or attrs.get("axis") not in (-1, 1) or not all(p in exprs for p in parts)
+                or sorted(exprs[p] for p in parts) != ["cos(x)", "sin(x)"] or not layers.weights
+                or layers.acts[-1] != "none" or layers.norms[-1] is not None or self.residual[-1] is not None):
+            return False
+        w, b = layers.weights[-1], layers.biases[-1]
+        b = np.zeros(w.shape[0]) if b is None else b
+        layers.weights[-1] = np.concatenate([w, w])
+        layers.biases[-1] = np.concatenate([b + (np.pi / 2 if exprs[p] == "cos(x)" else 0.0) for p in parts])
+        self.exprs = {node.output[0]: "sin(x)"}
+        self.biased = False
+        return True
+
     def input_concat(self, node, op, attrs, label):
         """A Concat of the hidden state with the network input itself (NeRF's skip): the next layer's input concat."""
         if op != "Concat":
             return False
+        if self.fourier(node, attrs):
+            return True
         if not (self.layers.weights and len(node.input) == 2 and self.x in node.input and attrs.get("axis") in (-1, 1)):
             raise ArgumentError(f"{label}: a Concat of {list(node.input)} (axis {attrs.get('axis')}); fusedmlp reads a "
                                 "concat of the hidden state with the network input itself over the last axis (not "
