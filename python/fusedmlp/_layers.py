@@ -230,6 +230,15 @@ class Layers:
         self.acts[-1] = text if whole or self.acts[-1] == "none" else compose(text, self.acts[-1])
         self.open = False
 
+    def sine_pair(self, cos_parts):
+        """The last layer's rows once for each part of Fourier features' [sin(z), cos(z)] of its output z: since
+        cos z = sin(z + pi / 2), a copy whose cos_parts flag is set has its bias shifted by pi / 2, so that sin of the
+        layer is the concat (the graph readers make sin its activation, each in its own way)."""
+        w, b = self.weights[-1], self.biases[-1]
+        b = np.zeros(w.shape[0]) if b is None else b
+        self.weights[-1] = np.concatenate([w] * len(cos_parts))
+        self.biases[-1] = np.concatenate([b + (np.pi / 2 if cos else 0.0) for cos in cos_parts])
+
     def finish(self, name):
         """(weights, biases, activations, norm) in float32, norm FusedMLP's norm= argument (None without norms)."""
         if self.pending is not None:

@@ -604,11 +604,8 @@ class _Tracer:
                 or sorted(path[p] for p in parts) != ["cos(x)", "sin(x)"] or layers.acts[-1] not in ("sin", "cos")
                 or layers.norms[-1] is not None):
             return False
-        w, b = layers.weights[-1], layers.biases[-1]
-        b = np.zeros(w.shape[0]) if b is None else b
-        layers.weights[-1] = np.concatenate([w, w])
-        layers.biases[-1] = np.concatenate([b + (np.pi / 2 if path[p] == "cos(x)" else 0.0) for p in parts])
-        layers.acts[-1] = "sin"
+        layers.sine_pair([path[p] == "cos(x)" for p in parts])
+        layers.acts[-1] = "sin"  # (the chain's activation was the first part's, sin or cos)
         self.act_path = {node: "sin(x)"}
         return True
 

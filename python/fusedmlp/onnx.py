@@ -459,11 +459,8 @@ class _Reader:
                 or sorted(exprs[p] for p in parts) != ["cos(x)", "sin(x)"] or not layers.weights
                 or layers.acts[-1] != "none" or layers.norms[-1] is not None or self.residual[-1] is not None):
             return False
-        w, b = layers.weights[-1], layers.biases[-1]
-        b = np.zeros(w.shape[0]) if b is None else b
-        layers.weights[-1] = np.concatenate([w, w])
-        layers.biases[-1] = np.concatenate([b + (np.pi / 2 if exprs[p] == "cos(x)" else 0.0) for p in parts])
-        self.exprs = {node.output[0]: "sin(x)"}
+        layers.sine_pair([exprs[p] == "cos(x)" for p in parts])
+        self.exprs = {node.output[0]: "sin(x)"}  # (the activation read so far, the layer's once the next reads it)
         self.biased = False
         return True
 
