@@ -230,14 +230,20 @@ class Layers:
         self.acts[-1] = text if whole or self.acts[-1] == "none" else compose(text, self.acts[-1])
         self.open = False
 
+    def stack_rows(self, parts):
+        """The last layer becomes the rows of parts, (w, b or None) each, one after another (Linear heads of one value
+        merged, Fourier features' copies): a bias where any part has one, zeros in the parts without."""
+        self.weights[-1] = np.concatenate([w for w, _ in parts])
+        self.biases[-1] = (np.concatenate([np.zeros(w.shape[0]) if b is None else b for w, b in parts])
+                           if any(b is not None for _, b in parts) else None)
+
     def sine_pair(self, cos_parts):
         """The last layer's rows once for each part of Fourier features' [sin(z), cos(z)] of its output z: since
         cos z = sin(z + pi / 2), a copy whose cos_parts flag is set has its bias shifted by pi / 2, so that sin of the
         layer is the concat (the graph readers make sin its activation, each in its own way)."""
         w, b = self.weights[-1], self.biases[-1]
-        b = np.zeros(w.shape[0]) if b is None else b
-        self.weights[-1] = np.concatenate([w] * len(cos_parts))
-        self.biases[-1] = np.concatenate([b + (np.pi / 2 if cos else 0.0) for cos in cos_parts])
+        self.stack_rows([(w, (np.zeros(w.shape[0]) if b is None else b) + np.pi / 2 if cos else b)
+                         for cos in cos_parts])
 
     def finish(self, name):
         """(weights, biases, activations, norm) in float32, norm FusedMLP's norm= argument (None without norms)."""

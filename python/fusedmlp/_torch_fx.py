@@ -520,10 +520,7 @@ class _Tracer:
         if not self.out_heads:
             self.out_heads = [(self.cur, last_w.shape[0])]
         self.out_heads.append((node, w.shape[0]))
-        layers.weights[-1] = np.concatenate([last_w, w])
-        if last_b is not None or b is not None:
-            layers.biases[-1] = np.concatenate([np.zeros(last_w.shape[0]) if last_b is None else last_b,
-                                                np.zeros(w.shape[0]) if b is None else b])
+        layers.stack_rows([(last_w, last_b), (w, b)])
         return True
 
     def batchnorm(self, node, label):
