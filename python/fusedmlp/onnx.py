@@ -57,16 +57,22 @@ _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
 _PASS = ("Identity", "Dropout", "Cast")
 
 
+def _axes(attrs, axes):
+    """An op's axes as a tuple: its axes input (opset >= 13 / 18), else its attribute; None where it has neither."""
+    axes = attrs.get("axes") if axes is None else axes
+    return None if axes is None else tuple(int(i) for i in np.atleast_1d(axes))
+
+
 def _reduce(f):
-    """An ONNX Reduce* op over NumPy: axes from the attribute (opset < 18) or the second input, keepdims (default 1);
-    no axes: all of them, unless noop_with_empty_axes."""
+    """An ONNX Reduce* op over NumPy: axes (_axes), keepdims (default 1); no axes: all of them, unless
+    noop_with_empty_axes."""
     def run(attrs, a, axes=None):
-        axes = attrs.get("axes") if axes is None else axes
-        if axes is None or len(np.atleast_1d(axes)) == 0:
+        axes = _axes(attrs, axes)
+        if not axes:
             if attrs.get("noop_with_empty_axes", 0):
                 return a
-            axes = range(a.ndim)
-        return f(a, tuple(int(i) for i in np.atleast_1d(axes)), bool(attrs.get("keepdims", 1)))
+            axes = tuple(range(a.ndim))
+        return f(a, axes, bool(attrs.get("keepdims", 1)))
     return run
 
 
@@ -79,10 +85,8 @@ _FOLD = {
     "MatMul": lambda attrs, a, b: a @ b,
     "Transpose": lambda attrs, a: np.transpose(a, attrs.get("perm")),
     "Reshape": lambda attrs, a, shape: a.reshape([a.shape[i] if d == 0 else int(d) for i, d in enumerate(shape)]),
-    "Unsqueeze": lambda attrs, a, axes=None: np.expand_dims(a, tuple(int(i) for i in (
-        attrs.get("axes") if axes is None else axes))),
-    "Squeeze": lambda attrs, a, axes=None: np.squeeze(a, None if axes is None and "axes" not in attrs else tuple(
-        int(i) for i in (attrs.get("axes") if axes is None else axes))),
+    "Unsqueeze": lambda attrs, a, axes=None: np.expand_dims(a, _axes(attrs, axes)),
+    "Squeeze": lambda attrs, a, axes=None: np.squeeze(a, _axes(attrs, axes)),
     "ReduceL2": _reduce(lambda a, axes, keep: np.sqrt(np.sum(a * a, axis=axes, keepdims=keep))),
     "ReduceSum": _reduce(lambda a, axes, keep: np.sum(a, axis=axes, keepdims=keep)),
     "ReduceMean": _reduce(lambda a, axes, keep: np.mean(a, axis=axes, keepdims=keep)),
@@ -362,9 +366,9 @@ class _Reader:
             del renamed.input[:]
             renamed.input.extend(self.root(name) for name in node.input)
             node = renamed
-        if op in _FOLD and node.input and all(self.const(name) is not None for name in node.input if name):
-            args = [np.asarray(self.const(name), np.float64 if self.const(name).dtype.kind == "f" else None)
-                    for name in node.input if name]
+        args = [self.const(name) for name in node.input if name] if op in _FOLD else None
+        if args and all(a is not None for a in args):
+            args = [np.asarray(a, np.float64) if a.dtype.kind == "f" else a for a in args]
             try:
                 self.consts[node.output[0]] = np.asarray(_FOLD[op](attrs, *args))
             except (ValueError, TypeError, IndexError) as e:
