@@ -420,10 +420,9 @@ class _Reader:
         y.squeeze(-1)): read as the output itself, which the model gives as (rows, 1)."""
         if op != "Squeeze" or not node.input or node.output[0] != self.output:
             return False
-        axes = attrs.get("axes", self.const(node.input[1]) if len(node.input) > 1 else None)
+        axes = _axes(attrs, self.const(node.input[1]) if len(node.input) > 1 else None)
         width = self.layers.weights[-1].shape[0] if self.layers.weights else 0
-        if (node.input[0] not in ({self.cur} | set(self.exprs)) or width != 1 or axes is None
-                or [int(a) for a in np.atleast_1d(axes)] not in ([-1], [1])):
+        if node.input[0] not in ({self.cur} | set(self.exprs)) or width != 1 or axes not in ((-1,), (1,)):
             raise ArgumentError(f"{label}: a Squeeze other than of the last axis of a one-column network output; "
                                 f"supported: {SUPPORTED}")
         self.chain_input(node, label)
