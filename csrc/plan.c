@@ -111,12 +111,12 @@ int fm_plan_k_perm(int k) {
 int fm_plan_result_type(const fm_plan *plan, int l) {
     if (l == plan->num_layers - 1 && plan->out_dtype != FM_CODES) /* (codes: an 8-bit GEMM's hidden layer) */
         return (int)plan->out_dtype;
-    /* int8: float32 forms. A fast form's 16-bit-sized error would move values near the top of a layer's range by up
-     * to 1/16 of an int8 step and flip their code where the CPU emulation (exact activations) does not. float8:
-     * float16's forms (its codes' 3 mantissa bits are rounder still; its sums are not the emulation's either). */
-    if (plan->prec == FM_PREC_E4M3)
+    /* 8-bit hidden layers: float16's forms. Their ~2^-11 error is far under an e4m3 step (2^-4 of the value) and at
+     * most 1/16 of an int8 step (1/127 of the layer's range, at its top): it moves a value near a rounding boundary
+     * to the neighbouring code where the CPU emulation (exact activations) does not, and no nearer to float64. */
+    if (fm_prec_is_8bit(plan->prec))
         return (int)FM_PREC_F16 + 1;
-    return plan->prec == FM_PREC_TF32 || plan->prec == FM_PREC_INT8 ? 0 : (int)plan->prec + 1;
+    return plan->prec == FM_PREC_TF32 ? 0 : (int)plan->prec + 1;
 }
 
 /* Assigns the per-warp activation buffers (a register allocation over the values x, layer 0's output, ...): x

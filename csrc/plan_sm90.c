@@ -61,9 +61,8 @@ static int fm_wgmma_layer_regs(const fm_plan *p, int l) {
     /* The streamed form's groups are apart: a wait for each group's slot sits between one group's epilogue and the
      * next group's MMAs, which ptxas does not move MMAs across, so one group's accumulators are live at a time. */
     int acc = p->stream_slots ? p->n_chunk[l] / 2 : p->n_pad[l] / 2;
-    /* 64 rows of k elements over 128 threads' 4-byte registers: k / per_reg. int8 is counted as halves: its float32
-     * epilogue (accurate activations, the clamp and rounding) spilled 280 bytes on 256-wide layers of a sine network */
-    const int per_reg = p->prec == FM_PREC_INT8 ? 4 : 8 / p->elem_bytes;
+    /* 64 rows of k elements over 128 threads' 4-byte registers: k / per_reg */
+    const int per_reg = 8 / p->elem_bytes;
     int out = l == p->num_layers - 1 || p->wide_out[l] ? 0 : p->n_pad[l] / per_reg; /* wide_out: to shared memory */
     int regs = acc + p->k_pad[l] / per_reg + out + 40;
     /* A streamed norm layer (one group, the whole row) without a residual: its input fragments are dead once its

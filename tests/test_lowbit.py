@@ -621,13 +621,6 @@ def wgmma_model(n, device="cpu", dtype="float8"):
     return mlp.calibrate(rng.standard_normal((256, widths[0])).astype(np.float32))
 
 
-def int8_over_registers(n, dtype):
-    """Whether WGMMA_NETWORKS[n] has a hidden layer too wide for int8's register-A form: 256 in and out (its fragments
-    counted as halves: plan_sm90.c, fm_wgmma_layer_regs)."""
-    widths = WGMMA_NETWORKS[n][0]
-    return dtype == "int8" and any(k > 224 and n > 224 for k, n in zip(widths[1:-2], widths[2:-1]))
-
-
 @pytest.mark.parametrize("dtype, form", [("float8", r"f32\.e4m3\.e4m3"), ("int8", r"s32\.s8\.s8")])
 def test_the_8bit_wgmma_forms_compile_for_sm_90a_without_spills(tmp_path, dtype, form):
     """The register-A wgmma forms for 8 bits (m64nNk32.f32.e4m3.e4m3, m64nNk32.s32.s8.s8; K-major B), every I/O
@@ -636,16 +629,18 @@ def test_the_8bit_wgmma_forms_compile_for_sm_90a_without_spills(tmp_path, dtype,
     cache = fusedmlp._cache.KernelCache(tmp_path)
     for n in range(len(WGMMA_NETWORKS)):
         mlp = wgmma_model(n, dtype=dtype)
-        if int8_over_registers(n, dtype):
-            with pytest.raises(LimitError, match="would not fit the wgmma kernel's registers"):
-                mlp._render(90, 0, 0, "float16", "float16", wgmma=1)
-            continue
         for io in ("float32", "float16", "bfloat16"):
             plan, source = mlp._render(90, 0, 0, io, io, wgmma=1)
             assert plan.info["wgmma"] == 1 and plan.info["cluster"] == 0 and plan.info["kpipe"] == 0
             assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\." + form, source)
             assert cubin_sm(fusedmlp._api.compile_cubin(source, 90, cache, True).path) == 90
         _, log = _core.nvrtc_compile(source, "fused_mlp.cu", 90, True, ("--ptxas-options=-v",))
+        if dtype == "int8" and n == len(WGMMA_NETWORKS) - 1:
+            # 256 wide with an unbounded sine: int8's epilogue spills here (NVRTC 13: 280 bytes, the wgmma serialised,
+            # C7512), and the form still ran 1.93x faster than mma.sync, same bits (H100, 2^20 rows:
+            # bench/results/h100-int8-fast/int8_sin_form.txt), so the planner takes it. Above that, a regression.
+            assert max(map(int, re.findall(r"(\d+) bytes spill stores", log))) <= 320, log
+            continue
         assert set(re.findall(r"(\d+) bytes spill stores", log)) == {"0"}, log  # (a sine: fm_sin_far too)
         assert "C7519" not in log and "C7510" not in log, log
 

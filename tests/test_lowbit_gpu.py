@@ -20,7 +20,7 @@ from test_gpu import run_io
 from test_gpu import run_io_kernel as run_kernel  # io-typed input and output, bfloat16 as bits
 from test_segments_gpu import random_wide_case
 from conftest import graph_weights, rel_l2, torch_init
-from test_lowbit import WGMMA_NETWORKS, int8_over_registers, random_graph, wgmma_model
+from test_lowbit import WGMMA_NETWORKS, random_graph, wgmma_model
 
 pytestmark = pytest.mark.gpu
 
@@ -32,11 +32,13 @@ MIN_ARCH = {"int8": 80, "float8": 89}
 #: accumulates exactly; e4m3 products are summed in float32 in the Tensor Cores' own order (and, reportedly, with
 #: fewer bits than float32 on Hopper), hence float8's larger allowance. If these fail by a small margin with errors
 #: against float64 well inside CHECK_TOLERANCES, the allowance is what to revisit; a large one (or NaN) is a bug.
-#: float8's hidden layers also take float16's fast activation forms (tanh.approx at the core of tanh, sigmoid, silu,
+#: 8-bit hidden layers also take float16's fast activation forms (tanh.approx at the core of tanh, sigmoid, silu,
 #: gelu; ~2^-11 relative, fm_plan_result_type) where the emulation evaluates them exactly, so more values land on the
-#: neighbouring code: on the H100 the mma.sync forms' network (test_every_mma_sync_form_matches_the_emulation) went
-#: from under 5e-3 to 5.26e-3 with them, its error against float64 0.0536 either way. Allowance: about twice that.
-EMU_TOLS = {"int8": 2e-3, "float8": 1e-2}
+#: neighbouring code: on the H100 float8's mma.sync forms' network (test_every_mma_sync_form_matches_the_emulation)
+#: went from under 5e-3 to 5.26e-3 with them, its error against float64 0.0536 either way; int8's 80 random graphs
+#: (test_random_graphs_...) from under 2e-3 to a median of 9.9e-4 and a max of 5.09e-3, their errors against float64
+#: unchanged to three digits in the benchmark's workloads. Allowance for both: about twice the worst.
+EMU_TOLS = {"int8": 1e-2, "float8": 1e-2}
 #: The float8 wgmma form (Hopper's QGMMA) against the emulation: its sums differ from float32 ones by more than the
 #: mma.sync form's (which ptxas runs on sm_90 as float16 HMMAs accumulated in float32, exact products). On the H100
 #: (bench/results/h100-lowbit/gpu_tests_each.txt) the networks of WGMMA_NETWORKS came out 5.2e-3 .. 8.4e-3 from the
@@ -91,8 +93,6 @@ def test_one_and_two_layers_match_the_emulation_to_float32_rounding(dtype, wgmma
         pytest.skip("the wgmma forms run on sm_90")
     rng = np.random.default_rng(40)
     for widths in ONE_LAYER + [w + [17] for w in ONE_LAYER]:
-        if wgmma and dtype == "int8" and widths == [256, 256, 17]:
-            continue  # 256 in and out: over int8's register-A estimate (plan_sm90.c counts its fragments as halves)
         ws, bs = torch_init(rng, widths)
         acts = ["relu"] * (len(widths) - 2) + ["none"]
         mlp = calibrated(ws, bs, dtype, rng, activation=acts)
@@ -174,8 +174,6 @@ def test_the_8bit_wgmma_forms_match_the_emulation(n, io, dtype):
     mma.sync's: int8's allowance)."""
     if arch() != 90:
         pytest.skip(f"the wgmma kernel needs sm_90; this GPU is sm_{arch()}")
-    if int8_over_registers(n, dtype):
-        pytest.skip("a hidden layer too wide for int8's register-A form")
     mlp = wgmma_model(n, device="cuda", dtype=dtype)
     kernel, plan, _, _ = mlp._build(io, io, wgmma=1)
     assert plan.info["wgmma"] == 1 and plan.info["precision"] == dtype
@@ -193,7 +191,7 @@ def test_the_8bit_wgmma_forms_match_the_emulation(n, io, dtype):
 #: two are refused for 8 bits: with float32 I/O they failed this test on the H100, 9e-3 and 3e-2 from the emulation.)
 GEMM_FORMS = [{}, {"wgmma": 0}, {"bn": 128}, {"ws": 1}, {"ws": -1}]
 #: A wide network's GEMM chain against the emulation. int8: EMU_TOLS's (its sums are exact; all 30 networks within
-#: 1.73e-3 on the H100). float8: of the 30 networks, 28 came within 1.8e-2 and two, each with a 2048-wide layer feeding
+#: 1.73e-3 on the H100 with the float32 activation forms). float8: of the 30 networks, 28 came within 1.8e-2 and two, each with a 2048-wide layer feeding
 #: a 2048-input one, 3.4e-2 (H100, bench/results/h100-lowbit-gemm/; 2.9e-2 with those layers on mma.sync, and with
 #: float32 activation forms instead of float16's: neither the MMA nor the forms), while within 8.2e-2 of the float
 #: network (the bound 0.2). Read as code flips (one e4m3 step is 1/16 of a value) from float32 against float64 sums

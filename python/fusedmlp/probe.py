@@ -419,11 +419,11 @@ def time_plans(args):
     NumPy has no bfloat16 to hand the kernel).
 
         python -m fusedmlp.bench probe plans [--rows 1024 --rows 2097152] [--rounds 5] [--io float32] [--check]
-            --plan cluster=4,warps=4 [--plan ...] [workload ...]
+            [--dtype int8] --plan cluster=4,warps=4 [--plan ...] [workload ...]
     """
     require_gpu("plans")
     for name in args.workloads:
-        mlp = model(workload(name))
+        mlp = model(workload(name), dtype=args.dtype)  # (8-bit: calibrated)
         built = []
         for options in [{}] + args.plan:
             try:
@@ -913,6 +913,7 @@ def _parser():
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     p.add_argument("--io", choices=IO_DTYPES, default="float16", help="x's and y's dtype (default float16)")
     p.add_argument("--check", action="store_true", help="first compare each plan's outputs with the default's")
+    p.add_argument("--dtype", choices=DTYPES, default="float16", help="the compute dtype (default float16)")
 
     p = command("ab", ab_templates, "(GPU) baseline kernel templates against the working tree's; --check")
     p.add_argument("workloads", nargs="*", help=known)
