@@ -141,7 +141,10 @@ def test_from_torch_reads_softmax_heads():
               nn.Sequential(nn.Linear(16, 64), nn.LogSoftmax(dim=1), nn.Linear(64, 10), nn.LogSoftmax(-1)),
               # a BatchNorm1d after the softmax folds into the next Linear's input side
               nn.Sequential(nn.Linear(16, 64), nn.Softmax(-1), nn.BatchNorm1d(64), nn.Linear(64, 10)),
-              Traced(0), Traced(1), Traced(2)]
+              Traced(0), Traced(1), Traced(2),
+              # softmin(z) = softmax(-z): the layer's rows and bias negated (after an activation: -I's layer)
+              nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 10), nn.Softmin(dim=-1)),
+              nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Softmin(1))]
     x = torch.randn(100, 16)
     for m in models:
         for p in m.modules():
@@ -150,6 +153,8 @@ def test_from_torch_reads_softmax_heads():
         m.eval()
         f = fusedmlp.from_torch(m, device="cpu")
         assert "softmax" in repr(f)
+        if isinstance(m, nn.Sequential) and isinstance(m[-1], nn.Softmin) and isinstance(m[-2], nn.Linear):
+            assert np.array_equal(f._w[-1], -m[-2].weight.detach().numpy()), "negated, not added as a layer"
         with torch.no_grad():
             want = m(x).double().numpy()
         assert rel_l2(f(x.numpy()), want) < 1e-5, m

@@ -846,6 +846,38 @@ def test_constants_in_forward_fold_or_join_the_activation():
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(actor, x)) <= 1e-5
 
 
+class _Pinn(nn.Module):
+    """A PINN as the reference codes write it: the input scaled to [-1, 1] by the domain's bounds, lb and ub (here
+    parameters, elsewhere buffers or plain tensors), the scale spelled out in forward; a Fourier layer whose frequency
+    matrix is a buffer times 2 pi, and an F.linear whose weight is a weight-normalised product of two parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.lb = nn.Parameter(torch.tensor([-1.0, 0.0, -2.0]), requires_grad=False)
+        self.ub = nn.Parameter(torch.tensor([1.0, 3.0, 2.5]), requires_grad=False)
+        self.register_buffer("freq", torch.randn(3, 8))
+        self.l1, self.out = nn.Linear(16, 32), nn.Linear(32, 2)
+        self.v, self.g = nn.Parameter(torch.randn(32, 32)), nn.Parameter(torch.rand(32, 1) + 0.5)
+
+    def forward(self, x):
+        h = 2.0 * (x - self.lb) / (self.ub - self.lb) - 1.0
+        z = h @ (2 * torch.pi * self.freq)
+        h = torch.tanh(self.l1(torch.cat([torch.sin(z), torch.cos(z)], -1)))
+        h = torch.tanh(F.linear(h, self.g * self.v / self.v.norm(dim=1, keepdim=True)))
+        return self.out(h)
+
+
+def test_arithmetic_on_constants_alone_is_folded_while_reading():
+    """(ub - lb), 2 pi * B and g * v / ||v|| touch no input: the tracer evaluates them in float64 and the ops that read
+    them see one constant, a per-feature map, a Fourier layer's matrix and a Linear's weight."""
+    torch.manual_seed(12)
+    pinn = _Pinn().eval()
+    mlp = fusedmlp.from_torch(pinn, device="cpu")
+    assert list(mlp.widths) == [3, 16, 32, 32, 2], mlp.widths
+    x = (torch.rand(50, 3, dtype=torch.float64) * torch.tensor([2.0, 3.0, 4.5]) + torch.tensor([-1.0, 0.0, -2.0]))
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(pinn, x)) <= 1e-5
+
+
 def test_a_constant_map_no_linear_takes_is_named():
     class Tail(nn.Module):
         def __init__(self):

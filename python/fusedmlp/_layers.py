@@ -19,7 +19,9 @@ def affine_map(op, c, c_first, label):
         raise ArgumentError(f"{label}: a constant of shape {c.shape}; fusedmlp folds one value per feature")
     c = c.reshape(-1)
     one, zero = np.ones_like(c), np.zeros_like(c)
-    return {"mul": (c, zero), "div": (1.0 / c, zero), "add": (one, c), "sub": (-one, c) if c_first else (one, -c)}[op]
+    if op == "div":
+        return 1.0 / c, zero  # (only here: a zero of an add's or sub's constant is no division)
+    return {"mul": (c, zero), "add": (one, c), "sub": (-one, c) if c_first else (one, -c)}[op]
 
 
 def then_map(earlier, s, t, label):
@@ -190,11 +192,12 @@ class Layers:
         self.flatten = start
 
     def softmax(self, kind, dim, label, own=False):
-        """A Softmax (kind 'softmax') or LogSoftmax ('log_softmax') over dim at label: the last layer's norm (FusedMLP
-        fuses it before the layer's activation) where it comes directly after that layer's Linear; elsewhere, or where
-        `own`, on an identity layer of its own (as norm). dim: -1, or 1 (or None, which torch reads as 1) of the
-        (rows, features) batches fusedmlp runs."""
-        name = "Softmax" if kind == "softmax" else "LogSoftmax"
+        """A Softmax (kind 'softmax'), Softmin ('softmin') or LogSoftmax ('log_softmax') over dim at label: the last
+        layer's norm (FusedMLP fuses it before the layer's activation) where it comes directly after that layer's
+        Linear; elsewhere, or where `own`, on an identity layer of its own (as norm). A softmin is the softmax of the
+        layer's negated rows and bias, softmin(W h + b) = softmax(-W h - b): exact. dim: -1, or 1 (or None, which
+        torch reads as 1) of the (rows, features) batches fusedmlp runs."""
+        name = {"softmax": "Softmax", "softmin": "Softmin", "log_softmax": "LogSoftmax"}[kind]
         if dim not in (None, -1, 1):
             raise ArgumentError(f"{label}: {name}(dim={dim}) does not run over the features; fusedmlp fuses a {name} "
                                 "over a layer's features, dim=-1 (or 1) of its (rows, features) input")
@@ -203,6 +206,10 @@ class Layers:
                                 "(one directly after a Linear is fused into it)")
         if own or not self.fusable():
             self.norm_layer(name, (self.weights[-1].shape[0],), label)
+        if kind == "softmin":
+            kind = "softmax"
+            self.weights[-1] = -self.weights[-1]
+            self.biases[-1] = None if self.biases[-1] is None else -self.biases[-1]
         self.norms[-1] = [kind, None, None, None]
         self.open = False  # a batch norm after it folds into the next Linear (a softmax has no affine to take it)
 

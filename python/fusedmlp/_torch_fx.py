@@ -42,8 +42,9 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "torch.cat([h, x], -1) / torch.cat([x, h], -1) of the hidden state with the network input before "
                     "a Linear, LayerNorm / RMSNorm (modules or F.layer_norm / F.rms_norm) and softmax / log_softmax "
                     "over the features (modules, functions or methods; fused into a Linear they follow directly, "
-                    "elsewhere on an identity layer of their own: pre-norm blocks), + - * / with a number "
-                    "or a parameter / buffer (per-feature maps folded into a Linear, numbers into the activation), a "
+                    "elsewhere on an identity layer of their own: pre-norm blocks; softmin), + - * / with a number "
+                    "or a parameter / buffer, or arithmetic of those alone (per-feature maps folded into a Linear, "
+                    "numbers into the activation), a "
                     "flatten of the input, y.squeeze(-1) of the output (a value head), x.float() / .to(torch.float32) / "
                     ".contiguous() / .clone() / .detach() (the value itself), Linear heads on one value returned "
                     "together (return pi(h), v(h)), Fourier features torch.cat([sin(z), cos(z)], -1) of a Linear's "
@@ -104,8 +105,8 @@ def _traced_attr(root, node, label):
         return _effective(root.get_submodule(owner_path), name, label)
     if node.op == "get_attr":
         return _effective(root.get_submodule(owner_path), name, label)
-    raise ArgumentError(f"{label}: F.linear's weight and bias must be parameters of the module (a computed weight is "
-                        "not read)")
+    raise ArgumentError(f"{label}: F.linear's weight and bias must be parameters or buffers of the module, or "
+                        "computed from them alone (a weight computed from the input is not read)")
 
 
 _MATMULS = (operator.matmul, torch.matmul, torch.mm)
@@ -130,16 +131,19 @@ def _weight_view(node):
     return None if inner is None else (inner[0], not inner[1])
 
 
-def _traced_matmul_weight(root, node, label):
-    """h @ W (torch.matmul, torch.mm, the method) with W a parameter of the module, (in, out), or its transpose: the
-    Linear weight (out, in) it multiplies by; None where node is no such product."""
+def _traced_matmul_weight(root, node, label, consts=None):
+    """h @ W (torch.matmul, torch.mm, the method) with W a parameter of the module, (in, out), or its transpose, or a
+    constant folded while reading (consts: node -> float64 tensor): the Linear weight (out, in) it multiplies by; None
+    where node is no such product."""
     if not ((node.op == "call_function" and node.target in _MATMULS) or
             (node.op == "call_method" and node.target == "matmul")) or len(node.args) != 2:
         return None
     view = _weight_view(node.args[1])
+    if view is None and node.args[1] in (consts or {}):
+        view = node.args[1], False
     if view is None:
         return None
-    w = _traced_attr(root, view[0], label)
+    w = consts[view[0]] if view[0] in (consts or {}) else _traced_attr(root, view[0], label)
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         raise ArgumentError(f"{label}: a product with a {tuple(getattr(w, 'shape', ()))} tensor; fusedmlp reads h @ W "
                             "with a 2-D weight W as a Linear")
@@ -164,7 +168,7 @@ def _traced_norm(root, node, leaf, label):
 
 
 _SOFTMAX_FUNCTIONS = {F.softmax: "softmax", torch.softmax: "softmax", F.log_softmax: "log_softmax",
-                      torch.log_softmax: "log_softmax"}
+                      torch.log_softmax: "log_softmax", F.softmin: "softmin"}
 
 
 def _traced_softmax(node, leaf):
@@ -222,10 +226,25 @@ _ARITH_METHODS = {"add": "add", "add_": "add", "sub": "sub", "sub_": "sub", "mul
                   "div_": "div"}
 
 
-def _traced_constant_op(root, node, cur, label, heads=None):
+#: Functions and tensor methods of constants alone that the tracer evaluates while reading (Tracer.fold_constant):
+#: deterministic arithmetic and views, as a PINN's input scaling 2 (x - lb) / (ub - lb) - 1 spells its constants.
+_FOLD_FUNCTIONS = {operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow, torch.add,
+                   torch.sub, torch.mul, torch.div, torch.neg, torch.reciprocal, torch.sqrt, torch.rsqrt, torch.exp,
+                   torch.log, torch.abs, torch.square, torch.pow, torch.clamp, torch.clip, torch.maximum,
+                   torch.minimum, torch.matmul, torch.mm, torch.t, torch.transpose, torch.reshape, torch.squeeze,
+                   torch.unsqueeze, torch.cat, torch.stack, torch.sum, torch.mean, torch.norm, torch.exp2,
+                   torch.diag, torch.sin, torch.cos, torch.tanh, torch.sigmoid, F.softplus, operator.getitem}
+_FOLD_METHODS = {"add", "sub", "mul", "div", "neg", "reciprocal", "sqrt", "rsqrt", "exp", "log", "abs", "square",
+                 "pow", "clamp", "clip", "t", "transpose", "reshape", "view", "squeeze", "unsqueeze", "sum", "mean",
+                 "norm", "float", "double", "to", "detach", "clone", "contiguous", "flatten", "expand", "sin", "cos",
+                 "tanh", "sigmoid"}
+
+
+def _traced_constant_op(root, node, cur, label, heads=None, consts=None):
     """(op, c, c_first) of an add / sub / mul / div of the chain's value cur and a constant (a number, or a parameter
-    or buffer as float64 NumPy), c_first where the constant is the left operand; None for any other node. heads:
-    instead of cur, any of these nodes, which the result then names as a fourth item."""
+    or buffer as float64 NumPy, or a node of constants alone folded before: consts, node -> float64 tensor), c_first
+    where the constant is the left operand; None for any other node. heads: instead of cur, any of these nodes, which
+    the result then names as a fourth item."""
     if node.op == "call_function":
         op = _ARITH.get(node.target)
     elif node.op == "call_method":
@@ -243,8 +262,8 @@ def _traced_constant_op(root, node, cur, label, heads=None):
     found = None
     if isinstance(other, (int, float)) and not isinstance(other, bool):
         found = op, float(other), c_first
-    elif isinstance(other, torch.fx.Node) and other.op == "get_attr":
-        value = _traced_attr(root, other, label)
+    elif isinstance(other, torch.fx.Node) and (other.op == "get_attr" or other in (consts or {})):
+        value = consts[other] if other.op != "get_attr" else _traced_attr(root, other, label)
         if isinstance(value, torch.Tensor):
             arr = value.detach().to(torch.float64).cpu().numpy()
             found = op, (float(arr.reshape(())) if arr.size == 1 else arr), c_first
@@ -307,6 +326,7 @@ class _Tracer:
         self.dims = {}  # after the first Linear: h.shape / h.size() -> (h, None), h.size(d) / h.shape[d] -> (h, d)
         self.placeholders, self.input_order = [], None  # forward's inputs; with several, their order in the join
         self.heads, self.maps = {}, []  # several inputs before their join: latest node -> index; each one's map
+        self.consts = {}  # node -> its value (float64 tensor, or a number): arithmetic on constants alone
 
     def run(self):
         for node in self.gm.graph.nodes:
@@ -324,7 +344,7 @@ class _Tracer:
                     raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: "
                                         f"{TRACED_SUPPORTED}")
                 break
-            if self.placeholder(node) or self.before_join(node, label):
+            if self.placeholder(node) or self.fold_constant(node) or self.before_join(node, label):
                 continue
             if (node.op == "get_attr" or _is_parametrization_call(self.gm, node) or self.input_shape(node, label)
                     or self.shape_query(node) or _weight_view(node) is not None):  # (W.T: read by its h @ W.T)
@@ -352,13 +372,46 @@ class _Tracer:
             self.value_of[node] = -1
         return True
 
+    def fold_constant(self, node):
+        """A deterministic op (_FOLD_FUNCTIONS, _FOLD_METHODS) of constants alone (numbers, parameters and buffers,
+        nodes folded before): evaluated here in float64, so that the ops which read it see one constant ((ub - lb)
+        of a PINN's input scaling, a frequency vector times 2 pi). Nothing of the chain's values is read."""
+        if node.op == "call_function":
+            known = node.target in _FOLD_FUNCTIONS
+        else:
+            known = node.op == "call_method" and node.target in _FOLD_METHODS
+        inputs = node.all_input_nodes
+        if not known or not inputs or not all(n in self.consts or n.op == "get_attr" for n in inputs):
+            return False
+
+        def value(n):
+            if n in self.consts:
+                return self.consts[n]
+            v = _traced_attr(self.module, n, n.name)
+            return v.detach().to(torch.float64).cpu() if isinstance(v, torch.Tensor) else v
+
+        args = torch.fx.node.map_arg(node.args, value)
+        kwargs = torch.fx.node.map_arg(node.kwargs, value)
+        if node.op == "call_method" and node.target in ("float", "to"):  # (stays float64: the fold's precision)
+            self.consts[node] = args[0]
+            return True
+        try:
+            result = node.target(*args, **kwargs) if node.op == "call_function" else \
+                getattr(args[0], node.target)(*args[1:], **kwargs)
+        except Exception:  # (not a tensor op after all: left to the handlers, which name what they refuse)
+            return False
+        if not isinstance(result, (torch.Tensor, int, float)) or isinstance(result, bool):
+            return False
+        self.consts[node] = result.to(torch.float64) if isinstance(result, torch.Tensor) else result
+        return True
+
     def before_join(self, node, label):
         """Several inputs before one torch.cat joins them: an input's own affine map ((obs - mean) / std), or that
         torch.cat (a critic's [obs, act]: the kernel's x, the maps folded into the first Linear)."""
         if len(self.placeholders) < 2 or self.input_order is not None or self.layers.weights:
             return False
         heads, maps = self.heads, self.maps
-        const = _traced_constant_op(self.module, node, None, label, heads)
+        const = _traced_constant_op(self.module, node, None, label, heads, self.consts)
         if const is not None:
             op, c, c_first, head = const
             i = heads.pop(head)
@@ -471,7 +524,7 @@ class _Tracer:
 
     def linear(self, node, label):
         leaf, layers = self.leaf, self.layers
-        matmul = _traced_matmul_weight(self.module, node, label) if self.text is None else None
+        matmul = _traced_matmul_weight(self.module, node, label, self.consts) if self.text is None else None
         is_linear = (leaf is not None and isinstance(leaf, nn.Linear) and self.text is None) or (
             node.op == "call_function" and node.target is F.linear) or matmul is not None
         if self.pending_cat is not None and not is_linear:
@@ -483,8 +536,8 @@ class _Tracer:
         elif leaf is not None:
             w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
         else:
-            w = _traced_attr(self.module, node.args[1], label)
-            b = _traced_attr(self.module, _arg(node, 2, "bias", None), label)
+            w, b = (self.consts[a] if a in self.consts else _traced_attr(self.module, a, label)
+                    for a in (node.args[1], _arg(node, 2, "bias", None)))
         if not self.takes_cur():
             if self.head(node, w, b, label):
                 return _ASIDE
@@ -674,7 +727,7 @@ class _Tracer:
         Of another value of the activation (z / sqrt(2) beside 0.5 * z): that value's expression (a side branch)."""
         side = self.side_value()
         value = self.cur if side is None else side
-        const = _traced_constant_op(self.module, node, value, label) if self.text is None else None
+        const = _traced_constant_op(self.module, node, value, label, consts=self.consts) if self.text is None else None
         if const is None:
             return False
         if side is not None:

@@ -81,7 +81,7 @@ def _check_dropout_off(module, label):
                             "training mode; call model.eval() first (fusedmlp runs inference)")
 
 SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (fused into the Linear they "
-             "follow directly; elsewhere on an identity layer of their own), Softmax and LogSoftmax over the features, "
+             "follow directly; elsewhere on an identity layer of their own), Softmax, Softmin and LogSoftmax over the features, "
              "ReLU, LeakyReLU, ELU, CELU, GELU, SiLU, Sigmoid, LogSigmoid, Tanh, Tanhshrink, Softplus, Mish, SELU, "
              "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, Threshold, PReLU (one slope), "
              "Identity, Dropout (any form) and BatchNorm1d (in eval mode), nested Sequential")
@@ -142,9 +142,12 @@ def _norm_module(module):
 
 
 def _softmax_module(module):
-    """(kind, dim) of an nn.Softmax ('softmax') or nn.LogSoftmax ('log_softmax'), else None."""
+    """(kind, dim) of an nn.Softmax ('softmax'), nn.Softmin ('softmin') or nn.LogSoftmax ('log_softmax'), else
+    None."""
     if isinstance(module, nn.Softmax):
         return "softmax", module.dim
+    if isinstance(module, nn.Softmin):
+        return "softmin", module.dim
     if isinstance(module, nn.LogSoftmax):
         return "log_softmax", module.dim
     return None
