@@ -272,6 +272,7 @@ typedef struct fm_plan_opts {
     int norm_half;    /* fm_plan.norm_half where it applies: 0 auto (on), -1 off (for A/B timing) */
     int in_shared;    /* the streamed warpgroup kernel's input buffers in its wide buffers' bytes (fm_plan.in_shared):
                          0 auto (where two warpgroups fit no other way), -1 off, 1 on (a limit where it cannot be) */
+    int x_split;      /* fm_plan.x_split: 0 auto (where it applies), -1 off (for A/B), 1 on (a limit where it cannot) */
 } fm_plan_opts;
 
 typedef struct fm_plan {
@@ -417,6 +418,14 @@ typedef struct fm_plan {
      * act is fm_silu_h / fm_sigmoid_h, so the norm's scale and shift yield h and the FMUL by 1/2 per element goes.
      * Halving is exact in float32, so the bits are those of the unhalved form. Fused 16-bit plans only. */
     int norm_half[FM_MAX_LAYERS];
+    /* 1: x and the weights that multiply it enter the MMAs as two 16-bit parts each, x = x_hi + x_lo and
+     * W = W_hi + W_lo (each lo the rounding of what its hi left): the input buffer's columns are [x_hi | x_lo | x_hi]
+     * and every layer reading x (layer 0, a concat's x part) stores [W_hi | W_hi | W_lo] for them, so that its MMAs
+     * sum W_hi x_hi + W_hi x_lo + W_lo x_hi in float32, W x to about float32's rounding where one 16-bit product of
+     * rounded operands is off by 2^-11 or 2^-8 of each term. A sine first layer (SIREN's 30 x, Fourier features
+     * 2 pi x B) turns that into a phase error the whole network carries. Fused 16-bit plans of at most 5 input features
+     * (three parts fill the 16-column k step one part would have padded: no MMA more), no residual of x. */
+    int x_split;
     /* 8-bit plans (fm_prec_is_8bit(prec)): the weight blob holds codes (fm_quant8 of W / w_scale), the float blob
      * per layer also n_pad dequantisation factors act_scale[l] * w_scale[l][n] at dq_offset[l] (after the bias and a
      * norm's gamma and beta): the accumulators times these, plus the bias, are W h + b. act_scale[l] is the spec's

@@ -420,7 +420,7 @@ static PyMethodDef Network_methods[] = {
     {"plan", (PyCFunction)(void (*)(void))Network_plan, METH_VARARGS | METH_KEYWORDS,
      "plan(arch, smem_per_block=0, sm_count=0, in_dtype='float32', out_dtype='float32', warps=0, m_tiles=0, "
      "n_chunk=0, resident=-1, smem_per_sm=0, precision='float16', wgmma=-1, cluster=0, kpipe=0, k_chunk=0, "
-     "wide_loop=0, split=0, norm_half=0, in_shared=0) -> Plan"},
+     "wide_loop=0, split=0, norm_half=0, in_shared=0, x_split=0) -> Plan"},
     {"gemm_plan", (PyCFunction)(void (*)(void))Network_gemm_plan, METH_VARARGS | METH_KEYWORDS,
      "gemm_plan(layer, arch, smem_per_block, sm_count, a0, a1, res, out, smem_per_sm=0, precision='float16', bm=0, "
      "bn=0, stages=0, wgmma=-1, cluster=0, ws=0, norm_pass=False, pad_pass=False, a0_row=0, a1_row=0) -> Plan: the "

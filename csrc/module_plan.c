@@ -28,16 +28,16 @@ static PlanObject *Plan_new(NetworkObject *self, int arch, Py_ssize_t smem, int 
 PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"arch", "smem_per_block", "sm_count", "in_dtype", "out_dtype", "warps", "m_tiles",
                              "n_chunk", "resident", "smem_per_sm", "precision", "wgmma", "cluster", "kpipe",
-                             "k_chunk", "wide_loop", "split", "norm_half", "in_shared", NULL};
+                             "k_chunk", "wide_loop", "split", "norm_half", "in_shared", "x_split", NULL};
     int arch, sm_count = 0;
     Py_ssize_t smem = 0, smem_sm = 0;
     const char *in_s = "float32", *out_s = "float32", *prec_s = "float16";
-    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0};
+    fm_plan_opts opts = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     if (!Network_ready(self) ||
-        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiiiiiiii", kwlist, &arch, &smem, &sm_count, &in_s,
+        !PyArg_ParseTupleAndKeywords(args, kwds, "i|niss$iiiinsiiiiiiiii", kwlist, &arch, &smem, &sm_count, &in_s,
                                      &out_s, &opts.warps, &opts.m_tiles, &opts.n_chunk, &opts.resident, &smem_sm,
                                      &prec_s, &opts.wgmma, &opts.cluster, &opts.kpipe, &opts.k_chunk, &opts.wide_loop,
-                                     &opts.split, &opts.norm_half, &opts.in_shared))
+                                     &opts.split, &opts.norm_half, &opts.in_shared, &opts.x_split))
         return NULL;
     fm_dtype in_d, out_d;
     fm_prec prec;
@@ -120,6 +120,13 @@ static PyObject *Plan_get_info(PlanObject *self, void *closure) {
         return NULL;
     }
     Py_XDECREF(nh);
+    PyObject *xs = info != NULL ? PyLong_FromLong(p->x_split) : NULL;
+    if (info != NULL && (xs == NULL || PyDict_SetItemString(info, "x_split", xs) < 0)) {
+        Py_XDECREF(xs);
+        Py_DECREF(info);
+        return NULL;
+    }
+    Py_XDECREF(xs);
     if (info != NULL && p->stream_slots) { /* the streamed form's layers wider than 256 (fm_plan.wide_out, k_chunk) */
         /* tuples: the tuner hashes plan.info's items to tell plans apart */
         Py_ssize_t nwide = 0;

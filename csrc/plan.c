@@ -544,13 +544,29 @@ static void fm_plan_norm_halves(const fm_spec *spec, fm_plan *plan) {
     }
 }
 
+/* fm_plan.x_split for a fused plan (opts: fm_plan_opts.x_split). */
+static fm_status fm_plan_x_splits(const fm_spec *spec, fm_plan *plan, int opt, fm_error *err) {
+    const char *why = NULL;
+    if (plan->prec != FM_PREC_F16 && plan->prec != FM_PREC_BF16)
+        why = "only float16 and bfloat16 plans split x (tf32 and 8-bit ones keep it whole)";
+    else if (3 * spec->width[0] > plan->k0_pad[0])
+        why = "x has more than 5 features (three parts would take more k steps than one)";
+    for (int l = 0; why == NULL && l < spec->num_layers; ++l)
+        if (spec->res_op[l] != FM_RES_NONE && spec->res_src[l] == -1)
+            why = "a layer adds or multiplies x itself (its residual operand is x's columns)";
+    plan->x_split = opt >= 0 && why == NULL;
+    if (opt > 0 && why != NULL)
+        return fm_fail(err, FM_ERR_LIMIT, "x_split=1 was asked for, but %s", why);
+    return FM_OK;
+}
+
 /* The plan of the form fm_plan_form chooses, with the options that do not change the choice: wide_loop (auto or on)
  * where the plan is the streamed warpgroup kernel of a network with a layer wider than 256 in or out (its wide form:
  * fm_plan.wide_out, k_chunk; the kernel loops over such a layer's column groups, fm_plan.wide_loop); wide_loop=1 on
  * any other plan is a limit naming it. */
 fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_plan_opts *opts, fm_prec prec,
                        fm_dtype in_dtype, fm_dtype out_dtype, fm_plan *plan, fm_error *err) {
-    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0};
+    fm_plan_opts none = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     if (opts == NULL)
         opts = &none;
     if (opts->in_shared < -1 || opts->in_shared > 1) {
@@ -564,6 +580,11 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         return fm_fail(err, FM_ERR_VALUE, "wide_loop=%d: the streamed kernel's wide layers' column groups, 0 (auto: "
                        "a loop), 1 (a loop, else an error) or -1 (unrolled)", opts->wide_loop);
     }
+    if (opts->x_split < -1 || opts->x_split > 1) {
+        memset(plan, 0, sizeof *plan);
+        return fm_fail(err, FM_ERR_VALUE, "x_split=%d: x and the weights multiplying it in two 16-bit parts each, 0 "
+                       "(auto: where x has at most 5 features), 1 (on, else an error) or -1 (off)", opts->x_split);
+    }
     if (opts->split != 0 && opts->split != 2 && opts->split != 4 && opts->split != 8) {
         memset(plan, 0, sizeof *plan);
         return fm_fail(err, FM_ERR_VALUE, "split=%d: the streamed kernel's wide layers over clusters of 2, 4 or 8 "
@@ -574,6 +595,7 @@ fm_status fm_plan_make(const fm_spec *spec, const fm_target *target, const fm_pl
         fm_plan_codes_in_place(spec, plan);
         if (opts->norm_half >= 0)
             fm_plan_norm_halves(spec, plan);
+        st = fm_plan_x_splits(spec, plan, opts->x_split, err);
     }
     if (st == FM_OK && opts->in_shared > 0 && !plan->in_shared)
         return fm_fail(err, FM_ERR_LIMIT, "in_shared=1 was asked for, but only the streamed warpgroup kernel (wgmma=1, "
@@ -606,6 +628,15 @@ static uint32_t fm_plan_weight_bits(const fm_plan *plan, int l, int n, float w) 
     return fm_quant8((float)((double)w / (double)plan->w_scale[l][n]), plan->prec);
 }
 
+static void fm_plan_store_weight(const fm_plan *plan, void *w_blob, size_t at, uint32_t bits) {
+    if (plan->elem_bytes == 1)
+        ((uint8_t *)w_blob)[at] = (uint8_t)bits;
+    else if (plan->elem_bytes == 2)
+        ((uint16_t *)w_blob)[at] = (uint16_t)bits;
+    else
+        ((uint32_t *)w_blob)[at] = bits;
+}
+
 void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const *b, void *w_blob, float *b_blob) {
     /* Rounded on the host, so the kernel reads ready operands. */
     memset(w_blob, 0, plan->w_elems * (size_t)plan->elem_bytes);
@@ -620,18 +651,22 @@ void fm_plan_pack(const fm_plan *plan, const float *const *w, const float *const
         for (int n = 0; plan->centred[l] && n < nr; ++n)
             for (int k = 0; k < kr; ++k)
                 col_mean[k] += (double)w[l][(size_t)n * kr + k] / nr;
+        /* x_split: the columns [x0, x0 + xw) of the stored input that are x's take three parts (fm_plan.x_split) */
+        const int xw = plan->x_split && (l == 0 || plan->cat[l] != FM_CAT_NONE) ? plan->k0_real[0] : 0;
+        const int x0 = l == 0 || plan->cat[l] == FM_CAT_BEFORE ? 0 : k0r;
         for (int n = 0; n < nr; ++n)
             for (int k = 0; k < kr; ++k) {
-                size_t at = fm_plan_w_index(plan, l, n, k < k0r ? k : k + shift);
+                const int kk = k < k0r ? k : k + shift; /* the stored column */
                 const float wv = w[l][(size_t)n * kr + k];
                 const float wc = plan->centred[l] ? (float)((double)wv - col_mean[k]) : wv;
                 uint32_t bits = fm_plan_weight_bits(plan, l, n, wc);
-                if (plan->elem_bytes == 1)
-                    ((uint8_t *)w_blob)[at] = (uint8_t)bits;
-                else if (plan->elem_bytes == 2)
-                    ((uint16_t *)w_blob)[at] = (uint16_t)bits;
-                else
-                    ((uint32_t *)w_blob)[at] = bits;
+                fm_plan_store_weight(plan, w_blob, fm_plan_w_index(plan, l, n, kk), bits);
+                if (k >= x0 && k < x0 + xw) { /* W_hi again at x_lo's column, W_lo (exact difference) at x_hi's copy */
+                    const float lo = wc - fm_bits_value(bits, plan->prec);
+                    fm_plan_store_weight(plan, w_blob, fm_plan_w_index(plan, l, n, kk + xw), bits);
+                    fm_plan_store_weight(plan, w_blob, fm_plan_w_index(plan, l, n, kk + 2 * xw),
+                                         fm_round_bits(lo, plan->prec));
+                }
             }
         /* q_fold: both times the next input's inverse scale, the float32 quotient the kernels' QOUT is */
         const double fold = plan->q_fold[l] ? (double)(1.0f / plan->act_scale[l + 1]) : 1.0;

@@ -358,6 +358,7 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(fm_subst_add(t, "NUM_LAYERS"), "%d", p->gemm ? 1 : p->num_layers);
     fm_str_printf(fm_subst_add(t, "WARPS"), "%d", p->warps);
     fm_str_printf(fm_subst_add(t, "PREC"), "%d", (int)p->prec);
+    fm_str_printf(fm_subst_add(t, "X_PARTS"), "%d", p->x_split ? 3 : 1);
     fm_str_printf(fm_subst_add(t, "IN_TYPE"), "%d", (int)p->in_dtype);
     fm_str_printf(fm_subst_add(t, "OUT_TYPE"), "%d", (int)p->out_dtype);
     fm_str_printf(fm_subst_add(t, "ACT_STRIDE"), "%d", p->act_stride);

@@ -321,8 +321,14 @@ template <int L> struct Layer;
 {{LAYERS}}
 
 constexpr int LAST = FM_NUM_LAYERS - 1;
-constexpr int IN_REAL = Layer<0>::KR;
+constexpr int IN_REAL = Layer<0>::KR;  // x's features (its columns in global memory)
 constexpr int IN_PAD = Layer<0>::K;
+// fm_plan.x_split: 3 where the input buffer holds x as [x_hi | x_lo | x_hi] (16-bit parts, x_lo = x - x_hi rounded)
+// and the layers reading x store [W_hi | W_hi | W_lo] for those columns, so that their MMAs sum W x to about float32's
+// rounding; else 1. IN_COLS: the input buffer's columns written (the rest, to IN_PAD, stay zero).
+constexpr int X_PARTS = {{X_PARTS}};
+constexpr int IN_COLS = IN_REAL * X_PARTS;
+static_assert(X_PARTS == 1 || (FM_PREC <= 1 && IN_COLS <= IN_PAD), "x splits in 16-bit plans, within its k step");
 constexpr int OUT_REAL = Layer<LAST>::NR;
 constexpr int OUT_PAD = Layer<LAST>::N;
 // ------------------------------------------------------------------------------------------------ norms
@@ -542,13 +548,13 @@ template <int NW> __device__ __forceinline__ void fm_st_words(act_t *dst, const 
     }
 }
 
-// Zeros the input buffer's padding columns [IN_REAL, IN_PAD) of the warp's ROWS_W rows: they meet zero weights, but
+// Zeros the input buffer's padding columns [IN_COLS, IN_PAD) of the warp's ROWS_W rows: they meet zero weights, but
 // must not hold NaN or Inf.
 __device__ __forceinline__ void fm_zero_pad_columns(act_t *buf, int lane) {
-    if constexpr (IN_PAD > IN_REAL) {
-        constexpr int PADC = IN_PAD - IN_REAL > 0 ? IN_PAD - IN_REAL : 1;  // (NVRTC warns on a zero divisor)
+    if constexpr (IN_PAD > IN_COLS) {
+        constexpr int PADC = IN_PAD - IN_COLS > 0 ? IN_PAD - IN_COLS : 1;  // (NVRTC warns on a zero divisor)
         for (int i = lane; i < ROWS_W * PADC; i += 32)
-            buf[(i / PADC) * ACT_STRIDE + IN_REAL + i % PADC] = (act_t)0;
+            buf[(i / PADC) * ACT_STRIDE + IN_COLS + i % PADC] = (act_t)0;
     }
 }
 
@@ -559,6 +565,21 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
                                               int lane) {
     constexpr int VEC = 16 / (int)sizeof(in_t);  // elements per 16-byte load
     constexpr int NW = VEC * EB / 4;              // 32-bit words they become on chip
+#if FM_PREC <= 1
+    if constexpr (X_PARTS == 3) {  // (at most 5 features) an element walk: x_hi, x_lo = x - x_hi, x_hi again
+        const long long base = r0 * IN_REAL;
+        const int count = nrows * IN_REAL;
+        for (int e = lane; e < ROWS_W * IN_REAL; e += 32) {
+            const int row = e / IN_REAL, col = e % IN_REAL;
+            const float f = e < count ? fm_in_to_f(x[base + e]) : 0.0f;
+            const act_t hi = fm_f_to_act(f);
+            act_t *at = buf + row * ACT_STRIDE + col;
+            at[0] = hi;
+            at[IN_REAL] = fm_f_to_act(f - fm_16_to_f<FM_PREC + 1>(hi));  // (f - x_hi is exact in float32)
+            at[2 * IN_REAL] = hi;
+        }
+    } else
+#endif
     if constexpr (IN_REAL % VEC == 0) {  // every row starts 16-byte aligned: vector loads
         constexpr int CHUNKS = IN_REAL >= VEC ? IN_REAL / VEC : 1;  // (NVRTC warns on a zero divisor)
         for (int i = lane; i < ROWS_W * CHUNKS; i += 32) {

@@ -778,7 +778,7 @@ __device__ __forceinline__ void fm_run_network(fm_u32 (&a)[IN_PAD / KE][4], fm_u
 // the input buffer verbatim (IN_DIRECT), a raw buffer holding the warp's 16 rows of x as they are in global memory
 // (contiguous: a strip of x is one run of bytes). FM_IN_SHARED: the input buffer is the stage's and wide buffer's
 // bytes, so its padding columns are zeroed again for each tile, and x lands in it only once the tile's y is stored.
-constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0;
+constexpr bool IN_DIRECT = IN_RAW && (IN_REAL * EB) % 16 == 0 && X_PARTS == 1;
 constexpr int RAW_B = IN_DIRECT ? 0 : (ROWS_W * IN_REAL * (int)sizeof(in_t) + 15) / 16 * 16;
 constexpr int BUF_B = ROWS_W * ROW_B;
 constexpr int STAGE_B = OUT_DIRECT ? 0 : ROWS_W * STAGE_W * (int)sizeof(out_t);

@@ -78,7 +78,7 @@ DTYPES = _api.PRECISIONS + _api.LOWBIT_PRECISIONS
 CHECK_ROWS = 65536 + 37
 #: The plan's options (Network.plan's keywords past the GPU's limits and the dtypes), as the tuner forces them.
 PLAN_OPTIONS = ("wgmma", "cluster", "warps", "m_tiles", "n_chunk", "resident", "kpipe", "k_chunk", "wide_loop",
-                "split", "norm_half", "in_shared")
+                "split", "norm_half", "in_shared", "x_split")
 
 
 # ------------------------------------------------------------------------------------------------ shared helpers

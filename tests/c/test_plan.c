@@ -496,7 +496,7 @@ static void test_plan_networks(void) {
                 check_plan(&plan, &spec, &t, 1, what);
 
                 /* Forced tile shape: honoured, or a limit error that names the options. */
-                fm_plan_opts opts = {4, 1, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+                fm_plan_opts opts = {4, 1, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
                 fm_plan forced;
                 st = fm_plan_make(&spec, &t, &opts, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
@@ -510,7 +510,7 @@ static void test_plan_networks(void) {
                 fm_error_clear(&err);
 
                 /* Forced streaming. */
-                fm_plan_opts stream = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                fm_plan_opts stream = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
                 st = fm_plan_make(&spec, &t, &stream, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 0 && forced.w_slot_elems > 0, "%s: resident=0 gave resident %d", what,
@@ -523,7 +523,7 @@ static void test_plan_networks(void) {
                 fm_error_clear(&err);
 
                 /* Forced residency and chunk width. */
-                fm_plan_opts res = {0, 0, 32, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+                fm_plan_opts res = {0, 0, 32, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
                 st = fm_plan_make(&spec, &t, &res, prec, dtypes[d % 4][0], dtypes[d % 4][1], &forced, &err);
                 if (st == FM_OK) {
                     CHECK(forced.resident == 1, "%s: resident=1 gave %d", what, forced.resident);
@@ -582,8 +582,8 @@ static void test_plan_graphs(void) {
             fm_target t;
             fm_target_for_arch(arch_list[a], &t, &err);
             for (int prec = 0; prec < 3; ++prec) {
-                fm_plan_opts opts[] = {{0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 32, 1, 0, 0, 0, 0, 0, 0, 0, 0},
-                                       {4, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
+                fm_plan_opts opts[] = {{0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 32, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+                                       {4, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
                 for (int o = 0; o < 3; ++o) {
                     char what[96];
                     snprintf(what, sizeof what, "graph %d sm_%d %s opts %d", trial, arch_list[a],
@@ -633,14 +633,14 @@ static void test_plan_choices(void) {
         CHECK(p.resident == 0 && p.buffers == 2, "256x8 sm_75: resident %d buffers %d", p.resident, p.buffers);
         fm_error_clear(&err);
 
-        fm_plan_opts res = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+        fm_plan_opts res = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         fm_status st = fm_plan_make(&spec, &t75, &res, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "resident=1") != NULL && strstr(err.message, "65536") != NULL &&
                   strstr(err.message, "sm_75") != NULL,
               "256x8 sm_75 resident=1: status %d \"%s\"", (int)st, err.message);
         fm_error_clear(&err);
 
-        fm_plan_opts big = {8, 2, 128, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+        fm_plan_opts big = {8, 2, 128, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         st = fm_plan_make(&spec, &t75, &big, FM_PREC_F16, FM_F32, FM_F32, &p, &err);
         CHECK(st == FM_ERR_LIMIT && strstr(err.message, "warps=8, m_tiles=2, n_chunk=128") != NULL,
               "256x8 sm_75 8x2x128: status %d \"%s\"", (int)st, err.message);
@@ -714,7 +714,9 @@ static void test_pack(void) {
             if (!make_spec(&spec, nt->widths, nt->num_layers, bias_mode & 1))
                 continue;
             fm_plan p;
-            if (fm_plan_make(&spec, &t, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) != FM_OK) {
+            /* x whole: the layout of every weight as given (x_split's three parts: tests/test_x_split.py) */
+            fm_plan_opts whole = {0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0, -1};
+            if (fm_plan_make(&spec, &t, &whole, FM_PREC_F16, FM_F32, FM_F32, &p, &err) != FM_OK) {
                 CHECK(0, "%s: plan: %s", nt->name, err.message);
                 fm_error_clear(&err);
                 fm_spec_free(&spec);
@@ -821,7 +823,7 @@ static void test_kpipe_plans(void) {
             CHECK(fm_spec_set_residual(&spec, l, FM_RES_ADD, NULL, l - 1, &err) == FM_OK, "kpipe case %zu: residual "
                   "on layer %d: %s", i, l, err.message);
         fm_plan p;
-        fm_plan_opts autop = {4, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0}, on = {4, 0, 0, -1, 1, 0, 1, 0, 0, 0, 0, 0};
+        fm_plan_opts autop = {4, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, on = {4, 0, 0, -1, 1, 0, 1, 0, 0, 0, 0, 0, 0};
         CHECK(fm_plan_make(&spec, &t90, &autop, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_OK &&
                   p.wgmma == 1 && p.cluster == 0 && p.kpipe == cases[i].pipelined,
               "kpipe case %zu (%s): auto kpipe %d, want %d %s", i, cases[i].act, p.kpipe, cases[i].pipelined,
@@ -865,7 +867,7 @@ static void test_wgmma_plans(void) {
             chosen += p.wgmma;
             if (prec == FM_PREC_TF32 || widest > 256)
                 continue;
-            fm_plan_opts any = {0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0};
+            fm_plan_opts any = {0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
             if (fm_plan_make(&spec, &t90, &any, (fm_prec)prec, FM_F32, FM_F16, &p, &err) != FM_OK) {
                 CHECK(strstr(err.message, "registers") || strstr(err.message, "do not fit"), "%s: %s", g_nets[n].name,
                       err.message);
@@ -888,14 +890,14 @@ static void test_wgmma_plans(void) {
             if ((p.cluster || p.stream_slots) && !over) { /* then the register-A kernel's weights and stages do not fit
                                                              one CTA */
                 /* resident weights: no streamed form either */
-                fm_plan_opts regs_a = {0, 0, 0, 1, 1, -1, 0, 0, 0, 0, 0, 0};
+                fm_plan_opts regs_a = {0, 0, 0, 1, 1, -1, 0, 0, 0, 0, 0, 0, 0};
                 CHECK(fm_plan_make(&spec, &t90, &regs_a, (fm_prec)prec, FM_F32, FM_F16, &p, &err) == FM_ERR_LIMIT &&
                           strstr(err.message, "do not fit"),
                       "%s: cluster chosen, but the register-A kernel fits: %s", g_nets[n].name, err.message);
                 fm_error_clear(&err);
             }
             /* n_chunk forced: every layer wider than 64 becomes 64-column groups (the last takes the rest) */
-            fm_plan_opts split = {4, 0, 64, -1, 1, 0, 0, 0, 0, 0, 0, 0};
+            fm_plan_opts split = {4, 0, 64, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
             if (fm_plan_make(&spec, &t90, &split, (fm_prec)prec, FM_F16, FM_F16, &p, &err) == FM_OK) {
                 char what[96];
                 snprintf(what, sizeof what, "%s %s wgmma n_chunk=64", g_nets[n].name, fm_prec_name((fm_prec)prec));
@@ -908,7 +910,7 @@ static void test_wgmma_plans(void) {
                 fm_error_clear(&err);
             }
             for (int warps = 4; warps <= 16; warps += 4) {
-                fm_plan_opts o = {warps, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0};
+                fm_plan_opts o = {warps, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, -1}; /* (x whole: the pack's layout) */
                 char what[96];
                 snprintf(what, sizeof what, "%s %s wgmma warps=%d", g_nets[n].name, fm_prec_name((fm_prec)prec),
                          warps);
@@ -965,7 +967,7 @@ static void test_wgmma_plans(void) {
             }
             /* K-pipelined layers (fm_plan_pipe): auto takes them only at the warps and CTAs per SM of the plan without
              * them; kpipe=-1 never; kpipe=1 where the network has a layer for them, else a limit naming kpipe */
-            fm_plan_opts off = {0, 0, 0, -1, 1, 0, -1, 0, 0, 0, 0, 0}, on = {0, 0, 0, -1, 1, 0, 1, 0, 0, 0, 0, 0};
+            fm_plan_opts off = {0, 0, 0, -1, 1, 0, -1, 0, 0, 0, 0, 0, 0}, on = {0, 0, 0, -1, 1, 0, 1, 0, 0, 0, 0, 0, 0};
             fm_plan base, piped;
             if (fm_plan_make(&spec, &t90, &off, (fm_prec)prec, FM_F16, FM_F16, &base, &err) == FM_OK &&
                 fm_plan_make(&spec, &t90, &any, (fm_prec)prec, FM_F16, FM_F16, &p, &err) == FM_OK) {
@@ -988,7 +990,7 @@ static void test_wgmma_plans(void) {
         }
         /* never on sm_80, never for tf32; forcing it there names why */
         fm_plan p;
-        fm_plan_opts force = {0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0};
+        fm_plan_opts force = {0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
         if (fm_plan_make(&spec, &t80, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK)
             CHECK(p.wgmma == 0, "%s: wgmma on sm_80", g_nets[n].name);
         fm_error_clear(&err);
@@ -1019,7 +1021,7 @@ static void test_wgmma_plans(void) {
         CHECK(fm_plan_make(&spec, &t90, NULL, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_OK && p.wgmma == 0,
               "residuals from layers 0 and 1 into 2 and 3: wgmma %d (%s)", p.wgmma, err.message);
         fm_error_clear(&err);
-        fm_plan_opts force = {0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0};
+        fm_plan_opts force = {0, 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
         CHECK(fm_plan_make(&spec, &t90, &force, FM_PREC_F16, FM_F32, FM_F32, &p, &err) == FM_ERR_LIMIT &&
                   strstr(err.message, "keep one earlier value for later layers' residuals at a time") != NULL,
               "two kept values, forced wgmma: %s", err.message);
@@ -1060,7 +1062,7 @@ static void test_cluster_plans(void) {
             ++g_plans_made;
             for (int c = 1; c <= 4; c *= 2)
                 for (int warps = 0; warps <= 16; warps += 4) {
-                    fm_plan_opts o = {warps, 0, 0, -1, -1, c, 0, 0, 0, 0, 0, 0};
+                    fm_plan_opts o = {warps, 0, 0, -1, -1, c, 0, 0, 0, 0, 0, 0, 0};
                     fm_status st = fm_plan_make(&spec, &t90, &o, (fm_prec)prec, FM_F32, FM_F16, &p, &err);
                     if (st == FM_OK) {
                         CHECK(p.cluster == c && (warps == 0 || p.warps == warps), "%s: asked cluster %d warps %d, got "
@@ -1077,11 +1079,11 @@ static void test_cluster_plans(void) {
                 }
         }
         fm_plan p;
-        fm_plan_opts three = {0, 0, 0, -1, -1, 3, 0, 0, 0, 0, 0, 0};
+        fm_plan_opts three = {0, 0, 0, -1, -1, 3, 0, 0, 0, 0, 0, 0, 0};
         CHECK(fm_plan_make(&spec, &t90, &three, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_VALUE &&
                   strstr(err.message, "cluster=3: a cluster is 1, 2 or 4 CTAs") != NULL, "cluster=3: %s", err.message);
         fm_error_clear(&err);
-        fm_plan_opts two = {0, 0, 0, -1, -1, 2, 0, 0, 0, 0, 0, 0};
+        fm_plan_opts two = {0, 0, 0, -1, -1, 2, 0, 0, 0, 0, 0, 0, 0};
         CHECK(fm_plan_make(&spec, &t80, &two, FM_PREC_F16, FM_F16, FM_F16, &p, &err) == FM_ERR_LIMIT &&
                   strstr(err.message, "cluster=2 was asked for, but wgmma needs sm_90") != NULL, "sm_80: %s",
               err.message);
