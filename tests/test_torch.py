@@ -878,6 +878,54 @@ def test_arithmetic_on_constants_alone_is_folded_while_reading():
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(pinn, x)) <= 1e-5
 
 
+class _Encoded(nn.Module):
+    """A coordinate MLP with NeRF's positional encoding in forward: x, then sin and cos of 2^k x (or of x times a
+    per-feature buffer), in a torch.cat the first Linear reads."""
+
+    def __init__(self, freqs=10, include_input=True, x_last=False, per_feature=False, skip=False):
+        super().__init__()
+        self.freqs, self.include_input, self.x_last, self.per_feature, self.skip = (freqs, include_input, x_last,
+                                                                                    per_feature, skip)
+        self.register_buffer("bands", torch.stack([2.0 ** k * torch.tensor([1.0, 0.5, 2.0]) for k in range(freqs)]))
+        width = 3 * (2 * freqs + include_input)
+        self.l1, self.l2 = nn.Linear(width, 64), nn.Linear(64 + (width if skip else 0), 64)
+        self.out = nn.Linear(64, 4)
+
+    def forward(self, x):
+        parts = []
+        for k in range(self.freqs):
+            z = x * self.bands[k] if self.per_feature else 2.0 ** k * x
+            parts += [torch.sin(z), z.cos()]
+        if self.include_input:
+            parts = parts + [x] if self.x_last else [x] + parts
+        e = torch.cat(parts, -1)
+        h = torch.relu(self.l1(e))
+        h = torch.relu(self.l2(torch.cat([e, h], -1) if self.skip else h))
+        return self.out(h)
+
+
+@pytest.mark.parametrize("options", [{}, {"include_input": False}, {"x_last": True}, {"per_feature": True},
+                                     {"freqs": 1}], ids=lambda o: ",".join(o) or "nerf")
+def test_a_positional_encoding_in_forward_is_a_sine_layer_of_x(options):
+    """sin(c x) and cos(c x) parts become one sine layer of x (cos as sin(z + pi / 2)); x's own part a concat of the
+    network input before (or after) it; x of 3 features runs in two 16-bit parts on a GPU (fm_plan.x_split)."""
+    torch.manual_seed(13)
+    model = _Encoded(**options).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    freqs = options.get("freqs", 10)
+    assert list(mlp.widths[:2]) == [3, 6 * freqs] and mlp.activations[0] == "sin(x)"
+    assert bool(mlp._concat and mlp._concat[1]) == options.get("include_input", True)
+    x = torch.rand(200, 3, dtype=torch.float64) * 3 - 1.5
+    # sin(2^9 x) in float32 (the CPU path's storage): its phase to float32's rounding of 2^9 x, ~3e-5
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 2e-4
+    assert mlp._net.plan(90, precision="float16").info["x_split"] == 1
+
+
+def test_a_positional_encoding_read_again_later_is_named():
+    with pytest.raises(fusedmlp.ArgumentError, match="NeRF's skip of its encoded input"):
+        fusedmlp.from_torch(_Encoded(skip=True).eval(), device="cpu")
+
+
 def test_a_constant_map_no_linear_takes_is_named():
     class Tail(nn.Module):
         def __init__(self):

@@ -48,7 +48,7 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     "flatten of the input, y.squeeze(-1) of the output (a value head), x.float() / .to(torch.float32) / "
                     ".contiguous() / .clone() / .detach() (the value itself), Linear heads on one value returned "
                     "together (return pi(h), v(h)), Fourier features torch.cat([sin(z), cos(z)], -1) of a Linear's "
-                    "output, "
+                    "output, a positional encoding torch.cat([x, sin(c x), cos(c x), ...], -1) of the input, "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
@@ -327,6 +327,8 @@ class _Tracer:
         self.placeholders, self.input_order = [], None  # forward's inputs; with several, their order in the join
         self.heads, self.maps = {}, []  # several inputs before their join: latest node -> index; each one's map
         self.consts = {}  # node -> its value (float64 tensor, or a number): arithmetic on constants alone
+        # a positional encoding of the input (encoding_candidates): torch.cat node -> its parts, and the nodes of those
+        self.encodings, self.encoding_parts = self.encoding_candidates()
 
     def run(self):
         for node in self.gm.graph.nodes:
@@ -344,7 +346,12 @@ class _Tracer:
                     raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: "
                                         f"{TRACED_SUPPORTED}")
                 break
+            if node in self.encoding_parts:  # (read where their torch.cat is: encoding)
+                continue
             if self.placeholder(node) or self.fold_constant(node) or self.before_join(node, label):
+                continue
+            if self.encoding(node, label):
+                self.cur = node
                 continue
             if (node.op == "get_attr" or _is_parametrization_call(self.gm, node) or self.input_shape(node, label)
                     or self.shape_query(node) or _weight_view(node) is not None):  # (W.T: read by its h @ W.T)
@@ -371,6 +378,110 @@ class _Tracer:
             self.cur = self.x_node = node
             self.value_of[node] = -1
         return True
+
+    def encoding_candidates(self):
+        """Positional encodings of the network input written in forward (NeRF's embedder): a torch.cat over the last
+        dim whose parts are x itself, or sin / cos of x or of x times a constant (a number, a parameter or buffer, or
+        arithmetic on those), each such node read by the cat alone. -> ({cat: [(kind, scale node or None)]}, the
+        nodes of those parts), x's part as ('x', None); found by shape before the walk, read at the cat (encoding)."""
+        x = next((n for n in self.gm.graph.nodes if n.op == "placeholder"), None)
+        found, inner = {}, set()
+        for node in self.gm.graph.nodes:
+            if not (node.op == "call_function" and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
+                    and _arg(node, 1, "dim", 0) in (-1, 1) and x is not None):
+                continue
+            parts, nodes = [], set()
+            for p in node.args[0]:
+                if p is x:
+                    parts.append(("x", None))
+                    continue
+                kind = (_FUNCTIONS.get(p.target) if isinstance(p, torch.fx.Node) and p.op == "call_function" else
+                        _METHODS.get(p.target) if isinstance(p, torch.fx.Node) and p.op == "call_method" else None)
+                if kind not in ("sin", "cos") or len(p.all_input_nodes) != 1 or set(p.users) != {node}:
+                    break
+                q = p.all_input_nodes[0]
+                scale = None
+                if q is not x:
+                    op = (_ARITH.get(q.target) if q.op == "call_function" else
+                          _ARITH_METHODS.get(q.target) if q.op == "call_method" else None)
+                    if op != "mul" or len(q.args) != 2 or x not in q.args or not set(q.users) <= set(node.args[0]):
+                        break  # (a product may feed both a sin and a cos part)
+                    scale = q.args[1] if q.args[0] is x else q.args[0]
+                    nodes.add(q)
+                nodes.add(p)
+                parts.append((kind, scale))
+            else:
+                if any(k != "x" for k, _ in parts):
+                    found[node] = parts
+                    inner |= nodes
+        return found, inner
+
+    def encoding(self, node, label):
+        """A positional encoding of the network input (encoding_candidates) at its torch.cat: its sin and cos parts
+        become one sine layer of x (rows of each part's scale times the identity, the cos parts' bias pi / 2: cos z =
+        sin(z + pi / 2)); x's own part, if any, joins the next Linear's input as a concat of the network input, before
+        or after the layer's output as the cat has it. The kernels take x of at most 5 features in two 16-bit parts
+        (fm_plan.x_split), so the high frequencies' phases are not the 16-bit rounding of x times 2^k."""
+        if node not in self.encodings:
+            return False
+        if len(node.users) > 1:
+            raise ArgumentError(f"{label}: a positional encoding read again at a later layer (NeRF's skip of its "
+                                "encoded input) is not read: the kernels join the network input x itself only. "
+                                "Compute the encoding before the model, which then takes the encoded input")
+        parts, layers = self.encodings[node], self.layers
+        if self.cur is not self.x_node or layers.weights or layers.pending is not None or len(self.placeholders) > 1:
+            raise ArgumentError(f"{label}: a positional encoding (sin / cos of x in a torch.cat) of anything but the "
+                                "network input itself, before any Linear or constant map, is not read")
+        kinds = [k for k, _ in parts]
+        x_at = [i for i, k in enumerate(kinds) if k == "x"]
+        if len(x_at) > 1 or (x_at and x_at[0] not in (0, len(parts) - 1)):
+            raise ArgumentError(f"{label}: a positional encoding with x itself in the middle of (or twice in) its "
+                                "parts; fusedmlp reads x first or last, then the sin / cos parts in their order")
+        rows, biases = [], []
+        for kind, scale in parts:
+            if kind == "x":
+                continue
+            c = 1.0 if scale is None else scale
+            if isinstance(c, torch.fx.Node):
+                c = self.consts[c] if c in self.consts else _traced_attr(self.module, c, label)
+            c = np.asarray(c.detach().cpu().numpy() if isinstance(c, torch.Tensor) else c, np.float64)
+            if c.ndim > 1 and c.size != max(c.shape):
+                raise ArgumentError(f"{label}: a positional encoding's scale of shape {c.shape}; fusedmlp reads a "
+                                    "number or one value per feature")
+            rows.append(c.reshape(-1))
+            biases.append(np.pi / 2 if kind == "cos" else 0.0)
+        k = max(len(r) for r in rows)
+        if k == 1:  # numbers only: x's width from the Linear the cat feeds (its in_features over the parts)
+            k = self.encoding_width(node, len(parts), label)
+        if any(len(r) not in (1, k) for r in rows):
+            raise ArgumentError(f"{label}: a positional encoding's scales have {sorted({len(r) for r in rows})} "
+                                "values; fusedmlp reads a number or one value per feature")
+        w0 = np.concatenate([np.diag(np.broadcast_to(r, (k,)).astype(np.float64)) for r in rows])
+        b0 = np.concatenate([np.full(k, b) for b in biases])
+        self.keep_input()
+        layers.linear64(w0, b0, label)
+        self.residual.append(None)
+        layers.activation("sin", label)
+        if x_at:
+            self.keep(node, len(layers.weights) - 1)
+            self.pending_cat = "before" if x_at[0] == 0 else "after"
+        self.act_path = {}
+        return True
+
+    def encoding_width(self, node, n_parts, label):
+        """x's features where a positional encoding's scales are numbers: the in_features of the Linear that reads
+        its torch.cat (n_parts parts of x's width each)."""
+        user = next(iter(node.users)) if len(node.users) == 1 else None
+        w = None
+        if user is not None and user.op == "call_module" and isinstance(self.gm.get_submodule(user.target),
+                                                                          nn.Linear):
+            w = self.gm.get_submodule(user.target).weight
+        elif user is not None and user.op == "call_function" and user.target is F.linear:
+            w = _traced_attr(self.module, user.args[1], label)
+        if w is None or w.shape[1] % n_parts:
+            raise ArgumentError(f"{label}: a positional encoding of numbers only, read by no Linear whose inputs "
+                                "tell x's width; fusedmlp reads one that feeds a Linear directly")
+        return w.shape[1] // n_parts
 
     def fold_constant(self, node):
         """A deterministic op (_FOLD_FUNCTIONS, _FOLD_METHODS) of constants alone (numbers, parameters and buffers,
