@@ -323,6 +323,26 @@ def test_fourier_features_read_as_one_sine_layer(rng):
         assert list(mlp.widths) == [2, 32, 8] and mlp.activations[0] == "sin(x)"
 
 
+@pytest.mark.parametrize("options", [{}, {"include_input": False}, {"x_last": True}, {"per_feature": True}],
+                         ids=lambda o: ",".join(o) or "nerf")
+def test_torch_onnx_export_of_a_positional_encoding_reads_as_a_sine_layer(options):
+    """NeRF's embedder in the exported forward, Concat(x, Sin(Mul(x, 2^k)), Cos(...), ...): one sine layer of x and
+    a concat of x into the next layer, as from_torch reads the module; against torch in float64."""
+    torch = pytest.importorskip("torch")
+    from test_torch import _Encoded
+
+    torch.manual_seed(21)
+    model = _Encoded(**options).eval()
+    x = torch.rand(100, 3) * 3 - 1.5
+    mlp = fusedmlp.from_onnx(torch_exported(torch, model, (x,)), device="cpu")
+    assert list(mlp.widths[:2]) == [3, 60] and mlp.activations[0] == "sin(x)"
+    with torch.no_grad():
+        want = model.double()(x.double()).numpy()
+    assert np.linalg.norm(mlp(x.numpy()) - want) <= 2e-4 * np.linalg.norm(want)
+    with pytest.raises(fusedmlp.ArgumentError, match="NeRF's skip of its encoded input"):
+        fusedmlp.from_onnx(torch_exported(torch, _Encoded(skip=True).eval(), (x,)), device="cpu")
+
+
 def test_torch_onnx_export_of_norms_after_no_gemm_reads_back():
     """torch.onnx.export's graphs of SimBa (each LayerNorm of the residual stream, which the block's Add reads too), a
     post-norm block with a softmax after an activation, and a LayerNorm of the input: each such norm on an identity

@@ -432,39 +432,18 @@ class _Tracer:
         if self.cur is not self.x_node or layers.weights or layers.pending is not None or len(self.placeholders) > 1:
             raise ArgumentError(f"{label}: a positional encoding (sin / cos of x in a torch.cat) of anything but the "
                                 "network input itself, before any Linear or constant map, is not read")
-        kinds = [k for k, _ in parts]
-        x_at = [i for i, k in enumerate(kinds) if k == "x"]
-        if len(x_at) > 1 or (x_at and x_at[0] not in (0, len(parts) - 1)):
-            raise ArgumentError(f"{label}: a positional encoding with x itself in the middle of (or twice in) its "
-                                "parts; fusedmlp reads x first or last, then the sin / cos parts in their order")
-        rows, biases = [], []
-        for kind, scale in parts:
-            if kind == "x":
-                continue
-            c = 1.0 if scale is None else scale
+        scales = []
+        for kind, c in parts:
             if isinstance(c, torch.fx.Node):
                 c = self.consts[c] if c in self.consts else _traced_attr(self.module, c, label)
-            c = np.asarray(c.detach().cpu().numpy() if isinstance(c, torch.Tensor) else c, np.float64)
-            if c.ndim > 1 and c.size != max(c.shape):
-                raise ArgumentError(f"{label}: a positional encoding's scale of shape {c.shape}; fusedmlp reads a "
-                                    "number or one value per feature")
-            rows.append(c.reshape(-1))
-            biases.append(np.pi / 2 if kind == "cos" else 0.0)
-        k = max(len(r) for r in rows)
-        if k == 1:  # numbers only: x's width from the Linear the cat feeds (its in_features over the parts)
-            k = self.encoding_width(node, len(parts), label)
-        if any(len(r) not in (1, k) for r in rows):
-            raise ArgumentError(f"{label}: a positional encoding's scales have {sorted({len(r) for r in rows})} "
-                                "values; fusedmlp reads a number or one value per feature")
-        w0 = np.concatenate([np.diag(np.broadcast_to(r, (k,)).astype(np.float64)) for r in rows])
-        b0 = np.concatenate([np.full(k, b) for b in biases])
+            scales.append((kind, None if c is None else c.detach().cpu().numpy() if isinstance(c, torch.Tensor)
+                           else c))
         self.keep_input()
-        layers.linear64(w0, b0, label)
+        x_side = layers.input_encoding(scales, lambda: self.encoding_width(node, len(parts), label), label)
         self.residual.append(None)
-        layers.activation("sin", label)
-        if x_at:
+        if x_side is not None:
             self.keep(node, len(layers.weights) - 1)
-            self.pending_cat = "before" if x_at[0] == 0 else "after"
+            self.pending_cat = x_side
         self.act_path = {}
         return True
 

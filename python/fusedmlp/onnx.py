@@ -16,7 +16,9 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
 - An ``Add`` or ``Mul`` of the chain's value with the network input or a layer's output is the layer's residual (the
   elementwise nodes after it its ``then``); a ``Concat`` of the hidden state with the network input right before a
   layer is its input concat (NeRF's skip); a ``Concat`` of ``Sin(z)`` and ``Cos(z)`` of a layer's output (Fourier
-  features) is that layer's rows twice with Sin its activation, the cos copy's bias shifted by pi / 2.
+  features) is that layer's rows twice with Sin its activation, the cos copy's bias shifted by pi / 2; a ``Concat``
+  of the input itself and ``Sin`` / ``Cos`` of ``Mul(x, c)`` before the first layer (NeRF's positional encoding) is a
+  sine layer of x and a concat of x into the next layer (Layers.input_encoding).
 - Several graph inputs (a critic's obs and act) joined by one ``Concat`` before the first layer, each through its own
   constant affine map if any: the model takes their concatenation in that order.
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
@@ -90,6 +92,7 @@ _FOLD = {
     "ReduceL2": _reduce(lambda a, axes, keep: np.sqrt(np.sum(a * a, axis=axes, keepdims=keep))),
     "ReduceSum": _reduce(lambda a, axes, keep: np.sum(a, axis=axes, keepdims=keep)),
     "ReduceMean": _reduce(lambda a, axes, keep: np.mean(a, axis=axes, keepdims=keep)),
+    "Gather": lambda attrs, a, i: np.take(a, i, axis=attrs.get("axis", 0)),
 }
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
@@ -178,6 +181,85 @@ class _Reader:
         self.residual = []  # per layer None or [op, then, source], FusedMLP's residual=
         self.concat = {}  # layer -> 'after' | 'before', FusedMLP's concat=
         self.pending_cat = None  # a Concat of h and x waiting for its Gemm / MatMul
+        self.graph_nodes = list(graph.node)
+        self.encodings, self.encoding_parts = self.encoding_candidates(graph)
+
+    def encoding_candidates(self, graph):
+        """Positional encodings of the network input (NeRF's embedder in the exported forward): a Concat over the
+        last axis of x itself and Sin / Cos of x or of Mul(x, c), each read by that Concat alone (a Mul by both of
+        one frequency's Sin and Cos). -> ({Concat output: [(kind, c's name or None)]}, the names of those nodes'
+        outputs), read at the Concat (encoding), as fusedmlp.torch reads them."""
+        made = {n.output[0]: n for n in graph.node if n.output}
+        readers = {}
+        for n in graph.node:
+            for name in n.input:
+                readers.setdefault(self.root(name), set()).add(n.output[0] if n.output else "")
+        found, inner = {}, set()
+        for node in graph.node:
+            if node.op_type != "Concat" or not node.output or not any(
+                    a.name == "axis" and a.i in (-1, 1) for a in node.attribute):
+                continue
+            parts, names = [], set()
+            for name in map(self.root, node.input):
+                p = made.get(name)
+                if name == self.x:
+                    parts.append(("x", None))
+                    continue
+                if p is None or p.op_type not in ("Sin", "Cos") or readers.get(name) != {node.output[0]}:
+                    break
+                q = self.root(p.input[0])
+                scale = None
+                if q != self.x:
+                    m = made.get(q)
+                    if (m is None or m.op_type != "Mul" or self.x not in map(self.root, m.input)
+                            or not readers.get(q, set()) <= {made[self.root(i)].output[0] for i in node.input
+                                                             if self.root(i) in made}):
+                        break
+                    scale = next(self.root(i) for i in m.input if self.root(i) != self.x)
+                    names.add(q)
+                names.add(name)
+                parts.append((p.op_type.lower(), scale))
+            else:
+                if any(k != "x" for k, _ in parts):
+                    found[node.output[0]] = parts
+                    inner |= names
+        return found, inner
+
+    def encoding(self, node, label):
+        """A positional encoding at its Concat (encoding_candidates): one sine layer of x and x's own part a concat
+        into the next layer (Layers.input_encoding)."""
+        name = node.output[0]
+        if self.uses.get(name, 0) > 1:
+            raise ArgumentError(f"{label}: a positional encoding read again at a later layer (NeRF's skip of its "
+                                "encoded input) is not read: the kernels join the network input x itself only. "
+                                "Compute the encoding before the model, which then takes the encoded input")
+        if self.cur != self.x or self.layers.weights or self.layers.pending is not None or self.heads is not None:
+            raise ArgumentError(f"{label}: a positional encoding (Sin / Cos of x in a Concat) of anything but the "
+                                "network input itself, before any layer or constant map, is not read")
+        parts = []
+        for kind, c in self.encodings[name]:
+            value = None if c is None else self.const(c)
+            if c is not None and value is None:
+                raise ArgumentError(f"{label}: a positional encoding's scale {c} is not a constant")
+            parts.append((kind, value))
+
+        def width():  # numbers only: x's width from the Gemm / MatMul reading the Concat
+            for n in self.graph_nodes:
+                if n.op_type in ("Gemm", "MatMul") and n.input and self.root(n.input[0]) == name:
+                    w = self.const(n.input[1])
+                    transposed = n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute)
+                    if w is not None and w.ndim == 2:
+                        return (w.shape[1] if transposed else w.shape[0]) // len(parts)
+            raise ArgumentError(f"{label}: a positional encoding of numbers only, read by no Gemm or MatMul whose "
+                                "weight tells x's width")
+
+        side = self.layers.input_encoding(parts, width, label)
+        self.residual.append(None)
+        if side is not None:
+            self.value_of.setdefault(name, len(self.layers.weights) - 1)
+            self.pending_cat = side
+        self.cur = name
+        return True
 
     def const(self, name):
         return self.consts.get(name) if name else None
@@ -373,6 +455,11 @@ class _Reader:
                 self.consts[node.output[0]] = np.asarray(_FOLD[op](attrs, *args))
             except (ValueError, TypeError, IndexError) as e:
                 raise ArgumentError(f"{label}: {op} of constants could not be evaluated: {e}") from None
+            return
+        if node.output and node.output[0] in self.encoding_parts:  # (read at their Concat: encoding)
+            return
+        if node.output and node.output[0] in self.encodings:
+            self.encoding(node, label)
             return
         if self.heads is not None:
             self.before_join(node, op, label)
