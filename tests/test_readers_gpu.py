@@ -103,3 +103,33 @@ def test_onnx_and_sklearn_models_on_cuda():
     mlp = fusedmlp.from_sklearn(clf, device="cuda", check=True)
     got = mlp(xs.astype(np.float32))
     assert rel_l2(got.astype(np.float64), clf.predict_proba(xs)) <= fusedmlp.CHECK_TOLERANCES["float16"]
+
+
+def test_encodings_constants_and_softmin_read_this_session_on_cuda():
+    """What the readers learned without a GPU at hand (session 36): NeRF's positional encoding written in forward (10
+    frequencies: the phase of 2^9 x, which x in two 16-bit parts keeps), a PINN's input scaling by its bounds (arithmetic
+    on parameters alone), Fourier features of x @ (2 pi B) and a Softmin head, each with check=True and against torch in
+    float64."""
+    import copy
+
+    from test_torch import _Encoded, _Pinn
+
+    torch.manual_seed(23)
+
+    class SoftminHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 64), nn.Linear(64, 7)
+
+        def forward(self, x):
+            return F.softmin(self.b(torch.relu(self.a(x))), dim=-1)
+
+    lo = torch.tensor([-1.0, 0.0, -2.0], device="cuda")
+    for model in (_Encoded(), _Encoded(include_input=False, per_feature=True), _Pinn(), SoftminHead()):
+        model = model.cuda().eval()
+        x = torch.rand(4099, 3, device="cuda") * torch.tensor([2.0, 3.0, 4.5], device="cuda") + lo
+        with torch.no_grad():
+            want = copy.deepcopy(model).double()(x.double())
+            mlp = fusedmlp.from_torch(model, check=True)
+            assert mlp._net.plan(fusedmlp._api._gpu(0).info["arch"]).info["x_split"] == 1
+            _check(mlp(x), want)
