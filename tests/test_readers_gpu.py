@@ -108,8 +108,8 @@ def test_onnx_and_sklearn_models_on_cuda():
 def test_encodings_constants_and_softmin_read_this_session_on_cuda():
     """What the readers learned without a GPU at hand (session 36): NeRF's positional encoding written in forward (10
     frequencies: the phase of 2^9 x, which x in two 16-bit parts keeps), a PINN's input scaling by its bounds (arithmetic
-    on parameters alone), Fourier features of x @ (2 pi B) and a Softmin head, each with check=True and against torch in
-    float64."""
+    on parameters alone), Fourier features of x @ (2 pi B), a Softmin head and an actor's per-action scale after its
+    tanh (a diagonal layer of its own), each with check=True and against torch in float64."""
     import copy
 
     from test_torch import _Encoded, _Pinn
@@ -124,8 +124,19 @@ def test_encodings_constants_and_softmin_read_this_session_on_cuda():
         def forward(self, x):
             return F.softmin(self.b(torch.relu(self.a(x))), dim=-1)
 
+    class ScaledActor(nn.Module):  # CleanRL's DDPG / TD3 actor: per-action scale and bias after the tanh
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 256), nn.Linear(256, 6)
+            self.register_buffer("action_scale", torch.rand(6) + 0.5)
+            self.register_buffer("action_bias", torch.randn(6) * 0.1)
+
+        def forward(self, x):
+            return torch.tanh(self.b(torch.relu(self.a(x)))) * self.action_scale + self.action_bias
+
     lo = torch.tensor([-1.0, 0.0, -2.0], device="cuda")
-    for model in (_Encoded(), _Encoded(include_input=False, per_feature=True), _Pinn(), SoftminHead()):
+    for model in (_Encoded(), _Encoded(include_input=False, per_feature=True), _Pinn(), SoftminHead(),
+                  ScaledActor()):
         model = model.cuda().eval()
         x = torch.rand(4099, 3, device="cuda") * torch.tensor([2.0, 3.0, 4.5], device="cuda") + lo
         with torch.no_grad():

@@ -926,15 +926,19 @@ def test_a_positional_encoding_read_again_later_is_named():
         fusedmlp.from_torch(_Encoded(skip=True).eval(), device="cpu")
 
 
-def test_a_constant_map_no_linear_takes_is_named():
+def test_a_constant_map_after_the_last_activation_is_a_diagonal_layer():
+    """An RL actor's tanh(z) * action_scale + action_bias with per-action buffers (CleanRL's DDPG / TD3 actor) and a
+    BatchNorm1d closing a Sequential after its activation fold into no Linear: each is a layer of its own, diag(s)
+    and bias t."""
     class Tail(nn.Module):
         def __init__(self):
             super().__init__()
-            self.a = nn.Linear(4, 3)
-            self.register_buffer("scale", torch.rand(3))
+            self.a, self.b = nn.Linear(17, 64), nn.Linear(64, 6)
+            self.register_buffer("action_scale", torch.rand(6) + 0.5)
+            self.register_buffer("action_bias", torch.randn(6) * 0.1)
 
         def forward(self, x):
-            return torch.relu(self.a(x)) * self.scale
+            return torch.tanh(self.b(torch.relu(self.a(x)))) * self.action_scale + self.action_bias
 
     class Over(nn.Module):
         def __init__(self):
@@ -944,8 +948,17 @@ def test_a_constant_map_no_linear_takes_is_named():
         def forward(self, x):
             return 1.0 / self.a(x)
 
-    with pytest.raises(fusedmlp.ArgumentError, match=r"at the end of the network after an activation folds into no"):
-        fusedmlp.from_torch(Tail().eval(), device="cpu")
+    torch.manual_seed(15)
+    bn = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.Tanh(), nn.BatchNorm1d(3))
+    bn[-1].running_mean.uniform_(-1, 1), bn[-1].running_var.uniform_(0.5, 2.0)
+    for model, k in ((Tail(), 17), (bn, 4)):
+        model.eval()
+        mlp = fusedmlp.from_torch(model, device="cpu")
+        n = mlp.widths[-1]
+        assert mlp.widths[-2] == n and mlp.activations[-1] == "none(x)" and mlp.activations[-2] == "tanh(x)"
+        assert np.count_nonzero(mlp._w[-1] - np.diag(np.diag(mlp._w[-1]))) == 0  # diag(s)
+        x = torch.randn(60, k, dtype=torch.float64)
+        assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-5
     mlp = fusedmlp.from_torch(Over().eval(), device="cpu")  # a number over the output: an activation expression
     assert list(mlp.activations) == ["(1 / x)"]
 

@@ -110,8 +110,9 @@ def test_batchnorm_in_training_mode_names_the_module():
     # an activation between the BN and the next Linear: no exact fold
     (lambda: [nn.Linear(4, 8), nn.ReLU(), trained_bn(8, 1), nn.ReLU(), nn.Linear(8, 2)],
      r"^2: BatchNorm1d is followed by an activation \(3\) before the next Linear"),
-    # at the end, after an activation
-    (lambda: [nn.Linear(4, 8), nn.Tanh(), trained_bn(8, 1)], r"^2: BatchNorm1d at the end of the network"),
+    # at the end, after an activation (a diagonal layer of its own where the widths agree)
+    (lambda: [nn.Linear(4, 8), nn.Tanh(), trained_bn(6, 1)],
+     r"^2: BatchNorm1d has 6 features but the network's output has 8"),
     (lambda: [nn.Linear(4, 8), nn.BatchNorm1d(8, track_running_stats=False).eval(), nn.Linear(8, 2)],
      r"^1: BatchNorm1d\(track_running_stats=False\)"),
     (lambda: [nn.Linear(4, 8), trained_bn(6, 1), nn.Linear(6, 2)],

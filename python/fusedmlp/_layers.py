@@ -33,6 +33,15 @@ def then_map(earlier, s, t, label):
     return s * s0, s * t0 + t, first
 
 
+def graph_edges(residual, concat, norm, flatten=None, num_layers=0):
+    """FusedMLP's graph arguments of a read model: residual (a list: None for each layer past its end, a layer
+    Layers.finish added) and concat, norm where it has norms, flatten_input where it flattens its input first."""
+    if residual is not None:
+        residual = list(residual) + [None] * (num_layers - len(residual))
+    return {"residual": residual, "concat": concat, **({"norm": norm} if norm else {}),
+            **({"flatten_input": flatten} if flatten is not None else {})}
+
+
 class Layers:
     """The layers read so far, in float64 until the end (the folds are exact there, then rounded once to float32).
 
@@ -43,8 +52,9 @@ class Layers:
     W' = diag(s) W, b' = s b + t (into its LayerNorm / RMSNorm affine where it has one: gamma' = s gamma,
     beta' = s beta + t); anywhere else it must come directly before a Linear and folds into that one's input side,
     W' = W diag(s), b' = b + W t. Both are exact; a batch norm with an
-    activation, residual or concat between it and the next Linear, or at the end of the network after an activation,
-    has no exact fold and is an error naming it."""
+    activation, residual or concat between it and the next Linear has no exact fold and is an error naming it. At the
+    end of the network after an activation (an RL actor's tanh(z) * action_scale + action_bias) it is a layer of its
+    own, diag(s) and bias t (finish): the values before it are then stored in the compute dtype, one more rounding."""
 
     def __init__(self, to_array, bn="BatchNorm1d"):
         """to_array: a weight, bias or norm vector as given (a tensor) -> float64 NumPy (None stays None); bn: what
@@ -287,12 +297,14 @@ class Layers:
 
     def finish(self, name):
         """(weights, biases, activations, norm) in float32, norm FusedMLP's norm= argument (None without norms)."""
-        if self.pending is not None:
-            raise ArgumentError(f"{self.pending[2]}: {self.bn} at the end of the network after an activation folds "
-                                f"into no Linear; fusedmlp folds a {self.bn} directly after a Linear or directly "
-                                "before one")
         if not self.weights:
             raise ShapeError(f"{name} holds no Linear layer")
+        if self.pending is not None:  # after the last activation: diag(s) h + t, a layer of its own
+            width = self.weights[-1].shape[0]
+            if self.pending[0].shape[0] not in (1, width):
+                raise ShapeError(f"{self.pending[2]}: {self.bn} has {self.pending[0].shape[0]} features but the "
+                                 f"network's output has {width}")
+            self.linear64(np.eye(width), None, self.pending[2])
 
         def f32(a):
             return None if a is None else a.astype(np.float32)

@@ -6,13 +6,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._layers import Layers, affine_map, compose as _compose, then_map
+from ._layers import Layers, affine_map, compose as _compose, graph_edges, then_map
 from ._torch_fx_nodes import (F, TRACED_SUPPORTED, _ADD, _ARITH, _ARITH_METHODS, _ASIDE, _DROPOUT_FUNCTIONS,
                               _FOLD_FUNCTIONS, _FOLD_METHODS, _FUNCTIONS, _METHODS, _MUL, _SAME_METHODS, _arg,
                               _expression, _functional_text, _is_parametrization_call, _over, _scalar_text,
                               _traced_attr, _traced_constant_op, _traced_flatten, _traced_matmul_weight, _traced_norm,
                               _traced_softmax, _weight_view)
-from ._torch_modules import (_DROPOUTS, _activation_text, _batchnorm_affine, _check_dropout_off, _edges, _effective,
+from ._torch_modules import (_DROPOUTS, _activation_text, _batchnorm_affine, _check_dropout_off, _effective,
                              _numpy64)
 from .errors import ArgumentError
 
@@ -638,7 +638,8 @@ class _Tracer:
                                 "one torch.cat of all of them along the last dim before the first Linear (a critic's "
                                 "torch.cat([obs, act], -1))")
         weights, biases, acts, norm, flatten = self.layers.finish(name)
-        edges = _edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten)
+        edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
+                       len(weights))
         if self.input_order:
             edges["inputs"] = self.input_order
         if self.squeeze is not None:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._layers import Layers
+from ._layers import Layers, graph_edges
 from .errors import ArgumentError
 
 
@@ -123,13 +123,6 @@ def _effective(module, name, label):
     return getattr(module, name)
 
 
-def _edges(residual, concat, norm, flatten=None):
-    """FusedMLP's graph arguments of a read model: residual and concat, norm where it has norms, flatten_input where
-    it flattens its input first."""
-    return {"residual": residual, "concat": concat, **({"norm": norm} if norm else {}),
-            **({"flatten_input": flatten} if flatten is not None else {})}
-
-
 def _norm_module(module):
     """(kind, normalized_shape, weight, bias, eps) of an nn.LayerNorm or nn.RMSNorm, else None. RMSNorm's eps=None
     (torch.finfo of the input's dtype) stays None: FusedMLP's default for rmsnorm, float32's epsilon."""
@@ -227,4 +220,4 @@ def read_sequential(module, activations=None):
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
     weights, biases, acts, norm, flatten = layers.finish(type(module).__name__)
-    return weights, biases, acts, _edges(None, None, norm, flatten)
+    return weights, biases, acts, graph_edges(None, None, norm, flatten)

@@ -39,7 +39,7 @@ import os
 import numpy as np
 
 from ._api import FusedMLP
-from ._layers import Layers, affine_map, compose, then_map
+from ._layers import Layers, affine_map, compose, graph_edges, then_map
 from .errors import ArgumentError, ShapeError
 
 SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub / Mul / Div of a constant vector "
@@ -656,8 +656,8 @@ class _Reader:
         if self.output != self.cur:
             raise ArgumentError(f"the graph output {self.output} is not the end of the layer chain ({self.cur})")
         weights, biases, acts, norm, flatten = self.layers.finish("the ONNX graph")
-        edges = {"residual": [tuple(r) if r else None for r in self.residual], "concat": self.concat or None,
-                 **({"norm": norm} if norm else {}), **({"flatten_input": flatten} if flatten is not None else {})}
+        edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
+                       len(weights))
         return weights, biases, acts, edges
 
 
