@@ -112,31 +112,13 @@ def test_encodings_constants_and_softmin_read_this_session_on_cuda():
     tanh (a diagonal layer of its own), each with check=True and against torch in float64."""
     import copy
 
-    from test_torch import _Encoded, _Pinn
+    from test_torch import _Encoded, _Pinn, _ScaledActor
 
     torch.manual_seed(23)
-
-    class SoftminHead(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(3, 64), nn.Linear(64, 7)
-
-        def forward(self, x):
-            return F.softmin(self.b(torch.relu(self.a(x))), dim=-1)
-
-    class ScaledActor(nn.Module):  # CleanRL's DDPG / TD3 actor: per-action scale and bias after the tanh
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(3, 256), nn.Linear(256, 6)
-            self.register_buffer("action_scale", torch.rand(6) + 0.5)
-            self.register_buffer("action_bias", torch.randn(6) * 0.1)
-
-        def forward(self, x):
-            return torch.tanh(self.b(torch.relu(self.a(x)))) * self.action_scale + self.action_bias
-
     lo = torch.tensor([-1.0, 0.0, -2.0], device="cuda")
-    for model in (_Encoded(), _Encoded(include_input=False, per_feature=True), _Pinn(), SoftminHead(),
-                  ScaledActor()):
+    softmin = nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 7), nn.Softmin(-1))
+    for model in (_Encoded(), _Encoded(include_input=False, per_feature=True), _Pinn(), softmin,
+                  _ScaledActor(inputs=3, width=256)):
         model = model.cuda().eval()
         x = torch.rand(4099, 3, device="cuda") * torch.tensor([2.0, 3.0, 4.5], device="cuda") + lo
         with torch.no_grad():

@@ -926,19 +926,23 @@ def test_a_positional_encoding_read_again_later_is_named():
         fusedmlp.from_torch(_Encoded(skip=True).eval(), device="cpu")
 
 
+class _ScaledActor(nn.Module):
+    """CleanRL's DDPG / TD3 actor: per-action scale and bias buffers after the tanh."""
+
+    def __init__(self, inputs=17, width=64):
+        super().__init__()
+        self.a, self.b = nn.Linear(inputs, width), nn.Linear(width, 6)
+        self.register_buffer("action_scale", torch.rand(6) + 0.5)
+        self.register_buffer("action_bias", torch.randn(6) * 0.1)
+
+    def forward(self, x):
+        return torch.tanh(self.b(torch.relu(self.a(x)))) * self.action_scale + self.action_bias
+
+
 def test_a_constant_map_after_the_last_activation_is_a_diagonal_layer():
     """An RL actor's tanh(z) * action_scale + action_bias with per-action buffers (CleanRL's DDPG / TD3 actor) and a
     BatchNorm1d closing a Sequential after its activation fold into no Linear: each is a layer of its own, diag(s)
     and bias t."""
-    class Tail(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(17, 64), nn.Linear(64, 6)
-            self.register_buffer("action_scale", torch.rand(6) + 0.5)
-            self.register_buffer("action_bias", torch.randn(6) * 0.1)
-
-        def forward(self, x):
-            return torch.tanh(self.b(torch.relu(self.a(x)))) * self.action_scale + self.action_bias
 
     class Over(nn.Module):
         def __init__(self):
@@ -951,7 +955,7 @@ def test_a_constant_map_after_the_last_activation_is_a_diagonal_layer():
     torch.manual_seed(15)
     bn = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.Tanh(), nn.BatchNorm1d(3))
     bn[-1].running_mean.uniform_(-1, 1), bn[-1].running_var.uniform_(0.5, 2.0)
-    for model, k in ((Tail(), 17), (bn, 4)):
+    for model, k in ((_ScaledActor(), 17), (bn, 4)):
         model.eval()
         mlp = fusedmlp.from_torch(model, device="cpu")
         n = mlp.widths[-1]
