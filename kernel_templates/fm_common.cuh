@@ -565,22 +565,7 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
                                               int lane) {
     constexpr int VEC = 16 / (int)sizeof(in_t);  // elements per 16-byte load
     constexpr int NW = VEC * EB / 4;              // 32-bit words they become on chip
-#if FM_PREC <= 1
-    if constexpr (X_PARTS == 3) {  // (at most 5 features) an element walk: x_hi, x_lo = x - x_hi, x_hi again
-        const long long base = r0 * IN_REAL;
-        const int count = nrows * IN_REAL;
-        for (int e = lane; e < ROWS_W * IN_REAL; e += 32) {
-            const int row = e / IN_REAL, col = e % IN_REAL;
-            const float f = e < count ? fm_in_to_f(x[base + e]) : 0.0f;
-            const act_t hi = fm_f_to_act(f);
-            act_t *at = buf + row * ACT_STRIDE + col;
-            at[0] = hi;
-            at[IN_REAL] = fm_f_to_act(f - fm_16_to_f<FM_PREC + 1>(hi));  // (f - x_hi is exact in float32)
-            at[2 * IN_REAL] = hi;
-        }
-    } else
-#endif
-    if constexpr (IN_REAL % VEC == 0) {  // every row starts 16-byte aligned: vector loads
+    if constexpr (IN_REAL % VEC == 0 && X_PARTS == 1) {  // every row starts 16-byte aligned: vector loads
         constexpr int CHUNKS = IN_REAL >= VEC ? IN_REAL / VEC : 1;  // (NVRTC warns on a zero divisor)
         for (int i = lane; i < ROWS_W * CHUNKS; i += 32) {
             const int row = i / CHUNKS, c = (i % CHUNKS) * VEC;
@@ -619,12 +604,19 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
             }
             fm_st_words<NW>(buf + row * ACT_STRIDE + c, words);
         }
-    } else {  // odd row widths: a contiguous, coalesced element walk over the strip
+    } else {  // odd row widths, or x in parts (at most 5 features): a contiguous, coalesced element walk
         const long long base = r0 * IN_REAL;
         const int count = nrows * IN_REAL;
         for (int e = lane; e < ROWS_W * IN_REAL; e += 32) {
             const int row = e / IN_REAL, col = e % IN_REAL;
-            act_t v = (act_t)0;
+            act_t v = (act_t)0, lo = (act_t)0;
+#if FM_PREC <= 1
+            if constexpr (X_PARTS == 3) {  // x_lo: the rounding of what x_hi left (f - x_hi is exact in float32)
+                const float f = e < count ? fm_in_to_f(x[base + e]) : 0.0f;
+                v = fm_f_to_act(f);
+                lo = fm_f_to_act(f - fm_16_to_f<FM_PREC + 1>(v));
+            } else
+#endif
             if (e < count) {
 #if FM_PREC >= 3
                 v = (act_t)(fm_quant2(fm_in_to_f(x[base + e]) * Layer<0>::QIN, 0.0f) & 0xffu);
@@ -635,7 +627,12 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
                     v = fm_f_to_act(fm_in_to_f(x[base + e]));
 #endif
             }
-            buf[row * ACT_STRIDE + col] = v;
+            act_t *at = buf + row * ACT_STRIDE + col;
+            at[0] = v;
+            if constexpr (X_PARTS == 3) {  // [x_hi | x_lo | x_hi]
+                at[IN_REAL] = lo;
+                at[2 * IN_REAL] = v;
+            }
         }
     }
     if constexpr (PAD_ZERO)
