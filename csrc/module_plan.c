@@ -104,29 +104,16 @@ static PyObject *Plan_render(PlanObject *self, PyObject *args) {
 static PyObject *Plan_get_info(PlanObject *self, void *closure) {
     (void)closure;
     const fm_plan *p = &self->plan;
-    PyObject *info = Py_BuildValue(
-        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s}", "arch", p->arch, "wgmma", p->wgmma,
-        "cluster", p->cluster, "kpipe", p->kpipe, "warps", p->warps, "m_tiles", p->m_tiles, "rows_per_cta",
-        p->rows_per_cta, "resident", p->resident, "stream_slots", p->stream_slots, "buffers", p->buffers, "blocks_per_sm", p->blocks_per_sm, "smem_bytes",
-        (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32, "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype",
-        fm_dtype_name(p->out_dtype), "precision", fm_prec_name(p->prec));
     int halved = 0; /* norm layers whose act takes x / 2 (fm_plan.norm_half) */
     for (int l = 0; l < p->num_layers; ++l)
         halved += p->norm_half[l] != 0;
-    PyObject *nh = info != NULL ? PyLong_FromLong(halved) : NULL;
-    if (info != NULL && (nh == NULL || PyDict_SetItemString(info, "norm_half", nh) < 0)) {
-        Py_XDECREF(nh);
-        Py_DECREF(info);
-        return NULL;
-    }
-    Py_XDECREF(nh);
-    PyObject *xs = info != NULL ? PyLong_FromLong(p->x_split) : NULL;
-    if (info != NULL && (xs == NULL || PyDict_SetItemString(info, "x_split", xs) < 0)) {
-        Py_XDECREF(xs);
-        Py_DECREF(info);
-        return NULL;
-    }
-    Py_XDECREF(xs);
+    PyObject *info = Py_BuildValue(
+        "{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:n,s:i,s:s,s:s,s:s,s:i,s:i}", "arch", p->arch, "wgmma",
+        p->wgmma, "cluster", p->cluster, "kpipe", p->kpipe, "warps", p->warps, "m_tiles", p->m_tiles, "rows_per_cta",
+        p->rows_per_cta, "resident", p->resident, "stream_slots", p->stream_slots, "buffers", p->buffers,
+        "blocks_per_sm", p->blocks_per_sm, "smem_bytes", (Py_ssize_t)p->smem_bytes, "threads", p->warps * 32,
+        "in_dtype", fm_dtype_name(p->in_dtype), "out_dtype", fm_dtype_name(p->out_dtype), "precision",
+        fm_prec_name(p->prec), "norm_half", halved, "x_split", p->x_split);
     if (info != NULL && p->stream_slots) { /* the streamed form's layers wider than 256 (fm_plan.wide_out, k_chunk) */
         /* tuples: the tuner hashes plan.info's items to tell plans apart */
         Py_ssize_t nwide = 0;
