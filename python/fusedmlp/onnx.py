@@ -212,9 +212,8 @@ class _Reader:
                 if q != self.x:
                     m = made.get(q)
                     if (m is None or m.op_type != "Mul" or self.x not in map(self.root, m.input)
-                            or not readers.get(q, set()) <= {made[self.root(i)].output[0] for i in node.input
-                                                             if self.root(i) in made}):
-                        break
+                            or not readers.get(q, set()) <= set(map(self.root, node.input))):
+                        break  # (a product may feed both a Sin and a Cos part)
                     scale = next(self.root(i) for i in m.input if self.root(i) != self.x)
                     names.add(q)
                 names.add(name)
@@ -657,7 +656,7 @@ class _Reader:
             raise ArgumentError(f"the graph output {self.output} is not the end of the layer chain ({self.cur})")
         weights, biases, acts, norm, flatten = self.layers.finish("the ONNX graph")
         edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
-                       len(weights))
+                            len(weights))
         return weights, biases, acts, edges
 
 
