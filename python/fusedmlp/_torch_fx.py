@@ -155,7 +155,7 @@ class _Tracer:
         scales = []
         for kind, c in parts:
             if isinstance(c, torch.fx.Node):
-                c = self.consts[c] if c in self.consts else _traced_attr(self.module, c, label)
+                c = self.constant(c, label)
             scales.append((kind, None if c is None else c.detach().cpu().numpy() if isinstance(c, torch.Tensor)
                            else c))
         self.keep_input()
@@ -182,6 +182,11 @@ class _Tracer:
                                 "tell x's width; fusedmlp reads one that feeds a Linear directly")
         return w.shape[1] // n_parts
 
+    def constant(self, node, label):
+        """The value a constant argument stands for: a node folded while reading (consts), else what _traced_attr
+        reads (a parameter or buffer, a parametrized weight, a number or None as given; an error for anything else)."""
+        return self.consts[node] if node in self.consts else _traced_attr(self.module, node, label)
+
     def fold_constant(self, node):
         """A deterministic op (_FOLD_FUNCTIONS, _FOLD_METHODS) of constants alone (numbers, parameters and buffers,
         nodes folded before): evaluated here in float64, so that the ops which read it see one constant ((ub - lb)
@@ -195,9 +200,7 @@ class _Tracer:
             return False
 
         def value(n):
-            if n in self.consts:
-                return self.consts[n]
-            v = _traced_attr(self.module, n, n.name)
+            v = self.constant(n, n.name)
             return v.detach().to(torch.float64).cpu() if isinstance(v, torch.Tensor) else v
 
         args = torch.fx.node.map_arg(node.args, value)
@@ -346,8 +349,7 @@ class _Tracer:
         elif leaf is not None:
             w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
         else:
-            w, b = (self.consts[a] if a in self.consts else _traced_attr(self.module, a, label)
-                    for a in (node.args[1], _arg(node, 2, "bias", None)))
+            w, b = (self.constant(a, label) for a in (node.args[1], _arg(node, 2, "bias", None)))
         if not self.takes_cur():
             if self.head(node, w, b, label):
                 return _ASIDE
