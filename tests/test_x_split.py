@@ -123,18 +123,14 @@ def test_split_kernels_compile_ahead_of_time(rng, tmp_path, arch, options):
 GPU_FORMS = [{"wgmma": 0}, {"wgmma": 1, "cluster": -1}, {"wgmma": 1, "resident": 0}, {"cluster": 2}]
 
 
-def _run(kernel, x, io):
-    from test_gpu import run_io_kernel
-
-    return run_io_kernel(kernel, x, io)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("io, dtype", [("float32", "float16"), ("float16", "float16"), ("float32", "bfloat16")])
 def test_gpu_split_x_carries_a_sine_first_layer_to_float32_accuracy(rng, io, dtype):
     """Against float64, the same kernel with x whole (x_split=-1) and split, in each fused form that takes it: the
     split is well inside the whole form's error, and float16 x (exact in the kernel: x_lo = 0) still gains W_lo.
     bfloat16: two 8-bit parts, x to 2^-16 where one part is 2^-8; its bound is bfloat16's own."""
+    from test_gpu import graph_reference, run_io_kernel
+
     arch = fusedmlp._api._gpu(0).info["arch"]
     bound = 2e-3 if dtype == "float16" else fusedmlp.CHECK_TOLERANCES["bfloat16"]
     report = []
@@ -148,8 +144,8 @@ def test_gpu_split_x_carries_a_sine_first_layer_to_float32_accuracy(rng, io, dty
                     kernel, plan = mlp._build(io, x_split=split, **form)[:2]
                 except fusedmlp.LimitError:
                     break
-                x_seen, y = _run(kernel, x, io)
-                errs.append(rel_l2(y, _float64(mlp, x_seen)))
+                x_seen, y = run_io_kernel(kernel, x, io)
+                errs.append(rel_l2(y, graph_reference(x_seen, mlp._w, mlp._b, mlp)))
                 assert plan.info["x_split"] == (split == 0)
             if len(errs) == 2:
                 report.append(f"{name} {form} {io} {dtype}: whole {errs[0]:.2e}, split {errs[1]:.2e}")
@@ -157,14 +153,3 @@ def test_gpu_split_x_carries_a_sine_first_layer_to_float32_accuracy(rng, io, dty
     print("\n" + "\n".join(report))
     assert report
 
-
-def _float64(mlp, x):
-    """The network in float64 on x as the kernel saw it (mlp._concat: 1 x after h, 2 before)."""
-    h, x = x.astype(np.float64), x.astype(np.float64)
-    for i, (w, b) in enumerate(zip(mlp._w, mlp._b)):
-        cat = mlp._concat[i] if mlp._concat else 0
-        inp = np.concatenate([h, x], 1) if cat == 1 else np.concatenate([x, h], 1) if cat == 2 else h
-        z = inp @ w.astype(np.float64).T + (0 if b is None else b.astype(np.float64))
-        act = mlp._acts[i]
-        h = np.sin(z) if act.startswith("sin") else np.maximum(z, 0) if act.startswith("relu") else z
-    return h
