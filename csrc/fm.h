@@ -183,6 +183,14 @@ typedef struct fm_spec {
     fm_prec quant;
     float *w_scale[FM_MAX_LAYERS];
     float act_scale[FM_MAX_LAYERS];
+    /* An input encoding computed as x is loaded (fm_spec_set_encoding; enc_cols 0: none): the layers see value -1 as
+     * enc_cols = width[0] columns made from x's x_features features, column j x[enc_src[j]] where enc_sin[j] is 0,
+     * else sin(enc_scale[j] * x[enc_src[j]] + enc_phase[j]) in float32 (NeRF's positional encoding, cos z being
+     * sin(z + pi / 2)). x_features: the features of x in memory, width[0] without an encoding. */
+    int x_features;
+    int enc_cols;
+    int *enc_src, *enc_sin;       /* (owned) */
+    float *enc_scale, *enc_phase; /* (owned) */
 } fm_spec;
 
 enum { FM_RES_NONE = 0, FM_RES_ADD = 1, FM_RES_MUL = 2 };
@@ -213,6 +221,11 @@ fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *pos
  * neither, and eps 0). Call before fm_spec_bound_preacts (a norm layer's pre-activations have no bound from the weights). */
 fm_status fm_spec_set_norm(fm_spec *spec, int layer, int kind, double eps, const float *gamma, int64_t weight_len,
                            const float *beta, int64_t bias_len, fm_error *err);
+/* Gives the network an input encoding (fm_spec.enc_*): cols columns, as many as layer 0 takes (width[0]), each
+ * src[j] in [0, x_features), sin[j] 0 (x itself) or 1 (sin(scale[j] x + phase[j]), scale and phase finite); copied.
+ * FM_ERR_SHAPE / FM_ERR_VALUE naming the column and the rule, FM_ERR_NOMEM. */
+fm_status fm_spec_set_encoding(fm_spec *spec, int x_features, int cols, const int *src, const int *sin,
+                               const float *scale, const float *phase, fm_error *err);
 /* "layernorm", "rmsnorm", "softmax", "log_softmax" or "none" for an FM_NORM_* (anything else: "?"). */
 const char *fm_norm_name(int kind);
 
@@ -426,6 +439,9 @@ typedef struct fm_plan {
      * 2 pi x B) turns that into a phase error the whole network carries. Fused 16-bit plans of at most 5 input features
      * (three parts fill the 16-column k step one part would have padded: no MMA more), no residual of x. */
     int x_split;
+    /* x's features in global memory: k_real[0], or fewer where the spec has an input encoding (fm_spec.enc_*, which a
+     * fused plan's loader computes; never x_split). */
+    int x_features;
     /* 8-bit plans (fm_prec_is_8bit(prec)): the weight blob holds codes (fm_quant8 of W / w_scale), the float blob
      * per layer also n_pad dequantisation factors act_scale[l] * w_scale[l][n] at dq_offset[l] (after the bias and a
      * norm's gamma and beta): the accumulators times these, plus the bias, are W h + b. act_scale[l] is the spec's

@@ -220,6 +220,14 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     fm_status st = fm_plan_check_prec(spec, target, prec, err); /* (the 8-bit scales among its checks) */
     if (st != FM_OK)
         return st;
+    if (spec->enc_cols > 0 && (l == 0 || spec->cat[l] != FM_CAT_NONE || opts->pad_pass ||
+                               (spec->res_op[l] != FM_RES_NONE && spec->res_src[l] == -1))) {
+        fm_fail(err, FM_ERR_LIMIT, "layer %d reads x's input encoding (%d columns of %d features), which only the fused "
+                "kernels compute; it cannot run as a GEMM", l, spec->enc_cols, spec->x_features);
+        fm_error_hint(err, "encode x before the model (it then takes %d features), or make every layer reading x fit a "
+                      "fused kernel", spec->enc_cols);
+        return FM_ERR_LIMIT;
+    }
     if (opts->norm_pass)
         return fm_plan_gemm_norm(spec, l, target, prec, a0, a1, res, out, plan, err);
     if (opts->pad_pass)

@@ -208,7 +208,7 @@ static fm_status Kernel_reserve(fm_devptr *buf, size_t *cap, size_t bytes, fm_er
  * any of its operands in float32, since time() passes it as the concat part and the residual operand too. */
 static size_t Kernel_x_bytes(const fm_plan *p, int64_t rows) {
     if (!p->gemm)
-        return (size_t)rows * (size_t)p->k_real[0] * fm_dtype_size(p->in_dtype);
+        return (size_t)rows * (size_t)p->x_features * fm_dtype_size(p->in_dtype);
     const int l = p->gemm_layer;
     return (size_t)rows * 4 * (size_t)(p->k_real[l] > p->n_real[l] ? p->k_real[l] : p->n_real[l]);
 }
@@ -313,9 +313,9 @@ static PyObject *Kernel_run(KernelObject *self, PyObject *args, PyObject *kwds) 
     PyArrayObject *x = fm_array(xobj, in_type, 2, "x");
     if (x == NULL)
         return NULL;
-    if (PyArray_DIM(x, 1) != p->k_real[0] || PyArray_DIM(x, 0) < 1) {
+    if (PyArray_DIM(x, 1) != p->x_features || PyArray_DIM(x, 0) < 1) {
         PyErr_Format(PyExc_ValueError, "x has shape (%zd, %zd); the kernel takes (rows >= 1, %d)",
-                     (Py_ssize_t)PyArray_DIM(x, 0), (Py_ssize_t)PyArray_DIM(x, 1), p->k_real[0]);
+                     (Py_ssize_t)PyArray_DIM(x, 0), (Py_ssize_t)PyArray_DIM(x, 1), p->x_features);
         Py_DECREF(x);
         return NULL;
     }

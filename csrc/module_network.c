@@ -113,11 +113,41 @@ static int Network_set_norms(NetworkObject *self, PyObject *norms, Py_ssize_t n)
     return 0;
 }
 
+/* encoding: (x_features, columns), columns a list of (src, sin, scale, phase), one per layer 0 input
+ * (fm_spec_set_encoding checks them). */
+static int Network_set_encoding(NetworkObject *self, PyObject *encoding) {
+    int x_features;
+    PyObject *cols;
+    if (!PyArg_ParseTuple(encoding, "iO!", &x_features, &PyList_Type, &cols))
+        return -1;
+    const Py_ssize_t n = PyList_GET_SIZE(cols);
+    if (n < 1 || n > 4 * FM_MAX_FUSED_WIDTH) {
+        PyErr_Format(PyExc_ValueError, "an input encoding of %zd columns; 1..%d", n, 4 * FM_MAX_FUSED_WIDTH);
+        return -1;
+    }
+    int src[4 * FM_MAX_FUSED_WIDTH], sin[4 * FM_MAX_FUSED_WIDTH];
+    float scale[4 * FM_MAX_FUSED_WIDTH], phase[4 * FM_MAX_FUSED_WIDTH];
+    for (Py_ssize_t j = 0; j < n; ++j) {
+        double c, p;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(cols, j), "iidd", &src[j], &sin[j], &c, &p))
+            return -1;
+        scale[j] = (float)c;
+        phase[j] = (float)p;
+    }
+    fm_error err = {0};
+    if (fm_spec_set_encoding(&self->spec, x_features, (int)n, src, sin, scale, phase, &err) != FM_OK) {
+        fm_raise_clear(&err);
+        return -1;
+    }
+    return 0;
+}
+
 static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"weights", "biases", "activations", "residuals", "concat", "norms", NULL};
-    PyObject *weights, *biases, *acts, *residuals = Py_None, *concat = Py_None, *norms = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|OOO", kwlist, &PyList_Type, &weights, &PyList_Type, &biases,
-                                     &PyList_Type, &acts, &residuals, &concat, &norms))
+    static char *kwlist[] = {"weights", "biases", "activations", "residuals", "concat", "norms", "encoding", NULL};
+    PyObject *weights, *biases, *acts, *residuals = Py_None, *concat = Py_None, *norms = Py_None,
+             *encoding = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!|OOOO", kwlist, &PyList_Type, &weights, &PyList_Type,
+                                     &biases, &PyList_Type, &acts, &residuals, &concat, &norms, &encoding))
         return -1;
     Network_release(self);
     Py_ssize_t n = PyList_GET_SIZE(weights);
@@ -160,7 +190,8 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
     }
     self->has_spec = 1;
     if ((residuals != Py_None && Network_set_residuals(self, residuals, n) < 0) ||
-        (norms != Py_None && Network_set_norms(self, norms, n) < 0)) {
+        (norms != Py_None && Network_set_norms(self, norms, n) < 0) ||
+        (encoding != Py_None && Network_set_encoding(self, encoding) < 0)) {
         Network_release(self);
         return -1;
     }
@@ -210,9 +241,9 @@ static PyArrayObject *Network_input(NetworkObject *self, PyObject *xobj) {
         return NULL;
     }
     PyArrayObject *x = (PyArrayObject *)xobj;
-    if (PyArray_DIM(x, 1) != self->spec.width[0]) {
+    if (PyArray_DIM(x, 1) != self->spec.x_features) {
         PyErr_Format(PyExc_ValueError, "x has %zd features; the network takes %d", (Py_ssize_t)PyArray_DIM(x, 1),
-                     self->spec.width[0]);
+                     self->spec.x_features);
         return NULL;
     }
     return x;
@@ -391,6 +422,11 @@ static PyObject *Network_get_widths(NetworkObject *self, void *closure) {
     return t;
 }
 
+static PyObject *Network_get_x_features(NetworkObject *self, void *closure) {
+    (void)closure;
+    return Network_ready(self) ? PyLong_FromLong(self->spec.x_features) : NULL;
+}
+
 static PyObject *Network_get_activations(NetworkObject *self, void *closure) {
     (void)closure;
     if (!Network_ready(self))
@@ -432,6 +468,8 @@ static PyMethodDef Network_methods[] = {
 
 static PyGetSetDef Network_getset[] = {
     {"widths", (getter)Network_get_widths, NULL, "feature counts: input, then each layer's output", NULL},
+    {"x_features", (getter)Network_get_x_features, NULL, "x's features: widths[0], or fewer with an input encoding",
+     NULL},
     {"activations", (getter)Network_get_activations, NULL, "canonical text of each layer's activation", NULL},
     {"quant", (getter)Network_get_quant, NULL, "(precision, act_scales or None, [weight scales]) or None", NULL},
     {NULL, NULL, NULL, NULL, NULL},

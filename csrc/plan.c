@@ -306,6 +306,7 @@ static fm_status fm_plan_form(const fm_spec *spec, const fm_target *target, cons
         widest = w > widest ? w : widest;
         value_pad[v] = fm_round_up(w, fm_prec_is_8bit(prec) ? 32 : 16); /* whole k steps: 16 halves, 32 bytes */
     }
+    plan->x_features = spec->x_features;
     for (int l = 0; l < spec->num_layers; ++l) {
         plan->k_real[l] = fm_spec_in_features(spec, l);
         plan->n_real[l] = spec->width[l + 1];
@@ -549,6 +550,8 @@ static fm_status fm_plan_x_splits(const fm_spec *spec, fm_plan *plan, int opt, f
     const char *why = NULL;
     if (plan->prec != FM_PREC_F16 && plan->prec != FM_PREC_BF16)
         why = "only float16 and bfloat16 plans split x (tf32 and 8-bit ones keep it whole)";
+    else if (spec->enc_cols > 0)
+        why = "x is encoded as it is loaded (the encoding's sines are formed from x in float32)";
     else if (3 * spec->width[0] > plan->k0_pad[0])
         why = "x has more than 5 features (three parts would take more k steps than one)";
     for (int l = 0; why == NULL && l < spec->num_layers; ++l)

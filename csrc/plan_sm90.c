@@ -152,9 +152,9 @@ static size_t fm_plan_wide_bytes(const fm_plan *p) {
 size_t fm_plan_wgmma_raw_bytes(const fm_plan *p) {
     int verbatim = (p->in_dtype == FM_F16 && p->prec == FM_PREC_F16) ||
                    (p->in_dtype == FM_BF16 && p->prec == FM_PREC_BF16);
-    if (verbatim && (p->k_real[0] * p->elem_bytes) % 16 == 0)
-        return 0;
-    return (size_t)fm_round_up(16 * p->k_real[0] * (int)fm_dtype_size(p->in_dtype), 16);
+    if (verbatim && p->x_features == p->k_real[0] && (p->k_real[0] * p->elem_bytes) % 16 == 0)
+        return 0;  /* (an encoded x lands raw: the loader computes the layers' columns from it) */
+    return (size_t)fm_round_up(16 * p->x_features * (int)fm_dtype_size(p->in_dtype), 16);
 }
 
 /* The sm_90a kernel's column groups: n_chunk[l] is the width of each of layer l's groups but the last, which takes

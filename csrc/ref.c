@@ -45,6 +45,16 @@ static void fm_ref_linear(const double *in, int rows, int k_in, const float *w, 
     }
 }
 
+/* Column k of value -1 (what the layers see of x) for the row of x at xr, its features x_col floats apart: x's
+ * feature k, or the input encoding's column k (fm_spec.enc_*), whose sine's argument is float32's product and sum as
+ * the kernels form it (fm_encode), its sine in float64. */
+static double fm_ref_x(const fm_spec *spec, const float *xr, int64_t x_col, int k) {
+    if (spec->enc_cols == 0)
+        return (double)xr[(int64_t)k * x_col];
+    const float v = xr[(int64_t)spec->enc_src[k] * x_col];
+    return spec->enc_sin[k] ? sin((double)fmaf(spec->enc_scale[k], v, spec->enc_phase[k])) : (double)v;
+}
+
 /* Layer l's norm (spec->norm[l]) over each of the nr rows of z (n_out wide), in place: the statistics in float64,
  * the mean first and the variance about it (not E[z^2] - mean^2, which cancels where |mean| >> std); a softmax's the
  * row's max, then the sum of exp(z - max). */
@@ -181,7 +191,7 @@ fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const fl
         int nr = rows - r0 < FM_REF_ROWS ? (int)(rows - r0) : FM_REF_ROWS;
         for (int r = 0; r < nr; ++r)
             for (int k = 0; k < k0; ++k)
-                cur[(size_t)r * k0 + k] = (double)x[(r0 + r) * x_row + (int64_t)k * x_col];
+                cur[(size_t)r * k0 + k] = fm_ref_x(spec, x + (r0 + r) * x_row, x_col, k);
         if (amax != NULL)
             fm_ref_amax(cur, (size_t)nr * (size_t)k0, &amax[0], &amax_nan[0]);
         for (size_t i = 0; quant && i < (size_t)nr * (size_t)k0; ++i)

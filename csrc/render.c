@@ -352,6 +352,22 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(c, ", y %s", fm_dtype_name(p->out_dtype));
 }
 
+/* fm_common.cuh's x: its features in memory (IN_REAL) and a fused plan's input encoding (fm_spec.enc_*), one Enc<C>
+ * per column, scales and phases as exact float literals. A GEMM, pad or norm plan's x is its layer's input as it is. */
+static void fm_render_encoding(const fm_spec *spec, const fm_plan *p, fm_substs *t) {
+    const int enc = p->gemm ? 0 : spec->enc_cols;
+    if (enc)
+        fm_str_printf(fm_subst_add(t, "X_FEATURES"), "%d", spec->x_features);
+    else
+        fm_str_append(fm_subst_add(t, "X_FEATURES"), "Layer<0>::KR");
+    fm_str_printf(fm_subst_add(t, "ENC_COLS"), "%d", enc);
+    fm_str *e = fm_subst_add(t, "ENCODING");
+    for (int c = 0; c < enc; ++c)
+        fm_str_printf(e, "template <> struct Enc<%d> { static constexpr int SRC = %d; static constexpr bool SIN = %s; "
+                      "static constexpr float SCALE = %af, PHASE = %af; };\n", c, spec->enc_src[c],
+                      spec->enc_sin[c] ? "true" : "false", (double)spec->enc_scale[c], (double)spec->enc_phase[c]);
+}
+
 static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const char *kernel_name, fm_substs *t,
                                   fm_error *err) {
     fm_str_append(fm_subst_add(t, "KERNEL_NAME"), kernel_name);
@@ -359,6 +375,7 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     fm_str_printf(fm_subst_add(t, "WARPS"), "%d", p->warps);
     fm_str_printf(fm_subst_add(t, "PREC"), "%d", (int)p->prec);
     fm_str_printf(fm_subst_add(t, "X_PARTS"), "%d", p->x_split ? 3 : 1);
+    fm_render_encoding(spec, p, t);
     fm_str_printf(fm_subst_add(t, "IN_TYPE"), "%d", (int)p->in_dtype);
     fm_str_printf(fm_subst_add(t, "OUT_TYPE"), "%d", (int)p->out_dtype);
     fm_str_printf(fm_subst_add(t, "ACT_STRIDE"), "%d", p->act_stride);

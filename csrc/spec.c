@@ -120,6 +120,7 @@ fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, con
     }
     spec->width[num_layers] = (int)shapes[2 * (num_layers - 1)];
     spec->num_layers = num_layers;
+    spec->x_features = spec->width[0];
     return FM_OK;
 cleanup:
     fm_spec_free(spec);
@@ -136,6 +137,10 @@ void fm_spec_free(fm_spec *spec) {
         free(spec->norm_b[l]);
         free(spec->w_scale[l]);
     }
+    free(spec->enc_src);
+    free(spec->enc_sin);
+    free(spec->enc_scale);
+    free(spec->enc_phase);
     memset(spec, 0, sizeof *spec);
 }
 
@@ -227,6 +232,47 @@ fm_status fm_spec_set_norm(fm_spec *spec, int layer, int kind, double eps, const
     spec->norm_w[layer] = w;
     spec->norm_b[layer] = b;
     spec->z_bound[layer] = INFINITY;
+    return FM_OK;
+}
+
+fm_status fm_spec_set_encoding(fm_spec *spec, int x_features, int cols, const int *src, const int *sin,
+                               const float *scale, const float *phase, fm_error *err) {
+    if (cols != spec->width[0])
+        return fm_fail(err, FM_ERR_SHAPE, "the input encoding makes %d columns; layer 0 takes %d inputs", cols,
+                       spec->width[0]);
+    if (x_features < 1)
+        return fm_fail(err, FM_ERR_VALUE, "the input encoding reads x of %d features; x needs at least 1", x_features);
+    for (int j = 0; j < cols; ++j) {
+        if (src[j] < 0 || src[j] >= x_features)
+            return fm_fail(err, FM_ERR_VALUE, "input encoding column %d reads feature %d of x; x has features 0..%d", j,
+                           src[j], x_features - 1);
+        if (sin[j] != 0 && sin[j] != 1)
+            return fm_fail(err, FM_ERR_VALUE, "input encoding column %d has kind %d; 0 (x) or 1 (sin)", j, sin[j]);
+        if (!isfinite(scale[j]) || !isfinite(phase[j]))
+            return fm_fail(err, FM_ERR_VALUE, "input encoding column %d has scale %g and phase %g; both must be finite",
+                           j, (double)scale[j], (double)phase[j]);
+    }
+    int *s = malloc(sizeof(int) * (size_t)cols), *k = malloc(sizeof(int) * (size_t)cols);
+    float *c = fm_spec_copy_floats(scale, cols), *p = fm_spec_copy_floats(phase, cols);
+    if (s == NULL || k == NULL || c == NULL || p == NULL) {
+        free(s);
+        free(k);
+        free(c);
+        free(p);
+        return fm_fail(err, FM_ERR_NOMEM, "out of memory copying the input encoding (%d columns)", cols);
+    }
+    memcpy(s, src, sizeof(int) * (size_t)cols);
+    memcpy(k, sin, sizeof(int) * (size_t)cols);
+    free(spec->enc_src);
+    free(spec->enc_sin);
+    free(spec->enc_scale);
+    free(spec->enc_phase);
+    spec->enc_src = s;
+    spec->enc_sin = k;
+    spec->enc_scale = c;
+    spec->enc_phase = p;
+    spec->enc_cols = cols;
+    spec->x_features = x_features;
     return FM_OK;
 }
 

@@ -321,14 +321,22 @@ template <int L> struct Layer;
 {{LAYERS}}
 
 constexpr int LAST = FM_NUM_LAYERS - 1;
-constexpr int IN_REAL = Layer<0>::KR;  // x's features (its columns in global memory)
+constexpr int IN_REAL = {{X_FEATURES}};  // x's features (its columns in global memory)
 constexpr int IN_PAD = Layer<0>::K;
 // fm_plan.x_split: 3 where the input buffer holds x as [x_hi | x_lo | x_hi] (16-bit parts, x_lo = x - x_hi rounded)
 // and the layers reading x store [W_hi | W_hi | W_lo] for those columns, so that their MMAs sum W x to about float32's
-// rounding; else 1. IN_COLS: the input buffer's columns written (the rest, to IN_PAD, stay zero).
+// rounding; else 1.
 constexpr int X_PARTS = {{X_PARTS}};
-constexpr int IN_COLS = IN_REAL * X_PARTS;
+// fm_spec's input encoding (ENC_COLS 0: none): the layers see ENC_COLS = Layer<0>::KR columns made from x's IN_REAL
+// features as x is loaded (fm_load_input), column C x[Enc<C>::SRC] or, where Enc<C>::SIN, sin(SCALE x[SRC] + PHASE)
+// in float32 (NeRF's positional encoding; cos z is sin(z + pi / 2)).
+constexpr int ENC_COLS = {{ENC_COLS}};
+template <int C> struct Enc;
+{{ENCODING}}
+// IN_COLS: the input buffer's columns written (the rest, to IN_PAD, stay zero).
+constexpr int IN_COLS = ENC_COLS ? ENC_COLS : IN_REAL * X_PARTS;
 static_assert(X_PARTS == 1 || (FM_PREC <= 1 && IN_COLS <= IN_PAD), "x splits in 16-bit plans, within its k step");
+static_assert(ENC_COLS == 0 || (X_PARTS == 1 && ENC_COLS <= IN_PAD), "an encoding's columns fill layer 0's inputs");
 constexpr int OUT_REAL = Layer<LAST>::NR;
 constexpr int OUT_PAD = Layer<LAST>::N;
 // ------------------------------------------------------------------------------------------------ norms
@@ -558,6 +566,50 @@ __device__ __forceinline__ void fm_zero_pad_columns(act_t *buf, int lane) {
     }
 }
 
+// Column C of the input encoding, and C + H (where below ENC_COLS) in the lanes of `hi`, for the row whose features
+// are v (float32), into `at` (the row's start in the input buffer), then the columns after them.
+constexpr int ENC_X = ENC_COLS ? IN_REAL : 1;  // x's features a lane holds while it encodes a row (1: unused)
+
+template <int C, int H>
+__device__ __forceinline__ void fm_encode_cols(act_t *at, const float (&v)[ENC_X], bool hi) {
+    if constexpr (C < H) {
+        constexpr int D = C + H < ENC_COLS ? C + H : C;  // (the hi lanes' column; C itself where there is none)
+        if (!hi || C + H < ENC_COLS) {
+            const float xv = hi ? v[Enc<D>::SRC] : v[Enc<C>::SRC];
+            const bool sine = hi ? Enc<D>::SIN : Enc<C>::SIN;
+            const float f = sine ? fm_sin(fmaf(hi ? Enc<D>::SCALE : Enc<C>::SCALE, xv,
+                                               hi ? Enc<D>::PHASE : Enc<C>::PHASE))
+                                 : xv;
+#if FM_PREC >= 3  // the value's code with layer 0's input scale
+            at[hi ? D : C] = (act_t)(fm_quant2(f * Layer<0>::QIN, 0.0f) & 0xffu);
+#else
+            at[hi ? D : C] = fm_f_to_act(f);
+#endif
+        }
+        fm_encode_cols<C + 1, H>(at, v, hi);
+    }
+}
+
+// The input encoding of this warp's strip of x (rows [r0, r0 + nrows) of its ROWS_W) into `buf`: lane l takes the
+// rows l % 16 + 16 i, the low half of the lanes the first half of each row's columns and the high half the rest;
+// rows past nrows are zeros.
+__device__ __forceinline__ void fm_encode_input(act_t *buf, const in_t *__restrict__ x, long long r0, int nrows,
+                                                int lane) {
+    for (int row = lane & 15; row < ROWS_W; row += 16) {
+        act_t *at = buf + row * ACT_STRIDE;
+        if (row < nrows) {
+            float v[ENC_X];
+#pragma unroll
+            for (int i = 0; i < ENC_X; ++i)
+                v[i] = fm_in_to_f(x[(r0 + row) * IN_REAL + i]);
+            fm_encode_cols<0, (ENC_COLS + 1) / 2>(at, v, lane >= 16);
+        } else {
+            for (int c = lane >> 4; c < ENC_COLS; c += 2)
+                at[c] = (act_t)0;
+        }
+    }
+}
+
 // Loads this warp's strip of x (rows [r0, r0 + nrows)) into `buf` as act_t, zero-filling padded rows and (unless
 // PAD_ZERO is false: a buffer whose padding columns nothing else writes) columns. x may be a shared-memory copy.
 template <bool PAD_ZERO = true>
@@ -565,7 +617,9 @@ __device__ __forceinline__ void fm_load_input(act_t *buf, const in_t *__restrict
                                               int lane) {
     constexpr int VEC = 16 / (int)sizeof(in_t);  // elements per 16-byte load
     constexpr int NW = VEC * EB / 4;              // 32-bit words they become on chip
-    if constexpr (IN_REAL % VEC == 0 && X_PARTS == 1) {  // every row starts 16-byte aligned: vector loads
+    if constexpr (ENC_COLS > 0) {
+        fm_encode_input(buf, x, r0, nrows, lane);
+    } else if constexpr (IN_REAL % VEC == 0 && X_PARTS == 1) {  // every row starts 16-byte aligned: vector loads
         constexpr int CHUNKS = IN_REAL >= VEC ? IN_REAL / VEC : 1;  // (NVRTC warns on a zero divisor)
         for (int i = lane; i < ROWS_W * CHUNKS; i += 32) {
             const int row = i / CHUNKS, c = (i % CHUNKS) * VEC;

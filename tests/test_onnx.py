@@ -323,11 +323,11 @@ def test_fourier_features_read_as_one_sine_layer(rng):
         assert list(mlp.widths) == [2, 32, 8] and mlp.activations[0] == "sin(x)"
 
 
-@pytest.mark.parametrize("options", [{}, {"include_input": False}, {"x_last": True}, {"per_feature": True}],
-                         ids=lambda o: ",".join(o) or "nerf")
-def test_torch_onnx_export_of_a_positional_encoding_reads_as_a_sine_layer(options):
-    """NeRF's embedder in the exported forward, Concat(x, Sin(Mul(x, 2^k)), Cos(...), ...): one sine layer of x and
-    a concat of x into the next layer, as from_torch reads the module; against torch in float64."""
+@pytest.mark.parametrize("options", [{}, {"include_input": False}, {"x_last": True}, {"per_feature": True},
+                                     {"skip": True}], ids=lambda o: ",".join(o) or "nerf")
+def test_torch_onnx_export_of_a_positional_encoding_reads_as_the_input_encoding(options):
+    """NeRF's embedder in the exported forward, Concat(x, Sin(Mul(x, 2^k)), Cos(...), ...): FusedMLP's encoding=,
+    a later Concat of it a concat of x, as from_torch reads the module; against torch in float64."""
     torch = pytest.importorskip("torch")
     from test_torch import _Encoded
 
@@ -335,12 +335,11 @@ def test_torch_onnx_export_of_a_positional_encoding_reads_as_a_sine_layer(option
     model = _Encoded(**options).eval()
     x = torch.rand(100, 3) * 3 - 1.5
     mlp = fusedmlp.from_onnx(torch_exported(torch, model, (x,)), device="cpu")
-    assert list(mlp.widths[:2]) == [3, 60] and mlp.activations[0] == "sin(x)"
+    assert mlp.in_features == 3 and list(mlp.widths[:2]) == [60 + 3 * options.get("include_input", True), 64]
+    assert bool(mlp._concat and mlp._concat[1]) == options.get("skip", False)
     with torch.no_grad():
         want = model.double()(x.double()).numpy()
     assert np.linalg.norm(mlp(x.numpy()) - want) <= 2e-4 * np.linalg.norm(want)
-    with pytest.raises(fusedmlp.ArgumentError, match="NeRF's skip of its encoded input"):
-        fusedmlp.from_onnx(torch_exported(torch, _Encoded(skip=True).eval(), (x,)), device="cpu")
 
 
 def test_a_per_feature_map_after_the_last_activation_is_a_diagonal_layer(rng):

@@ -905,25 +905,23 @@ class _Encoded(nn.Module):
 
 
 @pytest.mark.parametrize("options", [{}, {"include_input": False}, {"x_last": True}, {"per_feature": True},
-                                     {"freqs": 1}], ids=lambda o: ",".join(o) or "nerf")
-def test_a_positional_encoding_in_forward_is_a_sine_layer_of_x(options):
-    """sin(c x) and cos(c x) parts become one sine layer of x (cos as sin(z + pi / 2)); x's own part a concat of the
-    network input before (or after) it; x of 3 features runs in two 16-bit parts on a GPU (fm_plan.x_split)."""
+                                     {"freqs": 1}, {"skip": True}], ids=lambda o: ",".join(o) or "nerf")
+def test_a_positional_encoding_in_forward_is_the_models_input_encoding(options):
+    """torch.cat([x, sin(c x), cos(c x), ...]) of the input becomes FusedMLP's encoding= (computed in the kernel as x
+    loads): layer 0 reads its columns, x stays 3 features, and a later torch.cat of it (NeRF's skip) is a concat of
+    x; the CPU path within float32's phase of 2^9 x of torch in float64."""
     torch.manual_seed(13)
     model = _Encoded(**options).eval()
     mlp = fusedmlp.from_torch(model, device="cpu")
-    freqs = options.get("freqs", 10)
-    assert list(mlp.widths[:2]) == [3, 6 * freqs] and mlp.activations[0] == "sin(x)"
-    assert bool(mlp._concat and mlp._concat[1]) == options.get("include_input", True)
+    freqs, x_part = options.get("freqs", 10), options.get("include_input", True)
+    assert mlp.in_features == 3 and list(mlp.widths[:2]) == [3 * (2 * freqs + x_part), 64]
+    kinds = [p if p == "x" else p[0] for p in mlp.encoding]
+    sines = [k for _ in range(freqs) for k in ("sin", "cos")]
+    assert kinds == (sines + ["x"] if options.get("x_last") else ["x"] + sines) if x_part else sines
+    assert bool(mlp._concat and mlp._concat[1]) == options.get("skip", False)
     x = torch.rand(200, 3, dtype=torch.float64) * 3 - 1.5
     # sin(2^9 x) in float32 (the CPU path's storage): its phase to float32's rounding of 2^9 x, ~3e-5
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 2e-4
-    assert mlp._net.plan(90, precision="float16").info["x_split"] == 1
-
-
-def test_a_positional_encoding_read_again_later_is_named():
-    with pytest.raises(fusedmlp.ArgumentError, match="NeRF's skip of its encoded input"):
-        fusedmlp.from_torch(_Encoded(skip=True).eval(), device="cpu")
 
 
 class _ScaledActor(nn.Module):

@@ -9,6 +9,7 @@ Importing needs neither the CUDA driver nor NVRTC: they are loaded on first GPU 
 
 from ._api import (CHECK_TOLERANCE, CHECK_TOLERANCES, LOWBIT_PRECISIONS, PRECISIONS, FusedMLP, __version__,
                    evaluate_fused_mlp, tune)
+from ._encoding import frequency_encoding
 
 
 def from_torch(module, activations=None, device=None, **kwargs):
@@ -53,6 +54,7 @@ __all__ = [
     "from_torch",
     "from_onnx",
     "from_sklearn",
+    "frequency_encoding",
     "tune",
     "CHECK_TOLERANCE",
     "CHECK_TOLERANCES",

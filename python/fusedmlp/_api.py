@@ -13,7 +13,7 @@ from importlib import resources
 
 import numpy as np
 
-from . import _dlpack, _env, _norm, _out, _segments, _tune
+from . import _dlpack, _encoding, _env, _norm, _out, _segments, _tune
 from ._args import (LOWBIT, LOWBIT_PRECISIONS, PRECISIONS, _as_array, _as_float_array, _calibration_input,  # noqa: F401
                     _check_expressions, _layer_activations, _layer_concat, _layer_residuals, _merge_dims,
                     _parse_arch, _parse_cache_dir, _parse_check, _parse_device, _parse_flatten_input,
@@ -175,6 +175,13 @@ class FusedMLP:
             eps default 1e-5 (layernorm) / float32's machine epsilon (rmsnorm, as torch.nn.RMSNorm's eps=None).
             'softmax' and 'log_softmax' (no weight, bias or eps) normalise the row the same way: exp(z - max) / sum
             exp(z - max), or its log.
+        encoding: an input encoding computed in the kernel as x is loaded (NeRF's positional encoding): a list of
+            parts, each 'x' or (func, scale) with func 'sin' or 'cos' and scale a number or one per feature of x,
+            whose concat along the features is what layer 0 (and a concat layer's x part) reads, so its in_features
+            are x's features times the parts; fusedmlp.frequency_encoding(L) gives nerf-pytorch's
+            [x, sin(x), cos(x), ..., sin(2^(L-1) x), cos(2^(L-1) x)]. Each sine's argument is formed in float32.
+            x is then (..., in_features) with in_features x's own (3 for NeRF's points). Fused kernels only: a
+            layer reading x that runs as a GEMM (a network cut into segments) is a LimitError.
         flatten_input: None (x is (..., in_features)), or the first dim of x that a call merges with the ones after
             it before the network, as nn.Flatten(start_dim) (>= 1; from_torch reads it from a model's leading
             nn.Flatten / torch.flatten / x.view(x.size(0), -1)): images (N, C, H, W) run with 1.
@@ -190,8 +197,8 @@ class FusedMLP:
     """
 
     def __init__(self, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
-                 concat=None, norm=None, flatten_input=None, dtype="float16", device="auto", check=False,
-                 cache_dir=None):
+                 concat=None, norm=None, encoding=None, flatten_input=None, dtype="float16", device="auto",
+                 check=False, cache_dir=None):
         if isinstance(weights, np.ndarray) or not isinstance(weights, (list, tuple)):
             raise ArgumentError("weights must be a list of (out_features, in_features) arrays, one per layer")
         if len(weights) == 0:
@@ -213,7 +220,8 @@ class FusedMLP:
         self._residual = _layer_residuals(n, residual)
         self._concat = _layer_concat(n, concat)
         self._precision = _parse_precision(dtype)
-        self._net = _core().Network(w, b, acts, self._residual, self._concat, self._norm)
+        self._encoding = _encoding.parse(encoding, w[0].shape[1])  # (x_features, columns, parts) or None
+        self._net = _core().Network(w, b, acts, self._residual, self._concat, self._norm, self._encoding_arg)
         if self._precision in LOWBIT:  # the weight scales now; the activation scales come from calibrate()
             self._net.set_quant(self._precision)
         self.calibration_error = None  # calibrate()'s relative L2 error on its sample
@@ -223,7 +231,7 @@ class FusedMLP:
         self._segment_policy = "auto"  # see _segments.plan: whether a network with streamed weights is cut
         self._gemm_options = {}  # forced GEMM choices (bm, bn, stages, wgmma, cluster): the probe tool's A/B runs
         self._prenorm = None  # the network whose norm layers stop before their norm (_prenorm_net), once needed
-        self._n_in, self._n_out = self._net.widths[0], self._net.widths[-1]  # read on every tensor call
+        self._n_in, self._n_out = self._net.x_features, self._net.widths[-1]  # read on every tensor call
         self._sm_count = 0  # the GPU's SMs, which size the untuned tile choice (set once the GPU is known)
         self._tuned = {}  # (dtype, out dtype, batch bucket) -> plan options chosen by the tuner
         self._bf16_io = None  # whether the GPU takes bfloat16 I/O in the kernel (sm_80+), once known
@@ -267,7 +275,7 @@ class FusedMLP:
         biases = [arrays.get(p + ".bias") for p in prefixes]
         if saved is None:
             return cls(weights, biases, "relu" if activation is None else activation, output_activation, **kwargs)
-        given = [k for k in ("residual", "concat", "norm", "flatten_input", "dtype") if k in kwargs]
+        given = [k for k in ("residual", "concat", "norm", "encoding", "flatten_input", "dtype") if k in kwargs]
         given += [k for k, v in (("activation", activation), ("output_activation", output_activation)) if v is not None]
         if given:
             raise ArgumentError(f"{path} was written by FusedMLP.save and carries its architecture; {', '.join(given)} "
@@ -284,6 +292,7 @@ class FusedMLP:
         mlp = cls(weights, biases, meta["activations"], None,
                   residual={int(i): tuple(r) for i, r in meta["residual"].items()} or None,
                   concat={int(i): c for i, c in meta["concat"].items()} or None, norm=norm or None,
+                  encoding=[tuple(p) for p in meta["encoding"]] if meta.get("encoding") else None,
                   flatten_input=meta.get("flatten_input"), dtype=meta["dtype"], **kwargs)
         if list(mlp.widths) != meta["widths"]:
             raise ShapeError(f"{path}: the arrays give widths {list(mlp.widths)}, its architecture {meta['widths']}")
@@ -322,6 +331,8 @@ class FusedMLP:
                              for i, r in enumerate(self._residual) if r},
                 "concat": {str(i): "after" if c == 1 else "before" for i, c in enumerate(self._concat) if c},
                 "flatten_input": self._flatten_input}
+        if self._encoding is not None:
+            meta["encoding"] = _encoding.to_json(self._encoding[2])
         if self.act_scales is not None:  # float32 values, exact through JSON's float64 text
             meta["act_scales"] = [float(v) for v in self.act_scales]
         np.savez(path, **arrays, **{_SAVED: np.array(json.dumps(meta))})
@@ -352,7 +363,7 @@ class FusedMLP:
                                 f"computes in {self._precision}, which needs none")
         if self._flatten_input is not None:
             x_sample = _merge_dims(x_sample, self._flatten_input, "x_sample")
-        x = _calibration_input(x_sample, self.widths[0])
+        x = _calibration_input(x_sample, self.in_features)
         scales = _activation_scales(self._net.amax(x), self._concat, LOWBIT[self._precision])
         self._set_act_scales(scales)
         ref = self._net.forward_cpu(x, quantised=False).astype(np.float64)
@@ -392,8 +403,23 @@ class FusedMLP:
 
     @property
     def widths(self):
-        """Feature counts: the input, then each layer's output."""
+        """Feature counts: the input as layer 0 reads it (an input encoding's columns), then each layer's output."""
         return self._net.widths
+
+    @property
+    def in_features(self):
+        """x's features: widths[0], or fewer where the network encodes x (encoding=)."""
+        return self._n_in
+
+    @property
+    def encoding(self):
+        """The input encoding's parts ('x' or (func, float64 scale per feature)), or None."""
+        return None if self._encoding is None else ["x" if k == "x" else (k, s.copy()) for k, s in self._encoding[2]]
+
+    @property
+    def _encoding_arg(self):
+        """The encoding as _core.Network takes it: (x_features, [(src, sin, scale, phase), ...]), or None."""
+        return None if self._encoding is None else self._encoding[:2]
 
     @property
     def activations(self):
@@ -444,6 +470,8 @@ class FusedMLP:
         cat = [f"{i}: {'after' if c == 1 else 'before'}" for i, c in enumerate(self._concat) if c]
         cat = f", concat={{{', '.join(cat)}}}" if cat else ""
         cat += _norm.describe(self._norm)
+        if self._encoding is not None:
+            cat += f", encoding=[{_encoding.describe(self._encoding[2])} of {self.in_features} features]"
         if self._flatten_input is not None:
             cat += f", flatten_input={self._flatten_input}"
         cut = self.segments if self._kind == "cuda" else None
@@ -742,7 +770,7 @@ class FusedMLP:
         bf16 = arr.dtype.name == "bfloat16"  # ml_dtypes' bfloat16 (what JAX and others hand NumPy users)
         if arr.dtype not in _ACCEPTED_X and not bf16:
             raise DTypeError(f"x has dtype {arr.dtype}; it must be float32, float16, bfloat16 (ml_dtypes) or float64")
-        n_in, n_out = self.widths[0], self.widths[-1]
+        n_in, n_out = self.in_features, self.widths[-1]
         if arr.ndim == 0 or arr.shape[-1] != n_in:
             raise ShapeError(f"x has shape {np.shape(x)}; the network takes (batch, {n_in}) (or ({n_in},) for one "
                              f"row, or (..., {n_in}) with more leading dimensions)")
@@ -913,7 +941,8 @@ def _warn_cpu_once():
 
 
 def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activation=None, *, residual=None,
-                       concat=None, norm=None, flatten_input=None, dtype="float16", device="auto", check=False):
+                       concat=None, norm=None, encoding=None, flatten_input=None, dtype="float16", device="auto",
+                       check=False):
     """Runs an MLP given as PyTorch-layout weights on x in one fused kernel; see FusedMLP for the arguments. An 8-bit
     dtype ('int8', 'float8') is calibrated on x itself, the only batch there is (FusedMLP.calibrate).
 
@@ -921,7 +950,7 @@ def evaluate_fused_mlp(x, weights, biases=None, activation="relu", output_activa
         The (batch, out_features) outputs, with x's dtype.
     """
     mlp = FusedMLP(weights, biases, activation, output_activation, residual=residual, concat=concat, norm=norm,
-                   flatten_input=flatten_input, dtype=dtype, device=device, check=check)
+                   encoding=encoding, flatten_input=flatten_input, dtype=dtype, device=device, check=check)
     if mlp._precision in LOWBIT:
         mlp.calibrate(x)
     return mlp(x)

@@ -113,7 +113,7 @@ def _bf16_native(mlp):
 
 
 def _check_shape(mlp, shape):
-    n_in = mlp.widths[0]
+    n_in = mlp.in_features
     if len(shape) < 1 or shape[-1] != n_in:
         raise ShapeError(f"x has shape {tuple(shape)}; the network takes (..., {n_in})")
 
@@ -209,7 +209,7 @@ def _call_torch_checked(torch, mlp, x, out_dtype, out):
         raise ArgumentError("x requires grad, but fusedmlp is inference-only (it has no backward): call it under "
                             "torch.no_grad() or torch.inference_mode(), or pass x.detach()")
     _check_shape(mlp, x.shape)
-    n_in, n_out = mlp.widths[0], mlp.widths[-1]
+    n_in, n_out = mlp.in_features, mlp.widths[-1]
     lead = tuple(x.shape[:-1])
     if out is not None:
         _out.check_torch(torch, x, out, (*lead, n_out))
@@ -235,7 +235,7 @@ def _call_torch_checked(torch, mlp, x, out_dtype, out):
 def _run_cuda(torch, mlp, x, out_dtype, out, rows):
     """The kernel on a checked CUDA tensor x of `rows` rows (> 0); writes into out where it can, else copies there."""
     kinds, _, bump = _fast
-    n_in, n_out = mlp.widths[0], mlp.widths[-1]
+    n_in, n_out = mlp.in_features, mlp.widths[-1]
     k_in, k_out = kinds[x.dtype], kinds[out_dtype]  # the kernel converts between any of the three in registers
     xin = x.reshape(rows, n_in)
     if not _bf16_native(mlp):  # sm_75 has no bfloat16 conversions: float32 in and out instead (exact for bf16 in)
@@ -277,7 +277,7 @@ def _call_cupy(mlp, x, out_dtype, out=None):
     _check_shape(mlp, x.shape)
     if mlp._kind != "cuda" or x.device.id != mlp._ordinal:
         raise ArgumentError(f"x is on cuda:{x.device.id} but the model runs on {mlp.device}")
-    n_in, n_out = mlp.widths[0], mlp.widths[-1]
+    n_in, n_out = mlp.in_features, mlp.widths[-1]
     lead = tuple(x.shape[:-1])
     rows = x.size // n_in
     if out is not None:

@@ -33,13 +33,15 @@ def then_map(earlier, s, t, label):
     return s * s0, s * t0 + t, first
 
 
-def graph_edges(residual, concat, norm, flatten=None, num_layers=0):
+def graph_edges(residual, concat, norm, flatten=None, num_layers=0, encoding=None):
     """FusedMLP's graph arguments of a read model: residual (a list: None for each layer past its end, a layer
-    Layers.finish added) and concat, norm where it has norms, flatten_input where it flattens its input first."""
+    Layers.finish added) and concat, norm where it has norms, flatten_input where it flattens its input first,
+    encoding where it encodes its input (Layers.input_encoding)."""
     if residual is not None:
         residual = list(residual) + [None] * (num_layers - len(residual))
     return {"residual": residual, "concat": concat, **({"norm": norm} if norm else {}),
-            **({"flatten_input": flatten} if flatten is not None else {})}
+            **({"flatten_input": flatten} if flatten is not None else {}),
+            **({"encoding": encoding} if encoding is not None else {})}
 
 
 class Layers:
@@ -64,6 +66,7 @@ class Layers:
         self.norms = []  # per layer None or [kind, weight, bias, eps] of its LayerNorm / RMSNorm (FusedMLP's norm=)
         self.open = False  # the last layer's output is still W h + b, or its norm of it (only folds since its Linear)
         self.pending = None  # (s, t, label) of batch norm(s) waiting for the next Linear
+        self.encoding = None  # FusedMLP's encoding= where forward encodes its input (input_encoding)
         self.flatten = None  # the start dim of a flatten of the input before the first Linear (FusedMLP's flatten_input)
         self.flatten_width = None  # the features x.view(-1, K) gives each row: the first Linear must take K
         self.pending_parts = None  # [(s, t, label) or None per joined input], set_input_parts
@@ -254,38 +257,22 @@ class Layers:
         self.biases[-1] = (np.concatenate([np.zeros(w.shape[0]) if b is None else b for w, b in parts])
                            if any(b is not None for _, b in parts) else None)
 
-    def input_encoding(self, parts, width, label):
-        """A positional encoding of the network input at label, a concat of parts (kind, scale): kind 'x' (x itself,
-        first or last), 'sin' or 'cos' of scale * x (a number, one value per feature, or None for 1). Its sin and cos
-        parts become the first layer, a sine layer of x whose rows are each part's scale times the identity (cos z =
-        sin(z + pi / 2): those rows' bias pi / 2); width() gives x's features where every scale is a number. Returns
-        where x's own part joins the next Linear's input ('before' or 'after' the layer's output, FusedMLP's concat=),
-        or None without one."""
-        kinds = [k for k, _ in parts]
-        x_at = [i for i, k in enumerate(kinds) if k == "x"]
-        if len(x_at) > 1 or (x_at and x_at[0] not in (0, len(parts) - 1)):
-            raise ArgumentError(f"{label}: a positional encoding with x itself in the middle of (or twice in) its "
-                                "parts; fusedmlp reads x first or last, then the sin / cos parts in their order")
-        rows, shifts = [], []
+    def input_encoding(self, parts, label):
+        """A positional encoding of the network input at label, a concat of parts (kind, scale): kind 'x' (x itself)
+        or 'sin' / 'cos' of scale * x (a number, one value per feature, or None for 1). It becomes FusedMLP's
+        encoding= (fusedmlp._encoding: computed in the kernel as x is loaded), and its value is the network input as
+        the layers see it, so a later concat of it (NeRF's skip) is a concat of x."""
+        encoding = []
         for kind, c in parts:
             if kind == "x":
+                encoding.append("x")
                 continue
             c = np.asarray(1.0 if c is None else c, np.float64)
             if c.ndim > 1 and c.size != max(c.shape):
                 raise ArgumentError(f"{label}: a positional encoding's scale of shape {c.shape}; fusedmlp reads a "
                                     "number or one value per feature")
-            rows.append(c.reshape(-1))
-            shifts.append(np.pi / 2 if kind == "cos" else 0.0)
-        k = max(len(r) for r in rows)
-        if k == 1:
-            k = width()
-        if any(len(r) not in (1, k) for r in rows):
-            raise ArgumentError(f"{label}: a positional encoding's scales have {sorted({len(r) for r in rows})} "
-                                "values; fusedmlp reads a number or one value per feature")
-        self.linear64(np.concatenate([np.diag(np.broadcast_to(r, (k,))) for r in rows]),
-                      np.concatenate([np.full(k, s) for s in shifts]), label)
-        self.activation("sin", label)
-        return None if not x_at else "before" if x_at[0] == 0 else "after"
+            encoding.append((kind, c.reshape(-1) if c.size > 1 else float(c.reshape(-1)[0])))
+        self.encoding = encoding
 
     def sine_pair(self, cos_parts):
         """The last layer's rows once for each part of Fourier features' [sin(z), cos(z)] of its output z: since

@@ -345,7 +345,8 @@ def _sub_network(mlp, first, last, x_row=0):
         return mlp._net
     residual = [None if r is None else (r[0], r[1], r[2] - first) for r in mlp._residual[first:last + 1]]
     return type(mlp._net)(_stretch_weights(mlp, first, last, x_row), mlp._b[first:last + 1],
-                          mlp._acts[first:last + 1], residual, mlp._concat[first:last + 1], mlp._norm[first:last + 1])
+                          mlp._acts[first:last + 1], residual, mlp._concat[first:last + 1], mlp._norm[first:last + 1],
+                          mlp._encoding_arg if first == 0 else None)
 
 
 def _stretch_weights(mlp, first, last, x_row=0):
@@ -429,8 +430,9 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
         return True, _kernel_words(info)
 
     policy = policy or mlp._segment_policy
-    if policy == "gemm":
-        if mlp._precision not in _WHOLE_ONLY and not any(nm is not None for nm in mlp._norm):
+    if policy == "gemm":  # (not where x is encoded: only the fused kernels compute an encoding)
+        if (mlp._precision not in _WHOLE_ONLY and not any(nm is not None for nm in mlp._norm)
+                and mlp._encoding is None):
             return cut(n, mlp._residual, mlp._concat, lambda first, last: (False, "every layer a GEMM (a small batch)"))
         policy = "auto"
     whole, _ = fits(0, n - 1)
@@ -535,6 +537,8 @@ def pad_row(mlp, in_dtype):
     it is: a 16-bit compute dtype, x not in it or its rows not whole 16-byte pieces, and x wider than PAD_MIN_WIDTH
     (FUSEDMLP_GEMM_PAD=1 / -1: any width / never)."""
     storage, force = STORAGE[mlp._precision], _env.gemm_pad()
+    if mlp._encoding is not None:  # (x is encoded in the fused kernels alone; no GEMM reads it)
+        return 0
     if mlp._precision not in _PAD_PRECISIONS or (in_dtype == storage and mlp.widths[0] * _ITEMSIZE[storage] % 16 == 0):
         return 0
     if force < 0 or (force == 0 and mlp.widths[0] < PAD_MIN_WIDTH):

@@ -137,17 +137,11 @@ class _Tracer:
         return found, inner
 
     def encoding(self, node, label):
-        """A positional encoding of the network input (encoding_candidates) at its torch.cat: its sin and cos parts
-        become one sine layer of x (rows of each part's scale times the identity, the cos parts' bias pi / 2: cos z =
-        sin(z + pi / 2)); x's own part, if any, joins the next Linear's input as a concat of the network input, before
-        or after the layer's output as the cat has it. The kernels take x of at most 5 features in two 16-bit parts
-        (fm_plan.x_split), so the high frequencies' phases are not the 16-bit rounding of x times 2^k."""
+        """A positional encoding of the network input (encoding_candidates) at its torch.cat: FusedMLP's encoding=
+        (Layers.input_encoding), computed in the kernel as x is loaded. Its value is the network input as the layers
+        see it, so the Linear reading it is layer 0 and a later torch.cat of it (NeRF's skip) a concat of x."""
         if node not in self.encodings:
             return False
-        if len(node.users) > 1:
-            raise ArgumentError(f"{label}: a positional encoding read again at a later layer (NeRF's skip of its "
-                                "encoded input) is not read: the kernels join the network input x itself only. "
-                                "Compute the encoding before the model, which then takes the encoded input")
         parts, layers = self.encodings[node], self.layers
         if self.cur is not self.x_node or layers.weights or layers.pending is not None or len(self.placeholders) > 1:
             raise ArgumentError(f"{label}: a positional encoding (sin / cos of x in a torch.cat) of anything but the "
@@ -158,29 +152,11 @@ class _Tracer:
                 c = self.constant(c, label)
             scales.append((kind, None if c is None else c.detach().cpu().numpy() if isinstance(c, torch.Tensor)
                            else c))
-        self.keep_input()
-        x_side = layers.input_encoding(scales, lambda: self.encoding_width(node, len(parts), label), label)
-        self.residual.append(None)
-        if x_side is not None:
-            self.keep(node, len(layers.weights) - 1)
-            self.pending_cat = x_side
+        layers.input_encoding(scales, label)
+        self.x_node = node
+        self.value_of[node] = -1  # (a residual or concat of the encoded input reads x as the kernel sees it)
         self.act_path = {}
         return True
-
-    def encoding_width(self, node, n_parts, label):
-        """x's features where a positional encoding's scales are numbers: the in_features of the Linear that reads
-        its torch.cat (n_parts parts of x's width each)."""
-        user = next(iter(node.users)) if len(node.users) == 1 else None
-        w = None
-        if user is not None and user.op == "call_module" and isinstance(self.gm.get_submodule(user.target),
-                                                                          nn.Linear):
-            w = self.gm.get_submodule(user.target).weight
-        elif user is not None and user.op == "call_function" and user.target is F.linear:
-            w = _traced_attr(self.module, user.args[1], label)
-        if w is None or w.shape[1] % n_parts:
-            raise ArgumentError(f"{label}: a positional encoding of numbers only, read by no Linear whose inputs "
-                                "tell x's width; fusedmlp reads one that feeds a Linear directly")
-        return w.shape[1] // n_parts
 
     def constant(self, node, label):
         """The value a constant argument stands for: a node folded while reading (consts), else what _traced_attr
@@ -641,7 +617,7 @@ class _Tracer:
                                 "torch.cat([obs, act], -1))")
         weights, biases, acts, norm, flatten = self.layers.finish(name)
         edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
-                       len(weights))
+                            len(weights), self.layers.encoding)
         if self.input_order:
             edges["inputs"] = self.input_order
         if self.squeeze is not None:

@@ -131,8 +131,13 @@ class MultiDeviceMLP:
 
     @property
     def widths(self):
-        """Feature counts: the input, then each layer's output."""
+        """Feature counts: the input as layer 0 reads it, then each layer's output (FusedMLP.widths)."""
         return self.mlps[0].widths
+
+    @property
+    def in_features(self):
+        """x's features (FusedMLP.in_features)."""
+        return self.mlps[0].in_features
 
     def __repr__(self):
         return f"MultiDeviceMLP(devices={self.devices}, widths={'-'.join(map(str, self.widths))})"
@@ -159,7 +164,7 @@ class MultiDeviceMLP:
     def _flops_per_byte(self, itemsize):
         """The network's FLOPs per byte of a row's inputs and outputs of `itemsize` bytes an element."""
         flops = 2 * sum(w.size for w in self.mlps[0]._w)
-        return flops / ((self.widths[0] + self.widths[-1]) * itemsize)
+        return flops / ((self.in_features + self.widths[-1]) * itemsize)
 
     def _parts(self, rows):
         """How many devices a call of `rows` rows uses: each gets min_rows_per_device rows or more, and a share
@@ -173,7 +178,7 @@ class MultiDeviceMLP:
         except Exception:  # the plain call says what is wrong with it
             return None
         accepted = arr.dtype in _HOST_DTYPES or arr.dtype.name == "bfloat16"
-        if (not accepted or not arr.dtype.isnative or arr.ndim != 2 or arr.shape[1] != self.widths[0]
+        if (not accepted or not arr.dtype.isnative or arr.ndim != 2 or arr.shape[1] != self.in_features
                 or self._parts(arr.shape[0]) < 2):
             return None
         return arr
@@ -219,7 +224,7 @@ class MultiDeviceMLP:
         rows = x.shape[0] if x.dim() == 2 else 0
         plain = next((m for m in mlps if x.is_cuda and m._ordinal == x.device.index), self.mlps[0])
         if (out is not None or kind is None or not x.is_cuda or len(mlps) < len(self.mlps) or x.dim() != 2
-                or x.shape[1] != self.widths[0]
+                or x.shape[1] != self.in_features
                 or (x.requires_grad and torch.is_grad_enabled()) or self._parts(rows) < 2
                 or self._flops_per_byte(x.element_size()) < TORCH_SPLIT_FLOPS_PER_BYTE
                 or (kind == "bfloat16" and not all(_dlpack._bf16_native(m) for m in mlps))):

@@ -18,7 +18,7 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
   layer is its input concat (NeRF's skip); a ``Concat`` of ``Sin(z)`` and ``Cos(z)`` of a layer's output (Fourier
   features) is that layer's rows twice with Sin its activation, the cos copy's bias shifted by pi / 2; a ``Concat``
   of the input itself and ``Sin`` / ``Cos`` of ``Mul(x, c)`` before the first layer (NeRF's positional encoding) is a
-  sine layer of x and a concat of x into the next layer (Layers.input_encoding).
+  FusedMLP's encoding= (Layers.input_encoding: computed in the kernel as x loads); a later Concat of it NeRF's skip.
 - Several graph inputs (a critic's obs and act) joined by one ``Concat`` before the first layer, each through its own
   constant affine map if any: the model takes their concatenation in that order.
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
@@ -225,13 +225,9 @@ class _Reader:
         return found, inner
 
     def encoding(self, node, label):
-        """A positional encoding at its Concat (encoding_candidates): one sine layer of x and x's own part a concat
-        into the next layer (Layers.input_encoding)."""
+        """A positional encoding at its Concat (encoding_candidates): FusedMLP's encoding= (Layers.input_encoding),
+        its value the network input as the layers see it (a later Concat of it, NeRF's skip, is a concat of x)."""
         name = node.output[0]
-        if self.uses.get(name, 0) > 1:
-            raise ArgumentError(f"{label}: a positional encoding read again at a later layer (NeRF's skip of its "
-                                "encoded input) is not read: the kernels join the network input x itself only. "
-                                "Compute the encoding before the model, which then takes the encoded input")
         if self.cur != self.x or self.layers.weights or self.layers.pending is not None or self.heads is not None:
             raise ArgumentError(f"{label}: a positional encoding (Sin / Cos of x in a Concat) of anything but the "
                                 "network input itself, before any layer or constant map, is not read")
@@ -241,23 +237,9 @@ class _Reader:
             if c is not None and value is None:
                 raise ArgumentError(f"{label}: a positional encoding's scale {c} is not a constant")
             parts.append((kind, value))
-
-        def width():  # numbers only: x's width from the Gemm / MatMul reading the Concat
-            for n in self.graph_nodes:
-                if n.op_type in ("Gemm", "MatMul") and n.input and self.root(n.input[0]) == name:
-                    w = self.const(n.input[1])
-                    transposed = n.op_type == "Gemm" and any(a.name == "transB" and a.i for a in n.attribute)
-                    if w is not None and w.ndim == 2:
-                        return (w.shape[1] if transposed else w.shape[0]) // len(parts)
-            raise ArgumentError(f"{label}: a positional encoding of numbers only, read by no Gemm or MatMul whose "
-                                "weight tells x's width")
-
-        side = self.layers.input_encoding(parts, width, label)
-        self.residual.append(None)
-        if side is not None:
-            self.value_of.setdefault(name, len(self.layers.weights) - 1)
-            self.pending_cat = side
-        self.cur = name
+        self.layers.input_encoding(parts, label)
+        self.cur = self.x = name
+        self.value_of[name] = -1
         return True
 
     def const(self, name):
@@ -656,7 +638,7 @@ class _Reader:
             raise ArgumentError(f"the graph output {self.output} is not the end of the layer chain ({self.cur})")
         weights, biases, acts, norm, flatten = self.layers.finish("the ONNX graph")
         edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
-                            len(weights))
+                            len(weights), self.layers.encoding)
         return weights, biases, acts, edges
 
 

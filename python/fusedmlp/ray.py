@@ -285,7 +285,7 @@ class FusedMLPPredictor:
         options = _split_options(model_options)
         self._mlp = MultiDeviceMLP.from_npz(_model_source(model), devices=self._devices(device), cache_dir=cache_dir,
                                             **options)
-        n_in, n_out = self._mlp.widths[0], self._mlp.widths[-1]
+        n_in, n_out = self._mlp.in_features, self._mlp.widths[-1]
         self._inputs = self._names(input_columns, "input_columns", n_in, "in_features")
         self._outputs = self._names(output_columns, "output_columns", n_out, "out_features")
         if isinstance(keep_columns, (bool, np.bool_)):
@@ -344,7 +344,7 @@ class FusedMLPPredictor:
         return self._assemble(batch, kind, names, y)
 
     def _features(self, batch, kind):
-        n_in = self._mlp.widths[0]
+        n_in = self._mlp.in_features
         if isinstance(self._inputs, str):
             x = _numbers(_column(batch, kind, self._inputs), self._inputs)
             if len(x) == 0:
