@@ -39,7 +39,8 @@ def test_flops_count_real_widths_not_the_padded_ones():
 
 def test_workload_set_is_the_issue_set():
     assert list(bench.WORKLOADS) == ["tcnn64", "tcnn128", "flex", "pinn50", "siren256", "res128",  # issue 4
-                                     "nerf", "deep256", "wide512", "sdf512", "rec1024",  # issue 29
+                                     "nerf", "nerfenc",  # issue 29's NeRF, and as written (its encoding in forward)
+                                     "deep256", "wide512", "sdf512", "rec1024",  # issue 29
                                      "rl256", "r256", "rl1024", "r1024",  # issue 30 (r*: rl* without norms)
                                      "cls10", "cls1000",  # classifiers: softmax heads
                                      "simba64"]  # SimBa's pre-norm residual blocks (issue 30's RL MLPs as written)
@@ -368,7 +369,7 @@ def test_cold_first_calls_compile_with_nvrtcs_own_cache_off(tmp_path, monkeypatc
     assert cold.cubin == warm.cubin  # an option outside the cache key must not change the code
 
 
-@pytest.mark.parametrize("name", ["tcnn64", "res128", "nerf", "sdf512", "rl256", "simba64"])
+@pytest.mark.parametrize("name", ["tcnn64", "res128", "nerf", "nerfenc", "sdf512", "rl256", "simba64"])
 def test_fused_options_describe_the_torch_model(name):
     """The benchmark's torch model and the FusedMLP built from its Linears' weights (fused_layers: SimBa's identity
     layers inserted) with fused_options compute the same function (CPU path vs torch in float64): residuals, concats,
@@ -381,10 +382,13 @@ def test_fused_options_describe_the_torch_model(name):
     weights = [m.weight.detach().float().numpy() for m in linears]
     biases = [m.bias.detach().float().numpy() if wl.bias else None for m in linears]
     mlp = fusedmlp.FusedMLP(*bench.fused_layers(wl, weights, biases), device="cpu", **bench.fused_options(wl))
-    x = np.random.default_rng(0).standard_normal((33, wl.widths[0])).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((33, wl.x_features())).astype(np.float32)
     with torch.no_grad():
         ref = model(torch.from_numpy(x.astype(np.float64))).numpy()
     assert np.linalg.norm(mlp(x) - ref) / np.linalg.norm(ref) < 1e-5
+    if wl.encoding:  # NeRF as written: from_torch reads its encoding and skip, the benchmark's model too
+        read = fusedmlp.from_torch(model.float(), device="cpu")
+        assert read.widths == mlp.widths and read.in_features == 3 and read._concat == mlp._concat
     if wl.blocks:
         read = fusedmlp.from_torch(model.float(), device="cpu")  # (its norms with their ones and zeros)
         assert (read.widths, read._residual) == (mlp.widths, mlp._residual)

@@ -51,7 +51,7 @@ import time
 
 import numpy as np
 
-from . import bench_arrays, bench_host, bench_lowbit
+from . import _encoding, bench_arrays, bench_host, bench_lowbit
 from .bench_report import PEERS, format_table, plot, rows_label, summarize, write_outputs  # noqa: F401
 
 __all__ = ["WORKLOADS", "Workload", "main", "floor_ms", "flops", "io_bytes", "format_table", "plot", "device_slug"]
@@ -72,6 +72,9 @@ class Workload:
         blocks: SimBa's residual MLP (Lee et al., 2024) where > 0: widths are (in, h, 4h, h, ..., 4h, h, out), a Linear
             in, `blocks` pre-norm blocks h + W2 act(W1 LayerNorm(h)), a LayerNorm before the head (the torch model as
             written; fusedmlp runs each LayerNorm on an identity layer: fused_layers).
+        encoding: NeRF's positional encoding of x with this many frequencies where > 0, in the torch model's forward
+            (torch.cat([x, sin(x), cos(x), ..., cos(2^(L-1) x)], -1)) and fusedmlp's encoding=: widths[0] is then the
+            encoded width the first layer reads, and x has widths[0] / (2 L + 1) features (x_features).
     """
 
     widths: tuple
@@ -82,6 +85,11 @@ class Workload:
     output_activation: str = "none"
     norm: str = "none"
     blocks: int = 0
+    encoding: int = 0
+
+    def x_features(self):
+        """x's features in memory: widths[0], or the features the encoding is made of."""
+        return self.widths[0] // (2 * self.encoding + 1) if self.encoding else self.widths[0]
 
     def layer_inputs(self):
         """Each layer's input features: the width before it, plus x's with a concat."""
@@ -101,6 +109,8 @@ WORKLOADS = {
     # 256-wide stack, and layers wider than one fused kernel holds (an SDF decoder with the input re-injected halfway,
     # a recommendation top-MLP)
     "nerf": Workload((63,) + (256,) * 8 + (4,), "relu", True, concat=((5, "before"),)),
+    # NeRF as written: the model takes the 3-D points and encodes them in forward (fusedmlp's encoding=)
+    "nerfenc": Workload((63,) + (256,) * 8 + (4,), "relu", True, concat=((5, "before"),), encoding=10),
     "deep256": Workload((64,) + (256,) * 5 + (64,), "relu", False),
     "wide512": Workload((64,) + (512,) * 4 + (64,), "gelu", True),
     "sdf512": Workload((259,) + (512,) * 8 + (1,), "relu", True, concat=((4, "before"),), output_activation="tanh"),
@@ -151,12 +161,13 @@ def flops(widths, rows, concat=()):
                           for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])))
 
 
-def io_bytes(widths, rows, itemsize=2):
-    """Bytes one forward must move: each input read once, each output written once."""
-    return rows * (widths[0] + widths[-1]) * itemsize
+def io_bytes(widths, rows, itemsize=2, x_features=None):
+    """Bytes one forward must move: each input read once, each output written once; x_features: x's features where
+    they are not widths[0] (an input encoding)."""
+    return rows * ((widths[0] if x_features is None else x_features) + widths[-1]) * itemsize
 
 
-def floor_ms(widths, rows, ceilings, concat=()):
+def floor_ms(widths, rows, ceilings, concat=(), x_features=None):
     """The fastest any version can be, from the measured ceilings.
 
     Args:
@@ -167,7 +178,7 @@ def floor_ms(widths, rows, ceilings, concat=()):
     Returns:
         (milliseconds, 'memory' or 'compute': the term that sets it).
     """
-    memory = io_bytes(widths, rows) / (ceilings["copy_GBps"] * 1e9)
+    memory = io_bytes(widths, rows, x_features=x_features) / (ceilings["copy_GBps"] * 1e9)
     compute = flops(widths, rows, concat) / (ceilings["matmul_TFLOPs"] * 1e12)
     return max(memory, compute) * 1e3, ("memory" if memory >= compute else "compute")
 
@@ -308,7 +319,7 @@ def torch_model(torch, wl):
 
     if wl.blocks:
         return _simba_model(torch, wl, acts)
-    if wl.concat or wl.output_activation != "none" or wl.norm != "none":
+    if wl.concat or wl.output_activation != "none" or wl.norm != "none" or wl.encoding:
         return _concat_model(torch, wl, acts)
     layers = []
     last = len(wl.widths) - 2
@@ -352,8 +363,8 @@ def _simba_model(torch, wl, acts):
 
 
 def _concat_model(torch, wl, acts):
-    """NeRF's form: Linear (+ LayerNorm) + activation per layer, the input x concatenated into the named layers'
-    inputs, the output activation after the last."""
+    """NeRF's form: Linear (+ LayerNorm) + activation per layer, the input x (encoded first where the workload
+    encodes it) concatenated into the named layers' inputs, the output activation after the last."""
     nn = torch.nn
     cat = dict(wl.concat)
     final = {"none": nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
@@ -370,6 +381,11 @@ def _concat_model(torch, wl, acts):
             self.final = final()
 
         def forward(self, x):
+            if wl.encoding:  # NeRF's embedder, as nerf-pytorch writes it
+                parts = [x]
+                for k in range(wl.encoding):
+                    parts += [torch.sin(x * 2.0 ** k), torch.cos(x * 2.0 ** k)]
+                x = torch.cat(parts, -1)
             h = x
             for i, linear in enumerate(self.linears):
                 if i in cat:
@@ -415,6 +431,8 @@ def fused_options(wl):
         options["output_activation"] = wl.output_activation
     if wl.norm != "none":  # torch_model's LayerNorms keep their initial affine parameters: ones and zeros
         options["norm"] = {i: wl.norm for i in range(len(wl.widths) - 2)}
+    if wl.encoding:
+        options["encoding"] = _encoding.frequency_encoding(wl.encoding)
     return options
 
 
@@ -425,7 +443,7 @@ def rel_l2(torch, y, ref):
 
 def _n_buffers(torch, wl, rows):
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
-    per_buffer = rows * wl.widths[0] * 2
+    per_buffer = rows * wl.x_features() * 2
     return max(4, min(MAX_BUFFERS, math.ceil(2 * l2 / per_buffer)))
 
 
@@ -475,7 +493,7 @@ def _time_host(torch, fn, max_calls):
 def _fused_shim(torch, mlp):
     """fused(x, out=None) for a CUDA fp16 tensor: checks, allocates the output (unless out is given: a contiguous
     fp16 tensor of shape (rows, out_features)), launches on torch's current stream."""
-    n_in, n_out = mlp.widths[0], mlp.widths[-1]
+    n_in, n_out = mlp.in_features, mlp.widths[-1]
 
     def fused(x, out=None):
         if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != n_in or x.device.type != DEVICE:
@@ -523,7 +541,7 @@ def never_compiled_sources():
 def first_calls(torch, fusedmlp, wl, weights, biases, root):
     """Cold and warm first-call times of one workload, and the FusedMLP to benchmark (its kernel then loaded)."""
     folder = pathlib.Path(root)
-    x = torch.randn(1024, wl.widths[0], device=DEVICE, dtype=torch.float16)
+    x = torch.randn(1024, wl.x_features(), device=DEVICE, dtype=torch.float16)
 
     def first_call(mlp):
         torch.cuda.synchronize()
@@ -566,12 +584,13 @@ class _Case:
         gen = torch.Generator(device=DEVICE)
         gen.manual_seed(_seed(name, rows))
         n = _n_buffers(torch, wl, rows)
-        self.xs = [torch.randn(rows, wl.widths[0], device=DEVICE, dtype=torch.float16, generator=gen)
+        self.xs = [torch.randn(rows, wl.x_features(), device=DEVICE, dtype=torch.float16, generator=gen)
                    for _ in range(n)]
         self.ref = ref_model(self.xs[0].double())
         self.model = model
-        ms, bound = floor_ms(wl.widths, rows, ceilings, wl.concat)
-        self.result = {"workload": name, "rows": rows, "n_buffers": n, "io_bytes": io_bytes(wl.widths, rows),
+        ms, bound = floor_ms(wl.widths, rows, ceilings, wl.concat, wl.x_features())
+        self.result = {"workload": name, "rows": rows, "n_buffers": n,
+                       "io_bytes": io_bytes(wl.widths, rows, x_features=wl.x_features()),
                        "flops": flops(wl.widths, rows, wl.concat), "floor_ms": ms, "floor_bound": bound, "methods": {}}
 
 
@@ -855,7 +874,7 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
     # "skipped" stays in the report format (readers of older results, where res128 was skipped, rely on it).
     winfo = {"widths": list(wl.widths), "activation": wl.activation, "bias": wl.bias, "residual": wl.residual,
              "concat": dict(wl.concat), "output_activation": wl.output_activation,
-             "flops_per_row": flops(wl.widths, 1, wl.concat), "io_bytes_per_row": io_bytes(wl.widths, 1),
+             "flops_per_row": flops(wl.widths, 1, wl.concat), "io_bytes_per_row": io_bytes(wl.widths, 1, x_features=wl.x_features()),
              "skipped": None}
     report["workloads"][wname] = winfo
     model, ref_model = _models(torch, wl)
@@ -878,7 +897,7 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
     low = {}
     if mlp is not None and any(d in bench_lowbit.LOWBIT for d in args.dtype):
         low = bench_lowbit.models(torch, fusedmlp, args.dtype, weights, biases,
-                                  dict(fused_options(wl), cache_dir=os.path.join(cache_root, wname)), wl.widths[0],
+                                  dict(fused_options(wl), cache_dir=os.path.join(cache_root, wname)), wl.x_features(),
                                   DEVICE)
     for rows in args.rows:
         case = _Case(torch, wname, wl, rows, model, ref_model, report["ceilings"])

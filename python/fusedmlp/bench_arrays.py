@@ -66,7 +66,7 @@ class _HostPipe:
 
 def measure(torch, mlp, model, rows, rates):
     """One workload at one batch size: {column: ms} and the largest difference between the forms' outputs."""
-    n_in, n_out = mlp.widths[0], mlp.widths[-1]
+    n_in, n_out = mlp.in_features, mlp.widths[-1]
     x = np.random.default_rng(rows).standard_normal((rows, n_in), dtype=np.float32)
     y = np.empty((rows, n_out), np.float32)
     row = {"fused_ms": _median_ms(torch, lambda: mlp(x))}

@@ -172,7 +172,7 @@ def run(torch, report, fused, cache_dir, compile_first, say):
                 compiled = None
         for rows in HOST_ROWS:
             try:
-                row = measure(torch, mlp, model, mlp.widths[0], rows, compiled)
+                row = measure(torch, mlp, model, mlp.in_features, rows, compiled)
             except Exception as e:  # noqa: BLE001
                 row = {"error": f"{type(e).__name__}: {e}"}
             host["rows"].append({"workload": wname, "rows": rows, **row})

@@ -126,7 +126,7 @@ def calibrate(mlp):
     if mlp._precision not in _api.LOWBIT:
         return mlp
     rng = np.random.default_rng(2)
-    sample = rng.standard_normal((bench_lowbit.CALIBRATION_ROWS, mlp.widths[0])).astype(np.float16)
+    sample = rng.standard_normal((bench_lowbit.CALIBRATION_ROWS, mlp.in_features)).astype(np.float16)
     return mlp.calibrate(sample.astype(np.float32))
 
 
@@ -255,7 +255,7 @@ def check(name, mlp, kernels, labels, dtype=np.float16, rows=CHECK_ROWS):
     Returns:
         [(same bits as the first, relative error)] per kernel.
     """
-    x = np.random.default_rng(1).uniform(-1, 1, (rows, mlp.widths[0])).astype(dtype)
+    x = np.random.default_rng(1).uniform(-1, 1, (rows, mlp.in_features)).astype(dtype)
     ref = mlp._net.forward_cpu(x.astype(np.float32)).astype(np.float64)
     ys = [kernel.run(x, poison=True) for kernel in kernels]
     results, parts = [], []
@@ -519,7 +519,7 @@ def tune_first_calls(args):
             wl = workload(name)
             mlp = model(wl, cache_dir=f"{root}/{name}")
             for rows in args.rows or [1024, 2**21]:
-                x = torch.randn(rows, wl.widths[0], device="cuda", dtype=torch.float16)
+                x = torch.randn(rows, wl.x_features(), device="cuda", dtype=torch.float16)
                 torch.cuda.synchronize()
                 with bench.never_compiled_sources():
                     t = time.perf_counter()
@@ -543,7 +543,7 @@ def cold_first_call(args):
     from . import _core as core
 
     wl = workload(args.workload)
-    x = torch.randn(1024, wl.widths[0], device="cuda", dtype=torch.float16)
+    x = torch.randn(1024, wl.x_features(), device="cuda", dtype=torch.float16)
     spans, compile_ = [], core.nvrtc_compile
 
     def timed(*a, **k):
@@ -598,7 +598,7 @@ def host_time(args):
     torch = bench._import_torch()
     wl, rows = workload(args.workload), args.rows
     mlp = model(wl)
-    x = torch.randn(rows, wl.widths[0], device="cuda", dtype=torch.float16)
+    x = torch.randn(rows, wl.x_features(), device="cuda", dtype=torch.float16)
     mlp(x)
     torch.cuda.synchronize()
     kernel = mlp._kernel("float16", rows=rows)
@@ -725,7 +725,7 @@ def chain_steps(args):
         if args.check:
             check(name, builds[0][0], resolved(builds, CHECK_ROWS), letters)
         for rows in args.rows or [1024]:
-            x = torch.randn(rows, wl.widths[0], device="cuda", dtype=torch.float16)
+            x = torch.randn(rows, wl.x_features(), device="cuda", dtype=torch.float16)
             y = torch.empty((rows, wl.widths[-1]), device="cuda", dtype=torch.float16)
             kernels = resolved(builds, rows, stream.cuda_stream)
             timers = [_step_timers(torch, kernel, x, y, rows, stream) for kernel in kernels]
