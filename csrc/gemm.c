@@ -191,7 +191,7 @@ static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *t
     if (row != fm_gemm_pad_row(spec, prec))
         return fm_fail(err, FM_ERR_VALUE, "pad pass a0_row=%d: x's %d features take rows of %d elements (whole "
                        "16-byte pieces of %s)", row, spec->width[0], fm_gemm_pad_row(spec, prec), fm_prec_name(prec));
-    const size_t in_row = (size_t)spec->width[0] * fm_dtype_size(a0);
+    const size_t in_row = (size_t)spec->x_features * fm_dtype_size(a0); /* (x as it is: an encoding's features) */
     int rows = 32; /* rows a CTA: 16 KB of float16 x at 259 features; fewer for wide x, down to 8 */
     while (rows > 8 && (size_t)rows * in_row > 48 * 1024)
         rows /= 2;
@@ -200,6 +200,7 @@ static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *t
                        "gives a block %zu", rows, in_row, target->arch, target->smem_per_block);
     fm_plan_row_kernel(plan, l, target, prec, a0, (fm_dtype)fm_gemm_storage(prec), -1);
     plan->gemm_pad = 1;
+    plan->x_features = spec->x_features;
     plan->gemm_a_row[0] = row;
     plan->rows_per_cta = rows;
     plan->smem_bytes = (size_t)rows * in_row;
@@ -220,10 +221,15 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     fm_status st = fm_plan_check_prec(spec, target, prec, err); /* (the 8-bit scales among its checks) */
     if (st != FM_OK)
         return st;
-    if (spec->enc_cols > 0 && (l == 0 || spec->cat[l] != FM_CAT_NONE || opts->pad_pass ||
-                               (spec->res_op[l] != FM_RES_NONE && spec->res_src[l] == -1))) {
-        fm_fail(err, FM_ERR_LIMIT, "layer %d reads x's input encoding (%d columns of %d features), which only the fused "
-                "kernels compute; it cannot run as a GEMM", l, spec->enc_cols, spec->x_features);
+    /* An encoded x (fm_spec.enc_*) reaches a GEMM only as the pad pass's copy, which the pass encodes (16-bit compute
+     * dtypes: a0_row / a1_row name the copy's row for the part that is x); never as a residual operand. */
+    const int x_part = l == 0 ? 0 : spec->cat[l] == FM_CAT_AFTER ? 1 : spec->cat[l] == FM_CAT_BEFORE ? 0 : -1;
+    if (spec->enc_cols > 0 && !opts->pad_pass && !opts->norm_pass &&
+        ((x_part >= 0 && opts->a_row[x_part] <= 0) || (spec->res_op[l] != FM_RES_NONE && spec->res_src[l] == -1))) {
+        fm_fail(err, FM_ERR_LIMIT, "layer %d reads x's input encoding (%d columns of %d features) as a GEMM %s, which "
+                "no GEMM computes", l, spec->enc_cols, spec->x_features,
+                x_part >= 0 && opts->a_row[x_part] <= 0 ? "input part other than the pad pass's encoded copy (float16 "
+                "and bfloat16 chains only)" : "residual operand");
         fm_error_hint(err, "encode x before the model (it then takes %d features), or make every layer reading x fit a "
                       "fused kernel", spec->enc_cols);
         return FM_ERR_LIMIT;

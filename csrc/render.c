@@ -352,10 +352,10 @@ static void fm_render_gemm_substs(const fm_plan *p, fm_substs *t) {
     fm_str_printf(c, ", y %s", fm_dtype_name(p->out_dtype));
 }
 
-/* fm_common.cuh's x: its features in memory (IN_REAL) and a fused plan's input encoding (fm_spec.enc_*), one Enc<C>
- * per column, scales and phases as exact float literals. A GEMM, pad or norm plan's x is its layer's input as it is. */
+/* fm_common.cuh's x: its features in memory (IN_REAL) and a fused or pad plan's input encoding (fm_spec.enc_*), one
+ * Enc<C> per column, scales and phases as exact float literals. A GEMM or norm plan's x is its layer's input as it is. */
 static void fm_render_encoding(const fm_spec *spec, const fm_plan *p, fm_substs *t) {
-    const int enc = p->gemm ? 0 : spec->enc_cols;
+    const int enc = p->gemm && !p->gemm_pad ? 0 : spec->enc_cols; /* (the pad pass encodes x's copy) */
     if (enc)
         fm_str_printf(fm_subst_add(t, "X_FEATURES"), "%d", spec->x_features);
     else
@@ -396,12 +396,12 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
     if (p->gemm_pad) { /* the pad pass of x (pad_rows.cu): no weights, no tile */
         fm_str_append(fm_subst_add(t, "W_SMEM_ELEMS"), "0");
         fm_str_printf(fm_subst_add(t, "ROWS_CTA"), "%d", p->rows_per_cta);
-        fm_str_printf(fm_subst_add(t, "X_COLS"), "%d", spec->width[0]);
+        fm_str_printf(fm_subst_add(t, "X_COLS"), "%d", spec->x_features);
         fm_str_printf(fm_subst_add(t, "X_ROW"), "%d", p->gemm_a_row[0]);
-        fm_str_printf(fm_subst_add(t, "PLAN_COMMENT"), "x (%d features, %s) copied to rows of %d %s for layer %d's "
-                      "GEMM; sm_%d; %d rows a CTA through %zu B of shared memory", spec->width[0],
-                      fm_dtype_name(p->in_dtype), p->gemm_a_row[0], fm_dtype_name(p->out_dtype), p->gemm_layer,
-                      p->arch, p->rows_per_cta, p->smem_bytes);
+        fm_str_printf(fm_subst_add(t, "PLAN_COMMENT"), "x (%d features, %s)%s copied to rows of %d %s for layer %d's "
+                      "GEMM; sm_%d; %d rows a CTA through %zu B of shared memory", spec->x_features,
+                      fm_dtype_name(p->in_dtype), spec->enc_cols ? " encoded" : "", p->gemm_a_row[0],
+                      fm_dtype_name(p->out_dtype), p->gemm_layer, p->arch, p->rows_per_cta, p->smem_bytes);
         return fm_render_gemm_layer(spec, p, fm_subst_add(t, "LAYERS"), err);
     }
     if (p->gemm) {

@@ -336,7 +336,7 @@ template <int C> struct Enc;
 // IN_COLS: the input buffer's columns written (the rest, to IN_PAD, stay zero).
 constexpr int IN_COLS = ENC_COLS ? ENC_COLS : IN_REAL * X_PARTS;
 static_assert(X_PARTS == 1 || (FM_PREC <= 1 && IN_COLS <= IN_PAD), "x splits in 16-bit plans, within its k step");
-static_assert(ENC_COLS == 0 || (X_PARTS == 1 && ENC_COLS <= IN_PAD), "an encoding's columns fill layer 0's inputs");
+static_assert(ENC_COLS == 0 || X_PARTS == 1, "an encoded x is never split (fm_plan_x_splits)");
 constexpr int OUT_REAL = Layer<LAST>::NR;
 constexpr int OUT_PAD = Layer<LAST>::N;
 // ------------------------------------------------------------------------------------------------ norms

@@ -5,6 +5,10 @@
 // pair by element pair through registers on the way in, by the threads that issue the MMAs. This kernel runs once
 // before the chain's first GEMM that reads x (one pass over x, a copy written once), and that GEMM copies the copy.
 //
+// With an input encoding (fm_common.cuh's ENC_COLS, FusedMLP's encoding=) the copy is the encoded x, the layers'
+// columns as the fused kernels' loader makes them (fm_encode_input): a thread a staged row, each column from its
+// compile-time Enc<C>, so that every GEMM reading x reads the encoding and no GEMM computes one.
+//
 // Shape of the work: a CTA takes ROWS_CTA consecutive rows of x, which are one contiguous span of memory: it stages
 // the span in shared memory with 16-byte loads (bytes where x's start is not 16-byte aligned), then writes each
 // padded row in 16-byte pieces, consecutive threads consecutive pieces. Values are converted as the GEMM's own
@@ -23,8 +27,43 @@ constexpr int XR = {{X_ROW}};           // elements a row of the copy: XC rounde
 constexpr int PIECES = XR / 8;          // 16-byte pieces a row of the copy
 constexpr int XB = XC * (int)sizeof(in_t);  // bytes a row of x
 static_assert(FM_PREC <= 1 && FM_OUT_TYPE == FM_PREC + 1, "the copy is in the 16-bit compute dtype");
-static_assert(FM_IN_TYPE <= 2 && XR % 8 == 0 && XR >= XC && XR - XC < 8, "rows of whole 16-byte pieces");
+static_assert(FM_IN_TYPE <= 2 && XR % 8 == 0 && (ENC_COLS ? XR >= ENC_COLS && XR - ENC_COLS < 8 && XC == IN_REAL
+                                                          : XR >= XC && XR - XC < 8), "rows of whole 16-byte pieces");
+
+// Columns [C, XR) of an encoded row whose features are v, as pairs packed into w (zeros past ENC_COLS).
+template <int C>
+__device__ __forceinline__ void fm_encode_pairs(fm_u32 *w, const float (&v)[ENC_X]) {
+    if constexpr (C < XR) {
+        float f[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            f[j] = 0.0f;
+        if constexpr (C < ENC_COLS)
+            f[0] = Enc<C>::SIN ? fm_sin(fmaf(Enc<C>::SCALE, v[Enc<C>::SRC], Enc<C>::PHASE)) : v[Enc<C>::SRC];
+        if constexpr (C + 1 < ENC_COLS)
+            f[1] = Enc<C + 1>::SIN ? fm_sin(fmaf(Enc<C + 1>::SCALE, v[Enc<C + 1>::SRC], Enc<C + 1>::PHASE))
+                                   : v[Enc<C + 1>::SRC];
+        w[C / 2] = fm_pack2<FM_OUT_TYPE>(f[0], f[1]);
+        fm_encode_pairs<C + 2>(w, v);
+    }
+}
 static_assert(ROWS_CTA * XB == SMEM_BYTES, "the plan's shared memory is the staged rows (gemm.c)");
+
+// x's rows as they are, each padded with zeros to XR: consecutive threads consecutive 16-byte pieces.
+__device__ __forceinline__ void fm_copy_rows(const in_t *staged, out_t *__restrict__ y, long long r0, int nr) {
+    for (int c = threadIdx.x; c < nr * PIECES; c += THREADS) {
+        const int r = c / PIECES, k = (c % PIECES) * 8;
+        fm_u32 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int col = k + 2 * j;
+            const float v0 = col < XC ? fm_in_to_f(staged[r * XC + col]) : 0.0f;
+            const float v1 = col + 1 < XC ? fm_in_to_f(staged[r * XC + col + 1]) : 0.0f;
+            v[j] = fm_pack2<FM_OUT_TYPE>(v0, v1);
+        }
+        fm_stg16(y + (r0 + r) * XR + k, fm_v4{v[0], v[1], v[2], v[3]});
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
 {{KERNEL_NAME}}(const void *__restrict__ x,      // rows x XC of FM_IN_TYPE
@@ -58,16 +97,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM)
     }
     __syncthreads();
     const in_t *staged = (const in_t *)fm_smem_raw;  // the CTA's rows of x
-    for (int c = threadIdx.x; c < nr * PIECES; c += THREADS) {
-        const int r = c / PIECES, k = (c % PIECES) * 8;
-        fm_u32 v[4];
+    if constexpr (ENC_COLS > 0) {
+        for (int r = threadIdx.x; r < nr; r += THREADS) {
+            float v[ENC_X];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int col = k + 2 * j;
-            const float v0 = col < XC ? fm_in_to_f(staged[r * XC + col]) : 0.0f;
-            const float v1 = col + 1 < XC ? fm_in_to_f(staged[r * XC + col + 1]) : 0.0f;
-            v[j] = fm_pack2<FM_OUT_TYPE>(v0, v1);
+            for (int i = 0; i < ENC_X; ++i)
+                v[i] = fm_in_to_f(staged[r * XC + i]);
+            fm_u32 w[XR / 2];
+            fm_encode_pairs<0>(w, v);
+#pragma unroll
+            for (int k = 0; k < PIECES; ++k)
+                fm_stg16(y + (r0 + r) * XR + 8 * k, fm_v4{w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]});
         }
-        fm_stg16(y + (r0 + r) * XR + k, fm_v4{v[0], v[1], v[2], v[3]});
+    } else {
+        fm_copy_rows(staged, y, r0, nr);
     }
 }
+

@@ -107,15 +107,43 @@ def test_plans_load_x_whole_and_never_split_it(rng):
                     x_split=1)
 
 
-def test_a_gemm_reading_an_encoded_x_is_a_limit(rng):
-    """Only the fused kernels compute an encoding: a network cut into segments whose GEMM reads x is refused with
-    the layer, and a network too wide for any fused kernel names the rule; the CPU path runs either."""
-    w0 = rng.standard_normal((1024, 15)).astype(np.float32) / 4
-    w1 = rng.standard_normal((4, 1024)).astype(np.float32) / 32
-    mlp = fusedmlp.FusedMLP([w0, w1], None, "relu", encoding=fusedmlp.frequency_encoding(2), device="cpu")
-    with pytest.raises(fusedmlp.LimitError, match="layer 0 reads x's input encoding .* cannot run as a GEMM"):
-        mlp._gemm_plan(0, 90, H100["smem_per_block"], H100["sm_count"], H100["smem_per_sm"], "float16", None, None,
-                       "float16")
+def encoded_chain(rng, dtype="float16", device="cpu"):
+    """27-1024-256-256-4 on 4 frequencies of 3-D points, x joined again before layer 2: on the H100 a GEMM chain
+    (1024 features: no fused kernel) whose first GEMM and concat GEMM read x."""
+    ins, outs = [27, 1024, 256 + 27, 256], [1024, 256, 256, 4]
+    ws = [rng.uniform(-1, 1, (o, i)).astype(np.float32) / np.sqrt(i) for i, o in zip(ins, outs)]
+    bs = [rng.uniform(-0.1, 0.1, o).astype(np.float32) for o in outs]
+    return fusedmlp.FusedMLP(ws, bs, "relu", concat={2: "after"}, encoding=fusedmlp.frequency_encoding(4),
+                             dtype=dtype, device=device)
+
+
+def test_an_encoded_chain_reads_the_pad_passs_encoded_copy(rng, tmp_path):
+    """Cut into segments, a 16-bit network's GEMMs read x as the pad pass's copy, which the pass encodes
+    (pad_rows.cu); every plan compiles ahead of time. A GEMM reading x any other way (an 8-bit chain, whose GEMMs
+    quantise x on the way in) is a LimitError naming the layer, and the CPU path runs any."""
+    from test_lowbit import nvrtc_or_skip
+
+    from fusedmlp import _api, _segments
+
+    target = (90, H100["smem_per_block"], H100["sm_count"], H100["smem_per_sm"])
+    mlp = encoded_chain(rng)
+    segments = mlp._segments_for(*target, "float32", "float32")
+    assert [s.kind for s in segments] == ["gemm", "gemm", "gemm", "fused"]
+    assert "x read from its encoded copy in rows of 32 float16" in segments[0].reason
+    plans = _segments.plans(mlp, 90, "float32", "float32", target)
+    assert plans[0].info["pad_pass"] and "x (3 features, float32) encoded copied" in _api._source_of(plans[0])
+    nvrtc_or_skip()
+    cache = fusedmlp._cache.KernelCache(tmp_path)
+    for plan in plans:
+        _api.compile_cubin(_api._source_of(plan), 90, cache, plan.info["wgmma"])
+    with pytest.raises(fusedmlp.LimitError, match="layer 0 reads x's input encoding .* as a GEMM input part other "
+                                                  "than the pad pass's encoded copy"):
+        mlp._net.gemm_plan(0, 90, H100["smem_per_block"], H100["sm_count"], "float16", None, None, "float16",
+                           smem_per_sm=H100["smem_per_sm"])  # (x itself: no a0_row naming the copy)
+    low = encoded_chain(rng, dtype="int8")
+    low.calibrate(rng.uniform(-1, 1, (64, 3)).astype(np.float32))
+    with pytest.raises(fusedmlp.LimitError, match="layer 0 reads x's input encoding"):
+        _segments.plans(low, 90, "float32", "float32", target)
     x = rng.uniform(-1, 1, (10, 3)).astype(np.float32)
     assert rel_l2(mlp(x), reference(mlp, x)) <= 2e-5
 
@@ -187,6 +215,26 @@ def test_gpu_encoded_networks_in_every_kernel_form(rng, dtype):
             assert rel_l2(mlp(x), want) <= bound, name
     print("\n" + "\n".join(report))
     assert len(report) >= 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_encoded_chain_reads_the_encoded_copy(rng, dtype):
+    """The GEMM chain of encoded_chain (the pad pass encoding x's copy, the first GEMM and the concat GEMM reading it)
+    against float64, float32 and float16 x, at 1, 100 and 5000 rows; and check=True on the public call."""
+    mlp = encoded_chain(rng, dtype=dtype, device="cuda")
+    bound = fusedmlp.CHECK_TOLERANCES[dtype]
+    for rows in (1, 100, 5000):
+        x = rng.uniform(-1.5, 1.5, (rows, 3)).astype(np.float32)
+        for io in (np.float32, np.float16):
+            xi = x.astype(io)
+            y = mlp(xi)
+            err = rel_l2(y.astype(np.float64), reference(mlp, xi.astype(np.float32)))
+            assert y.dtype == io and err <= bound, (rows, io, err)
+    assert any(s.kind == "gemm" for s in mlp._segments_for(*mlp._target(), "float32", "float32"))
+    checked = encoded_chain(rng, dtype=dtype, device="cuda")
+    checked._check = True
+    checked(rng.uniform(-1, 1, (777, 3)).astype(np.float32))
 
 
 @pytest.mark.gpu

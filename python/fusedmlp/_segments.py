@@ -346,7 +346,7 @@ def _sub_network(mlp, first, last, x_row=0):
     residual = [None if r is None else (r[0], r[1], r[2] - first) for r in mlp._residual[first:last + 1]]
     return type(mlp._net)(_stretch_weights(mlp, first, last, x_row), mlp._b[first:last + 1],
                           mlp._acts[first:last + 1], residual, mlp._concat[first:last + 1], mlp._norm[first:last + 1],
-                          mlp._encoding_arg if first == 0 else None)
+                          mlp._encoding_arg if first == 0 and not x_row else None)  # (the copy is encoded)
 
 
 def _stretch_weights(mlp, first, last, x_row=0):
@@ -409,6 +409,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
         return f"{widest} features; a fused kernel holds {most} a layer" if widest > most else None
 
     x_row, copied = pad_row(mlp, in_dtype), set()  # (the lasts of the stretches from layer 0 that read x's copy)
+    copy_word = "copy" if mlp._encoding is None else "encoded copy"  # (the pad pass encodes x where the model does)
 
     def fits(first, last):
         why = too_wide(first, last)
@@ -476,15 +477,15 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
             if norm:
                 seg.reason += f"; its {_norm.NAMES[mlp._norm[seg.first][0]]} in a second kernel over whole rows"
             if x_row and reads_x(mlp, seg.first):
-                seg.reason += (f"; x read from its copy in rows of {x_row} {STORAGE[mlp._precision]} (made once, "
-                               "before the first kernel that reads x)")
+                seg.reason += (f"; x read from its {copy_word} in rows of {x_row} {STORAGE[mlp._precision]} (made "
+                               "once, before the first kernel that reads x)")
     # a first stretch reads x's copy where that gave it two warpgroups (or any kernel at all), or where the chain makes
     # the copy anyway (a GEMM reads x) and the stretch reads x as its input alone
     head = segments[0]
     if head.kind == "fused" and x_row and (head.last in copied or (pad_before(mlp, segments, in_dtype) is not None
                                                                      and _reads_x_alone(mlp, head.last))):
         head.x_copy = True
-        head.reason += f"; x read from its copy in rows of {x_row} {STORAGE[mlp._precision]}"
+        head.reason += f"; x read from its {copy_word} in rows of {x_row} {STORAGE[mlp._precision]}"
     return segments
 
 
@@ -535,10 +536,11 @@ def _gemm_operands(mlp, layer):
 def pad_row(mlp, in_dtype):
     """Elements a row of x's padded copy (X_PAD) in a chain of input dtype in_dtype, or 0 where its GEMMs read x as
     it is: a 16-bit compute dtype, x not in it or its rows not whole 16-byte pieces, and x wider than PAD_MIN_WIDTH
-    (FUSEDMLP_GEMM_PAD=1 / -1: any width / never)."""
+    (FUSEDMLP_GEMM_PAD=1 / -1: any width / never). An encoded x (encoding=) always has its copy in a 16-bit chain,
+    which the pass encodes (pad_rows.cu), and none otherwise (its GEMMs reading x are then a LimitError)."""
     storage, force = STORAGE[mlp._precision], _env.gemm_pad()
-    if mlp._encoding is not None:  # (x is encoded in the fused kernels alone; no GEMM reads it)
-        return 0
+    if mlp._encoding is not None:  # the pass encodes x's copy, the only x a GEMM of such a network reads (16-bit)
+        return _whole_pieces(mlp.widths[0]) if mlp._precision in _PAD_PRECISIONS else 0
     if mlp._precision not in _PAD_PRECISIONS or (in_dtype == storage and mlp.widths[0] * _ITEMSIZE[storage] % 16 == 0):
         return 0
     if force < 0 or (force == 0 and mlp.widths[0] < PAD_MIN_WIDTH):
