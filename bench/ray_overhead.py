@@ -75,6 +75,7 @@ class StandIn:
 
     def __init__(self, widths):
         self.widths = tuple(widths)
+        self.in_features = self.widths[0]  # (FusedMLP's: x's features, which the predictor reads)
         self.devices = ["stand-in"]
 
     def __call__(self, x):
