@@ -127,3 +127,23 @@ def test_encodings_constants_and_softmin_read_this_session_on_cuda():
             if mlp.encoding is None:  # (an encoding's sines are formed from x in float32 instead)
                 assert mlp._net.plan(fusedmlp._api._gpu(0).info["arch"]).info["x_split"] == 1
             _check(mlp(x), want)
+
+
+def test_nerf_pytorchs_nerf_as_written_on_cuda():
+    """nerf-pytorch's NeRF (its input split into points and view directions, alpha carried past the view layer as
+    relu(alpha), relu(-alpha)) on CUDA tensors with check=True, against torch in float64, both modes."""
+    import copy
+
+    from test_torch import _NerfPytorch
+
+    torch.manual_seed(29)
+    for use_viewdirs in (False, True):
+        model = _NerfPytorch(use_viewdirs=use_viewdirs).cuda().eval()
+        x = torch.randn(4099, 90, device="cuda")
+        with torch.no_grad():
+            want = copy.deepcopy(model).double()(x.double())
+            mlp = fusedmlp.from_torch(model, check=True)
+            y = mlp(x)
+            _check(y, want)
+            _check(y[:, 3:], want[:, 3:])
+

@@ -924,6 +924,96 @@ def test_a_positional_encoding_in_forward_is_the_models_input_encoding(options):
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 2e-4
 
 
+class _NerfPytorch(nn.Module):
+    """nerf-pytorch's NeRF (run_nerf_helpers.py) as written: the input split into encoded points and view
+    directions, the trunk on the points with the points joined again after layer 4, and with use_viewdirs the density
+    alpha taken from the trunk while the colour goes on through a view layer, returned as torch.cat([rgb, alpha])."""
+
+    def __init__(self, depth=8, width=256, input_ch=63, input_ch_views=27, skips=(4,), use_viewdirs=False,
+                 view_act=F.relu):
+        super().__init__()
+        self.input_ch, self.input_ch_views, self.skips, self.use_viewdirs = input_ch, input_ch_views, skips, use_viewdirs
+        self.view_act = view_act
+        self.pts_linears = nn.ModuleList([nn.Linear(input_ch, width)] + [
+            nn.Linear(width, width) if i not in skips else nn.Linear(width + input_ch, width) for i in range(depth - 1)])
+        self.views_linears = nn.ModuleList([nn.Linear(input_ch_views + width, width // 2)])
+        if use_viewdirs:
+            self.feature_linear = nn.Linear(width, width)
+            self.alpha_linear = nn.Linear(width, 1)
+            self.rgb_linear = nn.Linear(width // 2, 3)
+        else:
+            self.output_linear = nn.Linear(width, 4)
+
+    def forward(self, x):
+        input_pts, input_views = torch.split(x, [self.input_ch, self.input_ch_views], dim=-1)
+        h = input_pts
+        for i, l in enumerate(self.pts_linears):
+            h = self.pts_linears[i](h)
+            h = F.relu(h)
+            if i in self.skips:
+                h = torch.cat([input_pts, h], -1)
+        if self.use_viewdirs:
+            alpha = self.alpha_linear(h)
+            feature = self.feature_linear(h)
+            h = torch.cat([feature, input_views], -1)
+            for i, l in enumerate(self.views_linears):
+                h = self.views_linears[i](h)
+                h = self.view_act(h)
+            rgb = self.rgb_linear(h)
+            outputs = torch.cat([rgb, alpha], -1)
+        else:
+            outputs = self.output_linear(h)
+        return outputs
+
+
+@pytest.mark.parametrize("use_viewdirs", [False, True])
+def test_nerf_pytorchs_nerf_as_written(use_viewdirs):
+    """The input's split parts are x with zero weights for the other part's features (x stays 90 wide); with view
+    directions, alpha rides along the view layer as relu(alpha), relu(-alpha) and the last layer returns it beside
+    rgb in torch.cat's order: the CPU path within float32's rounding of torch in float64, alpha too."""
+    torch.manual_seed(17)
+    model = _NerfPytorch(use_viewdirs=use_viewdirs).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.in_features == 90 and mlp._concat[5] == 2
+    if use_viewdirs:  # the trunk, [alpha | feature], the view layer with alpha's pair, [rgb | alpha]
+        assert list(mlp.widths[-4:]) == [256, 257, 130, 4] and mlp._concat[9] == 1
+    x = torch.randn(300, 90, dtype=torch.float64)
+    want = ref64(model, x)
+    got = torch.from_numpy(mlp(x.float().numpy()))
+    assert max_rel(got, want) <= 1e-6 and max_rel(got[:, 3:], want[:, 3:]) <= 1e-6
+
+
+def test_a_carried_value_across_another_activation_is_named():
+    model = _NerfPytorch(depth=2, width=32, skips=(), use_viewdirs=True, view_act=torch.tanh).eval()
+    with pytest.raises(fusedmlp.ArgumentError, match=r"alpha.*returned beside a later layer's output, would cross a "
+                                                     r"layer with activation tanh"):
+        fusedmlp.from_torch(model, device="cpu")
+
+
+class _Sliced(nn.Module):
+    """A goal-conditioned policy slicing its input: obs and goal parts, the goal joined again before the head."""
+
+    def __init__(self, open_end=False):
+        super().__init__()
+        self.open_end = open_end
+        self.a, self.b = nn.Linear(5, 32), nn.Linear(32 + 3, 2)
+
+    def forward(self, x):
+        obs, goal = x[..., :5], (x[..., 5:] if self.open_end else x[:, 5:8])
+        return self.b(torch.cat([torch.relu(self.a(obs)), goal], -1))
+
+
+def test_slices_of_the_input_read_as_x_with_zero_weights():
+    torch.manual_seed(4)
+    model = _Sliced().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.in_features == 8 and list(mlp.widths) == [8, 32, 2]
+    x = torch.randn(40, 8, dtype=torch.float64)
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
+    with pytest.raises(fusedmlp.ArgumentError, match=r"x\[\.\.\., 5:\] leaves x's width unknown"):
+        fusedmlp.from_torch(_Sliced(open_end=True).eval(), device="cpu")
+
+
 class _ScaledActor(nn.Module):
     """CleanRL's DDPG / TD3 actor: per-action scale and bias buffers after the tanh."""
 

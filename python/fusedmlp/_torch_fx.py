@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ._layers import Layers, affine_map, compose as _compose, graph_edges, then_map
+from ._torch_fx_branch import Branches
 from ._torch_fx_nodes import (F, TRACED_SUPPORTED, _ADD, _ARITH, _ARITH_METHODS, _ASIDE, _DROPOUT_FUNCTIONS,
                               _FOLD_FUNCTIONS, _FOLD_METHODS, _FUNCTIONS, _METHODS, _MUL, _SAME_METHODS, _arg,
                               _expression, _functional_text, _is_parametrization_call, _over, _scalar_text,
@@ -17,7 +18,7 @@ from ._torch_modules import (_DROPOUTS, _activation_text, _batchnorm_affine, _ch
 from .errors import ArgumentError
 
 
-class _Tracer:
+class _Tracer(Branches):
     """One walk over a traced module's graph (read_traced). Each node goes to the first handler that takes it; the
     chain's state (the current value, the values a residual may read, the layers) lives here."""
 
@@ -49,15 +50,14 @@ class _Tracer:
         self.consts = {}  # node -> its value (float64 tensor, or a number): arithmetic on constants alone
         # a positional encoding of the input (encoding_candidates): torch.cat node -> its parts, and the nodes of those
         self.encodings, self.encoding_parts = self.encoding_candidates()
+        self.init_branches()  # slices of the input, values carried to the output (_torch_fx_branch)
 
     def run(self):
         for node in self.gm.graph.nodes:
             target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
             label = f"{node.name} ({target})"
             if self.out_heads and node.op != "output" and any(h in node.all_input_nodes for h, _ in self.out_heads):
-                raise ArgumentError(f"{label}: it reads a head of Linears merged on one value (an actor-critic's "
-                                    "pi(h), v(h)); fusedmlp reads such heads only as the network's outputs, "
-                                    "return pi(h), v(h)")
+                self.lead_head(node, label)  # forward goes on from one head, the others ride along (NeRF's alpha)
             if node.op == "output":
                 if self.out_heads and isinstance(node.args[0], (tuple, list)) and [
                         a for a in node.args[0]] == [h for h, _ in self.out_heads]:
@@ -79,7 +79,7 @@ class _Tracer:
             self.inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
             self.leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
             self.text = self.activations.pop(node.target, None) if node.op == "call_module" else None
-            for handler in (self.linear, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
+            for handler in (self.input_slice, self.linear, self.carried_output, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
                             self.squeeze_output, self.constant_op, self.residual_op, self.activation):
                 taken = handler(node, label)
                 if taken:
@@ -326,17 +326,20 @@ class _Tracer:
             w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
         else:
             w, b = (self.constant(a, label) for a in (node.args[1], _arg(node, 2, "bias", None)))
-        if not self.takes_cur():
+        w, b = _numpy64(w) if isinstance(w, torch.Tensor) else w, _numpy64(b) if isinstance(b, torch.Tensor) else b
+        if not (self.inputs and self.inputs[0] in self.x_slices) and not self.takes_cur():
             if self.head(node, w, b, label):
                 return _ASIDE
             raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
+        self.branch_linear(label)  # (values riding along: the last layer's rows for them first)
+        w = self.place_columns(np.asarray(w, np.float64), label)
         plain = self.pending_cat is None and layers.pending is None and layers.pending_parts is None
         if self.pending_cat is not None:
             self.concat[len(layers.weights)] = self.pending_cat
             self.pending_cat = None
         else:
             self.keep_input()
-        layers.linear(w, b, label)
+        layers.linear64(w, None if b is None else np.asarray(b, np.float64), label)
         self.residual.append(None)
         self.act_path = {node: "x"}
         self.read_by_last = self.cur if plain else None  # (a second head on it joins this Linear: head)
@@ -354,7 +357,7 @@ class _Tracer:
             raise ArgumentError(f"{label}: a second Linear on the value the last one read, after that one's "
                                 "activation, norm or residual; fusedmlp merges heads on one value that are the "
                                 "network's outputs as they are (return pi(h), v(h))")
-        w, b = layers.to_array(w), layers.to_array(b)
+        w, b = np.asarray(w, np.float64), None if b is None else np.asarray(b, np.float64)
         last_w, last_b = layers.weights[-1], layers.biases[-1]
         if w.ndim != 2 or w.shape[1] != last_w.shape[1]:
             raise ArgumentError(f"{label}: a head of {w.shape} beside a Linear of {last_w.shape} on the same value")
@@ -417,16 +420,19 @@ class _Tracer:
         return True
 
     def cat(self, node, label):
-        """torch.cat of the hidden state with the network input right before a Linear: that layer's input concat."""
+        """torch.cat of the hidden state with the network input (or a slice of it) right before a Linear: that layer's
+        input concat."""
         if node.op != "call_function" or node.target is not torch.cat:
             return False
         parts, dim = node.args[0], _arg(node, 1, "dim", 0)
         if self.fourier(node, parts, dim, label):
             return True
-        if (not isinstance(parts, (list, tuple)) or len(parts) != 2 or set(parts) != {self.cur, self.x_node}
+        other = [p for p in parts if p is not self.cur] if isinstance(parts, (list, tuple)) else []
+        if (len(parts) != 2 or len(other) != 1 or (other[0] is not self.x_node and other[0] not in self.x_slices)
                 or self.cur is self.x_node or dim not in (-1, 1)):
             raise ArgumentError(f"{label}: only torch.cat([h, x], -1) or torch.cat([x, h], -1) of the hidden state h "
-                                "with the network input x is supported")
+                                "with the network input x (or a slice of it) is supported")
+        self.cat_slice = self.x_slices.get(other[0])  # (a slice: its features of x, place_columns)
         self.layers.unfoldable(label, "torch.cat")
         self.keep(self.cur, len(self.layers.weights) - 1)
         self.pending_cat = "after" if parts[0] is self.cur else "before"

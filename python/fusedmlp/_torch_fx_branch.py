@@ -1,0 +1,219 @@
+"""fusedmlp.torch's reading of a forward that slices its input or returns a value from before its last layers, as
+nerf-pytorch's NeRF does: `input_pts, input_views = torch.split(x, [63, 27], -1)`, the trunk on input_pts with
+input_pts joined again at a skip, then `alpha = alpha_linear(h)` and `feature = feature_linear(h)` on the trunk's
+output, `torch.cat([feature, input_views], -1)` into the view layers and `torch.cat([rgb, alpha], -1)` returned.
+
+Both become one chain of layers over the whole input, with exact rewrites of the weights:
+- a slice of the input read by a Linear (the first layer, or an input concat's part) is x itself, the Linear's
+  columns for the other features zero (x stays whole in the kernel, its unused features multiplied by zeros);
+- Linears on one value (alpha_linear, feature_linear) are one layer of both's rows; where forward goes on with one of
+  them (the lead) and returns the others beside a later layer's output, those others ride along as extra rows of
+  each layer in between, which the layers' inputs meet with zero weights: through an identity layer one row of the
+  value, through a relu layer the pair relu(v), relu(-v) (v = relu(v) - relu(-v) exactly, and both stay as they are
+  through later relu layers), and the last layer adds the value back as one row, in the place torch.cat gives it.
+  A value crossing any other activation, a norm or a residual has no exact carry and is an error naming it.
+"""
+
+import operator
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._torch_fx_nodes import _ASIDE, F, _arg
+from .errors import ArgumentError, ShapeError
+
+
+class Branches:
+    """The _Tracer's part that reads slices of the input and values carried to the output (see the module)."""
+
+    def init_branches(self):
+        self.x_width = None  # x's features where forward splits it with listed sizes (torch.split(x, [a, b], -1))
+        self.splits = {}  # torch.split node of x -> the parts' start offsets (and the end)
+        self.x_slices = {}  # node -> (start, stop): a slice of the network input
+        self.cat_slice = None  # (start, stop) of a pending input concat's x part where it is a slice
+        self.lead = None  # (offset, width): the chain's value among the last layer's outputs, where values ride along
+        self.carried = []  # [node, terms [(output column, sign)], nonneg]: values returned beside a later output,
+        # each the sum of its terms over the last layer's outputs (nonneg: every term a relu's, never negative)
+        self.settled = True  # whether the last layer's rows already hold the carried values (settle)
+
+    # -------------------------------------------------------------------------------------------- input slices
+
+    def input_slice(self, node, label):
+        """torch.split(x, [sizes], -1) and its parts, x[..., a:b] / x[:, a:b]: slices of the network input, read by
+        a Linear or an input concat as x itself with zero weights for the other features (place_columns)."""
+        x = self.x_node
+        if node.op in ("call_function", "call_method") and node.target in (torch.split, "split") and node.args and \
+                node.args[0] is x and not self.layers.weights:
+            sizes = node.args[1] if len(node.args) > 1 else node.kwargs.get("split_size_or_sections")
+            if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) and s > 0 for s in sizes) or \
+                    _arg(node, 2, "dim", 0) not in (-1, 1):
+                raise ArgumentError(f"{label}: a split of the input; fusedmlp reads torch.split(x, [sizes], dim=-1) "
+                                    "with every part's size listed (x's features are then their sum)")
+            self.splits[node] = np.cumsum([0] + list(sizes)).tolist()
+            self.x_width = self.splits[node][-1]
+            return _ASIDE
+        if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+            return False
+        src, idx = node.args
+        if src in self.splits and isinstance(idx, int):
+            offsets = self.splits[src]
+            self.x_slices[node] = (offsets[idx], offsets[idx + 1])
+            return _ASIDE
+        if src is not x or self.layers.weights:
+            return False
+        last = idx[-1] if isinstance(idx, tuple) and len(idx) == 2 and (idx[0] is Ellipsis or idx[0] == slice(None)) \
+            else None
+        if not isinstance(last, slice) or last.step not in (None, 1):
+            raise ArgumentError(f"{label}: an index of the input; fusedmlp reads slices of its features, x[..., a:b] "
+                                "or x[:, a:b], and torch.split(x, [sizes], -1)")
+        start, stop = last.start or 0, last.stop
+        if stop is None or start < 0 or stop < 0:
+            if self.x_width is None:
+                raise ArgumentError(f"{label}: x[..., {start}:{'' if stop is None else stop}] leaves x's width "
+                                    "unknown; fusedmlp reads slices with both ends given, or torch.split(x, [sizes], "
+                                    "-1), which gives it")
+            start, stop, _ = last.indices(self.x_width)
+        self.x_slices[node] = (start, stop)
+        return _ASIDE
+
+    def slice_width(self, label):
+        """x's features where forward slices it: the split's sum, else the largest slice end seen."""
+        width = self.x_width or max(stop for _, stop in self.x_slices.values())
+        if any(stop > width for _, stop in self.x_slices.values()):
+            raise ShapeError(f"{label}: slices of the input past the {width} features its split gives")
+        return width
+
+    # -------------------------------------------------------------------------------------------- columns
+
+    def place_columns(self, w, label):
+        """A Linear's weight (float64, out x in) with its columns where the kernel's input holds them: a slice of x
+        (the first layer's input, or a pending concat's x part) at its features among x's, the others zero; the chain
+        value's part at the lead's columns of the last layer's outputs, where values ride along (zeros for theirs)."""
+        first = self.inputs[0] if self.inputs else None
+        if first in self.x_slices and not self.layers.weights and self.cur is self.x_node:
+            self.inputs[0] = self.cur  # (the Linear takes the chain's value: x)
+            return self._widen(w, [(0, w.shape[1], self.x_slices[first][0])], self.slice_width(label), label)
+        if self.pending_cat is None and self.lead is None:
+            return w
+        width_x = self.layers.weights[0].shape[1]  # x as the layers read it
+        x_part = (self.cat_slice or (0, width_x)) if self.pending_cat else (0, 0)
+        n_x = x_part[1] - x_part[0]
+        n_h = w.shape[1] - n_x
+        lead_at, lead_n = self.lead or (0, n_h)
+        width_h = self.layers.weights[-1].shape[0] if self.lead else n_h
+        if lead_n != n_h:
+            raise ShapeError(f"{label}: a Linear of {n_h} inputs besides x's on a value of {lead_n} features")
+        before = self.pending_cat == "before"
+        h_src, x_src, h_dst, x_dst = (n_x, 0, width_x, 0) if before else (0, n_h, 0, width_h)
+        pieces = [(h_src, n_h, h_dst + lead_at)] + ([(x_src, n_x, x_dst + x_part[0])] if n_x else [])
+        self.cat_slice = None
+        return self._widen(w, pieces, width_h + (width_x if self.pending_cat else 0), label)
+
+    @staticmethod
+    def _widen(w, pieces, total, label):
+        """w's columns [src, src + n) at [dst, dst + n) of `total` columns, zeros elsewhere."""
+        out = np.zeros((w.shape[0], total))
+        for src, n, dst in pieces:
+            if src + n > w.shape[1] or dst + n > total:
+                raise ShapeError(f"{label}: a Linear of {w.shape[1]} inputs does not fit the {total} columns its "
+                                 "input has here")
+            out[:, dst:dst + n] = w[:, src:src + n]
+        return out
+
+    # -------------------------------------------------------------------------------------------- carried values
+
+    def lead_head(self, node, label):
+        """forward goes on from one of the Linear heads merged on one value (head): that one leads the chain, the
+        others ride along to be returned later (carried_output)."""
+        heads = [h for h, _ in self.out_heads]
+        read = [h for h in heads if h in node.all_input_nodes]
+        layers = self.layers
+        goes_on = (node.op == "call_function" and node.target in (torch.cat, F.linear)) or (
+            node.op == "call_module" and isinstance(self.gm.get_submodule(node.target), nn.Linear))
+        if len(read) != 1 or not goes_on or layers.acts[-1] != "none" or layers.norms[-1] is not None:
+            raise ArgumentError(f"{label}: it reads a head of Linears merged on one value (an actor-critic's pi(h), "
+                                "v(h)); fusedmlp reads such heads as the network's outputs (return pi(h), v(h)), or "
+                                "goes on from one of them into a Linear or an input concat and returns the others "
+                                "beside the output (NeRF's torch.cat([rgb, alpha], -1))")
+        offsets = np.cumsum([0] + [n for _, n in self.out_heads]).tolist()
+        for i, (h, n) in enumerate(self.out_heads):
+            if h is read[0]:
+                self.lead = (offsets[i], n)
+            else:
+                self.carried.append([h, [(offsets[i] + j, 1.0) for j in range(n)], False])
+        self.out_heads, self.cur, self.settled = [], read[0], True
+
+    def settle(self, label, output=False):
+        """The last layer's rows for the carried values, now that its activation is known: one row of each value
+        through an identity layer (its value as a sum of the input columns' terms), through relu the pair relu(v),
+        relu(-v), or each term's own row where the terms are already relu's (never negative). output: the last layer,
+        where each value must come out as one row of itself."""
+        if self.settled or not self.carried:
+            self.settled = True
+            return
+        layers, last = self.layers, len(self.layers.weights) - 1
+        act = layers.acts[last]
+        names = ", ".join(str(c[0].name) for c in self.carried)
+        if layers.norms[last] is not None or self.residual[last] is not None or act not in ("none", "relu(x)", "relu"):
+            what = ("a norm" if layers.norms[last] is not None else "a residual" if self.residual[last] is not None
+                    else f"activation {act}")
+            raise ArgumentError(f"{label}: {names}, returned beside a later layer's output, would cross a layer with "
+                                f"{what}; fusedmlp carries such a value exactly through identity and relu layers only")
+        w = layers.weights[-1]
+        shift = self.layers_input_shift(last)
+        rows, row = [], w.shape[0]
+        for c in self.carried:
+            _, terms, nonneg = c
+            comb = np.zeros(w.shape[1])
+            for col, sign in terms:
+                comb[shift + col] += sign
+            if act == "none" or (nonneg and not output):
+                new = [comb] if act == "none" else [np.eye(1, w.shape[1], shift + col)[0] for col, _ in terms]
+                c[1] = [(row + i, 1.0 if act == "none" else terms[i][1]) for i in range(len(new))]
+                c[2] = act != "none" and nonneg
+            elif output:
+                raise ArgumentError(f"{label}: {c[0].name} is returned after a relu layer that would change it; "
+                                    "fusedmlp returns a carried value from a last layer without an activation")
+            else:
+                new = [comb, -comb]
+                c[1], c[2] = [(row, 1.0), (row + 1, -1.0)], True
+            rows += new
+            row += len(new)
+        b = layers.biases[-1]
+        layers.weights[-1] = np.concatenate([w, np.array(rows)])
+        layers.biases[-1] = None if b is None else np.concatenate([b, np.zeros(len(rows))])
+        self.lead, self.settled = (0, w.shape[0]), True
+
+    def layers_input_shift(self, layer):
+        """Where the last layer's input columns for the previous layer's outputs start: after x's for a concat of x
+        before them."""
+        if self.concat.get(layer) == "before":
+            return self.layers.weights[layer].shape[1] - self.layers.weights[layer - 1].shape[0]
+        return 0
+
+    def carried_output(self, node, label):
+        """torch.cat of the chain's value and carried values, returned: the last layer's rows in the cat's order."""
+        if not self.carried or node.op != "call_function" or node.target is not torch.cat:
+            return False
+        parts, nodes = node.args[0], {c[0]: c for c in self.carried}
+        if (not isinstance(parts, (list, tuple)) or _arg(node, 1, "dim", 0) not in (-1, 1) or self.cur not in parts
+                or not all(p is self.cur or p in nodes for p in parts) or len(set(parts)) != len(parts)):
+            return False
+        self.settle(label, output=True)
+        layers = self.layers
+        w, b = layers.weights[-1], layers.biases[-1]
+        n = self.lead[1]
+        order = []
+        for p in parts:
+            order += range(n) if p is self.cur else [col for col, _ in nodes[p][1]]
+        layers.weights[-1] = w[order]
+        layers.biases[-1] = None if b is None else b[order]
+        self.carried, self.lead = [], None
+        return True
+
+    def branch_linear(self, label):
+        """A Linear arrives while values ride along: the last layer's carry rows first (settle)."""
+        if self.carried:
+            self.settle(label)
+            self.settled = False
