@@ -342,6 +342,44 @@ def test_torch_onnx_export_of_a_positional_encoding_reads_as_the_input_encoding(
     assert np.linalg.norm(mlp(x.numpy()) - want) <= 2e-4 * np.linalg.norm(want)
 
 
+def test_torch_onnx_export_of_nerf_pytorchs_nerf_splits_its_input():
+    """nerf-pytorch's NeRF without view directions, exported: Split of the input into points and views, the points
+    read by the first Gemm and joined again by the skip's Concat, each as x with zero weights for the view features
+    (as from_torch reads the module); against torch in float64. The view-direction branch (alpha returned beside the
+    view layer's output) is not read from ONNX."""
+    torch = pytest.importorskip("torch")
+    from test_torch import _NerfPytorch
+
+    torch.manual_seed(31)
+    model = _NerfPytorch().eval()
+    x = torch.randn(60, 90)
+    mlp = fusedmlp.from_onnx(torch_exported(torch, model, (x,)), device="cpu")
+    assert mlp.in_features == 90 and mlp._concat[5] == 2
+    with torch.no_grad():
+        want = model.double()(x.double()).numpy()
+    assert np.linalg.norm(mlp(x.numpy()) - want) <= 1e-6 * np.linalg.norm(want)
+
+
+def test_slices_of_the_input_read_as_x_with_zero_weights(rng):
+    """Slice(x, 0, 4) into a Gemm and Slice(x, 4, 6) concatenated after its activation: x with zero weights for the
+    other features; onnxruntime's outputs within float32's rounding."""
+    inits = dict(W=rng.standard_normal((4, 8)), b=rng.standard_normal(8), V=rng.standard_normal((10, 3)),
+                 s0=np.array([0]), e0=np.array([4]), s1=np.array([4]), e1=np.array([6]), ax=np.array([-1]))
+    nodes = [helper.make_node("Slice", ["x", "s0", "e0", "ax"], ["p"]),
+             helper.make_node("Slice", ["x", "s1", "e1", "ax"], ["q"]),
+             helper.make_node("MatMul", ["p", "W"], ["z"]), helper.make_node("Add", ["z", "b"], ["zb"]),
+             helper.make_node("Relu", ["zb"], ["h"]), helper.make_node("Concat", ["h", "q"], ["c"], axis=-1),
+             helper.make_node("MatMul", ["c", "V"], ["y"])]
+    ints = {k for k in inits if k[0] in "sea"}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+                              [numpy_helper.from_array(np.asarray(v, np.int64 if k in ints else np.float32), k)
+                               for k, v in inits.items()])
+    mlp = check_against_onnxruntime(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                    rng.standard_normal((30, 6)).astype(np.float32))
+    assert list(mlp.widths) == [6, 8, 3] and mlp._concat[1] == 1
+
+
 def test_a_per_feature_map_after_the_last_activation_is_a_diagonal_layer(rng):
     """Tanh(x W) * scale + shift with per-feature constants at the end (an RL actor's action scaling) folds into no
     layer: it is a layer of its own, diag(scale) and bias shift; onnxruntime's outputs within float32's rounding."""

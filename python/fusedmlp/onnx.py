@@ -19,6 +19,8 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
   features) is that layer's rows twice with Sin its activation, the cos copy's bias shifted by pi / 2; a ``Concat``
   of the input itself and ``Sin`` / ``Cos`` of ``Mul(x, c)`` before the first layer (NeRF's positional encoding) is a
   FusedMLP's encoding= (Layers.input_encoding: computed in the kernel as x loads); a later Concat of it NeRF's skip.
+- ``Split`` / ``Slice`` of the input over its last axis (nerf-pytorch's points and view directions): a slice read by
+  the first layer or an input ``Concat`` is x itself, the layer's columns for the other features zero.
 - Several graph inputs (a critic's obs and act) joined by one ``Concat`` before the first layer, each through its own
   constant affine map if any: the model takes their concatenation in that order.
 - ``Flatten`` (or a ``Reshape`` to ``[0, -1]`` / ``[-1, K]``) of the input before the first layer is flatten_input;
@@ -183,6 +185,9 @@ class _Reader:
         self.pending_cat = None  # a Concat of h and x waiting for its Gemm / MatMul
         self.graph_nodes = list(graph.node)
         self.encodings, self.encoding_parts = self.encoding_candidates(graph)
+        self.x_width = None  # x's features where the graph splits it (Split with its sizes)
+        self.x_slices = {}  # value -> (start, stop): a slice of the network input (Split outputs, Slice)
+        self.cat_slice = None  # (start, stop) of a pending Concat's x part where it is a slice
 
     def encoding_candidates(self, graph):
         """Positional encodings of the network input (NeRF's embedder in the exported forward): a Concat over the
@@ -445,6 +450,8 @@ class _Reader:
         if self.heads is not None:
             self.before_join(node, op, label)
             return
+        if self.input_slice(node, op, attrs, label):
+            return
         for handler in (self.passthrough, self.output_squeeze, self.bias_add, self.affine, self.elementwise,
                         self.input_reshape,
                         self.input_concat):
@@ -452,9 +459,50 @@ class _Reader:
                 return
         if self.pending_cat is not None and op not in ("Gemm", "MatMul"):
             raise ArgumentError(f"{label}: the Concat of the hidden state with the input must feed a Gemm or MatMul")
+        first_slice = self.x_slices.get(node.input[0]) if node.input and op in ("Gemm", "MatMul") else None
+        if first_slice is not None and self.cur == self.x and not self.layers.weights:
+            renamed = type(node)()  # (the layer reads x itself: its columns for the other features zero)
+            renamed.CopyFrom(node)
+            renamed.input[0] = self.x
+            node = renamed
         self.chain_input(node, label)
-        self.layer_op(node, op, attrs, label)
+        self.layer_op(node, op, attrs, label, first_slice)
         self.cur = node.output[0]
+
+    def input_slice(self, node, op, attrs, label):
+        """Split / Slice of the network input over its last axis before the first layer (nerf-pytorch's
+        torch.split(x, [63, 27], -1)): slices read by a Gemm / MatMul or an input Concat as x itself, the layer's
+        columns for the other features zero (layer_op), as fusedmlp.torch reads them."""
+        if op not in ("Split", "Slice") or not node.input or node.input[0] != self.x or self.layers.weights:
+            return False
+        if op == "Split":
+            sizes = self.const(node.input[1]) if len(node.input) > 1 and node.input[1] else attrs.get("split")
+            if sizes is None or attrs.get("axis", 0) not in (-1, 1):
+                raise ArgumentError(f"{label}: a Split of the input; fusedmlp reads one over the last axis with its "
+                                    "sizes given")
+            offsets = np.cumsum([0] + [int(v) for v in np.asarray(sizes).reshape(-1)]).tolist()
+            self.x_width = offsets[-1]
+            for i, name in enumerate(node.output):
+                self.x_slices[name] = (offsets[i], offsets[i + 1])
+            return True
+        starts, ends, axes, steps = (self.const(node.input[i]) if len(node.input) > i and node.input[i] else None
+                                     for i in range(1, 5))
+        axes = [-1] if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+        if (starts is None or ends is None or axes not in ([-1], [1]) or
+                (steps is not None and int(np.asarray(steps).reshape(-1)[0]) != 1)):
+            raise ArgumentError(f"{label}: a Slice of the input; fusedmlp reads one of the last axis, step 1, with "
+                                "constant bounds")
+        start, stop = int(np.asarray(starts).reshape(-1)[0]), int(np.asarray(ends).reshape(-1)[0])
+        if start < 0 or stop < 0 or stop >= 2 ** 31:
+            if self.x_width is None:
+                raise ArgumentError(f"{label}: a Slice of the input from {start} to {stop} leaves x's width unknown; "
+                                    "fusedmlp reads slices with both ends given, or a Split, which gives it")
+            start, stop, _ = slice(start, min(stop, self.x_width)).indices(self.x_width)
+        self.x_slices[node.output[0]] = (start, stop)
+        return True
+
+    def _slice_width(self):
+        return self.x_width or max(stop for _, stop in self.x_slices.values())
 
     def passthrough(self, node, op, attrs, label):
         """Identity, Dropout (inference) and a float Cast: their input under a new name, which the nodes reading it
@@ -541,11 +589,13 @@ class _Reader:
             return False
         if self.fourier(node, attrs):
             return True
-        if not (self.layers.weights and len(node.input) == 2 and self.x in node.input and attrs.get("axis") in (-1, 1)):
+        x_part = next((n for n in node.input if n == self.x or n in self.x_slices), None)
+        if not (self.layers.weights and len(node.input) == 2 and x_part is not None and attrs.get("axis") in (-1, 1)):
             raise ArgumentError(f"{label}: a Concat of {list(node.input)} (axis {attrs.get('axis')}); fusedmlp reads a "
                                 "concat of the hidden state with the network input itself over the last axis (not "
                                 "with a value computed from the input)")
-        h = node.input[0] if node.input[1] == self.x else node.input[1]
+        h = node.input[0] if node.input[1] == x_part else node.input[1]
+        self.cat_slice = self.x_slices.get(x_part)
         if h not in ({self.cur} | set(self.exprs)) or h == self.x:
             raise ArgumentError(f"{label}: a Concat of {list(node.input)}; fusedmlp reads a concat of the hidden state "
                                 "with the network input")
@@ -556,8 +606,9 @@ class _Reader:
         self.cur = node.output[0]
         return True
 
-    def layer_op(self, node, op, attrs, label):
-        """A node on the chain's value: a Gemm / MatMul layer, a batch norm, a norm or softmax; else an error."""
+    def layer_op(self, node, op, attrs, label, first_slice=None):
+        """A node on the chain's value: a Gemm / MatMul layer, a batch norm, a norm or softmax; else an error.
+        first_slice: (start, stop) where the first layer reads a slice of x (its columns there among x's)."""
         layers = self.layers
         if op in ("Gemm", "MatMul"):
             if self.pending_cat is not None:
@@ -578,6 +629,7 @@ class _Reader:
                     attrs.get("beta", 1.0)), (w.shape[0],)).copy()
             else:
                 w, b = w.T, None
+            w = self.slice_columns(np.asarray(w, np.float64), first_slice, label)
             layers.linear(w, b, label)
             self.biased = True
             return
@@ -608,6 +660,26 @@ class _Reader:
                            own=self.own_layer())
         else:
             raise ArgumentError(f"{label}: {op} is not read; supported: {SUPPORTED}")
+
+    def slice_columns(self, w, first_slice, label):
+        """w (out x in) with its columns for a slice of x among x's features, the others zero: the first layer's
+        input, or a pending Concat's x part (cat_slice)."""
+        part = first_slice or (self.cat_slice if self.concat.get(len(self.layers.weights)) else None)
+        self.cat_slice = None
+        if part is None:
+            return w
+        width, n = self._slice_width(), part[1] - part[0]
+        if first_slice is not None:
+            at, x_at = 0, 0
+        else:
+            before = self.concat[len(self.layers.weights)] == "before"
+            at, x_at = (0, 0) if before else (w.shape[1] - n, w.shape[1] - n)
+        out = np.zeros((w.shape[0], w.shape[1] - n + width))
+        h_cols = [c for c in range(w.shape[1]) if not at <= c < at + n]
+        h_dst = [c if c < at else c + width - n for c in h_cols]
+        out[:, h_dst] = w[:, h_cols]
+        out[:, x_at + part[0]:x_at + part[1]] = w[:, at:at + n]
+        return out
 
     def root(self, name):
         """A value's first name, before the Identity / Dropout / Cast nodes that renamed it."""
