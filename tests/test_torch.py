@@ -990,6 +990,46 @@ def test_a_carried_value_across_another_activation_is_named():
         fusedmlp.from_torch(model, device="cpu")
 
 
+def test_forward_flags_trace_at_their_defaults():
+    """forward(x, sigma_only=False) with an `if` on the flag (nerf_pl's NeRF): traced at the default, as a call with x
+    alone runs it; a value carried to the output across a sigmoid layer (nerf_pl's rgb head) is named."""
+
+    class Flagged(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(6, 16), nn.Linear(16, 1), nn.Linear(16, 3)
+
+        def forward(self, x, density_only=False, scale=None):
+            h = torch.relu(self.a(x))
+            if density_only:
+                return self.b(h)
+            y = self.c(h)
+            return y if scale is None else y * scale
+
+    torch.manual_seed(2)
+    model = Flagged().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [6, 16, 3]
+    x = torch.randn(20, 6, dtype=torch.float64)
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
+
+    class Carried(nn.Module):  # nerf_pl's tail: sigma from the trunk, rgb = sigmoid(Linear(...)) after a view layer
+        def __init__(self):
+            super().__init__()
+            self.trunk, self.sigma, self.final = nn.Linear(6, 16), nn.Linear(16, 1), nn.Linear(16, 16)
+            self.view, self.rgb = nn.Linear(16, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = torch.relu(self.trunk(x))
+            sigma = self.sigma(h)
+            f = self.final(h)
+            return torch.cat([torch.sigmoid(self.rgb(torch.relu(self.view(f)))), sigma], -1)
+
+    with pytest.raises(fusedmlp.ArgumentError, match="sigma, returned beside a later layer's output, would cross a "
+                                                     "layer with activation sigmoid"):
+        fusedmlp.from_torch(Carried().eval(), device="cpu")
+
+
 class _Sliced(nn.Module):
     """A goal-conditioned policy slicing its input: obs and goal parts, the goal joined again before the head."""
 

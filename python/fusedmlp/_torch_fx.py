@@ -18,6 +18,20 @@ from ._torch_modules import (_DROPOUTS, _activation_text, _batchnorm_affine, _ch
 from .errors import ArgumentError
 
 
+def _flag_defaults(module):
+    """forward's parameters after its inputs that have a number, bool or None default (nerf_pl's sigma_only=False):
+    traced at their defaults, as a call that passes only the inputs runs them, so an `if` on one is plain Python."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    flags = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty
+             and (p.default is None or isinstance(p.default, (bool, int, float)))}
+    return flags or None
+
+
 class _Tracer(Branches):
     """One walk over a traced module's graph (read_traced). Each node goes to the first handler that takes it; the
     chain's state (the current value, the values a residual may read, the layers) lives here."""
@@ -25,8 +39,10 @@ class _Tracer(Branches):
     def __init__(self, module, activations):
         self.module = module
         self.activations = dict(activations or {})
+        flags = _flag_defaults(module)
+        self.flags = flags or {}  # (their placeholders and torch.fx's guards on them are skipped: guard)
         try:
-            self.gm = torch.fx.symbolic_trace(module)
+            self.gm = torch.fx.symbolic_trace(module, concrete_args=flags)
         except Exception as e:  # data-dependent control flow and the like
             raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: "
                                 f"{e}") from None
@@ -66,7 +82,7 @@ class _Tracer(Branches):
                     raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: "
                                         f"{TRACED_SUPPORTED}")
                 break
-            if node in self.encoding_parts:  # (read where their torch.cat is: encoding)
+            if node in self.encoding_parts or self.guard(node):  # (encoding parts: read where their torch.cat is)
                 continue
             if self.placeholder(node) or self.fold_constant(node) or self.before_join(node, label):
                 continue
@@ -87,6 +103,17 @@ class _Tracer(Branches):
             if taken is not _ASIDE:
                 self.cur = node
         return self.finish()
+
+    def guard(self, node):
+        """A flag traced at its default (_flag_defaults): its placeholder, and torch.fx's check of its value."""
+        def flag(n):  # (torch.fx names such a placeholder after the parameter and keeps its value as its args)
+            return isinstance(n, torch.fx.Node) and n.op == "placeholder" and bool(self.flags) and len(n.args) == 1
+
+        if node.op == "placeholder":
+            return flag(node)
+        return node.op == "call_function" and (node.target is torch._assert or (
+            (node.target in (operator.eq, operator.is_) or getattr(node.target, "__name__", "") == "_assert_is_none")
+            and any(flag(a) for a in node.args)))
 
     def placeholder(self, node):
         if node.op != "placeholder":
