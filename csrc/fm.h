@@ -184,9 +184,10 @@ typedef struct fm_spec {
     float *w_scale[FM_MAX_LAYERS];
     float act_scale[FM_MAX_LAYERS];
     /* An input encoding computed as x is loaded (fm_spec_set_encoding; enc_cols 0: none): the layers see value -1 as
-     * enc_cols = width[0] columns made from x's x_features features, column j x[enc_src[j]] where enc_sin[j] is 0,
-     * else sin(enc_scale[j] * x[enc_src[j]] + enc_phase[j]) in float32 (NeRF's positional encoding, cos z being
-     * sin(z + pi / 2)). x_features: the features of x in memory, width[0] without an encoding. */
+     * enc_cols = width[0] columns made from x's x_features features, column j x[enc_src[j]] where enc_sin[j] is 0
+     * (fmaf(enc_scale[j], x, enc_phase[j]) where those are not 1 and 0), else sin(enc_scale[j] * x[enc_src[j]] +
+     * enc_phase[j]) in float32 (NeRF's positional encoding, cos z being sin(z + pi / 2)). x_features: the features
+     * of x in memory, width[0] without an encoding. */
     int x_features;
     int enc_cols;
     int *enc_src, *enc_sin;       /* (owned) */

@@ -52,7 +52,10 @@ static double fm_ref_x(const fm_spec *spec, const float *xr, int64_t x_col, int 
     if (spec->enc_cols == 0)
         return (double)xr[(int64_t)k * x_col];
     const float v = xr[(int64_t)spec->enc_src[k] * x_col];
-    return spec->enc_sin[k] ? sin((double)fmaf(spec->enc_scale[k], v, spec->enc_phase[k])) : (double)v;
+    const float s = spec->enc_scale[k], p = spec->enc_phase[k];
+    if (!spec->enc_sin[k]) /* x itself, or s x + p where the encoding scales it (fm_enc_x) */
+        return s == 1.0f && p == 0.0f ? (double)v : (double)fmaf(s, v, p);
+    return sin((double)fmaf(s, v, p));
 }
 
 /* Layer l's norm (spec->norm[l]) over each of the nr rows of z (n_out wide), in place: the statistics in float64,

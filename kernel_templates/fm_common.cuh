@@ -328,8 +328,8 @@ constexpr int IN_PAD = Layer<0>::K;
 // rounding; else 1.
 constexpr int X_PARTS = {{X_PARTS}};
 // fm_spec's input encoding (ENC_COLS 0: none): the layers see ENC_COLS = Layer<0>::KR columns made from x's IN_REAL
-// features as x is loaded (fm_load_input), column C x[Enc<C>::SRC] or, where Enc<C>::SIN, sin(SCALE x[SRC] + PHASE)
-// in float32 (NeRF's positional encoding; cos z is sin(z + pi / 2)).
+// features as x is loaded (fm_load_input), column C x[Enc<C>::SRC] (SCALE x + PHASE where those are not 1 and 0) or,
+// where Enc<C>::SIN, sin(SCALE x[SRC] + PHASE) in float32 (NeRF's positional encoding; cos z is sin(z + pi / 2)).
 constexpr int ENC_COLS = {{ENC_COLS}};
 template <int C> struct Enc;
 {{ENCODING}}
@@ -570,6 +570,15 @@ __device__ __forceinline__ void fm_zero_pad_columns(act_t *buf, int lane) {
 // are v (float32), into `at` (the row's start in the input buffer), then the columns after them.
 constexpr int ENC_X = ENC_COLS ? IN_REAL : 1;  // x's features a lane holds while it encodes a row (1: unused)
 
+// An x column of the encoding (not a sine): x itself, or SCALE x + PHASE where the encoding scales it (NeuS's
+// inputs * scale before its embedder).
+template <int C> __device__ __forceinline__ float fm_enc_x(float xv) {
+    if constexpr (Enc<C>::SCALE == 1.0f && Enc<C>::PHASE == 0.0f)
+        return xv;
+    else
+        return fmaf(Enc<C>::SCALE, xv, Enc<C>::PHASE);
+}
+
 template <int C, int H>
 __device__ __forceinline__ void fm_encode_cols(act_t *at, const float (&v)[ENC_X], bool hi) {
     if constexpr (C < H) {
@@ -579,7 +588,7 @@ __device__ __forceinline__ void fm_encode_cols(act_t *at, const float (&v)[ENC_X
             const bool sine = hi ? Enc<D>::SIN : Enc<C>::SIN;
             const float f = sine ? fm_sin(fmaf(hi ? Enc<D>::SCALE : Enc<C>::SCALE, xv,
                                                hi ? Enc<D>::PHASE : Enc<C>::PHASE))
-                                 : xv;
+                                 : (hi ? fm_enc_x<D>(xv) : fm_enc_x<C>(xv));
 #if FM_PREC >= 3  // the value's code with layer 0's input scale
             at[hi ? D : C] = (act_t)(fm_quant2(f * Layer<0>::QIN, 0.0f) & 0xffu);
 #else

@@ -147,3 +147,19 @@ def test_nerf_pytorchs_nerf_as_written_on_cuda():
             _check(y, want)
             _check(y[:, 3:], want[:, 3:])
 
+
+def test_neus_sdf_network_as_written_on_cuda():
+    """NeuS's SDFNetwork (its input scaled, then encoded; weight_norm Linears, Softplus(beta=100), the skip's cat over
+    sqrt(2), the SDF column over the scale) on CUDA tensors with check=True, against torch in float64."""
+    import copy
+
+    from test_torch import _NeusSdf
+
+    torch.manual_seed(37)
+    for scale in (1.0, 0.5):
+        model = _NeusSdf(scale=scale).cuda().eval()
+        x = torch.rand(4099, 3, device="cuda") * 2 - 1
+        with torch.no_grad():
+            want = copy.deepcopy(model).double()(x.double())
+            _check(fusedmlp.from_torch(model, check=True)(x), want)
+

@@ -1030,6 +1030,73 @@ def test_forward_flags_trace_at_their_defaults():
         fusedmlp.from_torch(Carried().eval(), device="cpu")
 
 
+class _NeusSdf(nn.Module):
+    """NeuS's SDFNetwork (models/fields.py) as written, geometric init aside: the input scaled, then its embedder's
+    torch.cat of x and sin / cos of x times 2^k (a 0-dim tensor each, as torch.linspace gives them), weight_norm
+    Linears, Softplus(beta=100), the embedding joined again at layer 4 and the cat divided by sqrt(2), and the SDF
+    column divided by the scale at the end."""
+
+    def __init__(self, d_out=257, width=256, n_layers=8, skip_in=(4,), multires=6, scale=1.0):
+        super().__init__()
+        dims = [3 * (1 + 2 * multires)] + [width] * n_layers + [d_out]
+        self.num_layers, self.skip_in, self.scale = len(dims), skip_in, scale
+        for l in range(self.num_layers - 1):
+            out_dim = dims[l + 1] - dims[0] if l + 1 in skip_in else dims[l + 1]
+            setattr(self, "lin" + str(l), nn.utils.parametrizations.weight_norm(nn.Linear(dims[l], out_dim)))
+        self.activation = nn.Softplus(beta=100)
+        self.freq_bands = 2.0 ** torch.linspace(0.0, multires - 1, multires)
+        self.embed_fns = [lambda x: x] + [lambda x, p_fn=p_fn, freq=freq: p_fn(x * freq)
+                                          for freq in self.freq_bands for p_fn in (torch.sin, torch.cos)]
+
+    def forward(self, inputs):
+        inputs = inputs * self.scale
+        inputs = torch.cat([fn(inputs) for fn in self.embed_fns], -1)
+        x = inputs
+        for l in range(self.num_layers - 1):
+            lin = getattr(self, "lin" + str(l))
+            if l in self.skip_in:
+                x = torch.cat([x, inputs], 1) / np.sqrt(2)
+            x = lin(x)
+            if l < self.num_layers - 2:
+                x = self.activation(x)
+        return torch.cat([x[:, :1] / self.scale, x[:, 1:]], dim=-1)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_neus_sdf_network_as_written(scale):
+    """The input scale becomes the encoding's (its x part s * x, its sines' frequencies times s), the cat's
+    1 / sqrt(2) goes into layer 4's weights and the SDF column's 1 / scale into the last layer's row: CPU path
+    within float32's rounding of torch in float64."""
+    torch.manual_seed(6)
+    model = _NeusSdf(scale=scale).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.in_features == 3 and list(mlp.widths[:6]) == [39, 256, 256, 256, 217, 256] and mlp._concat[4] == 1
+    first = mlp.encoding[0]  # x's part: s * x
+    assert (first == "x" and scale == 1.0) or (first[0] == "x" and np.allclose(first[1], scale))
+    x = torch.rand(200, 3, dtype=torch.float64) * 2 - 1
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-5
+
+
+def test_output_columns_reordered_or_scaled_fold_into_the_last_layer():
+    class Heads(nn.Module):
+        def __init__(self, act=False):
+            super().__init__()
+            self.a, self.b, self.act = nn.Linear(4, 16), nn.Linear(16, 5), act
+
+        def forward(self, x):
+            y = self.b(torch.relu(self.a(x)))
+            y = torch.tanh(y) if self.act else y
+            return torch.cat([y[..., 2:] * 3.0, y[:, :2] / 4], -1)
+
+    torch.manual_seed(8)
+    model = Heads().eval()
+    x = torch.randn(30, 4, dtype=torch.float64)
+    assert max_rel(torch.from_numpy(fusedmlp.from_torch(model, device="cpu")(x.float().numpy())),
+                   ref64(model, x)) <= 1e-6
+    with pytest.raises(fusedmlp.ArgumentError, match="scaled after its activation"):
+        fusedmlp.from_torch(Heads(act=True).eval(), device="cpu")
+
+
 class _Sliced(nn.Module):
     """A goal-conditioned policy slicing its input: obs and goal parts, the goal joined again before the head."""
 

@@ -414,7 +414,7 @@ class FusedMLP:
     @property
     def encoding(self):
         """The input encoding's parts ('x' or (func, float64 scale per feature)), or None."""
-        return None if self._encoding is None else ["x" if k == "x" else (k, s.copy()) for k, s in self._encoding[2]]
+        return None if self._encoding is None else ["x" if s is None else (k, s.copy()) for k, s in self._encoding[2]]
 
     @property
     def _encoding_arg(self):

@@ -1,8 +1,9 @@
 """Input encodings computed in the kernel as x is loaded: NeRF's positional encoding and its kin.
 
 An encoding is a list of parts whose concat along the features is what the first layer (and a concat layer's x
-part, NeRF's skip) reads: ``"x"`` (x itself) or ``(func, scale)`` with func ``"sin"`` or ``"cos"`` and scale a
-number or one value per feature of x, so that a part is ``sin(scale * x)``. nerf-pytorch's encoding of L frequencies
+part, NeRF's skip) reads: ``"x"`` (x itself) or ``(func, scale)`` with func ``"sin"``, ``"cos"`` or ``"x"`` and scale
+a number or one value per feature of x, so that a part is ``sin(scale * x)`` (``("x", s)``: s * x, NeuS's input
+scaling). nerf-pytorch's encoding of L frequencies
 is ``["x", ("sin", 1), ("cos", 1), ("sin", 2), ("cos", 2), ..., ("sin", 2 ** (L - 1)), ("cos", 2 ** (L - 1))]``
 (frequency_encoding(L)). Each part is as wide as x, so the first layer takes x's features times the parts.
 
@@ -51,8 +52,9 @@ def parse(encoding, first_inputs):
                                                      and part[0] == "x" and (len(part) == 1 or part[1] is None)):
             parts.append(("x", None))
             continue
-        if not isinstance(part, (list, tuple)) or len(part) != 2 or part[0] not in _FUNCS:
-            raise ArgumentError(f"encoding[{i}] is {part!r}; a part is 'x' or (func, scale) with func 'sin' or 'cos'")
+        if not isinstance(part, (list, tuple)) or len(part) != 2 or part[0] not in _FUNCS + ("x",):
+            raise ArgumentError(f"encoding[{i}] is {part!r}; a part is 'x' or (func, scale) with func 'sin', 'cos' "
+                                "or 'x'")
         try:
             scale = np.asarray(part[1], dtype=np.float64)
         except (TypeError, ValueError):
@@ -79,7 +81,8 @@ def parse(encoding, first_inputs):
     columns = []
     for kind, scale in parts:
         if kind == "x":
-            columns += [(i, 0, 1.0, 0.0) for i in range(n)]
+            scale = np.broadcast_to(1.0 if scale is None else scale, (n,))
+            columns += [(i, 0, float(scale[i]), 0.0) for i in range(n)]
             continue
         scale = np.broadcast_to(scale, (n,))
         phase = math.pi / 2 if kind == "cos" else 0.0
@@ -93,13 +96,14 @@ def apply(parts, x):
     ref.c's fm_ref_x, which forms each sine's argument in float32 as the kernels do)."""
     out = []
     for kind, scale in parts:
-        out.append(x if kind == "x" else np.sin(scale * x + (np.pi / 2 if kind == "cos" else 0.0)))
+        s = 1.0 if scale is None else scale
+        out.append(s * x if kind == "x" else np.sin(s * x + (np.pi / 2 if kind == "cos" else 0.0)))
     return np.concatenate(out, axis=-1)
 
 
 def to_json(parts):
     """parts as save() writes them: [["x"], ["sin", [scales]], ...] (float64 text: exact for float32 scales)."""
-    return [["x"] if k == "x" else [k, [float(v) for v in s]] for k, s in parts]
+    return [[k] if s is None else [k, [float(v) for v in s]] for k, s in parts]
 
 
 def describe(parts):

@@ -258,13 +258,13 @@ class Layers:
                            if any(b is not None for _, b in parts) else None)
 
     def input_encoding(self, parts, label):
-        """A positional encoding of the network input at label, a concat of parts (kind, scale): kind 'x' (x itself)
-        or 'sin' / 'cos' of scale * x (a number, one value per feature, or None for 1). It becomes FusedMLP's
+        """A positional encoding of the network input at label, a concat of parts (kind, scale): kind 'x' (x itself,
+        or scale * x) or 'sin' / 'cos' of scale * x (a number, one value per feature, or None for 1). It becomes FusedMLP's
         encoding= (fusedmlp._encoding: computed in the kernel as x is loaded), and its value is the network input as
         the layers see it, so a later concat of it (NeRF's skip) is a concat of x."""
         encoding = []
         for kind, c in parts:
-            if kind == "x":
+            if kind == "x" and c is None:
                 encoding.append("x")
                 continue
             c = np.asarray(1.0 if c is None else c, np.float64)

@@ -49,6 +49,7 @@ class _Tracer(Branches):
         self.layers = Layers(_numpy64)
         self.residual, self.concat = [], {}
         self.cur = self.x_node = self.pending_cat = None
+        self.cat_scale = 1.0  # a number the pending input concat was multiplied by before its Linear (cat_scale_op)
         self.value_of = {}  # node -> value index: -1 the network input, l layer l's output (once layer l + 1 starts)
         self.folded = {}  # node -> label: a BatchNorm1d's output folded into the next Linear (no value the kernel keeps)
         self.same = {}  # node -> node: an Identity's or eval-mode Dropout's output -> its input (one value, two names)
@@ -95,7 +96,7 @@ class _Tracer(Branches):
             self.inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
             self.leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
             self.text = self.activations.pop(node.target, None) if node.op == "call_module" else None
-            for handler in (self.input_slice, self.linear, self.carried_output, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
+            for handler in (self.input_slice, self.output_slice, self.linear, self.carried_output, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
                             self.squeeze_output, self.constant_op, self.residual_op, self.activation):
                 taken = handler(node, label)
                 if taken:
@@ -133,27 +134,38 @@ class _Tracer(Branches):
         nodes of those parts), x's part as ('x', None); found by shape before the walk, read at the cat (encoding)."""
         x = next((n for n in self.gm.graph.nodes if n.op == "placeholder"), None)
         found, inner = {}, set()
+        # x times a constant before the encoding (NeuS's inputs * self.scale): its parts are of x, their scales times it
+        pre = {n: (n.args[1] if n.args[0] is x else n.args[0]) for n in self.gm.graph.nodes
+               if _ARITH.get(n.target) == "mul" and n.op == "call_function" and len(n.args) == 2 and x in n.args
+               and not (isinstance(n.args[0], torch.fx.Node) and isinstance(n.args[1], torch.fx.Node)
+                        and n.args[0].op == n.args[1].op == "placeholder")}
         for node in self.gm.graph.nodes:
             if not (node.op == "call_function" and node.target is torch.cat and isinstance(node.args[0], (list, tuple))
                     and _arg(node, 1, "dim", 0) in (-1, 1) and x is not None):
                 continue
             parts, nodes = [], set()
             for p in node.args[0]:
-                if p is x:
-                    parts.append(("x", None))
+                if p is x or p in pre:
+                    parts.append(("x", pre.get(p)))
+                    nodes |= {p} & set(pre)
                     continue
                 kind = (_FUNCTIONS.get(p.target) if isinstance(p, torch.fx.Node) and p.op == "call_function" else
                         _METHODS.get(p.target) if isinstance(p, torch.fx.Node) and p.op == "call_method" else None)
                 if kind not in ("sin", "cos") or len(p.all_input_nodes) != 1 or set(p.users) != {node}:
                     break
                 q = p.all_input_nodes[0]
-                scale = None
-                if q is not x:
+                scale = pre.get(q)
+                if q is not x and q not in pre:
                     op = (_ARITH.get(q.target) if q.op == "call_function" else
                           _ARITH_METHODS.get(q.target) if q.op == "call_method" else None)
-                    if op != "mul" or len(q.args) != 2 or x not in q.args or not set(q.users) <= set(node.args[0]):
+                    base = next((a for a in q.args if a is x or a in pre), None) if op == "mul" else None
+                    if base is None or len(q.args) != 2 or not set(q.users) <= set(node.args[0]):
                         break  # (a product may feed both a sin and a cos part)
-                    scale = q.args[1] if q.args[0] is x else q.args[0]
+                    scale = q.args[1] if q.args[0] is base else q.args[0]
+                    if base in pre:
+                        scale, _ = (scale, pre[base]), nodes.add(base)
+                    nodes.add(q)
+                elif q in pre:
                     nodes.add(q)
                 nodes.add(p)
                 parts.append((kind, scale))
@@ -173,12 +185,13 @@ class _Tracer(Branches):
         if self.cur is not self.x_node or layers.weights or layers.pending is not None or len(self.placeholders) > 1:
             raise ArgumentError(f"{label}: a positional encoding (sin / cos of x in a torch.cat) of anything but the "
                                 "network input itself, before any Linear or constant map, is not read")
-        scales = []
-        for kind, c in parts:
-            if isinstance(c, torch.fx.Node):
-                c = self.constant(c, label)
-            scales.append((kind, None if c is None else c.detach().cpu().numpy() if isinstance(c, torch.Tensor)
-                           else c))
+        def value(c):  # a constant argument (a number, a node), or a product of two (x scaled first: pre)
+            if isinstance(c, tuple):
+                return np.asarray(value(c[0]), np.float64) * np.asarray(value(c[1]), np.float64)
+            c = self.constant(c, label) if isinstance(c, torch.fx.Node) else c
+            return c.detach().cpu().double().numpy() if isinstance(c, torch.Tensor) else c
+
+        scales = [(kind, None if c is None else value(c)) for kind, c in parts]
         layers.input_encoding(scales, label)
         self.x_node = node
         self.value_of[node] = -1  # (a residual or concat of the encoded input reads x as the kernel sees it)
@@ -344,7 +357,10 @@ class _Tracer(Branches):
         is_linear = (leaf is not None and isinstance(leaf, nn.Linear) and self.text is None) or (
             node.op == "call_function" and node.target is F.linear) or matmul is not None
         if self.pending_cat is not None and not is_linear:
-            raise ArgumentError(f"{label}: torch.cat of the hidden state with the input must feed a Linear directly")
+            if self.cat_scale_op(node, label):
+                return True
+            raise ArgumentError(f"{label}: torch.cat of the hidden state with the input must feed a Linear directly "
+                                "(or through a multiplication or division by a number)")
         if not is_linear:
             return False
         if matmul is not None:  # h @ W: its bias, if any, is the Add after it (a per-feature map folded into it)
@@ -364,6 +380,7 @@ class _Tracer(Branches):
         if self.pending_cat is not None:
             self.concat[len(layers.weights)] = self.pending_cat
             self.pending_cat = None
+            w, self.cat_scale = w * self.cat_scale, 1.0  # (NeuS's torch.cat([x, inputs], 1) / sqrt(2): into W)
         else:
             self.keep_input()
         layers.linear64(w, None if b is None else np.asarray(b, np.float64), label)
@@ -463,6 +480,15 @@ class _Tracer(Branches):
         self.layers.unfoldable(label, "torch.cat")
         self.keep(self.cur, len(self.layers.weights) - 1)
         self.pending_cat = "after" if parts[0] is self.cur else "before"
+        return True
+
+    def cat_scale_op(self, node, label):
+        """A number times (or over) an input concat before its Linear (NeuS's torch.cat([x, inputs], 1) / sqrt(2)):
+        the Linear's weights take the factor (cat_scale)."""
+        const = _traced_constant_op(self.module, node, self.cur, label, consts=self.consts)
+        if const is None or np.ndim(const[1]) != 0 or const[0] not in ("mul", "div") or (const[0] == "div" and const[2]):
+            return False
+        self.cat_scale *= float(const[1]) if const[0] == "mul" else 1.0 / float(const[1])
         return True
 
     def fourier(self, node, parts, dim, label):

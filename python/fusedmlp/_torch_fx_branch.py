@@ -36,6 +36,7 @@ class Branches:
         self.carried = []  # [node, terms [(output column, sign)], nonneg]: values returned beside a later output,
         # each the sum of its terms over the last layer's outputs (nonneg: every term a relu's, never negative)
         self.settled = True  # whether the last layer's rows already hold the carried values (settle)
+        self.out_slices = {}  # node -> [start, stop, factor]: columns of the last layer's output, times a number
 
     # -------------------------------------------------------------------------------------------- input slices
 
@@ -217,3 +218,58 @@ class Branches:
         if self.carried:
             self.settle(label)
             self.settled = False
+
+    # -------------------------------------------------------------------------------------------- output columns
+
+    def output_slice(self, node, label):
+        """Columns of the last layer's output put back together in another order or scaled by numbers, then
+        returned (NeuS's torch.cat([x[:, :1] / self.scale, x[:, 1:]], -1)): x[..., a:b] / x[:, a:b] of the chain's
+        value, a number times or over such a slice, and the torch.cat of slices covering every column once; the
+        last layer's rows take the order and the factors (an identity activation and no norm where a factor is not
+        1, so that it commutes)."""
+        layers = self.layers
+        if node.op == "call_function" and node.target is operator.getitem and len(node.args) == 2 and \
+                node.args[0] is self.cur and layers.weights and not self.carried:
+            idx = node.args[1]
+            last = idx[-1] if isinstance(idx, tuple) and len(idx) == 2 and (
+                idx[0] is Ellipsis or idx[0] == slice(None)) else None
+            if not isinstance(last, slice) or last.step not in (None, 1):
+                return False
+            start, stop, _ = last.indices(layers.weights[-1].shape[0])
+            self.out_slices[node] = [start, stop, 1.0]
+            return _ASIDE
+        src = next((a for a in node.all_input_nodes if a in self.out_slices), None)
+        if src is not None and node.op in ("call_function", "call_method") and node.target is not torch.cat:
+            from ._torch_fx_nodes import _traced_constant_op
+
+            const = _traced_constant_op(self.module, node, src, label, consts=self.consts)
+            if const is None or np.ndim(const[1]) != 0 or const[0] not in ("mul", "div") or (
+                    const[0] == "div" and const[2]):
+                raise ArgumentError(f"{label}: an op on a slice of the last layer's output; fusedmlp reads a "
+                                    "multiplication or division by a number there, then a torch.cat of the slices")
+            start, stop, f = self.out_slices[src]
+            self.out_slices[node] = [start, stop, f * (float(const[1]) if const[0] == "mul" else 1.0 / float(const[1]))]
+            return _ASIDE
+        if node.op != "call_function" or node.target is not torch.cat or not node.args or not isinstance(
+                node.args[0], (list, tuple)) or not all(p in self.out_slices for p in node.args[0]):
+            return False
+        order, factors = [], []
+        for p in node.args[0]:
+            start, stop, f = self.out_slices[p]
+            order += range(start, stop)
+            factors += [f] * (stop - start)
+        width = layers.weights[-1].shape[0]
+        if sorted(order) != list(range(width)) or _arg(node, 1, "dim", 0) not in (-1, 1):
+            raise ArgumentError(f"{label}: a torch.cat of slices of the last layer's output that does not take each "
+                                f"of its {width} columns once, over the last dim")
+        factors = np.asarray(factors)
+        if np.any(factors != 1.0) and (layers.acts[-1] != "none" or layers.norms[-1] is not None
+                                       or self.residual[-1] is not None):
+            raise ArgumentError(f"{label}: slices of the last layer's output scaled after its activation, norm or "
+                                "residual; fusedmlp folds the factors into a last layer without them")
+        b = layers.biases[-1]
+        layers.weights[-1] = layers.weights[-1][order] * factors[:, None]
+        layers.biases[-1] = None if b is None else b[order] * factors
+        self.out_slices = {}
+        return True
+
