@@ -168,10 +168,16 @@ static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *
     return FM_OK;
 }
 
-/* Elements a row of the pad pass's copy of x (fm_plan.gemm_pad) for precision p: x's width rounded up to whole
- * 16-byte pieces of the compute dtype's storage. */
+/* The dtype of the pad pass's copy of x: the compute dtype's storage, or float16 for an 8-bit network's encoded x
+ * (its GEMMs quantise a float16 part on the way in, as they do x). */
+static fm_dtype fm_gemm_copy_dtype(const fm_spec *spec, fm_prec p) {
+    return fm_prec_is_8bit(p) && spec->enc_cols > 0 ? FM_F16 : (fm_dtype)fm_gemm_storage(p);
+}
+
+/* Elements a row of the pad pass's copy of x (fm_plan.gemm_pad) for precision p: x's width (an encoding's columns)
+ * rounded up to whole 16-byte pieces of the copy's dtype. */
 static int fm_gemm_pad_row(const fm_spec *spec, fm_prec p) {
-    const int e16 = 16 / (int)fm_prec_size(p);
+    const int e16 = 16 / (int)fm_dtype_size(fm_gemm_copy_dtype(spec, p));
     return fm_round_up(spec->width[0], e16);
 }
 
@@ -180,9 +186,10 @@ static int fm_gemm_pad_row(const fm_spec *spec, fm_prec p) {
  * 16-byte loads, then writes their padded rows in 16-byte pieces. */
 static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *target, fm_prec prec, fm_dtype a0,
                                   int row, fm_plan *plan, fm_error *err) {
-    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16)
-        return fm_fail(err, FM_ERR_LIMIT, "the pad pass of x copies it to float16 or bfloat16 rows; the network "
-                       "computes in %s (its GEMMs convert x on the way in)", fm_prec_name(prec));
+    if (prec != FM_PREC_F16 && prec != FM_PREC_BF16 && !(fm_prec_is_8bit(prec) && spec->enc_cols > 0))
+        return fm_fail(err, FM_ERR_LIMIT, "the pad pass of x copies it to float16 or bfloat16 rows (or an 8-bit "
+                       "network's encoded x to float16 ones); the network computes in %s (its GEMMs convert x on the "
+                       "way in)", fm_prec_name(prec));
     if (a0 != FM_F32 && a0 != FM_F16 && a0 != FM_BF16)
         return fm_fail(err, FM_ERR_VALUE, "pad pass x dtype %d: 0 (float32), 1 (float16) or 2 (bfloat16)", (int)a0);
     if (a0 == FM_BF16 && target->arch < 80)
@@ -198,7 +205,8 @@ static fm_status fm_plan_gemm_pad(const fm_spec *spec, int l, const fm_target *t
     if ((size_t)rows * in_row > target->smem_per_block || (size_t)rows * in_row > 200 * 1024)
         return fm_fail(err, FM_ERR_LIMIT, "the pad pass stages %d rows of x (%zu bytes each) in shared memory; sm_%d "
                        "gives a block %zu", rows, in_row, target->arch, target->smem_per_block);
-    fm_plan_row_kernel(plan, l, target, prec, a0, (fm_dtype)fm_gemm_storage(prec), -1);
+    fm_plan_row_kernel(plan, l, target, prec, a0, fm_gemm_copy_dtype(spec, prec), -1);
+    fm_plan_take_scales(spec, plan); /* (an 8-bit network's: its rendered layer's constants, unused by the pass) */
     plan->gemm_pad = 1;
     plan->x_features = spec->x_features;
     plan->gemm_a_row[0] = row;
@@ -228,8 +236,8 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         ((x_part >= 0 && opts->a_row[x_part] <= 0) || (spec->res_op[l] != FM_RES_NONE && spec->res_src[l] == -1))) {
         fm_fail(err, FM_ERR_LIMIT, "layer %d reads x's input encoding (%d columns of %d features) as a GEMM %s, which "
                 "no GEMM computes", l, spec->enc_cols, spec->x_features,
-                x_part >= 0 && opts->a_row[x_part] <= 0 ? "input part other than the pad pass's encoded copy (float16 "
-                "and bfloat16 chains only)" : "residual operand");
+                x_part >= 0 && opts->a_row[x_part] <= 0 ? "input part other than the pad pass's encoded copy (float16, "
+                "bfloat16 and 8-bit chains)" : "residual operand");
         fm_error_hint(err, "encode x before the model (it then takes %d features), or make every layer reading x fit a "
                       "fused kernel", spec->enc_cols);
         return FM_ERR_LIMIT;

@@ -26,7 +26,8 @@ constexpr int XC = {{X_COLS}};          // x's features
 constexpr int XR = {{X_ROW}};           // elements a row of the copy: XC rounded up to whole 16-byte pieces
 constexpr int PIECES = XR / 8;          // 16-byte pieces a row of the copy
 constexpr int XB = XC * (int)sizeof(in_t);  // bytes a row of x
-static_assert(FM_PREC <= 1 && FM_OUT_TYPE == FM_PREC + 1, "the copy is in the 16-bit compute dtype");
+static_assert((FM_PREC <= 1 && FM_OUT_TYPE == FM_PREC + 1) || (FM_PREC >= 3 && FM_OUT_TYPE == 1 && ENC_COLS > 0),
+              "the copy is in the 16-bit compute dtype (float16 for an 8-bit network's encoded x)");
 static_assert(FM_IN_TYPE <= 2 && XR % 8 == 0 && (ENC_COLS ? XR >= ENC_COLS && XR - ENC_COLS < 8 && XC == IN_REAL
                                                           : XR >= XC && XR - XC < 8), "rows of whole 16-byte pieces");
 

@@ -118,9 +118,10 @@ def encoded_chain(rng, dtype="float16", device="cpu"):
 
 
 def test_an_encoded_chain_reads_the_pad_passs_encoded_copy(rng, tmp_path):
-    """Cut into segments, a 16-bit network's GEMMs read x as the pad pass's copy, which the pass encodes
-    (pad_rows.cu); every plan compiles ahead of time. A GEMM reading x any other way (an 8-bit chain, whose GEMMs
-    quantise x on the way in) is a LimitError naming the layer, and the CPU path runs any."""
+    """Cut into segments, a network's GEMMs read x as the pad pass's copy, which the pass encodes (pad_rows.cu; an
+    8-bit network's copy is float16, which its GEMMs quantise on the way in); every plan compiles ahead of time. A
+    GEMM reading x any other way (a tf32 chain's, which takes x as it is) is a LimitError naming the layer, and the
+    CPU path runs any."""
     from test_lowbit import nvrtc_or_skip
 
     from fusedmlp import _api, _segments
@@ -140,10 +141,15 @@ def test_an_encoded_chain_reads_the_pad_passs_encoded_copy(rng, tmp_path):
                                                   "than the pad pass's encoded copy"):
         mlp._net.gemm_plan(0, 90, H100["smem_per_block"], H100["sm_count"], "float16", None, None, "float16",
                            smem_per_sm=H100["smem_per_sm"])  # (x itself: no a0_row naming the copy)
-    low = encoded_chain(rng, dtype="int8")
-    low.calibrate(rng.uniform(-1, 1, (64, 3)).astype(np.float32))
+    for dtype in ("int8", "float8"):
+        low = encoded_chain(rng, dtype=dtype)
+        low.calibrate(rng.uniform(-1, 1, (64, 3)).astype(np.float32))
+        plans = _segments.plans(low, 90, "float32", "float32", target)
+        assert "in rows of 32 float16" in low._segments_for(*target, "float32", "float32")[0].reason
+        for plan in plans:
+            _api.compile_cubin(_api._source_of(plan), 90, cache, plan.info["wgmma"])
     with pytest.raises(fusedmlp.LimitError, match="layer 0 reads x's input encoding"):
-        _segments.plans(low, 90, "float32", "float32", target)
+        _segments.plans(encoded_chain(rng, dtype="tf32"), 80, "float32", "float32", (80, 166912, 108, 167936))
     x = rng.uniform(-1, 1, (10, 3)).astype(np.float32)
     assert rel_l2(mlp(x), reference(mlp, x)) <= 2e-5
 
@@ -218,11 +224,13 @@ def test_gpu_encoded_networks_in_every_kernel_form(rng, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8", "float8"])
 def test_gpu_encoded_chain_reads_the_encoded_copy(rng, dtype):
     """The GEMM chain of encoded_chain (the pad pass encoding x's copy, the first GEMM and the concat GEMM reading it)
     against float64, float32 and float16 x, at 1, 100 and 5000 rows; and check=True on the public call."""
     mlp = encoded_chain(rng, dtype=dtype, device="cuda")
+    if dtype in ("int8", "float8"):
+        mlp.calibrate(rng.uniform(-1.5, 1.5, (512, 3)).astype(np.float32))
     bound = fusedmlp.CHECK_TOLERANCES[dtype]
     for rows in (1, 100, 5000):
         x = rng.uniform(-1.5, 1.5, (rows, 3)).astype(np.float32)
@@ -231,8 +239,13 @@ def test_gpu_encoded_chain_reads_the_encoded_copy(rng, dtype):
             y = mlp(xi)
             err = rel_l2(y.astype(np.float64), reference(mlp, xi.astype(np.float32)))
             assert y.dtype == io and err <= bound, (rows, io, err)
+            if dtype in ("int8", "float8") and rows > 1:  # the emulation rounds the codes as the kernels do
+                emu = rel_l2(y.astype(np.float64), mlp._net.forward_cpu(xi.astype(np.float32)))
+                assert emu <= 2e-2, (rows, io, emu)
     assert any(s.kind == "gemm" for s in mlp._segments_for(*mlp._target(), "float32", "float32"))
     checked = encoded_chain(rng, dtype=dtype, device="cuda")
+    if dtype in ("int8", "float8"):
+        checked.calibrate(rng.uniform(-1.5, 1.5, (512, 3)).astype(np.float32))
     checked._check = True
     checked(rng.uniform(-1, 1, (777, 3)).astype(np.float32))
 

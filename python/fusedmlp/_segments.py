@@ -190,7 +190,7 @@ class Chain:
             self._slot_row_bytes.append(max(z_rows) * _ITEMSIZE[storage])
         if any(step[2] == X_PAD for step in steps):  # x's padded copy: from its pad pass to the last GEMM reading it
             slot_of[X_PAD] = len(self._slot_row_bytes)
-            self._slot_row_bytes.append(pad_row(mlp, in_dtype) * _ITEMSIZE[storage])
+            self._slot_row_bytes.append(pad_row(mlp, in_dtype) * _ITEMSIZE[copy_dtype(mlp)])
         self._workspaces = {}  # stream -> (rows capacity, Buffer, offsets)
         self._programs = {}  # (rows, stream) -> program(rows, stream), for launch(); cleared as the workspace grows
         self._keep = []  # outgrown workspaces: a captured graph may still use them
@@ -367,7 +367,7 @@ def _value_dtype(mlp, v, in_dtype, out_dtype):
 def _stretch_dtypes(mlp, first, last, in_dtype, out_dtype, x_row=0):
     """The global dtypes of layers [first, last]'s input and output as one fused kernel; x_row > 0: its input x's
     padded copy, in the compute dtype's storage."""
-    k_in = STORAGE[mlp._precision] if x_row else _value_dtype(mlp, first - 1, in_dtype, out_dtype)
+    k_in = copy_dtype(mlp) if x_row else _value_dtype(mlp, first - 1, in_dtype, out_dtype)
     return k_in, _value_dtype(mlp, last, in_dtype, out_dtype)
 
 
@@ -477,7 +477,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
             if norm:
                 seg.reason += f"; its {_norm.NAMES[mlp._norm[seg.first][0]]} in a second kernel over whole rows"
             if x_row and reads_x(mlp, seg.first):
-                seg.reason += (f"; x read from its {copy_word} in rows of {x_row} {STORAGE[mlp._precision]} (made "
+                seg.reason += (f"; x read from its {copy_word} in rows of {x_row} {copy_dtype(mlp)} (made "
                                "once, before the first kernel that reads x)")
     # a first stretch reads x's copy where that gave it two warpgroups (or any kernel at all), or where the chain makes
     # the copy anyway (a GEMM reads x) and the stretch reads x as its input alone
@@ -485,7 +485,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
     if head.kind == "fused" and x_row and (head.last in copied or (pad_before(mlp, segments, in_dtype) is not None
                                                                      and _reads_x_alone(mlp, head.last))):
         head.x_copy = True
-        head.reason += f"; x read from its {copy_word} in rows of {x_row} {STORAGE[mlp._precision]}"
+        head.reason += f"; x read from its {copy_word} in rows of {x_row} {copy_dtype(mlp)}"
     return segments
 
 
@@ -507,7 +507,7 @@ def _copy_pays(mlp, last, in_dtype, x_row):
     (COPY_FLOPS_PER_BYTE)."""
     widths = mlp.widths
     flops = sum(2 * widths[l] * widths[l + 1] for l in range(last + 1))
-    moved = widths[0] * _ITEMSIZE[in_dtype] + x_row * _ITEMSIZE[STORAGE[mlp._precision]]
+    moved = widths[0] * _ITEMSIZE[in_dtype] + x_row * _ITEMSIZE[copy_dtype(mlp)]
     return flops >= COPY_FLOPS_PER_BYTE * moved
 
 
@@ -539,13 +539,21 @@ def pad_row(mlp, in_dtype):
     (FUSEDMLP_GEMM_PAD=1 / -1: any width / never). An encoded x (encoding=) always has its copy in a 16-bit chain,
     which the pass encodes (pad_rows.cu), and none otherwise (its GEMMs reading x are then a LimitError)."""
     storage, force = STORAGE[mlp._precision], _env.gemm_pad()
-    if mlp._encoding is not None:  # the pass encodes x's copy, the only x a GEMM of such a network reads (16-bit)
-        return _whole_pieces(mlp.widths[0]) if mlp._precision in _PAD_PRECISIONS else 0
+    if mlp._encoding is not None:  # the pass encodes x's copy, the only x a GEMM of such a network reads
+        return _whole_pieces(mlp.widths[0]) if copy_dtype(mlp) is not None else 0
     if mlp._precision not in _PAD_PRECISIONS or (in_dtype == storage and mlp.widths[0] * _ITEMSIZE[storage] % 16 == 0):
         return 0
     if force < 0 or (force == 0 and mlp.widths[0] < PAD_MIN_WIDTH):
         return 0
     return _whole_pieces(mlp.widths[0])
+
+
+def copy_dtype(mlp):
+    """The dtype of x's padded copy (pad_row): the compute dtype's storage in a 16-bit chain, float16 for an 8-bit
+    network's encoded x (its GEMMs quantise a float16 part on the way in, as they do x); None where there is none."""
+    if mlp._precision in _PAD_PRECISIONS:
+        return STORAGE[mlp._precision]
+    return "float16" if mlp._encoding is not None and STORAGE[mlp._precision] == "codes" else None
 
 
 def _whole_pieces(width):
@@ -593,9 +601,9 @@ def part_rows(mlp, layer, a0, a1):
     part that is x in the compute dtype's storage where the chain pads x of that dtype (pad_row). x of another dtype
     read as the compute dtype's storage is the copy too; its row is x's width where pad_row(storage) is 0 (whole
     pieces), which the plan takes as 0, so the same rule serves."""
-    if mlp._precision not in _PAD_PRECISIONS or not 0 <= layer < len(mlp._w):  # (gemm_plan names a bad layer)
+    if copy_dtype(mlp) is None or not 0 <= layer < len(mlp._w):  # (gemm_plan names a bad layer)
         return {}
-    storage, (p0, p1, _) = STORAGE[mlp._precision], _gemm_operands(mlp, layer)
+    storage, (p0, p1, _) = copy_dtype(mlp), _gemm_operands(mlp, layer)
     row = pad_row(mlp, storage)
     if not row:
         return {}
@@ -609,7 +617,7 @@ def gemm_dtypes(mlp, layer, in_dtype, out_dtype):
     copy (pad_row) is in the compute dtype's storage."""
     padded = pad_row(mlp, in_dtype)
     p0, p1, res = _gemm_operands(mlp, layer)
-    dtypes = tuple(None if v is None else STORAGE[mlp._precision] if v == -1 and padded and part else
+    dtypes = tuple(None if v is None else copy_dtype(mlp) if v == -1 and padded and part else
                    _value_dtype(mlp, v, in_dtype, out_dtype) for v, part in ((p0, 1), (p1, 1), (res, 0), (layer, 0)))
     if mlp._norm[layer] is not None:
         return dtypes[0], dtypes[1], None, STORAGE[mlp._precision]
