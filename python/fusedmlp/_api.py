@@ -176,12 +176,12 @@ class FusedMLP:
             'softmax' and 'log_softmax' (no weight, bias or eps) normalise the row the same way: exp(z - max) / sum
             exp(z - max), or its log.
         encoding: an input encoding computed in the kernel as x is loaded (NeRF's positional encoding): a list of
-            parts, each 'x' or (func, scale) with func 'sin' or 'cos' and scale a number or one per feature of x,
-            whose concat along the features is what layer 0 (and a concat layer's x part) reads, so its in_features
-            are x's features times the parts; fusedmlp.frequency_encoding(L) gives nerf-pytorch's
+            parts, each 'x' or (func, scale) with func 'sin', 'cos' or 'x' (scale * x) and scale a number or one per
+            feature of x, whose concat along the features is what layer 0 (and a concat layer's x part) reads, so
+            its in_features are x's features times the parts; fusedmlp.frequency_encoding(L) gives nerf-pytorch's
             [x, sin(x), cos(x), ..., sin(2^(L-1) x), cos(2^(L-1) x)]. Each sine's argument is formed in float32.
-            x is then (..., in_features) with in_features x's own (3 for NeRF's points). Fused kernels only: a
-            layer reading x that runs as a GEMM (a network cut into segments) is a LimitError.
+            x is then (..., in_features) with in_features x's own (3 for NeRF's points). A network cut into
+            segments encodes x once in its pad pass, which its GEMMs reading x read (not in tf32: a LimitError).
         flatten_input: None (x is (..., in_features)), or the first dim of x that a call merges with the ones after
             it before the network, as nn.Flatten(start_dim) (>= 1; from_torch reads it from a model's leading
             nn.Flatten / torch.flatten / x.view(x.size(0), -1)): images (N, C, H, W) run with 1.
