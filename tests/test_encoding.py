@@ -173,15 +173,16 @@ def test_encoded_kernels_compile_ahead_of_time(rng, tmp_path, arch, options):
 
 # ------------------------------------------------------------------------------------------------ on the GPU
 
-GPU_FORMS = [{"wgmma": 0}, {"wgmma": 1, "cluster": -1}, {"wgmma": 1, "resident": 0}]
+GPU_FORMS = [{"wgmma": 0}, {"wgmma": 1, "cluster": -1}, {"wgmma": 1, "resident": 0}, {"cluster": 2}]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "tf32", "int8", "float8"])
 def test_gpu_encoded_networks_in_every_kernel_form(rng, dtype):
-    """NeRF's trunk (64 wide: every form; 256 wide: streamed) with its skip, and a network with per-feature scales,
-    x last and a residual of the encoded x, in float32 / float16 / bfloat16 x: each kernel against float64 within
-    the dtype's check bound, and an 8-bit one against the CPU emulation too."""
+    """NeRF's trunk (64 wide: every form; 256 wide: streamed) with its skip, a network with per-feature scales, x
+    last and a residual of the encoded x, and a 256-wide sine network (the cluster form too), in float32 / float16 /
+    bfloat16 x: each kernel against float64 within the dtype's check bound, an 8-bit one against the CPU emulation
+    too."""
     from test_gpu import run_io_kernel
 
     arch = fusedmlp._api._gpu(0).info["arch"]
@@ -192,12 +193,17 @@ def test_gpu_encoded_networks_in_every_kernel_form(rng, dtype):
              ("residual", fusedmlp.FusedMLP(
                  [rng.uniform(-0.3, 0.3, (9, 9)).astype(np.float32), rng.uniform(-0.3, 0.3, (5, 9)).astype(np.float32)],
                  None, ["gelu", "none"], residual={0: ("add", "none", "input")}, encoding=per_feature[::-1],
-                 dtype=dtype, device="cuda"))]
+                 dtype=dtype, device="cuda")),
+             ("sine256", fusedmlp.FusedMLP(  # no concat: the cluster form takes it
+                 [rng.uniform(-1, 1, (256, 27)).astype(np.float32) / 6] +
+                 [rng.uniform(-1, 1, (256, 256)).astype(np.float32) / 16 for _ in range(2)] +
+                 [rng.uniform(-1, 1, (3, 256)).astype(np.float32) / 16], None, ["sin"] * 3 + ["none"],
+                 encoding=fusedmlp.frequency_encoding(4), dtype=dtype, device="cuda"))]
     report = []
     for name, mlp in cases:
         x = rng.uniform(-1.5, 1.5, (4099, 3)).astype(np.float32)
         if dtype in ("int8", "float8"):
-            if name == "nerf256" or (dtype == "float8" and arch < 89):
+            if name in ("nerf256", "sine256") or (dtype == "float8" and arch < 89):
                 continue
             mlp.calibrate(x[:512])
         want, built = reference(mlp, x), False
