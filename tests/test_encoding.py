@@ -154,6 +154,29 @@ def test_an_encoded_chain_reads_the_pad_passs_encoded_copy(rng, tmp_path):
     assert rel_l2(mlp(x), reference(mlp, x)) <= 2e-5
 
 
+def test_a_chains_fused_head_stretch_encodes_x_itself(rng):
+    """A network cut into segments whose first stretch is fused and reads x as it is (tf32: no pad pass) runs that
+    stretch as a FusedMLP of its own: it must carry the encoding (x's 3 features in, the encoded columns to its
+    layers), as the plan of the stretch does; its CPU forward is the network's first layer on the encoded x."""
+    from test_gpu import graph_reference
+
+    from fusedmlp import _segments
+
+    ws = [rng.uniform(-1, 1, (256, 27)).astype(np.float32) / 6] + [
+        rng.uniform(-1, 1, (256, 256)).astype(np.float32) / 16 for _ in range(2)] + [
+        rng.uniform(-1, 1, (3, 256)).astype(np.float32) / 16]
+    mlp = fusedmlp.FusedMLP(ws, None, ["sin"] * 3 + ["none"], encoding=fusedmlp.frequency_encoding(4), dtype="tf32",
+                            device="cpu")
+    head = mlp._segments_for(90, H100["smem_per_block"], H100["sm_count"], H100["smem_per_sm"], "float32",
+                             "float32")[0]
+    assert head.kind == "fused" and head.first == 0 and not head.x_copy
+    sub, k_in, _ = _segments.stretch_model(mlp, head, "float32", "float32")
+    assert sub.in_features == 3 and sub.widths[0] == 27 and k_in == "float32"
+    x = rng.uniform(-1, 1, (40, 3)).astype(np.float32)
+    e = _encoding.apply(mlp._encoding[2], x.astype(np.float64))
+    assert rel_l2(sub(x), graph_reference(e, sub._w, sub._b, sub)) <= 2e-5
+
+
 FORMS = [(80, {}), (90, {"wgmma": 1, "cluster": -1}), (90, {"wgmma": 1, "resident": 0}), (90, {"wgmma": 0})]
 
 
@@ -203,10 +226,10 @@ def test_gpu_encoded_networks_in_every_kernel_form(rng, dtype):
     for name, mlp in cases:
         x = rng.uniform(-1.5, 1.5, (4099, 3)).astype(np.float32)
         if dtype in ("int8", "float8"):
-            if name in ("nerf256", "sine256") or (dtype == "float8" and arch < 89):
+            if dtype == "float8" and arch < 89:
                 continue
             mlp.calibrate(x[:512])
-        want, built = reference(mlp, x), False
+        want = reference(mlp, x)
         for form in GPU_FORMS if arch == 90 else [{}]:
             for io in ("float32", "float16", "bfloat16"):
                 if io == "bfloat16" and arch < 80:
@@ -215,16 +238,16 @@ def test_gpu_encoded_networks_in_every_kernel_form(rng, dtype):
                     kernel, plan = mlp._build(io, **form)[:2]
                 except fusedmlp.LimitError:
                     continue
-                built = True
                 x_seen, y = run_io_kernel(kernel, x, io)
                 err = rel_l2(y, reference(mlp, x_seen))
                 report.append(f"{name} {dtype} {form} x {io}: {err:.2e}")
                 assert np.all(np.isfinite(y)) and err <= bound, report[-1]
-                if dtype in ("int8", "float8"):  # the emulation computes the kernels' roundings
+                if dtype in ("int8", "float8"):  # the emulation computes the kernels' roundings (float8's 3-bit
+                    # codes after the hidden sines' fast forms: a code flips now and then, 1.4e-2 seen)
                     emu = mlp._net.forward_cpu(x_seen)
-                    assert rel_l2(y, emu) <= 1e-2, report[-1]
-        if built:  # the public call, float32 x
-            assert rel_l2(mlp(x), want) <= bound, name
+                    assert rel_l2(y, emu) <= (1e-2 if dtype == "int8" else 3e-2), report[-1]
+        # the public call, float32 x (a 256-wide 8-bit network: its GEMM chain, which reads the encoded copy)
+        assert rel_l2(mlp(x), want) <= bound, name
     print("\n" + "\n".join(report))
     assert len(report) >= 6
 

@@ -516,8 +516,8 @@ def _copy_plan(mlp, last, target, in_dtype, out_dtype, x_row):
     None where there is no copy, the stretch reads x otherwise too, or no such plan: where x would land through a raw
     buffer (a width of no whole 16-byte pieces, or float32), the copy may give the stretch two warpgroups, or any
     kernel (float32 512-wide x: 32 KB of landing buffer a warp)."""
-    if not x_row or not _reads_x_alone(mlp, last):
-        return None
+    if not x_row or not _reads_x_alone(mlp, last) or mlp._precision not in _PAD_PRECISIONS:
+        return None  # (an 8-bit network's encoded copy is for its GEMMs: no 8-bit streamed stretch reads it)
     try:
         info = _stretch_plan(mlp, 0, last, target, in_dtype, out_dtype, x_row).info
     except LimitError:
@@ -660,6 +660,7 @@ def stretch_model(mlp, seg, in_dtype, out_dtype):
     residual, concat = fused_options(mlp, f, last)
     sub = type(mlp)(_stretch_weights(mlp, f, last, x_row), mlp._b[f:last + 1], mlp._acts[f:last + 1],
                     residual=residual, concat=concat or None, norm=_norm.option(mlp._norm, f, last),
+                    encoding=mlp.encoding if f == 0 and not x_row else None,  # (the copy comes encoded)
                     dtype=mlp._precision, device=mlp.device, cache_dir=mlp._cache.directory)
     return (sub, *_stretch_dtypes(mlp, f, last, in_dtype, out_dtype, x_row))
 
