@@ -44,6 +44,28 @@ def graph_edges(residual, concat, norm, flatten=None, num_layers=0, encoding=Non
             **({"encoding": encoding} if encoding is not None else {})}
 
 
+def widen_columns(w, pieces, total, label):
+    """w's columns [src, src + n) at [dst, dst + n) of `total` columns, zeros elsewhere, for each (src, n, dst) of
+    pieces: a Linear on a slice of x (x's other features meet zero weights), or on the chain's value beside extra
+    rows (the graph readers' exact rewrites of where a layer's inputs are)."""
+    out = np.zeros((w.shape[0], total))
+    for src, n, dst in pieces:
+        if src + n > w.shape[1] or dst + n > total:
+            raise ShapeError(f"{label}: a Linear of {w.shape[1]} inputs does not fit the {total} columns its input "
+                             "has here")
+        out[:, dst:dst + n] = w[:, src:src + n]
+    return out
+
+
+def slices_width(x_width, slices, label):
+    """x's features where forward slices it: x_width (a split's sum) where known, else the largest slice end;
+    slices: {value: (start, stop)}."""
+    width = x_width or max(stop for _, stop in slices.values())
+    if any(stop > width for _, stop in slices.values()):
+        raise ShapeError(f"{label}: slices of the input past the {width} features its split gives")
+    return width
+
+
 class Layers:
     """The layers read so far, in float64 until the end (the folds are exact there, then rounded once to float32).
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ._layers import slices_width, widen_columns
 from ._torch_fx_nodes import _ASIDE, F, _arg
 from .errors import ArgumentError, ShapeError
 
@@ -78,13 +79,6 @@ class Branches:
         self.x_slices[node] = (start, stop)
         return _ASIDE
 
-    def slice_width(self, label):
-        """x's features where forward slices it: the split's sum, else the largest slice end seen."""
-        width = self.x_width or max(stop for _, stop in self.x_slices.values())
-        if any(stop > width for _, stop in self.x_slices.values()):
-            raise ShapeError(f"{label}: slices of the input past the {width} features its split gives")
-        return width
-
     # -------------------------------------------------------------------------------------------- columns
 
     def place_columns(self, w, label):
@@ -94,7 +88,8 @@ class Branches:
         first = self.inputs[0] if self.inputs else None
         if first in self.x_slices and not self.layers.weights and self.cur is self.x_node:
             self.inputs[0] = self.cur  # (the Linear takes the chain's value: x)
-            return self._widen(w, [(0, w.shape[1], self.x_slices[first][0])], self.slice_width(label), label)
+            width = slices_width(self.x_width, self.x_slices, label)
+            return widen_columns(w, [(0, w.shape[1], self.x_slices[first][0])], width, label)
         if self.pending_cat is None and self.lead is None:
             return w
         width_x = self.layers.weights[0].shape[1]  # x as the layers read it
@@ -109,18 +104,7 @@ class Branches:
         h_src, x_src, h_dst, x_dst = (n_x, 0, width_x, 0) if before else (0, n_h, 0, width_h)
         pieces = [(h_src, n_h, h_dst + lead_at)] + ([(x_src, n_x, x_dst + x_part[0])] if n_x else [])
         self.cat_slice = None
-        return self._widen(w, pieces, width_h + (width_x if self.pending_cat else 0), label)
-
-    @staticmethod
-    def _widen(w, pieces, total, label):
-        """w's columns [src, src + n) at [dst, dst + n) of `total` columns, zeros elsewhere."""
-        out = np.zeros((w.shape[0], total))
-        for src, n, dst in pieces:
-            if src + n > w.shape[1] or dst + n > total:
-                raise ShapeError(f"{label}: a Linear of {w.shape[1]} inputs does not fit the {total} columns its "
-                                 "input has here")
-            out[:, dst:dst + n] = w[:, src:src + n]
-        return out
+        return widen_columns(w, pieces, width_h + (width_x if self.pending_cat else 0), label)
 
     # -------------------------------------------------------------------------------------------- carried values
 

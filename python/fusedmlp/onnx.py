@@ -41,7 +41,7 @@ import os
 import numpy as np
 
 from ._api import FusedMLP
-from ._layers import Layers, affine_map, compose, graph_edges, then_map
+from ._layers import Layers, affine_map, compose, graph_edges, slices_width, then_map, widen_columns
 from .errors import ArgumentError, ShapeError
 
 SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub / Mul / Div of a constant vector "
@@ -501,9 +501,6 @@ class _Reader:
         self.x_slices[node.output[0]] = (start, stop)
         return True
 
-    def _slice_width(self):
-        return self.x_width or max(stop for _, stop in self.x_slices.values())
-
     def passthrough(self, node, op, attrs, label):
         """Identity, Dropout (inference) and a float Cast: their input under a new name, which the nodes reading it
         see as the first name (node: the reader works on each value's first name)."""
@@ -668,18 +665,13 @@ class _Reader:
         self.cat_slice = None
         if part is None:
             return w
-        width, n = self._slice_width(), part[1] - part[0]
+        width, n = slices_width(self.x_width, self.x_slices, label), part[1] - part[0]
         if first_slice is not None:
-            at, x_at = 0, 0
-        else:
-            before = self.concat[len(self.layers.weights)] == "before"
-            at, x_at = (0, 0) if before else (w.shape[1] - n, w.shape[1] - n)
-        out = np.zeros((w.shape[0], w.shape[1] - n + width))
-        h_cols = [c for c in range(w.shape[1]) if not at <= c < at + n]
-        h_dst = [c if c < at else c + width - n for c in h_cols]
-        out[:, h_dst] = w[:, h_cols]
-        out[:, x_at + part[0]:x_at + part[1]] = w[:, at:at + n]
-        return out
+            return widen_columns(w, [(0, n, part[0])], width, label)
+        n_h = w.shape[1] - n  # (the concat's other part: the hidden state, before or after x's)
+        pieces = ([(0, n, part[0]), (n, n_h, width)] if self.concat[len(self.layers.weights)] == "before" else
+                  [(0, n_h, 0), (n_h, n, n_h + part[0])])
+        return widen_columns(w, pieces, n_h + width, label)
 
     def root(self, name):
         """A value's first name, before the Identity / Dropout / Cast nodes that renamed it."""
