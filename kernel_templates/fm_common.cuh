@@ -578,6 +578,11 @@ template <int C> __device__ __forceinline__ float fm_enc_x(float xv) {
     else
         return fmaf(Enc<C>::SCALE, xv, Enc<C>::PHASE);
 }
+// Column C of the encoding of the row whose features are v (the pad pass's; the loader selects a lane's column first).
+template <int C> __device__ __forceinline__ float fm_enc_value(const float (&v)[ENC_X]) {
+    typedef Enc<C> E;
+    return E::SIN ? fm_sin(fmaf(E::SCALE, v[E::SRC], E::PHASE)) : fm_enc_x<C>(v[E::SRC]);
+}
 
 template <int C, int H>
 __device__ __forceinline__ void fm_encode_cols(act_t *at, const float (&v)[ENC_X], bool hi) {

@@ -40,11 +40,9 @@ __device__ __forceinline__ void fm_encode_pairs(fm_u32 *w, const float (&v)[ENC_
         for (int j = 0; j < 2; ++j)
             f[j] = 0.0f;
         if constexpr (C < ENC_COLS)
-            f[0] = Enc<C>::SIN ? fm_sin(fmaf(Enc<C>::SCALE, v[Enc<C>::SRC], Enc<C>::PHASE))
-                               : fm_enc_x<C>(v[Enc<C>::SRC]);
+            f[0] = fm_enc_value<C>(v);
         if constexpr (C + 1 < ENC_COLS)
-            f[1] = Enc<C + 1>::SIN ? fm_sin(fmaf(Enc<C + 1>::SCALE, v[Enc<C + 1>::SRC], Enc<C + 1>::PHASE))
-                                   : fm_enc_x<C + 1>(v[Enc<C + 1>::SRC]);
+            f[1] = fm_enc_value<C + 1>(v);
         w[C / 2] = fm_pack2<FM_OUT_TYPE>(f[0], f[1]);
         fm_encode_pairs<C + 2>(w, v);
     }
