@@ -369,13 +369,14 @@ class _Tracer(Branches):
             w, b = _effective(leaf, "weight", node.target), _effective(leaf, "bias", node.target)
         else:
             w, b = (self.constant(a, label) for a in (node.args[1], _arg(node, 2, "bias", None)))
-        w, b = _numpy64(w) if isinstance(w, torch.Tensor) else w, _numpy64(b) if isinstance(b, torch.Tensor) else b
+        w, b = (None if v is None else np.asarray(_numpy64(v) if isinstance(v, torch.Tensor) else v, np.float64)
+                for v in (w, b))  # (float64 once: the rewrites below and head work on arrays)
         if not (self.inputs and self.inputs[0] in self.x_slices) and not self.takes_cur():
             if self.head(node, w, b, label):
                 return _ASIDE
             raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
         self.branch_linear(label)  # (values riding along: the last layer's rows for them first)
-        w = self.place_columns(np.asarray(w, np.float64), label)
+        w = self.place_columns(w, label)
         plain = self.pending_cat is None and layers.pending is None and layers.pending_parts is None
         if self.pending_cat is not None:
             self.concat[len(layers.weights)] = self.pending_cat
@@ -383,7 +384,7 @@ class _Tracer(Branches):
             w, self.cat_scale = w * self.cat_scale, 1.0  # (NeuS's torch.cat([x, inputs], 1) / sqrt(2): into W)
         else:
             self.keep_input()
-        layers.linear64(w, None if b is None else np.asarray(b, np.float64), label)
+        layers.linear64(w, b, label)
         self.residual.append(None)
         self.act_path = {node: "x"}
         self.read_by_last = self.cur if plain else None  # (a second head on it joins this Linear: head)
@@ -401,7 +402,6 @@ class _Tracer(Branches):
             raise ArgumentError(f"{label}: a second Linear on the value the last one read, after that one's "
                                 "activation, norm or residual; fusedmlp merges heads on one value that are the "
                                 "network's outputs as they are (return pi(h), v(h))")
-        w, b = np.asarray(w, np.float64), None if b is None else np.asarray(b, np.float64)
         last_w, last_b = layers.weights[-1], layers.biases[-1]
         if w.ndim != 2 or w.shape[1] != last_w.shape[1]:
             raise ArgumentError(f"{label}: a head of {w.shape} beside a Linear of {last_w.shape} on the same value")
