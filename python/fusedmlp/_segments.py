@@ -346,7 +346,14 @@ def _sub_network(mlp, first, last, x_row=0):
     residual = [None if r is None else (r[0], r[1], r[2] - first) for r in mlp._residual[first:last + 1]]
     return type(mlp._net)(_stretch_weights(mlp, first, last, x_row), mlp._b[first:last + 1],
                           mlp._acts[first:last + 1], residual, mlp._concat[first:last + 1], mlp._norm[first:last + 1],
-                          mlp._encoding_arg if first == 0 and not x_row else None)  # (the copy is encoded)
+                          mlp._encoding_arg if _encodes_x(mlp, first, x_row) else None)
+
+
+def _encodes_x(mlp, first, x_row):
+    """Whether the stretch from layer `first` computes the model's input encoding itself: it starts at layer 0 and
+    reads x as it is (x_row 0), not the pad pass's copy, which comes encoded. Its plan (_sub_network) and the
+    FusedMLP that runs it (stretch_model) both take the encoding by this rule."""
+    return mlp._encoding is not None and first == 0 and not x_row
 
 
 def _stretch_weights(mlp, first, last, x_row=0):
@@ -431,7 +438,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
         return True, _kernel_words(info)
 
     policy = policy or mlp._segment_policy
-    if policy == "gemm":  # (not where x is encoded: only the fused kernels compute an encoding)
+    if policy == "gemm":  # (not for an encoded x: the all-GEMM small-batch chain is untried with its pad pass)
         if (mlp._precision not in _WHOLE_ONLY and not any(nm is not None for nm in mlp._norm)
                 and mlp._encoding is None):
             return cut(n, mlp._residual, mlp._concat, lambda first, last: (False, "every layer a GEMM (a small batch)"))
@@ -536,8 +543,8 @@ def _gemm_operands(mlp, layer):
 def pad_row(mlp, in_dtype):
     """Elements a row of x's padded copy (X_PAD) in a chain of input dtype in_dtype, or 0 where its GEMMs read x as
     it is: a 16-bit compute dtype, x not in it or its rows not whole 16-byte pieces, and x wider than PAD_MIN_WIDTH
-    (FUSEDMLP_GEMM_PAD=1 / -1: any width / never). An encoded x (encoding=) always has its copy in a 16-bit chain,
-    which the pass encodes (pad_rows.cu), and none otherwise (its GEMMs reading x are then a LimitError)."""
+    (FUSEDMLP_GEMM_PAD=1 / -1: any width / never). An encoded x (encoding=) always has its copy (copy_dtype), which
+    the pass encodes (pad_rows.cu), but in tf32 (its GEMMs reading x are then a LimitError)."""
     storage, force = STORAGE[mlp._precision], _env.gemm_pad()
     if mlp._encoding is not None:  # the pass encodes x's copy, the only x a GEMM of such a network reads
         return _whole_pieces(mlp.widths[0]) if copy_dtype(mlp) is not None else 0
@@ -660,7 +667,7 @@ def stretch_model(mlp, seg, in_dtype, out_dtype):
     residual, concat = fused_options(mlp, f, last)
     sub = type(mlp)(_stretch_weights(mlp, f, last, x_row), mlp._b[f:last + 1], mlp._acts[f:last + 1],
                     residual=residual, concat=concat or None, norm=_norm.option(mlp._norm, f, last),
-                    encoding=mlp.encoding if f == 0 and not x_row else None,  # (the copy comes encoded)
+                    encoding=mlp.encoding if _encodes_x(mlp, f, x_row) else None,
                     dtype=mlp._precision, device=mlp.device, cache_dir=mlp._cache.directory)
     return (sub, *_stretch_dtypes(mlp, f, last, in_dtype, out_dtype, x_row))
 
