@@ -223,7 +223,8 @@ fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *pos
 fm_status fm_spec_set_norm(fm_spec *spec, int layer, int kind, double eps, const float *gamma, int64_t weight_len,
                            const float *beta, int64_t bias_len, fm_error *err);
 /* Gives the network an input encoding (fm_spec.enc_*): cols columns, as many as layer 0 takes (width[0]), each
- * src[j] in [0, x_features), sin[j] 0 (x itself) or 1 (sin(scale[j] x + phase[j]), scale and phase finite); copied.
+ * src[j] in [0, x_features), sin[j] 0 (scale[j] x + phase[j], x itself at 1 and 0) or 1 (sin(scale[j] x +
+ * phase[j])), scale and phase finite; copied.
  * FM_ERR_SHAPE / FM_ERR_VALUE naming the column and the rule, FM_ERR_NOMEM. */
 fm_status fm_spec_set_encoding(fm_spec *spec, int x_features, int cols, const int *src, const int *sin,
                                const float *scale, const float *phase, fm_error *err);
@@ -407,7 +408,9 @@ typedef struct fm_plan {
      * elements of the compute dtype's storage (whole 16-byte pieces, zeros after x's width), for a GEMM that reads x
      * as an input part whose rows are not whole 16-byte pieces (sdf512's 259 float16 columns: 518-byte rows, which
      * no cp.async size fits, so the GEMM converted them element pair by element pair on the way in). rows_per_cta
-     * rows a CTA, staged through shared memory (smem_bytes). 16-bit compute dtypes only. */
+     * rows a CTA, staged through shared memory (smem_bytes). 16-bit compute dtypes; also an 8-bit network with an
+     * input encoding, whose copy is the encoded x in float16 (every network with an encoding: the copy is encoded,
+     * pad_rows.cu's Enc<C> columns, from x's x_features features). */
     int gemm_pad;
     /* A GEMM's input parts in global memory: elements a row of part 0 and part 1 (0: the part's width). More than the
      * width: a padded copy (the pad pass's), its extra columns zero, the weights' zero padding beyond the width. */
@@ -441,7 +444,7 @@ typedef struct fm_plan {
      * (three parts fill the 16-column k step one part would have padded: no MMA more), no residual of x. */
     int x_split;
     /* x's features in global memory: k_real[0], or fewer where the spec has an input encoding (fm_spec.enc_*, which a
-     * fused plan's loader computes; never x_split). */
+     * fused plan's loader computes, never with x_split, and a pad pass writes into x's copy). */
     int x_features;
     /* 8-bit plans (fm_prec_is_8bit(prec)): the weight blob holds codes (fm_quant8 of W / w_scale), the float blob
      * per layer also n_pad dequantisation factors act_scale[l] * w_scale[l][n] at dq_offset[l] (after the bias and a

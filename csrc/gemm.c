@@ -229,8 +229,9 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
     fm_status st = fm_plan_check_prec(spec, target, prec, err); /* (the 8-bit scales among its checks) */
     if (st != FM_OK)
         return st;
-    /* An encoded x (fm_spec.enc_*) reaches a GEMM only as the pad pass's copy, which the pass encodes (16-bit compute
-     * dtypes: a0_row / a1_row name the copy's row for the part that is x); never as a residual operand. */
+    /* An encoded x (fm_spec.enc_*) reaches a GEMM only as the pad pass's copy, which the pass encodes (a0_row /
+     * a1_row name the copy's row for the part that is x; no copy in tf32: fm_gemm_copy_dtype); never as a residual
+     * operand. */
     const int x_part = l == 0 ? 0 : spec->cat[l] == FM_CAT_AFTER ? 1 : spec->cat[l] == FM_CAT_BEFORE ? 0 : -1;
     if (spec->enc_cols > 0 && !opts->pad_pass && !opts->norm_pass &&
         ((x_part >= 0 && opts->a_row[x_part] <= 0) || (spec->res_op[l] != FM_RES_NONE && spec->res_src[l] == -1))) {
