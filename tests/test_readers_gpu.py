@@ -163,3 +163,20 @@ def test_neus_sdf_network_as_written_on_cuda():
             want = copy.deepcopy(model).double()(x.double())
             _check(fusedmlp.from_torch(model, check=True)(x), want)
 
+
+
+def test_deepsdf_decoder_as_written_on_cuda():
+    """DeepSDF's Decoder (the `if` on its input's shape, old weight_norm hooks or LayerNorms, the latent code joined
+    again at layer 4: sdf512's segments) on CUDA tensors with check=True, against torch in float64."""
+    import copy
+
+    from test_torch import _DeepSdfDecoder
+
+    torch.manual_seed(43)
+    for options in ({}, {"weight_norm": False}):
+        model = _DeepSdfDecoder(**options).cuda().eval()
+        x = torch.randn(4099, 259, device="cuda") * 0.5
+        with torch.no_grad():
+            model(x[:2])  # (the old hook's weight recomputed without grad, so the module deep-copies)
+            want = copy.deepcopy(model).double()(x.double())
+            _check(fusedmlp.from_torch(model, check=True)(x), want)

@@ -1,6 +1,7 @@
 """PyTorch integration on the CPU path (CI): from_torch, FusedModule, the custom op, the notebook."""
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -1075,6 +1076,108 @@ def test_neus_sdf_network_as_written(scale):
     assert (first == "x" and scale == 1.0) or (first[0] == "x" and np.allclose(first[1], scale))
     x = torch.rand(200, 3, dtype=torch.float64) * 2 - 1
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-5
+
+
+class _DeepSdfDecoder(nn.Module):
+    """DeepSDF's Decoder (networks/deep_sdf_decoder.py) as written: latent code and xyz in one input, `if
+    input.shape[1] > 3 and self.latent_dropout` before the layers, xyz = input[:, -3:] (read only with xyz_in_all),
+    the input joined again before the latent_in layers, old-style weight_norm hooks or LayerNorms, F.dropout with
+    training=self.training, and a Tanh at the end."""
+
+    def __init__(self, latent=256, dims=(512,) * 8, norm_layers=tuple(range(8)), latent_in=(4,), weight_norm=True,
+                 xyz_in_all=False, latent_dropout=False):
+        super().__init__()
+        dims = [latent + 3] + list(dims) + [1]
+        self.num_layers, self.norm_layers, self.latent_in = len(dims), norm_layers, latent_in
+        self.weight_norm, self.xyz_in_all, self.latent_dropout = weight_norm, xyz_in_all, latent_dropout
+        for layer in range(self.num_layers - 1):
+            out_dim = dims[layer + 1] - dims[0] if layer + 1 in latent_in else dims[layer + 1]
+            if layer + 1 not in latent_in and xyz_in_all and layer != self.num_layers - 2:
+                out_dim -= 3
+            lin = nn.Linear(dims[layer], out_dim)
+            if weight_norm and layer in norm_layers:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # (the old hook, as DeepSDF uses it)
+                    lin = nn.utils.weight_norm(lin)
+            setattr(self, "lin" + str(layer), lin)
+            if not weight_norm and layer in norm_layers:
+                setattr(self, "bn" + str(layer), nn.LayerNorm(out_dim))
+        self.relu, self.dropout, self.dropout_prob, self.th = nn.ReLU(), list(range(8)), 0.2, nn.Tanh()
+
+    def forward(self, input):
+        xyz = input[:, -3:]
+        if input.shape[1] > 3 and self.latent_dropout:
+            latent_vecs = F.dropout(input[:, :-3], p=0.2, training=self.training)
+            x = torch.cat([latent_vecs, xyz], 1)
+        else:
+            x = input
+        for layer in range(0, self.num_layers - 1):
+            lin = getattr(self, "lin" + str(layer))
+            if layer in self.latent_in:
+                x = torch.cat([x, input], 1)
+            elif layer != 0 and self.xyz_in_all:
+                x = torch.cat([x, xyz], 1)
+            x = lin(x)
+            if layer < self.num_layers - 2:
+                if layer in self.norm_layers and not self.weight_norm:
+                    x = getattr(self, "bn" + str(layer))(x)
+                x = self.relu(x)
+                if layer in self.dropout:
+                    x = F.dropout(x, p=self.dropout_prob, training=self.training)
+        return self.th(x)
+
+
+@pytest.mark.parametrize("options", [{}, {"weight_norm": False}, {"xyz_in_all": True, "dims": (128,) * 4,
+                                                                  "latent_in": (2,), "latent": 29}])
+def test_deepsdf_decoder_as_written(options):
+    """DeepSDF's `if` on the input's shape is decided for inputs of the first Linear's in_features (the model then
+    reads that many: checked), the unused xyz slice dropped: the CPU path within float32's rounding of float64."""
+    torch.manual_seed(41)
+    model = _DeepSdfDecoder(**options).eval()
+    with torch.no_grad():  # (the old hook's weight recomputed without grad, so the module deep-copies: ref64)
+        model(torch.randn(2, model.lin0.in_features))
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.in_features == options.get("latent", 256) + 3 and mlp.widths[-1] == 1
+    assert any(mlp._norm) == (options.get("weight_norm") is False)
+    x = torch.randn(300, mlp.in_features, dtype=torch.float64) * 0.5
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-5
+
+
+def test_if_on_the_input_shape_that_cannot_be_decided():
+    """An `if` on the row count, on the input's values, or traced at a width the model does not read is refused,
+    naming why."""
+    class Rows(nn.Module):
+        def __init__(self, on):
+            super().__init__()
+            self.a, self.b, self.on = nn.Linear(6, 8), nn.Linear(8, 2), on
+
+        def forward(self, x):
+            if (x.shape[0] > 2) if self.on == "rows" else (x.sum() > 0) if self.on == "values" else x.size(-1) > 4:
+                x = x * 2
+            return self.b(torch.relu(self.a(x)))
+
+    with pytest.raises(fusedmlp.ArgumentError, match="depends on the number of rows"):
+        fusedmlp.from_torch(Rows("rows").eval(), device="cpu")
+    with pytest.raises(fusedmlp.ArgumentError, match="more than the input's shape"):
+        fusedmlp.from_torch(Rows("values").eval(), device="cpu")
+    torch.manual_seed(42)
+    model = Rows("width").eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")  # 6 > 4: x doubled
+    x = torch.randn(20, 6, dtype=torch.float64)
+    assert mlp.in_features == 6 and max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
+
+    class Late(nn.Module):  # (its first registered Linear is not the first it applies)
+        def __init__(self):
+            super().__init__()
+            self.head, self.body = nn.Linear(8, 2), nn.Linear(5, 8)
+
+        def forward(self, x):
+            if x.shape[-1] == 8:
+                x = x * 2
+            return self.head(torch.relu(self.body(x)))
+
+    with pytest.raises(fusedmlp.ArgumentError, match="traced for inputs of 8 features .* but reads 5"):
+        fusedmlp.from_torch(Late().eval(), device="cpu")
 
 
 def test_output_columns_reordered_or_scaled_fold_into_the_last_layer():

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import _encoding
 from ._layers import Layers, affine_map, compose as _compose, graph_edges, then_map
 from ._torch_fx_branch import Branches
 from ._torch_fx_nodes import (F, TRACED_SUPPORTED, _ADD, _ARITH, _ARITH_METHODS, _ASIDE, _DROPOUT_FUNCTIONS,
@@ -32,6 +33,119 @@ def _flag_defaults(module):
     return flags or None
 
 
+_SHAPE_FUNCTIONS = (getattr, len, operator.getitem, operator.gt, operator.ge, operator.lt, operator.le,
+                    operator.eq, operator.ne, operator.add, operator.sub, operator.mul, operator.floordiv,
+                    operator.mod, operator.not_, operator.and_, operator.or_)
+_SHAPE_ATTRS = ("shape", "ndim")
+_SHAPE_METHODS = ("size", "dim")
+
+
+class _ShapeTracer(torch.fx.Tracer):
+    """torch.fx's tracer, but an `if` on the input's shape (DeepSDF's `if input.shape[1] > 3 and ...`) takes the branch
+    a (rows, width) input takes, as a call does: the condition is evaluated on meta tensors of two row counts, and one
+    that reads more than the shape, or whose answer depends on the row count, stays torch.fx's error. The conditions'
+    nodes are dropped from the graph after the trace (prune), so the walk never meets them."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.width = width
+        self.decided = []
+
+    def to_bool(self, obj):
+        answers = {bool(self.shape_value(obj.node, rows)) for rows in (2, 3)}
+        if len(answers) > 1:
+            raise torch.fx.proxy.TraceError(f"an `if` on {obj.node.name} depends on the number of rows")
+        self.decided.append(obj.node)
+        return answers.pop()
+
+    def shape_value(self, node, rows):
+        def value(a):
+            if isinstance(a, torch.fx.Node):
+                return self.shape_value(a, rows)
+            if isinstance(a, (tuple, list)):
+                return type(a)(value(b) for b in a)
+            return a
+
+        if node.op == "placeholder" and node.target == self.input_name:
+            return torch.empty((rows, self.width), device="meta")
+        if node.op == "call_function" and node.target in _SHAPE_FUNCTIONS and (
+                node.target is not getattr or node.args[1] in _SHAPE_ATTRS):
+            return node.target(*value(node.args), **value(node.kwargs))
+        if node.op == "call_method" and node.target in _SHAPE_METHODS:
+            return getattr(value(node.args[0]), node.target)(*value(node.args[1:]))
+        raise torch.fx.proxy.TraceError(f"symbolically traced variables cannot be used as inputs to control flow "
+                                        f"({node.name} is more than the input's shape)")
+
+    def prune(self, graph):
+        """Drops the decided conditions and what only they read (the shape queries behind them)."""
+        _erase_unused(graph, self.decided, lambda n: n.op in ("call_function", "call_method"))
+
+
+def _first_width(module):
+    """The in_features of module's first Linear (in the order its modules were registered): the input width a
+    forward that branches on the input's shape is traced at (checked against the read model, read_traced)."""
+    return next((m.in_features for m in module.modules() if isinstance(m, nn.Linear)), None)
+
+
+def _trace(module, flags):
+    """module's torch.fx GraphModule, and the input width an `if` on the input's shape was decided at (or None)."""
+    def fail(e):
+        return ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: {e}")
+
+    try:
+        gm = torch.fx.symbolic_trace(module, concrete_args=flags)
+        _drop_unused_reads(gm.graph)
+        gm.recompile()
+        return gm, None
+    except torch.fx.proxy.TraceError as e:  # control flow: on the input's shape, a single input, read below
+        width, first = _first_width(module), e
+    except Exception as e:  # data-dependent control flow and the like
+        raise fail(e) from None
+    inputs = [n for n in _forward_params(module) if n not in (flags or {})]
+    if width is None or len(inputs) != 1:
+        raise fail(first) from None
+    tracer = _ShapeTracer(width)
+    tracer.input_name = inputs[0]
+    try:
+        graph = tracer.trace(module, concrete_args=flags)
+    except Exception as e:
+        raise fail(e) from None
+    tracer.prune(graph)
+    _drop_unused_reads(graph)
+    return torch.fx.GraphModule(tracer.root, graph, type(module).__name__), width
+
+
+def _drop_unused_reads(graph):
+    """Drops indexing and shape queries whose value nothing reads (DeepSDF's xyz = input[:, -3:] where its options
+    leave xyz unused): they change nothing, and a slice without its end would otherwise be refused."""
+    def read(n):
+        return (n.op == "call_function" and n.target in (operator.getitem, getattr)) or (
+            n.op == "call_method" and n.target in ("size", "dim"))
+
+    _erase_unused(graph, list(graph.nodes), read)
+
+
+def _erase_unused(graph, nodes, erasable):
+    """Erases each of nodes that nothing reads and erasable takes, then the same among what it read."""
+    todo, gone = list(nodes), set()
+    while todo:
+        node = todo.pop()
+        if node not in gone and not node.users and erasable(node):
+            todo.extend(node.all_input_nodes)
+            graph.erase_node(node)
+            gone.add(node)
+
+
+def _forward_params(module):
+    import inspect
+
+    try:
+        return [p.name for p in inspect.signature(module.forward).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return []
+
+
 class _Tracer(Branches):
     """One walk over a traced module's graph (read_traced). Each node goes to the first handler that takes it; the
     chain's state (the current value, the values a residual may read, the layers) lives here."""
@@ -41,11 +155,7 @@ class _Tracer(Branches):
         self.activations = dict(activations or {})
         flags = _flag_defaults(module)
         self.flags = flags or {}  # (their placeholders and torch.fx's guards on them are skipped: guard)
-        try:
-            self.gm = torch.fx.symbolic_trace(module, concrete_args=flags)
-        except Exception as e:  # data-dependent control flow and the like
-            raise ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: "
-                                f"{e}") from None
+        self.gm, self.assumed_width = _trace(module, flags)
         self.layers = Layers(_numpy64)
         self.residual, self.concat = [], {}
         self.cur = self.x_node = self.pending_cat = None
@@ -68,6 +178,7 @@ class _Tracer(Branches):
         # a positional encoding of the input (encoding_candidates): torch.cat node -> its parts, and the nodes of those
         self.encodings, self.encoding_parts = self.encoding_candidates()
         self.init_branches()  # slices of the input, values carried to the output (_torch_fx_branch)
+        self.x_width = self.assumed_width  # (an `if` on x.shape fixed x's width: x[:, -3:] reads with it)
 
     def run(self):
         for node in self.gm.graph.nodes:
@@ -692,4 +803,15 @@ def read_traced(module, activations):
     input) is its residual, activations after it the residual's; torch.cat of the hidden state with the network input
     right before a Linear is that layer's input concat; BatchNorm1d and constant affine maps fold into the Linear
     before or after them (Layers)."""
-    return _Tracer(module, activations).run()
+    tracer = _Tracer(module, activations)
+    weights, biases, acts, edges = tracer.run()
+    width = tracer.assumed_width
+    if width is not None:
+        x_width = (_encoding.parse(edges["encoding"], weights[0].shape[1])[0] if "encoding" in edges
+                   else weights[0].shape[1])
+        if "flatten_input" in edges or x_width != width:
+            raise ArgumentError(f"{type(module).__name__}.forward branches on its input's shape (an `if` on "
+                                f"x.shape); it was traced for inputs of {width} features (its first Linear's "
+                                f"in_features), but reads {x_width}" + (" after a flatten" if "flatten_input" in edges
+                                                                       else ""))
+    return weights, biases, acts, edges
