@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #define FM_MAX_LAYERS 64     /* layers per network; a deeper MLP is a spec error */
+#define FM_ACT_PIECES 8      /* column pieces of one layer's activation (fm_spec.act_pieces) */
 #define FM_MAX_FUSED_WIDTH 512 /* widest layer any fused kernel holds (sm_90a's streamed warpgroup form, fm_plan_stream;
                                   the plan checks registers and shared memory too) */
 #define FM_MAX_ONCHIP_WIDTH 256 /* widest layer of every other fused form: the mma.sync kernel, the warpgroup kernel's
@@ -156,7 +157,13 @@ typedef struct fm_spec {
     int width[FM_MAX_LAYERS + 1];     /* real (unpadded) feature counts of the values, all >= 1 */
     int cat[FM_MAX_LAYERS];           /* FM_CAT_NONE, or where x joins layer l's input: FM_CAT_AFTER / FM_CAT_BEFORE h */
     int has_bias[FM_MAX_LAYERS];      /* 1 when layer l adds a bias */
-    fm_expr *act[FM_MAX_LAYERS];      /* activation applied after layer l (owned) */
+    fm_expr *act[FM_MAX_LAYERS];      /* activation applied after layer l (owned); with pieces, the first piece's */
+    /* Column pieces of the last layer's activation ("sigmoid:3 | none:1": NeRF's rgb and density in one output):
+     * act_pieces[l] pieces (0: one activation for every column), piece i applying act_piece[l][i] (owned; [0] is
+     * act[l] itself, not owned twice) to the act_cols[l][i] columns after the pieces before it. */
+    int act_pieces[FM_MAX_LAYERS];
+    fm_expr *act_piece[FM_MAX_LAYERS][FM_ACT_PIECES];
+    int act_cols[FM_MAX_LAYERS][FM_ACT_PIECES];
     /* Residual epilogue of layer l (CUTLASS's LinearCombinationResidualBlock): y = post(op(act(W x + b), r)) with r
      * value res_src[l] (the layer's own input h = value l - 1, an earlier layer's output, or x = -1), as wide as the
      * layer's output. res_op: FM_RES_NONE, FM_RES_ADD or FM_RES_MUL. */
@@ -213,6 +220,14 @@ void fm_spec_free(fm_spec *spec);
 void fm_spec_bound_preacts(fm_spec *spec, const float *const *w, const float *const *b);
 /* Layer l's input features: width(h), plus width(x) with a concat. */
 int fm_spec_in_features(const fm_spec *spec, int l);
+/* fm_expr_unary of layer l's activation; NULL where it has column pieces. */
+const char *fm_spec_act_unary(const fm_spec *spec, int l);
+/* Appends layer l's activation as canonical text ("sigmoid(x):3 | x:1" where it has pieces). */
+void fm_spec_act_string(const fm_spec *spec, int l, fm_str *out);
+/* Applies layer l's activation to rows x width[l + 1] row-major values in place (each piece to its columns). */
+fm_status fm_spec_act_eval(const fm_spec *spec, int l, double *v, size_t rows, fm_error *err);
+/* Appends layer l's activation as a float32 CUDA expression of `var` and, with pieces, the int `col` (its column). */
+fm_status fm_spec_act_emit(const fm_spec *spec, int l, const char *var, fm_str *out, fm_error *err);
 /* Gives layer l a residual epilogue: op FM_RES_ADD or FM_RES_MUL with value src (-1: the network input, l - 1: the
  * layer's own input h, k < l - 1: layer k's output), then post (an activation text; NULL or "none" for identity).
  * The value must be as wide as the layer's output. */

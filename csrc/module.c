@@ -38,6 +38,7 @@ static int module_exec(PyObject *m) {
     return PyModule_AddIntConstant(m, "MAX_FUSED_WIDTH", FM_MAX_FUSED_WIDTH) < 0 ||
                    PyModule_AddIntConstant(m, "MAX_ONCHIP_WIDTH", FM_MAX_ONCHIP_WIDTH) < 0 ||
                    PyModule_AddIntConstant(m, "MAX_LAYERS", FM_MAX_LAYERS) < 0 ||
+                   PyModule_AddIntConstant(m, "ACT_PIECES", FM_ACT_PIECES) < 0 ||
                    PyModule_AddIntConstant(m, "PIPE_MIN_BYTES", (long)fm_pipe_min_bytes()) < 0
                ? -1
                : 0;

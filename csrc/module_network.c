@@ -434,7 +434,7 @@ static PyObject *Network_get_activations(NetworkObject *self, void *closure) {
     PyObject *t = PyTuple_New(self->spec.num_layers);
     for (int l = 0; t && l < self->spec.num_layers; ++l) {
         fm_str s = {0};
-        fm_expr_to_string(self->spec.act[l], &s);
+        fm_spec_act_string(&self->spec, l, &s);
         PyTuple_SET_ITEM(t, l, PyUnicode_FromString(s.data ? s.data : ""));
         fm_str_free(&s);
     }

@@ -525,7 +525,7 @@ static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
     if (!fm_prec_is_8bit(plan->prec))
         return;
     for (int l = 0; l < plan->num_layers; ++l) {
-        const char *act = fm_expr_unary(spec->act[l]);
+        const char *act = fm_spec_act_unary(spec, l);
         plan->k_perm[l] = plan->wgmma && l > 0;
         /* every 8-bit kernel folds (the mma.sync one stores its codes to shared memory the same way) */
         const int plain = l < plan->num_layers - 1 && plan->res_op[l] == FM_RES_NONE && plan->norm[l] == FM_NORM_NONE;
@@ -539,7 +539,7 @@ static void fm_plan_norm_halves(const fm_spec *spec, fm_plan *plan) {
     for (int l = 0; l < plan->num_layers; ++l) {
         /* a layernorm's or rmsnorm's: a softmax has no gamma and beta to halve */
         const int affine = spec->norm[l] != FM_NORM_NONE && !FM_NORM_IS_SOFT(spec->norm[l]);
-        const char *act = affine ? fm_expr_unary(spec->act[l]) : NULL;
+        const char *act = affine ? fm_spec_act_unary(spec, l) : NULL;
         plan->norm_half[l] = act != NULL && !fm_prec_is_8bit(plan->prec) && fm_plan_result_type(plan, l) != 0 &&
                              (strcmp(act, "silu") == 0 || strcmp(act, "sigmoid") == 0);
     }

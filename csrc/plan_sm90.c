@@ -202,8 +202,8 @@ static int fm_plan_same_layer(const fm_plan *p, const fm_spec *spec, int l) {
         p->norm[l] != p->norm[l + 1])
         return 0;
     fm_str a = {0}, b = {0};
-    fm_expr_to_string(spec->act[l], &a);
-    fm_expr_to_string(spec->act[l + 1], &b);
+    fm_spec_act_string(spec, l, &a);
+    fm_spec_act_string(spec, l + 1, &b);
     int same = a.data != NULL && b.data != NULL && strcmp(a.data, b.data) == 0;
     fm_str_free(&a);
     fm_str_free(&b);

@@ -208,7 +208,7 @@ fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const fl
             fm_ref_linear(in, nr, fm_spec_in_features(spec, l), wl[l], spec->has_bias[l] ? b[l] : NULL, n_out, next);
             if (spec->norm[l] != FM_NORM_NONE)
                 fm_ref_norm(spec, l, next, nr, n_out);
-            if ((st = fm_expr_eval(spec->act[l], next, next, count, err)) != FM_OK)
+            if ((st = fm_spec_act_eval(spec, l, next, (size_t)nr, err)) != FM_OK)
                 goto cleanup;
             if (spec->res_op[l] != FM_RES_NONE) { /* r: the kept value, as wide as this output */
                 const double *r = saved[spec->res_src[l] + 1];
@@ -223,7 +223,7 @@ fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const fl
                 fm_ref_amax(next, count, &amax[l + 1], &amax_nan[l + 1]);
             /* int8 relu layers without residual or norm: the kernels fold relu into the clamp (fm_plan.q_fold), so a
              * NaN there is stored as 0, not -127 */
-            const char *unary = fm_expr_unary(spec->act[l]);
+            const char *unary = fm_spec_act_unary(spec, l);
             const int relu_clamp = qp == FM_PREC_INT8 && spec->res_op[l] == FM_RES_NONE &&
                                    spec->norm[l] == FM_NORM_NONE && unary != NULL && strcmp(unary, "relu") == 0;
             for (size_t i = 0; quant && l + 1 < L && i < count; ++i) /* 8-bit storage: layer l + 1's input scale */

@@ -39,7 +39,7 @@ static fm_str *fm_subst_add(fm_substs *t, const char *name) {
  * (fm_plan_result_type). */
 static const char *fm_render_pair(const fm_spec *spec, const fm_plan *p, int l, int *type) {
     *type = fm_plan_result_type(p, l);
-    return *type == 0 ? NULL : fm_expr_pair_fn(spec->act[l]);
+    return *type == 0 || spec->act_pieces[l] ? NULL : fm_expr_pair_fn(spec->act[l]);
 }
 
 /* Appends act with every from[i] replaced by to[i]; returns 1 when anything was. */
@@ -83,7 +83,7 @@ static const char *const *fm_render_trig_bounded(const fm_spec *spec, const fm_p
     static const char *const direct[] = {"fm_sin_d(", "fm_cos_d("};
     static const char *const reduced[] = {"fm_sin_b(", "fm_cos_b("};
     double lo, hi, bound;
-    if (fm_plan_result_type(p, l) == 0 || !isfinite(spec->z_bound[l]))
+    if (fm_plan_result_type(p, l) == 0 || !isfinite(spec->z_bound[l]) || spec->act_pieces[l])
         return NULL;
     bound = fm_expr_range(spec->act[l], -spec->z_bound[l], spec->z_bound[l], &lo, &hi);
     return bound < 400.0 ? direct : bound < 1000.0 ? reduced : NULL;
@@ -93,7 +93,7 @@ static const char *const *fm_render_trig_bounded(const fm_spec *spec, const fm_p
  * activation's forms, shapes, buffers and residual. Two layers whose bodies are equal compile to the same code. */
 static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int l, fm_str *out, fm_error *err) {
     fm_str act = {0}, post = {0}, pair = {0}, tracked = {0}, emitted = {0};
-    fm_status st = fm_expr_emit_cuda(spec->act[l], "x", &emitted, err);
+    fm_status st = fm_spec_act_emit(spec, l, "x", &emitted, err);
     if (st == FM_OK && p->norm_half[l]) { /* the norm hands act h = x / 2 (fm_plan.norm_half) */
         fm_str_append(&act, strcmp(fm_expr_unary(spec->act[l]), "silu") == 0 ? "fm_silu_h(x)" : "fm_sigmoid_h(x)");
     } else if (st == FM_OK) {
@@ -103,6 +103,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
     if (st == FM_OK && spec->res_post[l] != NULL)
         st = fm_expr_emit_cuda(spec->res_post[l], "x", &post, err);
     if (st == FM_OK) {
+        const char *col = spec->act_pieces[l] ? " col" : ""; /* (the column: pieces' activations read it) */
         int far = fm_render_tracked(act.data ? act.data : "x", &tracked);
         int pair_type = 0;
         const char *pair_fn = fm_render_pair(spec, p, l, &pair_type);
@@ -128,9 +129,9 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static constexpr float EPS = %.9ef;\n"
                       "%s"
                       "%s"
-                      "    static __device__ __forceinline__ float act(float x) { return %s; }\n"
+                      "    static __device__ __forceinline__ float act(float x, int%s) { return %s; }\n"
                       "    static constexpr bool FAR = %s;  // act_t: act without sin/cos's far branch (render.c)\n"
-                      "    static __device__ __forceinline__ float act_t(float x, bool &far) { (void)far; return %s; }\n"
+                      "    static __device__ __forceinline__ float act_t(float x, int%s, bool &far) { (void)far; return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n",
                       p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
                       fm_plan_k_chunk(p, l), p->wide_out[l] ? "true" : "false", p->cat[l],
@@ -139,7 +140,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       p->res_buf[l], spec->norm[l], p->centred[l] ? "true" : "false",
                       spec->norm[l] ? spec->norm_eps[l] : 0.0,
                       fm_plan_result_type(p, l) != 0 ? "    FM_FAST_HELPERS  // the result is rounded to 16 bits next\n" : "",
-                      pair.data, act.data, far ? "true" : "false", tracked.data ? tracked.data : "x",
+                      pair.data, col, act.data, far ? "true" : "false", col, tracked.data ? tracked.data : "x",
                       post.data ? post.data : "x");
     }
     fm_str_free(&act);
@@ -188,7 +189,7 @@ static fm_status fm_render_layers(const fm_spec *spec, const fm_plan *p, fm_str 
                         : 1;
     for (int l = 0; l < p->num_layers && st == FM_OK; ++l) {
         fm_str expr_text = {0};
-        fm_expr_to_string(spec->act[l], &expr_text);
+        fm_spec_act_string(spec, l, &expr_text);
         fm_str quant = {0};
         fm_render_quant(p, l, &quant);
         fm_str_printf(out,
@@ -217,7 +218,7 @@ static fm_status fm_render_gemm_layer(const fm_spec *spec, const fm_plan *p, fm_
     const int l = p->gemm_layer;
     fm_str body = {0}, expr_text = {0}, quant = {0};
     fm_status st = fm_render_layer_body(spec, p, l, &body, err);
-    fm_expr_to_string(spec->act[l], &expr_text);
+    fm_spec_act_string(spec, l, &expr_text);
     fm_render_quant(p, l, &quant);
     if (st == FM_OK)
         fm_str_printf(out,

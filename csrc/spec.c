@@ -4,6 +4,7 @@
  */
 #include "fm.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -84,8 +85,97 @@ static fm_status fm_spec_parse_labelled(const char *label, int l, const char *te
     return st;
 }
 
-static fm_status fm_spec_parse_act(int l, const char *text, fm_expr **act, fm_error *err) {
-    return fm_spec_parse_labelled("activation", l, text, act, err);
+/* Layer l's activation: one expression, or column pieces "expr:count | expr:count ..." (fm_spec.act_pieces), whose
+ * counts must add up to the layer's outputs, on the last layer only (the kernels' epilogues know the column there). */
+static fm_status fm_spec_parse_act(fm_spec *spec, int l, int last, int outputs, const char *text, fm_error *err) {
+    if (text == NULL || strchr(text, '|') == NULL)
+        return fm_spec_parse_labelled("activation", l, text, &spec->act[l], err);
+    char quoted[80];
+    fm_spec_quote(text, quoted, sizeof quoted);
+    if (!last)
+        return fm_fail(err, FM_ERR_LIMIT, "activation of layer %d ('%s') has column pieces; pieces are supported "
+                       "on the last layer only", l, quoted);
+    int n = 0, total = 0;
+    for (const char *p = text; *p != '\0'; n++) {
+        const char *bar = strchr(p, '|'), *end = bar != NULL ? bar : p + strlen(p), *colon = NULL;
+        for (const char *q = p; q < end; q++)
+            if (*q == ':')
+                colon = q;
+        if (n == FM_ACT_PIECES)
+            return fm_fail(err, FM_ERR_LIMIT, "activation of layer %d ('%s') has more than %d column pieces", l,
+                           quoted, FM_ACT_PIECES);
+        char *stop = NULL;
+        long cols = colon != NULL ? strtol(colon + 1, &stop, 10) : 0;
+        while (stop != NULL && stop < end && isspace((unsigned char)*stop))
+            stop++;
+        if (colon == NULL || stop == colon + 1 || stop != end || cols < 1 || cols > outputs)
+            return fm_fail(err, FM_ERR_VALUE, "activation of layer %d ('%s'): piece %d is not 'expression:columns' "
+                           "with a column count from 1 to %d", l, quoted, n, outputs);
+        char *piece = malloc((size_t)(colon - p) + 1);
+        if (piece == NULL)
+            return fm_fail(err, FM_ERR_NOMEM, "out of memory");
+        memcpy(piece, p, (size_t)(colon - p));
+        piece[colon - p] = '\0';
+        fm_status st = fm_spec_parse_labelled("activation", l, piece, &spec->act_piece[l][n], err);
+        free(piece);
+        if (st != FM_OK)
+            return st;
+        spec->act_cols[l][n] = (int)cols;
+        total += (int)cols;
+        p = bar != NULL ? bar + 1 : end;
+    }
+    spec->act[l] = spec->act_piece[l][0];
+    spec->act_pieces[l] = n;
+    if (total != outputs)
+        return fm_fail(err, FM_ERR_VALUE, "activation of layer %d ('%s'): its pieces cover %d columns; the layer "
+                       "has %d outputs", l, quoted, total, outputs);
+    return FM_OK;
+}
+
+const char *fm_spec_act_unary(const fm_spec *spec, int l) {
+    return spec->act_pieces[l] ? NULL : fm_expr_unary(spec->act[l]);
+}
+
+void fm_spec_act_string(const fm_spec *spec, int l, fm_str *out) {
+    if (!spec->act_pieces[l]) {
+        fm_expr_to_string(spec->act[l], out);
+        return;
+    }
+    for (int i = 0; i < spec->act_pieces[l]; i++) {
+        fm_str_append(out, i ? " | " : "");
+        fm_expr_to_string(spec->act_piece[l][i], out);
+        fm_str_printf(out, ":%d", spec->act_cols[l][i]);
+    }
+}
+
+fm_status fm_spec_act_eval(const fm_spec *spec, int l, double *v, size_t rows, fm_error *err) {
+    const size_t n = (size_t)spec->width[l + 1];
+    if (!spec->act_pieces[l])
+        return fm_expr_eval(spec->act[l], v, v, rows * n, err);
+    for (size_t r = 0; r < rows; r++)
+        for (int i = 0, c = 0; i < spec->act_pieces[l]; c += spec->act_cols[l][i++]) {
+            fm_status st = fm_expr_eval(spec->act_piece[l][i], v + r * n + c, v + r * n + c,
+                                        (size_t)spec->act_cols[l][i], err);
+            if (st != FM_OK)
+                return st;
+        }
+    return FM_OK;
+}
+
+fm_status fm_spec_act_emit(const fm_spec *spec, int l, const char *var, fm_str *out, fm_error *err) {
+    if (!spec->act_pieces[l])
+        return fm_expr_emit_cuda(spec->act[l], var, out, err);
+    for (int i = 0, c = 0; i < spec->act_pieces[l]; c += spec->act_cols[l][i++]) {
+        if (i + 1 < spec->act_pieces[l])
+            fm_str_printf(out, "col < %d ? (", c + spec->act_cols[l][i]);
+        else
+            fm_str_append(out, "(");
+        fm_status st = fm_expr_emit_cuda(spec->act_piece[l][i], var, out, err);
+        if (st != FM_OK)
+            return st;
+        fm_str_append(out, i + 1 < spec->act_pieces[l] ? ") : " : ")");
+    }
+    return FM_OK;
 }
 
 fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, const int64_t *bias_len,
@@ -111,7 +201,8 @@ fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, con
         if ((st = fm_spec_check_layer(l, shapes, bias_len, concat ? concat[l] : FM_CAT_NONE, err)) != FM_OK)
             goto cleanup;
     for (int l = 0; l < num_layers; l++) {
-        if ((st = fm_spec_parse_act(l, activations != NULL ? activations[l] : NULL, &spec->act[l], err)) != FM_OK)
+        if ((st = fm_spec_parse_act(spec, l, l == num_layers - 1, (int)shapes[2 * l],
+                                    activations != NULL ? activations[l] : NULL, err)) != FM_OK)
             goto cleanup;
         spec->width[l] = l == 0 ? (int)shapes[1] : (int)shapes[2 * (l - 1)];
         spec->cat[l] = concat ? concat[l] : FM_CAT_NONE;
@@ -131,7 +222,10 @@ void fm_spec_free(fm_spec *spec) {
     if (spec == NULL)
         return;
     for (int l = 0; l < FM_MAX_LAYERS; l++) {
-        fm_expr_free(spec->act[l]);
+        for (int i = 0; i < FM_ACT_PIECES; i++)
+            fm_expr_free(spec->act_piece[l][i]);
+        if (!spec->act_pieces[l]) /* (with pieces, act[l] is piece 0) */
+            fm_expr_free(spec->act[l]);
         fm_expr_free(spec->res_post[l]);
         free(spec->norm_w[l]);
         free(spec->norm_b[l]);

@@ -502,11 +502,11 @@ template <int L, bool FAST = false>
 __device__ __forceinline__ void fm_epilogue(float &v0, float &v1, float r0, float r1, int col, bool &far) {
     typedef Layer<L> Ly;
     if constexpr (FAST) {
-        v0 = Ly::act_t(v0, far);
-        v1 = Ly::act_t(v1, far);
+        v0 = Ly::act_t(v0, col, far);
+        v1 = Ly::act_t(v1, col + 1, far);
     } else {
-        v0 = Ly::act(v0);
-        v1 = Ly::act(v1);
+        v0 = Ly::act(v0, col);
+        v1 = Ly::act(v1, col + 1);
     }
     if constexpr (Ly::RES != 0) {
         v0 = Ly::post(Ly::RES == 1 ? v0 + r0 : v0 * r0);

@@ -129,7 +129,7 @@ __device__ __forceinline__ void fm_finish(float (&v)[VE], out_t *__restrict__ y,
 #endif
 #pragma unroll
     for (int e = 0; e < VE; ++e) {
-        float o = Ly::act(fmaf(v[e], g[e], b[e]));
+        float o = Ly::act(fmaf(v[e], g[e], b[e]), c * VE + e);
         if constexpr (Ly::RES != 0)
             o = Ly::post(Ly::RES == 1 ? o + r[e] : o * r[e]);
         v[e] = o;

@@ -138,8 +138,8 @@ def test_every_arch_compiles_every_network(tmp_path):
             for form, limit in (("d", 400), ("b", 1000), (None, None)):
                 rendered = emitted.replace("fm_sin(", f"fm_sin_{form}(").replace("fm_cos(", f"fm_cos_{form}(")
                 if form is None:
-                    assert f"float act(float x) {{ return {emitted}; }}" in source, (label, text)
-                elif rendered != emitted and f"float act(float x) {{ return {rendered}; }}" in source:
+                    assert f"float act(float x, int) {{ return {emitted}; }}" in source, (label, text)
+                elif rendered != emitted and f"float act(float x, int) {{ return {rendered}; }}" in source:
                     # only where the weights keep every sin/cos argument under the form's limit (render.c)
                     assert _core.expr_range(text, -bounds[layer], bounds[layer])[2] < limit, (label, text, bounds)
                     break
@@ -220,7 +220,7 @@ def test_source_holds_the_emitted_form_not_the_raw_text(tmp_path, rng, text):
     source = pathlib.Path(path[: -len(".cubin")] + ".cu").read_text()
     canonical, emitted = _core.parse_expr(text)
     assert emitted != text
-    assert f"float act(float x) {{ return {emitted}; }}" in source
+    assert f"float act(float x, int) {{ return {emitted}; }}" in source
     code = "\n".join(line.split("//")[0] for line in source.splitlines())
     assert text not in code  # the user's spelling is parsed and re-emitted, never pasted into code
     assert f"activation {canonical}\n" in source  # the comment shows the canonical text

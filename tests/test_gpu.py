@@ -124,7 +124,7 @@ def test_siren_sin30_error_is_bounded_by_its_slope(rng):
     ws, bs = torch_init(rng, widths, True)
     acts = ["sin(30*x)"] + ["sin(x)"] * 2 + ["none"]
     mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, device="cuda")
-    assert mlp.source.count("float act(float x) { return fm_sin_d(") == 2  # the hidden layers: their inputs are sines
+    assert mlp.source.count("float act(float x, int) { return fm_sin_d(") == 2  # the hidden layers: their inputs are sines
     x = rng.uniform(-1, 1, (65537, 2)).astype(np.float32)
     y = mlp._kernel("float32").run(x, poison=True)
     ref, _ = reference(x, ws, bs, mlp.activations)
@@ -1266,7 +1266,7 @@ def test_siren_hidden_layers_bounded_by_their_weights_run_branch_free(rng):
     mlp = fusedmlp.FusedMLP(ws, bs, activation=["sin(30*x)", "sin", "sin", "none"], device="cuda")
     bounds = mlp._net.preact_bounds()
     assert bounds[1] < 400 and bounds[2] < 400, bounds
-    assert mlp.source.count("float act(float x) { return fm_sin_d(") == 2 and "fm_sin_t(far, " in mlp.source
+    assert mlp.source.count("float act(float x, int) { return fm_sin_d(") == 2 and "fm_sin_t(far, " in mlp.source
     x = rng.uniform(-1, 1, (4099, 2)).astype(np.float16)
     ref = graph_reference(x, ws, bs, mlp)
     assert_every_kernel_form(mlp, x, ref, 30 * FP16_TOL)
@@ -1286,7 +1286,7 @@ def test_a_sine_after_a_clamp_runs_the_direct_form(rng):
     ws, bs = torch_init(rng, widths, True)
     mlp = fusedmlp.FusedMLP(ws, bs, activation=["hardtanh(x, -2, 2)", "sin(3*x)", "none"], device="cuda")
     assert 3 * mlp._net.preact_bounds()[1] < 400
-    assert "float act(float x) { return fm_sin_d((3.0f * x)); }" in mlp.source and "fm_sin_t(far, " not in mlp.source
+    assert "float act(float x, int) { return fm_sin_d((3.0f * x)); }" in mlp.source and "fm_sin_t(far, " not in mlp.source
     x = (rng.standard_normal((4099, 3)) * 2).astype(np.float16)
     ref = graph_reference(x, ws, bs, mlp)
     assert_every_kernel_form(mlp, x, ref, 3 * FP16_TOL)
@@ -1308,7 +1308,7 @@ def test_branch_free_sine_of_a_bounded_hidden_layer_at_exact_arguments(act, form
     w1[:, 0] = c
     mlp = fusedmlp.FusedMLP([np.ones((128, 1), np.float32), w1, np.eye(128, dtype=np.float32)], None,
                             activation=["min(max(x, -1), 1)", act, "none"], device="cuda")
-    assert f"float act(float x) {{ return fm_{act}_{form}(x); }}" in mlp.source, mlp._net.preact_bounds()
+    assert f"float act(float x, int) {{ return fm_{act}_{form}(x); }}" in mlp.source, mlp._net.preact_bounds()
     ref = getattr(np, act)(c[None, :].astype(np.float64) * x.astype(np.float64))
     for options in kernel_forms():
         y = mlp._build("float32", **options)[0].run(x, poison=True).astype(np.float64)

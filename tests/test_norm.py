@@ -389,7 +389,7 @@ def test_a_wide_norm_layer_is_its_gemm_without_the_norm_then_a_row_pass(rng):
         assert kinds[:6] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)], kinds
         sources = [_api._source_of(p) for p in plans[:6]]
         for gemm in sources[0::2]:  # the GEMMs: W h + b alone
-            assert "NORM = 0" in gemm and "act(float x) { return (x); }" in gemm and "FM_RES_TYPE -1" in gemm
+            assert "NORM = 0" in gemm and "act(float x, int) { return (x); }" in gemm and "FM_RES_TYPE -1" in gemm
         assert "a layernorm layer's second kernel, 512 features" in sources[1] and "NORM = 1" in sources[1]
         assert "NORM = 2" in sources[3] and "FM_RES_TYPE 1 " in sources[3] and "RES = 1" in sources[3]
         assert "y float16" in sources[5]  # (layer 2's output is a value between segments, not y)
@@ -744,7 +744,7 @@ def test_a_norm_layer_hands_silu_and_sigmoid_half_their_argument(rng):
     mlp = fusedmlp.FusedMLP(ws, bs, activation=["silu", "sigmoid", "gelu", "none"], norm=norm, device="cpu")
     for arch, form in ((90, {"wgmma": 1}), (80, {})):
         plan, source = mlp._render(arch, 0, 0, "float16", "float16", **form)
-        acts = re.findall(r"float act\(float x\) \{ return (.*?); \}", source)
+        acts = re.findall(r"float act\(float x, int\) \{ return (.*?); \}", source)
         assert acts[:2] == ["fm_silu_h(x)", "fm_sigmoid_h(x)"] and "_h(" not in acts[2], acts
         blob = np.frombuffer(mlp._net.plan(arch, 0, 0, "float16", "float16", **form).packed_floats(), np.float32)
         for l, (g, b) in enumerate(affine):
@@ -753,7 +753,7 @@ def test_a_norm_layer_hands_silu_and_sigmoid_half_their_argument(rng):
     tf32 = fusedmlp.FusedMLP(ws, bs, activation=["silu", "sigmoid", "gelu", "none"], norm=norm, dtype="tf32",
                              device="cpu")
     plan, source = tf32._render(80, 0, 0, "float32", "float32")
-    assert not any("_h(" in a for a in re.findall(r"float act\(float x\) \{ return (.*?); \}", source))
+    assert not any("_h(" in a for a in re.findall(r"float act\(float x, int\) \{ return (.*?); \}", source))
     blob = np.frombuffer(tf32._net.plan(80, 0, 0, "float32", "float32", precision="tf32").packed_floats(), np.float32)
     assert all(_holds(blob, g) for g, _ in affine)
 

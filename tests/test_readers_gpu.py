@@ -180,3 +180,20 @@ def test_deepsdf_decoder_as_written_on_cuda():
             model(x[:2])  # (the old hook's weight recomputed without grad, so the module deep-copies)
             want = copy.deepcopy(model).double()(x.double())
             _check(fusedmlp.from_torch(model, check=True)(x), want)
+
+
+def test_nerf_pl_nerf_as_written_on_cuda():
+    """nerf_pl's NeRF (sigma carried past the view layer, the last layer's column pieces 'sigmoid:3 | none:1') on
+    CUDA tensors with check=True, against torch in float64; sigma's column checked on its own too."""
+    import copy
+
+    from test_torch import _NerfPl
+
+    torch.manual_seed(45)
+    model = _NerfPl().cuda().eval()
+    x = torch.randn(4099, 90, device="cuda")
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double())
+        y = fusedmlp.from_torch(model, check=True)(x)
+        _check(y, want)
+        _check(y[:, 3:], want[:, 3:])

@@ -993,7 +993,7 @@ def test_a_carried_value_across_another_activation_is_named():
 
 def test_forward_flags_trace_at_their_defaults():
     """forward(x, sigma_only=False) with an `if` on the flag (nerf_pl's NeRF): traced at the default, as a call with x
-    alone runs it; a value carried to the output across a sigmoid layer (nerf_pl's rgb head) is named."""
+    alone runs it."""
 
     class Flagged(nn.Module):
         def __init__(self):
@@ -1014,21 +1014,71 @@ def test_forward_flags_trace_at_their_defaults():
     x = torch.randn(20, 6, dtype=torch.float64)
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
 
-    class Carried(nn.Module):  # nerf_pl's tail: sigma from the trunk, rgb = sigmoid(Linear(...)) after a view layer
-        def __init__(self):
+
+class _NerfPl(nn.Module):
+    """nerf_pl's NeRF (kwea123, models/nerf.py) as written: its input split into encoded points and directions, the
+    points joined again at the skip, sigma a Linear head on the trunk, the view branch on xyz_encoding_final and the
+    directions, rgb = Sigmoid(Linear(...)), returned as torch.cat([rgb, sigma], -1); forward(x, sigma_only=False)."""
+
+    def __init__(self, D=8, W=256, in_channels_xyz=63, in_channels_dir=27, skips=(4,)):
+        super().__init__()
+        self.D, self.in_channels_xyz, self.in_channels_dir, self.skips = D, in_channels_xyz, in_channels_dir, skips
+        for i in range(D):
+            layer = nn.Linear(in_channels_xyz if i == 0 else W + in_channels_xyz if i in skips else W, W)
+            setattr(self, f"xyz_encoding_{i + 1}", nn.Sequential(layer, nn.ReLU(True)))
+        self.xyz_encoding_final = nn.Linear(W, W)
+        self.dir_encoding = nn.Sequential(nn.Linear(W + in_channels_dir, W // 2), nn.ReLU(True))
+        self.sigma = nn.Linear(W, 1)
+        self.rgb = nn.Sequential(nn.Linear(W // 2, 3), nn.Sigmoid())
+
+    def forward(self, x, sigma_only=False):
+        if not sigma_only:
+            input_xyz, input_dir = torch.split(x, [self.in_channels_xyz, self.in_channels_dir], dim=-1)
+        else:
+            input_xyz = x
+        xyz_ = input_xyz
+        for i in range(self.D):
+            if i in self.skips:
+                xyz_ = torch.cat([input_xyz, xyz_], -1)
+            xyz_ = getattr(self, f"xyz_encoding_{i + 1}")(xyz_)
+        sigma = self.sigma(xyz_)
+        if sigma_only:
+            return sigma
+        xyz_encoding_final = self.xyz_encoding_final(xyz_)
+        dir_encoding = self.dir_encoding(torch.cat([xyz_encoding_final, input_dir], -1))
+        rgb = self.rgb(dir_encoding)
+        return torch.cat([rgb, sigma], -1)
+
+
+def test_nerf_pl_nerf_as_written():
+    """sigma rides along the view layer as relu(v), relu(-v) and comes out of the last layer as one row without its
+    sigmoid: the last layer's activation is the column pieces 'sigmoid:3 | none:1'. CPU path against float64."""
+    torch.manual_seed(44)
+    model = _NerfPl().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.in_features == 90 and mlp.widths[-1] == 4
+    assert mlp.activations[-1] == "sigmoid(x):3 | none(x):1", mlp.activations
+    x = torch.randn(300, 90, dtype=torch.float64)
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-5
+
+    class Tail(nn.Module):  # sigma first, then rgb; a tanh after the cat composes over both pieces
+        def __init__(self, order):
             super().__init__()
             self.trunk, self.sigma, self.final = nn.Linear(6, 16), nn.Linear(16, 1), nn.Linear(16, 16)
-            self.view, self.rgb = nn.Linear(16, 8), nn.Linear(8, 3)
+            self.view, self.rgb, self.order = nn.Linear(16, 8), nn.Linear(8, 3), order
 
         def forward(self, x):
             h = torch.relu(self.trunk(x))
-            sigma = self.sigma(h)
-            f = self.final(h)
-            return torch.cat([torch.sigmoid(self.rgb(torch.relu(self.view(f)))), sigma], -1)
+            sigma, f = self.sigma(h), self.final(h)
+            rgb = torch.sigmoid(self.rgb(torch.relu(self.view(f))))
+            return torch.cat([sigma, rgb], -1) if self.order else torch.tanh(torch.cat([rgb, sigma], -1))
 
-    with pytest.raises(fusedmlp.ArgumentError, match="sigma, returned beside a later layer's output, would cross a "
-                                                     "layer with activation sigmoid"):
-        fusedmlp.from_torch(Carried().eval(), device="cpu")
+    for order, want in ((True, "none(x):1 | sigmoid(x):3"), (False, "tanh(sigmoid(x)):3 | tanh(x):1")):
+        model = Tail(order).eval()
+        mlp = fusedmlp.from_torch(model, device="cpu")
+        assert mlp.activations[-1] == want, mlp.activations
+        x = torch.randn(50, 6, dtype=torch.float64)
+        assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-5
 
 
 class _NeusSdf(nn.Module):

@@ -63,6 +63,10 @@ def _as_float_array(value, field, ndim):
 def _layer_activations(num_layers, activation, output_activation):
     """One activation text per layer from a hidden-layer activation (or list) and an output activation."""
     def text(value, field):
+        if isinstance(value, (list, tuple)) and value and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 for p in value):  # column pieces [("sigmoid", 3), ...]
+            return " | ".join(f"{text(a, f'{field}[{i}][0]')}:{_piece_columns(n, f'{field}[{i}][1]')}"
+                              for i, (a, n) in enumerate(value))
         if not isinstance(value, str):
             raise ArgumentError(f"{field}={value!r} must be a string: a built-in name such as 'relu' or an "
                                 "expression over x such as 'x * tanh(softplus(x))'")
@@ -97,13 +101,31 @@ def _layer_activations(num_layers, activation, output_activation):
     return acts + [out]
 
 
+def _piece_columns(n, field):
+    if not _is_index(n, 1, 1 << 30):
+        raise ArgumentError(f"{field}={n!r} must be a positive int: the number of columns the piece's activation "
+                            "applies to")
+    return int(n)
+
+
 def _check_expression(text, what):
+    if "|" in text:  # column pieces "expr:columns | ...": each expression checked here, the counts by the core
+        start = 0
+        for piece in text.split("|"):
+            expr = piece.rpartition(":")[0] if ":" in piece else piece
+            _check_piece(expr, what, text, start)
+            start += len(piece) + 1
+        return
+    _check_piece(text, what, text, 0)
+
+
+def _check_piece(piece, what, text, start):
     try:
-        _core().parse_expr(text)
+        _core().parse_expr(piece)
     except ExpressionError as e:
         # The C parser counts columns in UTF-8 bytes; the caller counts characters. They differ only past a non-ASCII
         # character, which is itself an error, so only for the length limit (reported at byte 4097).
-        column = len(text.encode("utf-8")[: max(e.column - 1, 0)].decode("utf-8", "ignore")) + 1
+        column = len(piece.encode("utf-8")[: max(e.column - 1, 0)].decode("utf-8", "ignore")) + 1 + start
         raise ExpressionError(f"{what}: {e.message}", e.hint, expression=text, column=column) from None
 
 

@@ -326,7 +326,11 @@ class Layers:
 
 
 def compose(outer, inner):
-    """outer(inner(x)) as one expression: every whole-word x of outer becomes (inner)."""
+    """outer(inner(x)) as one expression: every whole-word x of outer becomes (inner); over column pieces
+    ("sigmoid:3 | none:1"), each piece's."""
+    if "|" in inner:
+        return " | ".join(f"{outer if expr.strip() == 'none' else compose(outer, expr)}:{n}"
+                          for expr, _, n in (p.rpartition(":") for p in inner.split("|")))
     inner_expr = inner if "(" in inner else f"{inner}(x)"
     outer_expr = outer if "(" in outer else f"{outer}(x)"
     return re.sub(r"\bx\b", f"({inner_expr})", outer_expr)

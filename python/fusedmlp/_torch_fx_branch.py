@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ._gpu import core as _core
 from ._layers import slices_width, widen_columns
 from ._torch_fx_nodes import _ASIDE, F, _arg
 from .errors import ArgumentError, ShapeError
@@ -38,6 +39,7 @@ class Branches:
         # each the sum of its terms over the last layer's outputs (nonneg: every term a relu's, never negative)
         self.settled = True  # whether the last layer's rows already hold the carried values (settle)
         self.out_slices = {}  # node -> [start, stop, factor]: columns of the last layer's output, times a number
+        self.row_acts = None  # the last layer's activation per row where carried rows skip it (settle: pieces)
 
     # -------------------------------------------------------------------------------------------- input slices
 
@@ -140,7 +142,11 @@ class Branches:
         layers, last = self.layers, len(self.layers.weights) - 1
         act = layers.acts[last]
         names = ", ".join(str(c[0].name) for c in self.carried)
-        if layers.norms[last] is not None or self.residual[last] is not None or act not in ("none", "relu(x)", "relu"):
+        plain = layers.norms[last] is None and self.residual[last] is None
+        if output and plain and act != "none":  # (the carried rows without it: the last layer's column pieces)
+            act = "none"
+            self.row_acts = [layers.acts[last]] * layers.weights[-1].shape[0]
+        if not plain or act not in ("none", "relu(x)", "relu"):
             what = ("a norm" if layers.norms[last] is not None else "a residual" if self.residual[last] is not None
                     else f"activation {act}")
             raise ArgumentError(f"{label}: {names}, returned beside a later layer's output, would cross a layer with "
@@ -165,6 +171,8 @@ class Branches:
                 c[1], c[2] = [(row, 1.0), (row + 1, -1.0)], True
             rows += new
             row += len(new)
+        if self.row_acts is not None:
+            self.row_acts += ["none"] * len(rows)
         b = layers.biases[-1]
         layers.weights[-1] = np.concatenate([w, np.array(rows)])
         layers.biases[-1] = None if b is None else np.concatenate([b, np.zeros(len(rows))])
@@ -194,7 +202,20 @@ class Branches:
             order += range(n) if p is self.cur else [col for col, _ in nodes[p][1]]
         layers.weights[-1] = w[order]
         layers.biases[-1] = None if b is None else b[order]
-        self.carried, self.lead = [], None
+        if self.row_acts is not None:  # the layer's activation on its own rows, none on the carried ones
+            runs = []
+            for i in order:
+                if runs and runs[-1][0] == self.row_acts[i]:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([self.row_acts[i], 1])
+            pieces = _core().ACT_PIECES
+            if len(runs) > pieces:
+                raise ArgumentError(f"{label}: the returned values interleave the last layer's columns into "
+                                    f"{len(runs)} runs of activations; fusedmlp gives a layer at most {pieces} column "
+                                    "pieces")
+            layers.acts[-1] = " | ".join(f"{a}:{n}" for a, n in runs)
+        self.carried, self.lead, self.row_acts = [], None, None
         return True
 
     def branch_linear(self, label):
