@@ -78,7 +78,7 @@ def test_preactivation_bounds_follow_the_weights_where_the_input_is_bounded():
 
 
 def _act_lines(source):
-    return re.findall(r"float act\(float x\) \{ return ([^;]*);", source)
+    return re.findall(r"float act\(float x, int\) \{ return ([^;]*);", source)
 
 
 def test_siren_hidden_layers_take_the_branch_free_sine_and_layer_0_keeps_the_far_check(rng):

@@ -197,3 +197,20 @@ def test_nerf_pl_nerf_as_written_on_cuda():
         y = fusedmlp.from_torch(model, check=True)(x)
         _check(y, want)
         _check(y[:, 3:], want[:, 3:])
+
+
+def test_heads_and_output_slices_with_activations_on_cuda():
+    """Heads with activations of their own, returned as a tuple or one torch.cat, and output slices with their own
+    activations (the last layer's column pieces) on CUDA tensors with check=True, against torch in float64."""
+    import copy
+
+    from test_torch import _Heads
+
+    torch.manual_seed(47)
+    for kind in ("slices", "slices_reordered", "tuple", "cat_reordered", "cat"):
+        model = _Heads(kind).cuda().eval()
+        x = torch.randn(2051, 6, device="cuda")
+        with torch.no_grad():
+            want = copy.deepcopy(model).double()(x.double())
+            want = torch.cat(list(want), -1) if isinstance(want, tuple) else want
+            _check(fusedmlp.from_torch(model, check=True)(x), want)

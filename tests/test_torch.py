@@ -225,8 +225,9 @@ def test_tensor_methods_that_keep_the_value_are_other_names_of_it():
 def test_linear_heads_on_one_trunk_merge_into_the_last_layer():
     """An actor-critic's forward returning pi(h), v(h) (and a third head, one without a bias) on one trunk: the heads'
     rows join one last layer; from_torch's model gives the heads side by side, FusedModule the tuple the module
-    returns (eager and under torch.compile). A head with an activation of its own, or read by anything but the
-    output, is named."""
+    returns (eager and under torch.compile). A head with an activation of its own is its columns' piece of the last
+    layer's activation (test_heads_and_output_slices_with_activations_of_their_own); one read by anything but the
+    output is named."""
 
     class ActorCritic(nn.Module):
         def __init__(self, act=False, use=False):
@@ -257,10 +258,56 @@ def test_linear_heads_on_one_trunk_merge_into_the_last_layer():
         assert max_rel(mlp(x), torch.cat([w.float() for w in want], -1).double()) <= 1e-6
         compiled = torch.compile(fused, fullgraph=True)(x)
         assert all(torch.equal(c, g) for c, g in zip(compiled, got))
-    with pytest.raises(fusedmlp.ArgumentError, match="a second Linear on the value the last one read, after"):
-        fusedmlp.from_torch(ActorCritic(act=True), device="cpu")
     with pytest.raises(fusedmlp.ArgumentError, match="it reads a head of Linears merged on one value"):
         fusedmlp.from_torch(ActorCritic(use=True), device="cpu")
+    model = ActorCritic(act=True).eval()
+    assert fusedmlp.from_torch(model, device="cpu").activations[-1] == "tanh(x):4 | none(x):3"
+    with torch.no_grad():
+        assert all(max_rel(g, w) <= 1e-6 for g, w in zip(ft.FusedModule(model)(x), ref64(model, x)))
+
+
+class _Heads(nn.Module):
+    """A trunk and heads with activations of their own, returned as a tuple or one torch.cat, or one Linear whose
+    output's slices take their own activations (NeRF-style rgb / density heads)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.trunk, self.rgb, self.sigma, self.kind = nn.Linear(6, 32), nn.Linear(32, 3), nn.Linear(32, 1), kind
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.trunk(x))
+        if self.kind == "slices":
+            y = self.out(h)
+            return torch.cat([3 * torch.sigmoid(y[..., :3] / 2), F.softplus(y[..., 3:4])], -1)
+        if self.kind == "slices_reordered":
+            y = torch.tanh(self.out(h))
+            return torch.cat([y[:, 3:], torch.sigmoid(y[:, :3])], -1)
+        rgb, sigma = self.rgb(h), self.sigma(h)  # (both Linears before either activation)
+        if self.kind == "tuple":
+            return torch.sigmoid(rgb), sigma
+        if self.kind == "cat_reordered":
+            return torch.cat([F.relu(sigma), torch.sigmoid(rgb)], -1)
+        return torch.exp(torch.cat([torch.sigmoid(rgb), F.softplus(sigma)], -1))
+
+
+@pytest.mark.parametrize("kind, pieces", [
+    ("slices", "(sigmoid(x) * 3):3 | softplus(x, 1, 20):1"),
+    ("slices_reordered", "tanh(x):1 | sigmoid(tanh(x)):3"),
+    ("tuple", "sigmoid(x):3 | none(x):1"),
+    ("cat_reordered", "relu(x):1 | sigmoid(x):3"),
+    ("cat", "exp(sigmoid(x)):3 | exp(softplus(x, 1, 20)):1")])
+def test_heads_and_output_slices_with_activations_of_their_own(kind, pieces):
+    """Each head's (or slice's) activation, and numbers after it, become its columns' piece of the last layer's
+    activation, in the output's column order; an op after the cat composes over every piece."""
+    torch.manual_seed(46)
+    model = _Heads(kind).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.widths[-1] == 4 and mlp.activations[-1].replace(" ", "") == pieces.replace(" ", ""), mlp.activations
+    x = torch.randn(64, 6, dtype=torch.float64)
+    want = ref64(model, x)
+    want = torch.cat(list(want), -1) if isinstance(want, tuple) else want
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), want) <= 1e-6
 
 
 def test_fourier_features_read_as_one_sine_layer():

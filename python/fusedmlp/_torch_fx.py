@@ -169,6 +169,7 @@ class _Tracer(Branches):
         self.squeeze = None  # the dim of a squeeze of the network's output (a value head's y.squeeze(-1)), or ()
         self.read_by_last = None  # the value the last Linear read (no fold or concat between): a head may join it
         self.out_heads = []  # (node, width): Linears merged on one value as the network's outputs, in order
+        self.head_acts = []  # each head's activation (head_activation): the last layer's column pieces at the end
         self.before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as kept
         self.shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
         self.dims = {}  # after the first Linear: h.shape / h.size() -> (h, None), h.size(d) / h.shape[d] -> (h, d)
@@ -185,10 +186,13 @@ class _Tracer(Branches):
             target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
             label = f"{node.name} ({target})"
             if self.out_heads and node.op != "output" and any(h in node.all_input_nodes for h, _ in self.out_heads):
+                if self.head_activation(node) or self.heads_cat(node, label):
+                    continue
                 self.lead_head(node, label)  # forward goes on from one head, the others ride along (NeRF's alpha)
             if node.op == "output":
                 if self.out_heads and isinstance(node.args[0], (tuple, list)) and [
                         a for a in node.args[0]] == [h for h, _ in self.out_heads]:
+                    self.head_pieces(range(len(self.out_heads)), label)
                     break
                 if node.args[0] is not self.cur or self.pending_cat is not None:
                     raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: "
@@ -508,19 +512,70 @@ class _Tracer(Branches):
         layers = self.layers
         if self.read_by_last is None or self.root(self.inputs[0]) is not self.root(self.read_by_last):
             return False
-        if (not layers.open or layers.acts[-1] != "none" or layers.norms[-1] is not None
-                or self.residual[-1] is not None):
+        if (layers.pending is not None or layers.norms[-1] is not None or self.residual[-1] is not None
+                or (layers.open and layers.acts[-1] != "none")):
             raise ArgumentError(f"{label}: a second Linear on the value the last one read, after that one's "
                                 "activation, norm or residual; fusedmlp merges heads on one value that are the "
                                 "network's outputs as they are (return pi(h), v(h))")
         last_w, last_b = layers.weights[-1], layers.biases[-1]
         if w.ndim != 2 or w.shape[1] != last_w.shape[1]:
             raise ArgumentError(f"{label}: a head of {w.shape} beside a Linear of {last_w.shape} on the same value")
-        if not self.out_heads:
-            self.out_heads = [(self.cur, last_w.shape[0])]
+        if not self.out_heads:  # (the first head's activation so far becomes its own: head_acts)
+            self.out_heads, self.head_acts = [(self.cur, last_w.shape[0])], [layers.acts[-1]]
+            layers.acts[-1] = "none"
         self.out_heads.append((node, w.shape[0]))
+        self.head_acts.append("none")
         layers.stack_rows([(last_w, last_b), (w, b)])
         return True
+
+    def head_activation(self, node):
+        """An activation of one head (torch.tanh(self.pi(h)) beside self.v(h)): that head's, its columns' piece of the
+        last layer's activation (head_pieces)."""
+        ins = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        heads = [h for h, _ in self.out_heads]
+        if len(ins) != 1 or ins[0] not in heads or node.all_input_nodes != ins:
+            return False
+        leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+        text = self.activations.get(node.target) if leaf is not None else None
+        text = text or (_activation_text(leaf) if leaf is not None else
+                        _functional_text(node) if node.op in ("call_function", "call_method") else None)
+        if text is None:
+            return False
+        self.activations.pop(node.target, None) if leaf is not None else None
+        i = heads.index(ins[0])
+        self.head_acts[i] = text if self.head_acts[i] == "none" else _compose(text, self.head_acts[i])
+        self.out_heads[i] = (node, self.out_heads[i][1])
+        return True
+
+    def heads_cat(self, node, label):
+        """torch.cat of every head once, over the features (NeRF's torch.cat([sigmoid(rgb), softplus(sigma)], -1)):
+        the last layer's rows in the cat's order, one output."""
+        heads = [h for h, _ in self.out_heads]
+        parts = node.args[0] if node.op == "call_function" and node.target is torch.cat and node.args else None
+        if not isinstance(parts, (list, tuple)) or sorted(map(heads.index, [p for p in parts if p in heads])) != \
+                list(range(len(heads))) or len(parts) != len(heads) or _arg(node, 1, "dim", 0) not in (-1, 1):
+            return False
+        offsets = np.cumsum([0] + [n for _, n in self.out_heads]).tolist()
+        order = [heads.index(p) for p in parts]
+        rows = [r for i in order for r in range(offsets[i], offsets[i + 1])]
+        layers = self.layers
+        layers.weights[-1] = layers.weights[-1][rows]
+        layers.biases[-1] = None if layers.biases[-1] is None else layers.biases[-1][rows]
+        self.head_pieces(order, label)
+        self.out_heads, self.head_acts, self.cur = [], [], node
+        self.act_path = {node: "x"}
+        return True
+
+    def head_pieces(self, order, label):
+        """The heads' activations (in the output's head order) as the last layer's column pieces, where any has one."""
+        if any(a != "none" for a in self.head_acts):
+            runs = []
+            for i in order:
+                if runs and runs[-1][0] == self.head_acts[i]:
+                    runs[-1][1] += self.out_heads[i][1]
+                else:
+                    runs.append([self.head_acts[i], self.out_heads[i][1]])
+            self.set_pieces(runs, label)
 
     def batchnorm(self, node, label):
         if self.leaf is None or self.text is not None or not isinstance(self.leaf, nn.BatchNorm1d):
@@ -750,12 +805,18 @@ class _Tracer(Branches):
         layers.open = False
         return True
 
+    def activation_text(self, node):
+        """The node's activation as expression text where it is an activation module or function (or a module mapped
+        by activations=), else None."""
+        if self.text is not None:
+            return self.text
+        if self.leaf is not None:
+            return _activation_text(self.leaf)
+        return _functional_text(node) if node.op in ("call_function", "call_method") else None
+
     def activation(self, node, label):
         """An activation module or function (or a module mapped by activations=): the layer's (or its residual's)."""
-        text, leaf = self.text, self.leaf
-        if text is None:
-            text = _activation_text(leaf) if leaf is not None else (
-                _functional_text(node) if node.op in ("call_function", "call_method") else None)
+        text, leaf = self.activation_text(node), self.leaf
         side = self.side_value()
         if text is not None and side is not None:  # erf(z / sqrt(2)) beside 0.5 * z: a side branch's expression
             self.act_path[node] = _over(text, self.act_path[side])

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ._gpu import core as _core
-from ._layers import slices_width, widen_columns
+from ._layers import compose, slices_width, widen_columns
 from ._torch_fx_nodes import _ASIDE, F, _arg
 from .errors import ArgumentError, ShapeError
 
@@ -118,7 +118,8 @@ class Branches:
         layers = self.layers
         goes_on = (node.op == "call_function" and node.target in (torch.cat, F.linear)) or (
             node.op == "call_module" and isinstance(self.gm.get_submodule(node.target), nn.Linear))
-        if len(read) != 1 or not goes_on or layers.acts[-1] != "none" or layers.norms[-1] is not None:
+        if len(read) != 1 or not goes_on or layers.acts[-1] != "none" or layers.norms[-1] is not None or any(
+                a != "none" for a in self.head_acts):
             raise ArgumentError(f"{label}: it reads a head of Linears merged on one value (an actor-critic's pi(h), "
                                 "v(h)); fusedmlp reads such heads as the network's outputs (return pi(h), v(h)), or "
                                 "goes on from one of them into a Linear or an input concat and returns the others "
@@ -209,12 +210,8 @@ class Branches:
                     runs[-1][1] += 1
                 else:
                     runs.append([self.row_acts[i], 1])
-            pieces = _core().ACT_PIECES
-            if len(runs) > pieces:
-                raise ArgumentError(f"{label}: the returned values interleave the last layer's columns into "
-                                    f"{len(runs)} runs of activations; fusedmlp gives a layer at most {pieces} column "
-                                    "pieces")
-            layers.acts[-1] = " | ".join(f"{a}:{n}" for a, n in runs)
+            layers.acts[-1] = "none"
+            self.set_pieces(runs, label)
         self.carried, self.lead, self.row_acts = [], None, None
         return True
 
@@ -241,28 +238,40 @@ class Branches:
             if not isinstance(last, slice) or last.step not in (None, 1):
                 return False
             start, stop, _ = last.indices(layers.weights[-1].shape[0])
-            self.out_slices[node] = [start, stop, 1.0]
+            self.out_slices[node] = [start, stop, 1.0, "none"]
             return _ASIDE
         src = next((a for a in node.all_input_nodes if a in self.out_slices), None)
+        text = self.activation_text(node) if src is not None and node.op != "placeholder" else None
+        if text is not None and node.all_input_nodes == [src]:  # sigmoid(y[..., :3]): that slice's piece
+            start, stop, f, act = self.out_slices[src]
+            self.out_slices[node] = [start, stop, f, text if act == "none" else compose(text, act)]
+            return _ASIDE
         if src is not None and node.op in ("call_function", "call_method") and node.target is not torch.cat:
             from ._torch_fx_nodes import _traced_constant_op
 
             const = _traced_constant_op(self.module, node, src, label, consts=self.consts)
             if const is None or np.ndim(const[1]) != 0 or const[0] not in ("mul", "div") or (
                     const[0] == "div" and const[2]):
-                raise ArgumentError(f"{label}: an op on a slice of the last layer's output; fusedmlp reads a "
-                                    "multiplication or division by a number there, then a torch.cat of the slices")
-            start, stop, f = self.out_slices[src]
-            self.out_slices[node] = [start, stop, f * (float(const[1]) if const[0] == "mul" else 1.0 / float(const[1]))]
+                raise ArgumentError(f"{label}: an op on a slice of the last layer's output; fusedmlp reads an "
+                                    "activation or a multiplication or division by a number there, then a torch.cat "
+                                    "of the slices")
+            start, stop, f, act = self.out_slices[src]
+            c = float(const[1]) if const[0] == "mul" else 1.0 / float(const[1])
+            self.out_slices[node] = [start, stop, f * c, act] if act == "none" else [
+                start, stop, f, compose(f"x * ({c!r})", act)]  # (after the slice's activation: part of its piece)
             return _ASIDE
         if node.op != "call_function" or node.target is not torch.cat or not node.args or not isinstance(
                 node.args[0], (list, tuple)) or not all(p in self.out_slices for p in node.args[0]):
             return False
-        order, factors = [], []
+        order, factors, runs = [], [], []
         for p in node.args[0]:
-            start, stop, f = self.out_slices[p]
+            start, stop, f, act = self.out_slices[p]
             order += range(start, stop)
             factors += [f] * (stop - start)
+            if runs and runs[-1][0] == act:
+                runs[-1][1] += stop - start
+            else:
+                runs.append([act, stop - start])
         width = layers.weights[-1].shape[0]
         if sorted(order) != list(range(width)) or _arg(node, 1, "dim", 0) not in (-1, 1):
             raise ArgumentError(f"{label}: a torch.cat of slices of the last layer's output that does not take each "
@@ -272,9 +281,25 @@ class Branches:
                                        or self.residual[-1] is not None):
             raise ArgumentError(f"{label}: slices of the last layer's output scaled after its activation, norm or "
                                 "residual; fusedmlp folds the factors into a last layer without them")
+        if len(runs) > 1 or runs[0][0] != "none":  # the slices' activations: the last layer's column pieces
+            if self.residual[-1] is not None:
+                raise ArgumentError(f"{label}: slices of the last layer's output with activations of their own after "
+                                    "its residual; fusedmlp applies them as the layer's activation, before the residual")
+            self.set_pieces(runs, label)
         b = layers.biases[-1]
         layers.weights[-1] = layers.weights[-1][order] * factors[:, None]
         layers.biases[-1] = None if b is None else b[order] * factors
         self.out_slices = {}
         return True
+
+    def set_pieces(self, runs, label):
+        """The last layer's activation becomes column pieces: [act, columns] runs in output order, each over the
+        layer's activation so far."""
+        pieces = _core().ACT_PIECES
+        if len(runs) > pieces:
+            raise ArgumentError(f"{label}: the last layer's output takes {len(runs)} runs of activations; fusedmlp "
+                                f"gives a layer at most {pieces} column pieces")
+        base = self.layers.acts[-1]
+        self.layers.acts[-1] = " | ".join(
+            f"{a if base == 'none' else base if a == 'none' else compose(a, base)}:{n}" for a, n in runs)
 
