@@ -204,7 +204,8 @@ def test_heads_and_output_slices_with_activations_on_cuda():
     activations (the last layer's column pieces) on CUDA tensors with check=True, against torch in float64."""
     import copy
 
-    from test_torch import _Heads
+    from fusedmlp.torch import FusedModule
+    from test_torch import _Heads, _SplitHead
 
     torch.manual_seed(47)
     for kind in ("slices", "slices_reordered", "tuple", "cat_reordered", "cat"):
@@ -214,3 +215,11 @@ def test_heads_and_output_slices_with_activations_on_cuda():
             want = copy.deepcopy(model).double()(x.double())
             want = torch.cat(list(want), -1) if isinstance(want, tuple) else want
             _check(fusedmlp.from_torch(model, check=True)(x), want)
+    for kind in ("chunk", "split", "tuple", "dict"):  # FusedModule's tuple or dict of the output's parts
+        model = _SplitHead(kind).cuda().eval()
+        x = torch.randn(2051, 6, device="cuda")
+        with torch.no_grad():
+            want, got = copy.deepcopy(model).double()(x.double()), FusedModule(model, check=True)(x)
+            for g, w in ([(got[k], want[k]) for k in want] if kind == "dict" else zip(got, want)):
+                assert g.shape == w.shape
+                _check(g, w)

@@ -1062,6 +1062,49 @@ def test_forward_flags_trace_at_their_defaults():
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
 
 
+class _SplitHead(nn.Module):
+    """Policies and fields that split their last layer's output in forward and return the parts: a Gaussian policy's
+    mu, log_std = y.chunk(2, -1) (tanh(mu), log_std.clamp(-5, 2)), y.split([3, 1], -1) with an activation each,
+    slices returned as a tuple, and a dict with one column indexed away (y[..., 3])."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.trunk, self.out, self.kind = nn.Sequential(nn.Linear(6, 32), nn.SiLU()), nn.Linear(32, 4), kind
+
+    def forward(self, x):
+        y = self.out(self.trunk(x))
+        if self.kind == "chunk":
+            mu, log_std = y.chunk(2, -1)
+            return torch.tanh(mu), log_std.clamp(-5, 2)
+        if self.kind == "split":
+            rgb, sigma = torch.split(y, [3, 1], dim=-1)
+            return torch.sigmoid(rgb), F.softplus(sigma)
+        if self.kind == "tuple":  # (columns taken twice and in another order)
+            return y[:, 2:], torch.sigmoid(y[..., :3])
+        return {"rgb": torch.sigmoid(y[..., :3]), "sigma": F.relu(y[..., 3])}
+
+
+@pytest.mark.parametrize("kind", ["chunk", "split", "tuple", "dict"])
+def test_output_split_into_parts_returned_as_a_tuple_or_dict(kind):
+    """The parts' rows (columns may repeat or go), their activations the last layer's column pieces; FusedModule
+    returns the module's tuple or dict, an indexed column squeezed, eager and under torch.compile."""
+    torch.manual_seed(48)
+    model = _SplitHead(kind).eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.widths[-1] == (5 if kind == "tuple" else 4) and "|" in mlp.activations[-1]
+    x = torch.randn(40, 6)
+    fused = ft.FusedModule(model)
+    with torch.no_grad():
+        want, got = ref64(model, x.double()), fused(x)
+        pairs = [(got[k], want[k]) for k in want] if kind == "dict" else list(zip(got, want))
+        assert type(got) is type(want) and len(pairs) == len(want)
+        assert all(g.shape == w.shape and max_rel(g, w) <= 1e-6 for g, w in pairs), [(g.shape, w.shape) for g, w in
+                                                                                     pairs]
+        compiled = torch.compile(fused, fullgraph=True)(x)
+        flat = list(compiled.values()) if kind == "dict" else list(compiled)
+        assert all(torch.equal(c, g) for c, (g, _) in zip(flat, pairs))
+
+
 class _NerfPl(nn.Module):
     """nerf_pl's NeRF (kwea123, models/nerf.py) as written: its input split into encoded points and directions, the
     points joined again at the skip, sigma a Linear head on the trunk, the view branch on xyz_encoding_final and the

@@ -194,6 +194,8 @@ class _Tracer(Branches):
                         a for a in node.args[0]] == [h for h, _ in self.out_heads]:
                     self.head_pieces(range(len(self.out_heads)), label)
                     break
+                if self.output_parts(node, label):
+                    break
                 if node.args[0] is not self.cur or self.pending_cat is not None:
                     raise ArgumentError(f"{label}: the output is not the end of the layer chain; supported: "
                                         f"{TRACED_SUPPORTED}")
@@ -211,7 +213,7 @@ class _Tracer(Branches):
             self.inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
             self.leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
             self.text = self.activations.pop(node.target, None) if node.op == "call_module" else None
-            for handler in (self.input_slice, self.output_slice, self.linear, self.carried_output, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
+            for handler in (self.input_slice, self.output_split, self.output_slice, self.linear, self.carried_output, self.batchnorm, self.l2_normalize, self.norm, self.cat, self.passthrough,
                             self.squeeze_output, self.constant_op, self.residual_op, self.activation):
                 taken = handler(node, label)
                 if taken:
@@ -855,6 +857,12 @@ class _Tracer(Branches):
             edges["squeeze"] = self.squeeze
         if self.out_heads:
             edges["outputs"] = [width for _, width in self.out_heads]
+        elif self.part_widths:
+            edges["outputs"] = self.part_widths
+            if self.part_keys:
+                edges["output_keys"] = self.part_keys
+            if self.part_squeeze:
+                edges["output_squeeze"] = self.part_squeeze
         return weights, biases, acts, edges
 
 

@@ -40,6 +40,9 @@ class Branches:
         self.settled = True  # whether the last layer's rows already hold the carried values (settle)
         self.out_slices = {}  # node -> [start, stop, factor]: columns of the last layer's output, times a number
         self.row_acts = None  # the last layer's activation per row where carried rows skip it (settle: pieces)
+        self.out_splits = {}  # node -> [(start, stop)]: y.split / y.chunk of the last layer's output (output_split)
+        self.part_widths = None  # the widths of the output's parts where forward returns a tuple (dict) of slices
+        self.part_keys = self.part_squeeze = None  # that dict's keys; whether each part was indexed (y[..., 3])
 
     # -------------------------------------------------------------------------------------------- input slices
 
@@ -235,16 +238,20 @@ class Branches:
             idx = node.args[1]
             last = idx[-1] if isinstance(idx, tuple) and len(idx) == 2 and (
                 idx[0] is Ellipsis or idx[0] == slice(None)) else None
+            width = layers.weights[-1].shape[0]
+            if isinstance(last, int) and -width <= last < width:  # y[..., 3]: one column, its dim squeezed
+                self.out_slices[node] = [last % width, last % width + 1, 1.0, "none", True]
+                return _ASIDE
             if not isinstance(last, slice) or last.step not in (None, 1):
                 return False
-            start, stop, _ = last.indices(layers.weights[-1].shape[0])
-            self.out_slices[node] = [start, stop, 1.0, "none"]
+            start, stop, _ = last.indices(width)
+            self.out_slices[node] = [start, stop, 1.0, "none", False]
             return _ASIDE
         src = next((a for a in node.all_input_nodes if a in self.out_slices), None)
         text = self.activation_text(node) if src is not None and node.op != "placeholder" else None
         if text is not None and node.all_input_nodes == [src]:  # sigmoid(y[..., :3]): that slice's piece
-            start, stop, f, act = self.out_slices[src]
-            self.out_slices[node] = [start, stop, f, text if act == "none" else compose(text, act)]
+            start, stop, f, act, squeezed = self.out_slices[src]
+            self.out_slices[node] = [start, stop, f, text if act == "none" else compose(text, act), squeezed]
             return _ASIDE
         if src is not None and node.op in ("call_function", "call_method") and node.target is not torch.cat:
             from ._torch_fx_nodes import _traced_constant_op
@@ -255,17 +262,77 @@ class Branches:
                 raise ArgumentError(f"{label}: an op on a slice of the last layer's output; fusedmlp reads an "
                                     "activation or a multiplication or division by a number there, then a torch.cat "
                                     "of the slices")
-            start, stop, f, act = self.out_slices[src]
+            start, stop, f, act, squeezed = self.out_slices[src]
             c = float(const[1]) if const[0] == "mul" else 1.0 / float(const[1])
-            self.out_slices[node] = [start, stop, f * c, act] if act == "none" else [
-                start, stop, f, compose(f"x * ({c!r})", act)]  # (after the slice's activation: part of its piece)
+            self.out_slices[node] = [start, stop, f * c, act, squeezed] if act == "none" else [
+                start, stop, f, compose(f"x * ({c!r})", act), squeezed]  # (after the slice's activation: its piece)
             return _ASIDE
         if node.op != "call_function" or node.target is not torch.cat or not node.args or not isinstance(
                 node.args[0], (list, tuple)) or not all(p in self.out_slices for p in node.args[0]):
             return False
+        if _arg(node, 1, "dim", 0) not in (-1, 1) or any(self.out_slices[p][4] for p in node.args[0]):
+            raise ArgumentError(f"{label}: a torch.cat of slices of the last layer's output over a dim other than "
+                                "the features, or of a column indexed away (y[..., 3]; y[..., 3:4] keeps its dim)")
+        self.select_rows(node.args[0], label)
+        return True
+
+    def output_split(self, node, label):
+        """y.split(sizes, -1), torch.split(y, sizes, -1), y.chunk(n, -1) of the last layer's output: its parts are
+        slices (out_slices) where getitem takes them."""
+        layers = self.layers
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in self.out_splits:
+            start, stop = self.out_splits[node.args[0]][node.args[1]]
+            self.out_slices[node] = [start, stop, 1.0, "none", False]
+            return _ASIDE
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None) if \
+            node.op == "call_function" and node.target in (torch.split, torch.chunk) else None
+        if name not in ("split", "chunk") or not node.args or node.args[0] is not self.cur or not layers.weights \
+                or self.carried:
+            return False
+        width = layers.weights[-1].shape[0]
+        what = _arg(node, 1, "split_size_or_sections" if name == "split" else "chunks", None)
+        if name == "split" and "split_size" in node.kwargs:
+            what = node.kwargs["split_size"]
+        if _arg(node, 2, "dim", 0) not in (-1, 1) or not (
+                isinstance(what, int) and what > 0 or isinstance(what, (list, tuple)) and all(
+                    isinstance(s, int) and s >= 0 for s in what) and sum(what) == width and name == "split"):
+            raise ArgumentError(f"{label}: a {name} of the last layer's output; fusedmlp reads y.split(sizes, -1) "
+                                f"(sizes adding up to its {width} columns, or one size) and y.chunk(n, -1)")
+        if isinstance(what, int):
+            size = what if name == "split" else -(-width // what)
+            what = [min(size, width - s) for s in range(0, width, size)]
+        ends = np.cumsum([0] + list(what)).tolist()
+        self.out_splits[node] = list(zip(ends[:-1], ends[1:]))
+        return _ASIDE
+
+    def output_parts(self, node, label):
+        """The network's output: slices of the last layer's output (out_slices), one or a tuple of them
+        (y.chunk(2, -1)'s tanh(mu), log_std.clamp(...)); the last layer's rows become theirs, and FusedModule splits
+        a tuple again (read_module's edges: "outputs", their widths)."""
+        out = node.args[0]
+        keys = list(out) if isinstance(out, dict) else None
+        parts = list(out.values()) if keys else list(out) if isinstance(out, (tuple, list)) else [out]
+        if not parts or not all(isinstance(p, torch.fx.Node) and p in self.out_slices for p in parts) or (
+                keys and not all(isinstance(k, str) for k in keys)):
+            return False
+        widths = [self.out_slices[p][1] - self.out_slices[p][0] for p in parts]
+        squeezed = [self.out_slices[p][4] for p in parts]
+        self.select_rows(parts, f"{node.name} (output)")
+        if keys or isinstance(out, (tuple, list)):
+            self.part_widths, self.part_keys = widths, keys
+            self.part_squeeze = squeezed if any(squeezed) else None
+        elif squeezed[0]:
+            self.squeeze = (-1,)
+        return True
+
+    def select_rows(self, parts, label):
+        """The last layer's rows become those of parts, slices of its output in order (out_slices): each with its
+        factor and its activation (the layer's column pieces). Columns may go or repeat (a permutation only where
+        the layer has a norm, the identity order where it has a residual: those read every column as it is)."""
+        layers = self.layers
         order, factors, runs = [], [], []
-        for p in node.args[0]:
-            start, stop, f, act = self.out_slices[p]
+        for p in parts:
+            start, stop, f, act, _ = self.out_slices[p]
             order += range(start, stop)
             factors += [f] * (stop - start)
             if runs and runs[-1][0] == act:
@@ -273,9 +340,11 @@ class Branches:
             else:
                 runs.append([act, stop - start])
         width = layers.weights[-1].shape[0]
-        if sorted(order) != list(range(width)) or _arg(node, 1, "dim", 0) not in (-1, 1):
-            raise ArgumentError(f"{label}: a torch.cat of slices of the last layer's output that does not take each "
-                                f"of its {width} columns once, over the last dim")
+        if (self.residual[-1] is not None and order != list(range(width))) or (
+                layers.norms[-1] is not None and sorted(order) != list(range(width))):
+            raise ArgumentError(f"{label}: the last layer's output columns taken in another order, or not each once, "
+                                f"after its {'residual' if self.residual[-1] is not None else 'norm'}, which reads "
+                                "them as they are")
         factors = np.asarray(factors)
         if np.any(factors != 1.0) and (layers.acts[-1] != "none" or layers.norms[-1] is not None
                                        or self.residual[-1] is not None):
@@ -289,8 +358,7 @@ class Branches:
         b = layers.biases[-1]
         layers.weights[-1] = layers.weights[-1][order] * factors[:, None]
         layers.biases[-1] = None if b is None else b[order] * factors
-        self.out_slices = {}
-        return True
+        self.out_slices, self.out_splits = {}, {}
 
     def set_pieces(self, runs, label):
         """The last layer's activation becomes column pieces: [act, columns] runs in output order, each over the

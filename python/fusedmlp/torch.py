@@ -41,7 +41,9 @@ def read_module(module, activations=None):
         where it flattens its input, "inputs" (not FusedMLP's: pop it first) where forward joins several inputs
         by one torch.cat: their order in it, "squeeze" (not FusedMLP's either) where forward squeezes its output
         (a value head's y.squeeze(-1)): the dims, () for all, and "outputs" (nor this) where forward returns several
-        Linear heads on one value (an actor-critic's pi(h), v(h)), merged into the last layer: their widths.
+        Linear heads on one value (an actor-critic's pi(h), v(h)), merged into the last layer, or a tuple or dict of
+        slices of its output (mu, log_std = y.chunk(2, -1)): their widths; with "output_keys" the dict's keys and
+        "output_squeeze" whether each part is one column indexed away (y[..., 3]).
     """
     if isinstance(module, (nn.Sequential, nn.Linear)):
         return read_sequential(module, activations)
@@ -71,7 +73,8 @@ def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
     weights, biases, acts, edges = read_module(module, activations)
     edges.pop("inputs", None)  # several inputs: the model takes their torch.cat (FusedModule joins them itself)
     edges.pop("squeeze", None)  # y.squeeze(-1): the model gives y with its column (FusedModule squeezes it)
-    edges.pop("outputs", None)  # heads pi(h), v(h): the model gives them side by side (FusedModule splits them)
+    for key in ("outputs", "output_keys", "output_squeeze"):  # heads pi(h), v(h), or forward's tuple or dict of
+        edges.pop(key, None)  # slices of its output: the model gives them side by side (FusedModule splits them)
     if device is None:
         params = list(module.parameters())
         device = str(params[0].device) if params and params[0].is_cuda else "auto"
@@ -161,6 +164,8 @@ class FusedModule(nn.Module):
         self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
         self._squeeze = edges.pop("squeeze", None)  # forward's y.squeeze(dims) of its output
         self._outputs = edges.pop("outputs", None)  # forward's heads' widths: the output split into a tuple
+        self._output_keys = edges.pop("output_keys", None)  # or a dict of these keys
+        self._output_squeeze = edges.pop("output_squeeze", None)  # per part: forward indexed its column (y[..., 3])
         params = list(self.parameters())
         device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
         self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs))
@@ -197,7 +202,10 @@ class FusedModule(nn.Module):
         else:
             y = _registry[self._handle](x)  # eager: straight to the model's call, without the op's dispatch
         if self._outputs is not None:
-            return tuple(torch.split(y, self._outputs, -1))
+            parts = torch.split(y, self._outputs, -1)
+            if self._output_squeeze is not None:
+                parts = [p.squeeze(-1) if s else p for p, s in zip(parts, self._output_squeeze)]
+            return dict(zip(self._output_keys, parts)) if self._output_keys is not None else tuple(parts)
         return y if self._squeeze is None else y.squeeze(*self._squeeze)
 
     def extra_repr(self):
