@@ -544,3 +544,66 @@ def test_a_critic_of_two_inputs_joined_by_a_concat(rng):
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"obs": obs, "act": act})[0]
     mlp = fusedmlp.from_onnx(model, device="cpu")
     assert np.max(np.abs(mlp(np.concatenate([obs, act], 1)) - want)) <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["heads:slices", "heads:slices_reordered", "heads:tuple", "heads:cat_reordered",
+                                  "heads:cat", "split:chunk", "split:split", "split:tuple", "split:dict"])
+def test_torch_onnx_export_of_heads_and_output_parts(kind):
+    """Heads with activations of their own, slices / Split / chunk (Shape, Gather and arithmetic on the width) /
+    Gather of the output's columns, their Concat or several graph outputs: the last layer's rows and column pieces,
+    the outputs side by side in the graph's order (an indexed column as one); against torch in float64. A layer
+    past them (NeRF's view branch) is named."""
+    torch = pytest.importorskip("torch")
+    from test_torch import _Heads, _NerfPl, _SplitHead
+
+    family, name = kind.split(":")
+    torch.manual_seed(49)
+    model = (_Heads if family == "heads" else _SplitHead)(name).eval()
+    x = torch.randn(60, 6)
+    mlp = fusedmlp.from_onnx(torch_exported(torch, model, (x,)), device="cpu")
+    assert "|" in mlp.activations[-1], mlp.activations
+    with torch.no_grad():
+        want = model.double()(x.double())
+    parts = list(want.values()) if isinstance(want, dict) else list(want) if isinstance(want, tuple) else [want]
+    want = torch.cat([p if p.ndim == 2 else p[:, None] for p in parts], -1).numpy()
+    assert np.linalg.norm(mlp(x.numpy()) - want) <= 1e-6 * np.linalg.norm(want)
+    if kind == "heads:cat":
+        with pytest.raises(fusedmlp.ArgumentError, match="NeRF's view branch"):
+            fusedmlp.from_onnx(torch_exported(torch, _NerfPl().eval(), (torch.randn(4, 90),)), device="cpu")
+
+
+def test_matmul_heads_per_column_constants_and_several_outputs(rng):
+    """A MatMul head whose Add of a constant vector is its bias (folded into its rows), a per-column constant on an
+    activated head (each column's own expression), Gather of listed columns, and three graph outputs (one column
+    indexed away): the outputs side by side against onnxruntime's; a Gather of the batch size from a Shape is named."""
+    inits = dict(W=rng.standard_normal((5, 16)), b=rng.standard_normal(16), P=rng.standard_normal((16, 3)),
+                 V=rng.standard_normal((16, 4)), c=rng.standard_normal(4), k=np.array([0.5, 2.0, -1.0]))
+    ints = dict(g2=np.array([3, 0]), g0=np.array(1))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["z"]), helper.make_node("Add", ["z", "b"], ["zb"]),
+             helper.make_node("Relu", ["zb"], ["h"]),
+             helper.make_node("MatMul", ["h", "P"], ["p"]), helper.make_node("Tanh", ["p"], ["pt"]),
+             helper.make_node("Mul", ["pt", "k"], ["y"]),
+             helper.make_node("MatMul", ["h", "V"], ["v"]), helper.make_node("Add", ["v", "c"], ["vb"]),
+             helper.make_node("Gather", ["vb", "g2"], ["two"], axis=-1),
+             helper.make_node("Sigmoid", ["vb"], ["vs"]), helper.make_node("Gather", ["vs", "g0"], ["one"], axis=1)]
+    graph = helper.make_graph(
+        nodes, "heads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3]),
+         helper.make_tensor_value_info("two", TensorProto.FLOAT, [None, 2]),
+         helper.make_tensor_value_info("one", TensorProto.FLOAT, [None])],
+        [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in inits.items()] +
+        [numpy_helper.from_array(np.asarray(v, np.int64), n) for n, v in ints.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    onnx.checker.check_model(model)
+    x = rng.standard_normal((40, 5)).astype(np.float32)
+    want = np.concatenate([o.reshape(40, -1) for o in ort.InferenceSession(model.SerializeToString()).run(
+        None, {"x": x})], -1)
+    mlp = fusedmlp.from_onnx(model, device="cpu")
+    assert mlp.widths[-1] == 6 and mlp.activations[-1].count("|") == 4, mlp.activations  # 3 scaled tanh's, x, sigmoid
+    assert np.max(np.abs(mlp(x) - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+    nodes[-1] = helper.make_node("Shape", ["vs"], ["s"])
+    nodes.append(helper.make_node("Gather", ["s", "rows"], ["n"], axis=0))
+    inits = list(graph.initializer) + [numpy_helper.from_array(np.array(0, np.int64), "rows")]
+    with pytest.raises(fusedmlp.ArgumentError, match="reads the number of rows from a Shape"):
+        read_onnx(helper.make_model(helper.make_graph(nodes, "g", graph.input, graph.output[:1], inits),
+                                    opset_imports=[helper.make_opsetid("", 20)]))

@@ -87,6 +87,18 @@ def test_onnx_and_sklearn_models_on_cuda():
     x = torch.randn(1000, 16)
     with torch.no_grad():
         _check(torch.from_numpy(mlp(x.numpy())), model(x))
+    from test_torch import _Heads, _SplitHead  # heads and output parts: the last layer's column pieces
+
+    for model in (_Heads("cat"), _SplitHead("chunk"), _SplitHead("dict")):
+        buf = io.BytesIO()
+        torch.onnx.export(model.eval(), torch.randn(3, 6), buf, dynamo=False, input_names=["x"],
+                          dynamic_axes={"x": {0: "n"}})
+        mlp = fusedmlp.from_onnx(buf.getvalue(), device="cuda", check=True)
+        x = torch.randn(1000, 6)
+        with torch.no_grad():
+            want = model.double()(x.double())
+        parts = list(want.values()) if isinstance(want, dict) else list(want) if isinstance(want, tuple) else [want]
+        _check(torch.from_numpy(mlp(x.numpy())), torch.cat([p if p.ndim == 2 else p[:, None] for p in parts], -1))
 
     pytest.importorskip("sklearn")
     from sklearn.exceptions import ConvergenceWarning

@@ -27,6 +27,10 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
   ``Identity``, ``Dropout`` and float ``Cast`` nodes pass their input on (their readers read the value they rename);
   a closing ``Squeeze`` of the last axis of a one-column output (a value head) is the output, which the model gives
   as (rows, 1).
+- Past the last layer (_onnx_outputs): heads (a Gemm / MatMul on the value the last one read), ``Slice`` / ``Split``
+  / ``Gather`` of the output's columns (a ``Shape``'s width, which exporters use for chunk sizes, is a constant),
+  their ``Concat`` and elementwise nodes, and several graph outputs: side by side in the model's output, the last
+  layer's rows theirs and their activations its column pieces.
 - Nodes whose inputs are all constants (an exporter's weight computations: ``weight_norm``'s ``g * v / ReduceL2(v)``)
   are evaluated while reading, in float64: arithmetic, ``Sqrt``, ``Abs``, ``Reciprocal``, ``MatMul``, ``Transpose``,
   ``Reshape``, ``Unsqueeze``, ``Squeeze``, ``ReduceL2`` / ``ReduceSum`` / ``ReduceMean``.
@@ -41,6 +45,7 @@ import os
 import numpy as np
 
 from ._api import FusedMLP
+from ._onnx_outputs import Outputs
 from ._layers import Layers, affine_map, compose, graph_edges, slices_width, then_map, widen_columns
 from .errors import ArgumentError, ShapeError
 
@@ -143,7 +148,7 @@ def _load(model):
     raise ArgumentError(f"model is a {type(model).__name__}; give an onnx.ModelProto, its serialized bytes or a path")
 
 
-class _Reader:
+class _Reader(Outputs):
     """One walk over a graph's nodes (read_onnx)."""
 
     def __init__(self, graph):
@@ -164,8 +169,6 @@ class _Reader:
         inputs = [i.name for i in graph.input if i.name not in self.consts]
         if not inputs:
             raise ArgumentError("the graph has no input; fusedmlp models take one input tensor")
-        if len(graph.output) != 1:
-            raise ArgumentError(f"the graph has {len(graph.output)} outputs; fusedmlp models give one")
         self.x = self.cur = inputs[0]
         # several inputs (a critic's obs and act): read until one Concat joins them, each through its own constant
         # affine map (heads: each input's latest value -> its index; maps: its map), as fusedmlp.torch reads them
@@ -188,6 +191,8 @@ class _Reader:
         self.x_width = None  # x's features where the graph splits it (Split with its sizes)
         self.x_slices = {}  # value -> (start, stop): a slice of the network input (Split outputs, Slice)
         self.cat_slice = None  # (start, stop) of a pending Concat's x part where it is a slice
+        self.init_outputs(graph)  # heads, slices of the output and several outputs (_onnx_outputs)
+        self.shapes = {}  # a Shape node's output -> the width of the 2-D value it reads (shape_query)
 
     def encoding_candidates(self, graph):
         """Positional encodings of the network input (NeRF's embedder in the exported forward): a Concat over the
@@ -434,6 +439,8 @@ class _Reader:
             del renamed.input[:]
             renamed.input.extend(self.root(name) for name in node.input)
             node = renamed
+        if self.shape_query(node, op, attrs, label):
+            return
         args = [self.const(name) for name in node.input if name] if op in _FOLD else None
         if args and all(a is not None for a in args):
             args = [np.asarray(a, np.float64) if a.dtype.kind == "f" else a for a in args]
@@ -449,6 +456,9 @@ class _Reader:
             return
         if self.heads is not None:
             self.before_join(node, op, label)
+            return
+        if self.tail is not None or self.starts_tail(node, op):
+            self.tail_node(node, op, attrs, label)
             return
         if self.input_slice(node, op, attrs, label):
             return
@@ -468,6 +478,27 @@ class _Reader:
         self.chain_input(node, label)
         self.layer_op(node, op, attrs, label, first_slice)
         self.cur = node.output[0]
+
+    def shape_query(self, node, op, attrs, label):
+        """A Shape of a value after the first layer, and a Gather of its last entry (what an exporter writes for
+        y.chunk(2, -1)'s sizes): the value's width, a constant; the rows are not known while reading."""
+        if op == "Shape" and node.input and self.layers.weights and not attrs:
+            name = node.input[0]
+            if name in ({self.cur} | set(self.exprs)):
+                self.shapes[node.output[0]] = self.layers.weights[-1].shape[0]
+            elif self.tail is not None and name in self.tail and not self.tail[name][1]:
+                self.shapes[node.output[0]] = len(self.tail[name][0])
+            else:
+                return False
+            return True
+        if op != "Gather" or not node.input or node.input[0] not in self.shapes:
+            return False
+        idx = self.const(node.input[1])
+        if idx is None or attrs.get("axis", 0) != 0 or not np.all(np.isin(idx, (1, -1))):
+            raise ArgumentError(f"{label}: it reads the number of rows from a Shape; fusedmlp reads only a value's "
+                                "width (its last dim) there")
+        self.consts[node.output[0]] = np.full(idx.shape, self.shapes[node.input[0]], np.int64)
+        return True
 
     def input_slice(self, node, op, attrs, label):
         """Split / Slice of the network input over its last axis before the first layer (nerf-pytorch's
@@ -614,21 +645,11 @@ class _Reader:
             elif layers.pending is None:  # (a value a batch norm normalizes on its way in is not one the kernel keeps)
                 self.value_of.setdefault(self.cur, len(layers.weights) - 1)
             self.residual.append(None)
-            w = self.const(node.input[1])
-            if w is None or w.ndim != 2:
-                raise ArgumentError(f"{label}: its weight {node.input[1]} is not a constant matrix")
-            if op == "Gemm":
-                if attrs.get("transA", 0):
-                    raise ArgumentError(f"{label}: Gemm with transA=1; fusedmlp reads rows of features (transA=0)")
-                w = (w if attrs.get("transB", 0) else w.T) * float(attrs.get("alpha", 1.0))
-                c = self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-                b = None if c is None else np.broadcast_to(np.asarray(c, np.float64).reshape(-1) * float(
-                    attrs.get("beta", 1.0)), (w.shape[0],)).copy()
-            else:
-                w, b = w.T, None
-            w = self.slice_columns(np.asarray(w, np.float64), first_slice, label)
+            w, b = self.gemm_weights(node, op, attrs, label)
+            w = self.slice_columns(w, first_slice, label)
             layers.linear(w, b, label)
             self.biased = True
+            self.read_by_last = node.input[0]  # (a head on it joins this layer: _onnx_outputs)
             return
         self.biased = False
         if op == "BatchNormalization":
@@ -657,6 +678,21 @@ class _Reader:
                            own=self.own_layer())
         else:
             raise ArgumentError(f"{label}: {op} is not read; supported: {SUPPORTED}")
+
+    def gemm_weights(self, node, op, attrs, label):
+        """A Gemm's or MatMul's weight (out x in, float64) and bias (or None)."""
+        w = self.const(node.input[1])
+        if w is None or w.ndim != 2:
+            raise ArgumentError(f"{label}: its weight {node.input[1]} is not a constant matrix")
+        if op == "MatMul":
+            return np.asarray(w.T, np.float64), None
+        if attrs.get("transA", 0):
+            raise ArgumentError(f"{label}: Gemm with transA=1; fusedmlp reads rows of features (transA=0)")
+        w = np.asarray(w if attrs.get("transB", 0) else w.T, np.float64) * float(attrs.get("alpha", 1.0))
+        c = self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        b = None if c is None else np.broadcast_to(np.asarray(c, np.float64).reshape(-1) * float(
+            attrs.get("beta", 1.0)), (w.shape[0],)).copy()
+        return w, b
 
     def slice_columns(self, w, first_slice, label):
         """w (out x in) with its columns for a slice of x among x's features, the others zero: the first layer's
@@ -697,6 +733,7 @@ class _Reader:
     def finish(self):
         if not self.layers.weights:
             raise ShapeError("the ONNX graph holds no Gemm or MatMul layer")
+        self.finish_outputs()
         self.close(self.output, f"the graph output {self.output}")
         if self.output != self.cur:
             raise ArgumentError(f"the graph output {self.output} is not the end of the layer chain ({self.cur})")
