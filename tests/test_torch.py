@@ -1023,8 +1023,8 @@ def test_nerf_pytorchs_nerf_as_written(use_viewdirs):
     model = _NerfPytorch(use_viewdirs=use_viewdirs).eval()
     mlp = fusedmlp.from_torch(model, device="cpu")
     assert mlp.in_features == 90 and mlp._concat[5] == 2
-    if use_viewdirs:  # the trunk, [alpha | feature], the view layer with alpha's pair, [rgb | alpha]
-        assert list(mlp.widths[-4:]) == [256, 257, 130, 4] and mlp._concat[9] == 1
+    if use_viewdirs:  # the trunk, [alpha | feature] merged into the view layer with alpha's pair, [rgb | alpha]
+        assert list(mlp.widths[-4:]) == [256, 256, 130, 4] and mlp._concat[8] == 1
     x = torch.randn(300, 90, dtype=torch.float64)
     want = ref64(model, x)
     got = torch.from_numpy(mlp(x.float().numpy()))
@@ -1548,3 +1548,34 @@ def test_a_critic_normalizing_its_inputs_before_joining_them():
         assert max_rel(fused(obs.float(), act.float()).double(), want) <= 1e-5
     with pytest.raises(fusedmlp.ShapeError, match=r"the joined inputs' widths cannot be told from their maps"):
         fusedmlp.from_torch(_NormCritic("number").eval(), device="cpu")
+
+
+def test_two_linears_with_nothing_between_merge_where_that_is_fewer_multiply_adds():
+    """W2 (W1 h + b1) + b2 is one layer (float64 product) where it costs fewer multiply-adds, its neighbours' residual
+    sources and concats renumbered; a bottleneck (64 -> 8 -> 64) stays two layers."""
+    torch.manual_seed(50)
+
+    class Net(nn.Module):
+        def __init__(self, bottleneck):
+            super().__init__()
+            mid = 8 if bottleneck else 96
+            self.a, self.b, self.c = nn.Linear(64, 64), nn.Linear(64, mid), nn.Linear(mid + 64, 64)
+            self.d, self.e = nn.Linear(64, 64), nn.Linear(64, 5)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            g = torch.relu(self.c(torch.cat([self.b(h), x], -1)))  # b and c: nothing between them but x's concat
+            return self.e(torch.tanh(self.d(g)) + g)  # d's residual reads c's output: layer 2, merged 1
+
+    for bottleneck in (False, True):
+        model = Net(bottleneck).eval()
+        mlp = fusedmlp.from_torch(model, device="cpu")
+        assert len(mlp.widths) == (6 if bottleneck else 5), mlp.widths
+        assert mlp._concat[1 if bottleneck else 2] == 0 and mlp._concat[2 if bottleneck else 1] == 1
+        x = torch.randn(80, 64, dtype=torch.float64)
+        assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
+    seq = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    mlp = fusedmlp.from_torch(seq, device="cpu")
+    assert list(mlp.widths) == [16, 32, 4]
+    x = torch.randn(30, 16, dtype=torch.float64)
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(seq, x)) <= 1e-6

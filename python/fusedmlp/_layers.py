@@ -304,6 +304,50 @@ class Layers:
         self.stack_rows([(w, (np.zeros(w.shape[0]) if b is None else b) + np.pi / 2 if cos else b)
                          for cos in cos_parts])
 
+    def merge_pairs(self, residual=None, concat=None):
+        """Two Linears with nothing between them become one, W2 W1 and W2 b1 + b2 in float64 (exact up to the one
+        rounding to the compute dtype, one fewer than the two layers'), where that is fewer multiply-adds: the first
+        without activation, norm or residual, its output read by the second alone, at most one of the two joined by
+        x (a concat). nerf_pl's and nerf-pytorch's NeRF feed their identity feature layer (257 rows with the density
+        head) to the view layer: merged, the network keeps to 256-wide layers. residual (per layer None or [op,
+        then, source]) and concat ({layer: side}) are renumbered; returns them."""
+        residual = list(residual) if residual is not None else [None] * len(self.weights)
+        residual += [None] * (len(self.weights) - len(residual))
+        concat = dict(concat or {})
+        a = 0
+        while a + 1 < len(self.weights):
+            b = a + 1
+            w1, w2 = self.weights[a], self.weights[b]
+            n_h = w1.shape[0]  # (b's columns for a's output: after x's where x joins before h)
+            h_at = w2.shape[1] - n_h if concat.get(b) == "before" else 0
+            read_later = any(r is not None and r[2] == a for r in residual[b + 1:]) or (
+                residual[b] is not None and r_src(residual[b], b) == a)
+            if (self.acts[a] != "none" or self.norms[a] is not None or residual[a] is not None or read_later
+                    or (a in concat and b in concat)
+                    or w2.shape[0] * w1.shape[1] > n_h * (w1.shape[1] + w2.shape[0])):
+                a += 1
+                continue
+            w2h = w2[:, h_at:h_at + n_h]
+            merged = w2h @ w1
+            bias = (w2h @ self.biases[a] if self.biases[a] is not None else 0.0) + (
+                self.biases[b] if self.biases[b] is not None else 0.0)
+            if b in concat:  # (b's x columns stay where they were, beside the merged h part)
+                merged = np.concatenate([w2[:, :h_at], merged] if h_at else [merged, w2[:, n_h:]], axis=1)
+            self.weights[a:b + 1] = [merged]
+            self.biases[a:b + 1] = [None if self.biases[a] is None and self.biases[b] is None else np.broadcast_to(
+                bias, (w2.shape[0],)).astype(np.float64)]
+            self.acts[a:b + 1] = [self.acts[b]]
+            self.norms[a:b + 1] = [self.norms[b]]
+            residual[a:b + 1] = [None if residual[b] is None else [residual[b][0], residual[b][1], r_src(
+                residual[b], b)]]
+            residual = [None if r is None else [r[0], r[1], r[2] if r[2] == "input" or r[2] < a else r[2] - 1]
+                        for r in residual]
+            side = concat.pop(a, None) or concat.pop(b, None)
+            concat = {(k - 1 if k > b else k): v for k, v in concat.items()}
+            if side:
+                concat[a] = side
+        return residual, concat
+
     def finish(self, name):
         """(weights, biases, activations, norm) in float32, norm FusedMLP's norm= argument (None without norms)."""
         if not self.weights:
@@ -323,6 +367,11 @@ class Layers:
         norm = {l: {"kind": n[0], "weight": f32(n[1]), "bias": f32(n[2]), "eps": n[3]}
                 for l, n in enumerate(self.norms) if n is not None}
         return weights, biases, self.acts, norm or None, self.flatten
+
+
+def r_src(r, layer):
+    """A residual's source value as a layer index ("input" stays), None (the layer's own input) as layer - 1."""
+    return layer - 1 if r[2] is None else r[2]
 
 
 def compose(outer, inner):

@@ -848,6 +848,7 @@ class _Tracer(Branches):
             raise ArgumentError(f"{name}.forward takes {len(self.placeholders)} inputs; fusedmlp reads several only as "
                                 "one torch.cat of all of them along the last dim before the first Linear (a critic's "
                                 "torch.cat([obs, act], -1))")
+        self.residual, self.concat = self.layers.merge_pairs(self.residual, self.concat)
         weights, biases, acts, norm, flatten = self.layers.finish(name)
         edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
                             len(weights), self.layers.encoding)

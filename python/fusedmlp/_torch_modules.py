@@ -219,5 +219,6 @@ def read_sequential(module, activations=None):
         layers.activation(text, label)
     if activations:
         raise ArgumentError(f"activations names {sorted(activations)}, which are not modules of the model")
+    layers.merge_pairs()
     weights, biases, acts, norm, flatten = layers.finish(type(module).__name__)
     return weights, biases, acts, graph_edges(None, None, norm, flatten)

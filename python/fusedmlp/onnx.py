@@ -737,6 +737,7 @@ class _Reader(Outputs):
         self.close(self.output, f"the graph output {self.output}")
         if self.output != self.cur:
             raise ArgumentError(f"the graph output {self.output} is not the end of the layer chain ({self.cur})")
+        self.residual, self.concat = self.layers.merge_pairs(self.residual, self.concat)
         weights, biases, acts, norm, flatten = self.layers.finish("the ONNX graph")
         edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
                             len(weights), self.layers.encoding)

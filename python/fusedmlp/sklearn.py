@@ -73,6 +73,7 @@ def read_sklearn(estimator):
         elif act not in _ACTIVATIONS:
             raise ArgumentError(f"{label}: output activation {act!r}; fusedmlp reads identity, logistic, softmax and "
                                 "exp")
+    layers.merge_pairs()
     weights, biases, acts, norm, _ = layers.finish(type(estimator).__name__)
     return weights, biases, acts, ({"norm": norm} if norm else {})
 
