@@ -1,5 +1,6 @@
 """PyTorch integration on the CPU path (CI): from_torch, FusedModule, the custom op, the notebook."""
 
+import copy
 import os
 import warnings
 
@@ -1577,5 +1578,10 @@ def test_two_linears_with_nothing_between_merge_where_that_is_fewer_multiply_add
     seq = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
     mlp = fusedmlp.from_torch(seq, device="cpu")
     assert list(mlp.widths) == [16, 32, 4]
+    big = copy.deepcopy(seq)
+    with torch.no_grad():  # a product over MERGE_LIMIT (float16 keeps each layer's own weights): two layers
+        big[0].weight *= 3000
+        big[1].weight *= 3000
+    assert list(fusedmlp.from_torch(big, device="cpu").widths) == [16, 32, 32, 4]
     x = torch.randn(30, 16, dtype=torch.float64)
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(seq, x)) <= 1e-6

@@ -331,6 +331,9 @@ class Layers:
             merged = w2h @ w1
             bias = (w2h @ self.biases[a] if self.biases[a] is not None else 0.0) + (
                 self.biases[b] if self.biases[b] is not None else 0.0)
+            if not np.all(np.abs(merged) < MERGE_LIMIT):  # (kept apart where 16-bit weights could not hold it)
+                a += 1
+                continue
             if b in concat:  # (b's x columns stay where they were, beside the merged h part)
                 merged = np.concatenate([w2[:, :h_at], merged] if h_at else [merged, w2[:, n_h:]], axis=1)
             self.weights[a:b + 1] = [merged]
@@ -367,6 +370,11 @@ class Layers:
         norm = {l: {"kind": n[0], "weight": f32(n[1]), "bias": f32(n[2]), "eps": n[3]}
                 for l, n in enumerate(self.norms) if n is not None}
         return weights, biases, self.acts, norm or None, self.flatten
+
+
+#: The largest weight a merge of two Linears may make (Layers.merge_pairs): a product that large, far beyond trained
+#: networks' weights, stays two layers, whose own weights float16 holds as given.
+MERGE_LIMIT = 4096.0
 
 
 def r_src(r, layer):
