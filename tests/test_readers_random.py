@@ -203,3 +203,81 @@ def test_random_critics_and_heads_read_by_from_torch_and_from_onnx_match_torch_f
             inputs = [torch.randn(20, model.d_in) * 2]
         exported += _check(model, inputs, onnx_ok)
     assert not onnx_ok or exported >= 40, exported
+
+
+OUT_ACTS = (torch.sigmoid, torch.tanh, F.softplus, torch.relu, torch.exp, lambda v: v, lambda v: v * 0.5,
+            lambda v: torch.clamp(v, -1, 1), lambda v: 2 * torch.sigmoid(v) - 1)
+
+
+class _Outputs(nn.Module):
+    """A trunk, then outputs the way models hand them back: Linear heads on the trunk's value with activations of
+    their own, or one Linear whose output is split (split, chunk, slices, an indexed column) with an activation per
+    part; returned as a tuple, a dict or one torch.cat in any order, an Identity-activated trunk layer before them."""
+
+    def __init__(self, rnd):
+        super().__init__()
+        self.d_in, width = rnd.choice([3, 7]), rnd.choice([16, 32])
+        self.trunk = nn.Sequential(nn.Linear(self.d_in, width), rnd.choice(ACTS[:4])(), nn.Linear(width, width))
+        self.identity = rnd.random() < 0.3  # (the trunk's last Linear then meets the heads with nothing between)
+        self.sizes = [rnd.choice([1, 2, 3]) for _ in range(rnd.choice([2, 3]))]
+        self.heads = nn.ModuleList(nn.Linear(width, n) for n in self.sizes) if rnd.random() < 0.5 else None
+        self.out = nn.Linear(width, sum(self.sizes))
+        self.acts = [rnd.randrange(len(OUT_ACTS)) for _ in self.sizes]
+        self.form = rnd.choice(["tuple", "dict", "cat"])
+        self.order = rnd.sample(range(len(self.sizes)), len(self.sizes))
+        self.split = rnd.choice(["split", "chunk", "slices"]) if self.heads is None else None
+        if self.split == "chunk":
+            self.sizes = [2] * len(self.sizes)
+            self.out = nn.Linear(width, sum(self.sizes))
+        self.index = self.split == "slices" and self.form == "dict" and self.sizes[0] == 1
+
+    def forward(self, x):
+        h = self.trunk(x)
+        h = h if self.identity else torch.tanh(h)
+        if self.heads is not None:
+            parts = [head(h) for head in self.heads]
+        else:
+            y = self.out(h)
+            if self.split in ("split", "chunk"):  # (indexed: torch.fx's proxies unpack, but do not iterate)
+                got = y.split(self.sizes, -1) if self.split == "split" else y.chunk(len(self.sizes), -1)
+                parts = [got[i] for i in range(len(self.sizes))]
+            else:
+                ends = np.cumsum([0] + self.sizes).tolist()
+                parts = [y[..., a:b] for a, b in zip(ends[:-1], ends[1:])]
+                if self.index:
+                    parts[0] = y[:, 0]
+        parts = [OUT_ACTS[a](p) for a, p in zip(self.acts, parts)]
+        parts = [parts[i] for i in self.order]
+        if self.form == "dict":
+            return {f"p{i}": p for i, p in enumerate(parts)}
+        return tuple(parts) if self.form == "tuple" else torch.cat(parts, -1)
+
+
+def test_random_heads_and_output_parts_read_by_from_torch_and_from_onnx_match_torch_float64():
+    """Each part's activation a column piece of the last layer, its rows in the output's order: from_torch's model
+    (FusedModule's tuple or dict) and from_onnx's (the outputs side by side) against torch in float64."""
+    from fusedmlp.torch import FusedModule
+
+    onnx_ok = pytest.importorskip("onnx") is not None
+    exported = 0
+    for seed in range(60):
+        rnd = random.Random(seed)
+        torch.manual_seed(seed)
+        model = _Outputs(rnd).eval()
+        x = torch.randn(25, model.d_in)
+        with torch.no_grad():
+            ref = model.double()(x.double())
+            model.float()
+            got = FusedModule(model)(x)
+        refs = list(ref.values()) if isinstance(ref, dict) else list(ref) if isinstance(ref, tuple) else [ref]
+        gots = list(got.values()) if isinstance(got, dict) else list(got) if isinstance(got, tuple) else [got]
+        assert len(gots) == len(refs) and all(g.shape == r.shape for g, r in zip(gots, refs)), (seed, model.form)
+        flat = torch.cat([r if r.ndim == 2 else r[:, None] for r in refs], -1).numpy()
+        for g, r in zip(gots, refs):  # (absolute below 1: a relu part may be all zeros)
+            assert np.max(np.abs(g.double().numpy() - r.numpy())) <= 1e-5 * max(1.0, r.abs().max().item()), seed
+        data = _onnx_bytes(model, [x]) if onnx_ok else None
+        if data is not None:
+            got = fusedmlp.from_onnx(data, device="cpu")(x.numpy())
+            assert got.shape == flat.shape and np.max(np.abs(got - flat)) <= 1e-5 * max(1.0, np.abs(flat).max()), seed
+            exported += 1
+    assert not onnx_ok or exported >= 40, exported

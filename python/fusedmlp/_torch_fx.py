@@ -190,9 +190,7 @@ class _Tracer(Branches):
                     continue
                 self.lead_head(node, label)  # forward goes on from one head, the others ride along (NeRF's alpha)
             if node.op == "output":
-                if self.out_heads and isinstance(node.args[0], (tuple, list)) and [
-                        a for a in node.args[0]] == [h for h, _ in self.out_heads]:
-                    self.head_pieces(range(len(self.out_heads)), label)
+                if self.out_heads and self.heads_output(node, label):
                     break
                 if self.output_parts(node, label):
                     break
@@ -541,13 +539,40 @@ class _Tracer(Branches):
         text = self.activations.get(node.target) if leaf is not None else None
         text = text or (_activation_text(leaf) if leaf is not None else
                         _functional_text(node) if node.op in ("call_function", "call_method") else None)
-        if text is None:
-            return False
+        if text is None:  # a number times, over, plus or minus the head: part of its activation
+            const = _traced_constant_op(self.module, node, ins[0], node.name, consts=self.consts)
+            if const is None or np.ndim(const[1]) != 0:
+                return False
+            text = _scalar_text(*const)
         self.activations.pop(node.target, None) if leaf is not None else None
         i = heads.index(ins[0])
         self.head_acts[i] = text if self.head_acts[i] == "none" else _compose(text, self.head_acts[i])
         self.out_heads[i] = (node, self.out_heads[i][1])
         return True
+
+    def heads_output(self, node, label):
+        """forward returning every head once, as a tuple or a dict, in any order: the last layer's rows in that
+        order, the outputs FusedModule gives back (read_module's edges: "outputs", "output_keys")."""
+        out, heads = node.args[0], [h for h, _ in self.out_heads]
+        keys = list(out) if isinstance(out, dict) else None
+        parts = list(out.values()) if keys else list(out) if isinstance(out, (tuple, list)) else None
+        if parts is None or len(parts) != len(heads) or sorted(heads.index(p) if p in heads else -1
+                                                               for p in parts) != list(range(len(heads))):
+            return False
+        order = [heads.index(p) for p in parts]
+        self.reorder_heads(order, label)
+        self.part_widths, self.part_keys = [self.out_heads[i][1] for i in order], keys
+        self.out_heads, self.head_acts = [], []
+        return True
+
+    def reorder_heads(self, order, label):
+        """The last layer's rows in the heads' `order`, their activations its column pieces (head_pieces)."""
+        offsets = np.cumsum([0] + [n for _, n in self.out_heads]).tolist()
+        rows = [r for i in order for r in range(offsets[i], offsets[i + 1])]
+        layers = self.layers
+        layers.weights[-1] = layers.weights[-1][rows]
+        layers.biases[-1] = None if layers.biases[-1] is None else layers.biases[-1][rows]
+        self.head_pieces(order, label)
 
     def heads_cat(self, node, label):
         """torch.cat of every head once, over the features (NeRF's torch.cat([sigmoid(rgb), softplus(sigma)], -1)):
@@ -557,13 +582,7 @@ class _Tracer(Branches):
         if not isinstance(parts, (list, tuple)) or sorted(map(heads.index, [p for p in parts if p in heads])) != \
                 list(range(len(heads))) or len(parts) != len(heads) or _arg(node, 1, "dim", 0) not in (-1, 1):
             return False
-        offsets = np.cumsum([0] + [n for _, n in self.out_heads]).tolist()
-        order = [heads.index(p) for p in parts]
-        rows = [r for i in order for r in range(offsets[i], offsets[i + 1])]
-        layers = self.layers
-        layers.weights[-1] = layers.weights[-1][rows]
-        layers.biases[-1] = None if layers.biases[-1] is None else layers.biases[-1][rows]
-        self.head_pieces(order, label)
+        self.reorder_heads([heads.index(p) for p in parts], label)
         self.out_heads, self.head_acts, self.cur = [], [], node
         self.act_path = {node: "x"}
         return True

@@ -22,7 +22,7 @@ from torch import nn
 
 from ._gpu import core as _core
 from ._layers import compose, slices_width, widen_columns
-from ._torch_fx_nodes import _ASIDE, F, _arg
+from ._torch_fx_nodes import _ASIDE, F, _arg, _scalar_text
 from .errors import ArgumentError, ShapeError
 
 
@@ -257,15 +257,16 @@ class Branches:
             from ._torch_fx_nodes import _traced_constant_op
 
             const = _traced_constant_op(self.module, node, src, label, consts=self.consts)
-            if const is None or np.ndim(const[1]) != 0 or const[0] not in ("mul", "div") or (
-                    const[0] == "div" and const[2]):
+            if const is None or np.ndim(const[1]) != 0:
                 raise ArgumentError(f"{label}: an op on a slice of the last layer's output; fusedmlp reads an "
-                                    "activation or a multiplication or division by a number there, then a torch.cat "
-                                    "of the slices")
+                                    "activation or arithmetic with a number there, then a torch.cat or a return of "
+                                    "the slices")
             start, stop, f, act, squeezed = self.out_slices[src]
-            c = float(const[1]) if const[0] == "mul" else 1.0 / float(const[1])
-            self.out_slices[node] = [start, stop, f * c, act, squeezed] if act == "none" else [
-                start, stop, f, compose(f"x * ({c!r})", act), squeezed]  # (after the slice's activation: its piece)
+            if act == "none" and const[0] in ("mul", "div") and not (const[0] == "div" and const[2]):
+                f *= float(const[1]) if const[0] == "mul" else 1.0 / float(const[1])  # (into the rows: select_rows)
+            else:  # the slice's piece
+                act = _scalar_text(*const) if act == "none" else compose(_scalar_text(*const), act)
+            self.out_slices[node] = [start, stop, f, act, squeezed]
             return _ASIDE
         if node.op != "call_function" or node.target is not torch.cat or not node.args or not isinstance(
                 node.args[0], (list, tuple)) or not all(p in self.out_slices for p in node.args[0]):
@@ -368,6 +369,7 @@ class Branches:
             raise ArgumentError(f"{label}: the last layer's output takes {len(runs)} runs of activations; fusedmlp "
                                 f"gives a layer at most {pieces} column pieces")
         base = self.layers.acts[-1]
-        self.layers.acts[-1] = " | ".join(
-            f"{a if base == 'none' else base if a == 'none' else compose(a, base)}:{n}" for a, n in runs)
+        texts = [a if base == "none" else base if a == "none" else compose(a, base) for a, _ in runs]
+        self.layers.acts[-1] = texts[0] if len(runs) == 1 else " | ".join(
+            f"{t}:{n}" for t, (_, n) in zip(texts, runs))
 

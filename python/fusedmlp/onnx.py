@@ -85,11 +85,16 @@ def _reduce(f):
     return run
 
 
+def _int_div(a, b):
+    """ONNX's Div of integers: the quotient truncated toward zero (an exporter's chunk sizes, (n + k - 1) / k)."""
+    return np.trunc(np.true_divide(a, b)).astype(np.result_type(a, b))
+
+
 # Ops on constants only, evaluated while reading (an exporter's weight computations: weight_norm's
 # g * v / ||v|| as ReduceL2, Div, Mul of initializers), in float64: (attributes, *input arrays) -> output array.
 _FOLD = {
     "Add": lambda attrs, a, b: a + b, "Sub": lambda attrs, a, b: a - b, "Mul": lambda attrs, a, b: a * b,
-    "Div": lambda attrs, a, b: a / b, "Pow": lambda attrs, a, b: np.power(a, b), "Neg": lambda attrs, a: -a,
+    "Div": lambda attrs, a, b: _int_div(a, b) if a.dtype.kind in "iu" and b.dtype.kind in "iu" else a / b, "Pow": lambda attrs, a, b: np.power(a, b), "Neg": lambda attrs, a: -a,
     "Sqrt": lambda attrs, a: np.sqrt(a), "Reciprocal": lambda attrs, a: 1 / a, "Abs": lambda attrs, a: np.abs(a),
     "MatMul": lambda attrs, a, b: a @ b,
     "Transpose": lambda attrs, a: np.transpose(a, attrs.get("perm")),
