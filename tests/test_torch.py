@@ -1585,3 +1585,36 @@ def test_two_linears_with_nothing_between_merge_where_that_is_fewer_multiply_add
     assert list(fusedmlp.from_torch(big, device="cpu").widths) == [16, 32, 32, 4]
     x = torch.randn(30, 16, dtype=torch.float64)
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(seq, x)) <= 1e-6
+
+
+def test_wrapped_and_torchscript_modules_read_as_the_module_they_run(tmp_path):
+    """torch.compile's OptimizedModule and DataParallel read as the module they wrap; a TorchScript module
+    (torch.jit.script / trace, a deployed policy's torch.jit.save file loaded back) through torch's ONNX exporter,
+    its tuple of heads and squeezed value head given back by FusedModule as the module gives them."""
+    pytest.importorskip("onnx")
+
+    class Policy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.ReLU())
+            self.pi, self.v = nn.Linear(32, 3), nn.Linear(32, 1)
+
+        def forward(self, x):
+            h = self.trunk(x)
+            return torch.tanh(self.pi(h)), self.v(h).squeeze(-1)
+
+    torch.manual_seed(51)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.SiLU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(40, 8)
+    for wrapped in (torch.compile(seq), nn.DataParallel(seq), torch.jit.script(seq), torch.jit.trace(seq, x[:2])):
+        mlp = fusedmlp.from_torch(wrapped, device="cpu")
+        assert list(mlp.widths) == [8, 16, 4], type(wrapped)
+        assert max_rel(torch.from_numpy(mlp(x.numpy())), ref64(seq, x.double())) <= 1e-6, type(wrapped)
+    policy = Policy().eval()
+    torch.jit.save(torch.jit.script(policy), tmp_path / "policy.pt")
+    loaded = torch.jit.load(tmp_path / "policy.pt")
+    assert fusedmlp.from_torch(loaded, device="cpu").activations[-1] == "tanh(x):3 | none(x):1"
+    with torch.no_grad():
+        got, want = ft.FusedModule(loaded)(x), ref64(policy, x.double())
+    assert [g.shape for g in got] == [w.shape for w in want] == [(40, 3), (40,)]
+    assert all(max_rel(g, w) <= 1e-6 for g, w in zip(got, want))

@@ -31,6 +31,7 @@ class Outputs:
     def init_outputs(self, graph):
         self.outputs = [self.root(o.name) for o in graph.output]
         self.tail = None  # value -> [[(row, expression), ...], squeezed] once the output's columns part ways
+        self.output_form = {}  # read_onnx's edges for fusedmlp.torch: "outputs", "output_squeeze", "squeeze"
         self.read_by_last = None  # the value the last Gemm / MatMul read: another one on it is a head
 
     def starts_tail(self, node, op):
@@ -218,6 +219,13 @@ class Outputs:
         if missing:
             raise ArgumentError(f"the graph output {missing[0]} is not made from the last layer's output columns")
         cols = [c for o in self.outputs for c in self.tail[o][0]]
+        squeezed = [self.tail[o][1] for o in self.outputs]
+        if len(self.outputs) > 1:  # (how a TorchScript module read through its graph hands them back: FusedModule)
+            self.output_form["outputs"] = [len(self.tail[o][0]) for o in self.outputs]
+            if any(squeezed):
+                self.output_form["output_squeeze"] = squeezed
+        elif squeezed[0]:
+            self.output_form["squeeze"] = (-1,)
         rows, layers = [r for r, _ in cols], self.layers
         width = layers.weights[-1].shape[0]
         if (self.residual[-1] is not None and (rows != list(range(width)) or any(e != "x" for _, e in cols))) or (

@@ -64,6 +64,8 @@ _UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "
           "Mish": "({a}) * tanh(softplus({a}))", "Neg": "(-({a}))", "Reciprocal": "(1 / ({a}))"}
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
 _PASS = ("Identity", "Dropout", "Cast")
+#: read_onnx's edges that are not FusedMLP's: how fusedmlp.torch gives back a TorchScript module's outputs
+OUTPUT_FORM = ("outputs", "output_squeeze", "squeeze")
 
 
 def _axes(attrs, axes):
@@ -576,6 +578,7 @@ class _Reader(Outputs):
                                 f"supported: {SUPPORTED}")
         self.chain_input(node, label)
         self.cur = self.output = node.output[0]
+        self.output_form["squeeze"] = (-1,)
         return True
 
     def input_reshape(self, node, op, attrs, label):
@@ -746,14 +749,16 @@ class _Reader(Outputs):
         weights, biases, acts, norm, flatten = self.layers.finish("the ONNX graph")
         edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
                             len(weights), self.layers.encoding)
-        return weights, biases, acts, edges
+        return weights, biases, acts, {**edges, **self.output_form}
 
 
 def read_onnx(model):
     """Reads an ONNX MLP (an onnx.ModelProto, its bytes or a path) into FusedMLP's arguments.
 
     Returns:
-        (weights, biases, activations, edges) for FusedMLP(weights, biases, activation=activations, **edges).
+        (weights, biases, activations, edges) for FusedMLP(weights, biases, activation=activations, **edges), once
+        the OUTPUT_FORM keys are popped (where the graph has several outputs, or squeezes its one: their widths,
+        which are squeezed, as read_module's edges name them).
     """
     graph = _load(model).graph
     reader = _Reader(graph)
@@ -775,5 +780,7 @@ def from_onnx(model, device="auto", calibrate=None, **kwargs):
         A FusedMLP with the graph's weights (float32).
     """
     weights, biases, acts, edges = read_onnx(model)
+    for key in OUTPUT_FORM:  # (the outputs side by side, a squeezed one as its column)
+        edges.pop(key, None)
     mlp = FusedMLP(weights, biases, activation=acts, device=device, **edges, **kwargs)
     return mlp if calibrate is None else mlp.calibrate(calibrate)

@@ -32,7 +32,9 @@ def read_module(module, activations=None):
             norms. Linears may carry weight_norm / spectral_norm parametrizations (their eval-mode weight is read);
             BatchNorm1d in eval mode folds into the Linear before or after it; LayerNorm / RMSNorm directly after a
             Linear becomes that layer's fused norm, and so does a Softmax / LogSoftmax over the features (a
-            classifier's head).
+            classifier's head). A wrapper (torch.compile's OptimizedModule, DataParallel, DistributedDataParallel)
+            reads as the module it runs; a TorchScript module (torch.jit.script / trace / load) through the graph
+            torch's ONNX exporter writes of it (fusedmlp.onnx; the onnx extra).
         activations: {module path: expression} for modules fusedmlp does not know (e.g. {"mlp.4": "x*tanh(x)"}).
 
     Returns:
@@ -45,9 +47,52 @@ def read_module(module, activations=None):
         slices of its output (mu, log_std = y.chunk(2, -1)): their widths; with "output_keys" the dict's keys and
         "output_squeeze" whether each part is one column indexed away (y[..., 3]).
     """
+    module = _unwrapped(module)
+    if isinstance(module, torch.jit.ScriptModule):
+        return _read_scripted(module, activations)
     if isinstance(module, (nn.Sequential, nn.Linear)):
         return read_sequential(module, activations)
     return read_traced(module, activations)
+
+
+def _unwrapped(module):
+    """The module a wrapper runs: torch.compile's OptimizedModule (_orig_mod), DataParallel and
+    DistributedDataParallel (.module)."""
+    while True:
+        if hasattr(module, "_orig_mod") and isinstance(module._orig_mod, nn.Module):
+            module = module._orig_mod
+        elif isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            module = module.module
+        else:
+            return module
+
+
+def _read_scripted(module, activations):
+    """A TorchScript module (torch.jit.script / trace / load: a deployed policy's .pt file) has no Python forward
+    for torch.fx: torch's TorchScript ONNX exporter writes its graph, which fusedmlp.onnx reads. Its input is as wide
+    as its first 2-D weight's columns."""
+    import io
+
+    if activations:
+        raise ArgumentError("activations= maps module paths of a traced module; a TorchScript module is read through "
+                            "its ONNX graph, whose activations are ops")
+    try:
+        from .onnx import read_onnx
+    except ImportError as e:
+        raise ArgumentError(f"{type(module).__name__}: a TorchScript module is read through torch's ONNX exporter, "
+                            f"which needs the onnx package (pip install fusedmlp[onnx]): {e}") from None
+    weight = next((p for name, p in module.named_parameters() if name.endswith("weight") and p.ndim == 2), None)
+    if weight is None:
+        raise ArgumentError(f"{type(module).__name__}: a TorchScript module without a 2-D weight; fusedmlp reads MLPs")
+    example = torch.zeros(2, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    buf = io.BytesIO()
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module, (example,), buf, dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    except Exception as e:
+        raise ArgumentError(f"{type(module).__name__}: torch's ONNX exporter could not write this TorchScript module "
+                            f"(read through its ONNX graph): {e}") from None
+    return read_onnx(buf.getvalue())
 
 
 def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
