@@ -235,3 +235,21 @@ def test_heads_and_output_slices_with_activations_on_cuda():
             for g, w in ([(got[k], want[k]) for k in want] if kind == "dict" else zip(got, want)):
                 assert g.shape == w.shape
                 _check(g, w)
+
+
+def test_torchscript_and_compiled_modules_on_cuda(tmp_path):
+    """A scripted policy saved and loaded back (read through torch's ONNX exporter) and a torch.compile'd module, on
+    CUDA tensors with check=True: FusedModule's heads against torch in float64."""
+    import copy
+
+    pytest.importorskip("onnx")
+    from fusedmlp.torch import FusedModule
+
+    torch.manual_seed(52)
+    model = nn.Sequential(nn.Linear(12, 64), nn.Tanh(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 6)).cuda().eval()
+    x = torch.randn(3001, 12, device="cuda")
+    torch.jit.save(torch.jit.script(model), tmp_path / "policy.pt")
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(x.double())
+        for wrapped in (torch.jit.load(tmp_path / "policy.pt"), torch.compile(model)):
+            _check(FusedModule(wrapped, check=True)(x), want)
