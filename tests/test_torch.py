@@ -1268,8 +1268,8 @@ class _DeepSdfDecoder(nn.Module):
         return self.th(x)
 
 
-@pytest.mark.parametrize("options", [{}, {"weight_norm": False}, {"xyz_in_all": True, "dims": (128,) * 4,
-                                                                  "latent_in": (2,), "latent": 29}])
+@pytest.mark.parametrize("options", [{}, {"weight_norm": False}, {"latent_dropout": True},
+                                     {"xyz_in_all": True, "dims": (128,) * 4, "latent_in": (2,), "latent": 29}])
 def test_deepsdf_decoder_as_written(options):
     """DeepSDF's `if` on the input's shape is decided for inputs of the first Linear's in_features (the model then
     reads that many: checked), the unused xyz slice dropped: the CPU path within float32's rounding of float64."""
@@ -1282,6 +1282,27 @@ def test_deepsdf_decoder_as_written(options):
     assert any(mlp._norm) == (options.get("weight_norm") is False)
     x = torch.randn(300, mlp.in_features, dtype=torch.float64) * 0.5
     assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-5
+
+
+def test_a_cat_of_input_slices_before_the_first_linear_reorders_its_columns():
+    """torch.cat of slices of x (and x) before the first Linear, through an eval-mode dropout: the Linear's columns at
+    the x columns they read, added where a column is read twice; x itself joined again later stays x."""
+
+    class Reordered(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 16), nn.Linear(16 + 6, 3)
+
+        def forward(self, x):  # x: 6 features, read as 8 columns (two of them twice)
+            h = torch.cat([F.dropout(x[:, 3:6], 0.2, training=False), x[:, 0:3], x[..., 1:2], x[:, 5:6]], -1)
+            return self.b(torch.cat([torch.relu(self.a(h)), x], -1))
+
+    torch.manual_seed(53)
+    model = Reordered().eval()
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.in_features == 6 and list(mlp.widths) == [6, 16, 3]
+    x = torch.randn(30, 6, dtype=torch.float64)
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
 
 
 def test_if_on_the_input_shape_that_cannot_be_decided():

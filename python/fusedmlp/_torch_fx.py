@@ -486,7 +486,8 @@ class _Tracer(Branches):
             w, b = (self.constant(a, label) for a in (node.args[1], _arg(node, 2, "bias", None)))
         w, b = (None if v is None else np.asarray(_numpy64(v) if isinstance(v, torch.Tensor) else v, np.float64)
                 for v in (w, b))  # (float64 once: the rewrites below and head work on arrays)
-        if not (self.inputs and self.inputs[0] in self.x_slices) and not self.takes_cur():
+        if not (self.inputs and (self.inputs[0] in self.x_slices or self.inputs[0] in self.x_maps)) and \
+                not self.takes_cur():
             if self.head(node, w, b, label):
                 return _ASIDE
             raise ArgumentError(f"{label}: a Linear that does not take the previous layer's output")
@@ -726,6 +727,22 @@ class _Tracer(Branches):
     def passthrough(self, node, label):
         """Identity and Dropout in eval mode (modules and functions), and the tensor methods that keep a value as it
         is (x.float(), x.to(torch.float32), .contiguous(), .clone(), .detach()): another name of the value."""
+        if not self.keeps_value(node, label):
+            return False
+        src = self.inputs[0] if self.inputs else None
+        if src is None:
+            return True
+        self.same[node] = src
+        if src in self.value_of:
+            self.value_of[node] = self.value_of[src]
+        if src in self.act_path:
+            self.act_path[node] = self.act_path[src]
+        # another name of the chain's value (the chain goes on from it), or of a value aside from it (a block's
+        # Dropout called again on its input: `drop(h) + f(norm(drop(h)))`), which the chain does not follow
+        return True if self.root(src) is self.root(self.cur) else _ASIDE
+
+    def keeps_value(self, node, label):
+        """Whether passthrough reads the node: an eval-mode Identity or Dropout, or a method keeping its value."""
         if self.leaf is not None and self.text is None and isinstance(self.leaf, (nn.Identity, *_DROPOUTS)):
             if isinstance(self.leaf, _DROPOUTS):
                 _check_dropout_off(self.leaf, node.target)
@@ -743,17 +760,7 @@ class _Tracer(Branches):
                     return False
         else:
             return False
-        src = self.inputs[0] if self.inputs else None
-        if src is None:
-            return True
-        self.same[node] = src
-        if src in self.value_of:
-            self.value_of[node] = self.value_of[src]
-        if src in self.act_path:
-            self.act_path[node] = self.act_path[src]
-        # another name of the chain's value (the chain goes on from it), or of a value aside from it (a block's
-        # Dropout called again on its input: `drop(h) + f(norm(drop(h)))`), which the chain does not follow
-        return True if self.root(src) is self.root(self.cur) else _ASIDE
+        return True
 
     def constant_op(self, node, label):
         """An arithmetic op of the chain's value and a constant: folded into a Linear (one value per feature, any on

@@ -33,6 +33,7 @@ class Branches:
         self.x_width = None  # x's features where forward splits it with listed sizes (torch.split(x, [a, b], -1))
         self.splits = {}  # torch.split node of x -> the parts' start offsets (and the end)
         self.x_slices = {}  # node -> (start, stop): a slice of the network input
+        self.x_maps = {}  # node -> x's column for each of its columns: a torch.cat of slices of x before any Linear
         self.cat_slice = None  # (start, stop) of a pending input concat's x part where it is a slice
         self.lead = None  # (offset, width): the chain's value among the last layer's outputs, where values ride along
         self.carried = []  # [node, terms [(output column, sign)], nonneg]: values returned beside a later output,
@@ -50,6 +51,24 @@ class Branches:
         """torch.split(x, [sizes], -1) and its parts, x[..., a:b] / x[:, a:b]: slices of the network input, read by
         a Linear or an input concat as x itself with zero weights for the other features (place_columns)."""
         x = self.x_node
+        if not self.layers.weights and self.inputs and (self.inputs[0] in self.x_slices or self.inputs[0] in
+                                                        self.x_maps) and self.keeps_value(node, label):
+            src = self.inputs[0]  # (DeepSDF's F.dropout(input[:, :-3], training=False): the slice itself)
+            (self.x_slices if src in self.x_slices else self.x_maps)[node] = (self.x_slices.get(src) or
+                                                                              self.x_maps[src])
+            return _ASIDE
+        if (node.op == "call_function" and node.target is torch.cat and not self.layers.weights and node.args
+                and isinstance(node.args[0], (list, tuple)) and node.args[0]
+                and all(p is x or p in self.x_slices for p in node.args[0]) and _arg(node, 1, "dim", 0) in (-1, 1)
+                and any(p is not x for p in node.args[0])):
+            if x in node.args[0] and self.x_width is None:
+                raise ArgumentError(f"{label}: a torch.cat of the input and slices of it leaves x's width unknown; "
+                                    "fusedmlp reads slices with both ends given, or torch.split(x, [sizes], -1)")
+            cols = []  # (DeepSDF's torch.cat([latent_vecs, xyz], 1): x's columns in another order, or repeated)
+            for p in node.args[0]:
+                cols += range(self.x_width) if p is x else range(*self.x_slices[p])
+            self.x_maps[node] = cols
+            return _ASIDE
         if node.op in ("call_function", "call_method") and node.target in (torch.split, "split") and node.args and \
                 node.args[0] is x and not self.layers.weights:
             sizes = node.args[1] if len(node.args) > 1 else node.kwargs.get("split_size_or_sections")
@@ -91,6 +110,15 @@ class Branches:
         (the first layer's input, or a pending concat's x part) at its features among x's, the others zero; the chain
         value's part at the lead's columns of the last layer's outputs, where values ride along (zeros for theirs)."""
         first = self.inputs[0] if self.inputs else None
+        if first in self.x_maps and not self.layers.weights and self.cur is self.x_node:
+            self.inputs[0] = self.cur  # (the Linear takes x: each of its columns where x holds that value)
+            cols = self.x_maps[first]
+            width = self.x_width if self.x_width is not None else slices_width(None, self.x_slices, label)
+            if w.shape[1] != len(cols):
+                raise ShapeError(f"{label}: a Linear of {w.shape[1]} inputs on {len(cols)} columns of x")
+            out = np.zeros((w.shape[0], max(width, max(cols) + 1)))
+            np.add.at(out.T, cols, w.T)
+            return out
         if first in self.x_slices and not self.layers.weights and self.cur is self.x_node:
             self.inputs[0] = self.cur  # (the Linear takes the chain's value: x)
             width = slices_width(self.x_width, self.x_slices, label)
