@@ -185,7 +185,7 @@ def test_deepsdf_decoder_as_written_on_cuda():
     from test_torch import _DeepSdfDecoder
 
     torch.manual_seed(43)
-    for options in ({}, {"weight_norm": False}):
+    for options in ({}, {"weight_norm": False}, {"latent_dropout": True}):
         model = _DeepSdfDecoder(**options).cuda().eval()
         x = torch.randn(4099, 259, device="cuda") * 0.5
         with torch.no_grad():
