@@ -29,6 +29,15 @@ def ref64(module, x):
         return copy.deepcopy(module).double()(x.double())
 
 
+def reads_as(model, widths, rows=40):
+    """from_torch's CPU model of `model` has these widths and gives its float64 outputs within 1e-6."""
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert mlp.in_features == widths[0] and list(mlp.widths) == widths, mlp
+    x = torch.randn(rows, widths[0], dtype=torch.float64)
+    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
+    return mlp
+
+
 def max_rel(y, ref):
     return float((y.double() - ref).norm() / ref.norm())
 
@@ -1298,11 +1307,7 @@ def test_a_cat_of_input_slices_before_the_first_linear_reorders_its_columns():
             return self.b(torch.cat([torch.relu(self.a(h)), x], -1))
 
     torch.manual_seed(53)
-    model = Reordered().eval()
-    mlp = fusedmlp.from_torch(model, device="cpu")
-    assert mlp.in_features == 6 and list(mlp.widths) == [6, 16, 3]
-    x = torch.randn(30, 6, dtype=torch.float64)
-    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
+    reads_as(Reordered().eval(), [6, 16, 3])
 
 
 def test_if_on_the_input_shape_that_cannot_be_decided():
@@ -1377,11 +1382,7 @@ class _Sliced(nn.Module):
 
 def test_slices_of_the_input_read_as_x_with_zero_weights():
     torch.manual_seed(4)
-    model = _Sliced().eval()
-    mlp = fusedmlp.from_torch(model, device="cpu")
-    assert mlp.in_features == 8 and list(mlp.widths) == [8, 32, 2]
-    x = torch.randn(40, 8, dtype=torch.float64)
-    assert max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(model, x)) <= 1e-6
+    reads_as(_Sliced().eval(), [8, 32, 2])
     with pytest.raises(fusedmlp.ArgumentError, match=r"x\[\.\.\., 5:\] leaves x's width unknown"):
         fusedmlp.from_torch(_Sliced(open_end=True).eval(), device="cpu")
 
