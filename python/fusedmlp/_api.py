@@ -160,7 +160,9 @@ class FusedMLP:
         activation: the activation of every hidden layer (a name or an expression over ``x``), or a list with one
             per hidden layer, or one per layer (then leave output_activation None).
         output_activation: the activation of the last layer; None means "none". 'softmax' and 'log_softmax' (over
-            the output features, a classifier's head) are fused too: they run as that layer's norm (below).
+            the output features, a classifier's head) are fused too: they run as that layer's norm (below). Column
+            pieces give its columns different activations: [("sigmoid", 3), ("none", 1)] or the text
+            "sigmoid:3 | none:1" (NeRF's rgb and density; up to 8 pieces, their counts adding up to its outputs).
         residual: residual epilogues y = then(act(W h + b) op r), fused: a dict {layer: spec} (or a list with one
             spec or None per layer). A spec is 'add' or 'mul' (r = h, the layer's input), (op, then),
             (op, then, from) or {'op': ..., 'then': ..., 'from': ...}; ``from`` names an earlier layer (r is its
