@@ -1343,8 +1343,14 @@ def test_if_on_the_input_shape_that_cannot_be_decided():
                 x = x * 2
             return self.head(torch.relu(self.body(x)))
 
-    with pytest.raises(fusedmlp.ArgumentError, match="traced for inputs of 8 features .* but reads 5"):
+    with pytest.raises(fusedmlp.ArgumentError, match="traced for inputs of 8 features .* pass from_torch's "
+                                                     "in_features= .* but reads 5"):
         fusedmlp.from_torch(Late().eval(), device="cpu")
+    torch.manual_seed(54)
+    late = Late().eval()  # (traced at the width given: 5 != 8, so x is not doubled)
+    mlp = fusedmlp.from_torch(late, device="cpu", in_features=5)
+    x = torch.randn(20, 5, dtype=torch.float64)
+    assert mlp.in_features == 5 and max_rel(torch.from_numpy(mlp(x.float().numpy())), ref64(late, x)) <= 1e-6
 
 
 def test_output_columns_reordered_or_scaled_fold_into_the_last_layer():
@@ -1632,6 +1638,21 @@ def test_wrapped_and_torchscript_modules_read_as_the_module_they_run(tmp_path):
         mlp = fusedmlp.from_torch(wrapped, device="cpu")
         assert list(mlp.widths) == [8, 16, 4], type(wrapped)
         assert max_rel(torch.from_numpy(mlp(x.numpy())), ref64(seq, x.double())) <= 1e-6, type(wrapped)
+    class Critic(nn.Module):  # Q(obs, act): two inputs, whose widths the scripted module does not say
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Sequential(nn.Linear(11 + 3, 32), nn.ReLU(), nn.Linear(32, 1))
+
+        def forward(self, obs, act):
+            return self.q(torch.cat([obs, act], -1)).squeeze(-1)
+
+    critic = Critic().eval()
+    with pytest.raises(fusedmlp.ArgumentError, match=r"needs in_features=\(one width per input\)"):
+        fusedmlp.from_torch(torch.jit.script(critic), device="cpu")
+    obs, act = torch.randn(40, 11), torch.randn(40, 3)
+    with torch.no_grad():
+        got = ft.FusedModule(torch.jit.script(critic), in_features=(11, 3))(obs, act)
+    assert got.shape == (40,) and max_rel(got, critic.double()(obs.double(), act.double())) <= 1e-6
     policy = Policy().eval()
     torch.jit.save(torch.jit.script(policy), tmp_path / "policy.pt")
     loaded = torch.jit.load(tmp_path / "policy.pt")

@@ -87,8 +87,9 @@ def _first_width(module):
     return next((m.in_features for m in module.modules() if isinstance(m, nn.Linear)), None)
 
 
-def _trace(module, flags):
-    """module's torch.fx GraphModule, and the input width an `if` on the input's shape was decided at (or None)."""
+def _trace(module, flags, in_features=None):
+    """module's torch.fx GraphModule, and the input width an `if` on the input's shape was decided at (or None):
+    in_features where given, else the first Linear's."""
     def fail(e):
         return ArgumentError(f"{type(module).__name__} is not an nn.Sequential and torch.fx cannot trace it: {e}")
 
@@ -98,7 +99,7 @@ def _trace(module, flags):
         gm.recompile()
         return gm, None
     except torch.fx.proxy.TraceError as e:  # control flow: on the input's shape, a single input, read below
-        width, first = _first_width(module), e
+        width, first = in_features or _first_width(module), e
     except Exception as e:  # data-dependent control flow and the like
         raise fail(e) from None
     inputs = [n for n in _forward_params(module) if n not in (flags or {})]
@@ -150,12 +151,13 @@ class _Tracer(Branches):
     """One walk over a traced module's graph (read_traced). Each node goes to the first handler that takes it; the
     chain's state (the current value, the values a residual may read, the layers) lives here."""
 
-    def __init__(self, module, activations):
+    def __init__(self, module, activations, in_features=None):
         self.module = module
         self.activations = dict(activations or {})
         flags = _flag_defaults(module)
         self.flags = flags or {}  # (their placeholders and torch.fx's guards on them are skipped: guard)
-        self.gm, self.assumed_width = _trace(module, flags)
+        self.gm, self.assumed_width = _trace(module, flags, in_features)
+        self.width_given = in_features is not None
         self.layers = Layers(_numpy64)
         self.residual, self.concat = [], {}
         self.cur = self.x_node = self.pending_cat = None
@@ -893,13 +895,13 @@ class _Tracer(Branches):
         return weights, biases, acts, edges
 
 
-def read_traced(module, activations):
+def read_traced(module, activations, in_features=None):
     """Walks module's torch.fx graph as a chain (_Tracer): each Linear starts a layer, activations before a residual
     op are the layer's activation, the op with a kept value (the layer's input, an earlier layer's output, the network
     input) is its residual, activations after it the residual's; torch.cat of the hidden state with the network input
     right before a Linear is that layer's input concat; BatchNorm1d and constant affine maps fold into the Linear
     before or after them (Layers)."""
-    tracer = _Tracer(module, activations)
+    tracer = _Tracer(module, activations, in_features)
     weights, biases, acts, edges = tracer.run()
     width = tracer.assumed_width
     if width is not None:
@@ -907,7 +909,8 @@ def read_traced(module, activations):
                    else weights[0].shape[1])
         if "flatten_input" in edges or x_width != width:
             raise ArgumentError(f"{type(module).__name__}.forward branches on its input's shape (an `if` on "
-                                f"x.shape); it was traced for inputs of {width} features (its first Linear's "
-                                f"in_features), but reads {x_width}" + (" after a flatten" if "flatten_input" in edges
-                                                                       else ""))
+                                f"x.shape); it was traced for inputs of {width} features ("
+                                + ("in_features" if tracer.width_given else "its first Linear's in_features; pass "
+                                   "from_torch's in_features= to trace it at another")
+                                + f"), but reads {x_width}" + (" after a flatten" if "flatten_input" in edges else ""))
     return weights, biases, acts, edges

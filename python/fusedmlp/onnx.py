@@ -64,8 +64,9 @@ _UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "
           "Mish": "({a}) * tanh(softplus({a}))", "Neg": "(-({a}))", "Reciprocal": "(1 / ({a}))"}
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
 _PASS = ("Identity", "Dropout", "Cast")
-#: read_onnx's edges that are not FusedMLP's: how fusedmlp.torch gives back a TorchScript module's outputs
-OUTPUT_FORM = ("outputs", "output_squeeze", "squeeze")
+#: read_onnx's edges that are not FusedMLP's: how fusedmlp.torch joins a TorchScript module's inputs and gives back
+#: its outputs
+OUTPUT_FORM = ("outputs", "output_squeeze", "squeeze", "inputs")
 
 
 def _axes(attrs, axes):
@@ -749,6 +750,8 @@ class _Reader(Outputs):
         weights, biases, acts, norm, flatten = self.layers.finish("the ONNX graph")
         edges = graph_edges([tuple(r) if r else None for r in self.residual], self.concat or None, norm, flatten,
                             len(weights), self.layers.encoding)
+        if self.input_order:  # (several inputs: their order in the Concat, as fusedmlp.torch names it)
+            self.output_form["inputs"] = self.input_order
         return weights, biases, acts, {**edges, **self.output_form}
 
 

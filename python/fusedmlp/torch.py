@@ -23,7 +23,7 @@ from .errors import ArgumentError
 __all__ = ["from_torch", "FusedModule", "mlp_forward"]
 
 
-def read_module(module, activations=None):
+def read_module(module, activations=None, in_features=None):
     """Reads an MLP module into weights, biases, one activation per layer, residual epilogues and norms.
 
     Args:
@@ -36,6 +36,9 @@ def read_module(module, activations=None):
             reads as the module it runs; a TorchScript module (torch.jit.script / trace / load) through the graph
             torch's ONNX exporter writes of it (fusedmlp.onnx; the onnx extra).
         activations: {module path: expression} for modules fusedmlp does not know (e.g. {"mlp.4": "x*tanh(x)"}).
+        in_features: the features of forward's input (an int), or of each of its inputs (a tuple), where reading
+            needs them: an `if` on the input's shape (default: the first Linear's in_features), a TorchScript
+            module (default: one input, as wide as its first weight's columns).
 
     Returns:
         (weights, biases, activations, edges) ready for FusedMLP(weights, biases, activation=activations, **edges);
@@ -48,11 +51,26 @@ def read_module(module, activations=None):
         "output_squeeze" whether each part is one column indexed away (y[..., 3]).
     """
     module = _unwrapped(module)
+    widths = _widths(in_features)
     if isinstance(module, torch.jit.ScriptModule):
-        return _read_scripted(module, activations)
+        return _read_scripted(module, activations, widths)
     if isinstance(module, (nn.Sequential, nn.Linear)):
         return read_sequential(module, activations)
-    return read_traced(module, activations)
+    if widths is not None and len(widths) != 1:
+        raise ArgumentError(f"in_features={in_features!r}: a traced module's `if` on its input's shape is read for "
+                            "one input; give one int")
+    return read_traced(module, activations, None if widths is None else widths[0])
+
+
+def _widths(in_features):
+    """in_features as a tuple of positive ints (or None)."""
+    if in_features is None:
+        return None
+    widths = tuple(in_features) if isinstance(in_features, (tuple, list)) else (in_features,)
+    if not widths or not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths):
+        raise ArgumentError(f"in_features={in_features!r} must be a positive int, or a tuple of them (one per input "
+                            "of forward)")
+    return widths
 
 
 def _unwrapped(module):
@@ -67,10 +85,10 @@ def _unwrapped(module):
             return module
 
 
-def _read_scripted(module, activations):
+def _read_scripted(module, activations, widths=None):
     """A TorchScript module (torch.jit.script / trace / load: a deployed policy's .pt file) has no Python forward
-    for torch.fx: torch's TorchScript ONNX exporter writes its graph, which fusedmlp.onnx reads. Its input is as wide
-    as its first 2-D weight's columns."""
+    for torch.fx: torch's TorchScript ONNX exporter writes its graph, which fusedmlp.onnx reads. Its inputs are
+    `widths` wide, or it has one, as wide as its first 2-D weight's columns."""
     import io
 
     if activations:
@@ -84,18 +102,22 @@ def _read_scripted(module, activations):
     weight = next((p for name, p in module.named_parameters() if name.endswith("weight") and p.ndim == 2), None)
     if weight is None:
         raise ArgumentError(f"{type(module).__name__}: a TorchScript module without a 2-D weight; fusedmlp reads MLPs")
-    example = torch.zeros(2, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    names = [f"x{i}" for i in range(len(widths or (1,)))]
+    example = tuple(torch.zeros(2, w, dtype=weight.dtype, device=weight.device) for w in widths or (weight.shape[1],))
     buf = io.BytesIO()
     try:
         with torch.no_grad():
-            torch.onnx.export(module, (example,), buf, dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "n"}})
+            torch.onnx.export(module, example, buf, dynamo=False, input_names=names,
+                              dynamic_axes={n: {0: "n"} for n in names})
     except Exception as e:
+        hint = "" if widths else "; a module with several inputs needs in_features=(one width per input)"
         raise ArgumentError(f"{type(module).__name__}: torch's ONNX exporter could not write this TorchScript module "
-                            f"(read through its ONNX graph): {e}") from None
+                            f"(read through its ONNX graph) for inputs of {[tuple(t.shape[1:]) for t in example]} "
+                            f"features{hint}: {e}") from None
     return read_onnx(buf.getvalue())
 
 
-def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
+def from_torch(module, activations=None, device=None, calibrate=None, in_features=None, **kwargs):
     """Builds a FusedMLP from a PyTorch MLP.
 
     Args:
@@ -105,6 +127,8 @@ def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
         activations: {module path: expression} for activation modules fusedmlp does not know.
         device: default: the module's device ('cuda:N' for CUDA parameters, else 'auto').
         calibrate: for dtype='int8' or 'float8': a batch of typical inputs, passed to FusedMLP.calibrate.
+        in_features: forward's input features where reading needs them (read_module): an int, or a tuple for a
+            TorchScript module with several inputs (a scripted critic's obs and act).
         kwargs: passed to FusedMLP (dtype, check, cache_dir).
 
     Returns:
@@ -115,7 +139,7 @@ def from_torch(module, activations=None, device=None, calibrate=None, **kwargs):
         forward returning several Linear heads of one value (pi(h), v(h)) gives them side by side in one output, in
         that order; FusedModule returns the tuple.
     """
-    weights, biases, acts, edges = read_module(module, activations)
+    weights, biases, acts, edges = read_module(module, activations, in_features)
     edges.pop("inputs", None)  # several inputs: the model takes their torch.cat (FusedModule joins them itself)
     edges.pop("squeeze", None)  # y.squeeze(-1): the model gives y with its column (FusedModule squeezes it)
     for key in ("outputs", "output_keys", "output_squeeze"):  # heads pi(h), v(h), or forward's tuple or dict of
@@ -183,10 +207,11 @@ class FusedModule(nn.Module):
     Args:
         module: what from_torch accepts.
         activations: {module path: expression} for activation modules fusedmlp does not know.
+        in_features: as from_torch's (a TorchScript module's inputs; a traced `if` on the input's shape).
         kwargs: passed to FusedMLP (check, cache_dir).
     """
 
-    def __init__(self, module, activations=None, **kwargs):
+    def __init__(self, module, activations=None, in_features=None, **kwargs):
         super().__init__()
         self._wraps_sequential = isinstance(module, nn.Sequential)
         if self._wraps_sequential:
@@ -194,7 +219,7 @@ class FusedModule(nn.Module):
                 self.add_module(name, child)
         else:
             self.add_module("module", module)
-        self._activations = activations
+        self._activations, self._in_features = activations, in_features
         self._kwargs = kwargs
         self._handle = None
         self._rebuild()
@@ -205,7 +230,7 @@ class FusedModule(nn.Module):
 
     def _rebuild(self):
         self._release()
-        weights, biases, texts, edges = read_module(self._wrapped(), self._activations)
+        weights, biases, texts, edges = read_module(self._wrapped(), self._activations, self._in_features)
         self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
         self._squeeze = edges.pop("squeeze", None)  # forward's y.squeeze(dims) of its output
         self._outputs = edges.pop("outputs", None)  # forward's heads' widths: the output split into a tuple
