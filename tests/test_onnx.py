@@ -345,8 +345,7 @@ def test_torch_onnx_export_of_a_positional_encoding_reads_as_the_input_encoding(
 def test_torch_onnx_export_of_nerf_pytorchs_nerf_splits_its_input():
     """nerf-pytorch's NeRF without view directions, exported: Split of the input into points and views, the points
     read by the first Gemm and joined again by the skip's Concat, each as x with zero weights for the view features
-    (as from_torch reads the module); against torch in float64. The view-direction branch (alpha returned beside the
-    view layer's output) is not read from ONNX."""
+    (as from_torch reads the module); against torch in float64 (its view-direction branch: the test below)."""
     torch = pytest.importorskip("torch")
     from test_torch import _NerfPytorch
 
@@ -551,10 +550,9 @@ def test_a_critic_of_two_inputs_joined_by_a_concat(rng):
 def test_torch_onnx_export_of_heads_and_output_parts(kind):
     """Heads with activations of their own, slices / Split / chunk (Shape, Gather and arithmetic on the width) /
     Gather of the output's columns, their Concat or several graph outputs: the last layer's rows and column pieces,
-    the outputs side by side in the graph's order (an indexed column as one); against torch in float64. A layer
-    past them (NeRF's view branch) is named."""
+    the outputs side by side in the graph's order (an indexed column as one); against torch in float64."""
     torch = pytest.importorskip("torch")
-    from test_torch import _Heads, _NerfPl, _SplitHead
+    from test_torch import _Heads, _SplitHead
 
     family, name = kind.split(":")
     torch.manual_seed(49)
@@ -567,9 +565,26 @@ def test_torch_onnx_export_of_heads_and_output_parts(kind):
     parts = list(want.values()) if isinstance(want, dict) else list(want) if isinstance(want, tuple) else [want]
     want = torch.cat([p if p.ndim == 2 else p[:, None] for p in parts], -1).numpy()
     assert np.linalg.norm(mlp(x.numpy()) - want) <= 1e-6 * np.linalg.norm(want)
-    if kind == "heads:cat":
-        with pytest.raises(fusedmlp.ArgumentError, match="NeRF's view branch"):
-            fusedmlp.from_onnx(torch_exported(torch, _NerfPl().eval(), (torch.randn(4, 90),)), device="cpu")
+
+
+
+@pytest.mark.parametrize("which", ["nerf_pl", "nerf_pytorch"])
+def test_torch_onnx_export_of_a_nerf_with_its_view_branch(which):
+    """nerf_pl's and nerf-pytorch's NeRF with view directions, exported: the density head rides along the view layer
+    as relu(v), relu(-v) rows and leaves the last layer as one row without its activation (a piece); the feature
+    layer merges into the view layer (90-256x8-130-4, as from_torch reads them); against torch in float64."""
+    torch = pytest.importorskip("torch")
+    from test_torch import _NerfPl, _NerfPytorch
+
+    torch.manual_seed(55)
+    model = (_NerfPl() if which == "nerf_pl" else _NerfPytorch(use_viewdirs=True)).eval()
+    x = torch.randn(60, 90)
+    mlp = fusedmlp.from_onnx(torch_exported(torch, model, (x,)), device="cpu")
+    assert list(mlp.widths) == [90] + [256] * 8 + [130, 4], mlp
+    with torch.no_grad():
+        want = model.double()(x.double()).numpy()
+    assert np.linalg.norm(mlp(x.numpy()) - want) <= 1e-6 * np.linalg.norm(want)
+    assert np.linalg.norm(mlp(x.numpy())[:, 3] - want[:, 3]) <= 1e-6 * np.linalg.norm(want[:, 3])
 
 
 def test_matmul_heads_per_column_constants_and_several_outputs(rng):

@@ -10,7 +10,11 @@ whether the value lost its last axis (a Gather of one column). So:
 - Slice / Split / Gather of columns, Concat of such values over the last axis, Squeeze / Unsqueeze of that axis;
 - elementwise nodes on them (the activations the chain reads, with scalar or per-column constants, or two values of the
   same rows: x * Sigmoid(x));
-- several graph outputs, side by side in the model's output in the graph's order.
+- several graph outputs, side by side in the model's output in the graph's order;
+- a layer past the heads reading one of them (and x: NeRF's view layer on its feature head): the chain goes on from
+  there, and the other values still read later ride along as rows of each later layer (one through an identity
+  layer, relu(v) and relu(-v) through a relu one; `carry`), one row of the last layer at the end, outside its
+  activation (a column piece), as fusedmlp.torch's _torch_fx_branch carries them.
 
 At the end the last layer's rows become the outputs' columns in order (a row may repeat or go, where the layer has no
 norm or residual that reads them all), and their expressions its column pieces ("sigmoid:3 | none:1").
@@ -33,6 +37,11 @@ class Outputs:
         self.tail = None  # value -> [[(row, expression), ...], squeezed] once the output's columns part ways
         self.output_form = {}  # read_onnx's edges for fusedmlp.torch: "outputs", "output_squeeze", "squeeze"
         self.read_by_last = None  # the value the last Gemm / MatMul read: another one on it is a head
+        # values of the tail returned beside a later layer's output (NeRF's alpha past the view layer): [name,
+        # column, terms [(row, factor)] over carried_layer's input, i.e. the layer before's outputs]; carried_layer
+        # takes their rows once its activation is known (carry)
+        self.carried, self.carried_layer = [], None
+        self.tail_cat = {}  # Concat of a tail value and x (or a slice of it) -> (tail value, x's name, side of x)
 
     def starts_tail(self, node, op):
         """Whether the node parts the last layer's output columns: a Slice / Split / Gather of the chain's value, or
@@ -42,6 +51,8 @@ class Outputs:
             return False
         if op in ("Slice", "Split", "Gather"):
             return node.input[0] in ({self.cur} | set(self.exprs))
+        if any(name in {c[0] for c in self.carried} for name in node.input):  # (a carried value returned)
+            return True
         return op in ("Gemm", "MatMul") and node.input[0] == self.read_by_last and node.input[0] != self.cur and \
             self.residual[-1] is None and layers.norms[-1] is None
 
@@ -67,6 +78,16 @@ class Outputs:
             self.tail[name] = [[(r, compose(text, exprs[r]) if exprs[r] != "x" else text) for r in rows], False]
         self.exprs = {}
         layers.acts[-1] = "none"
+        if self.carried and self.carried_layer == len(layers.weights) - 1:  # each carried column one row of the last
+            if layers.norms[-1] is not None or self.residual[-1] is not None:  # layer, outside its activation
+                raise ArgumentError(f"{sorted({c[0] for c in self.carried})}, returned beside the last layer's output, "
+                                    "would cross its norm or residual; fusedmlp returns such values from a last layer "
+                                    "without them")
+            first = layers.weights[-1].shape[0]
+            self.carry_rows([(1.0, 1.0)] * len(self.carried), "the graph's outputs")
+            for i, (name, col, _) in enumerate(self.carried):
+                self.tail.setdefault(name, [[], False])[0].append((first + i, "x"))
+            self.carried, self.carried_layer = [], None
 
     def tail_node(self, node, op, attrs, label):
         if self.tail is None:
@@ -82,11 +103,17 @@ class Outputs:
 
         if op in ("Identity", "Dropout", "Cast"):
             return
-        if op == "Concat" and any(name == self.x or name in self.x_slices for name in ins):
-            raise ArgumentError(f"{label}: the network input joins a value past the last layer, as a layer after "
-                                "heads or slices of the output would read it (NeRF's view branch); from_onnx reads "
-                                "heads and the output's columns only as the network's outputs (fusedmlp.from_torch "
-                                "reads such branches in PyTorch models)")
+        x_in = [name for name in ins if name == self.x or name in self.x_slices]
+        if op == "Concat" and x_in:  # (a layer past the heads reads this: NeRF's view branch, lead)
+            t = [name for name in ins if name not in x_in]
+            if len(ins) != 2 or len(x_in) != 1 or t[0] not in tail or attrs.get("axis") not in (-1, 1):
+                raise ArgumentError(f"{label}: a Concat of {ins}; past the last layer fusedmlp reads a Concat of the "
+                                    "network input (or a slice of it) with one value made from the output's columns")
+            self.tail_cat[out] = (t[0], x_in[0], "before" if ins[0] == x_in[0] else "after")
+            return
+        if op in ("Gemm", "MatMul") and (ins[0] in self.tail_cat or (ins[0] in tail and ins[0] != self.read_by_last)):
+            self.lead(node, op, attrs, label, *(self.tail_cat.get(ins[0]) or (ins[0], None, None)))
+            return
         if op in ("Gemm", "MatMul") and ins[0] == self.read_by_last:
             self.head(node, op, attrs, label)
         elif op == "Slice":
@@ -136,6 +163,78 @@ class Outputs:
             tail[out] = [cols, op == "Squeeze"]
         else:
             self.tail_elementwise(node, op, attrs, label, value)
+
+    def lead(self, node, op, attrs, label, name, x_name, side):
+        """A layer past the heads reading one of them (with x joined: NeRF's view layer on its feature head): the
+        network goes on from that head's rows, and the other outputs' columns ride along the layers after it as rows
+        of their own (carried, carry), back to the tail at the end."""
+        layers, tail = self.layers, self.tail
+        at = next(i for i, n in enumerate(self.graph_nodes) if n.output and n.output[0] == node.output[0])
+        later = {self.root(i) for n in self.graph_nodes[at + 1:] for i in n.input} | set(self.outputs)
+        live = [o for o in tail if o != name and o in later]
+        for n in [name] + live:
+            if tail[n][1] or any(e != "x" for _, e in tail[n][0]):
+                raise ArgumentError(f"{label}: a layer past the heads reads {name} while {n}, made from the last "
+                                    "layer's columns, has an activation or lost its axis; fusedmlp carries values "
+                                    "past later layers only as the Linear outputs themselves (NeRF's alpha)")
+        rows = [r for r, _ in tail[name][0]]
+        w, b = self.gemm_weights(node, op, attrs, label)
+        n_x = w.shape[1] - len(rows)
+        if n_x < 0 or (n_x > 0) != (x_name is not None):
+            raise ArgumentError(f"{label}: a layer of {w.shape[1]} inputs on {len(rows)} columns past the heads")
+        h_part = w[:, n_x:] if side == "before" else w[:, :len(rows)]
+        wide = np.zeros((w.shape[0], layers.weights[-1].shape[0]))
+        np.add.at(wide.T, rows, h_part.T)
+        if x_name is not None:
+            self.concat[len(layers.weights)] = side
+            self.cat_slice = self.x_slices.get(x_name)
+            x_part = w[:, :n_x] if side == "before" else w[:, len(rows):]
+            wide = self.slice_columns(np.concatenate([x_part, wide] if side == "before" else [wide, x_part], axis=1),
+                                      None, label)
+        self.residual.append(None)
+        layers.linear(wide, b, label)
+        self.carried = [[o, j, [(r, 1.0)]] for o in live for j, (r, _) in enumerate(tail[o][0])]
+        self.carried_layer = len(layers.weights) - 1
+        self.tail, self.tail_cat, self.exprs = None, {}, {}
+        self.cur, self.biased, self.read_by_last = node.output[0], True, None
+
+    def carry(self, label):
+        """The carried columns' rows in carried_layer, now that its activation is known (the next layer starts): one
+        row each through an identity layer, relu(v) and relu(-v) through a relu one (v their difference after it)."""
+        layers, l = self.layers, self.carried_layer
+        if not self.carried or l != len(layers.weights) - 1:
+            return 0
+        act = layers.acts[l]
+        if layers.norms[l] is not None or self.residual[l] is not None or act not in ("none", "relu", "relu(x)"):
+            raise ArgumentError(f"{label}: {sorted({c[0] for c in self.carried})}, returned beside a later layer's "
+                                f"output, would cross a layer with {'a norm or residual' if act in ('none', 'relu') else 'activation ' + act}; "
+                                "fusedmlp carries such values exactly through identity and relu layers only")
+        signs = [(1.0, 1.0)] if act == "none" else [(1.0, 1.0), (-1.0, -1.0)]  # (row sign, its term's factor)
+        added = self.carry_rows([(s, f) for _ in self.carried for s, f in signs], label)
+        for i, c in enumerate(self.carried):
+            c[2] = [(added + i * len(signs) + k, f) for k, (_, f) in enumerate(signs)]
+        self.carried_layer = l + 1
+        return added
+
+    def carry_rows(self, signs, label):
+        """Rows appended to the last layer, one per (sign, _) of signs in the carried columns' order (each column's
+        signs in turn): sign times the column as its terms give it over the layer's input; returns the first's
+        index."""
+        layers = self.layers
+        l, w = len(layers.weights) - 1, layers.weights[-1]
+        shift = w.shape[1] - layers.weights[l - 1].shape[0] if self.concat.get(l) == "before" else 0
+        per = len(signs) // len(self.carried)
+        rows = []
+        for i, c in enumerate(self.carried):
+            comb = np.zeros(w.shape[1])
+            for r, f in c[2]:
+                comb[shift + r] += f
+            rows += [sign * comb for sign, _ in signs[i * per:(i + 1) * per]]
+        first = w.shape[0]
+        layers.weights[-1] = np.concatenate([w, np.array(rows)])
+        b = layers.biases[-1]
+        layers.biases[-1] = None if b is None else np.concatenate([b, np.zeros(len(rows))])
+        return first
 
     def head(self, node, op, attrs, label):
         """A Gemm / MatMul on the value the last one read: its rows join the last layer's."""
@@ -211,7 +310,7 @@ class Outputs:
         if self.tail is None:
             if len(self.outputs) == 1:
                 return
-            if not all(o in ({self.cur} | set(self.exprs)) for o in self.outputs):
+            if not all(o in ({self.cur} | set(self.exprs) | {c[0] for c in self.carried}) for o in self.outputs):
                 raise ArgumentError(f"the graph has outputs {self.outputs}; fusedmlp reads several where each is made "
                                     "from the last layer's output (heads, slices of its columns)")
             self.start_tail()

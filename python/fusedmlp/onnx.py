@@ -30,7 +30,8 @@ The graph is walked in its (topological) order as a chain, as fusedmlp.torch wal
 - Past the last layer (_onnx_outputs): heads (a Gemm / MatMul on the value the last one read), ``Slice`` / ``Split``
   / ``Gather`` of the output's columns (a ``Shape``'s width, which exporters use for chunk sizes, is a constant),
   their ``Concat`` and elementwise nodes, and several graph outputs: side by side in the model's output, the last
-  layer's rows theirs and their activations its column pieces.
+  layer's rows theirs and their activations its column pieces; a layer reading one head (and x: NeRF's view
+  branch) with the others carried along as rows of the layers after it.
 - Nodes whose inputs are all constants (an exporter's weight computations: ``weight_norm``'s ``g * v / ReduceL2(v)``)
   are evaluated while reading, in float64: arithmetic, ``Sqrt``, ``Abs``, ``Reciprocal``, ``MatMul``, ``Transpose``,
   ``Reshape``, ``Unsqueeze``, ``Squeeze``, ``ReduceL2`` / ``ReduceSum`` / ``ReduceMean``.
@@ -648,6 +649,7 @@ class _Reader(Outputs):
         first_slice: (start, stop) where the first layer reads a slice of x (its columns there among x's)."""
         layers = self.layers
         if op in ("Gemm", "MatMul"):
+            carried_at = self.carry(label)  # (values riding along: the layer before's rows for them first)
             if self.pending_cat is not None:
                 self.concat[len(layers.weights)] = self.pending_cat
                 self.pending_cat = None
@@ -656,6 +658,10 @@ class _Reader(Outputs):
             self.residual.append(None)
             w, b = self.gemm_weights(node, op, attrs, label)
             w = self.slice_columns(w, first_slice, label)
+            if carried_at:  # (the carried rows of the layer before meet zero weights here)
+                extra = layers.weights[-1].shape[0] - carried_at
+                h_end = w.shape[1] if self.concat.get(len(layers.weights)) != "after" else carried_at
+                w = np.concatenate([w[:, :h_end], np.zeros((w.shape[0], extra)), w[:, h_end:]], axis=1)
             layers.linear(w, b, label)
             self.biased = True
             self.read_by_last = node.input[0]  # (a head on it joins this layer: _onnx_outputs)
