@@ -87,14 +87,15 @@ def test_onnx_and_sklearn_models_on_cuda():
     x = torch.randn(1000, 16)
     with torch.no_grad():
         _check(torch.from_numpy(mlp(x.numpy())), model(x))
-    from test_torch import _Heads, _SplitHead  # heads and output parts: the last layer's column pieces
+    from test_torch import _Heads, _NerfPl, _SplitHead  # heads and output parts: the last layer's column pieces
 
-    for model in (_Heads("cat"), _SplitHead("chunk"), _SplitHead("dict")):
+    for model in (_Heads("cat"), _SplitHead("chunk"), _SplitHead("dict"), _NerfPl()):  # (and NeRF's view branch)
+        width = 90 if isinstance(model, _NerfPl) else 6
         buf = io.BytesIO()
-        torch.onnx.export(model.eval(), torch.randn(3, 6), buf, dynamo=False, input_names=["x"],
+        torch.onnx.export(model.eval(), torch.randn(3, width), buf, dynamo=False, input_names=["x"],
                           dynamic_axes={"x": {0: "n"}})
         mlp = fusedmlp.from_onnx(buf.getvalue(), device="cuda", check=True)
-        x = torch.randn(1000, 6)
+        x = torch.randn(1000, width)
         with torch.no_grad():
             want = model.double()(x.double())
         parts = list(want.values()) if isinstance(want, dict) else list(want) if isinstance(want, tuple) else [want]
