@@ -153,7 +153,7 @@ def _tensor_format(ray, fmt):
     ray.data.DataContext.get_current().arrow_fixed_shape_tensor_format = getattr(FixedShapeTensorFormat, _FORMATS[fmt])
 
 
-def _ray_once(ray, ds, kwargs, block_rows, resources, calls_per_actor, actors=1):
+def _ray_once(ray, ds, kwargs, block_rows, resources, calls_per_actor, actors=1, strict=True):
     if os.path.exists(_NOTES):
         os.unlink(_NOTES)
     submitted = time.time()
@@ -167,11 +167,15 @@ def _ray_once(ray, ds, kwargs, block_rows, resources, calls_per_actor, actors=1)
         notes = [json.loads(line) for line in f]
     ready = [n for n in notes if n["event"] == "ready"]
     calls = sorted((n for n in notes if n["event"] == "call"), key=lambda n: n["start"])
-    assert len(ready) == actors, f"expected {actors} actor(s), got {len(ready)} (restarts?)"
+    # strict (the device runs): every actor of the pool took part, none restarted. The stand-in's CPU smoke run is
+    # short (4 blocks): Ray Data 2.60 may finish it on the first actor before the second is up, so there it allows
+    # fewer, and the result says how many were ready (actors_ready)
+    assert len(ready) == actors or (not strict and 1 <= len(ready) <= actors), \
+        f"expected {actors} actor(s), got {len(ready)} (restarts?)"
     # with several actors the clock starts when the first is ready (blocks flow to it from then on); ready_skew_s
     # says how much later the last one was
     first_ready = min(n["end"] for n in ready)
-    return {"steady_s": done - first_ready, "from_submit_s": done - submitted,
+    return {"actors_ready": len(ready), "steady_s": done - first_ready, "from_submit_s": done - submitted,
             "actor_start_s": first_ready - submitted, "ready_skew_s": max(n["end"] for n in ready) - first_ready,
             "constructor_s": max(n["end"] - n["start"] for n in ready),
             "calls_s": sum(n["end"] - n["start"] for n in calls), "calls": len(calls),
@@ -221,7 +225,8 @@ def measure(ray, workload, rows, block_rows, reps, folder, cache, rng, variants,
             runs, same = [], True
             for _ in range(reps):
                 run, out = _ray_once(ray, ds, kwargs, block_rows,
-                                     {"num_cpus": 1} if cpu or stand_in else {"num_gpus": 1}, calls_per_actor, actors)
+                                     {"num_cpus": 1} if cpu or stand_in else {"num_gpus": 1}, calls_per_actor, actors,
+                                     strict=not stand_in)
                 y = _gather(out)
                 same = same and bool(y.shape == loop_y.shape and np.array_equal(y, loop_y, equal_nan=True))
                 del out, y  # the object store holds one run's outputs at a time
