@@ -44,6 +44,13 @@ def graph_edges(residual, concat, norm, flatten=None, num_layers=0, encoding=Non
             **({"encoding": encoding} if encoding is not None else {})}
 
 
+#: A reader's edges that are not FusedMLP's: how fusedmlp.torch's FusedModule joins forward's inputs ("inputs": their
+#: order in the torch.cat) and gives back its outputs ("squeeze" of the one, or "outputs" widths side by side, as a
+#: dict with "output_keys", each squeezed where "output_squeeze" says). The FusedMLP readers give the joined input
+#: and the outputs side by side.
+MODEL_FORM = ("inputs", "squeeze", "outputs", "output_keys", "output_squeeze")
+
+
 def widen_columns(w, pieces, total, label):
     """w's columns [src, src + n) at [dst, dst + n) of `total` columns, zeros elsewhere, for each (src, n, dst) of
     pieces: a Linear on a slice of x (x's other features meet zero weights), or on the chain's value beside extra
@@ -320,8 +327,7 @@ class Layers:
             w1, w2 = self.weights[a], self.weights[b]
             n_h = w1.shape[0]  # (b's columns for a's output: after x's where x joins before h)
             h_at = w2.shape[1] - n_h if concat.get(b) == "before" else 0
-            read_later = any(r is not None and r[2] == a for r in residual[b + 1:]) or (
-                residual[b] is not None and r_src(residual[b], b) == a)
+            read_later = any(r is not None and r[2] == a for r in residual[b:])  # (b's own input is a's output)
             if (self.acts[a] != "none" or self.norms[a] is not None or residual[a] is not None or read_later
                     or (a in concat and b in concat)
                     or w2.shape[0] * w1.shape[1] > n_h * (w1.shape[1] + w2.shape[0])):
@@ -341,8 +347,7 @@ class Layers:
                 bias, (w2.shape[0],)).astype(np.float64)]
             self.acts[a:b + 1] = [self.acts[b]]
             self.norms[a:b + 1] = [self.norms[b]]
-            residual[a:b + 1] = [None if residual[b] is None else [residual[b][0], residual[b][1], r_src(
-                residual[b], b)]]
+            residual[a:b + 1] = [residual[b]]
             residual = [None if r is None else [r[0], r[1], r[2] if r[2] == "input" or r[2] < a else r[2] - 1]
                         for r in residual]
             side = concat.pop(a, None) or concat.pop(b, None)
@@ -377,9 +382,28 @@ class Layers:
 MERGE_LIMIT = 4096.0
 
 
-def r_src(r, layer):
-    """A residual's source value as a layer index ("input" stays), None (the layer's own input) as layer - 1."""
-    return layer - 1 if r[2] is None else r[2]
+def activation_runs(parts):
+    """(activation text, columns) of consecutive output parts, with neighbours of one activation joined: the last
+    layer's column pieces in output order."""
+    runs = []
+    for act, n in parts:
+        if runs and runs[-1][0] == act:
+            runs[-1][1] += n
+        else:
+            runs.append([act, n])
+    return runs
+
+
+def pieces_text(runs, base, label):
+    """The activation text of the last layer whose columns take runs ([activation, columns], activation_runs) over
+    its activation so far, base: one activation where the runs are one, else column pieces ("sigmoid:3 | none:1")."""
+    from ._gpu import core
+
+    if len(runs) > core().ACT_PIECES:
+        raise ArgumentError(f"{label}: the last layer's output takes {len(runs)} runs of activations; fusedmlp gives "
+                            f"a layer at most {core().ACT_PIECES} column pieces")
+    texts = [a if base == "none" else base if a == "none" else compose(a, base) for a, _ in runs]
+    return texts[0] if len(runs) == 1 else " | ".join(f"{t}:{n}" for t, (_, n) in zip(texts, runs))
 
 
 def compose(outer, inner):

@@ -22,8 +22,7 @@ norm or residual that reads them all), and their expressions its column pieces (
 
 import numpy as np
 
-from ._gpu import core as _core
-from ._layers import compose
+from ._layers import activation_runs, affine_map, compose, pieces_text
 from .errors import ArgumentError
 
 _TAIL_OPS = "Slice, Split, Gather, Concat, Squeeze / Unsqueeze of the last axis, elementwise nodes, Gemm / MatMul heads"
@@ -83,9 +82,8 @@ class Outputs:
                 raise ArgumentError(f"{sorted({c[0] for c in self.carried})}, returned beside the last layer's output, "
                                     "would cross its norm or residual; fusedmlp returns such values from a last layer "
                                     "without them")
-            first = layers.weights[-1].shape[0]
-            self.carry_rows([(1.0, 1.0)] * len(self.carried), "the graph's outputs")
-            for i, (name, col, _) in enumerate(self.carried):
+            first = self.carry_rows([(1.0, 1.0)] * len(self.carried))
+            for i, (name, _, _) in enumerate(self.carried):
                 self.tail.setdefault(name, [[], False])[0].append((first + i, "x"))
             self.carried, self.carried_layer = [], None
 
@@ -210,13 +208,13 @@ class Outputs:
                                 f"output, would cross a layer with {'a norm or residual' if act in ('none', 'relu') else 'activation ' + act}; "
                                 "fusedmlp carries such values exactly through identity and relu layers only")
         signs = [(1.0, 1.0)] if act == "none" else [(1.0, 1.0), (-1.0, -1.0)]  # (row sign, its term's factor)
-        added = self.carry_rows([(s, f) for _ in self.carried for s, f in signs], label)
+        added = self.carry_rows([(s, f) for _ in self.carried for s, f in signs])
         for i, c in enumerate(self.carried):
             c[2] = [(added + i * len(signs) + k, f) for k, (_, f) in enumerate(signs)]
         self.carried_layer = l + 1
         return added
 
-    def carry_rows(self, signs, label):
+    def carry_rows(self, signs):
         """Rows appended to the last layer, one per (sign, _) of signs in the carried columns' order (each column's
         signs in turn): sign times the column as its terms give it over the layer's input; returns the first's
         index."""
@@ -290,9 +288,7 @@ class Outputs:
                 and not (op == "Div" and mine != ins[0])):
             w, bias = layers.weights[-1].copy(), layers.biases[-1]
             bias = np.zeros(w.shape[0]) if bias is None else bias.copy()
-            one, zero = np.ones(len(cols)), np.zeros(len(cols))
-            s, t = {"Add": (one, c), "Mul": (c, zero), "Div": (1.0 / c, zero),
-                    "Sub": (one, -c) if mine == ins[0] else (-one, c)}[op]  # (z - c, or c - z)
+            s, t = affine_map(op.lower(), c, mine != ins[0], label)
             w[rows] *= s[:, None]
             bias[rows] = bias[rows] * s + t
             layers.weights[-1], layers.biases[-1] = w, bias
@@ -333,16 +329,8 @@ class Outputs:
                                 "with activations of their own, after its residual or norm, which reads them all")
         layers.weights[-1] = layers.weights[-1][rows]
         layers.biases[-1] = None if layers.biases[-1] is None else layers.biases[-1][rows]
-        runs = []
-        for _, text in cols:
-            if runs and runs[-1][0] == text:
-                runs[-1][1] += 1
-            else:
-                runs.append([text, 1])
-        if len(runs) > _core().ACT_PIECES:
-            raise ArgumentError(f"the graph's outputs take {len(runs)} runs of activations over the last layer's "
-                                f"columns; fusedmlp gives a layer at most {_core().ACT_PIECES} column pieces")
-        texts = [_canonical(t) if t != "x" else "none" for t, _ in runs]  # (over z: start_tail)
-        layers.acts[-1] = texts[0] if len(runs) == 1 else " | ".join(f"{t}:{n}" for t, (_, n) in zip(texts, runs))
+        runs = activation_runs((text, 1) for _, text in cols)  # (each over z, the layer's own activation in it)
+        layers.acts[-1] = pieces_text([[_canonical(t) if t != "x" else "none", n] for t, n in runs], "none",
+                                      "the graph's outputs")
         self.cur = self.output = self.outputs[0]
         self.tail = None

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from . import _encoding
-from ._layers import Layers, affine_map, compose as _compose, graph_edges, then_map
+from ._layers import Layers, activation_runs, affine_map, compose as _compose, graph_edges, pieces_text, then_map
 from ._torch_fx_branch import Branches
 from ._torch_fx_nodes import (F, TRACED_SUPPORTED, _ADD, _ARITH, _ARITH_METHODS, _ASIDE, _DROPOUT_FUNCTIONS,
                               _FOLD_FUNCTIONS, _FOLD_METHODS, _FUNCTIONS, _METHODS, _MUL, _SAME_METHODS, _arg,
@@ -19,16 +19,20 @@ from ._torch_modules import (_DROPOUTS, _activation_text, _batchnorm_affine, _ch
 from .errors import ArgumentError
 
 
-def _flag_defaults(module):
-    """forward's parameters after its inputs that have a number, bool or None default (nerf_pl's sigma_only=False):
-    traced at their defaults, as a call that passes only the inputs runs them, so an `if` on one is plain Python."""
+def _forward_params(module):
+    """forward's parameters (inspect.Parameter), or none where its signature cannot be read."""
     import inspect
 
     try:
-        params = list(inspect.signature(module.forward).parameters.values())
+        return list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
-        return None
-    flags = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty
+        return []
+
+
+def _flag_defaults(module):
+    """forward's parameters after its inputs that have a number, bool or None default (nerf_pl's sigma_only=False):
+    traced at their defaults, as a call that passes only the inputs runs them, so an `if` on one is plain Python."""
+    flags = {p.name: p.default for p in _forward_params(module) if p.default is not p.empty
              and (p.default is None or isinstance(p.default, (bool, int, float)))}
     return flags or None
 
@@ -102,7 +106,8 @@ def _trace(module, flags, in_features=None):
         width, first = in_features or _first_width(module), e
     except Exception as e:  # data-dependent control flow and the like
         raise fail(e) from None
-    inputs = [n for n in _forward_params(module) if n not in (flags or {})]
+    inputs = [p.name for p in _forward_params(module) if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+              and p.name not in (flags or {})]
     if width is None or len(inputs) != 1:
         raise fail(first) from None
     tracer = _ShapeTracer(width)
@@ -135,16 +140,6 @@ def _erase_unused(graph, nodes, erasable):
             todo.extend(node.all_input_nodes)
             graph.erase_node(node)
             gone.add(node)
-
-
-def _forward_params(module):
-    import inspect
-
-    try:
-        return [p.name for p in inspect.signature(module.forward).parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        return []
 
 
 class _Tracer(Branches):
@@ -538,16 +533,14 @@ class _Tracer(Branches):
         heads = [h for h, _ in self.out_heads]
         if len(ins) != 1 or ins[0] not in heads or node.all_input_nodes != ins:
             return False
-        leaf = self.gm.get_submodule(node.target) if node.op == "call_module" else None
-        text = self.activations.get(node.target) if leaf is not None else None
-        text = text or (_activation_text(leaf) if leaf is not None else
-                        _functional_text(node) if node.op in ("call_function", "call_method") else None)
+        text = self.activation_text(node, self.activations.get(node.target) if node.op == "call_module" else None)
         if text is None:  # a number times, over, plus or minus the head: part of its activation
             const = _traced_constant_op(self.module, node, ins[0], node.name, consts=self.consts)
             if const is None or np.ndim(const[1]) != 0:
                 return False
             text = _scalar_text(*const)
-        self.activations.pop(node.target, None) if leaf is not None else None
+        if node.op == "call_module":
+            self.activations.pop(node.target, None)
         i = heads.index(ins[0])
         self.head_acts[i] = text if self.head_acts[i] == "none" else _compose(text, self.head_acts[i])
         self.out_heads[i] = (node, self.out_heads[i][1])
@@ -556,17 +549,23 @@ class _Tracer(Branches):
     def heads_output(self, node, label):
         """forward returning every head once, as a tuple or a dict, in any order: the last layer's rows in that
         order, the outputs FusedModule gives back (read_module's edges: "outputs", "output_keys")."""
-        out, heads = node.args[0], [h for h, _ in self.out_heads]
+        out = node.args[0]
         keys = list(out) if isinstance(out, dict) else None
-        parts = list(out.values()) if keys else list(out) if isinstance(out, (tuple, list)) else None
-        if parts is None or len(parts) != len(heads) or sorted(heads.index(p) if p in heads else -1
-                                                               for p in parts) != list(range(len(heads))):
+        order = self.head_order(list(out.values()) if keys else out)
+        if order is None:
             return False
-        order = [heads.index(p) for p in parts]
         self.reorder_heads(order, label)
         self.part_widths, self.part_keys = [self.out_heads[i][1] for i in order], keys
         self.out_heads, self.head_acts = [], []
         return True
+
+    def head_order(self, parts):
+        """Each head's index where parts (a tuple or list of nodes) are every head once, in any order; else None."""
+        heads = [h for h, _ in self.out_heads]
+        if not isinstance(parts, (list, tuple)) or len(parts) != len(heads) or sorted(
+                heads.index(p) if p in heads else -1 for p in parts) != list(range(len(heads))):
+            return None
+        return [heads.index(p) for p in parts]
 
     def reorder_heads(self, order, label):
         """The last layer's rows in the heads' `order`, their activations its column pieces (head_pieces)."""
@@ -580,12 +579,11 @@ class _Tracer(Branches):
     def heads_cat(self, node, label):
         """torch.cat of every head once, over the features (NeRF's torch.cat([sigmoid(rgb), softplus(sigma)], -1)):
         the last layer's rows in the cat's order, one output."""
-        heads = [h for h, _ in self.out_heads]
-        parts = node.args[0] if node.op == "call_function" and node.target is torch.cat and node.args else None
-        if not isinstance(parts, (list, tuple)) or sorted(map(heads.index, [p for p in parts if p in heads])) != \
-                list(range(len(heads))) or len(parts) != len(heads) or _arg(node, 1, "dim", 0) not in (-1, 1):
+        order = self.head_order(node.args[0]) if node.op == "call_function" and node.target is torch.cat and \
+            node.args and _arg(node, 1, "dim", 0) in (-1, 1) else None
+        if order is None:
             return False
-        self.reorder_heads([heads.index(p) for p in parts], label)
+        self.reorder_heads(order, label)
         self.out_heads, self.head_acts, self.cur = [], [], node
         self.act_path = {node: "x"}
         return True
@@ -593,13 +591,8 @@ class _Tracer(Branches):
     def head_pieces(self, order, label):
         """The heads' activations (in the output's head order) as the last layer's column pieces, where any has one."""
         if any(a != "none" for a in self.head_acts):
-            runs = []
-            for i in order:
-                if runs and runs[-1][0] == self.head_acts[i]:
-                    runs[-1][1] += self.out_heads[i][1]
-                else:
-                    runs.append([self.head_acts[i], self.out_heads[i][1]])
-            self.set_pieces(runs, label)
+            runs = activation_runs((self.head_acts[i], self.out_heads[i][1]) for i in order)
+            self.layers.acts[-1] = pieces_text(runs, self.layers.acts[-1], label)
 
     def batchnorm(self, node, label):
         if self.leaf is None or self.text is not None or not isinstance(self.leaf, nn.BatchNorm1d):
@@ -835,18 +828,18 @@ class _Tracer(Branches):
         layers.open = False
         return True
 
-    def activation_text(self, node):
-        """The node's activation as expression text where it is an activation module or function (or a module mapped
-        by activations=), else None."""
-        if self.text is not None:
-            return self.text
-        if self.leaf is not None:
-            return _activation_text(self.leaf)
+    def activation_text(self, node, mapped):
+        """The node's activation as expression text where it is an activation module or function, or mapped (the
+        text activations= gives its module), else None."""
+        if mapped is not None:
+            return mapped
+        if node.op == "call_module":
+            return _activation_text(self.gm.get_submodule(node.target))
         return _functional_text(node) if node.op in ("call_function", "call_method") else None
 
     def activation(self, node, label):
         """An activation module or function (or a module mapped by activations=): the layer's (or its residual's)."""
-        text, leaf = self.activation_text(node), self.leaf
+        text, leaf = self.activation_text(node, self.text), self.leaf
         side = self.side_value()
         if text is not None and side is not None:  # erf(z / sqrt(2)) beside 0.5 * z: a side branch's expression
             self.act_path[node] = _over(text, self.act_path[side])

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._gpu import core as _core
-from ._layers import compose, slices_width, widen_columns
+from ._layers import activation_runs, compose, pieces_text, slices_width, widen_columns
 from ._torch_fx_nodes import _ASIDE, F, _arg, _scalar_text
 from .errors import ArgumentError, ShapeError
 
@@ -235,14 +234,7 @@ class Branches:
         layers.weights[-1] = w[order]
         layers.biases[-1] = None if b is None else b[order]
         if self.row_acts is not None:  # the layer's activation on its own rows, none on the carried ones
-            runs = []
-            for i in order:
-                if runs and runs[-1][0] == self.row_acts[i]:
-                    runs[-1][1] += 1
-                else:
-                    runs.append([self.row_acts[i], 1])
-            layers.acts[-1] = "none"
-            self.set_pieces(runs, label)
+            layers.acts[-1] = pieces_text(activation_runs((self.row_acts[i], 1) for i in order), "none", label)
         self.carried, self.lead, self.row_acts = [], None, None
         return True
 
@@ -276,7 +268,7 @@ class Branches:
             self.out_slices[node] = [start, stop, 1.0, "none", False]
             return _ASIDE
         src = next((a for a in node.all_input_nodes if a in self.out_slices), None)
-        text = self.activation_text(node) if src is not None and node.op != "placeholder" else None
+        text = self.activation_text(node, self.text) if src is not None and node.op != "placeholder" else None
         if text is not None and node.all_input_nodes == [src]:  # sigmoid(y[..., :3]): that slice's piece
             start, stop, f, act, squeezed = self.out_slices[src]
             self.out_slices[node] = [start, stop, f, text if act == "none" else compose(text, act), squeezed]
@@ -359,15 +351,12 @@ class Branches:
         factor and its activation (the layer's column pieces). Columns may go or repeat (a permutation only where
         the layer has a norm, the identity order where it has a residual: those read every column as it is)."""
         layers = self.layers
-        order, factors, runs = [], [], []
+        order, factors = [], []
         for p in parts:
-            start, stop, f, act, _ = self.out_slices[p]
+            start, stop, f, _, _ = self.out_slices[p]
             order += range(start, stop)
             factors += [f] * (stop - start)
-            if runs and runs[-1][0] == act:
-                runs[-1][1] += stop - start
-            else:
-                runs.append([act, stop - start])
+        runs = activation_runs((self.out_slices[p][3], self.out_slices[p][1] - self.out_slices[p][0]) for p in parts)
         width = layers.weights[-1].shape[0]
         if (self.residual[-1] is not None and order != list(range(width))) or (
                 layers.norms[-1] is not None and sorted(order) != list(range(width))):
@@ -383,21 +372,8 @@ class Branches:
             if self.residual[-1] is not None:
                 raise ArgumentError(f"{label}: slices of the last layer's output with activations of their own after "
                                     "its residual; fusedmlp applies them as the layer's activation, before the residual")
-            self.set_pieces(runs, label)
+            layers.acts[-1] = pieces_text(runs, layers.acts[-1], label)
         b = layers.biases[-1]
         layers.weights[-1] = layers.weights[-1][order] * factors[:, None]
         layers.biases[-1] = None if b is None else b[order] * factors
         self.out_slices, self.out_splits = {}, {}
-
-    def set_pieces(self, runs, label):
-        """The last layer's activation becomes column pieces: [act, columns] runs in output order, each over the
-        layer's activation so far."""
-        pieces = _core().ACT_PIECES
-        if len(runs) > pieces:
-            raise ArgumentError(f"{label}: the last layer's output takes {len(runs)} runs of activations; fusedmlp "
-                                f"gives a layer at most {pieces} column pieces")
-        base = self.layers.acts[-1]
-        texts = [a if base == "none" else base if a == "none" else compose(a, base) for a, _ in runs]
-        self.layers.acts[-1] = texts[0] if len(runs) == 1 else " | ".join(
-            f"{t}:{n}" for t, (_, n) in zip(texts, runs))
-

@@ -47,7 +47,7 @@ import numpy as np
 
 from ._api import FusedMLP
 from ._onnx_outputs import Outputs
-from ._layers import Layers, affine_map, compose, graph_edges, slices_width, then_map, widen_columns
+from ._layers import MODEL_FORM, Layers, affine_map, compose, graph_edges, slices_width, then_map, widen_columns
 from .errors import ArgumentError, ShapeError
 
 SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub / Mul / Div of a constant vector "
@@ -65,9 +65,6 @@ _UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "
           "Mish": "({a}) * tanh(softplus({a}))", "Neg": "(-({a}))", "Reciprocal": "(1 / ({a}))"}
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
 _PASS = ("Identity", "Dropout", "Cast")
-#: read_onnx's edges that are not FusedMLP's: how fusedmlp.torch joins a TorchScript module's inputs and gives back
-#: its outputs
-OUTPUT_FORM = ("outputs", "output_squeeze", "squeeze", "inputs")
 
 
 def _axes(attrs, axes):
@@ -766,7 +763,7 @@ def read_onnx(model):
 
     Returns:
         (weights, biases, activations, edges) for FusedMLP(weights, biases, activation=activations, **edges), once
-        the OUTPUT_FORM keys are popped (where the graph has several outputs, or squeezes its one: their widths,
+        the MODEL_FORM keys are popped (where the graph has several outputs, or squeezes its one: their widths,
         which are squeezed, as read_module's edges name them).
     """
     graph = _load(model).graph
@@ -789,7 +786,7 @@ def from_onnx(model, device="auto", calibrate=None, **kwargs):
         A FusedMLP with the graph's weights (float32).
     """
     weights, biases, acts, edges = read_onnx(model)
-    for key in OUTPUT_FORM:  # (the outputs side by side, a squeezed one as its column)
+    for key in MODEL_FORM:  # (the outputs side by side, a squeezed one as its column)
         edges.pop(key, None)
     mlp = FusedMLP(weights, biases, activation=acts, device=device, **edges, **kwargs)
     return mlp if calibrate is None else mlp.calibrate(calibrate)

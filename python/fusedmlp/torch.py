@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ._api import FusedMLP
+from ._layers import MODEL_FORM
 from ._torch_fx import read_traced
 from ._torch_modules import read_sequential
 from .errors import ArgumentError
@@ -140,10 +141,8 @@ def from_torch(module, activations=None, device=None, calibrate=None, in_feature
         that order; FusedModule returns the tuple.
     """
     weights, biases, acts, edges = read_module(module, activations, in_features)
-    edges.pop("inputs", None)  # several inputs: the model takes their torch.cat (FusedModule joins them itself)
-    edges.pop("squeeze", None)  # y.squeeze(-1): the model gives y with its column (FusedModule squeezes it)
-    for key in ("outputs", "output_keys", "output_squeeze"):  # heads pi(h), v(h), or forward's tuple or dict of
-        edges.pop(key, None)  # slices of its output: the model gives them side by side (FusedModule splits them)
+    for key in MODEL_FORM:  # the model takes several inputs' torch.cat and gives y.squeeze(-1) with its column, heads
+        edges.pop(key, None)  # and a tuple or dict of parts side by side (FusedModule joins, squeezes, splits them)
     if device is None:
         params = list(module.parameters())
         device = str(params[0].device) if params and params[0].is_cuda else "auto"
