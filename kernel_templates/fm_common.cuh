@@ -556,12 +556,12 @@ template <int NW> __device__ __forceinline__ void fm_st_words(act_t *dst, const 
     }
 }
 
-// Zeros the input buffer's padding columns [IN_COLS, IN_PAD) of the warp's ROWS_W rows: they meet zero weights, but
+// Zeros the input buffer's padding columns [IN_COLS, IN_PAD) of the warp's first R rows: they meet zero weights, but
 // must not hold NaN or Inf.
-__device__ __forceinline__ void fm_zero_pad_columns(act_t *buf, int lane) {
+template <int R = ROWS_W> __device__ __forceinline__ void fm_zero_pad_columns(act_t *buf, int lane) {
     if constexpr (IN_PAD > IN_COLS) {
         constexpr int PADC = IN_PAD - IN_COLS > 0 ? IN_PAD - IN_COLS : 1;  // (NVRTC warns on a zero divisor)
-        for (int i = lane; i < ROWS_W * PADC; i += 32)
+        for (int i = lane; i < R * PADC; i += 32)
             buf[(i / PADC) * ACT_STRIDE + IN_COLS + i % PADC] = (act_t)0;
     }
 }

@@ -787,6 +787,11 @@ constexpr int OUT_AT = FM_IN_SHARED ? 0 : BUF_B;              // the stage's off
 constexpr int RAW_AT = OUT_AT + (FM_IN_SHARED && BUF_B > SHARE_B ? BUF_B : SHARE_B);
 constexpr int WARP_B = RAW_AT + RAW_B;
 constexpr bool X_AFTER_Y = FM_IN_SHARED && IN_DIRECT;  // the next tile's x lands in the input buffer after y's store
+// X_AFTER_Y: only x's rows [0, X_LATE) wait for y's store: those that share bytes with the stage or the wide buffer
+// (the first SHARE_B bytes). Rows past them no layer writes, so the next tile's land there under this tile's layers,
+// as in a buffer of their own (rec1024's 512 -> 256 -> 1 tail: a 256-wide buffer of 16 rows is 8 KB of x's 16.6).
+constexpr int X_LATE = !X_AFTER_Y ? 0 : (SHARE_B + ROW_B - 1) / ROW_B < ROWS_W ? (SHARE_B + ROW_B - 1) / ROW_B
+                                                                               : ROWS_W;
 static_assert(W_SMEM_ELEMS * EB + B_FLOATS * 4 + FM_WARPS * WARP_B +
                       (FM_CLUSTER > 0 ? WGS * (ABUF_B + 16 + NSTAT_B) : 0) + STREAM_BAR_B == SMEM_BYTES,
               "the layout below is the plan's (plan.c: fm_plan_wgmma_layout, _stage_bytes, _raw_bytes)");
@@ -812,18 +817,21 @@ __device__ __forceinline__ void fm_copy16_tail(fm_u32 dst, const in_t *src, int 
     fm_st_shared(dst + 8, w[2], w[3]);
 }
 
-// Starts this warp's copy of x rows [r0, r0 + 16) into its input buffer (IN_DIRECT: each row's 16-byte pieces to
-// its padded row) or raw buffer (the strip's bytes), as one cp.async group, so that it lands while the warp computes
-// the tile before. What lies past the end of x is written as zeros.
+// Starts this warp's copy of x rows [r0 + R0, r0 + R1) into its input buffer (IN_DIRECT: each row's 16-byte pieces
+// to its padded row) or raw buffer (the strip's bytes: all 16 rows), as one cp.async group, so that it lands while the
+// warp computes the tile before. What lies past the end of x is written as zeros.
+template <int R0 = 0, int R1 = ROWS_W>
 __device__ __forceinline__ void fm_prefetch_x(fm_u32 in_buf, fm_u32 raw, const in_t *__restrict__ x, long long r0,
                                               long long rows, int lane) {
+    static_assert(0 <= R0 && R0 < R1 && R1 <= ROWS_W && (IN_DIRECT || (R0 == 0 && R1 == ROWS_W)),
+                  "a range of rows: only where they land in the input buffer directly");
     if constexpr (IN_DIRECT) {
         // 16-byte pieces per row; 1 where this branch is discarded, which NVRTC still compiles (a zero here was its
         // warnings #39-D and #179-D, division by zero)
         constexpr int PIECES = IN_DIRECT ? IN_REAL * EB / 16 : 1;
 #pragma unroll
-        for (int i = lane; i < ROWS_W * PIECES; i += 32) {
-            const int row = i / PIECES, c = i % PIECES;
+        for (int i = lane; i < (R1 - R0) * PIECES; i += 32) {
+            const int row = R0 + i / PIECES, c = i % PIECES;
             const fm_u32 dst = in_buf + row * ROW_B + 16 * c;
             if (r0 + row < rows) {
                 fm_copy16_async(dst, x + (r0 + row) * IN_REAL + c * (16 / EB));
@@ -980,8 +988,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
         for (int s = 0; s < IN_PAD / KE; ++s)
             fm_ldmatrix_x4(a[s], a_lane + s * 32);
         __syncwarp();  // every lane has its fragments before the next tile's x lands over them
-        if (!X_AFTER_Y && tile + FM_TILE_STEP < tiles)
-            fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
+        if (X_LATE < ROWS_W && tile + FM_TILE_STEP < tiles)  // (X_AFTER_Y: the rows no layer writes)
+            fm_prefetch_x<X_LATE < ROWS_W ? X_LATE : 0>(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA,
+                                                        rows, lane);
         // (FM_SPLIT: CTA 0 of the cluster stores y, the others compute the same last layer)
         const int live = FM_SPLIT > 1 && rank != 0 ? 0 : nrows;
         const fm_out out = {stage_lane, y, r0 + (lane >> 2), live - (lane >> 2),
@@ -1006,9 +1015,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, FM_BLOCKS_PER_SM) {{CLUSTE
             fm_split_arrive();  // the tile's last split layer's hand-over (fm_wide_reload): y is stored
         if constexpr (X_AFTER_Y) {
             __syncwarp();  // every lane's reads of the wide buffer and the stage are done
-            if (tile + FM_TILE_STEP < tiles) {
-                fm_zero_pad_columns(in_buf, lane);
-                fm_prefetch_x(in_addr, raw_addr, x, r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
+            if (tile + FM_TILE_STEP < tiles) {  // (X_LATE >= 1: the stage's rows)
+                fm_zero_pad_columns<X_AFTER_Y ? X_LATE : ROWS_W>(in_buf, lane);
+                fm_prefetch_x<0, X_AFTER_Y ? X_LATE : ROWS_W>(in_addr, raw_addr, x,
+                                                              r0 + (long long)FM_TILE_STEP * ROWS_CTA, rows, lane);
             }
         }
     }

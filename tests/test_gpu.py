@@ -1065,6 +1065,34 @@ def test_input_buffers_in_the_wide_buffers_give_the_kernels_bits_on_random_wide_
     assert not failures, failures[:5]
 
 
+@pytest.mark.parametrize("widths,acts,residual,prec", [
+    ([512, 256, 1], ["relu", "none"], None, "float16"),  # rec1024's tail: x's rows 8-15 past the 256-wide buffer
+    ([512, 300, 64], ["gelu", "sigmoid"], None, "bfloat16"),
+    ([512, 272, 272, 16], ["silu", "tanh", "none"], {1: "add"}, "float16"),
+])
+def test_x_rows_past_the_wide_buffer_land_under_the_tiles_layers(widths, acts, residual, prec):
+    """in_shared with x wider than the wide buffer and the stage (X_LATE in fused_mlp_sm90.cu): the next tile's x rows
+    that share no byte with them are copied in as soon as the tile's own fragments are loaded, under its layers; only
+    the others wait for y's store. Batches of many tiles per CTA (the early copy runs only where a CTA has a next
+    tile), a last tile cut short (rows past x land as zeros in both parts): vs float64, and bit for bit the same shape
+    with buffers of its own."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the streamed warpgroup kernel needs sm_90")
+    rng = np.random.default_rng(sum(widths))
+    ws, bs = graph_weights(rng, widths, {}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, residual=residual, dtype=prec, device="cuda")
+    failures, checked = [], 0
+    for batch in (70001, 200003):
+        x32 = np.random.default_rng(batch).standard_normal((batch, widths[0])).astype(np.float32)
+        c = types.SimpleNamespace(ws=ws, bs=bs, x32=x32, prec=prec, io=prec)
+        # (own buffers fit two warpgroups only with small K pieces, which change no bit)
+        own = mlp._build(prec, prec, wgmma=1, resident=0, warps=8, in_shared=-1, k_chunk=64)
+        shared = mlp._build(prec, prec, wgmma=1, resident=0, warps=8, in_shared=1)
+        assert shared[1].info["in_shared"] == 1 and own[1].info["in_shared"] == 0
+        checked += same_bits_and_checked(own[0], shared[0], mlp, c, (widths, batch), failures)
+    assert checked == 2 and not failures, failures
+
+
 def test_split_wide_layers_give_the_unsplit_kernels_bits_on_random_wide_chains():
     """split=2, 4 or 8 (the tuner tries 2 and 4 below 32 rows per SM): clusters of that many CTAs run one row tile, each
     computing 1/n of every wide layer's column groups and storing them into all the cluster's wide buffers
