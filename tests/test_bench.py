@@ -43,7 +43,8 @@ def test_workload_set_is_the_issue_set():
                                      "deep256", "wide512", "sdf512", "rec1024",  # issue 29
                                      "rl256", "r256", "rl1024", "r1024",  # issue 30 (r*: rl* without norms)
                                      "cls10", "cls1000",  # classifiers: softmax heads
-                                     "simba64"]  # SimBa's pre-norm residual blocks (issue 30's RL MLPs as written)
+                                     "simba64",  # SimBa's pre-norm residual blocks (issue 30's RL MLPs as written)
+                                     "twin256"]  # TD3's twin critics: parallel stacks read as one network
     cls = bench.WORKLOADS["cls1000"]
     assert cls.output_activation == "softmax" and bench.fused_options(cls) == {
         "activation": "relu", "output_activation": "softmax"}
@@ -58,6 +59,9 @@ def test_workload_set_is_the_issue_set():
     res = bench.WORKLOADS["res128"]  # 64-128, four blocks x + gelu(Linear128(x)), -64
     assert res.widths == (64, 128, 128, 128, 128, 128, 64) and res.activation == "gelu" and res.residual
     assert bench.fused_options(res) == {"activation": "gelu", "residual": {1: "add", 2: "add", 3: "add", 4: "add"}}
+    twin = bench.WORKLOADS["twin256"]  # the floor counts the stacks' own multiply-adds, not the zero blocks
+    assert twin.out_features() == 2 and bench.flops(twin.widths, 1, (), twin.stacks) == 2 * 2 * (
+        23 * 256 + 256 * 256 + 256) and bench.io_bytes(twin.widths, 1, stacks=2) == (23 + 2) * 2
 
 
 @pytest.mark.parametrize("text, rows", [("1024", 1024), ("2^14", 16384), ("2**18", 262144), ("1<<21", 2097152)])
@@ -369,11 +373,12 @@ def test_cold_first_calls_compile_with_nvrtcs_own_cache_off(tmp_path, monkeypatc
     assert cold.cubin == warm.cubin  # an option outside the cache key must not change the code
 
 
-@pytest.mark.parametrize("name", ["tcnn64", "res128", "nerf", "nerfenc", "sdf512", "rl256", "simba64"])
+@pytest.mark.parametrize("name", ["tcnn64", "res128", "nerf", "nerfenc", "sdf512", "rl256", "simba64", "twin256"])
 def test_fused_options_describe_the_torch_model(name):
     """The benchmark's torch model and the FusedMLP built from its Linears' weights (fused_layers: SimBa's identity
     layers inserted) with fused_options compute the same function (CPU path vs torch in float64): residuals, concats,
-    output activations and LayerNorms included; for SimBa the same network fusedmlp.from_torch reads."""
+    output activations and LayerNorms included; for SimBa and parallel stacks the same network fusedmlp.from_torch
+    reads."""
     torch = pytest.importorskip("torch")
     wl = bench.WORKLOADS[name]
     torch.manual_seed(0)
@@ -389,6 +394,9 @@ def test_fused_options_describe_the_torch_model(name):
     if wl.encoding:  # NeRF as written: from_torch reads its encoding and skip, the benchmark's model too
         read = fusedmlp.from_torch(model.float(), device="cpu")
         assert read.widths == mlp.widths and read.in_features == 3 and read._concat == mlp._concat
+    if wl.stacks > 1:  # the stacks as one chain: from_torch reads the same block-diagonal layers
+        read = fusedmlp.from_torch(model.float(), device="cpu")
+        assert read.widths == mlp.widths and all(np.array_equal(a, b) for a, b in zip(read._w, mlp._w))
     if wl.blocks:
         read = fusedmlp.from_torch(model.float(), device="cpu")  # (its norms with their ones and zeros)
         assert (read.widths, read._residual) == (mlp.widths, mlp._residual)

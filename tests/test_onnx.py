@@ -622,3 +622,41 @@ def test_matmul_heads_per_column_constants_and_several_outputs(rng):
     with pytest.raises(fusedmlp.ArgumentError, match="reads the number of rows from a Shape"):
         read_onnx(helper.make_model(helper.make_graph(nodes, "g", graph.input, graph.output[:1], inits),
                                     opset_imports=[helper.make_opsetid("", 20)]))
+
+
+@pytest.mark.parametrize("which", ["td3", "ac", "heads"])
+def test_torch_onnx_export_of_parallel_stacks_reads_as_one_chain(which):
+    """Parallel stacks of layers on one value, exported (TD3's twin critics on two inputs joined by a Concat, an actor
+    and a critic of their own, two-layer heads on a trunk, one weight_norm'd and joined by a Concat): one chain of
+    block-diagonal Gemms, as from_torch reads the module, giving onnxruntime's outputs side by side."""
+    torch = pytest.importorskip("torch")
+    from test_torch import _Stacks, _TD3Critic
+
+    torch.manual_seed(49)
+    model = (_TD3Critic() if which == "td3" else _Stacks(which)).eval()
+    names = ["state", "action"] if which == "td3" else ["x"]
+    args = (torch.randn(2, 11), torch.randn(2, 3)) if which == "td3" else (torch.randn(2, 17 if which == "ac" else 9),)
+    buf = io.BytesIO()
+    try:
+        torch.onnx.export(model, args, buf, dynamo=False, input_names=names, dynamic_axes={n: {0: "n"} for n in names})
+    except Exception as e:
+        pytest.skip(f"torch.onnx.export failed: {e}")
+    mlp = fusedmlp.from_onnx(buf.getvalue(), device="cpu")
+    assert list(mlp.widths) == list(fusedmlp.from_torch(model, device="cpu").widths)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((60, a.shape[1])).astype(np.float32) for a in args]
+    want = np.concatenate(ort.InferenceSession(buf.getvalue()).run(None, dict(zip(names, xs))), -1)
+    assert np.max(np.abs(mlp(np.concatenate(xs, -1)) - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
+def test_parallel_onnx_stacks_whose_activations_differ():
+    """Two stacks of two Gemms on the input, Relu between one's and Tanh between the other's: an error naming them."""
+    rng = np.random.default_rng(3)
+    consts = {f"W{i}": rng.standard_normal((8, 8)) for i in range(4)}
+    nodes = [helper.make_node("Gemm", ["x", "W0"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Gemm", ["ar", "W1"], ["y"]), helper.make_node("Gemm", ["x", "W2"], ["b"]),
+             helper.make_node("Tanh", ["b"], ["bt"]), helper.make_node("Gemm", ["bt", "W3"], ["y2"])]
+    model = graph_model(nodes, consts, [8], 8)
+    model.graph.output.append(helper.make_tensor_value_info("y2", onnx.TensorProto.FLOAT, [None, 8]))
+    with pytest.raises(fusedmlp.ArgumentError, match="layer 0 activations differ"):
+        fusedmlp.from_onnx(model, device="cpu")

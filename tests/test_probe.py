@@ -170,7 +170,7 @@ def test_siren256_on_the_h100_planned_ahead_of_time():
 
 
 def test_the_a100_gets_the_mma_sync_kernel_and_its_tile_candidates():
-    for name in [n for n, wl in bench.WORKLOADS.items() if max(wl.widths) <= 256]:  # the others are segments
+    for name in [n for n, wl in bench.WORKLOADS.items() if max(wl.widths) * wl.stacks <= 256]:  # the others: segments
         default, entry = probe.plan_table(probe.workload(name), probe.GPUS["a100"], io="float32", rows=[2**21])
         assert default["info"]["arch"] == 80 and default["info"]["wgmma"] == 0 and default["info"]["cluster"] == 0
         assert default["info"]["in_dtype"] == default["info"]["out_dtype"] == "float32"

@@ -254,3 +254,41 @@ def test_torchscript_and_compiled_modules_on_cuda(tmp_path):
         want = copy.deepcopy(model).double()(x.double())
         for wrapped in (torch.jit.load(tmp_path / "policy.pt"), torch.compile(model)):
             _check(FusedModule(wrapped, check=True)(x), want)
+
+
+def test_parallel_stacks_on_cuda():
+    """Parallel stacks of Linears on one value (TD3's twin critics on two inputs, an actor and a critic of their own,
+    three stacks returned as a dict, two-layer heads joined by one torch.cat) as one block-diagonal chain on CUDA
+    tensors with check=True, from torch and from its ONNX export, against torch in float64; at 1, 1000 and 70001
+    rows (the 512-wide TD3 chain in the streamed kernel's wide form)."""
+    import copy
+
+    import fusedmlp.onnx  # noqa: F401 (from_onnx)
+    from test_torch import _Stacks, _TD3Critic
+
+    torch.manual_seed(48)
+    for kind in ("td3", "ac", "three", "heads"):
+        model = (_TD3Critic() if kind == "td3" else _Stacks(kind)).cuda().eval()
+        width = {"td3": 11, "ac": 17}.get(kind, 9)
+        for rows in (1, 1000, 70001):
+            args = (torch.randn(rows, width, device="cuda"),) + ((torch.randn(rows, 3, device="cuda"),)
+                                                                   if kind == "td3" else ())
+            with torch.no_grad():
+                want = copy.deepcopy(model).double()(*(a.double() for a in args))
+                got = FusedModule(model, check=True)(*args)
+            pairs = [(got[k], want[k]) for k in want] if kind == "three" else [(got, want)] if kind == "heads" \
+                else list(zip(got, want))
+            for g, w in pairs:
+                assert g.shape == w.shape
+                _check(g, w)
+        if kind in ("td3", "ac"):  # the exported graph: its outputs side by side
+            buf, names = io.BytesIO(), ["state", "action"] if kind == "td3" else ["x"]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model.cpu(), tuple(a.cpu() for a in args), buf, dynamo=False, input_names=names,
+                                  dynamic_axes={n: {0: "n"} for n in names})
+            mlp = fusedmlp.from_onnx(buf.getvalue(), check=True)
+            x = torch.cat(args, -1)
+            with torch.no_grad():
+                want = torch.cat(list(copy.deepcopy(model).double()(*(a.double().cpu() for a in args))), -1)
+            _check(mlp(x), want)

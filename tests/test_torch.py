@@ -1661,3 +1661,108 @@ def test_wrapped_and_torchscript_modules_read_as_the_module_they_run(tmp_path):
         got, want = ft.FusedModule(loaded)(x), ref64(policy, x.double())
     assert [g.shape for g in got] == [w.shape for w in want] == [(40, 3), (40,)]
     assert all(max_rel(g, w) <= 1e-6 for g, w in zip(got, want))
+
+
+class _Stacks(nn.Module):
+    """Parallel stacks of Linears on one value: Stable-Baselines3's actor and critic networks of their own on one input
+    ("ac", tanh, a Dropout in one of them), three
+    stacks with their own output activations returned as a dict ("three"), two heads of two layers each on a shared
+    trunk joined by one torch.cat ("heads", one weight_norm'd); the TD3 critic below."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        if kind == "ac":
+            self.pi = nn.Sequential(nn.Linear(17, 64), nn.Tanh(), nn.Dropout(0.1), nn.Linear(64, 64), nn.Tanh())
+            self.vf = nn.Sequential(nn.Linear(17, 48), nn.Tanh(), nn.Linear(48, 64), nn.Tanh())
+            self.action, self.value = nn.Linear(64, 6), nn.Linear(64, 1)
+        elif kind == "three":
+            self.s = nn.ModuleList(nn.Sequential(nn.Linear(9, 20 + i), nn.SiLU(), nn.Linear(20 + i, 2 + i))
+                                   for i in range(3))
+        else:
+            self.trunk = nn.Linear(9, 32)
+            self.a1, self.a2 = nn.utils.parametrizations.weight_norm(nn.Linear(32, 16)), nn.Linear(16, 3)
+            self.b1, self.b2 = nn.Linear(32, 24), nn.Linear(24, 1, bias=False)
+
+    def forward(self, x):
+        if self.kind == "ac":
+            return self.action(self.pi(x)), self.value(self.vf(x))
+        if self.kind == "three":
+            return {"mu": torch.tanh(self.s[0](x)), "log_std": self.s[1](x).clamp(-5, 2), "v": self.s[2](x) * 2}
+        h = F.gelu(self.trunk(x))
+        return torch.cat([self.b2(F.elu(self.b1(h))), torch.sigmoid(self.a2(F.elu(self.a1(h))))], -1)
+
+
+class _TD3Critic(nn.Module):
+    """Fujimoto's TD3 critic as written: state and action joined, twin Q stacks of F.relu layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.l3 = nn.Linear(14, 256), nn.Linear(256, 256), nn.Linear(256, 1)
+        self.l4, self.l5, self.l6 = nn.Linear(14, 256), nn.Linear(256, 256), nn.Linear(256, 1)
+
+    def forward(self, state, action):
+        sa = torch.cat([state, action], 1)
+        q1 = F.relu(self.l1(sa))
+        q1 = F.relu(self.l2(q1))
+        q2 = F.relu(self.l4(sa))
+        q2 = F.relu(self.l5(q2))
+        return self.l3(q1), self.l6(q2)
+
+
+@pytest.mark.parametrize("kind, widths", [("ac", [17, 112, 128, 7]), ("td3", [14, 512, 512, 2]),
+                                          ("three", [9, 63, 9]), ("heads", [9, 32, 40, 4])])
+def test_parallel_stacks_on_one_value_run_as_one_chain(kind, widths):
+    """Stacks of Linears on one value, each as deep, the same activation between their layers: one chain whose first
+    layer holds every stack's rows, its later ones block-diagonal (zero weights across the stacks), each stack's
+    output its columns of the last layer with its own ops after it (the layer's column pieces). From_torch's model and
+    FusedModule (eager and under torch.compile) give the module's outputs in float64's tolerance."""
+    torch.manual_seed(7)
+    model = (_TD3Critic() if kind == "td3" else _Stacks(kind)).eval()
+    x = torch.randn(40, 11 if kind == "td3" else widths[0])
+    args = (x, torch.randn(40, 3)) if kind == "td3" else (x,)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == widths, mlp
+    fused = ft.FusedModule(model)
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(*(a.double() for a in args))
+        got = fused(*args)
+        pairs = list(zip(got.values(), want.values())) if kind == "three" else \
+            [(got, want)] if kind == "heads" else list(zip(got, want))
+        assert [g.shape for g, _ in pairs] == [w.shape for _, w in pairs]
+        assert all(max_rel(g, w) <= 1e-6 for g, w in pairs), [max_rel(g, w) for g, w in pairs]
+        compiled = torch.compile(fused, fullgraph=True)(*args)
+        assert all(torch.equal(c, g) for c, g in zip(*(
+            (v.values() if isinstance(v, dict) else [v] if kind == "heads" else v) for v in (compiled, got))))
+    if kind == "ac":  # the block-diagonal layer: stack i's rows read stack i's columns only
+        w1 = mlp._w[1]
+        assert not w1[:64, 64:].any() and not w1[64:, :64].any() and w1[:64, :64].any() and w1[64:, 64:].any()
+
+
+def test_parallel_stacks_that_cannot_be_one_chain():
+    """Stacks of two layers or more but unequal depth, with different activations between their layers, with a norm
+    between them, or whose ends another layer reads: an error naming the stacks and the rule. (A one-layer head
+    beside deeper stacks is the walker's: a value riding along the layers, test_nerf_pl_nerf_as_written.)"""
+
+    class Bad(nn.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.kind = kind
+            self.a1, self.a2, self.b1, self.b2 = (nn.Linear(8, 16), nn.Linear(16, 2), nn.Linear(8, 16),
+                                                  nn.Linear(16, 2))
+            self.norm, self.out, self.b3 = nn.LayerNorm(16), nn.Linear(2, 1), nn.Linear(2, 2)
+
+        def forward(self, x):
+            a = self.a2(torch.relu(self.a1(x)))
+            if self.kind == "depth":
+                return a, self.b3(torch.relu(self.b2(torch.relu(self.b1(x)))))
+            if self.kind == "act":
+                return a, self.b2(torch.tanh(self.b1(x)))
+            if self.kind == "norm":
+                return self.a2(self.norm(self.a1(x))), self.b2(self.norm(self.b1(x)))
+            return self.out(a + self.b2(torch.relu(self.b1(x))))
+
+    for kind, words in (("depth", r"\[2, 3\] layers"), ("act", "layer 0 activations differ"),
+                        ("norm", "between two Linears of parallel stacks"), ("read", "reads the end")):
+        with pytest.raises(fusedmlp.ArgumentError, match=words):
+            fusedmlp.from_torch(Bad(kind).eval(), device="cpu")

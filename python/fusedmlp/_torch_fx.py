@@ -9,6 +9,7 @@ from torch import nn
 from . import _encoding
 from ._layers import Layers, activation_runs, affine_map, compose as _compose, graph_edges, pieces_text, then_map
 from ._torch_fx_branch import Branches
+from ._torch_fx_trunks import merge_trunks
 from ._torch_fx_nodes import (F, TRACED_SUPPORTED, _ADD, _ARITH, _ARITH_METHODS, _ASIDE, _DROPOUT_FUNCTIONS,
                               _FOLD_FUNCTIONS, _FOLD_METHODS, _FUNCTIONS, _METHODS, _MUL, _SAME_METHODS, _arg,
                               _expression, _functional_text, _is_parametrization_call, _over, _scalar_text,
@@ -152,6 +153,7 @@ class _Tracer(Branches):
         flags = _flag_defaults(module)
         self.flags = flags or {}  # (their placeholders and torch.fx's guards on them are skipped: guard)
         self.gm, self.assumed_width = _trace(module, flags, in_features)
+        merge_trunks(self.gm, self.activations)  # parallel stacks of Linears: one chain (_torch_fx_trunks)
         self.width_given = in_features is not None
         self.layers = Layers(_numpy64)
         self.residual, self.concat = [], {}

@@ -75,6 +75,9 @@ class Workload:
         encoding: NeRF's positional encoding of x with this many frequencies where > 0, in the torch model's forward
             (torch.cat([x, sin(x), cos(x), ..., cos(2^(L-1) x)], -1)) and fusedmlp's encoding=: widths[0] is then the
             encoded width the first layer reads, and x has widths[0] / (2 L + 1) features (x_features).
+        stacks: this many stacks of these widths on the one input, their outputs side by side (torch.cat: TD3's and
+            SAC's twin critics); fusedmlp.from_torch reads them as one chain of block-diagonal layers (fused_layers),
+            so its hidden layers do `stacks` times the multiply-adds the floor counts.
     """
 
     widths: tuple
@@ -86,6 +89,11 @@ class Workload:
     norm: str = "none"
     blocks: int = 0
     encoding: int = 0
+    stacks: int = 1
+
+    def out_features(self):
+        """y's features: the last width, of every stack."""
+        return self.widths[-1] * self.stacks
 
     def x_features(self):
         """x's features in memory: widths[0], or the features the encoding is made of."""
@@ -128,6 +136,8 @@ WORKLOADS = {
     # SimBa's residual MLP of pre-norm blocks, as an RL agent writes it: residuals from two layers back, each LayerNorm
     # of the residual stream on an identity layer of its own
     "simba64": Workload((17, 64, 256, 64, 256, 64, 5), "relu", True, blocks=2),
+    # TD3's / SAC's twin Q critics on one state-action input (17 + 6 features, MuJoCo's HalfCheetah), as one network
+    "twin256": Workload((23, 256, 256, 1), "relu", True, stacks=2),
 }
 
 DEFAULT_ROWS = (2**10, 2**14, 2**18, 2**21)
@@ -153,33 +163,34 @@ FINAL_RESERVE_S = 20.0  # kept back from the budget for the plot and the files
 # ------------------------------------------------------------------------------------------------ pure arithmetic
 
 
-def flops(widths, rows, concat=()):
-    """FLOPs of one forward: 2 * rows * sum(in_l * out_l) over the real widths (no padding, no activations); a layer
-    named in concat ((layer, mode), ...) also takes the input's widths[0] features."""
+def flops(widths, rows, concat=(), stacks=1):
+    """FLOPs of one forward: 2 * rows * sum(in_l * out_l) over the real widths (no padding, no activations), of each
+    of `stacks` stacks; a layer named in concat ((layer, mode), ...) also takes the input's widths[0] features."""
     cat = dict(concat)
-    return 2 * rows * sum((a + (widths[0] if i in cat else 0)) * b
+    return 2 * rows * stacks * sum((a + (widths[0] if i in cat else 0)) * b
                           for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])))
 
 
-def io_bytes(widths, rows, itemsize=2, x_features=None):
-    """Bytes one forward must move: each input read once, each output written once; x_features: x's features where
-    they are not widths[0] (an input encoding)."""
-    return rows * ((widths[0] if x_features is None else x_features) + widths[-1]) * itemsize
+def io_bytes(widths, rows, itemsize=2, x_features=None, stacks=1):
+    """Bytes one forward must move: each input read once, each output written once (of each of `stacks` stacks);
+    x_features: x's features where they are not widths[0] (an input encoding)."""
+    return rows * ((widths[0] if x_features is None else x_features) + widths[-1] * stacks) * itemsize
 
 
-def floor_ms(widths, rows, ceilings, concat=(), x_features=None):
+def floor_ms(widths, rows, ceilings, concat=(), x_features=None, stacks=1):
     """The fastest any version can be, from the measured ceilings.
 
     Args:
         widths: the network's widths.
         rows: batch size.
         ceilings: dict with 'copy_GBps' (bytes read + written, 1e9/s) and 'matmul_TFLOPs' (1e12 FLOP/s).
+        concat, x_features, stacks: as flops and io_bytes take them.
 
     Returns:
         (milliseconds, 'memory' or 'compute': the term that sets it).
     """
-    memory = io_bytes(widths, rows, x_features=x_features) / (ceilings["copy_GBps"] * 1e9)
-    compute = flops(widths, rows, concat) / (ceilings["matmul_TFLOPs"] * 1e12)
+    memory = io_bytes(widths, rows, x_features=x_features, stacks=stacks) / (ceilings["copy_GBps"] * 1e9)
+    compute = flops(widths, rows, concat, stacks) / (ceilings["matmul_TFLOPs"] * 1e12)
     return max(memory, compute) * 1e3, ("memory" if memory >= compute else "compute")
 
 
@@ -319,6 +330,8 @@ def torch_model(torch, wl):
 
     if wl.blocks:
         return _simba_model(torch, wl, acts)
+    if wl.stacks > 1:
+        return _stacks_model(torch, wl, acts)
     if wl.concat or wl.output_activation != "none" or wl.norm != "none" or wl.encoding:
         return _concat_model(torch, wl, acts)
     layers = []
@@ -362,6 +375,29 @@ def _simba_model(torch, wl, acts):
     return SimBa()
 
 
+def _stacks_model(torch, wl, acts):
+    """wl.stacks Sequentials of Linear + activation on the one input, their outputs side by side (TD3's twin critics;
+    each stack's Linears together in modules(): fused_layers reads them so)."""
+    nn = torch.nn
+    last = len(wl.widths) - 2
+
+    def stack():
+        layers = []
+        for i, (a, b) in enumerate(zip(wl.widths[:-1], wl.widths[1:])):
+            layers += [nn.Linear(a, b, bias=wl.bias)] + ([acts[wl.activation]()] if i < last else [])
+        return nn.Sequential(*layers)
+
+    class Stacks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stacks = nn.ModuleList(stack() for _ in range(wl.stacks))
+
+        def forward(self, x):
+            return torch.cat([s(x) for s in self.stacks], -1)
+
+    return Stacks()
+
+
 def _concat_model(torch, wl, acts):
     """NeRF's form: Linear (+ LayerNorm) + activation per layer, the input x (encoded first where the workload
     encodes it) concatenated into the named layers' inputs, the output activation after the last."""
@@ -400,7 +436,23 @@ def _concat_model(torch, wl, acts):
 def fused_layers(wl, weights, biases):
     """The fused network's weights and biases from the workload's Linears' (torch_model's, in order): as they are, but
     for a SimBa workload an identity layer without bias before each block and before the head, carrying that
-    LayerNorm (what fusedmlp.from_torch makes of the module)."""
+    LayerNorm, and for parallel stacks one layer of every stack's j-th Linears, block-diagonal after the first (what
+    fusedmlp.from_torch makes of the module)."""
+    if wl.stacks > 1:
+        depth = len(wl.widths) - 1
+        ws, bs = [], None if biases is None else []
+        for j in range(depth):
+            parts = [weights[i * depth + j] for i in range(wl.stacks)]
+            w = np.zeros((sum(p.shape[0] for p in parts), parts[0].shape[1] if j == 0 else sum(
+                p.shape[1] for p in parts)), np.float32)
+            r = c = 0
+            for p in parts:  # (the first layer: every stack's rows on x; later: stack i's rows on its columns)
+                w[r:r + p.shape[0], (0 if j == 0 else c):(0 if j == 0 else c) + p.shape[1]] = p
+                r, c = r + p.shape[0], c + p.shape[1]
+            ws.append(w)
+            if bs is not None:
+                bs.append(np.concatenate([biases[i * depth + j] for i in range(wl.stacks)]))
+        return ws, bs
     if not wl.blocks:
         return weights, biases
     ws, bs, width = [weights[0]], [None if biases is None else biases[0]], wl.widths[1]
@@ -588,10 +640,11 @@ class _Case:
                    for _ in range(n)]
         self.ref = ref_model(self.xs[0].double())
         self.model = model
-        ms, bound = floor_ms(wl.widths, rows, ceilings, wl.concat, wl.x_features())
+        ms, bound = floor_ms(wl.widths, rows, ceilings, wl.concat, wl.x_features(), wl.stacks)
         self.result = {"workload": name, "rows": rows, "n_buffers": n,
-                       "io_bytes": io_bytes(wl.widths, rows, x_features=wl.x_features()),
-                       "flops": flops(wl.widths, rows, wl.concat), "floor_ms": ms, "floor_bound": bound, "methods": {}}
+                       "io_bytes": io_bytes(wl.widths, rows, x_features=wl.x_features(), stacks=wl.stacks),
+                       "flops": flops(wl.widths, rows, wl.concat, wl.stacks), "floor_ms": ms, "floor_bound": bound,
+                       "methods": {}}
 
 
 def _seed(name, rows):
@@ -669,7 +722,7 @@ def _fused_methods(torch, case, mlp, caller):
     kernel = mlp._kernel("float16", rows=case.rows)  # the kernel a call of this size gets (small batches: small tiles)
     case.result["tile"] = _tuned_tile(mlp, case.rows)
     xs, rows, n = case.xs, case.rows, len(case.xs)
-    y = torch.empty(rows, case.wl.widths[-1], device=DEVICE, dtype=torch.float16)
+    y = torch.empty(rows, case.wl.out_features(), device=DEVICE, dtype=torch.float16)
     xp, yp = [x.data_ptr() for x in xs], y.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
 
@@ -874,7 +927,8 @@ def _run_workload(torch, fusedmlp, args, report, wname, cache_root, save):
     # "skipped" stays in the report format (readers of older results, where res128 was skipped, rely on it).
     winfo = {"widths": list(wl.widths), "activation": wl.activation, "bias": wl.bias, "residual": wl.residual,
              "concat": dict(wl.concat), "output_activation": wl.output_activation,
-             "flops_per_row": flops(wl.widths, 1, wl.concat), "io_bytes_per_row": io_bytes(wl.widths, 1, x_features=wl.x_features()),
+             "flops_per_row": flops(wl.widths, 1, wl.concat, wl.stacks),
+             "io_bytes_per_row": io_bytes(wl.widths, 1, x_features=wl.x_features(), stacks=wl.stacks),
              "skipped": None}
     report["workloads"][wname] = winfo
     model, ref_model = _models(torch, wl)

@@ -74,7 +74,7 @@ def _setup(case, mlp):
 
         xs, rows = case.xs, case.rows
         kernel = mlp._kernel("float16", rows=rows)
-        y = torch.empty(rows, case.wl.widths[-1], device=xs[0].device, dtype=torch.float16)
+        y = torch.empty(rows, case.wl.out_features(), device=xs[0].device, dtype=torch.float16)
         stream = torch.cuda.current_stream().cuda_stream
 
         def fn(k):

@@ -47,6 +47,7 @@ import numpy as np
 
 from ._api import FusedMLP
 from ._onnx_outputs import Outputs
+from ._onnx_stacks import merge_stacks
 from ._layers import MODEL_FORM, Layers, affine_map, compose, graph_edges, slices_width, then_map, widen_columns
 from .errors import ArgumentError, ShapeError
 
@@ -766,7 +767,7 @@ def read_onnx(model):
         the MODEL_FORM keys are popped (where the graph has several outputs, or squeezes its one: their widths,
         which are squeezed, as read_module's edges name them).
     """
-    graph = _load(model).graph
+    graph = merge_stacks(_load(model).graph, _FOLD)  # (parallel stacks of layers on one value: one chain)
     reader = _Reader(graph)
     for node in graph.node:
         reader.node(node)

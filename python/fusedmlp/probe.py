@@ -100,12 +100,15 @@ def weights(wl):
         wl: a bench.Workload.
 
     Returns:
-        (weights, biases): U(-1, 1) / sqrt(fan_in) weights, (out, in) each; U(-0.1, 0.1) biases, or None without.
+        (weights, biases): U(-1, 1) / sqrt(fan_in) weights, (out, in) each (each stack's in turn); U(-0.1, 0.1)
+        biases, or None without.
     """
     rng = np.random.default_rng(0)
     widths = wl.widths
-    ws = [rng.uniform(-1, 1, (n, k)).astype(np.float32) / np.sqrt(k) for k, n in zip(wl.layer_inputs(), widths[1:])]
-    bs = [rng.uniform(-0.1, 0.1, n).astype(np.float32) for n in widths[1:]] if wl.bias else None
+    ws = [rng.uniform(-1, 1, (n, k)).astype(np.float32) / np.sqrt(k) for _ in range(wl.stacks)
+          for k, n in zip(wl.layer_inputs(), widths[1:])]
+    bs = [rng.uniform(-0.1, 0.1, n).astype(np.float32) for _ in range(wl.stacks) for n in widths[1:]] if wl.bias \
+        else None
     return ws, bs
 
 
@@ -602,13 +605,13 @@ def host_time(args):
     mlp(x)
     torch.cuda.synchronize()
     kernel = mlp._kernel("float16", rows=rows)
-    y = torch.empty((rows, wl.widths[-1]), device="cuda", dtype=torch.float16)
+    y = torch.empty((rows, wl.out_features()), device="cuda", dtype=torch.float16)
     stream = torch.cuda.current_stream().cuda_stream
     raw = torch._C._cuda_getCurrentRawStream
     pieces = {
         "mlp(x) (FusedMLP.__call__)": lambda: mlp(x),
         "mlp(x, out=y) (preallocated out)": lambda: mlp(x, out=y),
-        "torch.empty(out)": lambda: torch.empty((rows, wl.widths[-1]), device="cuda", dtype=torch.float16),
+        "torch.empty(out)": lambda: torch.empty((rows, wl.out_features()), device="cuda", dtype=torch.float16),
         "mlp._kernel lookup": lambda: mlp._kernel("float16", rows=rows),
         "Kernel.launch (C: cuLaunchKernel)": lambda: kernel.launch(x.data_ptr(), y.data_ptr(), rows, stream),
         "raw current stream": lambda: raw(0),
@@ -726,7 +729,7 @@ def chain_steps(args):
             check(name, builds[0][0], resolved(builds, CHECK_ROWS), letters)
         for rows in args.rows or [1024]:
             x = torch.randn(rows, wl.x_features(), device="cuda", dtype=torch.float16)
-            y = torch.empty((rows, wl.widths[-1]), device="cuda", dtype=torch.float16)
+            y = torch.empty((rows, wl.out_features()), device="cuda", dtype=torch.float16)
             kernels = resolved(builds, rows, stream.cuda_stream)
             timers = [_step_timers(torch, kernel, x, y, rows, stream) for kernel in kernels]
             times = iter(alternate_calls([t for build in timers for t in build], args.rounds))

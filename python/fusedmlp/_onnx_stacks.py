@@ -1,0 +1,232 @@
+"""fusedmlp.onnx's reading of parallel stacks of layers on one value (an exported TD3 / SAC critic's twin Q stacks, an
+actor and a critic of their own on one input), as fusedmlp.torch reads them (_torch_fx_trunks): before the walk, the
+stacks become one chain of Gemms, the first one their rows on the value they all read, each later one block-diagonal,
+and each stack's end a Slice of the chain's last output (with the stack's own nodes after its last layer), so the walker
+reads several outputs or a Concat of them as it reads any slices of the output.
+
+A stack is a Gemm (transA 0) or MatMul (+ an Add of a constant bias) with a constant weight, then nodes each on the
+value before alone, through more such layers. Stacks merge where two or more start on one value, each of two layers or
+more (a one-layer head beside them is the walker's); then each must have as many layers, the same nodes between them at
+each depth (an activation: elementwise ops of one input, Identity / Dropout / Cast), and ends that are graph outputs or
+joined by one Concat; else an error names them. Weights computed by nodes on constants (an exported weight_norm) are
+evaluated first, as the reader does."""
+
+import numpy as np
+
+from .errors import ArgumentError
+
+# elementwise ops of one input that a hidden layer's activation may be made of (its value's only reader each)
+_ACT_OPS = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Erf", "Sin", "Cos", "Softplus", "Softsign",
+            "HardSwish", "Mish", "Neg", "Reciprocal", "LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu",
+            "Clip", "ThresholdedRelu", "Shrink", "Identity", "Dropout", "Cast"}
+_KEEP = {"Identity", "Dropout"}  # (nodes that name their input again: left out where stacks' activations compare)
+
+
+class _Graph:
+    """The graph's nodes, constants (initializers and Constant nodes) and readers of each value."""
+
+    def __init__(self, graph, fold):
+        from onnx import helper, numpy_helper
+
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.nodes = list(graph.node)
+        self.consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        for n in self.nodes:  # (and nodes on constants alone, as the reader evaluates them: fold)
+            attrs = self.attrs(n)
+            if n.op_type == "Constant" and "value" in attrs:
+                self.consts[n.output[0]] = numpy_helper.to_array(attrs["value"])
+            elif n.op_type in fold and n.input and all(not i or i in self.consts for i in n.input):
+                args = [np.asarray(self.consts[i], np.float64) if self.consts[i].dtype.kind == "f" else self.consts[i]
+                        for i in n.input if i]
+                try:
+                    self.consts[n.output[0]] = np.asarray(fold[n.op_type](attrs, *args))
+                except (ValueError, TypeError, IndexError):
+                    pass  # (the reader names it)
+        self.outputs = {o.name for o in graph.output}
+        self.readers = {}
+        for n in self.nodes:
+            for name in n.input:
+                if name and name not in self.consts:
+                    self.readers.setdefault(name, []).append(n)
+
+    def attrs(self, node):
+        return {a.name: self.helper.get_attribute_value(a) for a in node.attribute}
+
+    def values(self, node):
+        """The node's inputs that are not constants."""
+        return [name for name in node.input if name and name not in self.consts]
+
+    def only_reader(self, value):
+        """The one node reading value and nothing else but constants (None: the value is an output, read twice, or
+        read with another value)."""
+        users = self.readers.get(value, [])
+        if value in self.outputs or len(users) != 1 or self.values(users[0]) != [value] or len(users[0].output) != 1:
+            return None
+        return users[0]
+
+    def layer(self, node):
+        """(weight (out x in, float64), bias or None, its nodes) where node starts a layer: a Gemm (transA 0) or
+        MatMul with a constant 2-D weight, a MatMul's bias the Add of a constant vector reading it alone; else None."""
+        if node.op_type not in ("Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in self.consts:
+            return None
+        w = np.asarray(self.consts[node.input[1]], np.float64)
+        if w.ndim != 2:
+            return None
+        if node.op_type == "MatMul":
+            w, b, nodes = w.T, None, [node]
+            add = self.only_reader(node.output[0])
+            if add is not None and add.op_type == "Add":
+                c = next((self.consts[i] for i in add.input if i in self.consts), None)
+                if c is not None and np.size(c) == w.shape[0]:
+                    b, nodes = np.asarray(c, np.float64).reshape(-1), [node, add]
+            return w, b, nodes
+        attrs = self.attrs(node)
+        if attrs.get("transA", 0):
+            return None
+        w = (w if attrs.get("transB", 0) else w.T) * float(attrs.get("alpha", 1.0))
+        c = self.consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        b = None if c is None else np.broadcast_to(np.asarray(c, np.float64).reshape(-1) * float(
+            attrs.get("beta", 1.0)), (w.shape[0],)).copy()
+        return w, b, [node]
+
+    def signature(self, node):
+        """What an activation node does, comparable across stacks: its op, attributes and constant inputs."""
+        consts = tuple(np.asarray(self.consts[i]).tolist() if i in self.consts else None for i in node.input[1:])
+        return node.op_type, tuple(sorted((k, repr(v)) for k, v in self.attrs(node).items())), repr(consts)
+
+
+class _Stack:
+    """A stack from its first layer: per layer (weight, bias, its nodes, the nodes after it), and its end value."""
+
+    def __init__(self, g, first):
+        self.layers = [[*g.layer(first), []]]
+        value = self.layers[0][2][-1].output[0]
+        while True:
+            nxt = g.only_reader(value)
+            if nxt is None:
+                break
+            found = g.layer(nxt)
+            if found is not None:
+                self.layers.append([*found, []])
+                value = found[2][-1].output[0]
+            else:
+                self.layers[-1][3].append(nxt)
+                value = nxt.output[0]
+        self.end = value
+
+    def nodes(self):
+        return [n for _, _, own, ops in self.layers for n in own + ops]
+
+
+def _check(g, stacks, names):
+    """Raises where the stacks cannot be one chain (see the module)."""
+    depths = [len(s.layers) for s in stacks]
+    if len(set(depths)) > 1:
+        raise ArgumentError(f"{names}: stacks of layers on one value with {depths} layers; fusedmlp runs parallel "
+                            "stacks (twin critics, an actor and a critic of their own) as one network of "
+                            "block-diagonal layers, which needs as many layers in each")
+    for j in range(depths[0] - 1):
+        for s in stacks:
+            bad = next((n for n in s.layers[j][3] if n.op_type not in _ACT_OPS), None)
+            if bad is not None:
+                raise ArgumentError(f"{bad.name or bad.output[0]} ({bad.op_type}): between two layers of parallel "
+                                    f"stacks {names}; fusedmlp runs such stacks as one network, whose hidden layers "
+                                    "take activations only (a norm would reach across the stacks)")
+        sigs = [tuple(g.signature(n) for n in s.layers[j][3] if n.op_type not in _KEEP) for s in stacks]
+        if len(set(sigs)) > 1:
+            raise ArgumentError(f"{names}: parallel stacks of layers whose layer {j} activations differ ("
+                                + ", ".join(" then ".join(op for op, _, _ in sig) or "none" for sig in sigs)
+                                + "); fusedmlp runs such stacks as one network, one activation a hidden layer")
+    ends = {s.end for s in stacks}
+    for s in stacks:
+        for user in g.readers.get(s.end, []):
+            if not (user.op_type == "Concat" and set(g.values(user)) <= ends):
+                raise ArgumentError(f"{user.name or user.output[0]} ({user.op_type}): reads the end of one of the "
+                                    f"parallel stacks {names}; fusedmlp runs such stacks as one network whose outputs "
+                                    "are theirs (graph outputs, or one Concat of them)")
+
+
+def merge_stacks(graph, fold):
+    """graph, or a copy of it with each group of parallel stacks on one value as one chain (see the module); fold: the
+    reader's evaluations of nodes on constants (op -> function of the attributes and the inputs)."""
+    g = _Graph(graph, fold)
+    nodes, consts, group = list(g.nodes), {}, 0
+    for value in [i.name for i in graph.input] + [o for n in g.nodes for o in n.output]:
+        firsts = [u for u in g.readers.get(value, []) if u.input[0] == value and g.layer(u) is not None and u in nodes]
+        stacks = [_Stack(g, f) for f in firsts] if len(firsts) > 1 else []
+        depths = {len(s.layers) for s in stacks}
+        if not stacks or min(depths) == 1:  # (none; one-layer heads, values riding along: the walker's)
+            continue
+        names = ", ".join(f"{f.name or f.output[0]} ({f.op_type})" for f in firsts)
+        _check(g, stacks, names)
+        mine = [n for s in stacks for n in s.nodes()]
+        at = max(nodes.index(n) for n in mine)
+        early = [u for s in stacks for u in g.readers.get(s.end, []) if nodes.index(u) < at]
+        if early:
+            raise ArgumentError(f"{early[0].name or early[0].output[0]}: reads the end of a parallel stack before the "
+                                "other stacks are computed")
+        made = _chain(g, stacks, value, f"fused_stacks{group}", consts)
+        nodes = [n for n in nodes[:at + 1] if n not in mine] + made + nodes[at + 1:]
+        group += 1
+    if not group:
+        return graph
+    out = type(graph)()
+    out.CopyFrom(graph)
+    del out.node[:]
+    out.node.extend(nodes)
+    out.initializer.extend(g.numpy_helper.from_array(v, name) for name, v in consts.items())
+    return out
+
+
+def _chain(g, stacks, value, prefix, consts):
+    """The nodes of the merged chain on value: Gemms (transB 1) of the stacks' layers, the first stack's activation
+    nodes after each hidden one, then per stack a Slice of the last output and its own nodes after its last layer,
+    the last of which writes the stack's end value (so its readers and the graph outputs stay as they are)."""
+    helper, made, cur = g.helper, [], value
+    dtype = next(np.asarray(g.consts[own[0].input[1]]).dtype for _, _, own, _ in stacks[0].layers)
+    for j in range(len(stacks[0].layers)):
+        ws = [s.layers[j][0] for s in stacks]
+        bs = [s.layers[j][1] for s in stacks]
+        rows = sum(w.shape[0] for w in ws)
+        w = np.zeros((rows, ws[0].shape[1] if j == 0 else sum(w.shape[1] for w in ws)))
+        r = c = 0
+        for wi in ws:  # (layer 0: every stack's rows on the one input; later: block-diagonal)
+            w[r:r + wi.shape[0], (0 if j == 0 else c):(0 if j == 0 else c) + wi.shape[1]] = wi
+            r, c = r + wi.shape[0], c + wi.shape[1]
+        b = np.concatenate([np.zeros(wi.shape[0]) if bi is None else bi for wi, bi in zip(ws, bs)])
+        name = f"{prefix}_{j}"
+        consts[name + "_w"], consts[name + "_b"] = w.astype(dtype), b.astype(dtype)
+        made.append(helper.make_node("Gemm", [cur, name + "_w", name + "_b"], [name], name=name, transB=1))
+        cur = name
+        if j + 1 < len(stacks[0].layers):
+            prev = stacks[0].layers[j][2][-1].output[0]
+            for k, op in enumerate(stacks[0].layers[j][3]):
+                cur, prev = _copy(op, prev, cur, f"{name}_act{k}", made), op.output[0]
+    start = 0
+    for i, s in enumerate(stacks):
+        width = s.layers[-1][0].shape[0]
+        ops = s.layers[-1][3]
+        pos = f"{prefix}_part{i}"
+        consts[pos + "_starts"], consts[pos + "_ends"], consts[pos + "_axes"] = (
+            np.array([start], np.int64), np.array([start + width], np.int64), np.array([-1], np.int64))
+        out = s.end if not ops else pos
+        made.append(helper.make_node("Slice", [cur, pos + "_starts", pos + "_ends", pos + "_axes"], [out], name=pos))
+        part, prev = out, s.layers[-1][2][-1].output[0]
+        for k, op in enumerate(ops):
+            part, prev = _copy(op, prev, part, s.end if k == len(ops) - 1 else f"{pos}_op{k}", made), op.output[0]
+        start += width
+    return made
+
+
+def _copy(node, old, new, output, made):
+    """A copy of a node on one value (old) reading new instead, writing output; appended to made."""
+    copy = type(node)()
+    copy.CopyFrom(node)
+    for i, name in enumerate(copy.input):
+        if name == old:
+            copy.input[i] = new
+    del copy.output[:]
+    copy.output.append(output)
+    copy.name = output
+    made.append(copy)
+    return output

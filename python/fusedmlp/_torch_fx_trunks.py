@@ -1,0 +1,197 @@
+"""fusedmlp.torch's reading of parallel stacks of Linears on one value, before the chain is walked: TD3's and SAC's twin
+Q critics (`sa = torch.cat([state, action], 1)`, then `q1 = l3(relu(l2(relu(l1(sa)))))` and `q2` from l4-l6 on the same
+sa), an actor-critic whose actor and critic are networks of their own on one input (Stable-Baselines3's default for PPO:
+`net_arch=dict(pi=[64, 64], vf=[64, 64])`), heads of several layers on one trunk.
+
+The stacks become one chain (merge_trunks rewrites the traced graph): its layer j holds every stack's layer j, the first
+one their rows on the value they all read, each later one block-diagonal (stack i's layer reads stack i's columns only,
+zero weights for the others), so every stack's outputs are the chain's last layer's columns, exactly: the zero blocks
+add exact zeros to finite values. Each stack's end becomes a slice of the chain's output with the stack's own ops after
+its last Linear (its activation, numbers), as the walker reads slices of the output (_torch_fx_branch.output_slice: the
+last layer's column pieces, and a tuple, dict or torch.cat of them returned).
+
+Stacks merge where two or more start on one value, each of two Linears or more (a one-layer head beside them is the
+walker's: a head, or a value riding along the others' layers, as NeRF's density does). What must hold then, else an
+error names the stacks: as many Linears in each stack, the same activation between them at each depth (one merged layer
+has one hidden activation), no norm between them (a row norm would reach across the stacks), and the stacks' ends
+returned (or joined by one torch.cat) rather than read by another layer. The zero blocks cost multiply-adds: k stacks of
+width w run as one of width k w, k times their hidden layers' work."""
+
+import operator
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._torch_fx_nodes import _DROPOUT_FUNCTIONS, _SAME_METHODS, _arg, _functional_text
+from ._torch_modules import _DROPOUTS, _activation_text, _check_dropout_off, _effective, _numpy64
+from .errors import ArgumentError
+
+
+def _linear_of(gm, node, activations):
+    """The nn.Linear a call_module node runs (weight_norm / spectral_norm parametrized too), or None."""
+    if node.op != "call_module" or node.target in activations:
+        return None
+    leaf = gm.get_submodule(node.target)
+    return leaf if isinstance(leaf, nn.Linear) else None
+
+
+def _op_text(gm, node, activations):
+    """What an op on a stack's value between two of its Linears does: "" where it keeps the value (eval-mode dropout,
+    Identity, x.float()), its activation's expression text, else None (the stack ends before it)."""
+    if node.op == "call_module":
+        if node.target in activations:
+            return activations[node.target]
+        leaf = gm.get_submodule(node.target)
+        if isinstance(leaf, _DROPOUTS):
+            _check_dropout_off(leaf, node.target)
+            return ""
+        return "" if isinstance(leaf, nn.Identity) else _activation_text(leaf)
+    if node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS:
+        active = _arg(node, 2, "training", _DROPOUT_FUNCTIONS[node.target]) and _arg(node, 1, "p", 0.5) > 0
+        return None if active else ""  # (active: the walker names it)
+    if node.op == "call_method" and node.target in _SAME_METHODS and len(node.args) == 1 and not node.kwargs:
+        return ""
+    return _functional_text(node) if node.op in ("call_function", "call_method") else None
+
+
+class _Stack:
+    """One stack from its first Linear: its Linears' nodes, the ops on its value alone after each ([] per layer),
+    its last node."""
+
+    def __init__(self, gm, first, activations):
+        self.linears, self.ops, node = [first], [[]], first
+        while len(node.users) == 1:
+            nxt = next(iter(node.users))
+            if nxt.op == "output" or nxt.all_input_nodes != [node]:
+                break
+            if _linear_of(gm, nxt, activations) is not None:
+                self.linears.append(nxt)
+                self.ops.append([])
+            else:  # (an op on this value alone: an activation, a number times it; _check: between two Linears)
+                self.ops[-1].append(nxt)
+            node = nxt
+        self.end = node
+
+    def hidden(self, gm, activations, j):
+        """The activation of layer j (not the last) as its ops' texts, the value-keeping ones left out."""
+        return tuple(t for t in (_op_text(gm, n, activations) for n in self.ops[j]) if t)
+
+    def nodes(self):
+        return [n for j, lin in enumerate(self.linears) for n in [lin] + self.ops[j]]
+
+
+def _name(node):
+    return f"{node.name} ({node.target if isinstance(node.target, str) else getattr(node.target, '__name__', '')})"
+
+
+def _check(gm, stacks, activations):
+    """Raises where stacks on one value cannot be one chain (see the module)."""
+    names = ", ".join(_name(s.linears[0]) for s in stacks)
+    depths = [len(s.linears) for s in stacks]
+    if len(set(depths)) > 1:
+        raise ArgumentError(f"{names}: stacks of Linears on one value with {depths} layers; fusedmlp runs parallel "
+                            "stacks (twin critics, an actor and a critic of their own) as one network of "
+                            "block-diagonal layers, which needs as many layers in each")
+    for j in range(depths[0] - 1):
+        for s in stacks:
+            for n in s.ops[j]:
+                if _op_text(gm, n, activations) is None:
+                    raise ArgumentError(f"{_name(n)}: between two Linears of parallel stacks {names}; fusedmlp runs "
+                                        "such stacks as one network, whose hidden layers take activations only (a "
+                                        "norm would reach across the stacks)")
+        texts = [s.hidden(gm, activations, j) for s in stacks]
+        if len(set(texts)) > 1:
+            raise ArgumentError(f"{names}: parallel stacks of Linears whose layer {j} activations differ "
+                                f"({', '.join(' then '.join(t) or 'none' for t in texts)}); fusedmlp runs such "
+                                "stacks as one network, one activation a hidden layer")
+    ends = {s.end for s in stacks}
+    for s in stacks:
+        for user in s.end.users:
+            joined = user.op == "call_function" and user.target is torch.cat and set(user.all_input_nodes) <= ends
+            if user.op != "output" and not joined:
+                raise ArgumentError(f"{_name(user)}: reads the end of one of the parallel stacks {names}; fusedmlp "
+                                    "runs such stacks as one network whose outputs are theirs, returned (a tuple, a "
+                                    "dict, one torch.cat of them)")
+
+
+def _merged_linear(gm, layers, first):
+    """One nn.Linear (float64) of the stacks' layers [(module, label)]: their rows on one input (first), else
+    block-diagonal; a bias where any has one (zeros for the others)."""
+    ws = [_numpy64(_effective(m, "weight", label)) for m, label in layers]
+    bs = [_effective(m, "bias", label) for m, label in layers]
+    rows = sum(w.shape[0] for w in ws)
+    cols = ws[0].shape[1] if first else sum(w.shape[1] for w in ws)
+    w = np.zeros((rows, cols))
+    r = c = 0
+    for wi in ws:
+        w[r:r + wi.shape[0], (0 if first else c):(0 if first else c) + wi.shape[1]] = wi
+        r, c = r + wi.shape[0], c + wi.shape[1]
+    has_bias = any(b is not None for b in bs)
+    lin = nn.Linear(cols, rows, bias=has_bias, dtype=torch.float64)
+    with torch.no_grad():
+        lin.weight.copy_(torch.from_numpy(w))
+        if has_bias:
+            lin.bias.copy_(torch.from_numpy(np.concatenate(
+                [np.zeros(wi.shape[0]) if b is None else _numpy64(b) for wi, b in zip(ws, bs)])))
+    return lin
+
+
+def merge_trunks(gm, activations):
+    """Rewrites gm's graph in place where a value is read by two or more Linears each starting a stack of two or more
+    (see the module); returns how many groups it merged. Stacks of one Linear each are left to the walker, which reads
+    them as heads (an actor-critic's pi(h), v(h) on one trunk, NeRF's alpha and feature layers)."""
+    graph, merged = gm.graph, 0
+    for value in list(graph.nodes):
+        if value.graph is not graph:  # (erased by an earlier group)
+            continue
+        firsts = [u for u in value.users if _linear_of(gm, u, activations) is not None and u.args[:1] == (value,)]
+        if len(firsts) < 2:
+            continue
+        stacks = [_Stack(gm, f, activations) for f in firsts]
+        depths = {len(s.linears) for s in stacks}
+        if min(depths) == 1:  # (one-layer heads, a value riding along the others: the walker's)
+            continue
+        _check(gm, stacks, activations)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        last = max((n for s in stacks for n in s.nodes()), key=order.__getitem__)
+        early = [u for s in stacks for u in s.end.users if order[u] <= order[last]]
+        if early:
+            raise ArgumentError(f"{_name(early[0])}: reads the end of a parallel stack before the other stacks are "
+                                "computed; fusedmlp reads such stacks' outputs where forward returns or joins them")
+        cur, template = value, stacks[0]
+
+        def acting(ops):  # (the ops that change the value: the others are names of it)
+            return [op for op in ops if _op_text(gm, op, activations) != ""]
+
+        with graph.inserting_before(last.next):  # (each new node after the one before)
+            for j in range(len(template.linears)):
+                name = f"fused_stacks{merged}_{j}"
+                gm.add_submodule(name, _merged_linear(gm, [(gm.get_submodule(s.linears[j].target), _name(
+                    s.linears[j])) for s in stacks], j == 0))
+                cur = graph.call_module(name, (cur,))
+                if j + 1 < len(template.linears):
+                    for op in acting(template.ops[j]):
+                        cur = graph.node_copy(op, lambda n, c=cur: c)
+            start = 0
+            tails = []
+            for s in stacks:  # each stack's columns of the last layer, then its own ops
+                width = gm.get_submodule(s.linears[-1].target).out_features
+                part = graph.call_function(operator.getitem, (cur, (Ellipsis, slice(start, start + width))))
+                for op in acting(s.ops[-1]):
+                    part = graph.node_copy(op, lambda n, c=part: c)
+                tails.append(part)
+                start += width
+        for s, tail in zip(stacks, tails):
+            s.end.replace_all_uses_with(tail)
+        kept = {n.target for n in graph.nodes if n.op == "call_module"}
+        for s in stacks:
+            for node in reversed(s.nodes()):
+                graph.erase_node(node)
+                if node.op == "call_module" and node.target not in kept:
+                    activations.pop(node.target, None)  # (a module activations= maps that no copy runs)
+        merged += 1
+    if merged:
+        graph.lint()
+        gm.recompile()
+    return merged
