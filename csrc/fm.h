@@ -172,6 +172,9 @@ typedef struct fm_spec {
     fm_expr *res_post[FM_MAX_LAYERS]; /* the unary after the binary op (owned; NULL when res_op is FM_RES_NONE) */
     /* A bound on |W x + b| of layer l for every input, from the weights (fm_spec_bound_preacts; INFINITY: none). */
     double z_bound[FM_MAX_LAYERS];
+    /* Layer l's weights block-diagonal in blocks[l] equal blocks (fm_spec_find_blocks; 1: not): output block i reads
+     * input block i alone, the rest are exact zeros (parallel stacks of Linears read as one network). */
+    int blocks[FM_MAX_LAYERS];
     /* Normalization of layer l's z = W h + b over its width[l + 1] outputs, before the activation (issue 30):
      * FM_NORM_LAYER z' = (z - mean) / sqrt(var + eps) * gamma + beta (var biased, as torch.nn.LayerNorm),
      * FM_NORM_RMS z' = z / sqrt(mean(z^2) + eps) * gamma + beta (torch.nn.RMSNorm, plus an optional beta),
@@ -218,6 +221,10 @@ void fm_spec_free(fm_spec *spec);
  * (fm_expr_range over the whole line: sin, tanh, sigmoid...), |z_j| <= sum_k |W_jk| M + |b_j|, with 1% for the
  * 16-bit rounding of weights and values on chip. Layer 0 (x is anything) and the rest: INFINITY. */
 void fm_spec_bound_preacts(fm_spec *spec, const float *const *w, const float *const *b);
+/* blocks[l] for every layer from its weights: the most equal blocks (up to FM_MAX_BLOCKS) in which layer l's real
+ * weights are block-diagonal, 1 where none (a concat layer, or widths no count divides). */
+#define FM_MAX_BLOCKS 8
+void fm_spec_find_blocks(fm_spec *spec, const float *const *w);
 /* Layer l's input features: width(h), plus width(x) with a concat. */
 int fm_spec_in_features(const fm_spec *spec, int l);
 /* fm_expr_unary of layer l's activation; NULL where it has column pieces. */

@@ -200,6 +200,7 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     fm_spec_bound_preacts(&self->spec, (const float *const *)self->w, (const float *const *)self->b);
+    fm_spec_find_blocks(&self->spec, (const float *const *)self->w);
     return 0;
 }
 

@@ -89,6 +89,13 @@ static const char *const *fm_render_trig_bounded(const fm_spec *spec, const fm_p
     return bound < 400.0 ? direct : bound < 1000.0 ? reduced : NULL;
 }
 
+/* Layer l's diagonal blocks (fm_spec.blocks) where they fall on its padded widths (no padding: the blocks' edges are
+ * the real widths'), else 1. The streamed kernel's looped wide layers skip the K pieces outside a column group's block
+ * (fm_stream.cuh, fm_blocks); other forms multiply the zeros. */
+static int fm_render_blocks(const fm_spec *spec, const fm_plan *p, int l) {
+    return p->k_pad[l] == spec->width[l] && p->n_pad[l] == spec->width[l + 1] ? spec->blocks[l] : 1;
+}
+
 /* Layer l's description but for its name and offsets (what the template's code for it depends on): its
  * activation's forms, shapes, buffers and residual. Two layers whose bodies are equal compile to the same code. */
 static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int l, fm_str *out, fm_error *err) {
@@ -119,6 +126,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static constexpr int K = %d, K0 = %d, KR = %d, N = %d, NR = %d, NC = %d;\n"
                       "    static constexpr int KC = %d;  // K columns per weight slot fill (streamed weights)\n"
                       "    static constexpr bool WIDE = %s;  // output to the warp's wide buffer, not registers\n"
+                      "    static constexpr int BLOCKS = %d;  // block-diagonal weights: this many blocks (render.c)\n"
                       "    static constexpr int CAT = %d;  // x joins the input: 0 no, 1 after h, 2 before h\n"
                       "    static constexpr bool BIAS = %s;\n"
                       "    static constexpr bool PIPE = %s;  // its epilogue under the next layer's MMAs (plan.c)\n"
@@ -134,7 +142,7 @@ static fm_status fm_render_layer_body(const fm_spec *spec, const fm_plan *p, int
                       "    static __device__ __forceinline__ float act_t(float x, int%s, bool &far) { (void)far; return %s; }\n"
                       "    static __device__ __forceinline__ float post(float x) { return %s; }\n",
                       p->k_pad[l], p->k0_pad[l], p->k_real[l], p->n_pad[l], p->n_real[l], p->n_chunk[l],
-                      fm_plan_k_chunk(p, l), p->wide_out[l] ? "true" : "false", p->cat[l],
+                      fm_plan_k_chunk(p, l), p->wide_out[l] ? "true" : "false", fm_render_blocks(spec, p, l), p->cat[l],
                       p->has_bias[l] ? "true" : "false", p->pipe[l] ? "true" : "false", p->a0_buf[l], p->a1_buf[l],
                       p->out_buf[l], spec->res_op[l],
                       p->res_buf[l], spec->norm[l], p->centred[l] ? "true" : "false",

@@ -208,6 +208,7 @@ fm_status fm_spec_init(fm_spec *spec, int num_layers, const int64_t *shapes, con
         spec->cat[l] = concat ? concat[l] : FM_CAT_NONE;
         spec->has_bias[l] = bias_len != NULL && bias_len[l] != -1;
         spec->z_bound[l] = INFINITY; /* until fm_spec_bound_preacts sees the weights */
+        spec->blocks[l] = 1;         /* until fm_spec_find_blocks does */
     }
     spec->width[num_layers] = (int)shapes[2 * (num_layers - 1)];
     spec->num_layers = num_layers;
@@ -394,5 +395,28 @@ void fm_spec_bound_preacts(fm_spec *spec, const float *const *w, const float *co
             bound = fmax(bound, row);
         }
         spec->z_bound[l] = isfinite(bound) ? bound * 1.01 : INFINITY;
+    }
+}
+
+/* Whether layer l's weights (n x k, row-major) are zero outside the b diagonal blocks of n / b rows by k / b columns. */
+static int fm_spec_block_diagonal(const float *w, int n, int k, int b) {
+    if (n % b != 0 || k % b != 0)
+        return 0;
+    const int nb = n / b, kb = k / b;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < k; i++)
+            if (i / kb != j / nb && w[(size_t)j * (size_t)k + i] != 0.0f)
+                return 0;
+    return 1;
+}
+
+void fm_spec_find_blocks(fm_spec *spec, const float *const *w) {
+    for (int l = 0; l < spec->num_layers; l++) {
+        spec->blocks[l] = 1;
+        if (spec->cat[l] != FM_CAT_NONE) /* (its weights' columns are two parts) */
+            continue;
+        for (int b = FM_MAX_BLOCKS; b >= 2 && spec->blocks[l] == 1; b--)
+            if (fm_spec_block_diagonal(w[l], spec->width[l + 1], spec->width[l], b))
+                spec->blocks[l] = b;
     }
 }

@@ -51,10 +51,37 @@ template <int L> __device__ constexpr bool fm_split_after() {
         return fm_split_layer<L>() || fm_split_after<L + 1>();
 }
 template <int L> __device__ constexpr bool fm_last_split() { return fm_split_layer<L>() && !fm_split_after<L + 1>(); }
+// FM_WIDE_LOOP (plan.c, fm_plan.wide_loop): whether layer L's whole column groups run as one loop over one group's
+// code (fm_wide_layer) rather than unrolled: a wide layer (WIDE; or the last layer, whose output goes to the stage,
+// where it is as wide: over 256 in or out) of two groups or more, each one slot's chunk, with no residual (its
+// operand, the input fragment of the group's columns, would be a register array indexed at run time) and no norm.
+template <int L> __device__ constexpr bool fm_wide_looped() {
+    if constexpr (!FM_WIDE_LOOP || FM_STREAM == 0 || FM_PREC >= 3) {
+        return false;
+    } else {
+        typedef Layer<L> Ly;
+        constexpr bool wide = L == LAST ? Ly::K > 256 || Ly::N > 256 : Ly::WIDE;
+        return wide && Ly::RES == 0 && Ly::NORM == 0 && Ly::N / Ly::NC >= 2 && fm_chunk_cols<L>() == Ly::NC;
+    }
+}
+
+// Layer L's diagonal blocks whose column groups stream only their own K pieces: Layer<L>::BLOCKS (render.c: its
+// weights block-diagonal, parallel stacks of Linears read as one network; fm_spec_find_blocks) where the layer's groups
+// run as a loop (fm_wide_looped) unsplit, each block's column groups and K pieces whole; else 1. The pieces a group
+// skips hold zeros: the same sums, bit for bit, with half (B = 2) the layer's MMAs and weight traffic.
+template <int L> __device__ constexpr int fm_blocks() {
+    if constexpr (!fm_wide_looped<L>() || fm_split_layer<L>()) {
+        return 1;
+    } else {
+        typedef Layer<L> Ly;
+        constexpr int B = Ly::BLOCKS;
+        return B > 1 && (Ly::N / Ly::NC) % B == 0 && fm_kpieces<L>() % B == 0 && Ly::K % (B * Ly::KC) == 0 ? B : 1;
+    }
+}
 // Layer L's slot fills in this CTA ("chunks": its column groups, or a norm layer's pieces, each in K pieces; a split
 // layer's own groups), and those of layers L.. together.
 template <int L> __device__ constexpr int fm_groups() {
-    return (Layer<L>::N + fm_chunk_cols<L>() - 1) / fm_chunk_cols<L>() * fm_kpieces<L>() /
+    return (Layer<L>::N + fm_chunk_cols<L>() - 1) / fm_chunk_cols<L>() * (fm_kpieces<L>() / fm_blocks<L>()) /
            (fm_split_layer<L>() ? FM_SPLIT : 1);
 }
 template <int L> __device__ constexpr int fm_groups_from() {
@@ -84,12 +111,14 @@ template <int L> __device__ constexpr fm_group_span fm_group_at(int q, int rank 
         typedef Layer<L> Ly;
         if (q >= fm_groups<L>())
             return fm_group_at<L + 1>(q - fm_groups<L>(), rank);
-        constexpr int CH = fm_chunk_cols<L>(), KP = fm_kpieces<L>();
-        // chunk q / KP of columns (w of them from c0), its piece q % KP (kw inputs from k0): the chunk's w rows in
-        // the blob from row c0 on, its pieces one after another (plan.c, fm_plan_w_index)
+        constexpr int CH = fm_chunk_cols<L>(), KP = fm_kpieces<L>() / fm_blocks<L>();  // (a chunk's own pieces)
+        // chunk q / KP of columns (w of them from c0), its piece q % KP of its block's (kw inputs from k0): the
+        // chunk's w rows in the blob from row c0 on, its pieces one after another (plan.c, fm_plan_w_index)
         const int own = fm_split_layer<L>() ? rank * (fm_groups<L>() / KP) : 0;  // this CTA's first chunk
         const int c0 = (own + q / KP) * CH, w = Ly::N - c0 < CH ? Ly::N - c0 : CH;
-        const int k0 = q % KP * Ly::KC, kw = Ly::K - k0 < Ly::KC ? Ly::K - k0 : Ly::KC;
+        const int blk = fm_blocks<L>() > 1 ? c0 / (Ly::N / fm_blocks<L>()) : 0;  // the chunk's block
+        const int k0 = (blk * KP + q % KP) * Ly::KC;
+        const int kw = Ly::K - k0 < Ly::KC ? Ly::K - k0 : Ly::KC;
         return {(unsigned long long)EB * ((unsigned long long)Ly::W_OFF + (unsigned long long)c0 * Ly::K +
                                           (unsigned long long)w * k0),
                 (fm_u32)(EB * w * kw)};

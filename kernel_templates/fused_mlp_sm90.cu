@@ -459,32 +459,31 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
         fm_layer_cols<L, C0 + W>(a, r, h, w, bias, stage, lane, st);
 }
 
-// FM_WIDE_LOOP (plan.c, fm_plan.wide_loop): whether layer L's whole column groups run as one loop over one group's
-// code (fm_wide_layer) rather than unrolled: a wide layer (WIDE; or the last layer, whose output goes to the stage,
-// where it is as wide: over 256 in or out) of two groups or more, each one slot's chunk, with no residual (its
-// operand, the input fragment of the group's columns, would be a register array indexed at run time) and no norm.
-template <int L> __device__ constexpr bool fm_wide_looped() {
-    if constexpr (!FM_WIDE_LOOP || FM_STREAM == 0 || FM_PREC >= 3) {
-        return false;
-    } else {
-        typedef Layer<L> Ly;
-        constexpr bool wide = L == LAST ? Ly::K > 256 || Ly::N > 256 : Ly::WIDE;
-        return wide && Ly::RES == 0 && Ly::NORM == 0 && Ly::N / Ly::NC >= 2 && fm_chunk_cols<L>() == Ly::NC;
-    }
-}
-
-// A looped group's K pieces P.. (KP k steps each) into d (W columns), each from its slot, waited for and released as
-// in fm_stream_group; q: the group's first fill in the tile sequence (run time), so piece P is fill q + P.
-template <int W, int KS, int KP, int P>
+// A looped group's K pieces P.. PE - 1 (KP k steps each; PE: to the last) into d (W columns), each from its slot,
+// waited for and released as in fm_stream_group; q: the group's first fill in the tile sequence (run time), whose
+// first piece is PF, so piece P is fill q + P - PF (PF > 0: a block's pieces, fm_blocks).
+template <int W, int KS, int KP, int P, int PE = (KS + KP - 1) / KP, int PF = 0>
 __device__ __forceinline__ void fm_stream_pieces(float (&d)[W / 2], fm_u32 (&a)[KS][4], fm_stream &st, int lane,
                                                  int q) {
     constexpr int S0 = P * KP, SN = KS - S0 < KP ? KS - S0 : KP;  // this piece's k steps
     constexpr fm_u32 SBO = SN * 32 * 8;                            // its rows of SN k steps, 8 rows per core matrix
     fm_mma_issue<W, KS, S0, SN>(d, a, fm_desc(fm_stream_acquire(st), SBO), true);
     fm_mma_wait(d, a);
-    fm_stream_release_at(st, lane, q + P);
-    if constexpr (S0 + SN < KS)
-        fm_stream_pieces<W, KS, KP, P + 1>(d, a, st, lane, q);
+    fm_stream_release_at(st, lane, q + P - PF);
+    if constexpr (S0 + SN < KS && P + 1 < PE)
+        fm_stream_pieces<W, KS, KP, P + 1, PE, PF>(d, a, st, lane, q);
+}
+
+// Block b's K pieces b KPB .. (b + 1) KPB - 1 of a looped group (fm_blocks: the other blocks' weights are zeros): the
+// block's pieces named at compile time for each b (its k steps index the register fragments a).
+template <int L, int W, int KS, int KPB, int BB = 0>
+__device__ __forceinline__ void fm_block_pieces(int b, float (&d)[W / 2], fm_u32 (&a)[KS][4], fm_stream &st, int lane,
+                                                int q) {
+    constexpr int KP = Layer<L>::KC / KE;
+    if (b == BB)
+        fm_stream_pieces<W, KS, KP, BB * KPB, (BB + 1) * KPB, BB * KPB>(d, a, st, lane, q);
+    else if constexpr (BB + 1 < fm_blocks<L>())
+        fm_block_pieces<L, W, KS, KPB, BB + 1>(b, d, a, st, lane, q);
 }
 
 // A wide layer's whole column groups as a run-time loop (fm_wide_looped): group i's columns i NC.. from its K
@@ -509,12 +508,18 @@ __device__ __forceinline__ void fm_wide_layer(fm_u32 (&a)[Layer<L>::K / KE][4], 
     const int g0 = SPLIT ? (int)st.rank * G : 0;  // this CTA's first group
     if constexpr (SPLIT)
         fm_split_wait();  // every CTA has read the wide buffers' last values
+    constexpr int B = fm_blocks<L>(), KPB = fm_kpieces<L>() / B;  // (B > 1: block b's groups, its pieces)
+#pragma unroll
+    for (int b = 0; b < B; ++b)
 #pragma unroll 1
-    for (int gi = 0; gi < G; ++gi) {
+    for (int gi = b * (G / B); gi < (b + 1) * (G / B); ++gi) {
         const int i = g0 + gi;
         float d[NC / 2];  // this lane's (row g + 8 hh, cols i NC + 8 j + 2 t, + 1), as in fm_layer_cols
         fm_d_init<L, NC, BIAS_IN_D>(d, i * NC, t, bias);  // (D_SET: a split layer's groups start from it)
-        fm_stream_pieces<NC, KS, Ly::KC / KE, 0>(d, a, st, lane, fm_group0<L>() + gi * fm_kpieces<L>());
+        if constexpr (B == 1)
+            fm_stream_pieces<NC, KS, Ly::KC / KE, 0>(d, a, st, lane, fm_group0<L>() + gi * fm_kpieces<L>());
+        else
+            fm_block_pieces<L, NC, KS, KPB>(b, d, a, st, lane, fm_group0<L>() + gi * KPB);
         if constexpr (L == LAST) {
 #pragma unroll
             for (int j = 0; j < NC / 8; ++j)  // 8-column tile i NC / 8 + j of the output, into the stage

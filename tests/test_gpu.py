@@ -1093,6 +1093,40 @@ def test_x_rows_past_the_wide_buffer_land_under_the_tiles_layers(widths, acts, r
     assert checked == 2 and not failures, failures
 
 
+@pytest.mark.parametrize("stacks, width, depth, io", [(2, 256, 3, "float16"), (4, 128, 2, "bfloat16"),
+                                                     (2, 192, 2, "float32"), (3, 128, 2, "float16")])
+def test_block_diagonal_layers_skip_their_zero_pieces_with_the_dense_kernels_bits(stacks, width, depth, io):
+    """Parallel stacks read as one network (block-diagonal hidden layers, fm_spec_find_blocks): the streamed kernel's
+    looped wide layers stream and multiply only each column group's own block of K pieces (fm_blocks). Against float64
+    and bit for bit the same plan unrolled (wide_loop=-1, which multiplies the zero blocks: adding exact zeros changes
+    no sum); 2 x 192 (groups of 128 straddle the blocks) and 3 stacks (384 wide: 3 groups of 128, 3 blocks) take
+    what fits, the dense loop otherwise. Rows: a partial strip, a partial tile, many tiles per CTA."""
+    if fusedmlp._api._gpu(0).info["arch"] != 90:
+        pytest.skip("the streamed warpgroup kernel needs sm_90")
+    rng = np.random.default_rng(stacks * 1000 + width)
+    n_in, n_out, wide = 23, 2, stacks * width
+    ws, bs = [rng.uniform(-1, 1, (wide, n_in)).astype(np.float32) / np.sqrt(n_in)], []
+    for _ in range(depth - 1):  # block-diagonal hidden layers
+        w = np.zeros((wide, wide), np.float32)
+        for s in range(stacks):
+            w[s * width:(s + 1) * width, s * width:(s + 1) * width] = rng.uniform(-1, 1, (width, width)) / np.sqrt(width)
+        ws.append(w)
+    ws.append(rng.uniform(-1, 1, (n_out, wide)).astype(np.float32) / np.sqrt(wide))
+    bs = [rng.uniform(-0.1, 0.1, w.shape[0]).astype(np.float32) for w in ws]
+    mlp = fusedmlp.FusedMLP(ws, bs, activation="relu", dtype="bfloat16" if io == "bfloat16" else "float16",
+                            device="cuda")
+    prec = "bfloat16" if io == "bfloat16" else "float16"
+    looped, plan, source, _ = mlp._build(io, io, wgmma=1, resident=0)
+    unrolled, _, source_u, _ = mlp._build(io, io, wgmma=1, resident=0, wide_loop=-1)
+    assert f"BLOCKS = {stacks}; " in source or width % 128, source[:2000]
+    failures, checked = [], 0
+    for rows in (33, 4099, 70001):  # (33: a partial strip; one row's two outputs are too few for a relative L2)
+        x32 = np.random.default_rng(rows).standard_normal((rows, n_in)).astype(np.float32)
+        c = types.SimpleNamespace(ws=ws, bs=bs, x32=x32, prec=prec, io=io)
+        checked += same_bits_and_checked(unrolled, looped, mlp, c, (stacks, width, rows), failures)
+    assert checked >= 2 and not failures, failures
+
+
 def test_split_wide_layers_give_the_unsplit_kernels_bits_on_random_wide_chains():
     """split=2, 4 or 8 (the tuner tries 2 and 4 below 32 rows per SM): clusters of that many CTAs run one row tile, each
     computing 1/n of every wide layer's column groups and storing them into all the cluster's wide buffers

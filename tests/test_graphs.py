@@ -541,6 +541,39 @@ def test_wide_streamed_plans_compile_for_sm_90a():
         assert spills and max(spills) <= 64, (widths, log)
 
 
+def test_block_diagonal_layers_are_found_and_compile_for_sm_90a():
+    """A layer whose weights are zero outside equal diagonal blocks (parallel stacks read as one network) renders as
+    Layer<l>::BLOCKS (the most blocks, up to 8, that hold); one nonzero outside them, a layer whose widths the count
+    does not divide, or blocks that fall on padding render 1. The streamed kernel with blocks compiles for sm_90a
+    without spills or serialized wgmma (its groups skip the other blocks' K pieces: fm_blocks)."""
+    from fusedmlp import _api, _core
+
+    rng = np.random.default_rng(8)
+
+    def blocks_of(w_hidden, n_in=23):
+        ws = [rng.standard_normal((w_hidden.shape[1], n_in)).astype(np.float32), w_hidden,
+              rng.standard_normal((2, w_hidden.shape[0])).astype(np.float32)]
+        mlp = fusedmlp.FusedMLP(ws, None, "relu", device="cpu")
+        plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472)
+        return [int(b) for b in re.findall(r"BLOCKS = (\d+);", source)], source
+
+    def diagonal(n, b):
+        w = np.zeros((n, n), np.float32)
+        k = n // b
+        for i in range(b):
+            w[i * k:(i + 1) * k, i * k:(i + 1) * k] = rng.standard_normal((k, k))
+        return w
+
+    found, source = blocks_of(diagonal(512, 2))
+    assert found == [1, 2, 1]  # (the first and last layers: whole; 512 -> 2's blocks would fall on its padding)
+    _, log = _core.nvrtc_compile(source, _api.TEMPLATE, 90, True, ("--ptxas-options=-v",) + _api.nvrtc_no_cache())
+    assert "C7519" not in log and "serialized" not in log and "warning #" not in log, log
+    assert blocks_of(diagonal(512, 4))[0][1] == 4 and blocks_of(diagonal(384, 3))[0][1] == 3
+    leak = diagonal(512, 2)
+    leak[0, 511] = 1e-3
+    assert blocks_of(leak)[0][1] == 1 and blocks_of(diagonal(300, 2))[0][1] == 1  # (300 pads to 304)
+
+
 def test_wide_loop_is_the_default_for_wide_layers_and_changes_only_its_switch():
     """wide_loop (fm_plan.wide_loop) is on by default where the streamed plan has a layer wider than 256: a plan
     without it renders the same source as wide_loop=0 and wide_loop=1, its FM_WIDE_LOOP 1, and the unrolled form
