@@ -281,3 +281,68 @@ def test_random_heads_and_output_parts_read_by_from_torch_and_from_onnx_match_to
             assert got.shape == flat.shape and np.max(np.abs(got - flat)) <= 1e-5 * max(1.0, np.abs(flat).max()), seed
             exported += 1
     assert not onnx_ok or exported >= 40, exported
+
+
+class _Stacks(nn.Module):
+    """Parallel stacks of Linears on one value (a trunk's output or the input): 2-4 stacks, each 2-4 Linears deep and
+    of its own width, one activation between their layers, each with its own after its last one, returned as a tuple
+    or one torch.cat; some Linears without a bias, some stacks with a Dropout."""
+
+    TAILS = (lambda y: y, torch.tanh, torch.sigmoid, lambda y: 2.0 * y, F.softplus)
+
+    def __init__(self, rnd):
+        super().__init__()
+        self.d_in, depth, k = rnd.choice([5, 12]), rnd.randint(2, 4), rnd.randint(2, 4)
+        self.trunk = nn.Sequential(nn.Linear(self.d_in, 20), rnd.choice(ACTS)()) if rnd.random() < 0.4 else None
+        d0, act = 20 if self.trunk is not None else self.d_in, rnd.choice(ACTS)
+        self.stacks = nn.ModuleList()
+        for _ in range(k):
+            widths = [d0] + [rnd.choice([8, 16, 24, 32])] * (depth - 1) + [rnd.choice([1, 3])]
+            layers = []
+            for i in range(depth):
+                layers.append(nn.Linear(widths[i], widths[i + 1], bias=rnd.random() < 0.8))
+                if i < depth - 1:
+                    layers += [act()] + ([nn.Dropout(0.1)] if rnd.random() < 0.2 else [])
+            self.stacks.append(nn.Sequential(*layers))
+        self.tails = [rnd.randrange(len(self.TAILS)) for _ in range(k)]
+        self.as_tuple = rnd.random() < 0.5
+
+    def forward(self, x):
+        h = self.trunk(x) if self.trunk is not None else x
+        outs = [self.TAILS[t](s(h)) for s, t in zip(self.stacks, self.tails)]
+        return tuple(outs) if self.as_tuple else torch.cat(outs, -1)
+
+
+def test_random_parallel_stacks_read_by_from_torch_and_from_onnx_match_torch_float64():
+    """Parallel stacks (_torch_fx_trunks, _onnx_stacks): one block-diagonal chain whose outputs are the stacks', in the
+    module's order with their own activations, from the traced module and from its ONNX export."""
+    onnx_ok = pytest.importorskip("onnx") is not None
+
+    class Joined(nn.Module):  # (the tuple's parts side by side, as fusedmlp's model gives them)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            out = self.inner(x)
+            return torch.cat(list(out), -1) if isinstance(out, tuple) else out
+
+    exported = 0
+    for seed in range(60):
+        rnd = random.Random(seed)
+        torch.manual_seed(seed)
+        model = _Stacks(rnd).eval()
+        x = torch.randn(33, model.d_in) * 1.5 + 0.3
+        with torch.no_grad():
+            ref = Joined(model).double()(x.double()).numpy()
+            model.float()
+            bound = 1e-6 + 4 * _rel(Joined(model)(x).numpy(), ref)
+        mlps = [("from_torch", fusedmlp.from_torch(model, device="cpu"))]
+        data = _onnx_bytes(model, [x]) if onnx_ok else None
+        if data is not None:
+            mlps.append(("from_onnx", fusedmlp.from_onnx(data, device="cpu")))
+            exported += 1
+        for how, mlp in mlps:
+            err = _rel(mlp(x.numpy()), ref)
+            assert err <= bound, (seed, how, err, bound, mlp)
+    assert not onnx_ok or exported >= 40, exported

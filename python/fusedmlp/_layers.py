@@ -415,3 +415,28 @@ def compose(outer, inner):
     inner_expr = inner if "(" in inner else f"{inner}(x)"
     outer_expr = outer if "(" in outer else f"{outer}(x)"
     return re.sub(r"\bx\b", f"({inner_expr})", outer_expr)
+
+
+def stacked_layer(ws, bs, first):
+    """One layer of parallel stacks' layers j (fusedmlp.torch's and fusedmlp.onnx's stacks as one network): weights
+    (out x in each) and biases (or None) -> (weight, bias or None), float64: the stacks' rows on the one value they
+    all read (first), else block-diagonal (stack i's rows on stack i's columns, zeros elsewhere); a bias where any
+    stack's layer has one, zeros for the others."""
+    ws = [np.asarray(w, np.float64) for w in ws]
+    w = np.zeros((sum(wi.shape[0] for wi in ws), ws[0].shape[1] if first else sum(wi.shape[1] for wi in ws)))
+    r = c = 0
+    for wi in ws:
+        w[r:r + wi.shape[0], (0 if first else c):(0 if first else c) + wi.shape[1]] = wi
+        r, c = r + wi.shape[0], c + wi.shape[1]
+    b = None if all(bi is None for bi in bs) else np.concatenate(
+        [np.zeros(wi.shape[0]) if bi is None else np.asarray(bi, np.float64).reshape(-1) for wi, bi in zip(ws, bs)])
+    return w, b
+
+
+def check_stack_depths(names, depths, what):
+    """Raises where parallel stacks of `what` (Linears, layers) are not all as deep: one network of block-diagonal
+    layers needs as many in each."""
+    if len(set(depths)) > 1:
+        raise ArgumentError(f"{names}: stacks of {what} on one value with {depths} layers; fusedmlp runs parallel "
+                            "stacks (twin critics, an actor and a critic of their own) as one network of "
+                            "block-diagonal layers, which needs as many layers in each")

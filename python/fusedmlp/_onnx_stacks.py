@@ -13,13 +13,14 @@ evaluated first, as the reader does."""
 
 import numpy as np
 
+from ._layers import check_stack_depths, stacked_layer
 from .errors import ArgumentError
 
-# elementwise ops of one input that a hidden layer's activation may be made of (its value's only reader each)
-_ACT_OPS = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Erf", "Sin", "Cos", "Softplus", "Softsign",
-            "HardSwish", "Mish", "Neg", "Reciprocal", "LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu",
-            "Clip", "ThresholdedRelu", "Shrink", "Identity", "Dropout", "Cast"}
-_KEEP = {"Identity", "Dropout"}  # (nodes that name their input again: left out where stacks' activations compare)
+# elementwise ops an activation between two layers may be made of, on the layer's output and each other (with
+# constants): x * Sigmoid(x), GELU's x * 0.5 * (1 + Erf(x / sqrt 2)), a clamp, a scale
+_ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Erf", "Sin", "Cos", "Softplus", "Softsign",
+                "HardSwish", "Mish", "Neg", "Reciprocal", "LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu",
+                "Clip", "ThresholdedRelu", "Shrink", "Identity", "Dropout", "Cast", "Add", "Sub", "Mul", "Div", "Pow"}
 
 
 class _Graph:
@@ -89,29 +90,60 @@ class _Graph:
             attrs.get("beta", 1.0)), (w.shape[0],)).copy()
         return w, b, [node]
 
-    def signature(self, node):
-        """What an activation node does, comparable across stacks: its op, attributes and constant inputs."""
-        consts = tuple(np.asarray(self.consts[i]).tolist() if i in self.consts else None for i in node.input[1:])
-        return node.op_type, tuple(sorted((k, repr(v)) for k, v in self.attrs(node).items())), repr(consts)
+    def region(self, value):
+        """(the nodes after a layer that compute an elementwise function of its output `value` alone, in graph order;
+        the one value of theirs read past them, or value itself where there are none): an activation, as exporters
+        write SiLU, x * Sigmoid(x), or GELU's Erf form. Where their values are read past them more than once, only the
+        nodes up to the first such value (the stack ends there)."""
+        nodes, made = [], {value}
+        for n in self.nodes:
+            vals = self.values(n)
+            if n.op_type in _ELEMENTWISE and len(n.output) == 1 and vals and all(v in made for v in vals):
+                nodes.append(n)
+                made.add(n.output[0])
+        inside = {id(n) for n in nodes}
+        exits = [v for v in [value] + [n.output[0] for n in nodes]
+                 if v in self.outputs or any(id(r) not in inside for r in self.readers.get(v, []))]
+        if len(exits) != 1:  # (a value of the activation read twice past it: none of it is the stacks')
+            return [], value
+        keep = {exits[0]}  # (the nodes the exit depends on)
+        for n in reversed(nodes):
+            if n.output[0] in keep:
+                keep |= set(self.values(n))
+        return [n for n in nodes if n.output[0] in keep], exits[0]
+
+    def signature(self, ops, value):
+        """What the nodes of a region do to its input `value`, comparable across stacks: each one's op, attributes
+        and inputs (the input, an earlier node's output by its place, or a constant's values)."""
+        at = {n.output[0]: i for i, n in enumerate(ops)}
+
+        def ref(name):
+            if name == value:
+                return "x"
+            if name in at:
+                return at[name]
+            return repr(np.asarray(self.consts[name]).tolist()) if name in self.consts else name
+
+        return tuple((n.op_type, tuple(sorted((k, repr(v)) for k, v in self.attrs(n).items())),
+                      tuple(ref(i) for i in n.input)) for n in ops)
 
 
 class _Stack:
-    """A stack from its first layer: per layer (weight, bias, its nodes, the nodes after it), and its end value."""
+    """A stack from its first layer: per layer (weight, bias, its nodes, the nodes after it: region), and its end."""
 
     def __init__(self, g, first):
         self.layers = [[*g.layer(first), []]]
         value = self.layers[0][2][-1].output[0]
         while True:
-            nxt = g.only_reader(value)
-            if nxt is None:
+            ops, value = g.region(value)
+            self.layers[-1][3] = ops
+            readers = g.readers.get(value, [])
+            found = g.layer(readers[0]) if len(readers) == 1 and value not in g.outputs and \
+                readers[0].input[0] == value else None
+            if found is None:
                 break
-            found = g.layer(nxt)
-            if found is not None:
-                self.layers.append([*found, []])
-                value = found[2][-1].output[0]
-            else:
-                self.layers[-1][3].append(nxt)
-                value = nxt.output[0]
+            self.layers.append([*found, []])
+            value = found[2][-1].output[0]
         self.end = value
 
     def nodes(self):
@@ -121,18 +153,9 @@ class _Stack:
 def _check(g, stacks, names):
     """Raises where the stacks cannot be one chain (see the module)."""
     depths = [len(s.layers) for s in stacks]
-    if len(set(depths)) > 1:
-        raise ArgumentError(f"{names}: stacks of layers on one value with {depths} layers; fusedmlp runs parallel "
-                            "stacks (twin critics, an actor and a critic of their own) as one network of "
-                            "block-diagonal layers, which needs as many layers in each")
+    check_stack_depths(names, depths, "layers")
     for j in range(depths[0] - 1):
-        for s in stacks:
-            bad = next((n for n in s.layers[j][3] if n.op_type not in _ACT_OPS), None)
-            if bad is not None:
-                raise ArgumentError(f"{bad.name or bad.output[0]} ({bad.op_type}): between two layers of parallel "
-                                    f"stacks {names}; fusedmlp runs such stacks as one network, whose hidden layers "
-                                    "take activations only (a norm would reach across the stacks)")
-        sigs = [tuple(g.signature(n) for n in s.layers[j][3] if n.op_type not in _KEEP) for s in stacks]
+        sigs = [g.signature(s.layers[j][3], s.layers[j][2][-1].output[0]) for s in stacks]
         if len(set(sigs)) > 1:
             raise ArgumentError(f"{names}: parallel stacks of layers whose layer {j} activations differ ("
                                 + ", ".join(" then ".join(op for op, _, _ in sig) or "none" for sig in sigs)
@@ -185,23 +208,14 @@ def _chain(g, stacks, value, prefix, consts):
     helper, made, cur = g.helper, [], value
     dtype = next(np.asarray(g.consts[own[0].input[1]]).dtype for _, _, own, _ in stacks[0].layers)
     for j in range(len(stacks[0].layers)):
-        ws = [s.layers[j][0] for s in stacks]
-        bs = [s.layers[j][1] for s in stacks]
-        rows = sum(w.shape[0] for w in ws)
-        w = np.zeros((rows, ws[0].shape[1] if j == 0 else sum(w.shape[1] for w in ws)))
-        r = c = 0
-        for wi in ws:  # (layer 0: every stack's rows on the one input; later: block-diagonal)
-            w[r:r + wi.shape[0], (0 if j == 0 else c):(0 if j == 0 else c) + wi.shape[1]] = wi
-            r, c = r + wi.shape[0], c + wi.shape[1]
-        b = np.concatenate([np.zeros(wi.shape[0]) if bi is None else bi for wi, bi in zip(ws, bs)])
+        w, b = stacked_layer([s.layers[j][0] for s in stacks], [s.layers[j][1] for s in stacks], j == 0)
+        b = np.zeros(w.shape[0]) if b is None else b
         name = f"{prefix}_{j}"
         consts[name + "_w"], consts[name + "_b"] = w.astype(dtype), b.astype(dtype)
         made.append(helper.make_node("Gemm", [cur, name + "_w", name + "_b"], [name], name=name, transB=1))
         cur = name
         if j + 1 < len(stacks[0].layers):
-            prev = stacks[0].layers[j][2][-1].output[0]
-            for k, op in enumerate(stacks[0].layers[j][3]):
-                cur, prev = _copy(op, prev, cur, f"{name}_act{k}", made), op.output[0]
+            cur = _copy_region(stacks[0].layers[j], cur, None, f"{name}_act", made)
     start = 0
     for i, s in enumerate(stacks):
         width = s.layers[-1][0].shape[0]
@@ -211,22 +225,25 @@ def _chain(g, stacks, value, prefix, consts):
             np.array([start], np.int64), np.array([start + width], np.int64), np.array([-1], np.int64))
         out = s.end if not ops else pos
         made.append(helper.make_node("Slice", [cur, pos + "_starts", pos + "_ends", pos + "_axes"], [out], name=pos))
-        part, prev = out, s.layers[-1][2][-1].output[0]
-        for k, op in enumerate(ops):
-            part, prev = _copy(op, prev, part, s.end if k == len(ops) - 1 else f"{pos}_op{k}", made), op.output[0]
+        if ops:
+            _copy_region(s.layers[-1], out, s.end, f"{pos}_op", made)
         start += width
     return made
 
 
-def _copy(node, old, new, output, made):
-    """A copy of a node on one value (old) reading new instead, writing output; appended to made."""
-    copy = type(node)()
-    copy.CopyFrom(node)
-    for i, name in enumerate(copy.input):
-        if name == old:
-            copy.input[i] = new
-    del copy.output[:]
-    copy.output.append(output)
-    copy.name = output
-    made.append(copy)
-    return output
+def _copy_region(layer, value, end, prefix, made):
+    """Copies of a layer's region (its nodes after the layer: layer[3]) reading value in place of the layer's output,
+    appended to made; their outputs renamed (prefix and their place), the one read past them `end` where given (a
+    stack's end keeps its name). Returns the name of that one."""
+    names = {layer[2][-1].output[0]: value}
+    for k, node in enumerate(layer[3]):
+        copy = type(node)()
+        copy.CopyFrom(node)
+        for i, name in enumerate(copy.input):
+            copy.input[i] = names.get(name, name)
+        names[node.output[0]] = end if end is not None and k == len(layer[3]) - 1 else f"{prefix}{k}"
+        del copy.output[:]
+        copy.output.append(names[node.output[0]])
+        copy.name = names[node.output[0]]
+        made.append(copy)
+    return names[layer[3][-1].output[0]] if layer[3] else value

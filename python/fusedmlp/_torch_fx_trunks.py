@@ -19,10 +19,10 @@ width w run as one of width k w, k times their hidden layers' work."""
 
 import operator
 
-import numpy as np
 import torch
 from torch import nn
 
+from ._layers import check_stack_depths, stacked_layer
 from ._torch_fx_nodes import _DROPOUT_FUNCTIONS, _SAME_METHODS, _arg, _functional_text
 from ._torch_modules import _DROPOUTS, _activation_text, _check_dropout_off, _effective, _numpy64
 from .errors import ArgumentError
@@ -89,10 +89,7 @@ def _check(gm, stacks, activations):
     """Raises where stacks on one value cannot be one chain (see the module)."""
     names = ", ".join(_name(s.linears[0]) for s in stacks)
     depths = [len(s.linears) for s in stacks]
-    if len(set(depths)) > 1:
-        raise ArgumentError(f"{names}: stacks of Linears on one value with {depths} layers; fusedmlp runs parallel "
-                            "stacks (twin critics, an actor and a critic of their own) as one network of "
-                            "block-diagonal layers, which needs as many layers in each")
+    check_stack_depths(names, depths, "Linears")
     for j in range(depths[0] - 1):
         for s in stacks:
             for n in s.ops[j]:
@@ -115,25 +112,15 @@ def _check(gm, stacks, activations):
                                     "dict, one torch.cat of them)")
 
 
-def _merged_linear(gm, layers, first):
-    """One nn.Linear (float64) of the stacks' layers [(module, label)]: their rows on one input (first), else
-    block-diagonal; a bias where any has one (zeros for the others)."""
-    ws = [_numpy64(_effective(m, "weight", label)) for m, label in layers]
-    bs = [_effective(m, "bias", label) for m, label in layers]
-    rows = sum(w.shape[0] for w in ws)
-    cols = ws[0].shape[1] if first else sum(w.shape[1] for w in ws)
-    w = np.zeros((rows, cols))
-    r = c = 0
-    for wi in ws:
-        w[r:r + wi.shape[0], (0 if first else c):(0 if first else c) + wi.shape[1]] = wi
-        r, c = r + wi.shape[0], c + wi.shape[1]
-    has_bias = any(b is not None for b in bs)
-    lin = nn.Linear(cols, rows, bias=has_bias, dtype=torch.float64)
+def _merged_linear(layers, first):
+    """One nn.Linear (float64) of the stacks' layers [(module, label)] (stacked_layer)."""
+    w, b = stacked_layer([_numpy64(_effective(m, "weight", label)) for m, label in layers],
+                         [_numpy64(_effective(m, "bias", label)) for m, label in layers], first)
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=torch.float64)
     with torch.no_grad():
         lin.weight.copy_(torch.from_numpy(w))
-        if has_bias:
-            lin.bias.copy_(torch.from_numpy(np.concatenate(
-                [np.zeros(wi.shape[0]) if b is None else _numpy64(b) for wi, b in zip(ws, bs)])))
+        if b is not None:
+            lin.bias.copy_(torch.from_numpy(b))
     return lin
 
 
@@ -167,7 +154,7 @@ def merge_trunks(gm, activations):
         with graph.inserting_before(last.next):  # (each new node after the one before)
             for j in range(len(template.linears)):
                 name = f"fused_stacks{merged}_{j}"
-                gm.add_submodule(name, _merged_linear(gm, [(gm.get_submodule(s.linears[j].target), _name(
+                gm.add_submodule(name, _merged_linear([(gm.get_submodule(s.linears[j].target), _name(
                     s.linears[j])) for s in stacks], j == 0))
                 cur = graph.call_module(name, (cur,))
                 if j + 1 < len(template.linears):

@@ -52,6 +52,7 @@ import time
 import numpy as np
 
 from . import _encoding, bench_arrays, bench_host, bench_lowbit
+from ._layers import stacked_layer
 from .bench_report import PEERS, format_table, plot, rows_label, summarize, write_outputs  # noqa: F401
 
 __all__ = ["WORKLOADS", "Workload", "main", "floor_ms", "flops", "io_bytes", "format_table", "plot", "device_slug"]
@@ -442,16 +443,11 @@ def fused_layers(wl, weights, biases):
         depth = len(wl.widths) - 1
         ws, bs = [], None if biases is None else []
         for j in range(depth):
-            parts = [weights[i * depth + j] for i in range(wl.stacks)]
-            w = np.zeros((sum(p.shape[0] for p in parts), parts[0].shape[1] if j == 0 else sum(
-                p.shape[1] for p in parts)), np.float32)
-            r = c = 0
-            for p in parts:  # (the first layer: every stack's rows on x; later: stack i's rows on its columns)
-                w[r:r + p.shape[0], (0 if j == 0 else c):(0 if j == 0 else c) + p.shape[1]] = p
-                r, c = r + p.shape[0], c + p.shape[1]
-            ws.append(w)
+            w, b = stacked_layer([weights[i * depth + j] for i in range(wl.stacks)],
+                                 [None if biases is None else biases[i * depth + j] for i in range(wl.stacks)], j == 0)
+            ws.append(w.astype(np.float32))
             if bs is not None:
-                bs.append(np.concatenate([biases[i * depth + j] for i in range(wl.stacks)]))
+                bs.append(b.astype(np.float32))
         return ws, bs
     if not wl.blocks:
         return weights, biases
