@@ -1766,3 +1766,19 @@ def test_parallel_stacks_that_cannot_be_one_chain():
                         ("norm", "between two Linears of parallel stacks"), ("read", "reads the end")):
         with pytest.raises(fusedmlp.ArgumentError, match=words):
             fusedmlp.from_torch(Bad(kind).eval(), device="cpu")
+
+
+def test_op_handles_differ_between_processes():
+    """The handle a traced graph records differs between processes (each counts from a random start): inductor's FX
+    graph cache is shared on disk and keyed by the graph, so two processes' models must never share one (a graph
+    compiled for one model's output width then asserted its shape on the other's)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, fusedmlp, fusedmlp.torch as ft; "
+            "print(ft._register(fusedmlp.FusedMLP([torch.ones(2, 3).numpy()], device='cpu')))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(
+        fusedmlp.__file__)), os.environ.get("PYTHONPATH")])))
+    handles = {int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                  env=env).stdout) for _ in range(2)}
+    assert len(handles) == 2 and min(handles) >= 1 << 20, handles

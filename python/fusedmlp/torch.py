@@ -9,6 +9,7 @@ result without gradients (call it under torch.no_grad() / torch.inference_mode()
 """
 
 import itertools
+import secrets
 from collections import OrderedDict
 import threading
 
@@ -155,7 +156,11 @@ def from_torch(module, activations=None, device=None, calibrate=None, in_feature
 # ------------------------------------------------------------------------------------------------ the custom op
 
 _registry = {}  # handle -> FusedMLP; handles are what traced graphs carry
-_handles = itertools.count(1)
+# Each process counts from a random start of its own: inductor's FX graph cache is on disk and shared between
+# processes, keyed by the graph, which records the handle as a constant, and a compiled graph asserts the output shape
+# its model had. Counting from 1 in every process gave two processes' different models one key (the CPU suite's
+# workers did: a 4-column model ran a graph compiled for a 6-column one and failed its size assert).
+_handles = itertools.count(secrets.randbits(40) << 20)
 _registry_lock = threading.Lock()
 
 
