@@ -1782,3 +1782,17 @@ def test_op_handles_differ_between_processes():
     handles = {int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                   env=env).stdout) for _ in range(2)}
     assert len(handles) == 2 and min(handles) >= 1 << 20, handles
+
+
+def test_torchscript_parallel_stacks_read_as_one_chain():
+    """A scripted TD3 critic (two inputs, twin stacks) and a traced actor-critic read through torch's ONNX exporter:
+    from_onnx's parallel stacks, FusedModule giving the module's tuple."""
+    pytest.importorskip("onnx")
+    torch.manual_seed(50)
+    critic, ac = _TD3Critic().eval(), _Stacks("ac").eval()
+    obs, act, x = torch.randn(30, 11), torch.randn(30, 3), torch.randn(30, 17)
+    with torch.no_grad():
+        for fused, want in ((ft.FusedModule(torch.jit.script(critic), in_features=(11, 3))(obs, act),
+                             copy.deepcopy(critic).double()(obs.double(), act.double())),
+                            (ft.FusedModule(torch.jit.trace(ac, x[:3]))(x), ref64(ac, x))):
+            assert len(fused) == 2 and all(max_rel(g, w) <= 1e-6 for g, w in zip(fused, want))
