@@ -283,10 +283,18 @@ def test_random_heads_and_output_parts_read_by_from_torch_and_from_onnx_match_to
     assert not onnx_ok or exported >= 40, exported
 
 
+class _InlineSwish(nn.Module):
+    """SiLU as older code writes it: a module of its own, which torch.fx inlines into x * sigmoid(x)."""
+
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+
 class _Stacks(nn.Module):
     """Parallel stacks of Linears on one value (a trunk's output or the input): 2-4 stacks, each 2-4 Linears deep and
-    of its own width, one activation between their layers, each with its own after its last one, returned as a tuple
-    or one torch.cat; some Linears without a bias, some stacks with a Dropout."""
+    of its own width, one activation between their layers (a module, or one fx inlines into several nodes), each
+    with its own after its last one, returned as a tuple or one torch.cat; some Linears without a bias, some stacks
+    with a Dropout."""
 
     TAILS = (lambda y: y, torch.tanh, torch.sigmoid, lambda y: 2.0 * y, F.softplus)
 
@@ -294,7 +302,7 @@ class _Stacks(nn.Module):
         super().__init__()
         self.d_in, depth, k = rnd.choice([5, 12]), rnd.randint(2, 4), rnd.randint(2, 4)
         self.trunk = nn.Sequential(nn.Linear(self.d_in, 20), rnd.choice(ACTS)()) if rnd.random() < 0.4 else None
-        d0, act = 20 if self.trunk is not None else self.d_in, rnd.choice(ACTS)
+        d0, act = 20 if self.trunk is not None else self.d_in, rnd.choice(ACTS + (_InlineSwish,))
         self.stacks = nn.ModuleList()
         for _ in range(k):
             widths = [d0] + [rnd.choice([8, 16, 24, 32])] * (depth - 1) + [rnd.choice([1, 3])]

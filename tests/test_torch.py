@@ -1667,7 +1667,8 @@ class _Stacks(nn.Module):
     """Parallel stacks of Linears on one value: Stable-Baselines3's actor and critic networks of their own on one input
     ("ac", tanh, a Dropout in one of them), three
     stacks with their own output activations returned as a dict ("three"), two heads of two layers each on a shared
-    trunk joined by one torch.cat ("heads", one weight_norm'd); the TD3 critic below."""
+    trunk joined by one torch.cat ("heads", one weight_norm'd; "inline": GELU written out between the layers, several
+    nodes); the TD3 critic below."""
 
     def __init__(self, kind):
         super().__init__()
@@ -1679,7 +1680,7 @@ class _Stacks(nn.Module):
         elif kind == "three":
             self.s = nn.ModuleList(nn.Sequential(nn.Linear(9, 20 + i), nn.SiLU(), nn.Linear(20 + i, 2 + i))
                                    for i in range(3))
-        else:
+        else:  # (heads, inline)
             self.trunk = nn.Linear(9, 32)
             self.a1, self.a2 = nn.utils.parametrizations.weight_norm(nn.Linear(32, 16)), nn.Linear(16, 3)
             self.b1, self.b2 = nn.Linear(32, 24), nn.Linear(24, 1, bias=False)
@@ -1690,7 +1691,12 @@ class _Stacks(nn.Module):
         if self.kind == "three":
             return {"mu": torch.tanh(self.s[0](x)), "log_std": self.s[1](x).clamp(-5, 2), "v": self.s[2](x) * 2}
         h = F.gelu(self.trunk(x))
-        return torch.cat([self.b2(F.elu(self.b1(h))), torch.sigmoid(self.a2(F.elu(self.a1(h))))], -1)
+        if self.kind == "inline":  # GELU written out between the layers (several nodes each)
+            def act(z):
+                return z * 0.5 * (1.0 + torch.erf(z / 1.4142135623730951))
+        else:
+            act = F.elu
+        return torch.cat([self.b2(act(self.b1(h))), torch.sigmoid(self.a2(act(self.a1(h))))], -1)
 
 
 class _TD3Critic(nn.Module):
@@ -1711,7 +1717,8 @@ class _TD3Critic(nn.Module):
 
 
 @pytest.mark.parametrize("kind, widths", [("ac", [17, 112, 128, 7]), ("td3", [14, 512, 512, 2]),
-                                          ("three", [9, 63, 9]), ("heads", [9, 32, 40, 4])])
+                                          ("three", [9, 63, 9]), ("heads", [9, 32, 40, 4]),
+                                          ("inline", [9, 32, 40, 4])])
 def test_parallel_stacks_on_one_value_run_as_one_chain(kind, widths):
     """Stacks of Linears on one value, each as deep, the same activation between their layers: one chain whose first
     layer holds every stack's rows, its later ones block-diagonal (zero weights across the stacks), each stack's
@@ -1728,12 +1735,13 @@ def test_parallel_stacks_on_one_value_run_as_one_chain(kind, widths):
         want = copy.deepcopy(model).double()(*(a.double() for a in args))
         got = fused(*args)
         pairs = list(zip(got.values(), want.values())) if kind == "three" else \
-            [(got, want)] if kind == "heads" else list(zip(got, want))
+            [(got, want)] if kind in ("heads", "inline") else list(zip(got, want))
         assert [g.shape for g, _ in pairs] == [w.shape for _, w in pairs]
         assert all(max_rel(g, w) <= 1e-6 for g, w in pairs), [max_rel(g, w) for g, w in pairs]
         compiled = torch.compile(fused, fullgraph=True)(*args)
+        one = kind in ("heads", "inline")  # (one tensor returned)
         assert all(torch.equal(c, g) for c, g in zip(*(
-            (v.values() if isinstance(v, dict) else [v] if kind == "heads" else v) for v in (compiled, got))))
+            (v.values() if isinstance(v, dict) else [v] if one else v) for v in (compiled, got))))
     if kind == "ac":  # the block-diagonal layer: stack i's rows read stack i's columns only
         w1 = mlp._w[1]
         assert not w1[:64, 64:].any() and not w1[64:, :64].any() and w1[:64, :64].any() and w1[64:, 64:].any()

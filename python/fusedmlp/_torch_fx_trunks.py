@@ -10,12 +10,18 @@ add exact zeros to finite values. Each stack's end becomes a slice of the chain'
 its last Linear (its activation, numbers), as the walker reads slices of the output (_torch_fx_branch.output_slice: the
 last layer's column pieces, and a tuple, dict or torch.cat of them returned).
 
+A stack's activation between two Linears is the region of nodes after the first that compute a function of its output
+alone (_region: an activation module or function, or one written out, x * torch.sigmoid(x), which a Swish module of
+the user's becomes when torch.fx inlines it); the stacks' regions must do the same at each depth, compared node by
+node, and the first stack's is copied into the chain.
+
 Stacks merge where two or more start on one value, each of two Linears or more (a one-layer head beside them is the
 walker's: a head, or a value riding along the others' layers, as NeRF's density does). What must hold then, else an
 error names the stacks: as many Linears in each stack, the same activation between them at each depth (one merged layer
 has one hidden activation), no norm between them (a row norm would reach across the stacks), and the stacks' ends
-returned (or joined by one torch.cat) rather than read by another layer. The zero blocks cost multiply-adds: k stacks of
-width w run as one of width k w, k times their hidden layers' work."""
+returned (or joined by one torch.cat) rather than read by another layer. k stacks of width w run as one of width k w:
+the streamed kernel's looped wide layers skip the zero blocks (fm_spec_find_blocks finds them in the weights,
+fm_stream.cuh's fm_blocks), the other forms multiply them, k times the stacks' own hidden work."""
 
 import operator
 
@@ -55,27 +61,72 @@ def _op_text(gm, node, activations):
     return _functional_text(node) if node.op in ("call_function", "call_method") else None
 
 
+# arithmetic an activation may be written with between two of its values or with numbers (x * torch.sigmoid(x), a
+# Swish module fx inlines, x * 0.5 * (1 + torch.erf(x / 1.4142)))
+_ARITH = {operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow, torch.add, torch.sub,
+          torch.mul, torch.div, torch.neg, torch.pow, "add", "sub", "mul", "div", "neg", "pow"}
+
+
+def _elementwise(gm, node, activations):
+    """Whether node may be part of an activation between two Linears: an activation or a value-keeping op (_op_text),
+    or arithmetic on the layer's values and numbers alone."""
+    if node.op in ("call_function", "call_method") and node.target in _ARITH and not node.kwargs:
+        return all(isinstance(a, (torch.fx.Node, int, float)) and not isinstance(a, bool) for a in node.args)
+    return _op_text(gm, node, activations) is not None
+
+
+def _region(gm, value, activations):
+    """(the nodes after a Linear's output `value` that compute a function of it alone, in graph order: each reads
+    value or those before it only, and is elementwise where it reads two of them; the one of theirs read past them,
+    or value itself where there are none). Where their values are read past them more than once: ([], value)."""
+    made, nodes, node = {value}, [], value.next
+    while node.op != "output":
+        ins = node.all_input_nodes
+        if ins and set(ins) <= made and _linear_of(gm, node, activations) is None and (
+                len(ins) == 1 or _elementwise(gm, node, activations)):
+            nodes.append(node)
+            made.add(node)
+        node = node.next
+    inside = set(nodes)
+    exits = [v for v in [value] + nodes if any(u not in inside for u in v.users)]
+    if len(exits) != 1:
+        return [], value
+    keep = {exits[0]}  # (the nodes the exit is computed from)
+    for n in reversed(nodes):
+        if n in keep:
+            keep |= set(n.all_input_nodes)
+    return [n for n in nodes if n in keep], exits[0]
+
+
 class _Stack:
-    """One stack from its first Linear: its Linears' nodes, the ops on its value alone after each ([] per layer),
-    its last node."""
+    """One stack from its first Linear: its Linears' nodes, the nodes after each (_region: [] per layer), its last
+    node."""
 
     def __init__(self, gm, first, activations):
-        self.linears, self.ops, node = [first], [[]], first
-        while len(node.users) == 1:
-            nxt = next(iter(node.users))
-            if nxt.op == "output" or nxt.all_input_nodes != [node]:
+        self.linears, self.ops, value = [first], [], first
+        while True:
+            ops, value = _region(gm, value, activations)
+            self.ops.append(ops)
+            users = list(value.users)
+            if len(users) != 1 or _linear_of(gm, users[0], activations) is None or users[0].args[:1] != (value,):
                 break
-            if _linear_of(gm, nxt, activations) is not None:
-                self.linears.append(nxt)
-                self.ops.append([])
-            else:  # (an op on this value alone: an activation, a number times it; _check: between two Linears)
-                self.ops[-1].append(nxt)
-            node = nxt
-        self.end = node
+            self.linears.append(users[0])
+            value = users[0]
+        self.end = value
 
     def hidden(self, gm, activations, j):
-        """The activation of layer j (not the last) as its ops' texts, the value-keeping ones left out."""
-        return tuple(t for t in (_op_text(gm, n, activations) for n in self.ops[j]) if t)
+        """What the nodes after layer j (not the last) do to its output, comparable across stacks: each one's op, its
+        activation text and its arguments (the layer's output, an earlier node by its place, numbers)."""
+        refs, out = {self.linears[j]: "x"}, []
+        for n in self.ops[j]:
+            text = _op_text(gm, n, activations)
+            args = tuple(refs.get(a, a) if isinstance(a, torch.fx.Node) else repr(a) for a in n.args)
+            if text == "":  # (a Dropout, an Identity: another name of its input)
+                refs[n] = args[0]
+                continue
+            refs[n] = len(out)
+            out.append((n.op, text or getattr(n.target, "__name__", n.target), args))
+        return tuple(out)
 
     def nodes(self):
         return [n for j, lin in enumerate(self.linears) for n in [lin] + self.ops[j]]
@@ -93,15 +144,15 @@ def _check(gm, stacks, activations):
     for j in range(depths[0] - 1):
         for s in stacks:
             for n in s.ops[j]:
-                if _op_text(gm, n, activations) is None:
+                if not _elementwise(gm, n, activations):
                     raise ArgumentError(f"{_name(n)}: between two Linears of parallel stacks {names}; fusedmlp runs "
                                         "such stacks as one network, whose hidden layers take activations only (a "
                                         "norm would reach across the stacks)")
         texts = [s.hidden(gm, activations, j) for s in stacks]
         if len(set(texts)) > 1:
             raise ArgumentError(f"{names}: parallel stacks of Linears whose layer {j} activations differ "
-                                f"({', '.join(' then '.join(t) or 'none' for t in texts)}); fusedmlp runs such "
-                                "stacks as one network, one activation a hidden layer")
+                                f"({', '.join(' then '.join(str(op[1]) for op in t) or 'none' for t in texts)}); "
+                                "fusedmlp runs such stacks as one network, one activation a hidden layer")
     ends = {s.end for s in stacks}
     for s in stacks:
         for user in s.end.users:
@@ -148,8 +199,11 @@ def merge_trunks(gm, activations):
                                 "computed; fusedmlp reads such stacks' outputs where forward returns or joins them")
         cur, template = value, stacks[0]
 
-        def acting(ops):  # (the ops that change the value: the others are names of it)
-            return [op for op in ops if _op_text(gm, op, activations) != ""]
+        def copy_region(stack, j, value):  # (layer j's nodes after it on value; their last, or value)
+            names = {stack.linears[j]: value}
+            for op in stack.ops[j]:
+                names[op] = graph.node_copy(op, lambda n: names[n])
+            return names[stack.ops[j][-1]] if stack.ops[j] else value
 
         with graph.inserting_before(last.next):  # (each new node after the one before)
             for j in range(len(template.linears)):
@@ -158,16 +212,13 @@ def merge_trunks(gm, activations):
                     s.linears[j])) for s in stacks], j == 0))
                 cur = graph.call_module(name, (cur,))
                 if j + 1 < len(template.linears):
-                    for op in acting(template.ops[j]):
-                        cur = graph.node_copy(op, lambda n, c=cur: c)
+                    cur = copy_region(template, j, cur)
             start = 0
             tails = []
             for s in stacks:  # each stack's columns of the last layer, then its own ops
                 width = gm.get_submodule(s.linears[-1].target).out_features
                 part = graph.call_function(operator.getitem, (cur, (Ellipsis, slice(start, start + width))))
-                for op in acting(s.ops[-1]):
-                    part = graph.node_copy(op, lambda n, c=part: c)
-                tails.append(part)
+                tails.append(copy_region(s, len(s.linears) - 1, part))
                 start += width
         for s, tail in zip(stacks, tails):
             s.end.replace_all_uses_with(tail)
