@@ -660,3 +660,29 @@ def test_parallel_onnx_stacks_whose_activations_differ():
     model.graph.output.append(helper.make_tensor_value_info("y2", onnx.TensorProto.FLOAT, [None, 8]))
     with pytest.raises(fusedmlp.ArgumentError, match="layer 0 activations differ"):
         fusedmlp.from_onnx(model, device="cpu")
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_torch_onnx_export_of_an_ensembles_stack_reads_its_members_side_by_side(dim):
+    """An ensemble's torch.stack(members, dim) exported (each member's output Unsqueezed, one Concat): the members as
+    one block-diagonal chain, its output their outputs side by side, as onnxruntime's stack gives them."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Ensemble(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.members = nn.ModuleList(nn.Sequential(nn.Linear(6, 24), nn.SiLU(), nn.Linear(24, 3))
+                                         for _ in range(4))
+
+        def forward(self, x):
+            return torch.stack([m(x) for m in self.members], dim)
+
+    torch.manual_seed(52)
+    data = torch_exported(torch, Ensemble().eval(), (torch.randn(2, 6),))
+    x = np.random.default_rng(1).standard_normal((9, 6)).astype(np.float32)
+    want = ort.InferenceSession(data).run(None, {"x": x})[0]
+    mlp = fusedmlp.from_onnx(data, device="cpu")
+    assert list(mlp.widths) == [6, 96, 12]
+    side = np.concatenate(list(np.moveaxis(want, dim, 0)), -1)
+    assert np.max(np.abs(mlp(x) - side)) <= 1e-5 * max(1.0, float(np.max(np.abs(side))))

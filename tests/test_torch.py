@@ -1804,3 +1804,33 @@ def test_torchscript_parallel_stacks_read_as_one_chain():
                              copy.deepcopy(critic).double()(obs.double(), act.double())),
                             (ft.FusedModule(torch.jit.trace(ac, x[:3]))(x), ref64(ac, x))):
             assert len(fused) == 2 and all(max_rel(g, w) <= 1e-6 for g, w in zip(fused, want))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_an_ensembles_stacked_outputs_come_back_stacked(dim):
+    """An ensemble whose members are parallel stacks on one input, returned as torch.stack(members, dim): one
+    block-diagonal chain; from_torch's model gives the members side by side, FusedModule the module's stack (eager and
+    under torch.compile). A stack of the members that forward goes on with (a mean) is an error naming it."""
+    class Ensemble(nn.Module):
+        def __init__(self, mean=False):
+            super().__init__()
+            self.members = nn.ModuleList(nn.Sequential(nn.Linear(6, 24), nn.SiLU(), nn.Linear(24, 24), nn.SiLU(),
+                                                       nn.Linear(24, 3)) for _ in range(4))
+            self.mean = mean
+
+        def forward(self, x):
+            y = torch.stack([m(x) for m in self.members], dim)
+            return y.mean(0) if self.mean else y
+
+    torch.manual_seed(51)
+    model, x = Ensemble().eval(), torch.randn(37, 6)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [6, 96, 96, 12]
+    fused = ft.FusedModule(model)
+    with torch.no_grad():
+        want, got = ref64(model, x), fused(x)
+        assert got.shape == want.shape and max_rel(got, want) <= 1e-6
+        assert torch.equal(torch.compile(fused, fullgraph=True)(x), got)
+        assert max_rel(torch.from_numpy(mlp(x.numpy())), torch.cat(list(want.movedim(dim, 0)), -1)) <= 1e-6
+    with pytest.raises(fusedmlp.ArgumentError, match="torch.stack of parallel stacks"):
+        fusedmlp.from_torch(Ensemble(mean=True).eval(), device="cpu")

@@ -46,9 +46,9 @@ def graph_edges(residual, concat, norm, flatten=None, num_layers=0, encoding=Non
 
 #: A reader's edges that are not FusedMLP's: how fusedmlp.torch's FusedModule joins forward's inputs ("inputs": their
 #: order in the torch.cat) and gives back its outputs ("squeeze" of the one, or "outputs" widths side by side, as a
-#: dict with "output_keys", each squeezed where "output_squeeze" says). The FusedMLP readers give the joined input
-#: and the outputs side by side.
-MODEL_FORM = ("inputs", "squeeze", "outputs", "output_keys", "output_squeeze")
+#: dict with "output_keys", each squeezed where "output_squeeze" says, or "output_stack": (dim, parts), a torch.stack
+#: of equal parts along dim). The FusedMLP readers give the joined input and the outputs side by side.
+MODEL_FORM = ("inputs", "squeeze", "outputs", "output_keys", "output_squeeze", "output_stack")
 
 
 def widen_columns(w, pieces, total, label):

@@ -163,10 +163,25 @@ def _check(g, stacks, names):
     ends = {s.end for s in stacks}
     for s in stacks:
         for user in g.readers.get(s.end, []):
-            if not (user.op_type == "Concat" and set(g.values(user)) <= ends):
+            if not (user.op_type == "Concat" and set(g.values(user)) <= ends) and _unstacked(g, stacks) is None:
                 raise ArgumentError(f"{user.name or user.output[0]} ({user.op_type}): reads the end of one of the "
                                     f"parallel stacks {names}; fusedmlp runs such stacks as one network whose outputs "
                                     "are theirs (graph outputs, or one Concat of them)")
+
+
+def _unstacked(g, stacks):
+    """(the Unsqueeze nodes, the Concat) where every stack's end is read only by an Unsqueeze and one Concat joins all
+    of those and nothing else (what torch.onnx.export writes for a torch.stack of an ensemble's members), else None.
+    The reader then takes the members side by side, as it takes several outputs."""
+    unsq = [g.readers.get(s.end, []) for s in stacks]
+    if not all(len(r) == 1 and r[0].op_type == "Unsqueeze" for r in unsq):
+        return None
+    outs = [r[0].output[0] for r in unsq]
+    cats = [g.readers.get(o, []) for o in outs]
+    if not all(len(c) == 1 and c[0].op_type == "Concat" and c[0] is cats[0][0] for c in cats) or \
+            g.values(cats[0][0]) != outs:
+        return None
+    return [r[0] for r in unsq], cats[0][0]
 
 
 def merge_stacks(graph, fold):
@@ -190,6 +205,11 @@ def merge_stacks(graph, fold):
                                 "other stacks are computed")
         made = _chain(g, stacks, value, f"fused_stacks{group}", consts)
         nodes = [n for n in nodes[:at + 1] if n not in mine] + made + nodes[at + 1:]
+        found = _unstacked(g, stacks)
+        if found is not None:  # (a torch.stack of the members: their Concat side by side, its output's name kept)
+            unsq, cat = found
+            joined = g.helper.make_node("Concat", [s.end for s in stacks], list(cat.output), name=cat.name, axis=-1)
+            nodes = [joined if n is cat else n for n in nodes if all(n is not u for u in unsq)]
         group += 1
     if not group:
         return graph

@@ -153,7 +153,7 @@ class _Tracer(Branches):
         flags = _flag_defaults(module)
         self.flags = flags or {}  # (their placeholders and torch.fx's guards on them are skipped: guard)
         self.gm, self.assumed_width = _trace(module, flags, in_features)
-        merge_trunks(self.gm, self.activations)  # parallel stacks of Linears: one chain (_torch_fx_trunks)
+        self.output_stack = merge_trunks(self.gm, self.activations)  # parallel stacks: one chain (_torch_fx_trunks)
         self.width_given = in_features is not None
         self.layers = Layers(_numpy64)
         self.residual, self.concat = [], {}
@@ -879,6 +879,8 @@ class _Tracer(Branches):
             edges["inputs"] = self.input_order
         if self.squeeze is not None:
             edges["squeeze"] = self.squeeze
+        if self.output_stack is not None:
+            edges["output_stack"] = list(self.output_stack)
         if self.out_heads:
             edges["outputs"] = [width for _, width in self.out_heads]
         elif self.part_widths:

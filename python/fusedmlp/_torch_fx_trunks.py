@@ -19,7 +19,8 @@ Stacks merge where two or more start on one value, each of two Linears or more (
 walker's: a head, or a value riding along the others' layers, as NeRF's density does). What must hold then, else an
 error names the stacks: as many Linears in each stack, the same activation between them at each depth (one merged layer
 has one hidden activation), no norm between them (a row norm would reach across the stacks), and the stacks' ends
-returned (or joined by one torch.cat) rather than read by another layer. k stacks of width w run as one of width k w:
+returned (or joined by one torch.cat, or one torch.stack of an ensemble's members: _stacked_output) rather than read
+by another layer. k stacks of width w run as one of width k w:
 the streamed kernel's looped wide layers skip the zero blocks (fm_spec_find_blocks finds them in the weights,
 fm_stream.cuh's fm_blocks), the other forms multiply them, k times the stacks' own hidden work."""
 
@@ -156,11 +157,30 @@ def _check(gm, stacks, activations):
     ends = {s.end for s in stacks}
     for s in stacks:
         for user in s.end.users:
-            joined = user.op == "call_function" and user.target is torch.cat and set(user.all_input_nodes) <= ends
+            joined = user.op == "call_function" and user.target in (torch.cat, torch.stack) and set(
+                user.all_input_nodes) <= ends
             if user.op != "output" and not joined:
                 raise ArgumentError(f"{_name(user)}: reads the end of one of the parallel stacks {names}; fusedmlp "
                                     "runs such stacks as one network whose outputs are theirs, returned (a tuple, a "
-                                    "dict, one torch.cat of them)")
+                                    "dict, one torch.cat or torch.stack of them)")
+
+
+def _stacked_output(gm, stacks):
+    """(the torch.stack node, its dim) where forward returns one torch.stack of every stack's end, all as wide (an
+    ensemble's members: FusedModule then gives back that stack of the model's side-by-side outputs, read_module's
+    edge "output_stack"), else None; a torch.stack the stacks' ends meet otherwise raises."""
+    ends = [s.end for s in stacks]
+    node = next((u for e in ends for u in e.users if u.op == "call_function" and u.target is torch.stack), None)
+    if node is None:
+        return None
+    parts, dim = _arg(node, 0, "tensors", None), _arg(node, 1, "dim", 0)
+    widths = {gm.get_submodule(s.linears[-1].target).out_features for s in stacks}
+    out = next(iter(node.users)) if len(node.users) == 1 else None
+    if (not isinstance(parts, (list, tuple)) or sorted(map(id, parts)) != sorted(map(id, ends)) or len(widths) != 1
+            or dim not in (0, 1, 2, -1, -2, -3) or out is None or out.op != "output" or out.args[0] is not node):
+        raise ArgumentError(f"{_name(node)}: a torch.stack of parallel stacks' outputs; fusedmlp reads one torch.stack "
+                            "of every stack's output, all as wide, returned as it is")
+    return node, dim % 3
 
 
 def _merged_linear(layers, first):
@@ -177,9 +197,14 @@ def _merged_linear(layers, first):
 
 def merge_trunks(gm, activations):
     """Rewrites gm's graph in place where a value is read by two or more Linears each starting a stack of two or more
-    (see the module); returns how many groups it merged. Stacks of one Linear each are left to the walker, which reads
-    them as heads (an actor-critic's pi(h), v(h) on one trunk, NeRF's alpha and feature layers)."""
-    graph, merged = gm.graph, 0
+    (see the module). Stacks of one Linear each are left to the walker, which reads them as heads (an actor-critic's
+    pi(h), v(h) on one trunk, NeRF's alpha and feature layers).
+
+    Returns:
+        (dim, stacks) where forward returns a torch.stack of the stacks' outputs along dim (0, 1 or 2 of the
+        3-D result; the graph then returns their torch.cat), else None.
+    """
+    graph, merged, stacked = gm.graph, 0, None
     for value in list(graph.nodes):
         if value.graph is not graph:  # (erased by an earlier group)
             continue
@@ -191,6 +216,14 @@ def merge_trunks(gm, activations):
         if min(depths) == 1:  # (one-layer heads, a value riding along the others: the walker's)
             continue
         _check(gm, stacks, activations)
+        found = _stacked_output(gm, stacks)
+        if found is not None:  # (the stack's parts in its order, joined side by side instead)
+            node, dim = found
+            with graph.inserting_before(node):
+                joined = graph.call_function(torch.cat, (list(node.args[0]), -1))
+            node.replace_all_uses_with(joined)
+            graph.erase_node(node)
+            stacked = (dim, len(stacks))
         order = {n: i for i, n in enumerate(graph.nodes)}
         last = max((n for s in stacks for n in s.nodes()), key=order.__getitem__)
         early = [u for s in stacks for u in s.end.users if order[u] <= order[last]]
@@ -232,4 +265,4 @@ def merge_trunks(gm, activations):
     if merged:
         graph.lint()
         gm.recompile()
-    return merged
+    return stacked

@@ -240,6 +240,7 @@ class FusedModule(nn.Module):
         self._outputs = edges.pop("outputs", None)  # forward's heads' widths: the output split into a tuple
         self._output_keys = edges.pop("output_keys", None)  # or a dict of these keys
         self._output_squeeze = edges.pop("output_squeeze", None)  # per part: forward indexed its column (y[..., 3])
+        self._output_stack = edges.pop("output_stack", None)  # (dim, parts): forward's torch.stack of its parts
         params = list(self.parameters())
         device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
         self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs))
@@ -280,6 +281,9 @@ class FusedModule(nn.Module):
             if self._output_squeeze is not None:
                 parts = [p.squeeze(-1) if s else p for p, s in zip(parts, self._output_squeeze)]
             return dict(zip(self._output_keys, parts)) if self._output_keys is not None else tuple(parts)
+        if self._output_stack is not None:  # (an ensemble's members side by side -> torch.stack(members, dim))
+            dim, parts = self._output_stack
+            return y.unflatten(-1, (parts, -1)).movedim(-2, dim)
         return y if self._squeeze is None else y.squeeze(*self._squeeze)
 
     def extra_repr(self):
