@@ -1810,17 +1810,19 @@ def test_torchscript_parallel_stacks_read_as_one_chain():
 def test_an_ensembles_stacked_outputs_come_back_stacked(dim):
     """An ensemble whose members are parallel stacks on one input, returned as torch.stack(members, dim): one
     block-diagonal chain; from_torch's model gives the members side by side, FusedModule the module's stack (eager and
-    under torch.compile). A stack of the members that forward goes on with (a mean) is an error naming it."""
+    under torch.compile). Its mean over the members folds into one last layer of their rows averaged (float64); a
+    mean over another dim, or over members with an activation after their last Linear, is an error naming it."""
     class Ensemble(nn.Module):
-        def __init__(self, mean=False):
+        def __init__(self, mean=None, tail=False):
             super().__init__()
             self.members = nn.ModuleList(nn.Sequential(nn.Linear(6, 24), nn.SiLU(), nn.Linear(24, 24), nn.SiLU(),
-                                                       nn.Linear(24, 3)) for _ in range(4))
-            self.mean = mean
+                                                       nn.Linear(24, 3), *([nn.Tanh()] if tail else []))
+                                         for _ in range(4))
+            self.mean_dim = mean
 
         def forward(self, x):
             y = torch.stack([m(x) for m in self.members], dim)
-            return y.mean(0) if self.mean else y
+            return y if self.mean_dim is None else y.mean(self.mean_dim)
 
     torch.manual_seed(51)
     model, x = Ensemble().eval(), torch.randn(37, 6)
@@ -1832,5 +1834,14 @@ def test_an_ensembles_stacked_outputs_come_back_stacked(dim):
         assert got.shape == want.shape and max_rel(got, want) <= 1e-6
         assert torch.equal(torch.compile(fused, fullgraph=True)(x), got)
         assert max_rel(torch.from_numpy(mlp(x.numpy())), torch.cat(list(want.movedim(dim, 0)), -1)) <= 1e-6
+    mean = Ensemble(mean=dim).eval()
+    mean.load_state_dict(model.state_dict())
+    mlp = fusedmlp.from_torch(mean, device="cpu")
+    assert list(mlp.widths) == [6, 96, 96, 3]
+    with torch.no_grad():
+        assert max_rel(torch.from_numpy(mlp(x.numpy())), ref64(mean, x)) <= 1e-6
+        assert max_rel(ft.FusedModule(mean)(x), ref64(mean, x)) <= 1e-6
     with pytest.raises(fusedmlp.ArgumentError, match="torch.stack of parallel stacks"):
-        fusedmlp.from_torch(Ensemble(mean=True).eval(), device="cpu")
+        fusedmlp.from_torch(Ensemble(mean=(dim + 1) % 3).eval(), device="cpu")  # (the batch's, or the features')
+    with pytest.raises(fusedmlp.ArgumentError, match="after their own activations"):
+        fusedmlp.from_torch(Ensemble(mean=dim, tail=True).eval(), device="cpu")

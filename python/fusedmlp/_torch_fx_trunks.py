@@ -19,8 +19,8 @@ Stacks merge where two or more start on one value, each of two Linears or more (
 walker's: a head, or a value riding along the others' layers, as NeRF's density does). What must hold then, else an
 error names the stacks: as many Linears in each stack, the same activation between them at each depth (one merged layer
 has one hidden activation), no norm between them (a row norm would reach across the stacks), and the stacks' ends
-returned (or joined by one torch.cat, or one torch.stack of an ensemble's members: _stacked_output) rather than read
-by another layer. k stacks of width w run as one of width k w:
+returned (or joined by one torch.cat, or one torch.stack of an ensemble's members or its mean: _stacked_output) rather
+than read by another layer. k stacks of width w run as one of width k w:
 the streamed kernel's looped wide layers skip the zero blocks (fm_spec_find_blocks finds them in the weights,
 fm_stream.cuh's fm_blocks), the other forms multiply them, k times the stacks' own hidden work."""
 
@@ -165,28 +165,49 @@ def _check(gm, stacks, activations):
                                     "dict, one torch.cat or torch.stack of them)")
 
 
+def _returned(node):
+    """Whether node has one user, the output, returning it as it is."""
+    out = next(iter(node.users)) if len(node.users) == 1 else None
+    return out is not None and out.op == "output" and out.args[0] is node
+
+
 def _stacked_output(gm, stacks):
-    """(the torch.stack node, its dim) where forward returns one torch.stack of every stack's end, all as wide (an
-    ensemble's members: FusedModule then gives back that stack of the model's side-by-side outputs, read_module's
-    edge "output_stack"), else None; a torch.stack the stacks' ends meet otherwise raises."""
+    """(the torch.stack node, its dim, the mean of it or None) where forward returns one torch.stack of every stack's
+    end, all as wide (an ensemble's members: FusedModule then gives back that stack of the model's side-by-side
+    outputs, read_module's edge "output_stack"), or the mean of that stack over the members (the members' last
+    Linears then one layer of their rows averaged, where nothing follows them); else None. A torch.stack the stacks'
+    ends meet otherwise raises."""
     ends = [s.end for s in stacks]
     node = next((u for e in ends for u in e.users if u.op == "call_function" and u.target is torch.stack), None)
     if node is None:
         return None
     parts, dim = _arg(node, 0, "tensors", None), _arg(node, 1, "dim", 0)
     widths = {gm.get_submodule(s.linears[-1].target).out_features for s in stacks}
-    out = next(iter(node.users)) if len(node.users) == 1 else None
+    mean = next(iter(node.users)) if len(node.users) == 1 else None
+    if not (mean is not None and (mean.op == "call_method" and mean.target == "mean" or mean.op == "call_function"
+                                  and mean.target is torch.mean) and isinstance(dim, int)
+            and _arg(mean, 1, "dim", None) in (dim, dim - 3, dim + 3) and not _arg(mean, 2, "keepdim", False)
+            and _returned(mean)):
+        mean = None
+    elif any(s.ops[-1] for s in stacks):
+        raise ArgumentError(f"{_name(mean)}: the mean of parallel stacks' outputs after their own activations; "
+                            "fusedmlp folds the mean into the stacks' last Linears, which then must end them")
     if (not isinstance(parts, (list, tuple)) or sorted(map(id, parts)) != sorted(map(id, ends)) or len(widths) != 1
-            or dim not in (0, 1, 2, -1, -2, -3) or out is None or out.op != "output" or out.args[0] is not node):
+            or dim not in (0, 1, 2, -1, -2, -3) or not (mean is not None or _returned(node))):
         raise ArgumentError(f"{_name(node)}: a torch.stack of parallel stacks' outputs; fusedmlp reads one torch.stack "
-                            "of every stack's output, all as wide, returned as it is")
-    return node, dim % 3
+                            "of every stack's output, all as wide, returned as it is or as its mean over the stacks")
+    return node, dim % 3, mean
 
 
-def _merged_linear(layers, first):
-    """One nn.Linear (float64) of the stacks' layers [(module, label)] (stacked_layer)."""
+def _merged_linear(layers, first, average=False):
+    """One nn.Linear (float64) of the stacks' layers [(module, label)] (stacked_layer); average: their block-diagonal
+    rows summed over the stacks and divided by their number (an ensemble's mean, folded in float64)."""
     w, b = stacked_layer([_numpy64(_effective(m, "weight", label)) for m, label in layers],
                          [_numpy64(_effective(m, "bias", label)) for m, label in layers], first)
+    if average:
+        k = len(layers)
+        w = w.reshape(k, -1, w.shape[1]).sum(0) / k
+        b = None if b is None else b.reshape(k, -1).sum(0) / k
     lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=torch.float64)
     with torch.no_grad():
         lin.weight.copy_(torch.from_numpy(w))
@@ -217,8 +238,9 @@ def merge_trunks(gm, activations):
             continue
         _check(gm, stacks, activations)
         found = _stacked_output(gm, stacks)
-        if found is not None:  # (the stack's parts in its order, joined side by side instead)
-            node, dim = found
+        mean = found[2] if found is not None else None
+        if found is not None and mean is None:  # (the stack's parts in its order, joined side by side instead)
+            node, dim, _ = found
             with graph.inserting_before(node):
                 joined = graph.call_function(torch.cat, (list(node.args[0]), -1))
             node.replace_all_uses_with(joined)
@@ -239,20 +261,25 @@ def merge_trunks(gm, activations):
             return names[stack.ops[j][-1]] if stack.ops[j] else value
 
         with graph.inserting_before(last.next):  # (each new node after the one before)
-            for j in range(len(template.linears)):
+            depth = len(template.linears)
+            for j in range(depth):
                 name = f"fused_stacks{merged}_{j}"
                 gm.add_submodule(name, _merged_linear([(gm.get_submodule(s.linears[j].target), _name(
-                    s.linears[j])) for s in stacks], j == 0))
+                    s.linears[j])) for s in stacks], j == 0, mean is not None and j == depth - 1))
                 cur = graph.call_module(name, (cur,))
-                if j + 1 < len(template.linears):
+                if j + 1 < depth:
                     cur = copy_region(template, j, cur)
             start = 0
             tails = []
-            for s in stacks:  # each stack's columns of the last layer, then its own ops
+            for s in stacks if mean is None else ():  # each stack's columns of the last layer, then its own ops
                 width = gm.get_submodule(s.linears[-1].target).out_features
                 part = graph.call_function(operator.getitem, (cur, (Ellipsis, slice(start, start + width))))
                 tails.append(copy_region(s, len(s.linears) - 1, part))
                 start += width
+        if mean is not None:  # (the mean is the chain's output; the stack it read goes)
+            mean.replace_all_uses_with(cur)
+            graph.erase_node(mean)
+            graph.erase_node(found[0])
         for s, tail in zip(stacks, tails):
             s.end.replace_all_uses_with(tail)
         kept = {n.target for n in graph.nodes if n.op == "call_module"}
