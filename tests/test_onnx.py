@@ -663,9 +663,11 @@ def test_parallel_onnx_stacks_whose_activations_differ():
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
-def test_torch_onnx_export_of_an_ensembles_stack_reads_its_members_side_by_side(dim):
+@pytest.mark.parametrize("mean", [False, True])
+def test_torch_onnx_export_of_an_ensembles_stack_reads_its_members_side_by_side(dim, mean):
     """An ensemble's torch.stack(members, dim) exported (each member's output Unsqueezed, one Concat): the members as
-    one block-diagonal chain, its output their outputs side by side, as onnxruntime's stack gives them."""
+    one block-diagonal chain, its output their outputs side by side, as onnxruntime's stack gives them; with the
+    stack's mean over the members (a ReduceMean of that axis), one last layer of their rows averaged."""
     torch = pytest.importorskip("torch")
     nn = torch.nn
 
@@ -676,13 +678,14 @@ def test_torch_onnx_export_of_an_ensembles_stack_reads_its_members_side_by_side(
                                          for _ in range(4))
 
         def forward(self, x):
-            return torch.stack([m(x) for m in self.members], dim)
+            y = torch.stack([m(x) for m in self.members], dim)
+            return y.mean(dim) if mean else y
 
     torch.manual_seed(52)
     data = torch_exported(torch, Ensemble().eval(), (torch.randn(2, 6),))
     x = np.random.default_rng(1).standard_normal((9, 6)).astype(np.float32)
     want = ort.InferenceSession(data).run(None, {"x": x})[0]
     mlp = fusedmlp.from_onnx(data, device="cpu")
-    assert list(mlp.widths) == [6, 96, 12]
-    side = np.concatenate(list(np.moveaxis(want, dim, 0)), -1)
+    assert list(mlp.widths) == [6, 96, 3 if mean else 12]
+    side = want if mean else np.concatenate(list(np.moveaxis(want, dim, 0)), -1)
     assert np.max(np.abs(mlp(x) - side)) <= 1e-5 * max(1.0, float(np.max(np.abs(side))))

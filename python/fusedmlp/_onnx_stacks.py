@@ -7,9 +7,9 @@ reads several outputs or a Concat of them as it reads any slices of the output.
 A stack is a Gemm (transA 0) or MatMul (+ an Add of a constant bias) with a constant weight, then nodes each on the
 value before alone, through more such layers. Stacks merge where two or more start on one value, each of two layers or
 more (a one-layer head beside them is the walker's); then each must have as many layers, the same nodes between them at
-each depth (an activation: elementwise ops of one input, Identity / Dropout / Cast), and ends that are graph outputs or
-joined by one Concat; else an error names them. Weights computed by nodes on constants (an exported weight_norm) are
-evaluated first, as the reader does."""
+each depth (an activation: the region of elementwise nodes on the layer's output), and ends that are graph outputs or
+joined by one Concat (or an ensemble's stack, Unsqueeze + Concat, and its ReduceMean, folded); else an error names
+them. Weights computed by nodes on constants (an exported weight_norm) are evaluated first, as the reader does."""
 
 import numpy as np
 
@@ -184,6 +184,20 @@ def _unstacked(g, stacks):
     return [r[0] for r in unsq], cats[0][0]
 
 
+def _stack_mean(g, cat):
+    """The ReduceMean reading the Concat of an ensemble's Unsqueezed members alone, over the members' axis, without
+    keepdims (torch.stack(members, d).mean(d) exported), else None."""
+    readers = g.readers.get(cat.output[0], [])
+    if len(readers) != 1 or readers[0].op_type != "ReduceMean" or cat.output[0] in g.outputs:
+        return None
+    mean, axis = readers[0], g.attrs(cat).get("axis")
+    attrs = g.attrs(mean)
+    axes = attrs.get("axes", g.consts.get(mean.input[1]) if len(mean.input) > 1 and mean.input[1] else None)
+    axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+    return mean if axes is not None and len(axes) == 1 and axis is not None and axes[0] % 3 == axis % 3 and not \
+        attrs.get("keepdims", 1) else None
+
+
 def merge_stacks(graph, fold):
     """graph, or a copy of it with each group of parallel stacks on one value as one chain (see the module); fold: the
     reader's evaluations of nodes on constants (op -> function of the attributes and the inputs)."""
@@ -203,13 +217,19 @@ def merge_stacks(graph, fold):
         if early:
             raise ArgumentError(f"{early[0].name or early[0].output[0]}: reads the end of a parallel stack before the "
                                 "other stacks are computed")
-        made = _chain(g, stacks, value, f"fused_stacks{group}", consts)
-        nodes = [n for n in nodes[:at + 1] if n not in mine] + made + nodes[at + 1:]
         found = _unstacked(g, stacks)
+        mean = _stack_mean(g, found[1]) if found is not None else None
+        if mean is not None and any(s.layers[-1][3] for s in stacks):
+            raise ArgumentError(f"{mean.name or mean.output[0]} (ReduceMean): the mean of parallel stacks' outputs "
+                                "after their own activations; fusedmlp folds the mean into the stacks' last layers, "
+                                "which then must end them")
+        made = _chain(g, stacks, value, f"fused_stacks{group}", consts, None if mean is None else mean.output[0])
+        nodes = [n for n in nodes[:at + 1] if n not in mine] + made + nodes[at + 1:]
         if found is not None:  # (a torch.stack of the members: their Concat side by side, its output's name kept)
             unsq, cat = found
             joined = g.helper.make_node("Concat", [s.end for s in stacks], list(cat.output), name=cat.name, axis=-1)
-            nodes = [joined if n is cat else n for n in nodes if all(n is not u for u in unsq)]
+            gone = unsq + ([cat, mean] if mean is not None else [])  # (a mean: the chain's last layer writes it)
+            nodes = [joined if n is cat else n for n in nodes if all(n is not u for u in gone)]
         group += 1
     if not group:
         return graph
@@ -221,23 +241,29 @@ def merge_stacks(graph, fold):
     return out
 
 
-def _chain(g, stacks, value, prefix, consts):
+def _chain(g, stacks, value, prefix, consts, mean=None):
     """The nodes of the merged chain on value: Gemms (transB 1) of the stacks' layers, the first stack's activation
     nodes after each hidden one, then per stack a Slice of the last output and its own nodes after its last layer,
-    the last of which writes the stack's end value (so its readers and the graph outputs stay as they are)."""
+    the last of which writes the stack's end value (so its readers and the graph outputs stay as they are). mean: the
+    name of an ensemble's mean over the stacks, which the last Gemm then writes, its rows the stacks' averaged."""
     helper, made, cur = g.helper, [], value
     dtype = next(np.asarray(g.consts[own[0].input[1]]).dtype for _, _, own, _ in stacks[0].layers)
-    for j in range(len(stacks[0].layers)):
+    depth = len(stacks[0].layers)
+    for j in range(depth):
         w, b = stacked_layer([s.layers[j][0] for s in stacks], [s.layers[j][1] for s in stacks], j == 0)
         b = np.zeros(w.shape[0]) if b is None else b
+        if mean is not None and j == depth - 1:  # (float64: the rows summed over the stacks, over their number)
+            k = len(stacks)
+            w, b = w.reshape(k, -1, w.shape[1]).sum(0) / k, b.reshape(k, -1).sum(0) / k
         name = f"{prefix}_{j}"
+        out = mean if mean is not None and j == depth - 1 else name
         consts[name + "_w"], consts[name + "_b"] = w.astype(dtype), b.astype(dtype)
-        made.append(helper.make_node("Gemm", [cur, name + "_w", name + "_b"], [name], name=name, transB=1))
-        cur = name
-        if j + 1 < len(stacks[0].layers):
+        made.append(helper.make_node("Gemm", [cur, name + "_w", name + "_b"], [out], name=name, transB=1))
+        cur = out
+        if j + 1 < depth:
             cur = _copy_region(stacks[0].layers[j], cur, None, f"{name}_act", made)
     start = 0
-    for i, s in enumerate(stacks):
+    for i, s in enumerate(stacks if mean is None else ()):
         width = s.layers[-1][0].shape[0]
         ops = s.layers[-1][3]
         pos = f"{prefix}_part{i}"
