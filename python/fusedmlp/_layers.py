@@ -417,11 +417,12 @@ def compose(outer, inner):
     return re.sub(r"\bx\b", f"({inner_expr})", outer_expr)
 
 
-def stacked_layer(ws, bs, first):
+def stacked_layer(ws, bs, first, average=False):
     """One layer of parallel stacks' layers j (fusedmlp.torch's and fusedmlp.onnx's stacks as one network): weights
     (out x in each) and biases (or None) -> (weight, bias or None), float64: the stacks' rows on the one value they
     all read (first), else block-diagonal (stack i's rows on stack i's columns, zeros elsewhere); a bias where any
-    stack's layer has one, zeros for the others."""
+    stack's layer has one, zeros for the others. average: the block-diagonal rows summed over the stacks and divided
+    by their number, one layer as wide as each (an ensemble's mean over its members, folded)."""
     ws = [np.asarray(w, np.float64) for w in ws]
     w = np.zeros((sum(wi.shape[0] for wi in ws), ws[0].shape[1] if first else sum(wi.shape[1] for wi in ws)))
     r = c = 0
@@ -430,6 +431,9 @@ def stacked_layer(ws, bs, first):
         r, c = r + wi.shape[0], c + wi.shape[1]
     b = None if all(bi is None for bi in bs) else np.concatenate(
         [np.zeros(wi.shape[0]) if bi is None else np.asarray(bi, np.float64).reshape(-1) for wi, bi in zip(ws, bs)])
+    if average:
+        k = len(ws)
+        w, b = w.reshape(k, -1, w.shape[1]).sum(0) / k, None if b is None else b.reshape(k, -1).sum(0) / k
     return w, b
 
 

@@ -23,6 +23,15 @@ _ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Erf", "
                 "Clip", "ThresholdedRelu", "Shrink", "Identity", "Dropout", "Cast", "Add", "Sub", "Mul", "Div", "Pow"}
 
 
+def gemm_operands(w, c, attrs):
+    """A Gemm's (transA 0) weight as a layer's (out x in, float64) and its bias (or None): B or B' by transB, times
+    alpha; C times beta, broadcast over the outputs. The reader's Gemm layers and the stacks' read the same."""
+    w = np.asarray(w if attrs.get("transB", 0) else w.T, np.float64) * float(attrs.get("alpha", 1.0))
+    b = None if c is None else np.broadcast_to(np.asarray(c, np.float64).reshape(-1) * float(
+        attrs.get("beta", 1.0)), (w.shape[0],)).copy()
+    return w, b
+
+
 class _Graph:
     """The graph's nodes, constants (initializers and Constant nodes) and readers of each value."""
 
@@ -84,11 +93,8 @@ class _Graph:
         attrs = self.attrs(node)
         if attrs.get("transA", 0):
             return None
-        w = (w if attrs.get("transB", 0) else w.T) * float(attrs.get("alpha", 1.0))
         c = self.consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        b = None if c is None else np.broadcast_to(np.asarray(c, np.float64).reshape(-1) * float(
-            attrs.get("beta", 1.0)), (w.shape[0],)).copy()
-        return w, b, [node]
+        return (*gemm_operands(w, c, attrs), [node])
 
     def region(self, value):
         """(the nodes after a layer that compute an elementwise function of its output `value` alone, in graph order;
@@ -150,8 +156,8 @@ class _Stack:
         return [n for _, _, own, ops in self.layers for n in own + ops]
 
 
-def _check(g, stacks, names):
-    """Raises where the stacks cannot be one chain (see the module)."""
+def _check(g, stacks, names, unstacked):
+    """Raises where the stacks cannot be one chain (see the module); unstacked: _unstacked's answer."""
     depths = [len(s.layers) for s in stacks]
     check_stack_depths(names, depths, "layers")
     for j in range(depths[0] - 1):
@@ -163,7 +169,7 @@ def _check(g, stacks, names):
     ends = {s.end for s in stacks}
     for s in stacks:
         for user in g.readers.get(s.end, []):
-            if not (user.op_type == "Concat" and set(g.values(user)) <= ends) and _unstacked(g, stacks) is None:
+            if not (user.op_type == "Concat" and set(g.values(user)) <= ends) and unstacked is None:
                 raise ArgumentError(f"{user.name or user.output[0]} ({user.op_type}): reads the end of one of the "
                                     f"parallel stacks {names}; fusedmlp runs such stacks as one network whose outputs "
                                     "are theirs (graph outputs, or one Concat of them)")
@@ -210,14 +216,14 @@ def merge_stacks(graph, fold):
         if not stacks or min(depths) == 1:  # (none; one-layer heads, values riding along: the walker's)
             continue
         names = ", ".join(f"{f.name or f.output[0]} ({f.op_type})" for f in firsts)
-        _check(g, stacks, names)
+        found = _unstacked(g, stacks)
+        _check(g, stacks, names, found)
         mine = [n for s in stacks for n in s.nodes()]
         at = max(nodes.index(n) for n in mine)
         early = [u for s in stacks for u in g.readers.get(s.end, []) if nodes.index(u) < at]
         if early:
             raise ArgumentError(f"{early[0].name or early[0].output[0]}: reads the end of a parallel stack before the "
                                 "other stacks are computed")
-        found = _unstacked(g, stacks)
         mean = _stack_mean(g, found[1]) if found is not None else None
         if mean is not None and any(s.layers[-1][3] for s in stacks):
             raise ArgumentError(f"{mean.name or mean.output[0]} (ReduceMean): the mean of parallel stacks' outputs "
@@ -250,11 +256,9 @@ def _chain(g, stacks, value, prefix, consts, mean=None):
     dtype = next(np.asarray(g.consts[own[0].input[1]]).dtype for _, _, own, _ in stacks[0].layers)
     depth = len(stacks[0].layers)
     for j in range(depth):
-        w, b = stacked_layer([s.layers[j][0] for s in stacks], [s.layers[j][1] for s in stacks], j == 0)
+        w, b = stacked_layer([s.layers[j][0] for s in stacks], [s.layers[j][1] for s in stacks], j == 0,
+                             mean is not None and j == depth - 1)
         b = np.zeros(w.shape[0]) if b is None else b
-        if mean is not None and j == depth - 1:  # (float64: the rows summed over the stacks, over their number)
-            k = len(stacks)
-            w, b = w.reshape(k, -1, w.shape[1]).sum(0) / k, b.reshape(k, -1).sum(0) / k
         name = f"{prefix}_{j}"
         out = mean if mean is not None and j == depth - 1 else name
         consts[name + "_w"], consts[name + "_b"] = w.astype(dtype), b.astype(dtype)

@@ -200,14 +200,9 @@ def _stacked_output(gm, stacks):
 
 
 def _merged_linear(layers, first, average=False):
-    """One nn.Linear (float64) of the stacks' layers [(module, label)] (stacked_layer); average: their block-diagonal
-    rows summed over the stacks and divided by their number (an ensemble's mean, folded in float64)."""
+    """One nn.Linear (float64) of the stacks' layers [(module, label)] (stacked_layer; average: an ensemble's mean)."""
     w, b = stacked_layer([_numpy64(_effective(m, "weight", label)) for m, label in layers],
-                         [_numpy64(_effective(m, "bias", label)) for m, label in layers], first)
-    if average:
-        k = len(layers)
-        w = w.reshape(k, -1, w.shape[1]).sum(0) / k
-        b = None if b is None else b.reshape(k, -1).sum(0) / k
+                         [_numpy64(_effective(m, "bias", label)) for m, label in layers], first, average)
     lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=torch.float64)
     with torch.no_grad():
         lin.weight.copy_(torch.from_numpy(w))

@@ -47,7 +47,7 @@ import numpy as np
 
 from ._api import FusedMLP
 from ._onnx_outputs import Outputs
-from ._onnx_stacks import merge_stacks
+from ._onnx_stacks import gemm_operands, merge_stacks
 from ._layers import MODEL_FORM, Layers, affine_map, compose, graph_edges, slices_width, then_map, widen_columns
 from .errors import ArgumentError, ShapeError
 
@@ -701,11 +701,7 @@ class _Reader(Outputs):
             return np.asarray(w.T, np.float64), None
         if attrs.get("transA", 0):
             raise ArgumentError(f"{label}: Gemm with transA=1; fusedmlp reads rows of features (transA=0)")
-        w = np.asarray(w if attrs.get("transB", 0) else w.T, np.float64) * float(attrs.get("alpha", 1.0))
-        c = self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        b = None if c is None else np.broadcast_to(np.asarray(c, np.float64).reshape(-1) * float(
-            attrs.get("beta", 1.0)), (w.shape[0],)).copy()
-        return w, b
+        return gemm_operands(w, self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None, attrs)
 
     def slice_columns(self, w, first_slice, label):
         """w (out x in) with its columns for a slice of x among x's features, the others zero: the first layer's
