@@ -75,7 +75,8 @@ template <int L> __device__ constexpr int fm_blocks() {
     } else {
         typedef Layer<L> Ly;
         constexpr int B = Ly::BLOCKS;
-        return B > 1 && (Ly::N / Ly::NC) % B == 0 && fm_kpieces<L>() % B == 0 && Ly::K % (B * Ly::KC) == 0 ? B : 1;
+        // (K a multiple of B KC: each block's K range is whole pieces, and the pieces divide among the blocks)
+        return B > 1 && (Ly::N / Ly::NC) % B == 0 && Ly::K % (B * Ly::KC) == 0 ? B : 1;
     }
 }
 // Layer L's slot fills in this CTA ("chunks": its column groups, or a norm layer's pieces, each in K pieces; a split
