@@ -480,7 +480,8 @@ typedef struct fm_plan {
     /* 8-bit codes in the register-A warpgroup kernel (their one sm_90 form; fm_plan_codes_in_place). Each lane packs
      * a hidden layer's codes from its own accumulators into the next layer's k32 A fragments, with no shuffles
      * between lanes, so layer l > 0 receives its inputs permuted within each 32 (fm_plan_k_perm) and k_perm[l] = 1
-     * has its weights' K order permuted to match (fm_plan_w_index). q_fold[l] (float8 only): 1 (identity) or 2 (relu)
+     * has its weights' K order permuted to match (fm_plan_w_index; x's part of an input concat, loaded from x in
+     * column order, is not). q_fold[l] (float8 only): 1 (identity) or 2 (relu)
      * where hidden layer l's activation commutes with a positive factor and it has no residual or norm; its
      * dequantisation factors and bias are stored times the next layer's inverse input scale, so one fma gives the
      * value to round to a code, and relu is the rounding's .relu (cvt.rn.satfinite.relu). 0 elsewhere. */

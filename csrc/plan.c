@@ -78,7 +78,11 @@ size_t fm_plan_w_index(const fm_plan *plan, int l, int n, int k) {
     }
     if (!plan->wgmma)
         return plan->w_offset[l] + (size_t)n * (size_t)fm_plan_w_stride(plan, l) + (size_t)k;
-    if (plan->k_perm[l])
+    /* packed codes (k_perm): the previous layer's part of the input; x's part of a concat is in column order */
+    const int x_part = plan->cat[l] == FM_CAT_BEFORE ? k < plan->k0_pad[l]
+                     : plan->cat[l] == FM_CAT_AFTER   ? k >= plan->k0_pad[l]
+                                                      : 0;
+    if (plan->k_perm[l] && !x_part)
         k = fm_plan_k_perm(k);
     const int per16 = 16 / plan->elem_bytes; /* elements per 16-byte core-matrix row */
     if (fm_plan_k_chunk(plan, l) < plan->k_pad[l]) {
@@ -518,9 +522,9 @@ static fm_status fm_plan_split_check(const fm_plan *plan, int split, fm_error *e
     return FM_OK;
 }
 
-/* fm_plan.k_perm and q_fold of an 8-bit plan: k_perm on the register-A warpgroup kernel, where every layer after the
- * first reads the codes the layer before packed from its accumulators (the kernel's only 8-bit form: no cluster,
- * streamed or K-pipelined one, fm_plan_sm90); q_fold on every kernel. */
+/* fm_plan.k_perm and q_fold of an 8-bit plan: k_perm on the register-A warpgroup kernel (resident or streamed
+ * weights), where every layer after the first reads the codes the layer before packed from its accumulators (its
+ * 8-bit forms: no cluster or K-pipelined one, fm_plan_sm90); q_fold on every kernel. */
 static void fm_plan_codes_in_place(const fm_spec *spec, fm_plan *plan) {
     if (!fm_prec_is_8bit(plan->prec))
         return;

@@ -381,8 +381,10 @@ static const char *fm_plan_stream_unfit(const fm_plan *p, int widest) {
     const char *why = fm_plan_warpgroup_unfit(p, widest, FM_MAX_FUSED_WIDTH);
     if (why != NULL)
         return why;
-    if (fm_prec_is_8bit(p->prec))
-        return "the streamed warpgroup kernel takes float16 or bfloat16";
+    /* 8-bit: each layer one column group whose codes are packed whole (fm_epi_codes), its weights read from several
+     * slots as a norm layer's; no wide buffer of codes (a layer over 256 wide: GEMMs, _segments.py) */
+    if (fm_prec_is_8bit(p->prec) && fm_plan_has_wide_value(p))
+        return "the streamed warpgroup kernel's 8-bit form takes layers up to 256 wide";
     for (int l = 0; l < p->num_layers; ++l) {
         if (p->norm[l] != FM_NORM_NONE && p->n_pad[l] > FM_MAX_ONCHIP_WIDTH)
             return "a norm layer's row (its statistics need all its accumulators at once) holds at most 256 features "
@@ -434,9 +436,9 @@ static fm_status fm_plan_stream_at(fm_plan *p, const fm_target *t, const fm_plan
                                                            p->n_pad[l] > FM_MAX_ONCHIP_WIDTH);
     for (int nc = opts->n_chunk > 0 ? fm_round_up(opts->n_chunk, 16) : STREAM_NC;; nc /= 2) {
         slot = 0;
-        for (int l = 0; l < p->num_layers; ++l) { /* a norm layer: one group, read from slots of nc columns */
+        for (int l = 0; l < p->num_layers; ++l) { /* a norm or 8-bit layer: one group, from slots of nc columns */
             int chunk = p->n_pad[l] < nc ? p->n_pad[l] : nc, kc = p->k_pad[l];
-            p->n_chunk[l] = p->norm[l] != FM_NORM_NONE ? p->n_pad[l] : chunk;
+            p->n_chunk[l] = p->norm[l] != FM_NORM_NONE || fm_prec_is_8bit(p->prec) ? p->n_pad[l] : chunk;
             if (p->norm[l] == FM_NORM_NONE && (opts->k_chunk > 0 || wide)) { /* a norm layer's pieces: whole rows */
                 int fit = opts->k_chunk > 0 ? fm_round_up(opts->k_chunk, 16)
                                             : (int)piece / (chunk * p->elem_bytes) / 16 * 16;

@@ -446,14 +446,15 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
                   fm_prec_name(p->prec), p->wgmma ? "wgmma" : "mma.sync", p->warps, p->m_tiles * 16,
                   p->blocks_per_sm, p->resident ? "resident" : "streamed");
     if (p->stream_slots) {
-        int pieces = 0, wide = 0;
+        int pieces = 0, wide = 0, rows = 0; /* rows: a layer's one group (a norm's, an 8-bit layer's) over slots */
         for (int l = 0; l < p->num_layers; ++l) {
             pieces |= fm_plan_k_chunk(p, l) < p->k_pad[l];
             wide |= p->wide_out[l];
+            rows |= (size_t)p->n_chunk[l] * (size_t)fm_plan_k_chunk(p, l) > p->w_slot_elems;
         }
-        fm_str_printf(c, " (%d slots of %zu B, one layer's column group%s each)%s", p->stream_slots,
+        fm_str_printf(c, " (%d slots of %zu B, one layer's column group%s each%s)%s", p->stream_slots,
                       p->w_slot_elems * (size_t)p->elem_bytes, pieces ? " or K piece of one" : "",
-                      wide ? ", wide layers' outputs in shared memory" : "");
+                      rows ? ", or part of a whole row's group" : "", wide ? ", wide layers' outputs in shared memory" : "");
         if (p->wide_loop)
             fm_str_append(c, ", their column groups looped");
         if (p->split > 1)

@@ -20,7 +20,8 @@ constexpr fm_u32 NSLOT = FM_STREAM > 0 ? FM_STREAM : 1;  // (a divisor NVRTC see
 constexpr int STREAM_BAR_B = FM_STREAM ? (12 * FM_STREAM + 15) / 16 * 16 : 0;
 
 // Layer L's columns per slot: its column group (Layer<L>::NC), or for a norm layer, whose group is the whole row
-// (fm_norm_tiles needs all its accumulators), as many columns as a slot holds: such a group's MMAs read several slots.
+// (fm_norm_tiles needs all its accumulators), and for every layer of an 8-bit network (fm_epi_codes packs the whole
+// row's codes), as many columns as a slot holds: such a group's MMAs read several slots.
 // A slot holds Layer<L>::KC of the K inputs of those columns: a layer wider than 256 has its groups' weights arrive in
 // K pieces (plan.c, fm_plan.k_chunk), one after another into the same accumulators.
 template <int L> __device__ constexpr int fm_chunk_cols() {

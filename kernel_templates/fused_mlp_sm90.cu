@@ -47,8 +47,8 @@ static_assert({{M_TILES}} == 1 && {{BUFFERS}} == 1 && ({{RESIDENT}} == 1) == (FM
 static_assert(FM_WARPS % 4 == 0, "whole warpgroups");
 static_assert(FM_PREC != 2, "the wgmma kernel takes float16, bfloat16, int8 or float8 (e4m3)");
 static_assert(FM_PREC < 3 || (FM_CLUSTER == 0 && !FM_KPIPE), "8-bit: the register-A form, not K-pipelined");
-static_assert(FM_STREAM == 0 || (FM_CLUSTER == 0 && !FM_KPIPE && FM_PREC < 3 && {{RESIDENT}} == 0),
-              "streamed weights: the register-A form, 16-bit, not K-pipelined");
+static_assert(FM_STREAM == 0 || (FM_CLUSTER == 0 && !FM_KPIPE && {{RESIDENT}} == 0),
+              "streamed weights: the register-A form, not K-pipelined");
 constexpr int KE = 32 / EB;            // elements of one k step (32 bytes): k16 halves, k32 e4m3 codes
 constexpr int WGS = FM_WARPS / 4;      // warpgroups per CTA
 constexpr int ROWS_CTA = 64 * WGS;     // rows per CTA tile
@@ -407,7 +407,9 @@ __device__ __forceinline__ void fm_layer_cols(fm_u32 (&a)[Layer<L>::K / KE][4], 
     // layer came out wrong on the H100 (NVRTC 13, results/h100/wgmma_split_diag.txt: every split layer without a bias
     // in the accumulators, every group after the first reusing the first's registers).
     // int8: its s32 sums start at FM_MAGIC's bits (fm_dequant_d).
-    constexpr bool D_SET = BIAS_IN_D || W < Ly::N || FM_PREC == 3;
+    // float8 with streamed weights: a layer's chunks of columns read from several slots start from zeros this thread
+    // wrote, as the groups of a split layer do.
+    constexpr bool D_SET = BIAS_IN_D || W < Ly::N || FM_PREC == 3 || (FM_PREC == 4 && FM_STREAM > 0);
     const int t = lane & 3;
     float d[W / 2];  // this lane's (row g + 8 hh, cols C0 + 8 j + 2 t, + 1) at d[4 j + 2 hh], d[4 j + 2 hh + 1]
 #if FM_PREC == 3

@@ -645,6 +645,56 @@ def test_the_8bit_wgmma_forms_compile_for_sm_90a_without_spills(tmp_path, dtype,
         assert "C7519" not in log and "C7510" not in log, log
 
 
+#: Networks of the 8-bit streamed warpgroup form (fused_mlp_sm90.cu with FM_STREAM: each layer one column group read
+#: from several slots, its codes packed as in the resident form): (widths, concat, residual, norm, activations, plan
+#: options). deep256's shape, whose 8-bit weights (288 KB) are past one CTA's shared memory, so the default plan; a
+#: NeRF-like input concat on each side (x's part of the concat layer's weights in column order, the previous
+#: layer's permuted: fm_plan_w_index); residuals from a layer's own input, a layernorm and padded widths, streamed
+#: where they would fit resident (resident=0).
+STREAM_NETWORKS = [([64, 256, 256, 256, 256, 256, 64], None, None, None, ["relu", "gelu", "relu", "silu", "relu", "none"],
+                    {}),
+                   ([40, 192, 192, 192, 192, 8], {3: "before"}, None, None, ["relu"] * 4 + ["none"], {}),
+                   ([24, 96, 96, 96, 6], {2: "after"}, None, None, ["tanh", "relu", "gelu", "none"],
+                    {"wgmma": 1, "resident": 0}),
+                   ([32, 128, 128, 128, 16], None, {1: "add", 2: ("add", "relu")}, None, ["gelu", "silu", "none",
+                                                                                        "none"], {"wgmma": 1, "resident": 0}),
+                   ([7, 100, 33, 250, 9], None, None, {1: "layernorm"}, ["gelu", "tanh", "silu", "none"],
+                    {"wgmma": 1, "resident": 0})]
+
+
+def stream_model(n, device="cpu", dtype="float8"):
+    widths, concat, residual, norm, acts, _ = STREAM_NETWORKS[n]
+    rng = np.random.default_rng(200 + n)
+    ws, bs = graph_weights(rng, widths, concat or {}, 1.0)
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=acts, concat=concat, residual=residual, norm=norm, dtype=dtype,
+                            device=device)
+    return mlp.calibrate(rng.standard_normal((256, widths[0])).astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype, form", [("float8", r"f32\.e4m3\.e4m3"), ("int8", r"s32\.s8\.s8")])
+def test_the_8bit_streamed_wgmma_form_plans_and_compiles_for_sm_90a_without_spills(tmp_path, dtype, form):
+    """Networks whose 8-bit weights do not stay on chip take the streamed warpgroup form by default (no longer the
+    mma.sync kernel's per-tile stream, which Hopper runs as float16 HMMAs for float8), each layer one group of its
+    whole row; x's part of an input concat is not permuted, the previous layer's is. Compiled for sm_90a: no spills,
+    no serialised wgmma. A network wider than 256 is no 8-bit streamed form (its GEMM chain: _segments)."""
+    nvrtc_or_skip()
+    cache = fusedmlp._cache.KernelCache(tmp_path)
+    for n, (widths, concat, _, _, _, options) in enumerate(STREAM_NETWORKS):
+        mlp = stream_model(n, dtype=dtype)
+        plan, source = mlp._render(90, 232448, 132, "float16", "float16", 233472, **options)
+        assert plan.info["wgmma"] == 1 and plan.info["stream_slots"] >= 2 and plan.info["precision"] == dtype, n
+        assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\." + form, source)
+        assert cubin_sm(fusedmlp._api.compile_cubin(source, 90, cache, True).path) == 90
+        _, log = _core.nvrtc_compile(source, "fused_mlp.cu", 90, True, ("--ptxas-options=-v",))
+        assert set(re.findall(r"(\d+) bytes spill stores", log)) == {"0"}, (n, log)
+        assert "C7519" not in log and "C7510" not in log, log
+    wide = fusedmlp.FusedMLP([np.ones((300, 8), np.float32), np.ones((2, 300), np.float32)], None, dtype=dtype,
+                             device="cpu")
+    wide.calibrate(np.ones((4, 8), np.float32))
+    with pytest.raises(LimitError, match="8-bit form takes layers up to 256 wide"):
+        wide._net.plan(90, precision=dtype, wgmma=1, resident=0)
+
+
 def test_the_float8_wgmma_form_is_the_default_where_it_fits_and_refuses_what_it_has_not(rng):
     mlp = wgmma_model(0)
     assert mlp._net.plan(90, precision="float8").info["wgmma"] == 1  # the default on sm_90 (H100: 1.6-2.6x mma.sync)

@@ -665,13 +665,15 @@ class FusedMLP:
             log.debug("fusedmlp: kernel with halved norms spilled (%s); built without them", kernel.info)
             return self._build(dtype, out_dtype, norm_half=-1, **plan_options)
         if (plan.info["stream_slots"] and not plan.info["wide_layers"] and "n_chunk" not in plan_options
-                and spilled(kernel, plan)):
+                and plan.info["precision"] not in LOWBIT and spilled(kernel, plan)):
             # the same for the streamed form's group width: 128-column groups where the estimate allowed them, but
             # ptxas spilled (3-256-256-256-160-160 gelu with a concat and residuals: 12 bytes at 255 registers); then
             # 64-column groups, whose accumulators are half as many. Not where the network has wide layers: unrolled
             # (wide_loop=-1) their 128 input registers leave ptxas a few loop-invariant addresses to spill with either
             # width (wide512: 44 and 48 bytes, NVRTC 13), and 128-column groups ran 13% faster
-            # (bench/results/h100-wide-stream/); looped, the default, they spill none
+            # (bench/results/h100-wide-stream/); looped, the default, they spill none. Not 8-bit either: its layers
+            # are whole groups (their codes packed whole), and NeRF's trunk, which spills 152 bytes so, has no
+            # narrower form
             log.debug("fusedmlp: streamed kernel spilled (%s); built with 64-column groups", kernel.info)
             return self._build(dtype, out_dtype, **{**plan_options, "wgmma": 1, "resident": 0, "n_chunk": 64})
         return kernel, plan, source, entry

@@ -408,7 +408,7 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
 
     from . import _core
 
-    # the widest layer a fused kernel holds (8-bit: the resident forms' only, no streamed warpgroup kernel)
+    # the widest layer a fused kernel holds (8-bit: 256, its streamed warpgroup form keeping no wide buffer of codes)
     most = _core.MAX_ONCHIP_WIDTH if mlp._precision in _WHOLE_ONLY else _core.MAX_FUSED_WIDTH
 
     def too_wide(first, last):  # why layers [first, last] are too wide for a fused kernel (None: they are not)
