@@ -522,7 +522,7 @@ def test_custom_op_opcheck_and_torch_compile_fullgraph():
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
     fused = ft.FusedModule(model)
     x = torch.randn(17, 8)
-    torch.library.opcheck(torch.ops.fusedmlp.mlp_forward.default, (x, fused._handle))
+    torch.library.opcheck(torch.ops.fusedmlp.mlp_forward.default, (x, next(fused.parameters()), 4, fused._dup))
 
     class Net(nn.Module):
         def __init__(self):
@@ -538,6 +538,43 @@ def test_custom_op_opcheck_and_torch_compile_fullgraph():
         eager = net(x)
         compiled = torch.compile(net, fullgraph=True)(x)
     assert torch.allclose(eager, compiled, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_models_of_one_architecture_share_one_graph_and_run_their_own_weights():
+    """An agent class built and compiled many times (one per environment, or a notebook re-running its cell): the
+    op's graph carries the module's first parameter and the output width, not a handle that differs for every model,
+    so dynamo compiles the caller once and never hits its recompile limit (8: past it a caller ran eager whole, its
+    Linears included); each call finds its own model by the parameter at run time. A module wrapped twice gets a
+    second index (dup), and dropping one wrapper leaves the other's entry."""
+    from torch._dynamo.utils import counters
+
+    class Agent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pre = nn.Linear(6, 6)
+            self.mlp = ft.FusedModule(nn.Sequential(nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 3)))
+
+        def forward(self, x):
+            return self.mlp(self.pre(x)) * 2
+
+    torch.manual_seed(60)
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(9, 6)
+    with torch.no_grad():
+        agents = [Agent().requires_grad_(False) for _ in range(12)]
+        outs = [torch.compile(a, fullgraph=True)(x) for a in agents]
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        for a, y in zip(agents, outs):
+            want = a.mlp.module if hasattr(a.mlp, "module") else nn.Sequential(*a.mlp._modules.values())
+            assert torch.allclose(y, want(a.pre(x)) * 2, rtol=1e-5, atol=1e-6)
+        assert len({tuple(y.flatten().tolist()) for y in outs}) == len(outs)  # twelve models, twelve answers
+        inner = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2)).requires_grad_(False)
+        first, second = ft.FusedModule(inner), ft.FusedModule(inner, activations=None)
+        assert (first._dup, second._dup) == (0, 1)
+        del first
+        assert torch.allclose(torch.compile(second, fullgraph=True)(x), inner(x), rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
 
 
 def test_quickstart_notebook_executes(tmp_path):
@@ -1110,7 +1147,7 @@ def test_output_split_into_parts_returned_as_a_tuple_or_dict(kind):
         assert all(g.shape == w.shape and max_rel(g, w) <= 1e-6 for g, w in pairs), [(g.shape, w.shape) for g, w in
                                                                                      pairs]
         compiled = torch.compile(fused, fullgraph=True)(x)
-        torch._dynamo.reset()  # (FusedModule.forward's compiles count toward one recompile limit per process)
+        torch._dynamo.reset()  # (FusedModule.forward's compiles of different architectures count toward one recompile limit)
         flat = list(compiled.values()) if kind == "dict" else list(compiled)
         assert all(torch.equal(c, g) for c, (g, _) in zip(flat, pairs))
 
@@ -1739,7 +1776,7 @@ def test_parallel_stacks_on_one_value_run_as_one_chain(kind, widths):
         assert [g.shape for g, _ in pairs] == [w.shape for _, w in pairs]
         assert all(max_rel(g, w) <= 1e-6 for g, w in pairs), [max_rel(g, w) for g, w in pairs]
         compiled = torch.compile(fused, fullgraph=True)(*args)
-        torch._dynamo.reset()  # (FusedModule.forward's compiles count toward one recompile limit per process)
+        torch._dynamo.reset()  # (FusedModule.forward's compiles of different architectures count toward one recompile limit)
         one = kind in ("heads", "inline")  # (one tensor returned)
         assert all(torch.equal(c, g) for c, g in zip(*(
             (v.values() if isinstance(v, dict) else [v] if one else v) for v in (compiled, got))))
@@ -1834,7 +1871,7 @@ def test_an_ensembles_stacked_outputs_come_back_stacked(dim):
         want, got = ref64(model, x), fused(x)
         assert got.shape == want.shape and max_rel(got, want) <= 1e-6
         assert torch.equal(torch.compile(fused, fullgraph=True)(x), got)
-        torch._dynamo.reset()  # (as above: one recompile limit per process)
+        torch._dynamo.reset()  # (as above: one recompile limit for different architectures)
         assert max_rel(torch.from_numpy(mlp(x.numpy())), torch.cat(list(want.movedim(dim, 0)), -1)) <= 1e-6
     mean = Ensemble(mean=dim).eval()
     mean.load_state_dict(model.state_dict())

@@ -155,13 +155,21 @@ def from_torch(module, activations=None, device=None, calibrate=None, in_feature
 
 # ------------------------------------------------------------------------------------------------ the custom op
 
-_registry = {}  # handle -> FusedMLP; handles are what traced graphs carry
-# Each process counts from a random start of its own: inductor's FX graph cache is on disk and shared between
-# processes, keyed by the graph, which records the handle as a constant, and a compiled graph asserts the output shape
-# its model had. Counting from 1 in every process gave two processes' different models one key (the CPU suite's
-# workers did: a 4-column model ran a graph compiled for a 6-column one and failed its size assert).
+_registry = {}  # handle -> FusedMLP
+# Each process counts from a random start of its own (handles were once the constant a traced graph recorded, and
+# inductor's FX graph cache is on disk and shared between processes: counting from 1 in every process gave two
+# processes' different models one key).
 _handles = itertools.count(secrets.randbits(40) << 20)
 _registry_lock = threading.Lock()
+# What a traced graph carries instead of a handle: a FusedModule's first parameter, a graph input like any parameter
+# (its data_ptr finds the model at run time), and two ints equal across modules of one architecture (the output
+# width, for the op's fake shape; which of the FusedModules on that parameter, 0 but where one module is wrapped
+# twice). A handle in the graph was a constant that differed for every module: dynamo guarded on it, so every new
+# model recompiled the code that called it, and after torch._dynamo.config.recompile_limit (8) such models a compiled
+# caller ran eager whole (an agent class built 9 times and compiled each time: its 9th forward, Linears and all).
+# A copy of the parameter (opcheck's clones of the op's inputs) finds the registered one equal to it, so the op is a
+# function of its inputs' values, as the op contract asks; that search compares tensors and is for such callers only.
+_by_key = {}  # (device, data_ptr, dup) -> (handle, the parameter)
 
 
 def _register(mlp):
@@ -171,32 +179,59 @@ def _register(mlp):
     return handle
 
 
+def _register_key(handle, key):
+    """Maps (key's device and data_ptr, the first dup free) to handle; returns that dup."""
+    with _registry_lock:
+        dup = 0
+        while (key.device, key.data_ptr(), dup) in _by_key:
+            dup += 1
+        _by_key[(key.device, key.data_ptr(), dup)] = (handle, key)
+    return dup
+
+
+def _lookup(key, dup):
+    """The handle of the model whose op arguments are (key, dup)."""
+    hit = _by_key.get((key.device, key.data_ptr(), dup))
+    if hit is not None:
+        return hit[0]
+    with _registry_lock:
+        entries = list(_by_key.items())
+    same = [h for (device, _, d), (h, p) in entries if d == dup and device == key.device and p.shape == key.shape and
+            p.dtype == key.dtype and torch.equal(p, key)]
+    if len(same) != 1:
+        raise ArgumentError(f"fusedmlp::mlp_forward: its key tensor ({tuple(key.shape)} {key.dtype} on {key.device}) "
+                            f"is {'no' if not same else 'more than one'} live FusedModule's first parameter"
+                            f"{'' if not same else ' (equal values)'}; the op is what FusedModule.forward records")
+    return same[0]
+
+
 # The op is defined through torch.library.Library, not the custom_op decorator: the decorator's layers (an autograd
 # wrapper, redispatch, dynamo-disable wrappers around the kernel; cProfile of a compiled call) cost 6.5 us more an
 # eager call and 17-19 us more a compiled FusedModule call than this on the CPU machine's torch 2.13 (a 4-row CPU
 # call: op 24.5 -> 18.0 us against the model's own 15.9; compiled module 77 -> 58). The op has no autograd formula
 # either way (FusedModule refuses tracked inputs first).
 _library = torch.library.Library("fusedmlp", "DEF")
-_library.define("mlp_forward(Tensor x, int handle) -> Tensor")
+_library.define("mlp_forward(Tensor x, Tensor key, int width, int dup) -> Tensor")
 
 
-def _forward_impl(x, handle):
-    return _registry[handle](x)  # FusedMLP.__call__: its C fast path once the shape is known
+def _forward_impl(x, key, width, dup):
+    # FusedMLP.__call__: its C fast path once the shape is known
+    return _registry[_lookup(key, dup)](x)
 
 
 _library.impl("mlp_forward", _forward_impl, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("fusedmlp::mlp_forward")
-def _(x, handle):
-    mlp = _registry[handle]
-    return x.new_empty((*x.shape[:-1], mlp.widths[-1]))
+def _(x, key, width, dup):
+    return x.new_empty((*x.shape[:-1], width))
 
 
-def mlp_forward(x, handle):
-    """The fused forward of the registered model `handle` on x (..., in) -> (..., out), x's dtype and device: the op
-    torch.ops.fusedmlp.mlp_forward, which graphs record."""
-    return torch.ops.fusedmlp.mlp_forward.default(x, handle)
+def mlp_forward(x, module):
+    """The fused forward of FusedModule `module` on x (..., in) -> (..., out), x's dtype and device, through the op
+    torch.ops.fusedmlp.mlp_forward, which graphs record (its arguments: x, the module's first parameter, its output
+    width and an index that is 0 unless one module is wrapped twice)."""
+    return torch.ops.fusedmlp.mlp_forward.default(x, next(module.parameters()), module._width, module._dup)
 
 
 class FusedModule(nn.Module):
@@ -243,12 +278,17 @@ class FusedModule(nn.Module):
         self._output_stack = edges.pop("output_stack", None)  # (dim, parts): forward's torch.stack of its parts
         params = list(self.parameters())
         device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
-        self._handle = _register(FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs))
+        mlp = FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs)
+        self._width, self._flatten_start = mlp.widths[-1], mlp._flatten_input  # (what forward reads when compiled)
+        self._handle = _register(mlp)
+        self._key = (params[0].device, params[0].data_ptr(), _register_key(self._handle, params[0]))
+        self._dup = self._key[2]
 
     def _release(self):
         if self._handle is not None:
             with _registry_lock:
                 _registry.pop(self._handle, None)
+                _by_key.pop(self._key, None)
             self._handle = None
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .half(): the weights moved or changed
@@ -269,11 +309,11 @@ class FusedModule(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
             raise ArgumentError("FusedModule is inference-only (no backward): call it under torch.no_grad() or "
                                 "torch.inference_mode(), or freeze the parameters with requires_grad_(False)")
-        start = _registry[self._handle]._flatten_input
+        start = self._flatten_start
         if start is not None and x.ndim > start + 1:  # here, so that the op's fake shape is its real one
             x = x.flatten(start)
         if torch.compiler.is_compiling():
-            y = mlp_forward(x, self._handle)  # the op the graph records
+            y = mlp_forward(x, self)  # the op the graph records
         else:
             y = _registry[self._handle](x)  # eager: straight to the model's call, without the op's dispatch
         if self._outputs is not None:
