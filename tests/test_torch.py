@@ -577,6 +577,53 @@ def test_compiled_models_of_one_architecture_share_one_graph_and_run_their_own_w
     torch._dynamo.reset()
 
 
+def test_in_place_weight_changes_copies_and_pickles_rebuild_the_fused_model():
+    """A policy trained while it acts (the optimizer steps the wrapped module's parameters in place) and a target
+    network (copy.deepcopy, then Polyak updates under no_grad): the version counters moved, so the next call, eager
+    or compiled, runs the new weights. A copy is a model of its own (the original dropped, it still runs), and a
+    FusedModule pickles. A write through p.data moves no counter: refresh() rebuilds."""
+    import copy
+    import pickle
+
+    torch.manual_seed(61)
+    model = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
+    fused = ft.FusedModule(model)
+    x = torch.randn(7, 6)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+
+    def step():
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+
+    def close(a, b):
+        return torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    step()
+    with torch.no_grad():
+        assert close(fused(x), model(x))
+        compiled = torch.compile(fused, fullgraph=True)
+        before = compiled(x)
+        assert close(before, model(x))
+    step()
+    with torch.no_grad():
+        after = compiled(x)
+        assert close(after, model(x)) and not close(after, before)
+        target = copy.deepcopy(fused)
+        assert target._handle != fused._handle and close(target(x), model(x))
+        for p in target.parameters():
+            p.mul_(0.5)
+        assert close(target(x), target._wrapped()(x)) and not close(target(x), fused(x))
+        del fused, compiled
+        assert close(target(x), target._wrapped()(x))
+        again = pickle.loads(pickle.dumps(target))
+        assert close(again(x), target(x))
+        for p in again.parameters():
+            p.data.mul_(2)
+        assert not close(again(x), again._wrapped()(x)) and close(again.refresh()(x), again._wrapped()(x))
+    torch._dynamo.reset()
+
+
 def test_quickstart_notebook_executes(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
