@@ -18,7 +18,7 @@ ACTIVATION_MODULES = [nn.ReLU(), nn.LeakyReLU(0.2), nn.ELU(0.5), nn.GELU(), nn.G
                       nn.Sigmoid(), nn.Tanh(), nn.Softplus(beta=2, threshold=10), nn.Mish(), nn.SELU(), nn.ReLU6(),
                       nn.Hardtanh(-2, 2), nn.Hardsigmoid(), nn.Hardswish(), nn.Softsign(), nn.Identity(),
                       nn.CELU(0.7), nn.LogSigmoid(), nn.Tanhshrink(), nn.Softshrink(0.3), nn.Hardshrink(0.3),
-                      nn.PReLU(init=-0.13), nn.Threshold(0.1, 0.0), nn.Threshold(-0.25, 1.5)]
+                      nn.PReLU(init=-0.13), nn.Threshold(0.1, 0.0), nn.Threshold(-0.25, 1.5), nn.RReLU(0.1, 0.3).eval()]
 
 
 def ref64(module, x):
@@ -410,6 +410,12 @@ def test_traced_dropout_functions_follow_their_training_argument():
 def test_a_prelu_with_a_slope_per_channel_names_what_is_supported():
     model = nn.Sequential(nn.Linear(4, 8), nn.PReLU(8), nn.Linear(8, 2)).eval()
     with pytest.raises(fusedmlp.ArgumentError, match=r"1: PReLU is not supported; .*PReLU \(one slope\)"):
+        fusedmlp.from_torch(model, device="cpu")
+
+
+def test_an_rrelu_in_training_mode_is_an_error_saying_to_call_eval():
+    model = nn.Sequential(nn.Linear(4, 8), nn.RReLU(), nn.Linear(8, 2))
+    with pytest.raises(fusedmlp.ArgumentError, match=r"RReLU\(lower=.*training mode.*model\.eval\(\)"):
         fusedmlp.from_torch(model, device="cpu")
 
 

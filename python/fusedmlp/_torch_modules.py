@@ -35,6 +35,11 @@ def _activation_text(module):
         return _shrink_text("hard", module.lambd)
     if isinstance(module, nn.Threshold):
         return _threshold_text(module.threshold, module.value)
+    if isinstance(module, nn.RReLU):  # eval mode: a leaky relu of the mean slope; training mode samples slopes
+        if module.training:
+            raise ArgumentError(f"{module} is in training mode, where it samples each negative slope at random; call "
+                                "model.eval() first (fusedmlp runs inference: then its slope is (lower + upper) / 2)")
+        return f"leaky_relu(x, {(module.lower + module.upper) / 2!r})"
     if isinstance(module, nn.PReLU) and module.weight.numel() == 1:  # one learned slope: a leaky relu
         return f"leaky_relu(x, {float(module.weight.detach().reshape(())):.9g})"
     simple = {nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.Mish: "mish", nn.SELU: "selu",
@@ -83,7 +88,7 @@ def _check_dropout_off(module, label):
 SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (fused into the Linear they "
              "follow directly; elsewhere on an identity layer of their own), Softmax, Softmin and LogSoftmax over the features, "
              "ReLU, LeakyReLU, ELU, CELU, GELU, SiLU, Sigmoid, LogSigmoid, Tanh, Tanhshrink, Softplus, Mish, SELU, "
-             "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, Threshold, PReLU (one slope), "
+             "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, Threshold, PReLU (one slope), RReLU (in eval mode), "
              "Identity, Dropout (any form) and BatchNorm1d (in eval mode), nested Sequential")
 
 
