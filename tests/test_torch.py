@@ -630,6 +630,46 @@ def test_in_place_weight_changes_copies_and_pickles_rebuild_the_fused_model():
     torch._dynamo.reset()
 
 
+def test_calls_on_one_thread_while_another_trains_the_weights():
+    """An actor thread calling the FusedModule while a learner thread steps the wrapped module's optimizer: a call
+    runs the fused model built before or after a step, never a half-swapped one (no KeyError, no None), and once the
+    learner is done the next call runs its last weights."""
+    import threading
+
+    torch.manual_seed(62)
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+    fused = ft.FusedModule(model)
+    x = torch.randn(5, 6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    errors = []
+
+    def learner():
+        try:
+            for _ in range(40):
+                opt.zero_grad()
+                model(x).square().sum().backward()
+                opt.step()
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def actor():
+        try:
+            with torch.no_grad():
+                for _ in range(200):
+                    assert fused(x).shape == (5, 3)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=learner), threading.Thread(target=actor), threading.Thread(target=actor)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with torch.no_grad():
+        assert torch.allclose(fused(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_quickstart_notebook_executes(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

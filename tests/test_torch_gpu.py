@@ -109,6 +109,53 @@ def test_torch_compile_fullgraph_with_fused_module():
     assert (compiled - eager).abs().max().item() <= 1e-4
 
 
+def test_compiled_agents_share_a_graph_and_see_their_optimizer_steps_on_cuda():
+    """On the GPU: agents of one class compiled one after another share one graph (the op carries each one's first
+    parameter, a CUDA tensor, not a handle), and an optimizer step on a wrapped module's parameters is seen at the
+    next compiled call (the fused model rebuilt from them; fusedmlp.torch.FusedModule._call)."""
+    from torch._dynamo.utils import counters
+
+    class Agent(nn.Module):
+        def __init__(self, seed):
+            super().__init__()
+            self.pre = nn.Linear(24, 24)
+            self.mlp = ft.FusedModule(make_model(seed))
+
+        def forward(self, x):
+            return self.mlp(torch.relu(self.pre(x)))
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(1000, 24, device="cuda")
+    agents = [Agent(20 + i).cuda().eval() for i in range(10)]
+    with torch.no_grad():
+        for a in agents:
+            want = a.mlp._wrapped()(torch.relu(a.pre(x)))
+            assert (torch.compile(a, fullgraph=True)(x) - want).abs().max().item() <= 2e-2
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    agent, inner = agents[0], agents[0].mlp._wrapped()
+    compiled = torch.compile(agent, fullgraph=True)
+    with torch.no_grad():
+        before = compiled(x)
+    opt = torch.optim.SGD(inner.parameters(), lr=0.5)
+    for p in inner.parameters():
+        p.requires_grad_(True)
+    inner(x).square().mean().backward()
+    opt.step()
+    for p in inner.parameters():
+        p.requires_grad_(False)
+
+    def off(y, want):
+        return float((y.double() - want.double()).norm() / want.double().norm())
+
+    with torch.no_grad():
+        want = inner(torch.relu(agent.pre(x)))
+        after = compiled(x)
+    assert off(after, want) <= 5e-3 and off(before, want) > 10 * off(after, want), (off(after, want),
+                                                                                    off(before, want))
+    torch._dynamo.reset()
+
+
 def test_fp16_module_and_tensor_on_wrong_device_error():
     model = make_model(4).half()
     fused = ft.FusedModule(model)

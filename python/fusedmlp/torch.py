@@ -157,22 +157,23 @@ def from_torch(module, activations=None, device=None, calibrate=None, in_feature
 
 # ------------------------------------------------------------------------------------------------ the custom op
 
-_registry = {}  # handle -> FusedMLP
+_registry = {}  # handle -> FusedMLP (FusedModule._handle: a name for the model in logs and tests)
 # Each process counts from a random start of its own (handles were once the constant a traced graph recorded, and
 # inductor's FX graph cache is on disk and shared between processes: counting from 1 in every process gave two
 # processes' different models one key).
 _handles = itertools.count(secrets.randbits(40) << 20)
 _registry_lock = threading.Lock()
 # What a traced graph carries instead of a handle: a FusedModule's first parameter, a graph input like any parameter
-# (its data_ptr finds the model at run time), and two ints equal across modules of one architecture (the output
+# (its data_ptr finds the module at run time), and two ints equal across modules of one architecture (the output
 # width, for the op's fake shape; which of the FusedModules on that parameter, 0 but where one module is wrapped
 # twice). A handle in the graph was a constant that differed for every module: dynamo guarded on it, so every new
 # model recompiled the code that called it, and after torch._dynamo.config.recompile_limit (8) such models a compiled
 # caller ran eager whole (an agent class built 9 times and compiled each time: its 9th forward, Linears and all).
 # A copy of the parameter (opcheck's clones of the op's inputs) finds the registered one equal to it, so the op is a
 # function of its inputs' values, as the op contract asks; that search compares tensors and is for such callers only.
-_by_key = {}  # (device, data_ptr, dup) -> (handle, the parameter)
-_owners = {}  # handle -> weakref to its FusedModule (the op rebuilds a stale one: FusedModule._stale)
+_by_key = {}  # (device, data_ptr, dup) -> (the parameter, weakref to its FusedModule)
+# Rebuilds (FusedModule._rebuild) one at a time: a module found stale by two threads at once is rebuilt once.
+_rebuild_lock = threading.RLock()
 
 
 def _register(mlp):
@@ -182,30 +183,25 @@ def _register(mlp):
     return handle
 
 
-def _register_key(handle, key):
-    """Maps (key's device and data_ptr, the first dup free) to handle; returns that dup."""
-    with _registry_lock:
-        dup = 0
-        while (key.device, key.data_ptr(), dup) in _by_key:
-            dup += 1
-        _by_key[(key.device, key.data_ptr(), dup)] = (handle, key)
-    return dup
-
-
 def _lookup(key, dup):
-    """The handle of the model whose op arguments are (key, dup)."""
+    """The FusedModule whose op arguments are (key, dup)."""
     hit = _by_key.get((key.device, key.data_ptr(), dup))
-    if hit is not None:
-        return hit[0]
-    with _registry_lock:
-        entries = list(_by_key.items())
-    same = [h for (device, _, d), (h, p) in entries if d == dup and device == key.device and p.shape == key.shape and
-            p.dtype == key.dtype and torch.equal(p, key)]
-    if len(same) != 1:
-        raise ArgumentError(f"fusedmlp::mlp_forward: its key tensor ({tuple(key.shape)} {key.dtype} on {key.device}) "
-                            f"is {'no' if not same else 'more than one'} live FusedModule's first parameter"
-                            f"{'' if not same else ' (equal values)'}; the op is what FusedModule.forward records")
-    return same[0]
+    if hit is None:
+        with _registry_lock:
+            entries = list(_by_key.items())
+        same = [m for (device, _, d), (p, m) in entries if d == dup and device == key.device and p.shape == key.shape
+                and p.dtype == key.dtype and torch.equal(p, key)]
+        if len(same) == 1:
+            hit = (None, same[0])
+        else:
+            raise ArgumentError(f"fusedmlp::mlp_forward: its key tensor ({tuple(key.shape)} {key.dtype} on "
+                                f"{key.device}) is {'no' if not same else 'more than one'} live FusedModule's first "
+                                f"parameter{'' if not same else ' (equal values)'}; the op is what "
+                                "FusedModule.forward records")
+    module = hit[1]()
+    if module is None:
+        raise ArgumentError("fusedmlp::mlp_forward: the FusedModule of its key tensor is gone")
+    return module
 
 
 # The op is defined through torch.library.Library, not the custom_op decorator: the decorator's layers (an autograd
@@ -218,13 +214,7 @@ _library.define("mlp_forward(Tensor x, Tensor key, int width, int dup) -> Tensor
 
 
 def _forward_impl(x, key, width, dup):
-    handle = _lookup(key, dup)
-    owner = _owners.get(handle)
-    owner = owner() if owner is not None else None
-    if owner is not None and owner._stale():
-        owner._rebuild()
-        handle = owner._handle
-    return _registry[handle](x)  # FusedMLP.__call__: its C fast path once the shape is known
+    return _lookup(key, dup)._call(x)
 
 
 _library.impl("mlp_forward", _forward_impl, "CompositeExplicitAutograd")
@@ -285,34 +275,58 @@ class FusedModule(nn.Module):
         return nn.Sequential(OrderedDict(self._modules)) if self._wraps_sequential else self.module
 
     def _rebuild(self):
-        self._release()
-        weights, biases, texts, edges = read_module(self._wrapped(), self._activations, self._in_features)
-        self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
-        self._squeeze = edges.pop("squeeze", None)  # forward's y.squeeze(dims) of its output
-        self._outputs = edges.pop("outputs", None)  # forward's heads' widths: the output split into a tuple
-        self._output_keys = edges.pop("output_keys", None)  # or a dict of these keys
-        self._output_squeeze = edges.pop("output_squeeze", None)  # per part: forward indexed its column (y[..., 3])
-        self._output_stack = edges.pop("output_stack", None)  # (dim, parts): forward's torch.stack of its parts
-        params = list(self.parameters())
-        device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
-        mlp = FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs)
-        self._width, self._flatten_start = mlp.widths[-1], mlp._flatten_input  # (what forward reads when compiled)
-        self._params, self._versions = params, sum(map(_VERSION, params))
-        self._handle = _register(mlp)
-        self._key = (params[0].device, params[0].data_ptr(), _register_key(self._handle, params[0]))
-        self._dup = self._key[2]
-        _owners[self._handle] = weakref.ref(self)
+        """Builds the fused model from the parameters as they are, then puts it in place of the one before (a call
+        on another thread meanwhile runs the one before; FusedModule._call)."""
+        with _rebuild_lock:
+            params = list(self.parameters())
+            versions = sum(map(_VERSION, params))  # before the read: a change during it leaves the model stale
+            weights, biases, texts, edges = read_module(self._wrapped(), self._activations, self._in_features)
+            self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
+            self._squeeze = edges.pop("squeeze", None)  # forward's y.squeeze(dims) of its output
+            self._outputs = edges.pop("outputs", None)  # forward's heads' widths: the output split into a tuple
+            self._output_keys = edges.pop("output_keys", None)  # or a dict of these keys
+            self._output_squeeze = edges.pop("output_squeeze", None)  # per part: forward indexed its column
+            self._output_stack = edges.pop("output_stack", None)  # (dim, parts): forward's torch.stack of its parts
+            device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
+            mlp = FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs)
+            self._width, self._flatten_start = mlp.widths[-1], mlp._flatten_input  # (forward reads them compiled)
+            handle, old, key = _register(mlp), self._handle, params[0]
+            with _registry_lock:
+                if old is not None and self._key[:2] == (key.device, key.data_ptr()):
+                    at = self._key  # the same parameter: its entry (and index) stays this module's
+                else:
+                    if old is not None:
+                        _by_key.pop(self._key, None)
+                    dup = 0
+                    while (key.device, key.data_ptr(), dup) in _by_key:
+                        dup += 1
+                    at = (key.device, key.data_ptr(), dup)
+                _by_key[at] = (key, weakref.ref(self))
+                self._params, self._versions = params, versions
+                self._mlp, self._handle, self._key, self._dup = mlp, handle, at, at[2]
+                _registry.pop(old, None)
 
     def _stale(self):
         """Whether a parameter was changed in place since the fused model was built: the version counters only
         grow, so their sum moved (0.6 us for six parameters on the CPU machine; comparing each, 1.0)."""
         return sum(map(_VERSION, self._params)) != self._versions
 
+    def _call(self, x):
+        """The fused model on x, rebuilt first where a parameter changed in place (eager calls and the op's)."""
+        if self._stale():
+            with _rebuild_lock:
+                if self._stale():  # (not rebuilt by another thread meanwhile)
+                    self._rebuild()
+        return self._mlp(x)  # FusedMLP.__call__: its C fast path once the shape is known
+
     def refresh(self):
         """Rebuilds the fused model from the parameters as they are now: after writes the version counters do not
         see (through ``p.data``); other changes are seen by themselves. Returns self."""
         self._rebuild()
         return self
+
+    def __getstate__(self):  # the fused model is not copied: the copy builds its own (__setstate__)
+        return {k: v for k, v in self.__dict__.items() if k != "_mlp"}
 
     def __setstate__(self, state):  # copy.deepcopy (a target network) or unpickling: a model of its own
         super().__setstate__(state)
@@ -323,8 +337,9 @@ class FusedModule(nn.Module):
         if self._handle is not None:
             with _registry_lock:
                 _registry.pop(self._handle, None)
-                _by_key.pop(self._key, None)
-                _owners.pop(self._handle, None)
+                entry = _by_key.get(self._key)
+                if entry is not None and entry[1]() in (self, None):  # (None: cleared before __del__, in a gc cycle)
+                    del _by_key[self._key]
             self._handle = None
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .half(): the weights moved or changed
@@ -351,9 +366,7 @@ class FusedModule(nn.Module):
         if torch.compiler.is_compiling():
             y = mlp_forward(x, self)  # the op the graph records
         else:
-            if self._stale():
-                self._rebuild()
-            y = _registry[self._handle](x)  # eager: straight to the model's call, without the op's dispatch
+            y = self._call(x)  # eager: straight to the model's call, without the op's dispatch
         if self._outputs is not None:
             parts = torch.split(y, self._outputs, -1)
             if self._output_squeeze is not None:
@@ -365,7 +378,7 @@ class FusedModule(nn.Module):
         return y if self._squeeze is None else y.squeeze(*self._squeeze)
 
     def extra_repr(self):
-        return repr(_registry.get(self._handle))
+        return repr(self._mlp)
 
     def __del__(self):
         try:
