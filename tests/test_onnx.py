@@ -92,7 +92,10 @@ def test_gelu_spelled_out_gemm_attributes_batch_and_layer_norms(rng):
     ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, {}), ("HardSwish", {}, {}), ("Softplus", {}, {}),
     ("Softsign", {}, {}), ("Mish", {}, {}), ("Gelu", {"approximate": "tanh"}, {}), ("Exp", {}, {}),
     ("Sin", {}, {}), ("PRelu", {}, {"slope": np.float32(0.1)}), ("Clip", {}, {"lo": np.float32(-0.5),
-                                                                           "hi": np.float32(2.0)})])
+                                                                           "hi": np.float32(2.0)}),
+    ("ThresholdedRelu", {"alpha": 0.3}, {}), ("Shrink", {"lambd": 0.4, "bias": 0.1}, {}),
+    ("Shrink", {"lambd": 0.5}, {}), ("Shrink", {"lambd": 0.25, "bias": 0.25}, {}), ("Sign", {}, {}),
+    ("Floor", {}, {}), ("Ceil", {}, {}), ("Atan", {}, {}), ("Sinh", {}, {}), ("Cosh", {}, {})])  # (Tan: read too; float32 ORT near its poles is no reference)
 def test_each_activation_op(rng, op, attrs, extra):
     inputs = ["z"] + (["slope"] if op == "PRelu" else ["lo", "hi"] if op == "Clip" else [])
     nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["z"], transB=1), helper.make_node(op, inputs, ["a"], **attrs),

@@ -12,7 +12,7 @@ nn = torch.nn
 F = nn.functional
 
 import fusedmlp  # noqa: E402
-from fusedmlp import _torch_modules, torch as ft  # noqa: E402
+from fusedmlp import _layers, torch as ft  # noqa: E402
 
 ACTIVATION_MODULES = [nn.ReLU(), nn.LeakyReLU(0.2), nn.ELU(0.5), nn.GELU(), nn.GELU(approximate="tanh"), nn.SiLU(),
                       nn.Sigmoid(), nn.Tanh(), nn.Softplus(beta=2, threshold=10), nn.Mish(), nn.SELU(), nn.ReLU6(),
@@ -354,7 +354,7 @@ def test_threshold_is_exact_at_its_step_and_at_infinities():
     import torch.nn.functional as F
 
     for t, v in ((0.1, 0.0), (-0.25, 1.5), (0.0, -3.0)):
-        expr = _torch_modules._threshold_text(t, v)
+        expr = _layers.threshold_text(t, v)
         mlp = fusedmlp.FusedMLP([np.eye(1, dtype=np.float32)], None, activation=[expr], device="cpu")
         above = float(np.nextafter(np.float32(t), np.float32(1)))
         x = np.array([[t], [above], [t - 1], [t + 1], [-np.inf], [np.inf]], dtype=np.float32)

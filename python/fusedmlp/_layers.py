@@ -8,6 +8,30 @@ import numpy as np
 from .errors import ArgumentError, ShapeError
 
 
+def _step_text(arg):
+    """1 where arg > 0, else 0 (also for arg = -inf and +0): the ceil of a clamp, as an expression over x."""
+    return f"ceil(min(max({arg}, 0), 1))"
+
+
+def shrink_text(lambd, bias):
+    """x - bias where x > lambd, x + bias where x < -lambd, else 0 (ONNX's Shrink; torch's Softshrink is bias =
+    lambd, written x - clamp(x, -l, l), and Hardshrink bias 0, x times the step of |x| - l) as an expression: exact,
+    and +-inf kept (the bias times the steps' difference, not x + b times a step)."""
+    lam, b = float(lambd), float(bias)
+    if b == lam:
+        return f"x - min(max(x, {-lam!r}), {lam!r})"
+    hard = f"x * {_step_text(f'abs(x) - {lam!r}')}"
+    return hard if b == 0 else f"{hard} - {b!r} * ({_step_text(f'x - {lam!r}')} - {_step_text(f'-x - {lam!r}')})"
+
+
+def threshold_text(threshold, value):
+    """x where x > t, else v (torch's Threshold; ONNX's ThresholdedRelu is v = 0) as an expression: max(x, t), then t
+    moved to v below the step: exact where x > t, and for v = 0, including x = -inf. t and v as the float32 values
+    torch compares and writes (x = float32(0.1) is not above Threshold(0.1)'s threshold)."""
+    t, v = float(np.float32(threshold)), float(np.float32(value))
+    return f"max(x, {t!r}) + ({v!r} - {t!r}) * (1 - {_step_text(f'x - {t!r}')})"
+
+
 def affine_map(op, c, c_first, label):
     """(s, t) with op(x, c) (op(c, x) where c_first) = s * x + t per feature, float64 vectors (one element for a
     number); op 'add', 'sub', 'mul' or 'div' (c / x is none)."""

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._torch_modules import _celu_text, _effective, _norm_module, _shrink_text, _softmax_module, _threshold_text
+from ._layers import shrink_text, threshold_text
+from ._torch_modules import _celu_text, _effective, _norm_module, _softmax_module
 from .errors import ArgumentError
 
 
@@ -83,9 +84,10 @@ def _functional_text(node):
     if target is F.celu:
         return _celu_text(_arg(node, 1, "alpha", 1.0))
     if target in (F.softshrink, F.hardshrink):
-        return _shrink_text("soft" if target is F.softshrink else "hard", _arg(node, 1, "lambd", 0.5))
+        lambd = _arg(node, 1, "lambd", 0.5)
+        return shrink_text(lambd, lambd if target is F.softshrink else 0.0)
     if target is F.threshold:
-        return _threshold_text(_arg(node, 1, "threshold", None), _arg(node, 2, "value", None))
+        return threshold_text(_arg(node, 1, "threshold", None), _arg(node, 2, "value", None))
     return None
 
 

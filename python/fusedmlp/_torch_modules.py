@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from ._layers import Layers, graph_edges
+from ._layers import Layers, graph_edges, shrink_text, threshold_text
 from .errors import ArgumentError
 
 
@@ -30,11 +30,11 @@ def _activation_text(module):
     if isinstance(module, nn.CELU):
         return _celu_text(module.alpha)
     if isinstance(module, nn.Softshrink):
-        return _shrink_text("soft", module.lambd)
+        return shrink_text(module.lambd, module.lambd)
     if isinstance(module, nn.Hardshrink):
-        return _shrink_text("hard", module.lambd)
+        return shrink_text(module.lambd, 0.0)
     if isinstance(module, nn.Threshold):
-        return _threshold_text(module.threshold, module.value)
+        return threshold_text(module.threshold, module.value)
     if isinstance(module, nn.RReLU):  # eval mode: a leaky relu of the mean slope; training mode samples slopes
         if module.training:
             raise ArgumentError(f"{module} is in training mode, where it samples each negative slope at random; call "
@@ -55,23 +55,6 @@ def _celu_text(alpha):
     """CELU as an expression: max(0, x) + min(0, a (exp(x / a) - 1)) = a elu(x / a)."""
     alpha = float(alpha)
     return f"{alpha!r} * elu(x / {alpha!r})"
-
-
-def _shrink_text(kind, lambd):
-    """Softshrink (x - clamp(x, -l, l)) or Hardshrink (x where |x| > l, else 0: the step as a ceil of a clamp) as an
-    expression."""
-    lam = float(lambd)
-    if kind == "soft":
-        return f"x - min(max(x, {-lam!r}), {lam!r})"
-    return f"x * ceil(min(max(abs(x) - {lam!r}, 0), 1))"
-
-
-def _threshold_text(threshold, value):
-    """Threshold (x where x > t, else v) as an expression: max(x, t), then t moved to v below the step (the step as a
-    ceil of a clamp, as Hardshrink's): exact where x > t, and for v = 0, including x = -inf. t and v as the float32
-    values torch compares and writes (x = float32(0.1) is not above Threshold(0.1)'s threshold)."""
-    t, v = float(np.float32(threshold)), float(np.float32(value))
-    return f"max(x, {t!r}) + ({v!r} - {t!r}) * (1 - ceil(min(max(x - {t!r}, 0), 1)))"
 
 
 #: Dropout in all its forms (Dropout, Dropout1d/2d/3d, AlphaDropout, FeatureAlphaDropout): the identity in eval mode.

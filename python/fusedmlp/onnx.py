@@ -42,20 +42,23 @@ the node, its op and what is read.
 
 import functools
 import os
+import re
 
 import numpy as np
 
 from ._api import FusedMLP
 from ._onnx_outputs import Outputs
 from ._onnx_stacks import gemm_operands, merge_stacks
-from ._layers import MODEL_FORM, Layers, affine_map, compose, graph_edges, slices_width, then_map, widen_columns
+from ._layers import (MODEL_FORM, Layers, affine_map, compose, graph_edges, shrink_text, slices_width, then_map,
+                      threshold_text, widen_columns)
 from .errors import ArgumentError, ShapeError
 
 SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub / Mul / Div of a constant vector "
              "(folded into a Linear), LayerNormalization, RMSNormalization, Softmax, "
              "LogSoftmax (over the last axis), elementwise activations (Relu, LeakyRelu, PRelu with one slope, Elu, "
-             "Celu, Selu, Sigmoid, HardSigmoid, HardSwish, Tanh, Softplus, Softsign, Mish, Gelu, Erf, Exp, Log, Sqrt, "
-             "Abs, Neg, Reciprocal, Sin, Cos, Clip, and Add / Sub / Mul / Div / Pow of them with scalars or each "
+             "Celu, Selu, Sigmoid, HardSigmoid, HardSwish, Swish, Tanh, Softplus, Softsign, Mish, Gelu, "
+             "ThresholdedRelu, Shrink, Erf, Exp, Log, Sqrt, Abs, Sign, Neg, Reciprocal, Floor, Ceil, Sin, Cos, Tan, "
+             "Asin, Acos, Atan, Sinh, Cosh, Clip, and Add / Sub / Mul / Div / Pow of them with scalars or each "
              "other), residual Add / Mul with the input or a layer's output, Concat of the hidden state with the input, "
              "Flatten / Reshape of the input, Identity, Dropout, Cast to float")
 
@@ -63,7 +66,12 @@ SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub /
 _UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "Exp": "exp({a})", "Log": "log({a})",
           "Sqrt": "sqrt({a})", "Abs": "abs({a})", "Erf": "erf({a})", "Sin": "sin({a})", "Cos": "cos({a})",
           "Softplus": "softplus({a})", "Softsign": "softsign({a})", "HardSwish": "hardswish({a})",
-          "Mish": "({a}) * tanh(softplus({a}))", "Neg": "(-({a}))", "Reciprocal": "(1 / ({a}))"}
+          "Mish": "({a}) * tanh(softplus({a}))", "Neg": "(-({a}))", "Reciprocal": "(1 / ({a}))",
+          "Floor": "floor({a})", "Ceil": "ceil({a})", "Tan": "tan({a})", "Asin": "asin({a})", "Acos": "acos({a})",
+          "Atan": "atan({a})", "Sinh": "sinh({a})", "Cosh": "cosh({a})",
+          "Sign": "(ceil(min(max({a}, 0), 1)) - ceil(min(max(-({a}), 0), 1)))"}
+# Elementwise ops with attributes (_Reader.unary), as expressions over x, then over {a}.
+_WITH_ATTRS = ("LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu", "ThresholdedRelu", "Shrink", "Swish")
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
 _PASS = ("Identity", "Dropout", "Cast")
 
@@ -135,6 +143,11 @@ def _curve(text):
     from ._gpu import core
 
     return core().eval_expr(text, _GRID)
+
+
+def _over(text, a):
+    """An expression over x (threshold_text, shrink_text) with the operand a in place of x."""
+    return "(" + re.sub(r"\bx\b", f"({a})", text) + ")"
 
 
 def _num(v):
@@ -322,6 +335,12 @@ class _Reader(Outputs):
             return f"max(0, min(1, {_num(alpha)} * ({a}) + {_num(beta)}))"
         if op == "Gelu":
             return f"gelu_tanh({a})" if attrs.get("approximate", b"none") in (b"tanh", "tanh") else f"gelu({a})"
+        if op == "ThresholdedRelu":  # x where x > alpha, else 0 (torch's Threshold(alpha, 0))
+            return _over(threshold_text(attrs.get("alpha", 1.0), 0.0), a)
+        if op == "Shrink":  # torch's Softshrink (bias = lambd) and Hardshrink (bias 0) export as this
+            return _over(shrink_text(attrs.get("lambd", 0.5), attrs.get("bias", 0.0)), a)
+        if op == "Swish":  # (opset 24) x sigmoid(alpha x)
+            return f"(({a}) * sigmoid({_num(attrs.get('alpha', 1.0))} * ({a})))"
         return _UNARY[op].format(a=a)
 
     def affine(self, node, op, attrs, label):
@@ -374,7 +393,7 @@ class _Reader(Outputs):
         out = node.output[0]
         if self.residual_op(node, op, label):
             return True
-        if op in _UNARY or op in ("LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu"):
+        if op in _UNARY or op in _WITH_ATTRS:
             self.exprs[out] = self.unary(node, op, attrs, self.operand(node.input[0], label))
         elif op in _BINARY:
             a, b = (self.operand(name, label) for name in node.input[:2])
