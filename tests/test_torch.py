@@ -628,6 +628,12 @@ def test_in_place_weight_changes_copies_and_pickles_rebuild_the_fused_model():
             p.data.mul_(2)
         assert not close(again(x), again._wrapped()(x)) and close(again.refresh()(x), again._wrapped()(x))
     torch._dynamo.reset()
+    with torch.inference_mode():  # parameters made here track no version (refresh() is how they are re-read)
+        made = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2))
+        inferred = ft.FusedModule(made)
+        assert close(inferred(x), made(x))
+        made[0].weight.mul_(2)
+        assert close(inferred.refresh()(x), made(x))
 
 
 def test_calls_on_one_thread_while_another_trains_the_weights():

@@ -248,7 +248,8 @@ class FusedModule(nn.Module):
     never traced, so forward stays a single custom-op call that torch.compile(fullgraph=True) traces without a
     break; and before a call whose parameters were changed in place since (an optimizer's step on the wrapped
     module, ``p.mul_()`` under no_grad: their version counters moved), eager or compiled. A write through ``p.data``
-    moves no counter: call :meth:`refresh` after one. Inference only: forward raises if autograd would track it.
+    moves no counter, and parameters made under torch.inference_mode() have none: call :meth:`refresh` after such
+    a change. Inference only: forward raises if autograd would track it.
 
     Args:
         module: what from_torch accepts.
@@ -279,7 +280,9 @@ class FusedModule(nn.Module):
         on another thread meanwhile runs the one before; FusedModule._call)."""
         with _rebuild_lock:
             params = list(self.parameters())
-            versions = sum(map(_VERSION, params))  # before the read: a change during it leaves the model stale
+            # (parameters made under torch.inference_mode track no version: refresh() after changing one)
+            tracked = [p for p in params if not p.is_inference()]
+            versions = sum(map(_VERSION, tracked))  # before the read: a change during it leaves the model stale
             weights, biases, texts, edges = read_module(self._wrapped(), self._activations, self._in_features)
             self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
             self._squeeze = edges.pop("squeeze", None)  # forward's y.squeeze(dims) of its output
@@ -302,7 +305,7 @@ class FusedModule(nn.Module):
                         dup += 1
                     at = (key.device, key.data_ptr(), dup)
                 _by_key[at] = (key, weakref.ref(self))
-                self._params, self._versions = params, versions
+                self._params, self._versions = tracked, versions
                 self._mlp, self._handle, self._key, self._dup = mlp, handle, at, at[2]
                 _registry.pop(old, None)
 
