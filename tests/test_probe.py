@@ -226,6 +226,16 @@ def test_list_prints_a_line_per_plan_and_per_candidate(capsys):
     assert len(lines) == 7
 
 
+def test_list_plans_8_bit_networks_calibrated_first(capsys):
+    """probe list --dtype float8: the model is calibrated on the fixed rows first (an 8-bit plan needs its scales);
+    deep256's weights past one CTA take the streamed warpgroup form, wide512 is cut into 8-bit GEMMs."""
+    status, out, _ = run_main(capsys, ["list", "--dtype", "float8", "deep256", "wide512"])
+    lines = out.splitlines()
+    assert status == 0 and lines[0].endswith("float8 compute")
+    assert lines[1].split()[:4] == ["deep256", "default", "wgmma", "8w"] and "streamed" in lines[1]
+    assert all(line.startswith("wide512     layer ") and "GEMM" in line for line in lines[2:])
+
+
 def test_an_8_bit_model_that_runs_kernels_is_calibrated_on_fixed_rows_as_the_benchmarks():
     """probe.model calibrates an 8-bit model for a GPU (probe.calibrate), not one for planning ahead of time (device
     'cpu': it takes no scales, and rec1024's calibration takes ~8 s of CPU)."""

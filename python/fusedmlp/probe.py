@@ -194,7 +194,7 @@ def segment_table(wl, gpu, io="float16", dtype="float16", rows=()):
     """How a GPU cuts a workload into segments (None where it runs one fused kernel): a line per segment, its layers,
     kernel and reason, then its plan's shape (a fused stretch's default plan, a GEMM's tile and stages); per batch size
     in rows, each GEMM's tile and form for a call of that size (_segments.gemm_tile, as the chain picks it)."""
-    mlp = model(wl, device="cpu", dtype=dtype)
+    mlp = calibrate(model(wl, device="cpu", dtype=dtype))  # (8-bit: its plans need the activation scales)
     target = (gpu["arch"], gpu["smem_per_block"], gpu["sm_count"], gpu["smem_per_sm"])
     cut = mlp._segments_for(*target, io, io)
     if cut is None:
@@ -333,7 +333,7 @@ def plan_table(wl, gpu, io="float16", dtype="float16", plans=(), rows=()):
         cannot beat one warpgroup less at this batch; unfit: the network does not take them; duplicates: planned
         the same as an earlier candidate, so compiled once).
     """
-    mlp = model(wl, device="cpu", dtype=dtype)
+    mlp = calibrate(model(wl, device="cpu", dtype=dtype))  # (8-bit: its plans need the activation scales)
     table = []
     with planning_for(gpu):
         for options in [{}] + list(plans):
@@ -904,7 +904,8 @@ def _parser():
     p.add_argument("workloads", nargs="*", help=known)
     p.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="the GPU to plan for (default h100)")
     p.add_argument("--io", choices=IO_DTYPES, default="float16", help="x's and y's dtype (default float16)")
-    p.add_argument("--dtype", choices=_api.PRECISIONS, default="float16", help="the compute dtype (default float16)")
+    p.add_argument("--dtype", choices=DTYPES, default="float16",
+                   help="the compute dtype (default float16; an 8-bit one calibrated on fixed rows first)")
     p.add_argument("--plan", type=parse_plan, action="append", default=[], help="forced plan options to plan too")
     p.add_argument("--rows", type=int, action="append", default=[],
                    help=f"{rows_help}: the untuned choice and the tuner's candidates for it")
