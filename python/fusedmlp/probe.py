@@ -385,7 +385,8 @@ def list_plans(args):
     compiles and times for it (less those that cannot win at that batch size, and those planned like an earlier one);
     for a network cut into segments, each segment's plan and per --rows each GEMM's tile and form.
 
-        python -m fusedmlp.bench probe list [--gpu h100] [--io float32] [--plan wgmma=0] [--rows 1024] [workload ...]
+        python -m fusedmlp.bench probe list [--gpu h100] [--io float32] [--dtype float8] [--plan wgmma=0] [--rows 1024]
+            [workload ...]
     """
     gpu = GPUS[args.gpu]
     print(f"{gpu['name']} (sm_{gpu['arch']}, {gpu['sm_count']} SMs, {gpu['smem_per_block']} B shared memory per "
