@@ -35,11 +35,16 @@ static const double fm_e = 2.71828182845904523536;
 
 /* ------------------------------------------------------------------------------------------------ functions */
 
+/* Comparisons (gt, ge, lt, le, eq: 1 where the relation holds, else 0, so 0 for NaN operands as ONNX's Greater etc.)
+ * and where(c, a, b) (a where c is not 0, NaN included, as a float's cast to bool; else b: the other argument's NaN
+ * or infinity does not reach the result) are what ONNX exporters write for thresholds (torch's Softplus, Threshold,
+ * Hardshrink and Softshrink by its dynamo exporter). */
 /* The whitelist, one row per function: name, fewest and most arguments, the defaults of the 2nd and 3rd arguments
  * (torch.nn.functional's), the float32 CUDA spelling (a CUDA math function or an fm_ helper from
  * kernel_templates/activations.cuh; "" emits the argument itself) and the float64 definition in x, p, q (the
  * arguments), spelled as PyTorch's CPU kernels spell it (aten/src/ATen/native/cpu/Activation.cpp), so the CPU
- * forward is the oracle for the GPU. NaN propagates through every one, as in PyTorch. */
+ * forward is the oracle for the GPU. NaN propagates through every one, as in PyTorch, but the comparisons and where
+ * (above). */
 #define FM_FUNCTIONS(X)                                                    \
     X(abs, 1, 1, 0.0, 0.0, "fabsf", fabs(x))                               \
     X(sqrt, 1, 1, 0.0, 0.0, "sqrtf", sqrt(x))                              \
@@ -81,7 +86,13 @@ static const double fm_e = 2.71828182845904523536;
     X(hardtanh, 1, 3, -1.0, 1.0, "fm_hardtanh", fm_d_hardtanh(x, p, q))    \
     X(hardsigmoid, 1, 1, 0.0, 0.0, "fm_hardsigmoid", fm_d_hardsigmoid(x))  \
     X(hardswish, 1, 1, 0.0, 0.0, "fm_hardswish", fm_d_hardswish(x))        \
-    X(softsign, 1, 1, 0.0, 0.0, "fm_softsign", fm_d_softsign(x))
+    X(softsign, 1, 1, 0.0, 0.0, "fm_softsign", fm_d_softsign(x))          \
+    X(gt, 2, 2, 0.0, 0.0, "fm_gt", (x > p ? 1.0 : 0.0))                     \
+    X(ge, 2, 2, 0.0, 0.0, "fm_ge", (x >= p ? 1.0 : 0.0))                    \
+    X(lt, 2, 2, 0.0, 0.0, "fm_lt", (x < p ? 1.0 : 0.0))                     \
+    X(le, 2, 2, 0.0, 0.0, "fm_le", (x <= p ? 1.0 : 0.0))                    \
+    X(eq, 2, 2, 0.0, 0.0, "fm_eq", (x == p ? 1.0 : 0.0))                    \
+    X(where, 3, 3, 0.0, 0.0, "fm_where", (x != 0.0 ? p : q))
 
 /* One array kernel per function: d[i] = f(a[0][i], a[1][i], a[2][i]). d may alias a[0]; arguments a function does
  * not take point at a[0] and their loads are dead code. */

@@ -89,7 +89,13 @@ static fm_iv fm_range_node(const fm_node *nd, fm_iv x, double *trig) {
     case FM_FUNC_erf:
     case FM_FUNC_softsign: return (fm_iv){-1.0, 1.0};
     case FM_FUNC_sigmoid:
-    case FM_FUNC_hardsigmoid: return (fm_iv){0.0, 1.0};
+    case FM_FUNC_hardsigmoid:
+    case FM_FUNC_gt:
+    case FM_FUNC_ge:
+    case FM_FUNC_lt:
+    case FM_FUNC_le:
+    case FM_FUNC_eq: return (fm_iv){0.0, 1.0};
+    case FM_FUNC_where: return (fm_iv){fmin(a[1].lo, a[2].lo), fmax(a[1].hi, a[2].hi)};
     case FM_FUNC_atan: return (fm_iv){-fm_pi / 2, fm_pi / 2};
     case FM_FUNC_none:
     case FM_FUNC_identity: return a[0];

@@ -9,6 +9,13 @@
 
 __device__ __forceinline__ float fm_min(float a, float b) { return (a < b || a != a) ? a : b; }
 __device__ __forceinline__ float fm_max(float a, float b) { return (a > b || a != a) ? a : b; }
+// Comparisons as 1 or 0 (0 for NaN operands), and the select of their results (csrc/expr_internal.h).
+__device__ __forceinline__ float fm_gt(float a, float b) { return a > b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float fm_ge(float a, float b) { return a >= b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float fm_lt(float a, float b) { return a < b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float fm_le(float a, float b) { return a <= b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float fm_eq(float a, float b) { return a == b ? 1.0f : 0.0f; }
+__device__ __forceinline__ float fm_where(float c, float a, float b) { return c != 0.0f ? a : b; }
 
 // x^n for a constant small n (the emitter passes a literal, so after inlining the loop unrolls into n-1
 // multiplications, in the order the CPU evaluator uses).

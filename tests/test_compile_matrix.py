@@ -24,9 +24,12 @@ from conftest import rendered_repeats, torch_init
 
 ARCHS = [75, 80, 86, 89, 90]
 
-# Every built-in (min, max and pow need a second argument) and user expressions, spread over the matrix below.
-ACTIVATIONS = [n for n in _core.expr_functions() if n not in ("min", "max", "pow")] + [
+# Every built-in (min, max, pow and the comparisons need a second argument, where a third) and user expressions,
+# spread over the matrix below.
+SEVERAL_ARGUMENTS = ("min", "max", "pow", "gt", "ge", "lt", "le", "eq", "where")
+ACTIVATIONS = [n for n in _core.expr_functions() if n not in SEVERAL_ARGUMENTS] + [
     "min(x, 0.5)", "max(x, 0.1*x)", "pow(x, 3)", "pow(abs(x), 2.5)", "x * tanh(softplus(x))", "sin(30*x)",
+    "x * gt(x, 0.5) + ge(x, 1) - lt(x, -1) * le(x, -2) + eq(x, 0)", "where(gt(x * 2, 10), x, softplus(x * 2) / 2)",
     "leaky_relu(x, 0.2)", "softplus(x, 2, 10)", "elu(x, 0.5)", "hardtanh(x, -2, 2)", "x^-2 + 1", "2*cos(x) - 1",
     "x / (1 + abs(x)) - pi + e", "-x^2", "1e-3 * exp(x) + .5",
 ]
@@ -84,7 +87,7 @@ def temp_files(directory):
 def test_the_matrix_covers_every_activation():
     used = {a for acts in network_activations() for a in acts}
     assert used == set(ACTIVATIONS)
-    assert set(_core.expr_functions()) - {"min", "max", "pow"} <= used
+    assert set(_core.expr_functions()) - set(SEVERAL_ARGUMENTS) <= used
     depths = {len(w) - 1 for w, _ in NETWORKS}
     assert depths == set(range(1, 9))
     widths = {w for ws, _ in NETWORKS for w in ws}

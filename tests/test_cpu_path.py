@@ -82,6 +82,13 @@ NUMPY = {
     "hardsigmoid": lambda x: _relu6(x + 3.0) / 6.0,
     "hardswish": lambda x: x * _relu6(x + 3.0) / 6.0,
     "softsign": lambda x: x / (1.0 + np.abs(x)),
+    # comparisons give 1 or 0 (0 for NaN), where(c, a, b) a where c != 0: as ONNX's Greater / ... / Where
+    "gt": lambda x, y: (x > y).astype(np.float64),
+    "ge": lambda x, y: (x >= y).astype(np.float64),
+    "lt": lambda x, y: (x < y).astype(np.float64),
+    "le": lambda x, y: (x <= y).astype(np.float64),
+    "eq": lambda x, y: (x == y).astype(np.float64),
+    "where": lambda c, a, b: np.where(c != 0, a, b),
 }
 
 N = NUMPY
@@ -102,6 +109,15 @@ EXPRESSIONS = {
     "x / (1 + abs(x)) - pi + e": lambda x: x / (1.0 + np.abs(x)) - math.pi + math.e,
     "-x^2": lambda x: -(x**2),
     "1e-3 * exp(x) + .5": lambda x: 1e-3 * np.exp(x) + 0.5,
+    # the comparisons and where in the forms ONNX exporters write them (torch's Softplus threshold, Hardshrink), each
+    # a function of x that keeps x's NaN (a comparison alone gives 0 for it)
+    "x * gt(x, 0.5)": lambda x: x * N["gt"](x, 0.5),
+    "x * ge(x, 0.5)": lambda x: x * N["ge"](x, 0.5),
+    "x * lt(x, -0.5)": lambda x: x * N["lt"](x, -0.5),
+    "x + le(x, 0)": lambda x: x + N["le"](x, 0.0),
+    "x + eq(x, 0)": lambda x: x + N["eq"](x, 0.0),
+    "where(gt(x * 2, 10), x, softplus(x * 2) / 2)": lambda x: np.where(2 * x > 10, x, _softplus(2 * x) / 2),
+    "where(le(abs(x), 0.3), 0, x)": lambda x: np.where(np.abs(x) <= 0.3, 0.0, x),
 }
 
 # Functions whose domain is not every real: inside a network they get an argument in their domain, and away from
@@ -124,7 +140,9 @@ GUARDED_NUMPY = {
     "asin(0.9 * tanh(x))": lambda x: np.arcsin(0.9 * np.tanh(x)),
     "acos(0.9 * tanh(x))": lambda x: np.arccos(0.9 * np.tanh(x)),
 }
-TWO_ARGUMENT = {"min": "min(x, 0.5)", "max": "max(x, 0.1*x)", "pow": "pow(x, 3)"}
+TWO_ARGUMENT = {"min": "min(x, 0.5)", "max": "max(x, 0.1*x)", "pow": "pow(x, 3)", "gt": "x * gt(x, 0.5)",
+                "ge": "x * ge(x, 0.5)", "lt": "x * lt(x, -0.5)", "le": "x + le(x, 0)", "eq": "x + eq(x, 0)",
+                "where": "where(gt(x * 2, 10), x, softplus(x * 2) / 2)"}
 
 
 def numpy_activation(text):

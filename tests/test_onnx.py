@@ -219,6 +219,56 @@ def test_nodes_read_a_renamed_value_by_any_of_its_names(rng):
     assert list(mlp.widths) == [6, 16, 16, 3]
 
 
+def test_comparisons_logic_and_where_read_as_expressions(rng):
+    """Greater / GreaterOrEqual / Less / LessOrEqual / Equal of the layer's output with scalars, Not / And / Or / Xor
+    of their results, a Cast of one to bool, and Where choosing between expressions: onnxruntime's outputs (the
+    values a comparison takes in exactly, 0.25 and -0.5, among the inputs of the activation)."""
+    c = {"h": 0.25, "m": -0.5, "k": 2.0, "z": 0.0}
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["t"], transB=1),
+             helper.make_node("Greater", ["t", "h"], ["g"]), helper.make_node("LessOrEqual", ["t", "m"], ["l"]),
+             helper.make_node("Or", ["g", "l"], ["o"]), helper.make_node("Not", ["o"], ["n"]),
+             helper.make_node("GreaterOrEqual", ["t", "z"], ["p"]), helper.make_node("And", ["n", "p"], ["a"]),
+             helper.make_node("Less", ["t", "k"], ["q"]), helper.make_node("Xor", ["a", "q"], ["e"]),
+             helper.make_node("Cast", ["e"], ["eb"], to=TensorProto.BOOL),
+             helper.make_node("Mul", ["t", "k"], ["tk"]), helper.make_node("Tanh", ["t"], ["th"]),
+             helper.make_node("Where", ["eb", "tk", "th"], ["w"]),
+             helper.make_node("Equal", ["t", "z"], ["eq"]), helper.make_node("Cast", ["eq"], ["eqf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["w", "eqf"], ["act"]),
+             helper.make_node("Gemm", ["act", "W2", "b2"], ["y"], transB=1)]
+    b1 = rng.standard_normal(20)
+    b1[:4] = [0.25, -0.5, 0.0, 2.0]  # (rows of x that are 0 give the first layer these outputs: each threshold)
+    inits = {"W1": rng.standard_normal((20, 8)) / 2, "b1": b1, "W2": rng.standard_normal((3, 20)),
+             "b2": rng.standard_normal(3), **{k: np.float32(v) for k, v in c.items()}}
+    x = rng.standard_normal((40, 8)).astype(np.float32)
+    x[:4] = 0
+    mlp = check_against_onnxruntime(graph_model(nodes, inits, [8], 3), x)
+    assert "where(" in mlp.activations[0] and "gt(" in mlp.activations[0]
+
+
+@pytest.mark.parametrize("module", ["Softplus()", "Softplus(beta=2, threshold=10)", "Threshold(0.1, -1.0)",
+                                    "Hardshrink(0.3)", "Softshrink(0.2)"])
+def test_torch_dynamo_exported_thresholds_read_back(module):
+    """torch.onnx.export's default (dynamo) exporter writes Softplus's threshold, Threshold and the shrinks with
+    comparisons and Where; each reads back as torch computes it, at and around its thresholds too."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    import contextlib
+
+    nn = torch.nn
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 16), eval(f"nn.{module}"), nn.Linear(16, 3)).eval()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            exported = torch.onnx.export(model, (torch.randn(3, 6),), dynamo=True, dynamic_shapes=({0: "n"},))
+    except Exception as e:  # (the exporter is optional in torch too)
+        pytest.skip(f"torch.onnx.export(dynamo=True) failed: {e}")
+    mlp = fusedmlp.from_onnx(exported.model_proto, device="cpu")
+    x = torch.randn(64, 6)
+    with torch.no_grad():
+        want = model(x).numpy()
+    assert np.max(np.abs(mlp(x.numpy()) - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
 def test_torch_onnx_export_reads_back():
     """torch.onnx.export's graph of a classifier (Flatten, GELU, LayerNorm, SiLU, LogSoftmax) gives torch's outputs."""
     torch = pytest.importorskip("torch")

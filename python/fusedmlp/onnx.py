@@ -58,7 +58,8 @@ SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub /
              "LogSoftmax (over the last axis), elementwise activations (Relu, LeakyRelu, PRelu with one slope, Elu, "
              "Celu, Selu, Sigmoid, HardSigmoid, HardSwish, Swish, Tanh, Softplus, Softsign, Mish, Gelu, "
              "ThresholdedRelu, Shrink, Erf, Exp, Log, Sqrt, Abs, Sign, Neg, Reciprocal, Floor, Ceil, Sin, Cos, Tan, "
-             "Asin, Acos, Atan, Sinh, Cosh, Clip, and Add / Sub / Mul / Div / Pow of them with scalars or each "
+             "Asin, Acos, Atan, Sinh, Cosh, Clip, Greater / Less / Equal (and their OrEqual forms), Not / And / Or / "
+             "Xor of those, Where, and Add / Sub / Mul / Div / Pow of them with scalars or each "
              "other), residual Add / Mul with the input or a layer's output, Concat of the hidden state with the input, "
              "Flatten / Reshape of the input, Identity, Dropout, Cast to float")
 
@@ -74,6 +75,12 @@ _UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "
 _WITH_ATTRS = ("LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu", "ThresholdedRelu", "Shrink", "Swish")
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
 _PASS = ("Identity", "Dropout", "Cast")
+# Comparisons (1 or 0; 0 for NaN operands, as ONNX's) and logic on their results, which exporters write with Where for
+# thresholds (torch's dynamo exporter: Softplus's threshold, Threshold, Hardshrink, Softshrink): expression functions
+# over the 0 / 1 values (csrc/expr_internal.h).
+_COMPARE = {"Greater": "gt", "GreaterOrEqual": "ge", "Less": "lt", "LessOrEqual": "le", "Equal": "eq"}
+_LOGIC = {"Not": "(1 - ({a}))", "And": "min({a}, {b})", "Or": "max({a}, {b})", "Xor": "abs(({a}) - ({b}))"}
+_BOOL = 9  # ONNX's BOOL element type: a Cast to it passes a comparison's or logic op's 0 / 1 through
 
 
 def _axes(attrs, axes):
@@ -180,6 +187,7 @@ class _Reader(Outputs):
         # name (node renames the inputs), and counts a value's readers under all its names (Gemm -> Identity ->
         # LayerNormalization with an Add reading the Gemm's output: the norm's value is read twice)
         self.alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type in _PASS and n.input and n.output}
+        self.producer = {n.output[0]: n.op_type for n in graph.node if n.output}
         self.uses = {}
         for n in graph.node:
             for i, name in enumerate(n.input):
@@ -403,6 +411,14 @@ class _Reader(Outputs):
             if slope is None or slope.size != 1:
                 raise ArgumentError(f"{label}: PRelu with a slope per channel; fusedmlp reads one slope")
             self.exprs[out] = f"leaky_relu({self.operand(node.input[0], label)}, {_num(slope.reshape(()))})"
+        elif op in _COMPARE or op in ("And", "Or", "Xor"):
+            a, b = (self.operand(name, label) for name in node.input[:2])
+            self.exprs[out] = f"{_COMPARE[op]}({a}, {b})" if op in _COMPARE else _LOGIC[op].format(a=a, b=b)
+        elif op == "Not":
+            self.exprs[out] = _LOGIC[op].format(a=self.operand(node.input[0], label))
+        elif op == "Where":
+            c, a, b = (self.operand(name, label) for name in node.input[:3])
+            self.exprs[out] = f"where({c}, {a}, {b})"
         elif op == "Clip":
             lo, hi = self.scalar(node.input[1] if len(node.input) > 1 else ""), self.scalar(
                 node.input[2] if len(node.input) > 2 else "")
@@ -563,8 +579,10 @@ class _Reader(Outputs):
         see as the first name (node: the reader works on each value's first name)."""
         if op not in _PASS:
             return False
-        if op == "Cast" and attrs.get("to") not in _FLOAT_TYPES:
-            raise ArgumentError(f"{label}: a Cast to ONNX type {attrs.get('to')}; fusedmlp reads float values")
+        boolean = self.producer.get(self.root(node.input[0])) in (*_COMPARE, *_LOGIC) if node.input else False
+        if op == "Cast" and attrs.get("to") not in _FLOAT_TYPES and not (attrs.get("to") == _BOOL and boolean):
+            raise ArgumentError(f"{label}: a Cast to ONNX type {attrs.get('to')}; fusedmlp reads float values (and "
+                                "comparisons' results as booleans)")
         if op == "Dropout" and len(node.input) > 2 and self.const(node.input[2]) is not None and bool(
                 self.const(node.input[2])):
             raise ArgumentError(f"{label}: Dropout in training mode; fusedmlp runs inference")
