@@ -269,6 +269,82 @@ def test_torch_dynamo_exported_thresholds_read_back(module):
     assert np.max(np.abs(mlp(x.numpy()) - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
 
 
+def _written_out_norm(kind, variant):
+    """Nodes of a norm written out over value z into value n: RMSNorm as Pow (or Mul(z, z)) -> ReduceMean -> Add(eps)
+    -> Sqrt -> Reciprocal -> Mul (or Div), times a scale; LayerNorm the same over z - ReduceMean(z), plus a bias."""
+    axes = helper.make_node("Constant", [], ["axes"], value=numpy_helper.from_array(np.array([-1], np.int64)))
+    nodes, v = [axes], "z"
+    if kind == "layernorm":
+        nodes += [helper.make_node("ReduceMean", ["z", "axes"], ["mu"]), helper.make_node("Sub", ["z", "mu"], ["d"])]
+        v = "d"
+    nodes += [helper.make_node("Mul", [v, v], ["sq"]) if variant == "mul" else helper.make_node("Pow", [v, "two"], ["sq"]),
+              helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]), helper.make_node("Add", ["ms", "eps"], ["ve"]),
+              helper.make_node("Sqrt", ["ve"], ["sd"])]
+    if variant == "div":
+        nodes.append(helper.make_node("Div", [v, "sd"], ["nn"]))
+    else:
+        nodes += [helper.make_node("Reciprocal", ["sd"], ["r"]), helper.make_node("Mul", ["r", v], ["nn"])]
+    nodes.append(helper.make_node("Mul", ["nn", "g"], ["ns" if kind == "layernorm" else "n"]))
+    if kind == "layernorm":
+        nodes.append(helper.make_node("Add", ["ns", "be"], ["n"]))
+    return nodes
+
+
+@pytest.mark.parametrize("kind, variant", [("rmsnorm", "recip"), ("rmsnorm", "div"), ("rmsnorm", "mul"),
+                                           ("layernorm", "div"), ("layernorm", "recip")])
+def test_norms_written_out_node_by_node_read_as_fused_norms(rng, kind, variant):
+    """torch's dynamo exporter writes RMSNorm out node by node at its default opset, exporters below opset 17
+    LayerNorm: each such run (in the forms exporters write) reads as the fused norm of the layer before it, with its
+    epsilon, scale and bias: onnxruntime's outputs. A mean over another axis is no norm, and its node is named."""
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["z"], transB=1)] + _written_out_norm(kind, variant) + [
+        helper.make_node("Tanh", ["n"], ["a"]), helper.make_node("Gemm", ["a", "W2", "b2"], ["y"], transB=1)]
+    inits = {"W1": rng.standard_normal((24, 8)), "b1": rng.standard_normal(24), "two": 2.0, "eps": 1e-3,
+             "g": rng.uniform(0.5, 1.5, 24), "be": rng.standard_normal(24), "W2": rng.standard_normal((3, 24)) / 4,
+             "b2": rng.standard_normal(3)}
+    mlp = check_against_onnxruntime(graph_model(nodes, inits, [8], 3), rng.standard_normal((40, 8)).astype(np.float32))
+    assert f"0: {kind}(eps=0.001, weight{', bias' if kind == 'layernorm' else ''})" in repr(mlp), repr(mlp)
+    assert list(mlp.activations) == ["tanh(x)", "none(x)"]
+    nodes[1] = helper.make_node("Constant", [], ["axes"], value=numpy_helper.from_array(np.array([0], np.int64)))
+    with pytest.raises(fusedmlp.ArgumentError, match="ReduceMean"):
+        fusedmlp.from_onnx(graph_model(nodes, inits, [8], 3), device="cpu")
+
+
+def test_torch_exports_of_rmsnorm_and_opset_16_layernorm_read_back():
+    """nn.RMSNorm through the default (dynamo) exporter, nn.LayerNorm through the TorchScript exporter at opset 16:
+    both written out node by node, both read as fused norms that give torch's outputs."""
+    torch = pytest.importorskip("torch")
+    import contextlib
+
+    nn = torch.nn
+    torch.manual_seed(6)
+    for norm, how in ((nn.RMSNorm(16), "dynamo"), (nn.LayerNorm(16), "opset16")):
+        model = nn.Sequential(nn.Linear(6, 16), norm, nn.SiLU(), nn.Linear(16, 3)).eval()
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+        if how == "dynamo":
+            pytest.importorskip("onnxscript")
+            try:
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    data = torch.onnx.export(model, (torch.randn(3, 6),), dynamo=True,
+                                             dynamic_shapes=({0: "n"},)).model_proto
+            except Exception as e:  # (the exporter is optional in torch too)
+                pytest.skip(f"torch.onnx.export(dynamo=True) failed: {e}")
+        else:
+            buf = io.BytesIO()
+            try:
+                torch.onnx.export(model, torch.randn(3, 6), buf, dynamo=False, input_names=["x"], output_names=["y"],
+                                  dynamic_axes={"x": {0: "n"}}, opset_version=16)
+            except Exception as e:
+                pytest.skip(f"torch.onnx.export failed: {e}")
+            data = buf.getvalue()
+        mlp = fusedmlp.from_onnx(data, device="cpu")
+        assert "rmsnorm" in repr(mlp) if how == "dynamo" else "layernorm" in repr(mlp)
+        x = torch.randn(40, 6)
+        with torch.no_grad():
+            want = model(x).numpy()
+        assert np.max(np.abs(mlp(x.numpy()) - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), how
+
+
 def test_torch_onnx_export_reads_back():
     """torch.onnx.export's graph of a classifier (Flatten, GELU, LayerNorm, SiLU, LogSoftmax) gives torch's outputs."""
     torch = pytest.importorskip("torch")

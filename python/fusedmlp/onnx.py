@@ -48,13 +48,15 @@ import numpy as np
 
 from ._api import FusedMLP
 from ._onnx_outputs import Outputs
+from ._onnx_norms import fold_norms
 from ._onnx_stacks import gemm_operands, merge_stacks
 from ._layers import (MODEL_FORM, Layers, affine_map, compose, graph_edges, shrink_text, slices_width, then_map,
                       threshold_text, widen_columns)
 from .errors import ArgumentError, ShapeError
 
 SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub / Mul / Div of a constant vector "
-             "(folded into a Linear), LayerNormalization, RMSNormalization, Softmax, "
+             "(folded into a Linear), LayerNormalization, RMSNormalization (either written out node by node too), "
+             "Softmax, "
              "LogSoftmax (over the last axis), elementwise activations (Relu, LeakyRelu, PRelu with one slope, Elu, "
              "Celu, Selu, Sigmoid, HardSigmoid, HardSwish, Swish, Tanh, Softplus, Softsign, Mish, Gelu, "
              "ThresholdedRelu, Shrink, Erf, Exp, Log, Sqrt, Abs, Sign, Neg, Reciprocal, Floor, Ceil, Sin, Cos, Tan, "
@@ -800,7 +802,8 @@ def read_onnx(model):
         the MODEL_FORM keys are popped (where the graph has several outputs, or squeezes its one: their widths,
         which are squeezed, as read_module's edges name them).
     """
-    graph = merge_stacks(_load(model).graph, _FOLD)  # (parallel stacks of layers on one value: one chain)
+    # norms written out node by node: one norm node each; then parallel stacks of layers on one value: one chain
+    graph = merge_stacks(fold_norms(_load(model).graph, _FOLD), _FOLD)
     reader = _Reader(graph)
     for node in graph.node:
         reader.node(node)
