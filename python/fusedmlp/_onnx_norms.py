@@ -11,7 +11,7 @@ left as it is (the reader then names the node it does not read)."""
 
 import numpy as np
 
-from ._onnx_stacks import _Graph
+from ._onnx_stacks import _Graph, with_nodes
 
 
 def _last_axis_mean(g, node):
@@ -114,11 +114,4 @@ def fold_norms(graph, fold):
         at = max(nodes.index(n) for n in gone)
         nodes = [n for n in nodes[:at] if all(n is not u for u in gone)] + [made] + nodes[at + 1:]
         found += 1
-    if not found:
-        return graph
-    out = type(graph)()
-    out.CopyFrom(graph)
-    del out.node[:]
-    out.node.extend(nodes)
-    out.initializer.extend(g.numpy_helper.from_array(v, name) for name, v in ones.items())
-    return out
+    return with_nodes(graph, g, nodes, ones) if found else graph

@@ -237,8 +237,11 @@ def merge_stacks(graph, fold):
             gone = unsq + ([cat, mean] if mean is not None else [])  # (a mean: the chain's last layer writes it)
             nodes = [joined if n is cat else n for n in nodes if all(n is not u for u in gone)]
         group += 1
-    if not group:
-        return graph
+    return with_nodes(graph, g, nodes, consts) if group else graph
+
+
+def with_nodes(graph, g, nodes, consts):
+    """A copy of graph (g: its _Graph) whose nodes are these, with these new constants (name -> array) added."""
     out = type(graph)()
     out.CopyFrom(graph)
     del out.node[:]
