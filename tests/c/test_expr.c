@@ -183,7 +183,7 @@ static void test_errors_name_the_token_and_column(void) {
     EXPECT_ERROR(NULL, 1, "NULL");
     EXPECT_ERROR("foo", 1, "unknown name 'foo' at column 1; known functions: abs, sqrt, exp,");
     EXPECT_ERROR("x + foo(x)", 5, "unknown name 'foo' at column 5");
-    EXPECT_ERROR("x + foo(x)", 5, "softsign; constants: pi, e; variable: x");
+    EXPECT_ERROR("x + foo(x)", 5, "eq, where; constants: pi, e; variable: x");
     EXPECT_ERROR("Relu", 1, "unknown name 'Relu'");
     EXPECT_ERROR("(x + 1", 7, "expected ')' to close '(' at column 1, found end of expression at column 7");
     EXPECT_ERROR("tanh(x, 1", 10, "expected ')' to close '(' at column 5");
@@ -310,6 +310,21 @@ static void test_limits_on_length_and_nesting(void) {
     free(s);
 }
 
+/* Whether function f takes two arguments at least (min, max, pow and the comparisons; where takes three). */
+static int two_arguments(const char *f) {
+    static const char *const names[] = {"min", "max", "pow", "gt", "ge", "lt", "le", "eq", "where", NULL};
+    for (const char *const *n = names; *n; n++)
+        if (strcmp(*n, f) == 0)
+            return 1;
+    return 0;
+}
+
+/* A call of f with as many arguments as it takes: "f" alone (f(x)), "f(x, 2)", or where's "where(x, 2, 3)". */
+static const char *call_of(const char *f, char *text, size_t size) {
+    snprintf(text, size, strcmp(f, "where") == 0 ? "%s(x, 2, 3)" : two_arguments(f) ? "%s(x, 2)" : "%s", f);
+    return text;
+}
+
 static void test_every_function_matches_its_reference(void) {
     char text[64];
     for (size_t i = 0; i < sizeof g_table / sizeof g_table[0]; i++) {
@@ -319,15 +334,24 @@ static void test_every_function_matches_its_reference(void) {
         EXPECT_VALUE(g_table[i].name, g_table[i].x, g_table[i].y);
     }
     /* every name in the whitelist is covered by the table or below */
-    static const char *const multi[] = {"min", "max", "pow", NULL};
     for (const char *const *f = fm_expr_functions(); *f != NULL; f++) {
-        int found = 0;
+        int found = two_arguments(*f); /* (those: below) */
         for (size_t i = 0; i < sizeof g_table / sizeof g_table[0]; i++)
             found |= strcmp(g_table[i].name, *f) == 0;
-        for (const char *const *m = multi; *m; m++)
-            found |= strcmp(*m, *f) == 0;
         CHECK(found, "no reference values for '%s'", *f);
     }
+    /* the comparisons: 1 or 0, 0 for NaN; where: its second argument where the first is not 0 (NaN included) */
+    EXPECT_VALUE("gt(x, 2)", 3.0, 1.0);
+    EXPECT_VALUE("gt(x, 2)", 2.0, 0.0);
+    EXPECT_VALUE("ge(x, 2)", 2.0, 1.0);
+    EXPECT_VALUE("lt(x, 2)", 1.0, 1.0);
+    EXPECT_VALUE("le(x, 2)", 2.5, 0.0);
+    EXPECT_VALUE("eq(x, 2)", 2.0, 1.0);
+    EXPECT_VALUE("gt(x, 2)", NAN, 0.0);
+    EXPECT_VALUE("where(gt(x, 0), x, -1)", 3.0, 3.0);
+    EXPECT_VALUE("where(gt(x, 0), x, -1)", -3.0, -1.0);
+    EXPECT_VALUE("where(x, 5, 7)", NAN, 5.0);
+    EXPECT_VALUE("where(gt(x, 0), log(x), 0)", -1.0, 0.0); /* (log(-1)'s NaN is not chosen) */
     /* hand-computed, and the optional parameters */
     EXPECT_VALUE("min(x, 2)", 3.0, 2.0);
     EXPECT_VALUE("min(x, 2)", -3.0, -3.0);
@@ -425,9 +449,7 @@ static void test_canonical_text_round_trips(void) {
     /* every function's canonical text parses back */
     char text[64];
     for (const char *const *f = fm_expr_functions(); *f != NULL; f++) {
-        snprintf(text, sizeof text, strcmp(*f, "min") && strcmp(*f, "max") && strcmp(*f, "pow") ? "%s" : "%s(x, 2)",
-                 *f);
-        char *a = canonical(text);
+        char *a = canonical(call_of(*f, text, sizeof text));
         char *b = canonical(a);
         CHECK(strcmp(a, b) == 0, "%s: \"%s\" -> \"%s\"", *f, a, b);
         free(a);
@@ -476,9 +498,7 @@ static void test_cuda_text(void) {
         fm_error err = {0};
         if (fm_expr_parse(text, &e, &err) != FM_OK) { /* fewer arguments */
             fm_error_clear(&err);
-            snprintf(text, sizeof text, strcmp(*f, "min") && strcmp(*f, "max") && strcmp(*f, "pow") ? "%s(-x)"
-                                                                                                  : "%s(-x, 1e-7)",
-                     *f);
+            snprintf(text, sizeof text, two_arguments(*f) ? "%s(-x, 1e-7)" : "%s(-x)", *f);
         }
         fm_expr_free(e);
         char *s = emit(text);
