@@ -345,6 +345,24 @@ def test_torch_exports_of_rmsnorm_and_opset_16_layernorm_read_back():
         assert np.max(np.abs(mlp(x.numpy()) - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want)))), how
 
 
+def test_torch_script_exported_shrinks_read_back():
+    """torch's TorchScript exporter writes Hardshrink as Where(Or(Greater, Less), z, 0) and Softshrink as
+    Where(Greater(z, l), z - l, 0) + Where(Less(z, -l), z + l, 0): the Add of a number to the layer's output there is
+    part of the activation, not its bias (other nodes read the output too; taken as the bias, it moved their z: 0.2
+    off). Both read back as torch computes them."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(6, 24), nn.Hardshrink(0.3), nn.Linear(24, 24), nn.Softshrink(0.2),
+                          nn.Linear(24, 2)).eval()
+    mlp = fusedmlp.from_onnx(torch_exported(torch, model, torch.randn(3, 6)), device="cpu")
+    assert all("where(" in a for a in mlp.activations[:2]), mlp.activations
+    x = torch.randn(50, 6)
+    with torch.no_grad():
+        want = model(x).numpy()
+    assert np.max(np.abs(mlp(x.numpy()) - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
 def test_torch_onnx_export_reads_back():
     """torch.onnx.export's graph of a classifier (Flatten, GELU, LayerNorm, SiLU, LogSoftmax) gives torch's outputs."""
     torch = pytest.importorskip("torch")

@@ -591,8 +591,11 @@ class _Reader(Outputs):
         return True
 
     def bias_add(self, node, op, attrs, label):
-        """An Add of a constant vector right after a MatMul / Gemm: its bias."""
-        if op != "Add" or not self.biased or self.cur not in node.input[:2]:
+        """An Add of a constant vector right after a MatMul / Gemm, the layer output's one reader: its bias. (Where
+        other nodes read the output too, the Add is part of the activation: torch's TorchScript exporter writes
+        Softshrink as Where(Greater(z, l), z - l, 0) + Where(Less(z, -l), z + l, 0), and z + l taken as a bias moved
+        every reader's z.)"""
+        if op != "Add" or not self.biased or self.cur not in node.input[:2] or self.uses.get(self.cur, 0) != 1:
             return False
         layers = self.layers
         other = node.input[1] if node.input[0] == self.cur else node.input[0]
