@@ -8,7 +8,7 @@ import numpy as np
 from .errors import ArgumentError, ShapeError
 
 
-def _step_text(arg):
+def step_text(arg):
     """1 where arg > 0, else 0 (also for arg = -inf and +0): the ceil of a clamp, as an expression over x."""
     return f"ceil(min(max({arg}, 0), 1))"
 
@@ -20,8 +20,8 @@ def shrink_text(lambd, bias):
     lam, b = float(lambd), float(bias)
     if b == lam:
         return f"x - min(max(x, {-lam!r}), {lam!r})"
-    hard = f"x * {_step_text(f'abs(x) - {lam!r}')}"
-    return hard if b == 0 else f"{hard} - {b!r} * ({_step_text(f'x - {lam!r}')} - {_step_text(f'-x - {lam!r}')})"
+    hard = f"x * {step_text(f'abs(x) - {lam!r}')}"
+    return hard if b == 0 else f"{hard} - {b!r} * ({step_text(f'x - {lam!r}')} - {step_text(f'-x - {lam!r}')})"
 
 
 def threshold_text(threshold, value):
@@ -29,7 +29,7 @@ def threshold_text(threshold, value):
     moved to v below the step: exact where x > t, and for v = 0, including x = -inf. t and v as the float32 values
     torch compares and writes (x = float32(0.1) is not above Threshold(0.1)'s threshold)."""
     t, v = float(np.float32(threshold)), float(np.float32(value))
-    return f"max(x, {t!r}) + ({v!r} - {t!r}) * (1 - {_step_text(f'x - {t!r}')})"
+    return f"max(x, {t!r}) + ({v!r} - {t!r}) * (1 - {step_text(f'x - {t!r}')})"
 
 
 def affine_map(op, c, c_first, label):

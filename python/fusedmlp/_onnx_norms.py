@@ -56,13 +56,13 @@ def _norm_at(g, producer, mean):
     else:
         return None
     add = g.only_reader(mean.output[0])
-    if add is None or add.op_type != "Add" or _number(g, _other(add, mean.output[0]) or "") is None:
+    eps = _number(g, _other(add, mean.output[0]) or "") if add is not None and add.op_type == "Add" else None
+    if eps is None:
         return None
-    eps = _number(g, _other(add, mean.output[0]))
     sqrt = g.only_reader(add.output[0])
     if sqrt is None or sqrt.op_type != "Sqrt":
         return None
-    after = [u for u in g.readers.get(sqrt.output[0], [])]
+    after = g.readers.get(sqrt.output[0], [])
     if len(after) != 1:
         return None
     if after[0].op_type == "Div" and list(after[0].input) == [d, sqrt.output[0]]:

@@ -50,8 +50,8 @@ from ._api import FusedMLP
 from ._onnx_outputs import Outputs
 from ._onnx_norms import fold_norms
 from ._onnx_stacks import gemm_operands, merge_stacks
-from ._layers import (MODEL_FORM, Layers, affine_map, compose, graph_edges, shrink_text, slices_width, then_map,
-                      threshold_text, widen_columns)
+from ._layers import (MODEL_FORM, Layers, affine_map, compose, graph_edges, shrink_text, slices_width, step_text,
+                      then_map, threshold_text, widen_columns)
 from .errors import ArgumentError, ShapeError
 
 SUPPORTED = ("Gemm, MatMul (+ Add of a bias), BatchNormalization and Add / Sub / Mul / Div of a constant vector "
@@ -72,7 +72,7 @@ _UNARY = {"Relu": "relu({a})", "Sigmoid": "sigmoid({a})", "Tanh": "tanh({a})", "
           "Mish": "({a}) * tanh(softplus({a}))", "Neg": "(-({a}))", "Reciprocal": "(1 / ({a}))",
           "Floor": "floor({a})", "Ceil": "ceil({a})", "Tan": "tan({a})", "Asin": "asin({a})", "Acos": "acos({a})",
           "Atan": "atan({a})", "Sinh": "sinh({a})", "Cosh": "cosh({a})",
-          "Sign": "(ceil(min(max({a}, 0), 1)) - ceil(min(max(-({a}), 0), 1)))"}
+          "Sign": f"({step_text('{a}')} - {step_text('-({a})')})"}  # (NaN stays NaN, as ONNX's Sign)
 # Elementwise ops with attributes (_Reader.unary), as expressions over x, then over {a}.
 _WITH_ATTRS = ("LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu", "ThresholdedRelu", "Shrink", "Swish")
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "^"}
