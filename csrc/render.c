@@ -454,7 +454,8 @@ static fm_status fm_render_substs(const fm_spec *spec, const fm_plan *p, const c
         }
         fm_str_printf(c, " (%d slots of %zu B, one layer's column group%s each%s)%s", p->stream_slots,
                       p->w_slot_elems * (size_t)p->elem_bytes, pieces ? " or K piece of one" : "",
-                      rows ? ", or part of a whole row's group" : "", wide ? ", wide layers' outputs in shared memory" : "");
+                      rows ? ", or part of a whole row's group" : "",
+                      wide ? ", wide layers' outputs in shared memory" : "");
         if (p->wide_loop)
             fm_str_append(c, ", their column groups looped");
         if (p->split > 1)

@@ -96,8 +96,10 @@ REFERENCE = {
     "softsign": (1, 1, (), lambda a: a / (1.0 + np.abs(a))),
     "pow": (2, 2, (), None),  # parsed as a ^ b
     # comparisons: 1 or 0, 0 for NaN operands; where: a where c != 0 (NaN included), else b
-    "gt": (2, 2, (), lambda a, b: (a > b).astype(np.float64)), "ge": (2, 2, (), lambda a, b: (a >= b).astype(np.float64)),
-    "lt": (2, 2, (), lambda a, b: (a < b).astype(np.float64)), "le": (2, 2, (), lambda a, b: (a <= b).astype(np.float64)),
+    "gt": (2, 2, (), lambda a, b: (a > b).astype(np.float64)),
+    "ge": (2, 2, (), lambda a, b: (a >= b).astype(np.float64)),
+    "lt": (2, 2, (), lambda a, b: (a < b).astype(np.float64)),
+    "le": (2, 2, (), lambda a, b: (a <= b).astype(np.float64)),
     "eq": (2, 2, (), lambda a, b: (a == b).astype(np.float64)),
     "where": (3, 3, (), lambda c, a, b: np.where(c != 0, a, b)),
 }

@@ -71,8 +71,8 @@ def _check_dropout_off(module, label):
 SUPPORTED = ("Linear (weight_norm / spectral_norm parametrized too), LayerNorm and RMSNorm (fused into the Linear they "
              "follow directly; elsewhere on an identity layer of their own), Softmax, Softmin and LogSoftmax over the features, "
              "ReLU, LeakyReLU, ELU, CELU, GELU, SiLU, Sigmoid, LogSigmoid, Tanh, Tanhshrink, Softplus, Mish, SELU, "
-             "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, Threshold, PReLU (one slope), RReLU (in eval mode), "
-             "Identity, Dropout (any form) and BatchNorm1d (in eval mode), nested Sequential")
+             "ReLU6, Hardtanh, Hardsigmoid, Hardswish, Softsign, Softshrink, Hardshrink, Threshold, PReLU (one slope), "
+             "RReLU (in eval mode), Identity, Dropout (any form) and BatchNorm1d (in eval mode), nested Sequential")
 
 
 # ------------------------------------------------------------------------------------------------ weights and folds
