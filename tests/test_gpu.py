@@ -191,7 +191,10 @@ def test_cuda_error_names_the_driver_error(rng):
     assert info.value.name.startswith("CUDA_ERROR_")
 
 
-@pytest.mark.parametrize("act", BUILTINS + EXPRESSIONS + ["sin(30*x)", "cos", "erf", "softplus(x, 2, 10)", "elu(x, 0.5)"])
+# (the comparisons and where at thresholds float16 holds exactly: x itself is a float16 value, so they are exact)
+@pytest.mark.parametrize("act", BUILTINS + EXPRESSIONS + ["sin(30*x)", "cos", "erf", "softplus(x, 2, 10)", "elu(x, 0.5)",
+                                 "x * gt(x, 0.5) + ge(x, 1) - lt(x, -1) * le(x, -2) + eq(x, 0)",
+                                 "where(gt(x * 2, 10), x, softplus(x * 2) / 2)"])
 def test_activation_accuracy_in_float32(act):
     # A 1 -> 1 layer with weight 1 and float32 output computes act(fp16(x)) and stores it unrounded, so this sees the
     # device helper's own error: it must stay far below fp16's 4.9e-4 (the fast exp/reciprocal paths give ~1e-6).
