@@ -227,6 +227,10 @@ void fm_spec_bound_preacts(fm_spec *spec, const float *const *w, const float *co
 void fm_spec_find_blocks(fm_spec *spec, const float *const *w);
 /* Layer l's input features: width(h), plus width(x) with a concat. */
 int fm_spec_in_features(const fm_spec *spec, int l);
+/* Whether an 8-bit network's norm layers store z = W h + b in float16 between their GEMM and their row pass: a value
+ * wider than FM_MAX_ONCHIP_WIDTH, which no fused 8-bit kernel holds, makes every layer a GEMM
+ * (python/fusedmlp/_segments.py), and the CPU emulation rounds those layers' z as the GEMMs store it. */
+int fm_spec_z16(const fm_spec *spec);
 /* fm_expr_unary of layer l's activation; NULL where it has column pieces. */
 const char *fm_spec_act_unary(const fm_spec *spec, int l);
 /* Appends layer l's activation as canonical text ("sigmoid(x):3 | x:1" where it has pieces). */

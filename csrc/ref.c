@@ -107,6 +107,14 @@ static const double *fm_ref_input(const fm_spec *spec, int l, const double *cur,
 
 /* v stored as an 8-bit code with scale s and read back: what an 8-bit kernel keeps of a value between layers. The
  * product with the inverse is a float32 one, as on the GPU (render.c writes the same float32 inverse). */
+/* The mean of n floats (0 for none). */
+static double fm_ref_mean(const float *v, int n) {
+    double sum = 0.0;
+    for (int i = 0; v != NULL && i < n; ++i)
+        sum += (double)v[i];
+    return sum / n;
+}
+
 static double fm_ref_fake_quant(double v, float s, fm_prec p) {
     const float inv = 1.0f / s;
     return (double)fm_dequant8(fm_quant8((float)v * inv, p), p) * (double)s;
@@ -153,6 +161,7 @@ fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const fl
     if (quant && fm_spec_check_calibrated(spec, "the CPU forward", err) != FM_OK)
         return FM_ERR_VALUE;
     const fm_prec qp = spec->quant;
+    const int z16 = fm_spec_z16(spec);
     int amax_nan[FM_MAX_LAYERS + 1] = {0};
     if (amax != NULL)
         for (int v = 0; v <= L; ++v)
@@ -206,6 +215,15 @@ fm_status fm_ref_forward_ex(const fm_spec *spec, const float *const *w, const fl
             size_t count = (size_t)nr * (size_t)n_out;
             const double *in = fm_ref_input(spec, l, cur, saved[0], nr, cat);
             fm_ref_linear(in, nr, fm_spec_in_features(spec, l), wl[l], spec->has_bias[l] ? b[l] : NULL, n_out, next);
+            /* an 8-bit GEMM chain's norm layer: its GEMM stores z = W h + b in float16 for the row pass (float32 z,
+             * then rounded to nearest even: fm_spec_z16), a layernorm's or softmax's with its bias less the bias's
+             * mean (blind to it: python/fusedmlp/_api.py, _prenorm_net) */
+            if (quant && z16 && spec->norm[l] != FM_NORM_NONE) {
+                const double shift = spec->norm[l] == FM_NORM_RMS ? 0.0 : fm_ref_mean(spec->has_bias[l] ? b[l] : NULL,
+                                                                                       n_out);
+                for (size_t i = 0; i < count; ++i)
+                    next[i] = (double)fm_half_to_float(fm_float_to_half((float)(next[i] - shift)));
+            }
             if (spec->norm[l] != FM_NORM_NONE)
                 fm_ref_norm(spec, l, next, nr, n_out);
             if ((st = fm_spec_act_eval(spec, l, next, (size_t)nr, err)) != FM_OK)

@@ -243,6 +243,13 @@ int fm_spec_in_features(const fm_spec *spec, int l) {
     return spec->width[l] + (spec->cat[l] != FM_CAT_NONE ? spec->width[0] : 0);
 }
 
+int fm_spec_z16(const fm_spec *spec) {
+    for (int v = 0; fm_prec_is_8bit(spec->quant) && v <= spec->num_layers; ++v)
+        if (spec->width[v] > FM_MAX_ONCHIP_WIDTH)
+            return 1;
+    return 0;
+}
+
 fm_status fm_spec_set_residual(fm_spec *spec, int layer, int op, const char *post, int src, fm_error *err) {
     if (layer < 0 || layer >= spec->num_layers)
         return fm_fail(err, FM_ERR_VALUE, "residual layer %d does not exist; the network has layers 0..%d", layer,

@@ -6,7 +6,9 @@
 // outputs, so z has a near-zero row mean and rounding it to the compute dtype's storage costs its bits of the
 // deviations only: python/fusedmlp/_api.py, _prenorm_net), which writes z once; then this kernel, which reads each row
 // of z once and writes the layer's output once. That is the traffic of PyTorch's best form of the same layer
-// (torch.compile: a GEMM, then one fused norm-and-activation kernel).
+// (torch.compile: a GEMM, then one fused norm-and-activation kernel). An 8-bit network's z is float16 (of its weights'
+// codes; a layernorm's bias less its mean alone), its residual operand codes or x, and its output the next layer's
+// codes, as its GEMMs' are (gemm_layer.cu).
 //
 // Shape of the work: a warp a row (FM_WARPS rows a CTA, one CTA per FM_WARPS rows). The lanes take the row's chunks
 // of VE elements in turn (chunk c at lane c % 32), VE the widest of 8, 4, 2, 1 that divides NR, so a warp's load is
@@ -26,7 +28,9 @@ constexpr int ROWS_W = 16;        // (fm_common.cuh's input helper, which this k
 
 typedef Layer<0> Ly;
 static_assert(Ly::NORM >= 1 && Ly::NORM <= 4, "a norm layer's second pass");
-static_assert(FM_IN_TYPE <= 2 && FM_OUT_TYPE <= 2 && FM_RES_TYPE <= 2, "16- and 32-bit values (no 8-bit codes)");
+// z in float32 or 16 bits (an 8-bit network's in float16: csrc/gemm.c, fm_plan_gemm_norm); an 8-bit network's residual
+// operand and result may be its codes (FM_RES_TYPE / FM_OUT_TYPE 3: times RSCALE, times QOUT)
+static_assert(FM_IN_TYPE <= 2 && (FM_PREC >= 3 || (FM_OUT_TYPE <= 2 && FM_RES_TYPE <= 2)), "codes are 8-bit only");
 constexpr int NR = Ly::NR, NP = Ly::N;  // gamma at bias[NP], beta at bias[2 NP] (fm_plan_pack_norms)
 constexpr int VE = NR % 8 == 0 ? 8 : NR % 4 == 0 ? 4 : NR % 2 == 0 ? 2 : 1;  // elements a chunk
 constexpr int NCH = NR / VE, CPL = (NCH + 31) / 32;                          // chunks a row, a lane
@@ -35,6 +39,31 @@ constexpr bool IN_REGS = CPL * VE <= 64;
 // VE elements of global type TY (0 float32, 1 float16, 2 bfloat16) from element i of p, as floats; p + i is aligned
 // to the whole access (VE * size bytes, at most 16 a load).
 template <int TY> __device__ __forceinline__ void fm_ldv(const void *p, long long i, float (&f)[VE]) {
+#if FM_PREC >= 3
+    if constexpr (TY == 3) {  // an 8-bit network's codes: their values, not yet times their scale
+        const unsigned char *q = (const unsigned char *)p + i;
+        fm_u32 w[VE / 4 > 0 ? VE / 4 : 1];
+        if constexpr (VE == 8) {
+            const fm_v2 v = *(const fm_v2 *)q;
+            w[0] = v.x, w[1] = v.y;
+        } else if constexpr (VE == 4) {
+            w[0] = *(const fm_u32 *)q;
+        } else if constexpr (VE == 2) {
+            w[0] = *(const unsigned short *)q;
+        } else {
+            w[0] = *q;
+        }
+#pragma unroll
+        for (int j = 0; j < VE; j += 2) {  // (VE is 1 or even)
+            float lo, hi;
+            fm_code2_to_f((unsigned short)(w[j / 4] >> (8 * (j % 4))), lo, hi);
+            f[j] = lo;
+            if constexpr (VE > 1)
+                f[j + 1] = hi;
+        }
+        return;
+    }
+#endif
     if constexpr (TY == 0) {
         const float *q = (const float *)p + i;
         if constexpr (VE >= 4) {
@@ -73,10 +102,26 @@ template <int TY> __device__ __forceinline__ void fm_ldv(const void *p, long lon
     }
 }
 
-// VE floats to element i of y (out_t, FM_OUT_TYPE), rounded to nearest even where y is 16-bit.
+// VE floats to element i of y (out_t, FM_OUT_TYPE), rounded to nearest even where y is 16-bit; an 8-bit network's
+// codes of the floats (already times QOUT) where y is the next layer's input (FM_OUT_TYPE 3).
 __device__ __forceinline__ void fm_stv(out_t *y, long long i, const float (&f)[VE]) {
     out_t *q = y + i;
-#if FM_OUT_TYPE == 0
+#if FM_OUT_TYPE == 3
+    if constexpr (VE == 1) {
+        *q = (out_t)(fm_quant2(f[0], 0.0f) & 0xffu);
+    } else {
+        fm_u32 w[VE / 4 > 0 ? VE / 4 : 1] = {};
+#pragma unroll
+        for (int j = 0; j < VE; j += 2)
+            w[j / 4] |= (fm_u32)fm_quant2(f[j], f[j + 1]) << (8 * (j % 4));
+        if constexpr (VE == 8)
+            *(fm_v2 *)q = fm_v2{w[0], w[1]};
+        else if constexpr (VE == 4)
+            *(fm_u32 *)q = w[0];
+        else
+            *(unsigned short *)q = (unsigned short)w[0];
+    }
+#elif FM_OUT_TYPE == 0
     if constexpr (VE >= 4) {
 #pragma unroll
         for (int j = 0; j < VE; j += 4)
@@ -121,6 +166,22 @@ __device__ __forceinline__ void fm_finish(float (&v)[VE], out_t *__restrict__ y,
     fm_ldv<0>(bias, 2 * NP + c * VE, b);
 #if FM_RES_TYPE >= 0
     fm_ldv<FM_RES_TYPE>(res, row * NR + c * VE, r);
+#if FM_PREC >= 3
+    if constexpr (FM_RES_TYPE != 3) {  // x: the codes an 8-bit network keeps of it (csrc/ref.c; gemm_layer.cu's)
+        constexpr float RQ = 1.0f / Ly::RSCALE;
+#pragma unroll
+        for (int e = 0; e < VE; e += 2) {
+            float lo, hi;
+            fm_code2_to_f(fm_quant2(r[e] * RQ, e + 1 < VE ? r[e + 1] * RQ : 0.0f), lo, hi);
+            r[e] = lo;
+            if (e + 1 < VE)
+                r[e + 1] = hi;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < VE; ++e)
+        r[e] *= Ly::RSCALE;
+#endif
 #else
     (void)res;
 #pragma unroll
@@ -132,6 +193,9 @@ __device__ __forceinline__ void fm_finish(float (&v)[VE], out_t *__restrict__ y,
         float o = Ly::act(fmaf(v[e], g[e], b[e]), c * VE + e);
         if constexpr (Ly::RES != 0)
             o = Ly::post(Ly::RES == 1 ? o + r[e] : o * r[e]);
+#if FM_OUT_TYPE == 3
+        o *= Ly::QOUT;  // (fm_stv stores its code)
+#endif
         v[e] = o;
     }
     fm_stv(y, row * NR + c * VE, v);

@@ -8,6 +8,7 @@ in steps of 2^-9, saturating at 448.
 """
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -471,12 +472,19 @@ def test_codes_are_an_8bit_gemms_dtype_only(rng):
         mlp._gemm_plan(1, 90, 232448, 132, 233472, "int4", None, None, "float32")
 
 
-def test_a_norm_in_a_wide_low_bit_network_is_a_limit_error_naming_the_layer(rng):
+def test_a_norm_in_a_wide_low_bit_network_plans_its_row_pass_with_float16_z_only(rng):
+    """(It was a LimitError.) The row pass of an 8-bit network's norm layer reads z in float16, as the emulation
+    rounds it; a last layer's result is y, never codes."""
     ws, bs = torch_init(rng, [8, 300, 64, 4])
-    mlp = fusedmlp.FusedMLP(ws, bs, dtype="int8", norm={1: "layernorm"}, device="cpu")
+    mlp = fusedmlp.FusedMLP(ws, bs, dtype="int8", norm={1: "layernorm", 2: "softmax"}, device="cpu")
     mlp.calibrate(rng.standard_normal((64, 8)).astype(np.float32))
-    with pytest.raises(LimitError, match="layer 1 has a layernorm"):
-        mlp.compile("sm_90")
+    target = (90, 232448, 132, 233472)
+    assert mlp._norm_plan(1, *target, "float16", None, "codes").info["norm_pass"] == 1
+    with pytest.raises(ValueError, match="an 8-bit network's 1"):
+        mlp._norm_plan(1, *target, "float32", None, "codes")
+    with pytest.raises(ValueError, match="layer 2 is the network's last: its result is y"):
+        mlp._norm_plan(2, *target, "float16", None, "codes")
+    assert len(mlp.compile("sm_90")) == 5  # three GEMMs, two row passes
 
 
 # ------------------------------------------------------------------------------------------- kernels, ahead of time
@@ -506,6 +514,63 @@ def cubin_sm(path):
 def c_hex(v):
     """A float as C's printf("%a") writes it (Python's float.hex keeps trailing zeros: 0x1.8000000000000p+1)."""
     return re.sub(r"\.?0+p", "p", float(v).hex())
+
+
+@pytest.mark.parametrize("dtype,archs", [("int8", (80, 90)), ("float8", (89, 90))])
+def test_wide_8bit_norm_layers_and_softmax_heads_are_a_gemm_and_a_row_pass(dtype, archs, tmp_path):
+    """An 8-bit network's norm layers and softmax head over 256 features (a LimitError before): each layer's GEMM
+    writes z in float16 (of the weights as given: no centring), its row pass reads z and the residual operand (codes,
+    or x) and writes the next layer's codes with its scale (QOUT) or y; the chain compiles for each arch; the CPU
+    path (the emulation, z rounded to float16 too) stays near the float network, and a network no wider than 256
+    (one fused kernel, z in float32) does not round z."""
+    from fusedmlp import _segments
+
+    rng = np.random.default_rng(77)
+    widths = [48, 512, 512, 300, 1000]
+    ws, bs = graph_weights(rng, widths, {}, 1.0)
+    norm = {0: "layernorm", 1: ("rmsnorm", rng.uniform(0.5, 1.5, 512).astype(np.float32)), 2: "layernorm",
+            3: "softmax"}
+    mlp = fusedmlp.FusedMLP(ws, bs, activation=["silu", "gelu", "relu", "none"], residual={1: "add"}, norm=norm,
+                            dtype=dtype, device="cpu", cache_dir=tmp_path)
+    mlp.calibrate(rng.standard_normal((512, 48)).astype(np.float32))
+    plans = _segments.plans(mlp, 90, "float16", "float32")
+    kinds = [("norm" if p.info["norm_pass"] else "gemm", p.info["in_dtype"], p.info["out_dtype"]) for p in plans]
+    assert kinds == [("gemm", "float16", "float16"), ("norm", "float16", "codes"),
+                     ("gemm", "codes", "float16"), ("norm", "float16", "codes"),
+                     ("gemm", "codes", "float16"), ("norm", "float16", "codes"),
+                     ("gemm", "codes", "float16"), ("norm", "float16", "float32")], kinds
+    scales = np.asarray(mlp.act_scales, dtype=np.float32)
+    source = fusedmlp._api._source_of(plans[3])  # layer 1's row pass: its residual is layer 0's codes
+    assert "#define FM_IN_TYPE 1" in source and "#define FM_OUT_TYPE 3" in source and "#define FM_RES_TYPE 3" in source
+    assert (f"QOUT = {c_hex(np.float32(1) / scales[2])}f, RSCALE = {c_hex(scales[1])}f" in source), \
+        re.findall(r"QIN = .*", source)
+    assert "QOUT = 0x0p+0f" in fusedmlp._api._source_of(plans[-1])  # the softmax head writes y
+    # the norm layers' GEMMs multiply the weights as given (their codes are the emulation's), not centred ones, with
+    # the model's scales
+    prenorm = mlp._prenorm_net().quant
+    assert prenorm[1] == mlp._net.quant[1]
+    assert all(np.array_equal(a, b) for a, b in zip(prenorm[2], mlp.weight_scales))
+    for a, arch in enumerate(archs):
+        paths = mlp.compile(f"sm_{arch}", ("float32", "bfloat16")[a])
+        assert len(paths) == 8 and {cubin_sm(p) for p in paths} == {arch}
+    x = rng.standard_normal((64, 48)).astype(np.float32)
+    emu = mlp._net.forward_cpu(x).astype(np.float64)
+    ref = mlp._net.forward_cpu(x, quantised=False).astype(np.float64)
+    assert rel_l2(emu, ref) <= fusedmlp.CHECK_TOLERANCES[dtype]
+    # z near 1000 (float16's steps there are 0.5, about half the rows' spread): an rmsnorm over it in the cut
+    # network's emulation takes a handful of values a row, in one fused kernel's (256 wide, z in float32) nearly
+    # every one; a layernorm's GEMM takes its bias less the bias's mean (the norm is blind to it), so its z is near 0
+    distinct = {}
+    for width, kind in ((512, "rmsnorm"), (256, "rmsnorm"), (512, "layernorm")):
+        w1 = (rng.standard_normal((width, 48)) / 7).astype(np.float32)
+        one = fusedmlp.FusedMLP([w1], [np.full(width, 1000, np.float32) + rng.uniform(-1, 1, width).astype(np.float32)],
+                                activation="none", norm={0: kind}, dtype=dtype, device="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (rmsnorm's rounded z: over int8's check bound on the sample)
+            one.calibrate(x)
+        distinct[width, kind] = min(len(np.unique(row)) for row in one(x[:8]))
+    assert (distinct[512, "rmsnorm"] <= 24 and distinct[256, "rmsnorm"] >= 240 and distinct[512, "layernorm"] >= 480), \
+        distinct
 
 
 MMA = {"int8": "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",

@@ -276,6 +276,69 @@ def test_wide_networks_run_as_8bit_gemm_chains_matching_the_emulation(dtype):
     assert not failures, failures[:3]
 
 
+def flip_sensitivity(mlp, x, draws=16):
+    """How far the emulation's own output moves (relative L2, the largest of `draws`) when x moves by 1e-5 relative:
+    the codes near a rounding boundary flip, which is what float32 against float64 arithmetic does to the kernel's. A
+    narrow layer read by many (a 3-wide bottleneck before a 300-wide log_softmax with a residual, at one row: 2.8e-2
+    in int8) carries one flip to the whole output."""
+    emu = mlp._net.forward_cpu(x).astype(np.float64)
+    rng = np.random.default_rng(0)
+    return max(rel_l2(mlp._net.forward_cpu((x * (1 + 1e-5 * rng.standard_normal(x.shape))).astype(np.float32))
+                      .astype(np.float64), emu) for _ in range(draws))
+
+
+def random_wide_norm_case(rng):
+    """random_wide_case with norms: a layernorm or rmsnorm (random affine parts, eps) on most wide layers and some
+    narrow ones, and on a third of the networks a softmax or log_softmax head; at least one norm layer over 256
+    features (a GEMM writing z in float32, then the row pass reading it and writing codes or y)."""
+    from test_norm import random_norm, spec
+
+    while True:
+        ws, bs, acts, residual, concat = random_wide_case(rng)
+        widths = [ws[0].shape[1]] + [w.shape[0] for w in ws]
+        norms = {l: spec(random_norm(rng, widths[l + 1])) for l in range(len(ws))
+                 if widths[l + 1] > 1 and rng.random() < (0.8 if widths[l + 1] > 256 else 0.2)}
+        if rng.random() < 1 / 3 and widths[-1] > 1:
+            norms[len(ws) - 1] = str(rng.choice(["softmax", "log_softmax"]))
+            acts[-1] = "none"
+        if any(widths[l + 1] > 256 for l in norms):
+            return ws, bs, acts, residual, concat, norms
+
+
+@pytest.mark.parametrize("dtype", LOWBIT)
+def test_wide_norm_layers_and_softmax_heads_run_as_8bit_gemms_and_row_passes(dtype):
+    """Norm layers and softmax heads over 256 features in 8-bit networks (a LimitError before): the layer's GEMM
+    writes z = W h + b in float16, the row pass normalises it and writes the next layer's codes (or y), residual
+    operands as codes or x; random networks in each GEMM form, float32 / float16 / bfloat16 I/O, odd batches, poisoned
+    outputs, against the emulation and the float network."""
+    need(dtype)
+    rng = np.random.default_rng(2612)
+    failures, errors, emulation, passes = [], [], [], 0
+    for i in range(24):
+        ws, bs, acts, residual, concat, norms = random_wide_norm_case(rng)
+        mlp = calibrated(ws, bs, dtype, rng, activation=acts, residual=residual, concat=concat, norm=norms)
+        mlp._gemm_options = dict(GEMM_FORMS[i % len(GEMM_FORMS)] if arch() == 90 else {})
+        passes += sum("second kernel" in s for s in mlp.segments)
+        io = ("float32", "float16", "bfloat16")[i % 3]
+        batch = int(rng.choice([1, 127, 1000, 4099]))
+        x_seen, y = run_io(mlp, rng.standard_normal((batch, ws[0].shape[1])).astype(np.float32), io)
+        e_emu, e_ref = compare(mlp, x_seen, y, f"wide norm graph {i}")
+        tol = WIDE_EMU_TOLS[dtype] + (4e-3 if io == "bfloat16" else 1e-3 if io == "float16" else 0)
+        if e_emu > tol:  # as far as code flips move this network's output, and no further (flip_sensitivity)
+            tol = max(tol, min(1.5 * flip_sensitivity(mlp, x_seen), 0.1))
+        errors.append(e_ref)
+        emulation.append(e_emu)
+        if not (e_emu <= tol and e_ref <= fusedmlp.CHECK_TOLERANCES[dtype]):
+            failures.append((i, io, batch, [w.shape for w in ws], acts, residual, concat,
+                             {l: n if isinstance(n, str) else n["kind"] for l, n in norms.items()}, e_emu, e_ref,
+                             mlp.segments))
+    print(f"\n{dtype}: {len(errors)} wide norm graphs ({passes} row passes) vs float64, relative L2 median "
+          f"{np.median(errors):.2e}, max {max(errors):.2e}; vs the emulation median {np.median(emulation):.2e}, max "
+          f"{max(emulation):.2e}; {len(failures)} failures")
+    assert passes >= 24
+    assert not failures, "\n".join(map(repr, failures[:3]))
+
+
 @pytest.mark.parametrize("dtype", LOWBIT)
 def test_public_calls_numpy_torch_and_check_true(dtype):
     need(dtype)

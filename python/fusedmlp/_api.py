@@ -382,6 +382,7 @@ class FusedMLP:
         """Gives the network these activation scales (the C core checks them) and drops the kernels built before."""
         self._net.set_quant(self._precision, [float(v) for v in scales])
         with self._lock:  # the scales are in the kernels' source and packed data: every kernel is rebuilt
+            self._prenorm = None  # (an 8-bit network's has the scales too)
             self._kernels.clear()
             self._calls.clear()
             self._chains.clear()
@@ -511,19 +512,26 @@ class FusedMLP:
         layer's weights and bias come less their means over the layer's outputs (float64, then float32): a layernorm
         (and a softmax: softmax(z - c) = softmax(z)) is blind to a common part of its row, and z then has a near-zero
         row mean, so storing it in 16 bits keeps the deviations' bits (as the fused kernels' centred weights,
-        fm_plan.centred). Only the norm layers' GEMMs read it."""
+        fm_plan.centred). Only the norm layers' GEMMs read it. An 8-bit network's keeps its weights as given (their
+        codes, and the CPU emulation's, are of those) and its activation scales, and centres the bias alone; its GEMM
+        writes z in float16 (csrc/ref.c rounds z so, less the bias's mean, too)."""
         if self._prenorm is None:
             w, b, acts, residual = list(self._w), list(self._b), list(self._acts), list(self._residual)
+            quant = self._precision in LOWBIT
             for l, entry in enumerate(self._norm):
                 if entry is None:
                     continue
                 acts[l], residual[l] = "none", None
                 if _norm.NAMES[entry[0]] in ("layernorm", "softmax", "log_softmax"):  # blind to a common part
-                    w64 = w[l].astype(np.float64)
-                    w[l] = np.ascontiguousarray(w64 - w64.mean(axis=0), dtype=np.float32)
+                    if not quant:
+                        w64 = w[l].astype(np.float64)
+                        w[l] = np.ascontiguousarray(w64 - w64.mean(axis=0), dtype=np.float32)
                     if b[l] is not None:
                         b[l] = (b[l].astype(np.float64) - b[l].astype(np.float64).mean()).astype(np.float32)
-            self._prenorm = _core().Network(w, b, acts, residual, self._concat, [None] * len(w))
+            prenorm = _core().Network(w, b, acts, residual, self._concat, [None] * len(w))
+            if quant and self.act_scales is not None:
+                prenorm.set_quant(self._precision, [float(v) for v in self.act_scales])
+            self._prenorm = prenorm
         return self._prenorm
 
     def _gemm_net(self, layer):

@@ -187,7 +187,7 @@ class Chain:
         z_rows = [widths[seg.first + 1] for seg in segments if seg.kind == "gemm" and mlp._norm[seg.first] is not None]
         if z_rows:
             slot_of[NORM_Z] = len(self._slot_row_bytes)
-            self._slot_row_bytes.append(max(z_rows) * _ITEMSIZE[storage])
+            self._slot_row_bytes.append(max(z_rows) * _ITEMSIZE[z_dtype(mlp)])
         if any(step[2] == X_PAD for step in steps):  # x's padded copy: from its pad pass to the last GEMM reading it
             slot_of[X_PAD] = len(self._slot_row_bytes)
             self._slot_row_bytes.append(pad_row(mlp, in_dtype) * _ITEMSIZE[copy_dtype(mlp)])
@@ -464,10 +464,9 @@ def plan(mlp, arch, smem_per_block, sm_count, smem_per_sm, in_dtype, out_dtype, 
             f"a cut {mlp._precision} network runs every layer as a GEMM")))
     else:
         segments = cut(n, mlp._residual, mlp._concat, fits)
-    # A layer the cut leaves to a GEMM may be one no GEMM takes (an 8-bit norm layer: no row pass for codes): then
-    # the one streamed kernel where the network has it, else the plan's error, which names the layer and the rule. A
-    # norm layer is its GEMM and a second kernel; the one streamed kernel, where the network has it, beats that cut
-    # (its norm layers' rows stay on chip).
+    # A layer the cut leaves to a GEMM may be one no GEMM takes: then the one streamed kernel where the network has
+    # it, else the plan's error, which names the layer and the rule. A norm layer is its GEMM and a second kernel;
+    # the one streamed kernel, where the network has it, beats that cut (its norm layers' rows stay on chip).
     for seg in segments:
         if seg.kind == "gemm":
             norm = mlp._norm[seg.first] is not None
@@ -627,15 +626,21 @@ def gemm_dtypes(mlp, layer, in_dtype, out_dtype):
     dtypes = tuple(None if v is None else copy_dtype(mlp) if v == -1 and padded and part else
                    _value_dtype(mlp, v, in_dtype, out_dtype) for v, part in ((p0, 1), (p1, 1), (res, 0), (layer, 0)))
     if mlp._norm[layer] is not None:
-        return dtypes[0], dtypes[1], None, STORAGE[mlp._precision]
+        return dtypes[0], dtypes[1], None, z_dtype(mlp)
     return dtypes
+
+
+def z_dtype(mlp):
+    """The global dtype of a norm layer's z between its GEMM and its row pass (NORM_Z): the compute dtype's storage,
+    float16 for an 8-bit network (whose CPU emulation rounds z so too: csrc/gemm.c, fm_plan_gemm_norm)."""
+    return "float16" if STORAGE[mlp._precision] == "codes" else STORAGE[mlp._precision]
 
 
 def norm_dtypes(mlp, layer, in_dtype, out_dtype):
     """The global dtypes of norm layer's second kernel: z (its GEMM's result), the residual operand (None: absent) and
     the layer's result, as _norm_plan takes them."""
     _, _, res = _gemm_operands(mlp, layer)
-    return (STORAGE[mlp._precision], None if res is None else _value_dtype(mlp, res, in_dtype, out_dtype),
+    return (z_dtype(mlp), None if res is None else _value_dtype(mlp, res, in_dtype, out_dtype),
             _value_dtype(mlp, layer, in_dtype, out_dtype))
 
 
