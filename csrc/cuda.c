@@ -409,6 +409,25 @@ cleanup:
 
 /* ------------------------------------------------------------------------------------------------ kernels */
 
+/* The calling thread's stream-capture mode set to relaxed; returns the mode it had, for fm_capture_restore. An
+ * allocation or a release is not a stream operation, but while any thread captures a CUDA graph in the default
+ * (global) mode a thread in that mode may not call cuMemAlloc, cuMemFree, cuModuleUnload and the like: the call
+ * fails and invalidates the capture. fusedmlp makes such calls at times no caller chooses: a segmented network's
+ * first call of a batch size inside torch.cuda.graph allocates its workspace, and Python frees a model's buffers and
+ * modules whenever it collects the model, which may be inside another model's capture (the benchmark's graph of
+ * cls1000 at 1024 rows failed so once on an H100, after earlier models were dropped). */
+static int fm_capture_relax(void) {
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    if (g_api.cuThreadExchangeStreamCaptureMode != NULL)
+        g_api.cuThreadExchangeStreamCaptureMode(&mode);
+    return mode;
+}
+
+static void fm_capture_restore(int mode) {
+    if (g_api.cuThreadExchangeStreamCaptureMode != NULL)
+        g_api.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 fm_status fm_kernel_load(const fm_gpu *gpu, const void *cubin, const char *name, size_t smem_bytes, int threads,
                          fm_kernel *k, fm_error *err) {
     CUmodule mod = NULL;
@@ -460,8 +479,11 @@ cleanup:
 void fm_kernel_unload(fm_kernel *k) {
     if (k == NULL)
         return;
-    if (k->module != NULL && cu_is_ready())
+    if (k->module != NULL && cu_is_ready()) {
+        const int mode = fm_capture_relax(); /* (a model collected during another's capture) */
         g_api.cuModuleUnload((CUmodule)k->module);
+        fm_capture_restore(mode);
+    }
     memset(k, 0, sizeof *k);
 }
 
@@ -613,15 +635,9 @@ fm_status fm_mem_alloc(fm_devptr *p, size_t bytes, fm_error *err) {
     *p = 0;
     if (st != FM_OK || bytes == 0)
         return st; /* zero bytes: the null pointer, which fm_mem_free accepts */
-    /* An allocation is not a stream operation, but a thread capturing a CUDA graph in the default (global) mode may
-     * not call cuMemAlloc: relaxed mode around it, then the caller's mode back (a segmented network's first call of a
-     * batch size inside torch.cuda.graph allocates its workspace). */
-    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
-    if (g_api.cuThreadExchangeStreamCaptureMode != NULL)
-        g_api.cuThreadExchangeStreamCaptureMode(&mode);
+    const int mode = fm_capture_relax();
     CUresult r = g_api.cuMemAlloc(&d, bytes);
-    if (g_api.cuThreadExchangeStreamCaptureMode != NULL)
-        g_api.cuThreadExchangeStreamCaptureMode(&mode);
+    fm_capture_restore(mode);
     if (r != CUDA_SUCCESS)
         return cu_failed(err, FM_ERR_CUDA, r, "cuMemAlloc(&d, bytes)", __FILE__, __LINE__);
     *p = (fm_devptr)d;
@@ -629,8 +645,11 @@ fm_status fm_mem_alloc(fm_devptr *p, size_t bytes, fm_error *err) {
 }
 
 void fm_mem_free(fm_devptr p) {
-    if (p != 0 && cu_is_ready())
+    if (p != 0 && cu_is_ready()) {
+        const int mode = fm_capture_relax();
         g_api.cuMemFree((CUdeviceptr)p);
+        fm_capture_restore(mode);
+    }
 }
 
 fm_status fm_memcpy_htod(fm_devptr dst, const void *src, size_t bytes, fm_stream stream, fm_error *err) {
@@ -684,8 +703,11 @@ cleanup:
 }
 
 void fm_stream_destroy(fm_stream stream) {
-    if (stream != NULL && cu_is_ready())
+    if (stream != NULL && cu_is_ready()) {
+        const int mode = fm_capture_relax();
         g_api.cuStreamDestroy((CUstream)stream);
+        fm_capture_restore(mode);
+    }
 }
 
 int fm_graph_available(void) {
@@ -796,6 +818,9 @@ cleanup:
 }
 
 void fm_host_free(void *p) {
-    if (p != NULL && cu_is_ready())
+    if (p != NULL && cu_is_ready()) {
+        const int mode = fm_capture_relax();
         g_api.cuMemFreeHost(p);
+        fm_capture_restore(mode);
+    }
 }
