@@ -275,6 +275,52 @@ def test_linear_heads_on_one_trunk_merge_into_the_last_layer():
             assert all(max_rel(g, w) <= 1e-6 for g, w in zip(ft.FusedModule(model)(x), ref64(model, x)))
 
 
+class _Dueling(nn.Module):
+    """A dueling Q-network (Wang et al. 2016): a value head and an advantage head on one trunk, combined linearly."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+        self.v, self.a, self.form = nn.Linear(64, 1), nn.Linear(64, 6), form
+
+    def forward(self, x):
+        h = self.trunk(x)
+        v, a = self.v(h), self.a(h)
+        if self.form == "mean":
+            return v + a - a.mean(-1, keepdim=True)
+        if self.form == "functions":
+            return torch.add(v, torch.sub(a, torch.mean(a, 1, True)))
+        if self.form == "halved_softmax":
+            return torch.softmax((v + (a - a.mean(dim=1, keepdim=True))) / 2, -1)
+        if self.form == "then_linear":  # (a combination read by a later layer: the last layer, then the next)
+            return self.a2(torch.relu(v - a))
+        return v + a - a.max(-1, keepdim=True).values  # (not linear: refused)
+
+
+@pytest.mark.parametrize("form", ["mean", "functions", "halved_softmax", "then_linear"])
+def test_a_dueling_head_folds_into_the_last_layer(form):
+    """v + a - a.mean(-1, keepdim=True) over a value and an advantage head on one trunk is linear in their rows: the
+    last layer becomes the combination of them (W' = M W, b' = M b in float64), one 6-wide output; a softmax or a
+    Linear after it reads it as any layer's output."""
+    torch.manual_seed(5)
+    model = _Dueling(form)
+    if form == "then_linear":
+        model.a2 = nn.Linear(6, 3)
+    model = model.eval()
+    x = torch.randn(40, 8)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == ([8, 64, 64, 6, 3] if form == "then_linear" else [8, 64, 64, 6])
+    with torch.no_grad():
+        want = ref64(model, x)
+        assert max_rel(mlp(x), want) <= 1e-6
+        assert max_rel(ft.FusedModule(model)(x), want) <= 1e-6
+
+
+def test_a_dueling_head_combined_otherwise_is_an_error_naming_the_node():
+    with pytest.raises(fusedmlp.ArgumentError, match=r"max.*other than through one linear combination of them"):
+        fusedmlp.from_torch(_Dueling("max").eval(), device="cpu")
+
+
 class _Heads(nn.Module):
     """A trunk and heads with activations of their own, returned as a tuple or one torch.cat, or one Linear whose
     output's slices take their own activations (NeRF-style rgb / density heads)."""

@@ -169,6 +169,7 @@ class _Tracer(Branches):
         self.read_by_last = None  # the value the last Linear read (no fold or concat between): a head may join it
         self.out_heads = []  # (node, width): Linears merged on one value as the network's outputs, in order
         self.head_acts = []  # each head's activation (head_activation): the last layer's column pieces at the end
+        self.head_sums = {}  # node -> matrix: a linear combination of the heads' columns (heads_combination)
         self.before_bn = None  # the node a pending BatchNorm1d normalized: the previous layer's output as kept
         self.shapes = {}  # shape-query nodes of the input (x.size(0), x.shape, ...) -> the node they query
         self.dims = {}  # after the first Linear: h.shape / h.size() -> (h, None), h.size(d) / h.shape[d] -> (h, d)
@@ -184,10 +185,15 @@ class _Tracer(Branches):
         for node in self.gm.graph.nodes:
             target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", node.target)
             label = f"{node.name} ({target})"
-            if self.out_heads and node.op != "output" and any(h in node.all_input_nodes for h, _ in self.out_heads):
-                if self.head_activation(node) or self.heads_cat(node, label):
+            if self.out_heads and any(h in node.all_input_nodes for h, _ in self.out_heads) or any(
+                    v in self.head_sums for v in node.all_input_nodes):
+                if node.op != "output" and (self.head_activation(node) or self.heads_cat(node, label)
+                                            or self.heads_combination(node, label)):
                     continue
-                self.lead_head(node, label)  # forward goes on from one head, the others ride along (NeRF's alpha)
+                if self.head_sums:  # the combination ends here: it becomes the last layer (fold_combination)
+                    self.fold_combination(node, label)
+                elif node.op != "output":
+                    self.lead_head(node, label)  # forward goes on from one head, the others ride along (NeRF's alpha)
             if node.op == "output":
                 if self.out_heads and self.heads_output(node, label):
                     break
@@ -547,6 +553,67 @@ class _Tracer(Branches):
         self.head_acts[i] = text if self.head_acts[i] == "none" else _compose(text, self.head_acts[i])
         self.out_heads[i] = (node, self.out_heads[i][1])
         return True
+
+    def heads_combination(self, node, label):
+        """A linear combination of the heads' columns (a dueling Q-network's v + a - a.mean(-1, keepdim=True)): a sum
+        or difference of two heads or combinations (a one-column one broadcast over the other's columns), a mean over
+        the features kept as one column, a number times or over one; kept as a matrix over the last layer's rows
+        (head_sums) until forward reads it otherwise (fold_combination). Heads without activations only."""
+        if any(a != "none" for a in self.head_acts) or not self.out_heads:
+            return False
+        total = self.layers.weights[-1].shape[0]
+
+        def matrix(v):  # v's columns as rows over the last layer's outputs, or None
+            if v in self.head_sums:
+                return self.head_sums[v]
+            at = 0
+            for h, n in self.out_heads:
+                if v is h:
+                    return np.eye(total)[at:at + n]
+                at += n
+            return None
+
+        op = (_ARITH.get(node.target) if node.op == "call_function" else
+              _ARITH_METHODS.get(node.target) if node.op == "call_method" else None)
+        ins = node.all_input_nodes
+        if op in ("add", "sub") and len(node.args) == 2 and not node.kwargs and len(ins) == 2:
+            a, b = (matrix(v) for v in node.args)
+            if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
+                return False
+            a, b = (np.repeat(m, max(len(a), len(b)), 0) if len(m) == 1 else m for m in (a, b))
+            combined = a + b if op == "add" else a - b
+        elif ((node.op == "call_method" and node.target == "mean") or (node.op == "call_function"
+                                                                        and node.target is torch.mean)) and len(ins) == 1:
+            m = matrix(ins[0])
+            if m is None or _arg(node, 1, "dim", None) not in (-1, 1) or not _arg(node, 2, "keepdim", False):
+                return False
+            combined = m.mean(axis=0, keepdims=True)
+        elif op in ("mul", "div") and len(ins) == 1 and ins[0] in self.head_sums:
+            const = _traced_constant_op(self.module, node, ins[0], label, consts=self.consts)
+            if const is None or np.ndim(const[1]) != 0 or (op == "div" and const[2]):
+                return False
+            combined = self.head_sums[ins[0]] * (const[1] if op == "mul" else 1.0 / const[1])
+        else:
+            return False
+        self.head_sums[node] = combined
+        return True
+
+    def fold_combination(self, node, label):
+        """forward reads a linear combination of the heads (heads_combination) otherwise, returning it or going on
+        from it: the last layer becomes the combination of its rows (exact in float64: W' = M W, b' = M b), the
+        chain's value."""
+        read = [v for v in node.all_input_nodes if v in self.head_sums]
+        if len(read) != 1 or any(h in node.all_input_nodes for h, _ in self.out_heads):
+            raise ArgumentError(f"{label}: it reads Linear heads merged on one value other than through one linear "
+                                "combination of them (a dueling head's v + a - a.mean(-1, keepdim=True): sums, "
+                                "differences, a mean over the features kept as one column, numbers times it); "
+                                "fusedmlp folds one such combination into the last layer, which forward then reads "
+                                "alone")
+        m, layers = self.head_sums[read[0]], self.layers
+        layers.weights[-1] = m @ layers.weights[-1]
+        layers.biases[-1] = None if layers.biases[-1] is None else m @ layers.biases[-1]
+        self.out_heads, self.head_acts, self.head_sums = [], [], {}
+        self.cur, self.act_path = read[0], {read[0]: "x"}
 
     def heads_output(self, node, label):
         """forward returning every head once, as a tuple or a dict, in any order: the last layer's rows in that
