@@ -582,8 +582,8 @@ class _Tracer(Branches):
                 return False
             a, b = (np.repeat(m, max(len(a), len(b)), 0) if len(m) == 1 else m for m in (a, b))
             combined = a + b if op == "add" else a - b
-        elif ((node.op == "call_method" and node.target == "mean") or (node.op == "call_function"
-                                                                        and node.target is torch.mean)) and len(ins) == 1:
+        elif len(ins) == 1 and ((node.op == "call_method" and node.target == "mean")
+                                or (node.op == "call_function" and node.target is torch.mean)):
             m = matrix(ins[0])
             if m is None or _arg(node, 1, "dim", None) not in (-1, 1) or not _arg(node, 2, "keepdim", False):
                 return False
