@@ -48,7 +48,8 @@ TRACED_SUPPORTED = ("Linear / F.linear (weight_norm / spectral_norm parametrized
                     ".contiguous() / .clone() / .detach() (the value itself), Linear heads on one value returned "
                     "together (return pi(h), v(h)) or combined linearly (a dueling head's "
                     "v + a - a.mean(-1, keepdim=True): folded into the last layer), Fourier features "
-                    "torch.cat([sin(z), cos(z)], -1) of a Linear's output, a positional encoding torch.cat([x, sin(c x), cos(c x), ...], -1) of the input, "
+                    "torch.cat([sin(z), cos(z)], -1) of a Linear's output, a positional encoding "
+                    "torch.cat([x, sin(c x), cos(c x), ...], -1) of the input, "
                     "Dropout (any form) and BatchNorm1d (folded into the Linear before or after it) in eval mode")
 
 
