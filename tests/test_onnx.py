@@ -715,6 +715,31 @@ def test_torch_onnx_export_of_heads_and_output_parts(kind):
 
 
 
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("form", ["mean", "functions"])
+def test_torch_onnx_export_of_a_dueling_head_folds_into_the_last_layer(form, exporter):
+    """A dueling Q-network's v + a - ReduceMean(a) over two Gemm heads, as either exporter writes it: rows of the
+    last layer that are the linear combination of the heads' rows, against torch in float64; the heads' own rows go
+    unused. (A Softmax after it is past the last layer, which from_onnx's tail does not read: an error naming it.)"""
+    torch = pytest.importorskip("torch")
+    from test_torch import _Dueling
+
+    torch.manual_seed(50)
+    model = _Dueling(form).eval()
+    x = torch.randn(60, 8)
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+        graph = torch.onnx.export(model, (torch.randn(3, 8),), dynamo=True, verbose=False,
+                                  dynamic_shapes=({0: torch.export.Dim("n")},)).model_proto
+    else:
+        graph = torch_exported(torch, model, (x,))
+    mlp = fusedmlp.from_onnx(graph, device="cpu")
+    assert list(mlp.widths) == [8, 64, 64, 6]
+    with torch.no_grad():
+        want = model.double()(x.double()).numpy()
+    assert np.linalg.norm(mlp(x.numpy()) - want) <= 1e-6 * np.linalg.norm(want)
+
+
 @pytest.mark.parametrize("which", ["nerf_pl", "nerf_pytorch"])
 def test_torch_onnx_export_of_a_nerf_with_its_view_branch(which):
     """nerf_pl's and nerf-pytorch's NeRF with view directions, exported: the density head rides along the view layer

@@ -10,6 +10,9 @@ whether the value lost its last axis (a Gather of one column). So:
 - Slice / Split / Gather of columns, Concat of such values over the last axis, Squeeze / Unsqueeze of that axis;
 - elementwise nodes on them (the activations the chain reads, with scalar or per-column constants, or two values of the
   same rows: x * Sigmoid(x));
+- linear combinations of Linear outputs as they are (a dueling head's v + a - ReduceMean(a, -1)): Add / Sub of two
+  (one column broadcast) and ReduceMean over the columns become rows of their own in the last layer, the combination
+  of its rows (combined_rows), where the layer has no norm or residual;
 - several graph outputs, side by side in the model's output in the graph's order;
 - a layer past the heads reading one of them (and x: NeRF's view layer on its feature head): the chain goes on from
   there, and the other values still read later ride along as rows of each later layer (one through an identity
@@ -25,7 +28,8 @@ import numpy as np
 from ._layers import activation_runs, affine_map, compose, pieces_text
 from .errors import ArgumentError
 
-_TAIL_OPS = "Slice, Split, Gather, Concat, Squeeze / Unsqueeze of the last axis, elementwise nodes, Gemm / MatMul heads"
+_TAIL_OPS = ("Slice, Split, Gather, Concat, Squeeze / Unsqueeze of the last axis, elementwise nodes, ReduceMean of "
+             "Linear outputs, Gemm / MatMul heads")
 
 
 class Outputs:
@@ -152,6 +156,15 @@ class Outputs:
             if attrs.get("axis") not in (-1, 1) or any(squeezed for _, squeezed in parts):
                 raise ArgumentError(f"{label}: a Concat of the output's columns other than over the last axis")
             tail[out] = [[c for cols, _ in parts for c in cols], False]
+        elif op == "ReduceMean" and ins[0] in tail:  # over the columns of Linear outputs: one row of their mean
+            cols, squeezed = value(ins[0])
+            axes = self.const(ins[1]) if len(ins) > 1 else attrs.get("axes")
+            axes = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+            if axes not in ([-1], [1]) or squeezed or not self.linear_tail(tail[ins[0]]):
+                raise ArgumentError(f"{label}: a ReduceMean of the output's columns other than over the last axis of "
+                                    "Linear outputs as they are (no activation, no norm or residual on the layer)")
+            rows = self.combined_rows([[(r, 1.0 / len(cols)) for r, _ in cols]])
+            tail[out] = [[(rows[0], "x")], not attrs.get("keepdims", 1)]
         elif op in ("Squeeze", "Unsqueeze"):
             cols, squeezed = value(ins[0])
             axes = self.const(ins[1]) if len(ins) > 1 else attrs.get("axes")
@@ -234,6 +247,27 @@ class Outputs:
         layers.biases[-1] = None if b is None else np.concatenate([b, np.zeros(len(rows))])
         return first
 
+    def linear_tail(self, *values):
+        """Whether tail values are the last layer's outputs as they are (no expression, the same squeeze) on a layer
+        without norm or residual, so that a linear combination of them is one of the layer's rows (combined_rows)."""
+        return (self.layers.norms[-1] is None and self.residual[-1] is None and len({v[1] for v in values}) == 1
+                and all(e == "x" for v in values for _, e in v[0])
+                and all(len(v[0]) in (1, max(len(u[0]) for u in values)) for v in values))
+
+    def combined_rows(self, combos):
+        """New rows of the last layer, row j the sum of factor times row over combos[j], pairs (row, factor)
+        (float64, the bias alike); their indices."""
+        layers = self.layers
+        w, b = layers.weights[-1], layers.biases[-1]
+        m = np.zeros((len(combos), w.shape[0]))
+        for j, terms in enumerate(combos):
+            for r, f in terms:
+                m[j, r] += f
+        first = w.shape[0]
+        layers.weights[-1] = np.concatenate([w, m @ w])
+        layers.biases[-1] = None if b is None else np.concatenate([b, m @ b])
+        return list(range(first, first + len(combos)))
+
     def head(self, node, op, attrs, label):
         """A Gemm / MatMul on the value the last one read: its rows join the last layer's."""
         layers = self.layers
@@ -270,6 +304,15 @@ class Outputs:
         if op not in _BINARY or len(ins) != 2:
             raise ArgumentError(f"{label}: {op} past the last layer; fusedmlp reads {_TAIL_OPS} there")
         a, b = (self.tail.get(name) for name in ins)
+        if a is not None and b is not None and op in ("Add", "Sub") and self.linear_tail(a, b) and (
+                [r for r, _ in a[0]] != [r for r, _ in b[0]] or a[1] != b[1]):
+            # a linear combination of the last layer's rows (a dueling head's v + a - mean(a)): rows of their own
+            n = max(len(a[0]), len(b[0]))
+            sign = 1.0 if op == "Add" else -1.0
+            a_rows, b_rows = ([r for r, _ in v[0]] * (n if len(v[0]) == 1 else 1) for v in (a, b))
+            rows = self.combined_rows([[(ra, 1.0), (rb, sign)] for ra, rb in zip(a_rows, b_rows)])
+            self.tail[out] = [[(r, "x") for r in rows], a[1]]
+            return
         if a is not None and b is not None:  # two values of the same columns: x * Sigmoid(x)
             if [r for r, _ in a[0]] != [r for r, _ in b[0]] or a[1] != b[1]:
                 raise ArgumentError(f"{label}: {op} of two values of different columns of the last layer's output")
