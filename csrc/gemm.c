@@ -146,9 +146,6 @@ static fm_status fm_plan_gemm_norm(const fm_spec *spec, int l, const fm_target *
         return fm_fail(err, FM_ERR_VALUE, "norm pass dtypes z=%d a1=%d res=%d out=%d: z 0 (float32), 1 (float16) or 2 "
                        "(bfloat16), an 8-bit network's 1; res and out those, or 3 (codes) for an 8-bit network; a1 -1 "
                        "(the concat is the GEMM's), res -1 where absent", (int)a0, a1, res, (int)out);
-    if (out == FM_CODES && l == spec->num_layers - 1)
-        return fm_fail(err, FM_ERR_VALUE, "layer %d is the network's last: its result is y (float32, float16 or "
-                       "bfloat16), not codes", l);
     if ((spec->res_op[l] != FM_RES_NONE) != (res != -1))
         return fm_fail(err, FM_ERR_VALUE, "layer %d %s residual, but res=%d (-1: none)", l,
                        spec->res_op[l] != FM_RES_NONE ? "has a" : "has no", res);
@@ -250,6 +247,11 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
                       "fused kernel", spec->enc_cols);
         return FM_ERR_LIMIT;
     }
+    /* 8-bit: a result in codes (a GEMM's or a row pass's) is the next layer's input, with that layer's scale (the
+     * last layer has none) */
+    if (out == FM_CODES && l == spec->num_layers - 1)
+        return fm_fail(err, FM_ERR_VALUE, "layer %d is the network's last: its result is y (float32, float16 or "
+                       "bfloat16), not codes", l);
     if (opts->norm_pass)
         return fm_plan_gemm_norm(spec, l, target, prec, a0, a1, res, out, plan, err);
     if (opts->pad_pass)
@@ -259,10 +261,6 @@ fm_status fm_plan_gemm(const fm_spec *spec, int l, const fm_target *target, fm_p
         return fm_fail(err, FM_ERR_VALUE, "GEMM dtypes a0=%d a1=%d res=%d out=%d: each is 0 (float32), 1 (float16), "
                        "2 (bfloat16) or, for an 8-bit network, 3 (its codes); a1 and res -1 where absent", (int)a0, a1,
                        res, (int)out);
-    /* 8-bit: a result in codes is the next layer's input, with that layer's scale (the last layer has none) */
-    if (out == FM_CODES && l == spec->num_layers - 1)
-        return fm_fail(err, FM_ERR_VALUE, "layer %d is the network's last: its result is y (float32, float16 or "
-                       "bfloat16), not codes", l);
     if ((spec->cat[l] != FM_CAT_NONE) != (a1 != -1))
         return fm_fail(err, FM_ERR_VALUE, "layer %d %s input concat, but a1=%d (-1: none)", l,
                        spec->cat[l] != FM_CAT_NONE ? "has an" : "has no", a1);

@@ -105,8 +105,6 @@ static const double *fm_ref_input(const fm_spec *spec, int l, const double *cur,
     return cat;
 }
 
-/* v stored as an 8-bit code with scale s and read back: what an 8-bit kernel keeps of a value between layers. The
- * product with the inverse is a float32 one, as on the GPU (render.c writes the same float32 inverse). */
 /* The mean of n floats (0 for none). */
 static double fm_ref_mean(const float *v, int n) {
     double sum = 0.0;
@@ -115,6 +113,8 @@ static double fm_ref_mean(const float *v, int n) {
     return sum / n;
 }
 
+/* v stored as an 8-bit code with scale s and read back: what an 8-bit kernel keeps of a value between layers. The
+ * product with the inverse is a float32 one, as on the GPU (render.c writes the same float32 inverse). */
 static double fm_ref_fake_quant(double v, float s, fm_prec p) {
     const float inv = 1.0f / s;
     return (double)fm_dequant8(fm_quant8((float)v * inv, p), p) * (double)s;

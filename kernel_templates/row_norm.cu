@@ -36,8 +36,8 @@ constexpr int VE = NR % 8 == 0 ? 8 : NR % 4 == 0 ? 4 : NR % 2 == 0 ? 2 : 1;  // 
 constexpr int NCH = NR / VE, CPL = (NCH + 31) / 32;                          // chunks a row, a lane
 constexpr bool IN_REGS = CPL * VE <= 64;
 
-// VE elements of global type TY (0 float32, 1 float16, 2 bfloat16) from element i of p, as floats; p + i is aligned
-// to the whole access (VE * size bytes, at most 16 a load).
+// VE elements of global type TY (0 float32, 1 float16, 2 bfloat16; 3 an 8-bit network's codes) from element i of p, as
+// floats; p + i is aligned to the whole access (VE * size bytes, at most 16 a load).
 template <int TY> __device__ __forceinline__ void fm_ldv(const void *p, long long i, float (&f)[VE]) {
 #if FM_PREC >= 3
     if constexpr (TY == 3) {  // an 8-bit network's codes: their values, not yet times their scale
@@ -110,16 +110,12 @@ __device__ __forceinline__ void fm_stv(out_t *y, long long i, const float (&f)[V
     if constexpr (VE == 1) {
         *q = (out_t)(fm_quant2(f[0], 0.0f) & 0xffu);
     } else {
-        fm_u32 w[VE / 4 > 0 ? VE / 4 : 1] = {};
-#pragma unroll
-        for (int j = 0; j < VE; j += 2)
-            w[j / 4] |= (fm_u32)fm_quant2(f[j], f[j + 1]) << (8 * (j % 4));
         if constexpr (VE == 8)
-            *(fm_v2 *)q = fm_v2{w[0], w[1]};
+            *(fm_v2 *)q = fm_v2{fm_quant4(f[0], f[1], f[2], f[3]), fm_quant4(f[4], f[5], f[6], f[7])};
         else if constexpr (VE == 4)
-            *(fm_u32 *)q = w[0];
+            *(fm_u32 *)q = fm_quant4(f[0], f[1], f[2], f[3]);
         else
-            *(unsigned short *)q = (unsigned short)w[0];
+            *(unsigned short *)q = fm_quant2(f[0], f[1]);
     }
 #elif FM_OUT_TYPE == 0
     if constexpr (VE >= 4) {
