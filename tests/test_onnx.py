@@ -105,6 +105,19 @@ def test_each_activation_op(rng, op, attrs, extra):
     check_against_onnxruntime(graph_model(nodes, inits, [8], 3), rng.standard_normal((40, 8)).astype(np.float32))
 
 
+@pytest.mark.parametrize("op, attrs", [("ThresholdedRelu", {"alpha": 0.3}), ("Shrink", {"lambd": 0.4, "bias": 0.1}),
+                                       ("LeakyRelu", {"alpha": 0.2})])
+def test_activation_ops_with_attributes_on_a_head_past_the_last_layer(rng, op, attrs):
+    """The tail reads the activation ops with attributes the chain reads (onnx._WITH_ATTRS) on one head of two."""
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["z"], transB=1), helper.make_node("Relu", ["z"], ["h"]),
+             helper.make_node("Gemm", ["h", "Wa", "ba"], ["a"], transB=1),
+             helper.make_node("Gemm", ["h", "Wb", "bb"], ["b"], transB=1), helper.make_node(op, ["a"], ["sa"], **attrs),
+             helper.make_node("Concat", ["sa", "b"], ["y"], axis=-1)]
+    inits = {"W1": rng.standard_normal((20, 8)) / 2, "b1": rng.standard_normal(20), "Wa": rng.standard_normal((3, 20)),
+             "ba": rng.standard_normal(3), "Wb": rng.standard_normal((2, 20)), "bb": rng.standard_normal(2)}
+    check_against_onnxruntime(graph_model(nodes, inits, [8], 5), rng.standard_normal((40, 8)).astype(np.float32))
+
+
 @pytest.mark.parametrize("reshape", ["Flatten", "Reshape0", "ReshapeK"])
 def test_a_flattened_input(rng, reshape):
     if reshape == "Flatten":

@@ -282,11 +282,11 @@ class Outputs:
     def tail_elementwise(self, node, op, attrs, label, value):
         """An elementwise node on tail values: each column's expression; an Add / Sub / Mul / Div of a constant on
         a head's raw output read only here (a MatMul head's bias) folds into its rows instead."""
-        from .onnx import _BINARY, _UNARY, _num
+        from .onnx import _BINARY, _UNARY, _WITH_ATTRS, _num
 
         out, ins = node.output[0], [name for name in node.input if name]
         layers = self.layers
-        if op in _UNARY or op in ("LeakyRelu", "Elu", "Celu", "Selu", "HardSigmoid", "Gelu", "PRelu", "Clip"):
+        if op in _UNARY or op in _WITH_ATTRS or op in ("PRelu", "Clip"):
             cols, squeezed = value(ins[0])
             if op == "PRelu":
                 slope = self.const(ins[1])
