@@ -109,6 +109,7 @@ typedef struct fm_cuda_api {
     CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t n, CUstream stream);
     CUresult (*cuStreamSynchronize)(CUstream stream);
+    CUresult (*cuCtxSynchronize)(void);
     CUresult (*cuStreamCreate)(CUstream *stream, unsigned int flags);
     CUresult (*cuStreamDestroy)(CUstream stream);
     CUresult (*cuMemAllocHost)(void **p, size_t bytes);
@@ -237,6 +238,7 @@ static const char *resolve_all(void *handle, fm_cuda_api *api) {
     FM_RESOLVE(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     FM_RESOLVE(cuMemsetD8Async, "cuMemsetD8Async");
     FM_RESOLVE(cuStreamSynchronize, "cuStreamSynchronize");
+    FM_RESOLVE(cuCtxSynchronize, "cuCtxSynchronize");
     FM_RESOLVE(cuStreamCreate, "cuStreamCreate");
     FM_RESOLVE(cuStreamDestroy, "cuStreamDestroy_v2");
     FM_RESOLVE(cuMemAllocHost, "cuMemAllocHost_v2");
@@ -684,6 +686,15 @@ fm_status fm_stream_sync(fm_stream stream, fm_error *err) {
     if (st != FM_OK)
         return st;
     CU_CHECK(cuStreamSynchronize, ((CUstream)stream));
+cleanup:
+    return st;
+}
+
+fm_status fm_ctx_sync(fm_error *err) {
+    fm_status st = fm_cuda_load(err);
+    if (st != FM_OK)
+        return st;
+    CU_CHECK(cuCtxSynchronize, ());
 cleanup:
     return st;
 }

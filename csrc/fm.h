@@ -576,6 +576,11 @@ void fm_plan_pack_norms(const fm_plan *plan, const fm_spec *spec, float *b_blob)
 
 /* ------------------------------------------------------------------------------------------------ render */
 
+/* What layer l's rendered code takes from the weights rather than the architecture: its diagonal blocks
+ * (fm_spec_find_blocks) and, where its activation has a sine, its bound class (fm_spec_bound_preacts). Two specs of
+ * one architecture whose layers all have equal keys render every plan to the same source (Network.assign). */
+int fm_render_weight_key(const fm_spec *spec, int l);
+
 /* Renders the fused-MLP template for spec+plan into CUDA source. The template's {{NAME}} placeholders must be
  * exactly the set the renderer provides: an unknown or unused one is FM_ERR_TEMPLATE. prelude is pasted first. */
 fm_status fm_render(const fm_spec *spec, const fm_plan *plan, const char *prelude, const char *tmpl,
@@ -663,6 +668,9 @@ fm_status fm_memcpy_htod(fm_devptr dst, const void *src, size_t bytes, fm_stream
 fm_status fm_memcpy_dtoh(void *dst, fm_devptr src, size_t bytes, fm_stream stream, fm_error *err);
 fm_status fm_memset_d8(fm_devptr dst, unsigned char value, size_t bytes, fm_stream stream, fm_error *err);
 fm_status fm_stream_sync(fm_stream stream, fm_error *err);
+/* Waits for all work on the current context (every stream's): before device memory that kernels read is rewritten
+ * in place (Network.assign's weight uploads). */
+fm_status fm_ctx_sync(fm_error *err);
 fm_status fm_stream_create(fm_stream *stream, fm_error *err);
 void fm_stream_destroy(fm_stream stream);
 /* A chain's launches captured once and replayed as one graph launch (module_fast.c): a captured graph, instantiated. */

@@ -43,6 +43,10 @@ typedef struct {
     int has_spec;
     float *w[FM_MAX_LAYERS]; /* owned copies, n x k row-major */
     float *b[FM_MAX_LAYERS]; /* owned copies or NULL */
+    /* The Kernels loaded from plans of this network, whose packed weights assign() rewrites in place: borrowed
+     * references (a Kernel holds its plan, which holds this network, and removes itself as it goes). */
+    PyObject **kernels;
+    Py_ssize_t n_kernels, cap_kernels;
 } NetworkObject;
 
 typedef struct {
@@ -83,6 +87,9 @@ PyObject *py_pipe_chain(PyObject *self, PyObject *args);
 /* Methods in a type's table whose body is in another file. */
 
 int Network_ready(NetworkObject *self);                                           /* module_network.c */
+int Network_add_kernel(NetworkObject *self, PyObject *kernel);                    /* module_network.c */
+void Network_drop_kernel(NetworkObject *self, PyObject *kernel);                  /* module_network.c */
+fm_status Kernel_upload(PyObject *kernel, fm_error *err);                         /* module_launch.c */
 PyObject *Network_plan(NetworkObject *self, PyObject *args, PyObject *kwds);      /* module_plan.c */
 PyObject *Network_gemm_plan(NetworkObject *self, PyObject *args, PyObject *kwds); /* module_plan.c */
 PyObject *Plan_load(PlanObject *self, PyObject *args);                            /* module_launch.c */

@@ -84,10 +84,39 @@ static fm_status Kernel_args(KernelObject *self, KernelArgs *a, fm_devptr x, fm_
  * (fm_plan.split), else 1. */
 static int fm_fused_cluster(const fm_plan *p) { return p->cluster > 1 ? p->cluster : p->split > 1 ? p->split : 1; }
 
+/* The plan's weights and float blob packed from its network as it is now into the kernel's device buffers,
+ * allocated here where `alloc`, else rewritten in place after every stream's work so far (which may still read them:
+ * fm_ctx_sync); synchronous. */
+static fm_status Kernel_put_weights(KernelObject *self, int alloc, fm_error *err) {
+    const fm_plan *p = &self->plan->plan;
+    const NetworkObject *net = self->plan->net;
+    const size_t w_bytes = p->w_elems * (size_t)p->elem_bytes, b_bytes = (p->b_floats ? p->b_floats : 4) * 4;
+    void *wh = malloc(w_bytes ? w_bytes : 1);
+    float *bf = malloc(b_bytes);
+    fm_status st = FM_OK;
+    if (wh == NULL || bf == NULL)
+        st = fm_fail(err, FM_ERR_NOMEM, "out of host memory packing %zu weights", p->w_elems);
+    if (st == FM_OK) {
+        fm_plan_pack(p, (const float *const *)net->w, (const float *const *)net->b, wh, bf);
+        fm_plan_pack_norms(p, &net->spec, bf);
+        st = alloc ? fm_mem_alloc(&self->w, w_bytes, err) : fm_ctx_sync(err);
+    }
+    if (st == FM_OK && alloc)
+        st = fm_mem_alloc(&self->b, b_bytes, err);
+    if (st == FM_OK)
+        st = fm_memcpy_htod(self->w, wh, w_bytes, NULL, err);
+    if (st == FM_OK && p->b_floats)
+        st = fm_memcpy_htod(self->b, bf, p->b_floats * 4, NULL, err);
+    if (st == FM_OK)
+        st = fm_stream_sync(NULL, err);
+    free(wh);
+    free(bf);
+    return st;
+}
+
 /* Uploads the packed weights and loads the module; runs with the GIL released. */
 static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char *name, fm_error *err) {
     const fm_plan *p = &self->plan->plan;
-    const NetworkObject *net = self->plan->net;
     fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
     if (st != FM_OK)
         return st;
@@ -98,26 +127,17 @@ static fm_status Kernel_setup(KernelObject *self, const void *cubin, const char 
     const int cluster = p->gemm ? p->gemm_cluster : fm_fused_cluster(p);
     if (cluster > 1 && (st = fm_kernel_cluster_occupancy(&self->k, cluster, err)) != FM_OK)
         return st;
-    size_t w_bytes = p->w_elems * (size_t)p->elem_bytes;
-    void *wh = malloc(w_bytes);
-    float *bf = malloc((p->b_floats ? p->b_floats : 4) * sizeof *bf);
-    if (wh == NULL || bf == NULL)
-        st = fm_fail(err, FM_ERR_NOMEM, "out of host memory packing %zu weights", p->w_elems);
-    if (st == FM_OK) {
-        fm_plan_pack(p, (const float *const *)net->w, (const float *const *)net->b, wh, bf);
-        fm_plan_pack_norms(p, &net->spec, bf);
-        st = fm_mem_alloc(&self->w, w_bytes, err);
-    }
-    if (st == FM_OK)
-        st = fm_mem_alloc(&self->b, (p->b_floats ? p->b_floats : 4) * 4, err);
-    if (st == FM_OK)
-        st = fm_memcpy_htod(self->w, wh, w_bytes, NULL, err);
-    if (st == FM_OK && p->b_floats)
-        st = fm_memcpy_htod(self->b, bf, p->b_floats * 4, NULL, err);
-    if (st == FM_OK)
-        st = fm_stream_sync(NULL, err);
-    free(wh);
-    free(bf);
+    return Kernel_put_weights(self, 1, err);
+}
+
+fm_status Kernel_upload(PyObject *kernel, fm_error *err) {
+    KernelObject *self = (KernelObject *)kernel;
+    fm_status st = fm_gpu_activate(&self->gpu->gpu, err);
+    if (st != FM_OK)
+        return st;
+    PyThread_acquire_lock(self->lock, WAIT_LOCK); /* (not under a run() of this kernel on another thread) */
+    st = Kernel_put_weights(self, 0, err);
+    PyThread_release_lock(self->lock);
     return st;
 }
 
@@ -151,10 +171,16 @@ PyObject *Plan_load(PlanObject *self, PyObject *args) {
         Py_DECREF(k);
         return fm_raise_clear(&err);
     }
+    if (Network_add_kernel(self->net, (PyObject *)k) < 0) {
+        Py_DECREF(k);
+        return NULL;
+    }
     return (PyObject *)k;
 }
 
 static void Kernel_dealloc(KernelObject *self) {
+    if (self->plan != NULL)
+        Network_drop_kernel(self->plan->net, (PyObject *)self);
     Kernel_free_device(self);
     if (self->lock)
         PyThread_free_lock(self->lock);

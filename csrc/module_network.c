@@ -3,6 +3,7 @@
  * module_plan.c. */
 #include "module_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static void Network_release(NetworkObject *self) {
@@ -206,7 +207,141 @@ static int Network_init(NetworkObject *self, PyObject *args, PyObject *kwds) {
 
 static void Network_dealloc(NetworkObject *self) {
     Network_release(self);
+    PyMem_Free(self->kernels);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+int Network_add_kernel(NetworkObject *self, PyObject *kernel) {
+    if (self->n_kernels == self->cap_kernels) {
+        const Py_ssize_t cap = self->cap_kernels ? 2 * self->cap_kernels : 8;
+        PyObject **grown = PyMem_Realloc(self->kernels, (size_t)cap * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->kernels = grown;
+        self->cap_kernels = cap;
+    }
+    self->kernels[self->n_kernels++] = kernel;
+    return 0;
+}
+
+void Network_drop_kernel(NetworkObject *self, PyObject *kernel) {
+    for (Py_ssize_t i = 0; i < self->n_kernels; ++i)
+        if (self->kernels[i] == kernel) {
+            self->kernels[i] = self->kernels[--self->n_kernels];
+            return;
+        }
+}
+
+/* NULL where other describes the same network as self but for its weights, biases, norm parameters and 8-bit weight
+ * scales (what Network.assign takes over), else what differs. */
+static const char *Network_other_shape(const NetworkObject *self, const NetworkObject *other) {
+    const fm_spec *a = &self->spec, *b = &other->spec;
+    if (a->num_layers != b->num_layers || a->x_features != b->x_features || a->enc_cols != b->enc_cols)
+        return "another number of layers or input features";
+    for (int l = 0; l < a->num_layers; ++l) {
+        if (a->width[l + 1] != b->width[l + 1] || a->width[l] != b->width[l] || a->cat[l] != b->cat[l])
+            return "another layer shape or concat";
+        if ((self->b[l] == NULL) != (other->b[l] == NULL))
+            return "a bias present in one and not the other";
+        if (a->res_op[l] != b->res_op[l] || (a->res_op[l] != FM_RES_NONE && a->res_src[l] != b->res_src[l]))
+            return "another residual";
+        if (a->norm[l] != b->norm[l] || a->norm_eps[l] != b->norm_eps[l])
+            return "another norm or eps";
+        if (a->act_pieces[l] != b->act_pieces[l])
+            return "another activation";
+        fm_str ta = {0}, tb = {0};
+        fm_spec_act_string(a, l, &ta);
+        fm_spec_act_string(b, l, &tb);
+        const int same_act = ta.data != NULL && tb.data != NULL && strcmp(ta.data, tb.data) == 0;
+        fm_str_free(&ta);
+        fm_str_free(&tb);
+        if (!same_act)
+            return "another activation";
+    }
+    if (a->quant != b->quant)
+        return "another 8-bit precision";
+    for (int l = 0; fm_prec_is_8bit(a->quant) && l < a->num_layers; ++l)
+        if (a->act_scale[l] != b->act_scale[l])
+            return "other activation scales";
+    return NULL;
+}
+
+/* A norm's gamma or beta array (*dst: n floats owned by the spec, or NULL: all `none`) where src has one: made with
+ * the value it stands for, so that a CPU forward on another thread reading it meanwhile sees the same network. */
+static int Network_norm_array(float **dst, const float *src, size_t n, float none) {
+    if (*dst != NULL || src == NULL)
+        return 0;
+    float *made = malloc(n * sizeof(float));
+    if (made == NULL)
+        return -1;
+    for (size_t i = 0; i < n; ++i)
+        made[i] = none;
+    *dst = made;
+    return 0;
+}
+
+/* src's values into a norm's gamma or beta array (NULL src: all `none`); in place, never freed (as above). */
+static void Network_norm_values(float *dst, const float *src, size_t n, float none) {
+    for (size_t i = 0; dst != NULL && i < n; ++i)
+        dst[i] = src != NULL ? src[i] : none;
+}
+
+/* assign(other) -> bool: takes over other's weights, biases, norm parameters and 8-bit weight scales, other being
+ * the same network but for them (FusedMLP.set_weights builds it from the model's own description). Where every
+ * layer's fm_render_weight_key stays, the source of every plan stays too: the kernels loaded from this network's
+ * plans then get the new packed weights in their own device buffers (after every stream's work so far), so launches
+ * and CUDA graphs made before read them, and it returns True. Else it returns False, and the caller drops those
+ * kernels. */
+static PyObject *Network_assign(NetworkObject *self, PyObject *arg) {
+    if (!PyObject_TypeCheck(arg, &NetworkType))
+        return PyErr_Format(PyExc_TypeError, "assign takes a Network, not %s", Py_TYPE(arg)->tp_name);
+    NetworkObject *other = (NetworkObject *)arg;
+    if (!Network_ready(self) || !Network_ready(other))
+        return NULL;
+    const char *why = Network_other_shape(self, other);
+    if (why != NULL)
+        return PyErr_Format(PyExc_ValueError, "assign: the other network has %s", why);
+    fm_spec *a = &self->spec;
+    const fm_spec *b = &other->spec;
+    for (int l = 0; l < a->num_layers; ++l) /* (first what may fail: then nothing has changed) */
+        if (Network_norm_array(&a->norm_w[l], b->norm_w[l], (size_t)a->width[l + 1], 1.0f) < 0 ||
+            Network_norm_array(&a->norm_b[l], b->norm_b[l], (size_t)a->width[l + 1], 0.0f) < 0)
+            return PyErr_NoMemory();
+    int same = 1;
+    for (int l = 0; l < a->num_layers; ++l) {
+        same = same && fm_render_weight_key(a, l) == fm_render_weight_key(b, l);
+        const size_t n = (size_t)a->width[l + 1];
+        memcpy(self->w[l], other->w[l], n * (size_t)fm_spec_in_features(a, l) * sizeof(float));
+        if (self->b[l] != NULL)
+            memcpy(self->b[l], other->b[l], n * sizeof(float));
+        Network_norm_values(a->norm_w[l], b->norm_w[l], n, 1.0f);
+        Network_norm_values(a->norm_b[l], b->norm_b[l], n, 0.0f);
+        if (fm_prec_is_8bit(a->quant)) /* (in place: plans keep pointers to them) */
+            memcpy(a->w_scale[l], b->w_scale[l], n * sizeof(float));
+        a->z_bound[l] = b->z_bound[l];
+        a->blocks[l] = b->blocks[l];
+    }
+    if (!same)
+        Py_RETURN_FALSE;
+    /* (a snapshot: the list may change while the GIL is released) */
+    const Py_ssize_t n = self->n_kernels;
+    PyObject **kernels = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *kernels);
+    if (kernels == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        kernels[i] = self->kernels[i];
+        Py_INCREF(kernels[i]);
+    }
+    fm_error err = {0};
+    fm_status st = FM_OK;
+    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n && st == FM_OK; ++i) st = Kernel_upload(kernels[i], &err);
+    Py_END_ALLOW_THREADS for (Py_ssize_t i = 0; i < n; ++i) Py_DECREF(kernels[i]);
+    PyMem_Free(kernels);
+    if (st != FM_OK)
+        return fm_raise_clear(&err);
+    Py_RETURN_TRUE;
 }
 
 int Network_ready(NetworkObject *self) {
@@ -443,6 +578,10 @@ static PyObject *Network_get_activations(NetworkObject *self, void *closure) {
 }
 
 static PyMethodDef Network_methods[] = {
+    {"assign", (PyCFunction)Network_assign, METH_O,
+     "assign(other) -> bool: other's weights, biases, norm parameters and 8-bit weight scales (the same network but "
+     "for them) into this one; True where the kernels loaded from its plans keep their source and got them in place, "
+     "False where their source changes (drop them)."},
     {"forward_cpu", (PyCFunction)(void (*)(void))Network_forward_cpu, METH_VARARGS | METH_KEYWORDS,
      "forward_cpu(x, quantised=None) -> y: the CPU forward (float64 accumulate; an 8-bit network emulated unless "
      "quantised=False)."},

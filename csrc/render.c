@@ -73,20 +73,42 @@ static int fm_render_tracked(const char *act, fm_str *out) {
     return fm_render_replace(act, fm_trig, to, 2, out);
 }
 
-/* The form of layer l's sin/cos when its arguments stay small for every input, by the weights' bound on its
- * pre-activations (fm_spec_bound_preacts) and its activation's interval arithmetic, and its result is stored in 16
- * bits (the forms' errors are under fp16's rounding, not under float32's): below 400, fm_sin_d (the hardware unit on
- * x itself, 4e-5 off); below 1000, fm_sin_b (one part of 2 pi first, 2.9e-5 off; 1000: margin for the float32
- * rounding of the argument). Such a layer takes it in act itself: no far branch, no redo (a SIREN's hidden layers:
- * their input is a sine, in [-1, 1]). NULL: the layer keeps fm_sin, and the far check where it is tracked. */
+/* Layer l's bound class for its sin/cos forms (below): 0 where the weights' bound on its pre-activations
+ * (fm_spec_bound_preacts) and its activation's interval arithmetic keep the arguments below 400, 1 below 1000, 2 for
+ * no such bound (and for a layer with column pieces). */
+static int fm_render_trig_class(const fm_spec *spec, int l) {
+    double lo, hi;
+    if (!isfinite(spec->z_bound[l]) || spec->act_pieces[l])
+        return 2;
+    const double bound = fm_expr_range(spec->act[l], -spec->z_bound[l], spec->z_bound[l], &lo, &hi);
+    return bound < 400.0 ? 0 : bound < 1000.0 ? 1 : 2;
+}
+
+/* The form of layer l's sin/cos when its arguments stay small for every input (fm_render_trig_class), and its result
+ * is stored in 16 bits (the forms' errors are under fp16's rounding, not under float32's): below 400, fm_sin_d (the
+ * hardware unit on x itself, 4e-5 off); below 1000, fm_sin_b (one part of 2 pi first, 2.9e-5 off; 1000: margin for
+ * the float32 rounding of the argument). Such a layer takes it in act itself: no far branch, no redo (a SIREN's
+ * hidden layers: their input is a sine, in [-1, 1]). NULL: the layer keeps fm_sin, and the far check where it is
+ * tracked. */
 static const char *const *fm_render_trig_bounded(const fm_spec *spec, const fm_plan *p, int l) {
     static const char *const direct[] = {"fm_sin_d(", "fm_cos_d("};
     static const char *const reduced[] = {"fm_sin_b(", "fm_cos_b("};
-    double lo, hi, bound;
-    if (fm_plan_result_type(p, l) == 0 || !isfinite(spec->z_bound[l]) || spec->act_pieces[l])
+    if (fm_plan_result_type(p, l) == 0)
         return NULL;
-    bound = fm_expr_range(spec->act[l], -spec->z_bound[l], spec->z_bound[l], &lo, &hi);
-    return bound < 400.0 ? direct : bound < 1000.0 ? reduced : NULL;
+    const int c = fm_render_trig_class(spec, l);
+    return c == 0 ? direct : c == 1 ? reduced : NULL;
+}
+
+int fm_render_weight_key(const fm_spec *spec, int l) {
+    fm_str emitted = {0};
+    fm_error err = {0};
+    int trig = 1; /* (an activation that does not emit: assume it has a sine) */
+    if (fm_spec_act_emit(spec, l, "x", &emitted, &err) == FM_OK)
+        trig = emitted.data != NULL &&
+               (strstr(emitted.data, fm_trig[0]) != NULL || strstr(emitted.data, fm_trig[1]) != NULL);
+    fm_error_clear(&err);
+    fm_str_free(&emitted);
+    return spec->blocks[l] * 4 + (trig ? fm_render_trig_class(spec, l) : 3);
 }
 
 /* Layer l's diagonal blocks (fm_spec.blocks) where they fall on its padded widths (no padding: the blocks' edges are

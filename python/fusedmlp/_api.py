@@ -382,11 +382,91 @@ class FusedMLP:
         """Gives the network these activation scales (the C core checks them) and drops the kernels built before."""
         self._net.set_quant(self._precision, [float(v) for v in scales])
         with self._lock:  # the scales are in the kernels' source and packed data: every kernel is rebuilt
-            self._prenorm = None  # (an 8-bit network's has the scales too)
-            self._kernels.clear()
-            self._calls.clear()
-            self._chains.clear()
-            self._source = None
+            self._drop_kernels()
+
+    def _drop_kernels(self):
+        """Forgets every kernel and chain built so far (the next call builds them again, through the cache); with
+        self._lock held."""
+        self._prenorm = None  # (an 8-bit network's has the scales too)
+        self._kernels.clear()
+        self._calls.clear()
+        self._chains.clear()
+        self._source = None
+
+    # -------------------------------------------------------------------------------------------- weights
+
+    def set_weights(self, weights, biases=None, norm=None):
+        """Gives the model new weights of the same architecture, in place: what an optimizer step or a loaded
+        checkpoint changes, without planning, compiling or loading a kernel again.
+
+        Every kernel the model has loaded gets the new packed weights in its own device buffers once all work queued
+        on the GPU so far has finished (the call waits for it), so later calls, and CUDA graphs captured over calls
+        before, read them. Where the new weights change what a kernel's source takes from the weights (a sine
+        layer's bound on its arguments, the zero blocks of parallel stacks), the kernels are rebuilt at the next call
+        instead (through the cache), as after calibrate(), and graphs captured before must be captured again. An
+        8-bit model's weight scales follow the weights; its activation scales stay (calibrate again where the
+        weights moved far).
+
+        Args:
+            weights: one (out_features, in_features) array per layer, each of the model's shape.
+            biases: None (no layer has a bias), or one entry per layer: an array where the model's layer has a bias,
+                None where it has none.
+            norm: None (the norm layers keep their gamma and beta), or as the constructor's norm= with the model's
+                norm kinds and eps: new gamma and beta.
+
+        Returns:
+            True where the kernels kept their code and took the weights in place; False where they are rebuilt.
+        """
+        n = len(self._w)
+        if isinstance(weights, np.ndarray) or not isinstance(weights, (list, tuple)) or len(weights) != n:
+            raise ArgumentError(f"weights must be a list of {n} (out_features, in_features) arrays, one per layer of "
+                                "the model")
+        if biases is None:
+            biases = [None] * n
+        if not isinstance(biases, (list, tuple)) or len(biases) != n:
+            raise ArgumentError(f"biases must be None or a list of {n} entries (an array or None per layer)")
+        w = [_as_float_array(wi, f"weights[{i}]", 2) for i, wi in enumerate(weights)]
+        b = [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)]
+        keep = "set_weights keeps the architecture; build a new FusedMLP for another"
+        for i in range(n):
+            if w[i].shape != self._w[i].shape:
+                raise ShapeError(f"weights[{i}] has shape {w[i].shape}; the model's layer {i} has "
+                                 f"{self._w[i].shape} ({keep})")
+            if (b[i] is None) != (self._b[i] is None):
+                raise ArgumentError(f"biases[{i}] is {'None' if b[i] is None else 'an array'}, but the model's layer "
+                                    f"{i} has {'no bias' if self._b[i] is None else 'one'} ({keep})")
+            if b[i] is not None and b[i].shape != self._b[i].shape:
+                raise ShapeError(f"biases[{i}] has shape {b[i].shape}; the model's layer {i} has {self._b[i].shape}")
+        norms = self._norm if norm is None else self._same_norms(norm)
+        net = _core().Network(w, b, list(self._acts), list(self._residual), list(self._concat), norms,
+                              self._encoding_arg)
+        if self._precision in LOWBIT:  # its weight scales (checked against the activation scales) from w
+            scales = self.act_scales
+            net.set_quant(self._precision, None if scales is None else [float(v) for v in scales])
+        with self._lock:
+            in_place = self._net.assign(net)
+            self._w, self._b, self._norm = w, b, norms
+            if self._prenorm is not None:
+                in_place = self._prenorm.assign(self._prenorm_of()) and in_place
+            for chain in self._chains.values():  # a segmented network's fused stretches are models of their own
+                for seg, sub, _, _ in chain.fused:
+                    in_place = sub.set_weights(*_segments.stretch_arrays(self, seg, chain.in_dtype)) and in_place
+            if not in_place:
+                self._drop_kernels()
+        return in_place
+
+    def _same_norms(self, norm):
+        """set_weights' norm= parsed, each layer's kind and eps the model's (a softmax head's kept as it is)."""
+        norms = _norm.parse(len(self._w), [wi.shape[0] for wi in self._w], norm)
+        for layer, (new, old) in enumerate(zip(norms, self._norm)):
+            if new is None and old is not None and _norm.NAMES[old[0]] in _norm.SOFTMAX:
+                norms[layer] = old  # (an activation the constructor moved into norms: nothing to set)
+            elif (new is None) != (old is None) or (new is not None and new[:2] != old[:2]):
+                have = "none" if old is None else f"{_norm.NAMES[old[0]]} with eps {old[1]}"
+                give = "none" if new is None else f"{_norm.NAMES[new[0]]} with eps {new[1]}"
+                raise ArgumentError(f"norm: layer {layer} gets {give}, but the model's has {have} (set_weights "
+                                    "takes new gamma and beta for the model's norms; build a new FusedMLP for others)")
+        return norms
 
     @property
     def act_scales(self):
@@ -516,23 +596,27 @@ class FusedMLP:
         codes, and the CPU emulation's, are of those) and its activation scales, and centres the bias alone; its GEMM
         writes z in float16 (csrc/ref.c rounds z so, less the bias's mean, too)."""
         if self._prenorm is None:
-            w, b, acts, residual = list(self._w), list(self._b), list(self._acts), list(self._residual)
-            quant = self._precision in LOWBIT
-            for l, entry in enumerate(self._norm):
-                if entry is None:
-                    continue
-                acts[l], residual[l] = "none", None
-                if _norm.NAMES[entry[0]] in ("layernorm", "softmax", "log_softmax"):  # blind to a common part
-                    if not quant:
-                        w64 = w[l].astype(np.float64)
-                        w[l] = np.ascontiguousarray(w64 - w64.mean(axis=0), dtype=np.float32)
-                    if b[l] is not None:
-                        b[l] = (b[l].astype(np.float64) - b[l].astype(np.float64).mean()).astype(np.float32)
-            prenorm = _core().Network(w, b, acts, residual, self._concat, [None] * len(w))
-            if quant and self.act_scales is not None:
-                prenorm.set_quant(self._precision, [float(v) for v in self.act_scales])
-            self._prenorm = prenorm
+            self._prenorm = self._prenorm_of()
         return self._prenorm
+
+    def _prenorm_of(self):
+        """_prenorm_net's network, made from the model's weights as they are now."""
+        w, b, acts, residual = list(self._w), list(self._b), list(self._acts), list(self._residual)
+        quant = self._precision in LOWBIT
+        for l, entry in enumerate(self._norm):
+            if entry is None:
+                continue
+            acts[l], residual[l] = "none", None
+            if _norm.NAMES[entry[0]] in ("layernorm", "softmax", "log_softmax"):  # blind to a common part
+                if not quant:
+                    w64 = w[l].astype(np.float64)
+                    w[l] = np.ascontiguousarray(w64 - w64.mean(axis=0), dtype=np.float32)
+                if b[l] is not None:
+                    b[l] = (b[l].astype(np.float64) - b[l].astype(np.float64).mean()).astype(np.float32)
+        prenorm = _core().Network(w, b, acts, residual, self._concat, [None] * len(w))
+        if quant and self.act_scales is not None:
+            prenorm.set_quant(self._precision, [float(v) for v in self.act_scales])
+        return prenorm
 
     def _gemm_net(self, layer):
         """The network whose layer `layer` a GEMM multiplies: this one, or for a norm layer _prenorm_net."""

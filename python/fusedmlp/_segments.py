@@ -175,6 +175,7 @@ class Chain:
         self._steps = steps  # per segment: (kernel of rows, its input value, output, concat part, residual)
         self.fused = fused  # (segment, its FusedMLP, its input and output dtypes): what tune() tunes
         self._out = out_dtype
+        self.in_dtype = in_dtype
         storage = STORAGE[mlp._precision]
         widths = mlp.widths
         slot_of, count = workspace_slots(segments, len(widths) - 1)
@@ -670,11 +671,19 @@ def stretch_model(mlp, seg, in_dtype, out_dtype):
     x's padded copy where it reads that: copy_row)."""
     f, last, x_row = seg.first, seg.last, copy_row(mlp, seg, in_dtype)
     residual, concat = fused_options(mlp, f, last)
-    sub = type(mlp)(_stretch_weights(mlp, f, last, x_row), mlp._b[f:last + 1], mlp._acts[f:last + 1],
-                    residual=residual, concat=concat or None, norm=_norm.option(mlp._norm, f, last),
+    weights, biases, norm = stretch_arrays(mlp, seg, in_dtype)
+    sub = type(mlp)(weights, biases, mlp._acts[f:last + 1], residual=residual, concat=concat or None, norm=norm,
                     encoding=mlp.encoding if _encodes_x(mlp, f, x_row) else None,
                     dtype=mlp._precision, device=mlp.device, cache_dir=mlp._cache.directory)
     return (sub, *_stretch_dtypes(mlp, f, last, in_dtype, out_dtype, x_row))
+
+
+def stretch_arrays(mlp, seg, in_dtype):
+    """A fused segment's weights, biases and norm= as stretch_model gives its FusedMLP, from mlp's as they are now
+    (FusedMLP.set_weights passes them on)."""
+    f, last = seg.first, seg.last
+    return (_stretch_weights(mlp, f, last, copy_row(mlp, seg, in_dtype)), mlp._b[f:last + 1],
+            _norm.option(mlp._norm, f, last))
 
 
 #: Smaller GEMM tiles, largest first (rows, columns), for calls whose default tile leaves SMs idle.

@@ -685,9 +685,18 @@ def _measure(torch, case, method, setup, tolerance, reps, host_calls):
     return entry
 
 
+_SIDE_STREAM = []  # the one side stream every graph's warm-up and capture runs on (made on first use)
+
+
 def _graph_of(torch, body, order):
-    """One CUDA graph that runs body(j) for j in order (after a warm-up on a side stream, as torch requires)."""
-    side = torch.cuda.Stream()
+    """One CUDA graph that runs body(j) for j in order (after a warm-up on a side stream, as torch requires).
+
+    Every graph warms up and is captured on one side stream, made once: a segmented model keeps a workspace per
+    stream it ran on (_segments.Chain), and a new stream per warm-up plus torch's own capture stream gave each model
+    three of them (cls1000 at 2^21 rows in three dtypes then ran an 80 GB H100 out of memory)."""
+    if not _SIDE_STREAM:
+        _SIDE_STREAM.append(torch.cuda.Stream())
+    side = _SIDE_STREAM[0]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for j in order:
@@ -696,7 +705,7 @@ def _graph_of(torch, body, order):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     outs = []
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         for j in order:
             outs.append(body(j))
     return graph, outs

@@ -115,6 +115,56 @@ def measure(torch, mlp, model, n_in, rows, compiled=None):
     return row
 
 
+UPDATE_ROWS = 64
+UPDATE_STEPS = 15
+
+
+def weight_updates(torch, mlp, model, n_in, rows=UPDATE_ROWS, steps=UPDATE_STEPS):
+    """What a call costs right after the weights changed in place (an RL agent acting between optimizer steps):
+    {name: median microseconds over `steps` steps}, each step a tiny in-place add to every parameter of the fp16
+    model, then one call and a synchronize. ``update_call_us``: FusedModule (its set_weights path); ``rebuild_call_us``:
+    FusedModule made to build a new fused model, as it did for every change before set_weights; ``torch_update_us``:
+    PyTorch eager, which reads its parameters where they are; ``set_weights_us``: mlp.set_weights alone, from
+    NumPy arrays; ``module_call_us``: FusedModule without a change, for scale."""
+    from .torch import FusedModule
+
+    x = torch.randn(rows, n_in, device="cuda", dtype=torch.float16)
+    module = FusedModule(model)
+    params = list(model.parameters())
+    weights, biases = [w.copy() for w in mlp._w], [None if b is None else b.copy() for b in mlp._b]
+
+    def timed(before, call):
+        times = []
+        for _ in range(steps + 2):
+            with torch.no_grad():
+                before()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                call()
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[2:]) * 1e6
+
+    def nudge():
+        for p in params:
+            p.add_(1e-3)
+
+    def nudge_all():  # the fused model built anew, as FusedModule did for every change before set_weights
+        nudge()
+        module._form = None
+
+    row = {"module_call_us": timed(lambda: None, lambda: module(x)),
+           "update_call_us": timed(nudge, lambda: module(x)),
+           "rebuild_call_us": timed(nudge_all, lambda: module(x)),
+           "torch_update_us": timed(nudge, lambda: model(x)),
+           "set_weights_us": timed(lambda: None, lambda: mlp.set_weights(weights, biases))}
+    with torch.no_grad():
+        want = model(x).float()
+        got = module(x).float()
+    row["update_rel_err"] = float((got - want).norm() / want.norm().clamp_min(1e-30))
+    return row
+
+
 COLUMNS = (("kernel_us", "kernel"), ("call_us", "call"), ("call_out_us", "call+out"), ("call_sync_us", "call s"),
            ("call_out_sync_us", "call+out s"), ("graph_us", "t.graph"), ("graph_sync_us", "t.graph s"),
            ("module_us", "module"), ("compiled_us", "compiled"), ("compiled_sync_us", "compiled s"),
@@ -139,6 +189,20 @@ def format_section(host):
                  "a CUDA graph; module = fusedmlp.torch.FusedModule called directly; compiled = torch.compile of it "
                  "(the custom op in the graph); c.floor = torch.compile of torch.sin, one op: what any compiled call "
                  "costs")
+    if host.get("updates"):
+        lines += ["", f"a call right after an in-place change of every parameter, {UPDATE_ROWS} rows, us (median "
+                  f"of {UPDATE_STEPS} steps, each synced):",
+                  "workload       module   update  rebuild  torch upd  set_weights  rel err"]
+        for r in host["updates"]:
+            if "error" in r:
+                lines.append(f"{r['workload']:11s} error: {r['error']}")
+                continue
+            lines.append(f"{r['workload']:11s} {_us(r['module_call_us']):>8s} {_us(r['update_call_us']):>8s} "
+                         f"{_us(r['rebuild_call_us']):>8s} {_us(r['torch_update_us']):>10s} "
+                         f"{_us(r['set_weights_us']):>12s}  {r['update_rel_err']:.2e}")
+        lines.append("module = FusedModule(model)(x) unchanged; update = the call after the change (set_weights in "
+                     "place); rebuild = the same with a new fused model built, as before set_weights; torch upd = "
+                     "PyTorch eager after the change; set_weights = FusedMLP.set_weights from NumPy arrays alone")
     return "\n".join(lines)
 
 
@@ -178,3 +242,9 @@ def run(torch, report, fused, cache_dir, compile_first, say):
             host["rows"].append({"workload": wname, "rows": rows, **row})
             say(f"{wname:9s} host {rows:>5d} rows: " + "  ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items()
                                                                    if isinstance(v, float)))
+        try:
+            row = weight_updates(torch, mlp, model, mlp.in_features)
+        except Exception as e:  # noqa: BLE001 - a model from_torch cannot read: its error in the row
+            row = {"error": f"{type(e).__name__}: {e}"}
+        host.setdefault("updates", []).append({"workload": wname, **row})
+        say(f"{wname:9s} weight update: " + "  ".join(f"{k} {v:.3g}" for k, v in row.items() if isinstance(v, float)))

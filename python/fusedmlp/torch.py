@@ -15,6 +15,7 @@ from collections import OrderedDict
 import threading
 import weakref
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -235,6 +236,23 @@ def mlp_forward(x, module):
 _VERSION = operator.attrgetter("_version")
 
 
+def _architecture(weights, biases, texts, edges, device):
+    """What a FusedModule's fused model is built for but for the arrays FusedMLP.set_weights takes: the device, the
+    activations, the weights' and biases' shapes, and read_module's edges with each norm's gamma and beta as their
+    shapes (every other array, e.g. an encoding's scales, by value)."""
+    def frozen(v, arrays_as_shapes=False):
+        if isinstance(v, np.ndarray):
+            return ("array", v.shape, v.dtype.str) + (() if arrays_as_shapes else (v.tobytes(),))
+        if isinstance(v, dict):
+            return ("dict",) + tuple((k, frozen(x, arrays_as_shapes)) for k, x in v.items())
+        if isinstance(v, (list, tuple)):
+            return (type(v).__name__,) + tuple(frozen(x, arrays_as_shapes) for x in v)
+        return v
+
+    return (device, tuple(texts), tuple(w.shape for w in weights), tuple(None if b is None else b.shape for b in biases),
+            frozen({k: v for k, v in edges.items() if k != "norm"}), frozen(edges.get("norm"), True))
+
+
 def _rebuild_after_load(module, keys):  # (a function of the module, not a lambda: a FusedModule pickles)
     module._rebuild()
 
@@ -247,7 +265,10 @@ class FusedModule(nn.Module):
     weights may have changed (construction, load_state_dict, .to()/.cuda()/.half(), a copy or an unpickled one),
     never traced, so forward stays a single custom-op call that torch.compile(fullgraph=True) traces without a
     break; and before a call whose parameters were changed in place since (an optimizer's step on the wrapped
-    module, ``p.mul_()`` under no_grad: their version counters moved), eager or compiled. A write through ``p.data``
+    module, ``p.mul_()`` under no_grad: their version counters moved), eager or compiled. Where only the arrays
+    changed (the same shapes, activations and graph), the rebuild is FusedMLP.set_weights on the model it has: its
+    kernels stay and take the new weights in their own device buffers, so a CUDA graph captured over calls before
+    runs the new weights too. A write through ``p.data``
     moves no counter, and parameters made under torch.inference_mode() have none: call :meth:`refresh` after such
     a change. Inference only: forward raises if autograd would track it.
 
@@ -269,6 +290,7 @@ class FusedModule(nn.Module):
         self._activations, self._in_features = activations, in_features
         self._kwargs = kwargs
         self._handle = None
+        self._form = None  # _architecture of the fused model's network
         self._rebuild()
         self.register_load_state_dict_post_hook(_rebuild_after_load)
 
@@ -284,13 +306,21 @@ class FusedModule(nn.Module):
             tracked = [p for p in params if not p.is_inference()]
             versions = sum(map(_VERSION, tracked))  # before the read: a change during it leaves the model stale
             weights, biases, texts, edges = read_module(self._wrapped(), self._activations, self._in_features)
+            device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
+            form = _architecture(weights, biases, texts, edges, device)
+            if self._handle is not None and form == self._form:
+                # the same network but for its arrays (an optimizer step, a loaded state dict): the same fused model,
+                # its weights rewritten in place (FusedMLP.set_weights: no plan, compile or load; 5.8-110 ms a step
+                # before on an H100, bench/results/h100-set-weights/)
+                self._mlp.set_weights(weights, biases, norm=edges.get("norm"))
+                self._params, self._versions = tracked, versions
+                return
             self._input_order = edges.pop("inputs", None)  # forward's inputs, joined by torch.cat in this order
             self._squeeze = edges.pop("squeeze", None)  # forward's y.squeeze(dims) of its output
             self._outputs = edges.pop("outputs", None)  # forward's heads' widths: the output split into a tuple
             self._output_keys = edges.pop("output_keys", None)  # or a dict of these keys
             self._output_squeeze = edges.pop("output_squeeze", None)  # per part: forward indexed its column
             self._output_stack = edges.pop("output_stack", None)  # (dim, parts): forward's torch.stack of its parts
-            device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
             mlp = FusedMLP(weights, biases, activation=texts, device=device, **edges, **self._kwargs)
             self._width, self._flatten_start = mlp.widths[-1], mlp._flatten_input  # (forward reads them compiled)
             handle, old, key = _register(mlp), self._handle, params[0]
@@ -307,6 +337,7 @@ class FusedModule(nn.Module):
                 _by_key[at] = (key, weakref.ref(self))
                 self._params, self._versions = tracked, versions
                 self._mlp, self._handle, self._key, self._dup = mlp, handle, at, at[2]
+                self._form = form
                 _registry.pop(old, None)
 
     def _stale(self):
