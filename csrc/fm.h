@@ -146,6 +146,8 @@ int fm_prec_is_8bit(fm_prec p);
  * bits of the nearest TF32 value (the low 13 mantissa bits zero); for the 8-bit ones the code of f, already divided
  * by its scale (fm_quant8). */
 uint32_t fm_round_bits(float f, fm_prec p);
+/* fm_round_bits of src[0..n) into bits[0..n) (a weight row's packing: fm_plan_pack). */
+void fm_round_row(const float *src, int n, fm_prec p, uint32_t *bits);
 /* The float value of those bits. */
 float fm_bits_value(uint32_t bits, fm_prec p);
 

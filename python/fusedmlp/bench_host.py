@@ -9,6 +9,7 @@ cost over a direct call shows. Once per run: the launch floor, an empty kernel w
 launched from C with cuLaunchKernel (``Gpu.launch_floor``).
 """
 
+import copy
 import statistics
 import time
 
@@ -128,6 +129,11 @@ def weight_updates(torch, mlp, model, n_in, rows=UPDATE_ROWS, steps=UPDATE_STEPS
     NumPy arrays; ``module_call_us``: FusedModule without a change, for scale."""
     from .torch import FusedModule
 
+    with torch.inference_mode(False):  # (the run's models are inference tensors, whose changes no version counts)
+        return _weight_updates(torch, FusedModule, mlp, copy.deepcopy(model), n_in, rows, steps)
+
+
+def _weight_updates(torch, FusedModule, mlp, model, n_in, rows, steps):
     x = torch.randn(rows, n_in, device="cuda", dtype=torch.float16)
     module = FusedModule(model)
     params = list(model.parameters())
