@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(CC is None or not sys.platform.startswith("linux
 
 SANITIZE = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
 EXPR_SOURCES = ["expr_funcs.c", "expr_parse.c", "expr_emit.c", "expr_range.c"]
-PLAN_SOURCES = ["util.c", *EXPR_SOURCES, "spec.c", "quant.c", "plan.c", "plan_sm90.c", "render.c", "ref.c"]
+PLAN_SOURCES = ["util.c", *EXPR_SOURCES, "spec.c", "quant.c", "plan.c", "pack.c", "plan_sm90.c", "render.c", "ref.c"]
 
 
 def build(tmp_path, sources, test, flags=SANITIZE):

@@ -122,7 +122,7 @@ UPDATE_STEPS = 15
 
 def weight_updates(torch, mlp, model, n_in, rows=UPDATE_ROWS, steps=UPDATE_STEPS):
     """What a call costs right after the weights changed in place (an RL agent acting between optimizer steps):
-    {name: median microseconds over `steps` steps}, each step a tiny in-place add to every parameter of the fp16
+    {name: median microseconds over `steps` steps}, each step a tiny in-place add (up, then down) to every parameter of the fp16
     model, then one call and a synchronize. ``update_call_us``: FusedModule (its set_weights path); ``rebuild_call_us``:
     FusedModule made to build a new fused model, as it did for every change before set_weights; ``torch_update_us``:
     PyTorch eager, which reads its parameters where they are; ``set_weights_us``: mlp.set_weights alone, from
@@ -151,9 +151,12 @@ def _weight_updates(torch, FusedModule, mlp, model, n_in, rows, steps):
             times.append(time.perf_counter() - t)
         return statistics.median(times[2:]) * 1e6
 
-    def nudge():
+    sign = [1e-3]
+
+    def nudge():  # (up and down in turn: 17 steps one way took rec1024's fp16 outputs past float16's range)
+        sign[0] = -sign[0]
         for p in params:
-            p.add_(1e-3)
+            p.add_(sign[0])
 
     def nudge_all():  # the fused model built anew, as FusedModule did for every change before set_weights
         nudge()
