@@ -195,11 +195,9 @@ def test_an_8bit_scale_that_underflows_is_named_and_changes_nothing():
     np.testing.assert_array_equal(model(x), y)
 
 
-torch = pytest.importorskip("torch")
-nn = torch.nn
-
-
 def test_an_optimizer_step_and_a_loaded_state_dict_reach_the_same_fused_model():
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
     import fusedmlp.torch as ft
 
     torch.manual_seed(0)
@@ -223,3 +221,15 @@ def test_an_optimizer_step_and_a_loaded_state_dict_reach_the_same_fused_model():
     fused.refresh()
     with torch.no_grad():
         assert fused._mlp is not mlp and (fused(x) - fused._wrapped()(x)).abs().max().item() <= 1e-6
+
+
+def test_a_multi_device_model_gives_every_device_the_new_weights():
+    from fusedmlp.multi_gpu import MultiDeviceMLP
+
+    rng = np.random.default_rng(9)
+    ws, bs = torch_init(rng, [5, 64, 64, 3])
+    split = MultiDeviceMLP(ws, bs, activation="tanh", devices=["cpu"] * 3, min_rows_per_device=100)
+    ws2, bs2 = torch_init(rng, [5, 64, 64, 3])
+    assert split.set_weights(ws2, bs2)
+    x = rng.standard_normal((1000, 5)).astype(np.float32)
+    np.testing.assert_array_equal(split(x), fusedmlp.FusedMLP(ws2, bs2, activation="tanh", device="cpu")(x))

@@ -146,6 +146,11 @@ class MultiDeviceMLP:
         """Compiles the kernel ahead of time (FusedMLP.compile); the devices share the cache, so once serves all."""
         return self.mlps[0].compile(arch, io_dtype)
 
+    def set_weights(self, weights, biases=None, norm=None):
+        """FusedMLP.set_weights on every device's model, one after another (each validates the arrays the same way,
+        so the first refuses bad ones before any model changes). Returns True where every model took them in place."""
+        return all([mlp.set_weights(weights, biases, norm=norm) for mlp in self.mlps])
+
     # ------------------------------------------------------------------------------------------------ calls
 
     def __call__(self, x, out=None):
