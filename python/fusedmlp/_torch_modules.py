@@ -2,10 +2,6 @@
 hooked ones too), batch-norm affines, norm and softmax modules, and the reader of nn.Sequentials into
 fusedmlp._layers.Layers. The reader of traced forwards is fusedmlp._torch_fx."""
 
-import contextlib
-import itertools
-import threading
-
 import numpy as np
 import torch
 from torch import nn
@@ -138,44 +134,8 @@ def _softmax_module(module):
     return None
 
 
-_PREFETCHED = threading.local()  # .arrays: {id(tensor): float64 array} inside prefetched(), else absent
-
-
 def _numpy64(tensor):
-    found = getattr(_PREFETCHED, "arrays", {}).get(id(tensor)) if tensor is not None else None
-    if found is not None:
-        return found.copy()
     return None if tensor is None else tensor.detach().to(torch.float64).cpu().numpy()
-
-
-@contextlib.contextmanager
-def prefetched(module):
-    """Inside it, _numpy64 of a floating parameter or buffer of `module` on a CUDA device reads it from one copy of
-    them all, taken in one transfer (FusedModule reading its module after every optimizer step: a copy, a
-    synchronisation and a float64 conversion kernel a tensor took ~0.7 ms of tcnn64's 1.4, H100)."""
-    tensors = {id(t): t for t in itertools.chain(module.parameters(), module.buffers())
-               if t.is_cuda and t.is_floating_point() and t.numel()}
-    arrays = {}
-    for group in _same_device(tensors.values()):
-        with torch.no_grad():
-            flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in group]).cpu().numpy()
-        at = 0
-        for t in group:
-            arrays[id(t)] = flat[at:at + t.numel()].reshape(t.shape)
-            at += t.numel()
-    _PREFETCHED.arrays = arrays
-    try:
-        yield
-    finally:
-        del _PREFETCHED.arrays
-
-
-def _same_device(tensors):
-    """The tensors grouped by device, in order."""
-    groups = {}
-    for t in tensors:
-        groups.setdefault(t.device, []).append(t)
-    return groups.values()
 
 
 def _batchnorm_affine(bn, label):

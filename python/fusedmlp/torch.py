@@ -22,7 +22,7 @@ from torch import nn
 from ._api import FusedMLP
 from ._layers import MODEL_FORM
 from ._torch_fx import read_traced
-from ._torch_modules import prefetched, read_sequential
+from ._torch_modules import read_sequential
 from .errors import ArgumentError
 
 __all__ = ["from_torch", "FusedModule", "mlp_forward"]
@@ -305,8 +305,7 @@ class FusedModule(nn.Module):
             # (parameters made under torch.inference_mode track no version: refresh() after changing one)
             tracked = [p for p in params if not p.is_inference()]
             versions = sum(map(_VERSION, tracked))  # before the read: a change during it leaves the model stale
-            with prefetched(self._wrapped()):  # (the parameters in one transfer)
-                weights, biases, texts, edges = read_module(self._wrapped(), self._activations, self._in_features)
+            weights, biases, texts, edges = read_module(self._wrapped(), self._activations, self._in_features)
             device = f"cuda:{params[0].device.index}" if params and params[0].is_cuda else "cpu"
             form = _architecture(weights, biases, texts, edges, device)
             if self._handle is not None and form == self._form:
