@@ -209,12 +209,7 @@ class FusedMLP:
         if n > _core().MAX_LAYERS:
             raise LimitError(f"weights has {n} layers; at most {_core().MAX_LAYERS} fit one fused kernel (and the "
                              "CPU path, which shares its network description)")
-        if biases is None:
-            biases = [None] * n
-        if not isinstance(biases, (list, tuple)) or len(biases) != n:
-            raise ArgumentError(f"biases must be None or a list of {n} entries (an array or None per layer)")
-        w = [_as_float_array(wi, f"weights[{i}]", 2) for i, wi in enumerate(weights)]
-        b = [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)]
+        w, b = _float_arrays(weights, biases, n)
         self._flatten_input = _parse_flatten_input(flatten_input)
         self._norm = _norm.parse(n, [wi.shape[0] for wi in w], norm)
         acts = _norm.take_softmax(_layer_activations(n, activation, output_activation), self._norm)
@@ -421,12 +416,7 @@ class FusedMLP:
         if isinstance(weights, np.ndarray) or not isinstance(weights, (list, tuple)) or len(weights) != n:
             raise ArgumentError(f"weights must be a list of {n} (out_features, in_features) arrays, one per layer of "
                                 "the model")
-        if biases is None:
-            biases = [None] * n
-        if not isinstance(biases, (list, tuple)) or len(biases) != n:
-            raise ArgumentError(f"biases must be None or a list of {n} entries (an array or None per layer)")
-        w = [_as_float_array(wi, f"weights[{i}]", 2) for i, wi in enumerate(weights)]
-        b = [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)]
+        w, b = _float_arrays(weights, biases, n)
         keep = "set_weights keeps the architecture; build a new FusedMLP for another"
         for i in range(n):
             if w[i].shape != self._w[i].shape:
@@ -933,6 +923,16 @@ class FusedMLP:
 #: Rows a thread of the CPU path takes at least: below that a thread's start is a visible part of its share (the C
 #: forward runs a 64-wide row in ~2-10 us a row on one core).
 CPU_ROWS_PER_THREAD = 4096
+
+
+def _float_arrays(weights, biases, n):
+    """The n weights and the biases (None, or one array or None per layer) as checked float32 arrays."""
+    if biases is None:
+        biases = [None] * n
+    if not isinstance(biases, (list, tuple)) or len(biases) != n:
+        raise ArgumentError(f"biases must be None or a list of {n} entries (an array or None per layer)")
+    return ([_as_float_array(wi, f"weights[{i}]", 2) for i, wi in enumerate(weights)],
+            [None if bi is None else _as_float_array(bi, f"biases[{i}]", 1) for i, bi in enumerate(biases)])
 
 
 def _cpu_forward(net, x, **options):
