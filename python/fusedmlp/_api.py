@@ -400,7 +400,8 @@ class FusedMLP:
         layer's bound on its arguments, the zero blocks of parallel stacks), the kernels are rebuilt at the next call
         instead (through the cache), as after calibrate(), and graphs captured before must be captured again. An
         8-bit model's weight scales follow the weights; its activation scales stay (calibrate again where the
-        weights moved far).
+        weights moved far). Calls on other threads meanwhile may see the old or the new weights, or a mix: keep them
+        apart, as for any change of a model's parameters.
 
         Args:
             weights: one (out_features, in_features) array per layer, each of the model's shape.
