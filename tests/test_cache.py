@@ -621,3 +621,18 @@ def test_nvrtc_search_path_lists_override_then_wheel_folders(tmp_path, monkeypat
     monkeypatch.delenv("FUSEDMLP_NVRTC")
     monkeypatch.setattr(sys, "path", [str(tmp_path / "missing")])
     assert _env.nvrtc_search_path() == ""
+
+
+def test_a_template_is_expanded_once_and_again_after_one_of_its_files_changes(tmp_path):
+    from fusedmlp import _api
+
+    (tmp_path / "main.cu").write_text('// main\n#include "part.cuh"\nint after;\n')
+    part = tmp_path / "part.cuh"
+    part.write_text("int one;\n")
+    first = _api._template("main.cu", tmp_path)
+    assert first == "// main\nint one;\nint after;\n"
+    assert _api._template("main.cu", tmp_path) is first  # kept, not read again
+    part.write_text("int two;\n")
+    stat = part.stat()
+    os.utime(part, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # (a later time, whatever the clock's grain)
+    assert _api._template("main.cu", tmp_path) == "// main\nint two;\nint after;\n"
