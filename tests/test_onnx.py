@@ -729,11 +729,11 @@ def test_torch_onnx_export_of_heads_and_output_parts(kind):
 
 
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-@pytest.mark.parametrize("form", ["mean", "functions"])
+@pytest.mark.parametrize("form", ["mean", "functions", "halved_softmax"])
 def test_torch_onnx_export_of_a_dueling_head_folds_into_the_last_layer(form, exporter):
     """A dueling Q-network's v + a - ReduceMean(a) over two Gemm heads, as either exporter writes it: rows of the
     last layer that are the linear combination of the heads' rows, against torch in float64; the heads' own rows go
-    unused. (A Softmax after it is past the last layer, which from_onnx's tail does not read: an error naming it.)"""
+    unused. A Softmax of it (halved first) is then that layer's softmax norm."""
     torch = pytest.importorskip("torch")
     from test_torch import _Dueling
 
@@ -874,3 +874,33 @@ def test_torch_onnx_export_of_an_ensembles_stack_reads_its_members_side_by_side(
     assert list(mlp.widths) == [6, 96, 3 if mean else 12]
     side = want if mean else np.concatenate(list(np.moveaxis(want, dim, 0)), -1)
     assert np.max(np.abs(mlp(x) - side)) <= 1e-5 * max(1.0, float(np.max(np.abs(side))))
+
+
+def test_a_softmax_of_a_slice_of_the_output_is_the_last_layers_norm_and_beside_another_output_named():
+    """softmax(y[..., :4]) as the graph's one output: the slice's rows, then the layer's softmax norm (against torch
+    in float64); softmax(y[..., :4]) returned beside y[..., 4:] (an actor-critic sharing its last layer) is a
+    softmax over some of the layer's columns, which no norm fuses: an error naming the output."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Shared(nn.Module):
+        def __init__(self, both):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 5))
+            self.both = both
+
+        def forward(self, x):
+            y = self.body(x)
+            pi = torch.softmax(y[..., :4], -1)
+            return (pi, y[..., 4:]) if self.both else pi
+
+    torch.manual_seed(60)
+    x = torch.randn(40, 6)
+    model = Shared(False).eval()
+    mlp = fusedmlp.from_onnx(torch_exported(torch, model, (x,)), device="cpu")
+    assert list(mlp.widths) == [6, 32, 4]
+    with torch.no_grad():
+        want = model.double()(x.double()).numpy()
+    assert np.linalg.norm(mlp(x.numpy()) - want) <= 1e-6 * np.linalg.norm(want)
+    with pytest.raises(fusedmlp.ArgumentError, match="is a softmax of some of the last layer's columns beside"):
+        fusedmlp.from_onnx(torch_exported(torch, Shared(True).eval(), (x,)), device="cpu")

@@ -12,7 +12,9 @@ whether the value lost its last axis (a Gather of one column). So:
   same rows: x * Sigmoid(x));
 - linear combinations of Linear outputs as they are (a dueling head's v + a - ReduceMean(a, -1)): Add / Sub of two
   (one column broadcast) and ReduceMean over the columns become rows of their own in the last layer, the combination
-  of its rows (combined_rows), where the layer has no norm or residual;
+  of its rows (combined_rows), where the layer has no norm or residual; a Softmax / LogSoftmax over the last axis of
+  such a value (or of a slice of the layer's columns) that is the graph's one output becomes the layer's softmax norm
+  once its rows are the output's;
 - several graph outputs, side by side in the model's output in the graph's order;
 - a layer past the heads reading one of them (and x: NeRF's view layer on its feature head): the chain goes on from
   there, and the other values still read later ride along as rows of each later layer (one through an identity
@@ -29,7 +31,7 @@ from ._layers import activation_runs, affine_map, compose, pieces_text
 from .errors import ArgumentError
 
 _TAIL_OPS = ("Slice, Split, Gather, Concat, Squeeze / Unsqueeze of the last axis, elementwise nodes, ReduceMean of "
-             "Linear outputs, Gemm / MatMul heads")
+             "Linear outputs, Gemm / MatMul heads, a Softmax / LogSoftmax of Linear outputs as the one output")
 
 
 class Outputs:
@@ -45,6 +47,7 @@ class Outputs:
         # takes their rows once its activation is known (carry)
         self.carried, self.carried_layer = [], None
         self.tail_cat = {}  # Concat of a tail value and x (or a slice of it) -> (tail value, x's name, side of x)
+        self.tail_softmax = {}  # a Softmax / LogSoftmax of Linear outputs past the last layer -> its norm kind
 
     def starts_tail(self, node, op):
         """Whether the node parts the last layer's output columns: a Slice / Split / Gather of the chain's value, or
@@ -101,6 +104,9 @@ class Outputs:
             if name not in tail:
                 raise ArgumentError(f"{label}: it reads {name}, which is not the last layer's output or a value made "
                                     f"from its columns; past the last layer fusedmlp reads {_TAIL_OPS}")
+            if name in self.tail_softmax:
+                raise ArgumentError(f"{label}: it reads {name}, a {self.tail_softmax[name]} past the last layer, which "
+                                    "fusedmlp fuses as the layer's norm where it is the graph's one output")
             return tail[name]
 
         if op in ("Identity", "Dropout", "Cast"):
@@ -165,6 +171,15 @@ class Outputs:
                                     "Linear outputs as they are (no activation, no norm or residual on the layer)")
             rows = self.combined_rows([[(r, 1.0 / len(cols)) for r, _ in cols]])
             tail[out] = [[(rows[0], "x")], not attrs.get("keepdims", 1)]
+        elif op in ("Softmax", "LogSoftmax") and ins[0] in tail:
+            # over Linear outputs (a slice of the last layer, a combination of its rows): the layer's softmax norm once
+            # its rows are the output's (finish_outputs), where that is the graph's one output
+            cols, squeezed = value(ins[0])
+            if attrs.get("axis", -1) not in (-1, 1) or squeezed or not self.linear_tail(tail[ins[0]]):
+                raise ArgumentError(f"{label}: a {op} of the output's columns other than over the last axis of Linear "
+                                    "outputs as they are (no activation, no norm or residual on the layer)")
+            tail[out] = [cols, False]
+            self.tail_softmax[out] = "softmax" if op == "Softmax" else "log_softmax"
         elif op in ("Squeeze", "Unsqueeze"):
             cols, squeezed = value(ins[0])
             axes = self.const(ins[1]) if len(ins) > 1 else attrs.get("axes")
@@ -356,6 +371,11 @@ class Outputs:
         missing = [o for o in self.outputs if o not in self.tail]
         if missing:
             raise ArgumentError(f"the graph output {missing[0]} is not made from the last layer's output columns")
+        soft = [o for o in self.outputs if o in self.tail_softmax]
+        if soft and len(self.outputs) > 1:
+            raise ArgumentError(f"the graph output {soft[0]} is a {self.tail_softmax[soft[0]]} of some of the last "
+                                "layer's columns beside other outputs; fusedmlp fuses one over all of them (a graph "
+                                "whose one output it is)")
         cols = [c for o in self.outputs for c in self.tail[o][0]]
         squeezed = [self.tail[o][1] for o in self.outputs]
         if len(self.outputs) > 1:  # (how a TorchScript module read through its graph hands them back: FusedModule)
@@ -375,5 +395,7 @@ class Outputs:
         runs = activation_runs((text, 1) for _, text in cols)  # (each over z, the layer's own activation in it)
         layers.acts[-1] = pieces_text([[_canonical(t) if t != "x" else "none", n] for t, n in runs], "none",
                                       "the graph's outputs")
+        if soft:  # (its rows now the layer's, as they are: linear_tail)
+            layers.norms[-1] = [self.tail_softmax[soft[0]], None, None, None]
         self.cur = self.output = self.outputs[0]
         self.tail = None
