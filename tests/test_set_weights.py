@@ -233,3 +233,19 @@ def test_a_multi_device_model_gives_every_device_the_new_weights():
     assert split.set_weights(ws2, bs2)
     x = rng.standard_normal((1000, 5)).astype(np.float32)
     np.testing.assert_array_equal(split(x), fusedmlp.FusedMLP(ws2, bs2, activation="tanh", device="cpu")(x))
+
+
+def test_the_core_refuses_another_architecture_naming_what_differs():
+    """Network.assign's own check (FusedMLP.set_weights checks first; the core does not rely on it)."""
+    rng = np.random.default_rng(13)
+    ws, bs = torch_init(rng, [4, 16, 2])
+    core = fusedmlp._core
+    net = core.Network(ws, bs, ["relu", "none"])
+    for other, match in [(core.Network(ws, bs, ["tanh", "none"]), "another activation"),
+                         (core.Network(ws, [bs[0], None], ["relu", "none"]), "a bias present"),
+                         (core.Network(*torch_init(rng, [4, 8, 2]), ["relu", "none"]), "another layer shape"),
+                         (core.Network(ws, bs, ["relu", "none"], None, None, [(1, 1e-5, None, None), None]),
+                          "another norm")]:
+        with pytest.raises(ValueError, match=match):
+            net.assign(other)
+    assert net.assign(core.Network(*torch_init(rng, [4, 16, 2]), ["relu", "none"])) is True
