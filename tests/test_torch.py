@@ -321,6 +321,51 @@ def test_a_dueling_head_combined_otherwise_is_an_error_naming_the_node():
         fusedmlp.from_torch(_Dueling("max").eval(), device="cpu")
 
 
+class _DuelingStreams(nn.Module):
+    """Wang et al.'s dueling network as written: a value stream and an advantage stream of two Linears each on one
+    trunk (parallel stacks), combined linearly."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(8, 64), nn.ReLU())
+        self.v = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.a = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 6))
+        self.form = form
+
+    def forward(self, x):
+        h = self.trunk(x)
+        v, a = self.v(h), self.a(h)
+        if self.form == "mean":
+            return v + a - a.mean(-1, keepdim=True)
+        if self.form == "halved_softmax":
+            return torch.softmax((v + (a - a.mean(1, True))) * 0.5, -1)
+        if self.form == "max":
+            return v + a - a.max(-1, keepdim=True).values
+        return v + a, v  # ("tuple": the combination beside a stream's own output)
+
+
+@pytest.mark.parametrize("form", ["mean", "halved_softmax"])
+def test_dueling_streams_of_two_layers_merge_and_fold_into_the_last_layer(form):
+    """The streams merge into one network (block-diagonal hidden layer, their last Linears side by side) and the
+    combination of the merged last layer's slices folds into its rows: 8-64-64-6, against torch in float64."""
+    torch.manual_seed(6)
+    model = _DuelingStreams(form).eval()
+    x = torch.randn(40, 8)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [8, 64, 64, 6]
+    with torch.no_grad():
+        want = ref64(model, x)
+        assert max_rel(mlp(x), want) <= 1e-6
+        assert max_rel(ft.FusedModule(model)(x), want) <= 1e-6
+
+
+@pytest.mark.parametrize("form, match", [("max", r"max.*reads the end of one of the parallel stacks"),
+                                         ("tuple", r"output.*other than through one linear combination")])
+def test_dueling_streams_combined_otherwise_are_an_error_naming_the_node(form, match):
+    with pytest.raises(fusedmlp.ArgumentError, match=match):
+        fusedmlp.from_torch(_DuelingStreams(form).eval(), device="cpu")
+
+
 class _Heads(nn.Module):
     """A trunk and heads with activations of their own, returned as a tuple or one torch.cat, or one Linear whose
     output's slices take their own activations (NeRF-style rgb / density heads)."""
@@ -1932,8 +1977,9 @@ def test_parallel_stacks_on_one_value_run_as_one_chain(kind, widths):
 
 def test_parallel_stacks_that_cannot_be_one_chain():
     """Stacks of two layers or more but unequal depth, with different activations between their layers, with a norm
-    between them, or whose ends another layer reads: an error naming the stacks and the rule. (A one-layer head
-    beside deeper stacks is the walker's: a value riding along the layers, test_nerf_pl_nerf_as_written.)"""
+    between them, or whose ends another layer reads: an error naming the stacks and the rule; a layer reading a sum
+    of their ends reads the merged last layer's rows combined. (A one-layer head beside deeper stacks is the walker's:
+    a value riding along the layers, test_nerf_pl_nerf_as_written.)"""
 
     class Bad(nn.Module):
         def __init__(self, kind):
@@ -1951,12 +1997,19 @@ def test_parallel_stacks_that_cannot_be_one_chain():
                 return a, self.b2(torch.tanh(self.b1(x)))
             if self.kind == "norm":
                 return self.a2(self.norm(self.a1(x))), self.b2(self.norm(self.b1(x)))
-            return self.out(a + self.b2(torch.relu(self.b1(x))))
+            if self.kind == "sum":  # (a linear combination of their ends, then a layer: that reads, below)
+                return self.out(a + self.b2(torch.relu(self.b1(x))))
+            return torch.cat([a, x], -1), self.b2(torch.relu(self.b1(x)))
 
     for kind, words in (("depth", r"\[2, 3\] layers"), ("act", "layer 0 activations differ"),
                         ("norm", "between two Linears of parallel stacks"), ("read", "reads the end")):
         with pytest.raises(fusedmlp.ArgumentError, match=words):
             fusedmlp.from_torch(Bad(kind).eval(), device="cpu")
+    model, x = Bad("sum").eval(), torch.randn(30, 8)
+    mlp = fusedmlp.from_torch(model, device="cpu")
+    assert list(mlp.widths) == [8, 32, 1]  # (the stacks' last Linears summed, and `out` after them, one layer)
+    with torch.no_grad():
+        assert max_rel(mlp(x), ref64(model, x)) <= 1e-6
 
 
 def test_op_handles_differ_between_processes():

@@ -559,13 +559,15 @@ class _Tracer(Branches):
         or difference of two heads or combinations (a one-column one broadcast over the other's columns), a mean over
         the features kept as one column, a number times or over one; kept as a matrix over the last layer's rows
         (head_sums) until forward reads it otherwise (fold_combination). Heads without activations only."""
-        if any(a != "none" for a in self.head_acts) or not self.out_heads:
+        if any(a != "none" for a in self.head_acts) or not (self.out_heads or self.head_sums):
             return False
         total = self.layers.weights[-1].shape[0]
 
         def matrix(v):  # v's columns as rows over the last layer's outputs, or None
             if v in self.head_sums:
                 return self.head_sums[v]
+            if v in self.out_slices:  # (a slice of the layer's output: slices_combination)
+                return self.slice_matrix(v)
             at = 0
             for h, n in self.out_heads:
                 if v is h:
@@ -603,7 +605,8 @@ class _Tracer(Branches):
         from it: the last layer becomes the combination of its rows (exact in float64: W' = M W, b' = M b), the
         chain's value."""
         read = [v for v in node.all_input_nodes if v in self.head_sums]
-        if len(read) != 1 or any(h in node.all_input_nodes for h, _ in self.out_heads):
+        if len(read) != 1 or any(h in node.all_input_nodes for h, _ in self.out_heads) or any(
+                v in self.out_slices for v in node.all_input_nodes):
             raise ArgumentError(f"{label}: it reads Linear heads merged on one value other than through one linear "
                                 "combination of them (a dueling head's v + a - a.mean(-1, keepdim=True): sums, "
                                 "differences, a mean over the features kept as one column, numbers times it); "
@@ -613,6 +616,7 @@ class _Tracer(Branches):
         layers.weights[-1] = m @ layers.weights[-1]
         layers.biases[-1] = None if layers.biases[-1] is None else m @ layers.biases[-1]
         self.out_heads, self.head_acts, self.head_sums = [], [], {}
+        self.out_slices = {}  # (slices of the layer before the fold: its rows are the combination's now)
         self.cur, self.act_path = read[0], {read[0]: "x"}
 
     def heads_output(self, node, label):

@@ -159,10 +159,15 @@ def _check(gm, stacks, activations):
         for user in s.end.users:
             joined = user.op == "call_function" and user.target in (torch.cat, torch.stack) and set(
                 user.all_input_nodes) <= ends
-            if user.op != "output" and not joined:
+            # (a sum, difference or mean of the stacks' outputs, a two-layer dueling head's v + a - a.mean(-1, True):
+            # the walker folds it into the merged last layer, or names what it cannot: output_slice)
+            combined = user.op in ("call_function", "call_method") and (
+                user.target in _ARITH or user.target in (torch.mean, "mean"))
+            if user.op != "output" and not joined and not combined:
                 raise ArgumentError(f"{_name(user)}: reads the end of one of the parallel stacks {names}; fusedmlp "
                                     "runs such stacks as one network whose outputs are theirs, returned (a tuple, a "
-                                    "dict, one torch.cat or torch.stack of them)")
+                                    "dict, one torch.cat or torch.stack of them) or combined linearly (sums, "
+                                    "differences, a mean over the features)")
 
 
 def _returned(node):
