@@ -321,27 +321,22 @@ def test_a_dueling_head_combined_otherwise_is_an_error_naming_the_node():
         fusedmlp.from_torch(_Dueling("max").eval(), device="cpu")
 
 
-class _DuelingStreams(nn.Module):
+class _DuelingStreams(_Dueling):
     """Wang et al.'s dueling network as written: a value stream and an advantage stream of two Linears each on one
-    trunk (parallel stacks), combined linearly."""
+    trunk (parallel stacks), combined as _Dueling's forms, or ("tuple") returned beside one stream's own output."""
 
     def __init__(self, form):
-        super().__init__()
+        super().__init__(form)
         self.trunk = nn.Sequential(nn.Linear(8, 64), nn.ReLU())
         self.v = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1))
         self.a = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 6))
-        self.form = form
 
     def forward(self, x):
+        if self.form != "tuple":
+            return super().forward(x)
         h = self.trunk(x)
-        v, a = self.v(h), self.a(h)
-        if self.form == "mean":
-            return v + a - a.mean(-1, keepdim=True)
-        if self.form == "halved_softmax":
-            return torch.softmax((v + (a - a.mean(1, True))) * 0.5, -1)
-        if self.form == "max":
-            return v + a - a.max(-1, keepdim=True).values
-        return v + a, v  # ("tuple": the combination beside a stream's own output)
+        v = self.v(h)
+        return v + self.a(h), v
 
 
 @pytest.mark.parametrize("form", ["mean", "halved_softmax"])
