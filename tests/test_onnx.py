@@ -904,3 +904,33 @@ def test_a_softmax_of_a_slice_of_the_output_is_the_last_layers_norm_and_beside_a
     assert np.linalg.norm(mlp(x.numpy()) - want) <= 1e-6 * np.linalg.norm(want)
     with pytest.raises(fusedmlp.ArgumentError, match="is a softmax of some of the last layer's columns beside"):
         fusedmlp.from_onnx(torch_exported(torch, Shared(True).eval(), (x,)), device="cpu")
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("form", ["mean", "halved_softmax", "tuple"])
+def test_dueling_streams_of_two_layers_merge_and_fold_through_onnx(form, exporter):
+    """Wang et al.'s dueling network with two-layer value and advantage streams, exported: the streams merge as
+    parallel stacks, and their ends' Add / Sub / ReduceMean become rows of the merged last layer (the tail's linear
+    combination; with a Softmax its norm; returned beside the value stream, both outputs side by side), against
+    torch in float64; a ReduceMax there is named."""
+    torch = pytest.importorskip("torch")
+    from test_torch import _DuelingStreams
+
+    torch.manual_seed(61)
+    model = _DuelingStreams(form).eval()
+    x = torch.randn(50, 8)
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+        graph = torch.onnx.export(model, (torch.randn(3, 8),), dynamo=True, verbose=False,
+                                  dynamic_shapes=({0: torch.export.Dim("n")},)).model_proto
+    else:
+        graph = torch_exported(torch, model, (x,))
+    mlp = fusedmlp.from_onnx(graph, device="cpu")
+    assert list(mlp.widths) == [8, 64, 64, 7 if form == "tuple" else 6]
+    with torch.no_grad():
+        want = model.double()(x.double())
+    want = (torch.cat(want, -1) if isinstance(want, tuple) else want).numpy()
+    assert np.linalg.norm(mlp(x.numpy()) - want) <= 1e-6 * np.linalg.norm(want)
+    if exporter == "torchscript" and form == "mean":
+        with pytest.raises(fusedmlp.ArgumentError, match="ReduceMax.*reads the end of one of the parallel stacks"):
+            fusedmlp.from_onnx(torch_exported(torch, _DuelingStreams("max").eval(), (x,)), device="cpu")

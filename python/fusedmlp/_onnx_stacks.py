@@ -169,10 +169,14 @@ def _check(g, stacks, names, unstacked):
     ends = {s.end for s in stacks}
     for s in stacks:
         for user in g.readers.get(s.end, []):
-            if not (user.op_type == "Concat" and set(g.values(user)) <= ends) and unstacked is None:
+            # (Add / Sub / ReduceMean / Mul / Div: a linear combination of the ends, a two-layer dueling head's
+            # v + a - ReduceMean(a), which the output tail folds into the merged last layer or names: _onnx_outputs)
+            if not (user.op_type == "Concat" and set(g.values(user)) <= ends) and unstacked is None and \
+                    user.op_type not in ("Add", "Sub", "ReduceMean", "Mul", "Div"):
                 raise ArgumentError(f"{user.name or user.output[0]} ({user.op_type}): reads the end of one of the "
                                     f"parallel stacks {names}; fusedmlp runs such stacks as one network whose outputs "
-                                    "are theirs (graph outputs, or one Concat of them)")
+                                    "are theirs (graph outputs, or one Concat of them) or combined linearly (Add, "
+                                    "Sub, ReduceMean)")
 
 
 def _unstacked(g, stacks):
