@@ -728,6 +728,15 @@ def test_torch_onnx_export_of_heads_and_output_parts(kind):
 
 
 
+def exported_by(exporter, torch, model, x):
+    """model's ONNX graph as torch's TorchScript exporter writes it for x, or its dynamo exporter (a dynamic batch)."""
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+        return torch.onnx.export(model, (torch.randn(3, x.shape[1]),), dynamo=True, verbose=False,
+                                 dynamic_shapes=({0: torch.export.Dim("n")},)).model_proto
+    return torch_exported(torch, model, (x,))
+
+
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 @pytest.mark.parametrize("form", ["mean", "functions", "halved_softmax"])
 def test_torch_onnx_export_of_a_dueling_head_folds_into_the_last_layer(form, exporter):
@@ -740,13 +749,7 @@ def test_torch_onnx_export_of_a_dueling_head_folds_into_the_last_layer(form, exp
     torch.manual_seed(50)
     model = _Dueling(form).eval()
     x = torch.randn(60, 8)
-    if exporter == "dynamo":
-        pytest.importorskip("onnxscript")
-        graph = torch.onnx.export(model, (torch.randn(3, 8),), dynamo=True, verbose=False,
-                                  dynamic_shapes=({0: torch.export.Dim("n")},)).model_proto
-    else:
-        graph = torch_exported(torch, model, (x,))
-    mlp = fusedmlp.from_onnx(graph, device="cpu")
+    mlp = fusedmlp.from_onnx(exported_by(exporter, torch, model, x), device="cpu")
     assert list(mlp.widths) == [8, 64, 64, 6]
     with torch.no_grad():
         want = model.double()(x.double()).numpy()
@@ -919,13 +922,7 @@ def test_dueling_streams_of_two_layers_merge_and_fold_through_onnx(form, exporte
     torch.manual_seed(61)
     model = _DuelingStreams(form).eval()
     x = torch.randn(50, 8)
-    if exporter == "dynamo":
-        pytest.importorskip("onnxscript")
-        graph = torch.onnx.export(model, (torch.randn(3, 8),), dynamo=True, verbose=False,
-                                  dynamic_shapes=({0: torch.export.Dim("n")},)).model_proto
-    else:
-        graph = torch_exported(torch, model, (x,))
-    mlp = fusedmlp.from_onnx(graph, device="cpu")
+    mlp = fusedmlp.from_onnx(exported_by(exporter, torch, model, x), device="cpu")
     assert list(mlp.widths) == [8, 64, 64, 7 if form == "tuple" else 6]
     with torch.no_grad():
         want = model.double()(x.double())
