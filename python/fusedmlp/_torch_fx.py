@@ -558,15 +558,16 @@ class _Tracer(Branches):
         """A linear combination of the heads' columns (a dueling Q-network's v + a - a.mean(-1, keepdim=True)): a sum
         or difference of two heads or combinations (a one-column one broadcast over the other's columns), a mean over
         the features kept as one column, a number times or over one; kept as a matrix over the last layer's rows
-        (head_sums) until forward reads it otherwise (fold_combination). Heads without activations only."""
-        if any(a != "none" for a in self.head_acts) or not (self.out_heads or self.head_sums):
+        (head_sums) until forward reads it otherwise (fold_combination). Heads without activations only; slices of
+        the last layer's output as they are combine alike (output_slice, slice_matrix)."""
+        if any(a != "none" for a in self.head_acts) or not (self.out_heads or self.head_sums or self.out_slices):
             return False
         total = self.layers.weights[-1].shape[0]
 
         def matrix(v):  # v's columns as rows over the last layer's outputs, or None
             if v in self.head_sums:
                 return self.head_sums[v]
-            if v in self.out_slices:  # (a slice of the layer's output: slices_combination)
+            if v in self.out_slices:  # (a slice of the layer's output, as it is: output_slice)
                 return self.slice_matrix(v)
             at = 0
             for h, n in self.out_heads:

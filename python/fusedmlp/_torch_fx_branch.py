@@ -267,7 +267,7 @@ class Branches:
             start, stop, _ = last.indices(width)
             self.out_slices[node] = [start, stop, 1.0, "none", False]
             return _ASIDE
-        if self.slices_combination(node):
+        if self.heads_combination(node, label):  # (a sum, difference or mean of slices as they are: slice_matrix)
             return _ASIDE
         src = next((a for a in node.all_input_nodes if a in self.out_slices), None)
         text = self.activation_text(node, self.text) if src is not None and node.op != "placeholder" else None
@@ -301,37 +301,12 @@ class Branches:
 
     def slice_matrix(self, node):
         """A slice of the last layer's output as it is (no activation, its dim kept) as rows over the layer's outputs
-        (times its factor), or None."""
+        (times its factor), or None: what heads_combination combines of slices as of heads (parallel stacks' outputs
+        are such slices once merged: a two-layer dueling head's v + a - a.mean(-1, keepdim=True))."""
         if node not in self.out_slices:
             return None
         start, stop, f, act, squeezed = self.out_slices[node]
         return None if act != "none" or squeezed else f * np.eye(self.layers.weights[-1].shape[0])[start:stop]
-
-    def slices_combination(self, node):
-        """A sum or difference of two slices of the last layer's output as they are (one column broadcast), or the
-        mean of one over the features kept as one column: a linear combination of the layer's rows, which the
-        tracer then reads as it reads one of heads (head_sums; heads_combination, fold_combination). Parallel
-        stacks' outputs are such slices once merged (a two-layer dueling head's v + a - a.mean(-1, keepdim=True))."""
-        from ._torch_fx_nodes import _ARITH, _ARITH_METHODS
-
-        op = (_ARITH.get(node.target) if node.op == "call_function" else
-              _ARITH_METHODS.get(node.target) if node.op == "call_method" else None)
-        ins = node.all_input_nodes
-        if op in ("add", "sub") and len(node.args) == 2 and not node.kwargs and len(ins) == 2:
-            a, b = (self.slice_matrix(v) for v in node.args)
-            if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
-                return False
-            a, b = (np.repeat(m, max(len(a), len(b)), 0) if len(m) == 1 else m for m in (a, b))
-            self.head_sums[node] = a + b if op == "add" else a - b
-            return True
-        if len(ins) == 1 and ((node.op == "call_method" and node.target == "mean")
-                              or (node.op == "call_function" and node.target is torch.mean)):
-            m = self.slice_matrix(ins[0])
-            if m is None or _arg(node, 1, "dim", None) not in (-1, 1) or not _arg(node, 2, "keepdim", False):
-                return False
-            self.head_sums[node] = m.mean(axis=0, keepdims=True)
-            return True
-        return False
 
     def output_split(self, node, label):
         """y.split(sizes, -1), torch.split(y, sizes, -1), y.chunk(n, -1) of the last layer's output: its parts are
